@@ -1,0 +1,311 @@
+"""What a training run shows and writes.
+
+Everything lands in one ``output_dir``::
+
+    metrics.jsonl                one JSON object per training step: {"step": 12, "reward/total/mean": 0.5, ...}
+    eval.jsonl                   the same, one object per evaluation
+    samples/step_000012.jsonl    a few rows (prompt, completion, rewards) of one step
+    tensorboard/                 event files; the tag is the metric key ("reward/math_accuracy/mean"),
+                                 evaluations get the prefix "eval/"
+
+NaN and inf are written to the JSON files as ``null``, so every line stays valid JSON for any parser;
+TensorBoard receives the float itself. ``step`` is the number of optimizer steps done so far (1 after the
+first update), so the console shows ``step/total_steps``.
+
+On a terminal the console shows a live progress bar with a one-line summary; when stderr is not a
+terminal (CI, a pipe, a log file) it prints one plain line per step instead, with no control characters::
+
+    step 12/200 | reward 0.512 | acc 0.450 | kl 0.00123 | len 187 | 3.20 s/step | 1234 tok/s | eta 10:01
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import numbers
+import operator
+import sys
+import time
+import warnings
+from pathlib import Path
+from types import TracebackType
+from typing import Any, TextIO
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Column
+
+# The console summary: (metric key, format), in display order. Keys missing from a step are left out.
+SUMMARY_FORMATS: tuple[tuple[str, str], ...] = (
+    ("reward/total/mean", "reward {:.3f}"),
+    ("accuracy", "acc {:.3f}"),
+    ("kl", "kl {:.3g}"),
+    ("completion_len/mean", "len {:.0f}"),
+    ("time/step", "{:.2f} s/step"),
+    ("tokens_per_s", "{:.0f} tok/s"),
+)
+
+_tensorboard_warned = False  # warn once per process, not once per run, when tensorboard is missing
+
+
+class RunLogger:
+    """Writes a run's metrics, evaluations and samples, and shows its progress.
+
+    Usage::
+
+        with RunLogger("runs/gsm8k", total_steps=200) as log:
+            for step in range(1, 201):
+                ...
+                log.log_step(step, {"reward/total/mean": 0.5, "kl": 0.001, "time/step": 3.2})
+            log.log_eval(200, {"accuracy": 0.61})
+
+    ``resume=True`` appends to ``metrics.jsonl`` and ``eval.jsonl`` instead of starting them afresh;
+    steps logged twice (after resuming from an earlier checkpoint) are both kept, and readers such as
+    :func:`grpokit.plots.plot_training_curves` take the last line of each step.
+    """
+
+    def __init__(
+        self,
+        output_dir: str | Path,
+        *,
+        total_steps: int,
+        tensorboard: bool = True,
+        console: bool = True,
+        resume: bool = False,
+    ) -> None:
+        if total_steps < 1:
+            raise ValueError(f"total_steps must be at least 1, got {total_steps}")
+        self.output_dir = Path(output_dir)
+        self.output_dir.mkdir(parents=True, exist_ok=True)
+        self.total_steps = total_steps
+        self.metrics_path = self.output_dir / "metrics.jsonl"
+        self.eval_path = self.output_dir / "eval.jsonl"
+        self.samples_dir = self.output_dir / "samples"
+
+        mode = "a" if resume else "w"
+        self._metrics_file: TextIO = open(self.metrics_path, mode, encoding="utf-8")
+        self._eval_file: TextIO = open(self.eval_path, mode, encoding="utf-8")
+        self._writer = _make_summary_writer(self.output_dir / "tensorboard") if tensorboard else None
+
+        self._console = console
+        # (monotonic time, step) at the first log_step of this process: the ETA is measured from there,
+        # so a resumed run does not count the steps it did not do.
+        self._eta_origin: tuple[float, int] | None = None
+        self._progress: Progress | None = None
+        if console and _stderr_is_tty():
+            self._progress = Progress(
+                TextColumn("[bold]step"),
+                MofNCompleteColumn(table_column=Column(no_wrap=True)),
+                BarColumn(bar_width=24),
+                TimeElapsedColumn(),
+                TextColumn("eta {task.fields[eta]}", table_column=Column(no_wrap=True)),
+                # the summary takes the rest of the line; on a narrow terminal the bar and clock give way first
+                TextColumn(
+                    "{task.fields[summary]}",
+                    markup=False,
+                    table_column=Column(ratio=1, no_wrap=True, overflow="ellipsis"),
+                ),
+                console=Console(stderr=True),
+            )
+            self._task = self._progress.add_task("train", total=total_steps, eta="-", summary="")
+            self._progress.start()
+        self._closed = False
+
+    # ----------------------------------------------------------------------------------------------
+    def log_step(self, step: int, metrics: dict[str, float]) -> None:
+        """Record one training step: a line of ``metrics.jsonl``, TensorBoard scalars, the console."""
+        step = operator.index(step)
+        values = _numeric_metrics(metrics)
+        _write_jsonl_line(self._metrics_file, {"step": step, **values})
+        self._add_scalars("", step, values)
+        if self._console:
+            self._show_step(step, values)
+
+    def log_eval(self, step: int, metrics: dict[str, float]) -> None:
+        """Record one evaluation: a line of ``eval.jsonl``, TensorBoard scalars under "eval/", the console."""
+        step = operator.index(step)
+        values = _numeric_metrics(metrics)
+        _write_jsonl_line(self._eval_file, {"step": step, **values})
+        self._add_scalars("eval/", step, values)
+        if self._console:
+            shown = ", ".join(f"{key} {_format_value(value)}" for key, value in values.items())
+            self.print(f"eval @ step {step}: {shown}")
+
+    def log_samples(self, step: int, rows: list[dict[str, Any]]) -> Path:
+        """Write ``samples/step_{step:06d}.jsonl``, one row per line, and return its path.
+
+        A row is whatever helps to read the step later, e.g. ``{"prompt": ..., "completion": ...,
+        "reward": 1.0, "rewards": {"math_accuracy": 1.0, "format": 0.0}}``. NaN and inf become null,
+        objects JSON cannot hold (a tensor, a path) are written as their ``str``.
+        """
+        step = operator.index(step)
+        self.samples_dir.mkdir(parents=True, exist_ok=True)
+        path = self.samples_dir / f"step_{step:06d}.jsonl"
+        with open(path, "w", encoding="utf-8") as f:
+            for row in rows:
+                f.write(json.dumps(_json_safe(row), ensure_ascii=False, allow_nan=False, default=str) + "\n")
+        return path
+
+    def print(self, msg: object) -> None:
+        """Print a message to the console (stderr) above the progress bar, without breaking it."""
+        if not self._console:
+            return
+        if self._progress is not None:
+            self._progress.console.print(str(msg), markup=False, highlight=False)
+        else:
+            print(msg, file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        """Stop the progress bar and flush and close every file; calling it twice is harmless."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._progress is not None:
+            self._progress.stop()
+        self._metrics_file.close()
+        self._eval_file.close()
+        if self._writer is not None:
+            self._writer.close()
+
+    def __enter__(self) -> RunLogger:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    # ----------------------------------------------------------------------------------------------
+    def _add_scalars(self, prefix: str, step: int, values: dict[str, float | int | None]) -> None:
+        if self._writer is None:
+            return
+        for key, value in values.items():
+            if value is not None:  # None was given as None; NaN still reaches TensorBoard as NaN
+                self._writer.add_scalar(prefix + key, value, step)
+
+    def _show_step(self, step: int, values: dict[str, float | int | None]) -> None:
+        summary = " | ".join(
+            fmt.format(values[key]) for key, fmt in SUMMARY_FORMATS if values.get(key) is not None
+        )
+        eta = self._eta(step, values.get("time/step"))
+        if self._progress is not None:
+            self._progress.update(self._task, completed=step, eta=eta, summary=summary)
+        else:
+            parts = [f"step {step}/{self.total_steps}", summary, f"eta {eta}"]
+            print(" | ".join(p for p in parts if p), file=sys.stderr, flush=True)
+
+    def _eta(self, step: int, time_per_step: float | int | None) -> str:
+        """Wall-clock seconds per step since the first step seen (this includes evaluation and
+        checkpointing); before there are two steps to measure, the reported "time/step"."""
+        now = time.monotonic()
+        if self._eta_origin is None:
+            self._eta_origin = (now, step)
+        origin_time, origin_step = self._eta_origin
+        if step > origin_step:
+            seconds_per_step = (now - origin_time) / (step - origin_step)
+        elif time_per_step is not None and math.isfinite(time_per_step):
+            seconds_per_step = float(time_per_step)
+        else:
+            return "-"
+        return _format_duration(seconds_per_step * max(self.total_steps - step, 0))
+
+
+def read_metrics(path: str | Path) -> list[dict[str, Any]]:
+    """Read a JSONL file written by :class:`RunLogger` (``metrics.jsonl``, ``eval.jsonl``, samples).
+
+    Blank lines are skipped; so is a final line cut short by a crash mid-write (it has no newline and
+    does not parse). Any other malformed line raises ``json.JSONDecodeError``.
+    """
+    text = Path(path).read_text(encoding="utf-8")
+    lines = text.split("\n")
+    records = [json.loads(line) for line in lines[:-1] if line.strip()]
+    tail = lines[-1]
+    if tail.strip():
+        try:
+            records.append(json.loads(tail))
+        except json.JSONDecodeError:
+            pass  # the half-written last line of an interrupted run
+    return records
+
+
+# --------------------------------------------------------------------------------------------------
+def _make_summary_writer(log_dir: Path) -> Any:
+    global _tensorboard_warned
+    try:
+        from torch.utils.tensorboard import SummaryWriter  # imported here: it takes about 2 s
+    except ImportError as err:
+        if not _tensorboard_warned:
+            warnings.warn(
+                f"TensorBoard logging is off: {err}. Install it with `pip install tensorboard`, or pass "
+                "tensorboard=False to RunLogger to silence this warning.",
+                stacklevel=3,
+            )
+            _tensorboard_warned = True
+        return None
+    return SummaryWriter(log_dir=str(log_dir), flush_secs=30)
+
+
+def _numeric_metrics(metrics: dict[str, Any]) -> dict[str, float | int | None]:
+    """Check that every value is a number (or None) and turn it into a plain ``float``/``int``.
+
+    Accepts Python and NumPy numbers and anything ``float()`` takes, such as a 0-dim tensor.
+    """
+    if "step" in metrics:
+        raise ValueError('"step" is passed as its own argument; remove it from the metrics dict')
+    values: dict[str, float | int | None] = {}
+    for key, value in metrics.items():
+        if not isinstance(key, str):
+            raise TypeError(f"metric keys must be strings, got {key!r}")
+        if value is None:
+            values[key] = None
+        elif isinstance(value, numbers.Integral):  # bool included: True -> 1
+            values[key] = int(value)
+        else:
+            try:
+                values[key] = float(value)
+            except (TypeError, ValueError) as err:
+                raise TypeError(f"metric {key!r} must be a number, got {type(value).__name__}") from err
+    return values
+
+
+def _json_safe(value: Any) -> Any:
+    """The same structure with NaN/inf replaced by None and NumPy scalars made plain Python numbers."""
+    if isinstance(value, bool) or value is None or isinstance(value, str):
+        return value
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if isinstance(value, numbers.Real):
+        value = float(value)
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {str(k): _json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_json_safe(v) for v in value]
+    return value  # json.dumps(default=str) deals with the rest
+
+
+def _write_jsonl_line(f: TextIO, record: dict[str, Any]) -> None:
+    # One write per line, flushed at once: a crash loses at most the line being written.
+    f.write(json.dumps(_json_safe(record), allow_nan=False) + "\n")
+    f.flush()
+
+
+def _format_value(value: float | int | None) -> str:
+    return "-" if value is None else f"{value:.4g}"
+
+
+def _format_duration(seconds: float) -> str:
+    """``61`` -> ``"1:01"``, ``3725`` -> ``"1:02:05"``."""
+    minutes, secs = divmod(round(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
+
+
+def _stderr_is_tty() -> bool:
+    try:
+        return sys.stderr.isatty()
+    except (AttributeError, ValueError):  # replaced by an object without isatty, or closed
+        return False
