@@ -1,0 +1,382 @@
+"""Prompt datasets from local files.
+
+A dataset is a list of rows (dicts). Each row has a prompt column holding either a non-empty
+string or a list of chat messages ``[{"role": "user", "content": "..."}]`` (TRL's
+"conversational" format). Every other column is kept as is and reaches reward functions by
+name, e.g. an ``answer`` column for a math verifier.
+
+Formats, picked by extension or by folder contents:
+
+    .jsonl / .ndjson     one JSON object per line (blank lines skipped)
+    .json                a list of objects; ``{"data": [...]}``; ``{split: [...], ...}``;
+                         ``{column: [values], ...}``; or JSON Lines saved as .json
+    .csv / .tsv          header row, then one row per prompt; every value is a string
+    .parquet / .pq       read with pyarrow
+    .arrow               one Arrow IPC file (stream or file format)
+    folder               written by ``datasets``' ``save_to_disk``: a Dataset (state.json plus
+                         data-XXXXX-of-NNNNN.arrow) or a DatasetDict (dataset_dict.json plus one
+                         such folder per split)
+
+save_to_disk folders are read with pyarrow whether or not ``datasets`` is installed: the shards
+are plain Arrow IPC streams listed in state.json, and one code path gives the same rows either
+way (``save_to_disk`` flattens any ``select``/``shuffle`` indices before writing).
+
+Errors are ``DataError`` and name the file, the row (``line N`` counted from 1 for JSON Lines,
+``row index N`` counted from 0 otherwise) and what to change.
+"""
+
+from __future__ import annotations
+
+import csv
+import difflib
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+Prompt = str | list[dict[str, Any]]
+
+MESSAGE_ROLES = ("system", "developer", "user", "assistant", "tool")
+
+SUPPORTED_FORMATS = (
+    "JSON Lines (.jsonl, .ndjson), JSON (.json), CSV (.csv, .tsv), Parquet (.parquet, .pq), "
+    "Arrow (.arrow), or a folder written by datasets' save_to_disk"
+)
+
+# Column names that often hold the prompt, offered when `prompt_column` is missing and difflib
+# finds nothing close ("prompt" and "question" share too few letters).
+_PROMPT_LIKE_COLUMNS = ("prompt", "messages", "question", "problem", "query", "instruction", "input")
+
+# (where, row): `where` is the human-readable position used in error messages.
+_Located = list[tuple[str, Any]]
+
+
+class DataError(ValueError):
+    """A dataset that cannot be used as is; the message names the file, the row and the fix."""
+
+
+def load_prompts(
+    path: str | Path,
+    *,
+    prompt_column: str = "prompt",
+    split: str | None = None,
+    limit: int | None = None,
+) -> list[dict[str, Any]]:
+    """Load and check a local prompt dataset.
+
+    Args:
+        path: a data file or a ``save_to_disk`` folder (formats in the module docstring).
+        prompt_column: the column holding each row's prompt (string or chat messages).
+        split: the split to read from a DatasetDict folder or a ``{split: [...]}`` JSON file
+            (default "train", or the only split there is). A single-table source has no
+            splits and accepts only None or "train", the name ``datasets`` gives a lone file.
+        limit: keep only the first ``limit`` rows; only those rows are checked.
+
+    Returns:
+        The rows as dicts, every column kept, in file order.
+
+    Example: a JSONL file with the two lines
+        {"prompt": "What is 2 + 2?", "answer": "4"}
+        {"prompt": [{"role": "user", "content": "What is 3 + 3?"}], "answer": "6"}
+    loads as two dicts with keys "prompt" and "answer".
+    """
+    source = Path(path)
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+        raise ValueError(f"limit must be a positive integer or None, got {limit!r}")
+    if not source.exists():
+        raise DataError(f"{source}: no such file or folder (looked in {source.resolve()}); check the path.")
+
+    rows = _read(source, split)
+    if not rows:
+        raise DataError(f"{source}: the dataset is empty (no rows); point the path at a file with prompts.")
+    if limit is not None:
+        rows = rows[:limit]
+    _check_rows(rows, prompt_column, source)
+    return [row for _, row in rows]
+
+
+def require_columns(
+    rows: Sequence[Mapping[str, Any]],
+    columns: Iterable[str],
+    source: str | Path,
+    *,
+    needed_by: str | None = None,
+) -> None:
+    """Raise DataError unless every row has every one of ``columns``.
+
+    ``source`` names the dataset in the message; ``needed_by`` (e.g. "reward 'accuracy'") says
+    who asked for the column. Rows are counted from 0 (``row index N``).
+    """
+    present = _columns(rows)
+    reason = f" (needed by {needed_by})" if needed_by else ""
+    for column in columns:
+        if column not in present:
+            raise DataError(
+                f"{source}: no column {column!r}{reason}; columns present: {present}."
+                f"{_did_you_mean(column, present)} Add the column to the dataset or rename it."
+            )
+        for index, row in enumerate(rows):
+            if column not in row:
+                raise DataError(
+                    f"{source}, row index {index}: no {column!r} field{reason}; this row has "
+                    f"{list(row)}. Add the field to every row or drop this row."
+                )
+
+
+def prompt_problem(prompt: Any) -> str | None:
+    """Why ``prompt`` is not a usable prompt, or None when it is.
+
+    A usable prompt is a non-empty string, or a non-empty list of messages, each a dict with a
+    ``role`` in MESSAGE_ROLES and a string ``content``.
+    """
+    if isinstance(prompt, str):
+        return None if prompt.strip() else "is an empty string; give a non-empty prompt or drop the row"
+    if isinstance(prompt, dict) and "role" in prompt:
+        return "is a single message; wrap it in a list: [{'role': ..., 'content': ...}]"
+    if isinstance(prompt, list):
+        if not prompt:
+            return "is an empty list of messages; give at least one {'role': 'user', 'content': ...}"
+        for i, message in enumerate(prompt):
+            if not isinstance(message, dict):
+                return f"message {i} is a {type(message).__name__}, not a dict with 'role' and 'content'"
+            role = message.get("role")
+            if role not in MESSAGE_ROLES:
+                return f"message {i} has role {role!r}; use one of {list(MESSAGE_ROLES)}"
+            content = message.get("content")
+            if content is None:
+                return f"message {i} (role {role!r}) has no 'content'; give each message its text"
+            if not isinstance(content, str):
+                return (
+                    f"message {i} (role {role!r}) has content of type {type(content).__name__}; "
+                    "content must be a string"
+                )
+        return None
+    return (
+        "must be a non-empty string or a list of chat messages [{'role': 'user', 'content': ...}], "
+        f"got {type(prompt).__name__}: {_short(prompt)}"
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading: each reader returns [(where, row), ...] in file order.
+
+
+def _read(source: Path, split: str | None) -> _Located:
+    if source.is_dir():
+        return _read_saved_dataset(source, split)
+    suffix = source.suffix.lower()
+    if suffix in (".jsonl", ".ndjson"):
+        rows = _read_jsonl(source)
+    elif suffix == ".json":
+        return _read_json(source, split)
+    elif suffix in (".csv", ".tsv"):
+        rows = _read_csv(source, delimiter="\t" if suffix == ".tsv" else ",")
+    elif suffix in (".parquet", ".pq"):
+        rows = _read_parquet(source)
+    elif suffix == ".arrow":
+        rows = _located(_read_arrow(source))
+    else:
+        raise DataError(
+            f"{source}: unknown data format {suffix or '(no extension)'!r}; use {SUPPORTED_FORMATS}."
+        )
+    _check_single_table_split(source, split)
+    return rows
+
+
+def _read_jsonl(source: Path) -> _Located:
+    rows = []
+    with source.open(encoding="utf-8") as f:
+        for line_number, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                rows.append((f"line {line_number}", json.loads(line)))
+            except json.JSONDecodeError as e:
+                raise DataError(
+                    f"{source}, line {line_number}: not valid JSON ({e.msg} at column {e.colno}); "
+                    "each line must be one complete JSON object."
+                ) from None
+    return rows
+
+
+def _read_json(source: Path, split: str | None) -> _Located:
+    text = source.read_text(encoding="utf-8")
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        if e.msg == "Extra data":  # JSON Lines saved as .json, which `datasets` also accepts
+            rows = _read_jsonl(source)
+            _check_single_table_split(source, split)
+            return rows
+        raise DataError(
+            f"{source}: not valid JSON ({e.msg} at line {e.lineno}, column {e.colno}); fix the file "
+            "or save it as JSON Lines (.jsonl)."
+        ) from None
+
+    if isinstance(data, list) or data == {}:
+        _check_single_table_split(source, split)
+        return _located(data or [])
+    if not isinstance(data, dict):
+        raise DataError(f"{source}: expected a JSON list of objects, got a {type(data).__name__}.")
+
+    values = list(data.values())
+    if values and all(isinstance(v, list) for v in values):
+        is_split = [all(isinstance(row, dict) for row in v) for v in values]
+        if not all(is_split):  # {column: [values]}: column-oriented, as pandas' to_json(orient="list")
+            lengths = {k: len(v) for k, v in data.items()}
+            if len(set(lengths.values())) != 1:
+                raise DataError(
+                    f"{source}: columns have different lengths {lengths}; give every column one value per row."
+                )
+            _check_single_table_split(source, split)
+            return _located([dict(zip(data, values_of_row)) for values_of_row in zip(*values)])
+    splits = {
+        k: v for k, v in data.items() if isinstance(v, list) and all(isinstance(row, dict) for row in v)
+    }
+    if not splits:
+        raise DataError(
+            f"{source}: found a JSON object with keys {list(data)} but no list of rows; expected a list "
+            'of objects, {"data": [...]}, {"train": [...], "test": [...]} or {column: [values]}.'
+        )
+    return _located(splits[_pick_split(source, list(splits), split)])
+
+
+def _read_csv(source: Path, delimiter: str) -> _Located:
+    rows = []
+    # utf-8-sig drops the byte-order mark that spreadsheet programs write.
+    with source.open(encoding="utf-8-sig", newline="") as f:
+        reader = csv.DictReader(f, delimiter=delimiter)
+        for index, row in enumerate(reader):
+            where = f"row index {index} (line {reader.line_num})"
+            if None in row:
+                raise DataError(
+                    f"{source}, {where}: more fields than the {len(reader.fieldnames)} header columns "
+                    f"{reader.fieldnames}; quote values that contain {delimiter!r}."
+                )
+            rows.append((where, row))
+    return rows
+
+
+def _read_parquet(source: Path) -> _Located:
+    import pyarrow.parquet as pq
+
+    try:
+        table = pq.read_table(source)
+    except Exception as e:  # pyarrow raises several types for a damaged file
+        raise DataError(f"{source}: cannot read as Parquet ({e}).") from e
+    return _located(table.to_pylist())
+
+
+def _read_arrow(source: Path) -> list[dict[str, Any]]:
+    import pyarrow as pa
+
+    try:
+        with pa.ipc.open_stream(source) as reader:  # what save_to_disk writes
+            return reader.read_all().to_pylist()
+    except pa.ArrowInvalid:
+        pass
+    try:
+        with pa.ipc.open_file(source) as reader:
+            return reader.read_all().to_pylist()
+    except pa.ArrowInvalid as e:
+        raise DataError(f"{source}: cannot read as Arrow IPC, stream or file format ({e}).") from e
+
+
+def _read_saved_dataset(folder: Path, split: str | None) -> _Located:
+    dict_file = folder / "dataset_dict.json"
+    if dict_file.is_file():  # DatasetDict: one Dataset folder per split
+        splits = json.loads(dict_file.read_text(encoding="utf-8"))["splits"]
+        folder = folder / _pick_split(folder, splits, split)
+        split = None
+    state_file = folder / "state.json"
+    if not state_file.is_file():
+        raise DataError(
+            f"{folder}: a folder, but not one written by datasets' save_to_disk (no state.json or "
+            f"dataset_dict.json); point the path at a data file: {SUPPORTED_FORMATS}."
+        )
+    state = json.loads(state_file.read_text(encoding="utf-8"))
+    if split is not None and split not in ("train", state.get("_split")):
+        raise DataError(
+            f"{folder}: a single Dataset (split {state.get('_split')!r}), not a DatasetDict, so it has "
+            f"no split {split!r}; drop `split` or point the path at the folder for that split."
+        )
+    shards = [folder / entry["filename"] for entry in state.get("_data_files", [])]
+    if not shards:
+        shards = sorted(folder.glob("data-*.arrow"))
+    rows: list[dict[str, Any]] = []
+    for shard in shards:
+        rows.extend(_read_arrow(shard))
+    return _located(rows)
+
+
+def _pick_split(source: Path, splits: list[str], split: str | None) -> str:
+    if split is None:
+        if "train" in splits:
+            return "train"
+        if len(splits) == 1:
+            return splits[0]
+        raise DataError(f"{source}: has splits {splits} and none is 'train'; pick one with `split`.")
+    if split not in splits:
+        raise DataError(f"{source}: no split {split!r}; splits found: {splits}.")
+    return split
+
+
+def _check_single_table_split(source: Path, split: str | None) -> None:
+    if split not in (None, "train"):
+        raise DataError(
+            f"{source}: a single table has no split {split!r}; drop `split` or point the path at "
+            "the file that holds that split."
+        )
+
+
+def _located(rows: list[Any]) -> _Located:
+    return [(f"row index {index}", row) for index, row in enumerate(rows)]
+
+
+# ---------------------------------------------------------------------------------------------
+# Checking.
+
+
+def _check_rows(rows: _Located, prompt_column: str, source: Path) -> None:
+    for where, row in rows:
+        if not isinstance(row, dict):
+            raise DataError(
+                f"{source}, {where}: expected an object with a {prompt_column!r} field, got a "
+                f"{type(row).__name__}: {_short(row)}."
+            )
+    columns = _columns([row for _, row in rows])
+    if prompt_column not in columns:
+        raise DataError(
+            f"{source}: no prompt column {prompt_column!r}; columns found: {columns}."
+            f"{_did_you_mean(prompt_column, columns)} Set prompt_column to the column that holds "
+            "the prompts, or rename it."
+        )
+    for where, row in rows:
+        if prompt_column not in row:
+            raise DataError(
+                f"{source}, {where}: no {prompt_column!r} field (this row has {list(row)}); give "
+                "every row a prompt or drop this row."
+            )
+        problem = prompt_problem(row[prompt_column])
+        if problem is not None:
+            raise DataError(f"{source}, {where}: {prompt_column!r} {problem}.")
+
+
+def _columns(rows: Iterable[Mapping[str, Any]]) -> list[str]:
+    """Every key seen in any row, in order of first appearance."""
+    seen: dict[str, None] = {}
+    for row in rows:
+        seen.update(dict.fromkeys(row))
+    return list(seen)
+
+
+def _did_you_mean(column: str, columns: list[str]) -> str:
+    close = difflib.get_close_matches(column, columns, n=1, cutoff=0.6)
+    if not close and column == "prompt":
+        close = [c for c in _PROMPT_LIKE_COLUMNS if c in columns][:1]
+    return f" Did you mean {close[0]!r}?" if close else ""
+
+
+def _short(value: Any, width: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= width else text[: width - 3] + "..."
