@@ -1,0 +1,5 @@
+import sys
+
+from grpokit.cli import main
+
+sys.exit(main())

@@ -1,0 +1,446 @@
+"""One typed config tree for a run: YAML file + dotted command-line overrides.
+
+    grpokit train cfg.yaml algo.preset=dapo rollout.group_size=16 optim.lr=1e-6
+
+The same dotted names work in YAML and on the command line. Unknown keys and badly typed
+values are rejected with a message naming the key and the nearest valid one. Algorithm
+knobs left at ``None`` are filled from the chosen preset (``grpokit.algos.PRESETS``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A configuration key or value is wrong; the message says which and what to do."""
+
+
+@dataclass
+class ModelConfig:
+    name_or_path: str = "demo"
+    """Hugging Face model directory or hub id; "demo" builds the embedded tiny model."""
+    dtype: str = "auto"
+    """auto | float32 | bfloat16 | float16 (auto: bfloat16 on GPU, float32 on CPU)."""
+    trust_remote_code: bool = False
+    """Run code shipped with the model (off unless you trust the source)."""
+    gradient_checkpointing: bool = False
+    """Recompute activations in the backward pass to save memory."""
+    device: str = "auto"
+    """auto | cpu | cuda | cuda:N."""
+    attn_implementation: str | None = None
+    """Passed to from_pretrained (e.g. sdpa, eager, flash_attention_2)."""
+
+
+@dataclass
+class LoraConfig:
+    enabled: bool = False
+    """Train a LoRA adapter (PEFT) instead of all weights; the reference is the base model."""
+    r: int = 16
+    """Adapter rank."""
+    alpha: int = 32
+    """LoRA scaling numerator (scale = alpha / r)."""
+    dropout: float = 0.0
+    """Dropout on the adapter input."""
+    target_modules: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
+    """Module names the adapter wraps."""
+
+
+@dataclass
+class DataConfig:
+    train: str = ""
+    """Training prompts: JSONL, JSON, CSV, Parquet or a datasets.save_to_disk folder."""
+    eval: str | None = None
+    """Held-out prompts for evaluation (same formats)."""
+    split: str | None = None
+    """Split to read from a DatasetDict folder."""
+    prompt_column: str = "prompt"
+    """Column holding the prompt: plain text or chat messages."""
+    template: str = "auto"
+    """Prompt template: auto | chat | plain | r1_zero."""
+    system_prompt: str | None = None
+    """System message prepended for chat templates."""
+    max_prompt_tokens: int = 512
+    """Prompts longer than this are rejected with the row named."""
+    shuffle: bool = True
+    """Shuffle the training prompts each pass (seeded)."""
+    eval_limit: int | None = None
+    """Evaluate on at most this many held-out rows."""
+
+
+@dataclass
+class RolloutConfig:
+    group_size: int = 8
+    """G: completions sampled per prompt."""
+    prompts_per_step: int = 8
+    """Prompts per optimizer rollout; the batch holds prompts_per_step * group_size completions."""
+    max_new_tokens: int = 256
+    """Length limit of a completion; longer ones are truncated (and flagged)."""
+    temperature: float = 1.0
+    """Sampling temperature; log-probs are computed at this temperature."""
+    top_p: float = 1.0
+    """Nucleus sampling threshold."""
+    top_k: int = 0
+    """Top-k sampling (0 = off)."""
+    engine: str = "fast"
+    """fast (shared-prefix KV cache decode loop) | hf (transformers generate)."""
+    generation_batch_size: int = 0
+    """Prompts per generation call (0 = all at once)."""
+
+
+@dataclass
+class AlgoConfig:
+    preset: str = "grpo"
+    """Named algorithm from grpokit.algos.PRESETS; the knobs below override it when set."""
+    advantage: str | None = None
+    """grpo | dr_grpo | batch | rloo | reinforce_pp."""
+    std_ddof: int | None = None
+    """Degrees of freedom of the group std (1 = unbiased, as TRL/verl)."""
+    eps_low: float | None = None
+    """Lower clip range: ratio >= 1 - eps_low."""
+    eps_high: float | None = None
+    """Upper clip range: ratio <= 1 + eps_high (DAPO clip-higher)."""
+    ratio_level: str | None = None
+    """token | sequence (GSPO) | sequence_token (GSPO-token)."""
+    agg: str | None = None
+    """seq-mean-token-mean | token-mean | seq-sum-norm."""
+    beta: float | None = None
+    """KL coefficient to the frozen reference (0 = no reference model)."""
+    kl_kind: str | None = None
+    """k1 | k2 | k3."""
+    norm_len: int | None = None
+    """Constant length normaliser of seq-sum-norm (default: rollout.max_new_tokens)."""
+    dual_clip: float | None = None
+    """Dual-clip constant c > 1 for negative advantages (None = off)."""
+    dynamic_sampling: bool | None = None
+    """DAPO: drop zero-variance groups and sample more prompts to refill the batch."""
+    max_sampling_rounds: int = 4
+    """Extra sampling rounds dynamic sampling may take before giving up with an error."""
+    overlong_shaping: bool | None = None
+    """DAPO: soft length penalty in the last overlong_buffer tokens."""
+    overlong_buffer: int | None = None
+    """L_cache of DAPO's overlong shaping, in tokens (default: a quarter of max_new_tokens)."""
+    mask_truncated: bool | None = None
+    """DAPO overlong filtering: no loss on truncated completions."""
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 1e-6
+    """AdamW learning rate."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    adam_beta1: float = 0.9
+    """AdamW beta1."""
+    adam_beta2: float = 0.99
+    """AdamW beta2."""
+    warmup_steps: int = 0
+    """Linear warm-up steps."""
+    schedule: str = "constant"
+    """constant | cosine (after warm-up)."""
+    max_grad_norm: float = 1.0
+    """Gradient clipping by global norm (0 = off)."""
+    epochs: int = 1
+    """mu: passes over each rollout batch."""
+    mini_batches: int = 1
+    """Optimizer steps per pass over a rollout batch."""
+    micro_batch_size: int = 8
+    """Completions per forward/backward (gradient accumulation fills the mini-batch)."""
+    logprob_chunk_size: int = 1024
+    """Rows of hidden states projected to the vocabulary at a time."""
+
+
+@dataclass
+class RewardSpec:
+    name: str = "math_accuracy"
+    """Built-in name, module:function, or path/to/file.py:function."""
+    weight: float = 1.0
+    """Weight of this function in the total reward."""
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    """Arguments for a built-in factory (e.g. max_len for overlong_penalty)."""
+
+
+@dataclass
+class EvalConfig:
+    every: int = 0
+    """Evaluate every this many steps (0 = only before and after training)."""
+    num_samples: int = 4
+    """k of the sampled mean@k."""
+    temperature: float = 1.0
+    """Temperature of the sampled evaluation."""
+    max_new_tokens: int | None = None
+    """Defaults to rollout.max_new_tokens."""
+    enabled: bool = True
+    """Evaluate before and after training when held-out data exists."""
+
+
+@dataclass
+class TrainConfig:
+    steps: int = 100
+    """Optimizer rollouts (training steps)."""
+    seed: int = 0
+    """Seed of data order, sampling and initialisation."""
+    output_dir: str = "runs/grpokit"
+    """Where metrics, checkpoints, samples and plots go."""
+    save_every: int = 0
+    """Checkpoint every this many steps (0 = only at the end)."""
+    keep_checkpoints: int = 2
+    """How many step checkpoints to keep."""
+    samples_every: int = 10
+    """Save sample completions every this many steps (0 = never)."""
+    tensorboard: bool = True
+    """Write TensorBoard scalars."""
+    accuracy_reward: str | None = None
+    """Reward whose value 1 means correct (default: the first reward)."""
+    reward_timeout_s: float = 120.0
+    """A reward function taking longer is reported and counted as failed."""
+
+
+@dataclass
+class Config:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    algo: AlgoConfig = field(default_factory=AlgoConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    rewards: list[RewardSpec] = field(default_factory=lambda: [RewardSpec()])
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+
+
+# ---------------------------------------------------------------------------------------------
+# building a Config from nested dicts, with validation
+
+
+def _nearest(name: str, options: list[str]) -> str:
+    match = difflib.get_close_matches(name, options, n=1, cutoff=0.5)
+    return f" Did you mean '{match[0]}'?" if match else f" Valid keys: {', '.join(options)}."
+
+
+def _coerce(value: Any, tp: Any, key: str) -> Any:
+    """Check ``value`` against the annotation ``tp``; ints are accepted where floats are."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _coerce(value, arg, key)
+            except ConfigError as e:
+                errors.append(str(e))
+        raise ConfigError(errors[0] if errors else f"{key}: bad value {value!r}")
+    if tp is Any:
+        return value
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key}: expected a mapping of {tp.__name__} fields, got {value!r}")
+        return _build(tp, value, key)
+    if origin is list:
+        if not isinstance(value, list):
+            raise ConfigError(f"{key}: expected a list, got {value!r}")
+        (item_tp,) = typing.get_args(tp)
+        return [_coerce(v, item_tp, f"{key}[{i}]") for i, v in enumerate(value)]
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key}: expected a mapping, got {value!r}")
+        return dict(value)
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(f"{key}: expected true or false, got {value!r}")
+    if tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise ConfigError(f"{key}: expected an integer, got {value!r}")
+    if tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        raise ConfigError(f"{key}: expected a number, got {value!r}")
+    if tp is str:
+        if isinstance(value, str):
+            return value
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return str(value)
+        raise ConfigError(f"{key}: expected a string, got {value!r}")
+    raise ConfigError(f"{key}: unsupported type {tp}")
+
+
+def _build(cls: type, values: dict[str, Any], prefix: str = "") -> Any:
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    kwargs = {}
+    for key, value in values.items():
+        full = f"{prefix}.{key}" if prefix else str(key)
+        if key not in names:
+            raise ConfigError(f"unknown config key '{full}'.{_nearest(str(key), names)}")
+        kwargs[key] = _coerce(value, hints[key], full)
+    return cls(**kwargs)
+
+
+def _check_choices(cfg: Config) -> None:
+    choices = {
+        "model.dtype": (cfg.model.dtype, ["auto", "float32", "bfloat16", "float16"]),
+        "data.template": (cfg.data.template, ["auto", "chat", "plain", "r1_zero"]),
+        "rollout.engine": (cfg.rollout.engine, ["fast", "hf"]),
+        "optim.schedule": (cfg.optim.schedule, ["constant", "cosine"]),
+        "algo.advantage": (cfg.algo.advantage, [None, "grpo", "dr_grpo", "batch", "rloo", "reinforce_pp"]),
+        "algo.ratio_level": (cfg.algo.ratio_level, [None, "token", "sequence", "sequence_token"]),
+        "algo.agg": (cfg.algo.agg, [None, "seq-mean-token-mean", "token-mean", "seq-sum-norm"]),
+        "algo.kl_kind": (cfg.algo.kl_kind, [None, "k1", "k2", "k3"]),
+    }
+    for key, (value, valid) in choices.items():
+        if value not in valid:
+            shown = [v for v in valid if v is not None]
+            hint = difflib.get_close_matches(str(value), shown, n=1, cutoff=0.3)
+            near = f" Did you mean '{hint[0]}'?" if hint else ""
+            raise ConfigError(f"{key}={value!r} is not one of {shown}.{near}")
+    from grpokit.algos import PRESETS
+
+    if cfg.algo.preset not in PRESETS:
+        raise ConfigError(
+            f"algo.preset={cfg.algo.preset!r} is not a known preset.{_nearest(cfg.algo.preset, list(PRESETS))}"
+        )
+    positive = {
+        "rollout.prompts_per_step": cfg.rollout.prompts_per_step,
+        "rollout.max_new_tokens": cfg.rollout.max_new_tokens,
+        "optim.micro_batch_size": cfg.optim.micro_batch_size,
+        "optim.epochs": cfg.optim.epochs,
+        "optim.mini_batches": cfg.optim.mini_batches,
+        "data.max_prompt_tokens": cfg.data.max_prompt_tokens,
+        "eval.num_samples": cfg.eval.num_samples,
+    }
+    for key, value in positive.items():
+        if value < 1:
+            raise ConfigError(f"{key}={value} must be at least 1.")
+    if cfg.rollout.group_size < 2:
+        raise ConfigError(
+            f"rollout.group_size={cfg.rollout.group_size}: GRPO needs at least 2 completions per prompt "
+            "to compare them (a group of 1 has no relative advantage). Use 2 or more, e.g. 8."
+        )
+    if cfg.rollout.temperature < 0:
+        raise ConfigError(f"rollout.temperature={cfg.rollout.temperature} must be >= 0.")
+    if not 0 < cfg.rollout.top_p <= 1:
+        raise ConfigError(f"rollout.top_p={cfg.rollout.top_p} must be in (0, 1].")
+    batch = cfg.rollout.prompts_per_step * cfg.rollout.group_size
+    if batch % cfg.optim.mini_batches:
+        raise ConfigError(
+            f"optim.mini_batches={cfg.optim.mini_batches} must divide the rollout batch "
+            f"(rollout.prompts_per_step * rollout.group_size = {batch})."
+        )
+    if not cfg.rewards:
+        raise ConfigError("rewards: at least one reward function is needed.")
+
+
+def config_from_dict(values: dict[str, Any]) -> Config:
+    """Build and validate a Config from a nested mapping (as read from YAML)."""
+    if not isinstance(values, dict):
+        raise ConfigError(f"a config must be a mapping of sections, got {type(values).__name__}")
+    cfg = _build(Config, values)
+    _check_choices(cfg)
+    return cfg
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """``a.b.c=value`` -> (["a", "b", "c"], value parsed as YAML: numbers, bools, lists, null)."""
+    if "=" not in text:
+        raise ConfigError(f"override {text!r} must look like section.key=value (e.g. optim.lr=1e-6)")
+    key, raw = text.split("=", 1)
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw
+    if isinstance(value, str) and _looks_like_float(raw):
+        value = float(raw)  # YAML 1.1 reads "1e-6" as a string
+    return key.strip().split("."), value
+
+
+def _looks_like_float(raw: str) -> bool:
+    try:
+        float(raw)
+    except ValueError:
+        return False
+    return True
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
+    """Read a YAML file (optional), apply dotted overrides, validate, return the Config."""
+    values: dict[str, Any] = {}
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"config file {p} does not exist")
+        try:
+            values = yaml.safe_load(p.read_text()) or {}
+        except yaml.YAMLError as e:
+            raise ConfigError(f"{p}: not valid YAML: {e}") from e
+        if not isinstance(values, dict):
+            raise ConfigError(f"{p}: the top level must be a mapping of sections (model:, data:, ...)")
+        _fix_yaml_floats(values)
+    for text in overrides:
+        keys, value = parse_override(text)
+        node = values
+        for k in keys[:-1]:
+            node = node.setdefault(k, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"override {text!r}: '{k}' is not a section")
+        node[keys[-1]] = value
+    try:
+        return config_from_dict(values)
+    except ConfigError as e:
+        where = f"{path}: " if path is not None else ""
+        raise ConfigError(f"{where}{e}") from None
+
+
+def _fix_yaml_floats(node: Any) -> None:
+    """PyYAML reads 1e-6 (no dot) as a string; turn such strings back into floats."""
+    if isinstance(node, dict):
+        for k, v in node.items():
+            if isinstance(v, str) and _looks_like_float(v) and not v.strip().isalpha():
+                node[k] = float(v)
+            else:
+                _fix_yaml_floats(v)
+    elif isinstance(node, list):
+        for v in node:
+            _fix_yaml_floats(v)
+
+
+def config_to_dict(cfg: Config) -> dict[str, Any]:
+    return dataclasses.asdict(cfg)
+
+
+def save_config(cfg: Config, path: str | Path, resolved_algo: dict[str, Any] | None = None) -> None:
+    data = config_to_dict(cfg)
+    if resolved_algo is not None:
+        data["resolved_algo"] = resolved_algo
+    Path(path).write_text(yaml.safe_dump(data, sort_keys=False))
+
+
+def resolve_algo(cfg: Config) -> dict[str, Any]:
+    """The preset's settings with every explicitly set ``algo.*`` knob laid over them."""
+    from grpokit.algos import PRESETS
+
+    settings = dict(PRESETS[cfg.algo.preset])
+    for f in dataclasses.fields(AlgoConfig):
+        value = getattr(cfg.algo, f.name)
+        if f.name != "preset" and value is not None:
+            settings[f.name] = value
+    if settings.get("norm_len") in (None, "max_completion_length"):
+        settings["norm_len"] = cfg.rollout.max_new_tokens
+    if settings.get("overlong_buffer") is None or isinstance(settings.get("overlong_buffer"), float):
+        frac = settings.get("overlong_buffer") or 0.25
+        settings["overlong_buffer"] = max(1, int(cfg.rollout.max_new_tokens * frac))
+    settings.setdefault("max_sampling_rounds", cfg.algo.max_sampling_rounds)
+    return settings

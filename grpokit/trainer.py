@@ -1,0 +1,690 @@
+"""The GRPO training loop, in the order the data flows:
+
+    prompts -> G completions each -> rewards -> group-relative advantages
+            -> mu passes of mini-batched, gradient-accumulated clipped updates -> metrics
+            -> evaluation -> checkpoint
+
+The maths lives in ``grpokit.algos``; this file only moves tensors between the pieces.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import random
+import resource
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from grpokit.algos import compute_advantages, policy_loss
+from grpokit.checkpoint import (
+    list_checkpoints,
+    load_trainer_state,
+    load_weights_into,
+    prune_checkpoints,
+    save_checkpoint,
+    set_rng_state,
+)
+from grpokit.config import Config, ConfigError, resolve_algo, save_config
+from grpokit.data import load_prompts
+from grpokit.evaluate import evaluate
+from grpokit.generation import FastGenerator, HFGenerator, Rollout
+from grpokit.loading import frozen_reference, load_policy, prepare_policy
+from grpokit.modeling import completion_logprobs
+from grpokit.rewards import RewardRunner, resolve_reward
+from grpokit.runlog import RunLogger
+from grpokit.templates import encode_prompts
+
+
+class TrainingError(RuntimeError):
+    """The run cannot go on; the message says why and what to change."""
+
+
+@dataclass
+class ScoredBatch:
+    """One step's samples: rows are prompt-major, each group of G rows contiguous."""
+
+    rollout: Rollout
+    rows: list[dict]  # (N,) dataset row of each completion's prompt
+    texts: list[str]  # (N,) decoded completions
+    rewards: torch.Tensor  # (N,) weighted total reward
+    per_function: dict[str, list]  # name -> (N,) values (None = not applicable)
+    reward_metrics: dict[str, float]
+
+    def select_groups(self, groups: list[int], group_size: int) -> ScoredBatch:
+        idx = [g * group_size + j for g in groups for j in range(group_size)]
+        t = torch.tensor(idx, dtype=torch.long)
+        r = self.rollout
+        rollout = Rollout(
+            prompt_ids=r.prompt_ids[t],
+            prompt_mask=r.prompt_mask[t],
+            completion_ids=r.completion_ids[t],
+            completion_mask=r.completion_mask[t],
+            logprobs=r.logprobs[t],
+            truncated=r.truncated[t],
+        )
+        return ScoredBatch(
+            rollout=rollout,
+            rows=[self.rows[i] for i in idx],
+            texts=[self.texts[i] for i in idx],
+            rewards=self.rewards[t],
+            per_function={k: [v[i] for i in idx] for k, v in self.per_function.items()},
+            reward_metrics=self.reward_metrics,
+        )
+
+
+def concat_batches(batches: list[ScoredBatch], pad_token_id: int) -> ScoredBatch:
+    """Stack batches whose prompts/completions may differ in padded length."""
+    if len(batches) == 1:
+        return batches[0]
+
+    def cat(tensors: list[torch.Tensor], left: bool, value: float) -> torch.Tensor:
+        width = max(t.shape[1] for t in tensors)
+        out = []
+        for t in tensors:
+            pad = width - t.shape[1]
+            out.append(torch.nn.functional.pad(t, (pad, 0) if left else (0, pad), value=value))
+        return torch.cat(out)
+
+    rs = [b.rollout for b in batches]
+    rollout = Rollout(
+        prompt_ids=cat([r.prompt_ids for r in rs], True, pad_token_id),
+        prompt_mask=cat([r.prompt_mask for r in rs], True, 0),
+        completion_ids=cat([r.completion_ids for r in rs], False, pad_token_id),
+        completion_mask=cat([r.completion_mask for r in rs], False, 0),
+        logprobs=cat([r.logprobs for r in rs], False, 0.0),
+        truncated=torch.cat([r.truncated for r in rs]),
+    )
+    names = batches[0].per_function.keys()
+    return ScoredBatch(
+        rollout=rollout,
+        rows=[row for b in batches for row in b.rows],
+        texts=[t for b in batches for t in b.texts],
+        rewards=torch.cat([b.rewards for b in batches]),
+        per_function={k: [v for b in batches for v in b.per_function[k]] for k in names},
+        reward_metrics=batches[-1].reward_metrics,
+    )
+
+
+class PromptStream:
+    """Endless, seeded, reshuffled-each-pass stream of dataset rows; its position is resumable."""
+
+    def __init__(self, rows: list[dict], seed: int, shuffle: bool):
+        self.rows, self.seed, self.shuffle = rows, seed, shuffle
+        self.epoch, self.index = 0, 0
+        self._order = self._permutation()
+
+    def _permutation(self) -> list[int]:
+        order = list(range(len(self.rows)))
+        if self.shuffle:
+            random.Random(self.seed * 1_000_003 + self.epoch).shuffle(order)
+        return order
+
+    def take(self, n: int) -> list[dict]:
+        out = []
+        while len(out) < n:
+            if self.index == len(self._order):
+                self.epoch, self.index = self.epoch + 1, 0
+                self._order = self._permutation()
+            out.append(self.rows[self._order[self.index]])
+            self.index += 1
+        return out
+
+    def state(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "index": self.index}
+
+    def load_state(self, state: dict[str, int]) -> None:
+        self.epoch, self.index = state["epoch"], state["index"]
+        self._order = self._permutation()
+
+
+def _peak_memory_mb(device: torch.device) -> float:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
+
+
+class GRPOTrainer:
+    """Trains ``cfg.model`` on ``cfg.data`` with the algorithm ``cfg.algo`` names.
+
+    model/tokenizer/rows/reward_functions may be passed in directly (tests, notebooks);
+    otherwise they are loaded from the config.
+    """
+
+    def __init__(
+        self,
+        cfg: Config,
+        *,
+        model=None,
+        tokenizer=None,
+        train_rows: list[dict] | None = None,
+        eval_rows: list[dict] | None = None,
+        reward_functions: list[tuple[str, Any, float]] | None = None,
+        resume: bool = False,
+    ):
+        self.cfg = cfg
+        self.algo = resolve_algo(cfg)
+        if cfg.rollout.temperature <= 0:
+            raise ConfigError("rollout.temperature must be > 0 for training (log-probs are taken at it)")
+        self.out = Path(cfg.train.output_dir)
+        self.out.mkdir(parents=True, exist_ok=True)
+        torch.manual_seed(cfg.train.seed)
+
+        # data
+        if train_rows is None:
+            if not cfg.data.train:
+                raise ConfigError("data.train is empty: give a JSONL/JSON/CSV/Parquet file or a save_to_disk folder")
+            train_rows = load_prompts(cfg.data.train, prompt_column=cfg.data.prompt_column, split=cfg.data.split)
+        if eval_rows is None and cfg.data.eval:
+            eval_rows = load_prompts(cfg.data.eval, prompt_column=cfg.data.prompt_column, limit=cfg.data.eval_limit)
+        self.train_rows, self.eval_rows = train_rows, eval_rows or []
+
+        # model
+        if model is None:
+            model, tokenizer, self.device = load_policy(cfg.model, cfg.lora)
+        else:
+            self.device = next(model.parameters()).device
+            model = prepare_policy(model, cfg.model, cfg.lora)
+        self.model, self.tokenizer = model, tokenizer
+        self.ref_model = frozen_reference(model, cfg.lora.enabled) if self.algo["beta"] > 0 else None
+        self.eos_ids = self._eos_ids()
+
+        # rewards
+        if reward_functions is None:
+            reward_functions = [(spec.name, resolve_reward(spec.name, **spec.kwargs), spec.weight) for spec in cfg.rewards]
+        if self.algo.get("overlong_shaping"):
+            shaping = resolve_reward(
+                "overlong_penalty", max_len=cfg.rollout.max_new_tokens, buffer_len=self.algo["overlong_buffer"]
+            )
+            reward_functions = [*reward_functions, ("overlong_penalty", shaping, 1.0)]
+        self.reward_names = [name for name, _, _ in reward_functions]
+        self.rewards = RewardRunner(reward_functions, timeout_s=cfg.train.reward_timeout_s)
+        self.accuracy_name = cfg.train.accuracy_reward or self.reward_names[0]
+        if self.accuracy_name not in self.reward_names:
+            raise ConfigError(f"train.accuracy_reward={self.accuracy_name!r} is not one of the rewards {self.reward_names}")
+        self.accuracy_fn = dict((n, f) for n, f, _ in reward_functions)[self.accuracy_name]
+
+        # prompts are checked for length up front, so a bad row fails before any training
+        self.encoded = self._encode_all(self.train_rows)
+        self.stream = PromptStream(list(range(len(self.train_rows))), cfg.train.seed, cfg.data.shuffle)
+
+        # optimisation
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        fused = self.device.type == "cuda"
+        self.optimizer = torch.optim.AdamW(
+            params,
+            lr=cfg.optim.lr,
+            betas=(cfg.optim.adam_beta1, cfg.optim.adam_beta2),
+            weight_decay=cfg.optim.weight_decay,
+            fused=fused,
+        )
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_factor)
+        self.generator = FastGenerator() if cfg.rollout.engine == "fast" else HFGenerator()
+        self.step = 0
+        self.log: RunLogger | None = None
+        if resume:
+            self._resume()
+        save_config(cfg, self.out / "config.yaml", resolved_algo=self.algo)
+
+    # ----------------------------------------------------------------------------- set-up helpers
+
+    def _eos_ids(self) -> list[int]:
+        ids = set()
+        if self.tokenizer.eos_token_id is not None:
+            ids.add(int(self.tokenizer.eos_token_id))
+        gen_cfg = getattr(self.model, "generation_config", None)
+        eos = getattr(gen_cfg, "eos_token_id", None)
+        for e in eos if isinstance(eos, list) else [eos]:
+            if e is not None:
+                ids.add(int(e))
+        if not ids:
+            raise ConfigError("the tokenizer has no eos token: completions could never end")
+        return sorted(ids)
+
+    def _encode_all(self, rows: list[dict]) -> list[list[int]]:
+        return encode_prompts(
+            [row[self.cfg.data.prompt_column] for row in rows],
+            self.tokenizer,
+            template=self.cfg.data.template,
+            system_prompt=self.cfg.data.system_prompt,
+            max_prompt_tokens=self.cfg.data.max_prompt_tokens,
+        )
+
+    def _lr_factor(self, step: int) -> float:
+        warm = self.cfg.optim.warmup_steps
+        if step < warm:
+            return (step + 1) / (warm + 1)
+        if self.cfg.optim.schedule == "cosine":
+            span = max(1, self.cfg.train.steps - warm)
+            return 0.5 * (1 + math.cos(math.pi * min(1.0, (step - warm) / span)))
+        return 1.0
+
+    # ----------------------------------------------------------------------------- the loop
+
+    def train(self) -> dict[str, Any]:
+        """Run cfg.train.steps steps; returns the summary also written to OUTPUT/summary.json."""
+        cfg = self.cfg
+        summary: dict[str, Any] = {}
+        with RunLogger(
+            self.out, total_steps=cfg.train.steps, tensorboard=cfg.train.tensorboard, resume=self.step > 0
+        ) as log:
+            self.log = log
+            if self.eval_rows and cfg.eval.enabled and self.step == 0:
+                before = self.evaluate()
+                log.log_eval(0, before)
+                summary["eval_accuracy_before"] = before["accuracy"]
+            start = time.perf_counter()
+            while self.step < cfg.train.steps:
+                metrics = self.train_step()
+                log.log_step(self.step, metrics)
+                if cfg.eval.every and self.eval_rows and self.step % cfg.eval.every == 0 and self.step < cfg.train.steps:
+                    log.log_eval(self.step, self.evaluate())
+                if cfg.train.save_every and self.step % cfg.train.save_every == 0:
+                    self.save()
+            summary["train_seconds"] = time.perf_counter() - start
+            if self.eval_rows and cfg.eval.enabled:
+                after = self.evaluate()
+                log.log_eval(self.step, after)
+                summary["eval_accuracy_after"] = after["accuracy"]
+                summary["eval_after"] = after
+            final = self.save()
+            summary.update(steps=self.step, checkpoint=str(final), output_dir=str(self.out))
+            summary.update(self._previous_summary(summary))
+            (self.out / "summary.json").write_text(json.dumps(summary, indent=2))
+            self._plot()
+        return summary
+
+    def train_step(self) -> dict[str, float]:
+        """One rollout and its updates: sample -> score -> advantages -> update -> metrics."""
+        t0 = time.perf_counter()
+        batch, timing, sampling = self.sample_batch()
+        rewards = batch.rewards.to(self.device)  # (N,)
+        advantages = compute_advantages(
+            rewards, self.cfg.rollout.group_size, self.algo["advantage"], std_ddof=self.algo.get("std_ddof", 1)
+        )  # (N,)
+        t_update = time.perf_counter()
+        update_metrics, ref_seconds = self.update(batch, advantages)
+        timing["reference"] = ref_seconds
+        timing["update"] = time.perf_counter() - t_update - ref_seconds
+        self.step += 1
+        self.scheduler.step()
+        metrics = self._step_metrics(batch, advantages, update_metrics, sampling)
+        step_seconds = time.perf_counter() - t0
+        metrics.update({f"time/{k}": v for k, v in timing.items()})
+        metrics["time/step"] = step_seconds
+        generated = float(batch.rollout.completion_mask.sum())
+        metrics["tokens_per_s"] = generated / step_seconds
+        metrics["peak_memory_mb"] = _peak_memory_mb(self.device)
+        if self.cfg.train.samples_every and self.step % self.cfg.train.samples_every == 0:
+            self._save_samples(batch)
+        return metrics
+
+    # ----------------------------------------------------------------------------- sampling
+
+    def sample_batch(self) -> tuple[ScoredBatch, dict[str, float], dict[str, float]]:
+        """P groups of G scored completions. With DAPO's dynamic sampling, groups whose rewards
+        all match are dropped and more prompts are sampled until P groups remain."""
+        P, G = self.cfg.rollout.prompts_per_step, self.cfg.rollout.group_size
+        timing = {"generation": 0.0, "scoring": 0.0}
+        kept: list[ScoredBatch] = []
+        n_kept, rounds, zero_var_groups, total_groups = 0, 0, 0, 0
+        while True:
+            row_ids = self.stream.take(P)
+            t = time.perf_counter()
+            rollout = self.rollout([self.encoded[i] for i in row_ids], seed=self._seed(rounds))
+            timing["generation"] += time.perf_counter() - t
+            t = time.perf_counter()
+            scored = self.score(rollout, [self.train_rows[i] for i in row_ids])
+            timing["scoring"] += time.perf_counter() - t
+            spread = scored.rewards.view(P, G)
+            flat = (spread.max(dim=1).values - spread.min(dim=1).values) == 0  # (P,)
+            zero_var_groups += int(flat.sum())
+            total_groups += P
+            if not self.algo.get("dynamic_sampling"):
+                kept, n_kept = [scored], P
+                break
+            useful = [g for g in range(P) if not flat[g]][: P - n_kept]
+            if useful:
+                kept.append(scored.select_groups(useful, G))
+                n_kept += len(useful)
+            if n_kept == P:
+                break
+            rounds += 1
+            if rounds > self.algo["max_sampling_rounds"]:
+                raise TrainingError(
+                    f"dynamic sampling: after {rounds} sampling rounds only {n_kept} of {P} groups had "
+                    "rewards that differ (all others were all-correct or all-wrong). Raise "
+                    "algo.max_sampling_rounds, use harder/easier prompts, or set algo.dynamic_sampling=false."
+                )
+        batch = concat_batches(kept, self.tokenizer.pad_token_id)
+        sampling = {"zero_variance_frac": zero_var_groups / total_groups, "sampling_rounds": float(rounds + 1)}
+        return batch, timing, sampling
+
+    def _seed(self, round_: int) -> int:
+        # a pure function of (seed, step, round): resuming reproduces the same samples
+        return (self.cfg.train.seed * 1_000_003 + self.step * 101 + round_) % 2**31
+
+    @torch.no_grad()
+    def rollout(self, prompt_ids: list[list[int]], *, seed: int, group_size: int | None = None, temperature=None, max_new_tokens=None) -> Rollout:
+        r = self.cfg.rollout
+        self.model.eval()
+        out = self.generator.generate(
+            self.model,
+            prompt_ids,
+            group_size=group_size or r.group_size,
+            max_new_tokens=max_new_tokens or r.max_new_tokens,
+            temperature=r.temperature if temperature is None else temperature,
+            top_p=r.top_p,
+            top_k=r.top_k,
+            eos_token_ids=self.eos_ids,
+            pad_token_id=self.tokenizer.pad_token_id,
+            seed=seed,
+        )
+        return out
+
+    def score(self, rollout: Rollout, rows: list[dict]) -> ScoredBatch:
+        """Run the reward functions on each completion; the group's prompt row gives the columns."""
+        G = rollout.completion_ids.shape[0] // len(rows)
+        per_completion_rows = [row for row in rows for _ in range(G)]
+        texts = self.decode(rollout)
+        columns: dict[str, list] = {}
+        for key in per_completion_rows[0]:
+            if key != self.cfg.data.prompt_column:
+                columns[key] = [row.get(key) for row in per_completion_rows]
+        columns["completion_ids"] = [
+            ids[mask.bool()].tolist() for ids, mask in zip(rollout.completion_ids, rollout.completion_mask)
+        ]
+        prompts = [row[self.cfg.data.prompt_column] for row in per_completion_rows]
+        result = self.rewards(prompts, texts, columns)
+        return ScoredBatch(
+            rollout=rollout,
+            rows=per_completion_rows,
+            texts=texts,
+            rewards=torch.tensor(result.total, dtype=torch.float32),
+            per_function=result.per_function,
+            reward_metrics=result.metrics(),
+        )
+
+    def decode(self, rollout: Rollout) -> list[str]:
+        return [
+            self.tokenizer.decode(ids[mask.bool()].tolist(), skip_special_tokens=True)
+            for ids, mask in zip(rollout.completion_ids, rollout.completion_mask)
+        ]
+
+    # ----------------------------------------------------------------------------- the update
+
+    def update(self, batch: ScoredBatch, advantages: torch.Tensor) -> tuple[dict[str, float], float]:
+        """mu passes over the batch, each split into mini-batches (one optimizer step each),
+        each split into micro-batches whose gradients accumulate. The loss normaliser is the
+        whole mini-batch's (num_sequences / num_tokens), so the split never changes the objective."""
+        cfg, algo = self.cfg, self.algo
+        r = batch.rollout
+        N = r.completion_ids.shape[0]
+        loss_mask = r.completion_mask.clone()  # (N, Lc)
+        if algo.get("mask_truncated"):
+            loss_mask[r.truncated] = 0  # DAPO overlong filtering
+        needs_old = cfg.optim.epochs > 1 or cfg.optim.mini_batches > 1
+        t = time.perf_counter()
+        ref_logprobs = self._logprobs_no_grad(self.ref_model, r, reference=True) if algo["beta"] > 0 else None
+        ref_seconds = time.perf_counter() - t
+        old_logprobs = self._logprobs_no_grad(self.model, r) if needs_old else None
+
+        sums: dict[str, float] = {}
+        weight_total = 0.0
+        grad_norms, skipped = [], 0
+        sample_diff_sum, sample_diff_max, sample_tokens = 0.0, 0.0, 0.0
+        entropy_sum, entropy_tokens = 0.0, 0.0
+        mini = N // cfg.optim.mini_batches
+        order_gen = torch.Generator().manual_seed(self._seed(0))
+        self.model.train()
+        for epoch in range(cfg.optim.epochs):
+            order = torch.randperm(N, generator=order_gen) if (cfg.optim.epochs > 1 or cfg.optim.mini_batches > 1) else torch.arange(N)
+            for m in range(cfg.optim.mini_batches):
+                mb = order[m * mini : (m + 1) * mini]  # (M,)
+                num_tokens = loss_mask[mb].sum().clamp(min=1).to(self.device)
+                finite = True
+                for micro in mb.split(cfg.optim.micro_batch_size):
+                    tensors = self._micro_tensors(r, micro, loss_mask)
+                    first = epoch == 0 and m == 0
+                    logprobs, entropy = completion_logprobs(
+                        self.model,
+                        tensors["prompt_ids"],
+                        tensors["prompt_mask"],
+                        tensors["completion_ids"],
+                        tensors["completion_mask"],
+                        temperature=cfg.rollout.temperature,
+                        chunk_size=cfg.optim.logprob_chunk_size,
+                        with_entropy=first,
+                    )  # (n, L)
+                    mask = tensors["loss_mask"]
+                    old = old_logprobs[micro][:, : logprobs.shape[1]].to(self.device) if needs_old else logprobs.detach()
+                    ref = ref_logprobs[micro][:, : logprobs.shape[1]].to(self.device) if ref_logprobs is not None else None
+                    loss, stats = policy_loss(
+                        logprobs,
+                        old,
+                        advantages[micro.to(self.device)],
+                        mask,
+                        eps_low=algo["eps_low"],
+                        eps_high=algo.get("eps_high"),
+                        ratio_level=algo["ratio_level"],
+                        agg=algo["agg"],
+                        ref_logprobs=ref,
+                        beta=algo["beta"],
+                        kl_kind=algo["kl_kind"],
+                        norm_len=algo.get("norm_len"),
+                        dual_clip=algo.get("dual_clip"),
+                        num_sequences=len(mb),
+                        num_tokens=num_tokens,
+                    )
+                    if not torch.isfinite(loss):
+                        finite = False
+                        break
+                    loss.backward()
+                    w = float(mask.sum())
+                    weight_total += w
+                    for k, v in stats.items():
+                        if k != "num_tokens":
+                            sums[k] = sums.get(k, 0.0) + float(v) * w
+                    sums["loss"] = sums.get("loss", 0.0) + float(loss)
+                    if first:
+                        gen_mask = tensors["completion_mask"].bool()
+                        diff = (logprobs.detach() - tensors["sample_logprobs"]).abs()[gen_mask]
+                        if diff.numel():
+                            sample_diff_sum += float(diff.sum())
+                            sample_diff_max = max(sample_diff_max, float(diff.max()))
+                            sample_tokens += diff.numel()
+                        if entropy is not None:
+                            entropy_sum += float(entropy[gen_mask].sum())
+                            entropy_tokens += float(gen_mask.sum())
+                grad_norm = self._clip_and_step(finite)
+                if grad_norm is None:
+                    skipped += 1
+                else:
+                    grad_norms.append(grad_norm)
+
+        n_updates = cfg.optim.epochs * cfg.optim.mini_batches
+        metrics = {k: v / max(weight_total, 1.0) for k, v in sums.items() if k != "loss"}
+        metrics["loss"] = sums.get("loss", 0.0) / n_updates
+        metrics["grad_norm"] = sum(grad_norms) / len(grad_norms) if grad_norms else float("nan")
+        metrics["skipped_updates"] = float(skipped)
+        metrics["lr"] = self.scheduler.get_last_lr()[0]
+        metrics["entropy"] = entropy_sum / entropy_tokens if entropy_tokens else float("nan")
+        metrics["sampler_logprob_diff/mean"] = sample_diff_sum / sample_tokens if sample_tokens else float("nan")
+        metrics["sampler_logprob_diff/max"] = sample_diff_max
+        return metrics, ref_seconds
+
+    def _clip_and_step(self, finite: bool) -> float | None:
+        """Clip, check, step. A NaN/inf loss or gradient skips the update instead of corrupting the weights."""
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        if finite:
+            max_norm = self.cfg.optim.max_grad_norm if self.cfg.optim.max_grad_norm > 0 else float("inf")
+            norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+            finite = bool(torch.isfinite(norm))
+        if not finite:
+            self.optimizer.zero_grad(set_to_none=True)
+            message = f"step {self.step + 1}: non-finite loss or gradient, update skipped"
+            self.log.print(message) if self.log else print(message)
+            return None
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return float(norm)
+
+    def _micro_tensors(self, r: Rollout, idx: torch.Tensor, loss_mask: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Rows ``idx`` of the batch, trimmed to their own longest prompt/completion, on device."""
+        pm = r.prompt_mask[idx]
+        cm = r.completion_mask[idx]
+        p_start = int((pm.sum(0) > 0).nonzero().min()) if pm.any() else 0
+        c_len = max(1, int((cm.sum(0) > 0).nonzero().max()) + 1) if cm.any() else 1
+        d = self.device
+        return {
+            "prompt_ids": r.prompt_ids[idx][:, p_start:].to(d),
+            "prompt_mask": pm[:, p_start:].to(d),
+            "completion_ids": r.completion_ids[idx][:, :c_len].to(d),
+            "completion_mask": cm[:, :c_len].to(d),
+            "loss_mask": loss_mask[idx][:, :c_len].to(d),
+            "sample_logprobs": r.logprobs[idx][:, :c_len].to(d),
+        }
+
+    @torch.no_grad()
+    def _logprobs_no_grad(self, model, r: Rollout, reference: bool = False) -> torch.Tensor:
+        """(N, Lc) log-probs of the batch's completions under ``model`` (the reference when asked:
+        with LoRA that is the base model with the adapter disabled)."""
+        N, Lc = r.completion_ids.shape
+        out = torch.zeros(N, Lc)
+        if reference and model is None:
+            ctx = self.model.disable_adapter()
+            model = self.model
+        else:
+            ctx = _nullcontext()
+        was_training = self.model.training
+        model.eval()
+        with ctx:
+            for micro in torch.arange(N).split(self.cfg.optim.micro_batch_size):
+                t = self._micro_tensors(r, micro, r.completion_mask)
+                lp, _ = completion_logprobs(
+                    model,
+                    t["prompt_ids"],
+                    t["prompt_mask"],
+                    t["completion_ids"],
+                    t["completion_mask"],
+                    temperature=self.cfg.rollout.temperature,
+                    chunk_size=self.cfg.optim.logprob_chunk_size,
+                )
+                out[micro, : lp.shape[1]] = lp.float().cpu()
+        self.model.train(was_training)
+        return out
+
+    # ----------------------------------------------------------------------------- metrics, eval, io
+
+    def _step_metrics(self, batch: ScoredBatch, advantages, update_metrics, sampling) -> dict[str, float]:
+        r = batch.rollout
+        lengths = r.completion_mask.sum(1).float()  # (N,)
+        acc_values = batch.per_function[self.accuracy_name]
+        correct = torch.tensor([v is not None and v >= 1.0 - 1e-6 for v in acc_values])
+        metrics: dict[str, float] = dict(batch.reward_metrics)
+        metrics["reward/total/mean"] = float(batch.rewards.mean())
+        metrics["reward/total/std"] = float(batch.rewards.std()) if len(batch.rewards) > 1 else 0.0
+        metrics["accuracy"] = float(correct.float().mean())
+        metrics["completion_len/mean"] = float(lengths.mean())
+        metrics["completion_len/correct"] = float(lengths[correct].mean()) if correct.any() else float("nan")
+        metrics["completion_len/incorrect"] = float(lengths[~correct].mean()) if (~correct).any() else float("nan")
+        metrics["truncated_frac"] = float(r.truncated.float().mean())
+        metrics["advantage/abs_mean"] = float(advantages.abs().mean())
+        metrics.update(sampling)
+        metrics.update(update_metrics)
+        if "kl_mean" in metrics:
+            metrics["kl"] = metrics.pop("kl_mean")
+        return metrics
+
+    def evaluate(self) -> dict[str, float]:
+        was = self.model.training
+        result = evaluate(
+            self.model,
+            self.tokenizer,
+            self.eval_rows,
+            accuracy_fn=self.accuracy_fn,
+            generator=self.generator,
+            data_cfg=self.cfg.data,
+            eos_token_ids=self.eos_ids,
+            num_samples=self.cfg.eval.num_samples,
+            temperature=self.cfg.eval.temperature,
+            max_new_tokens=self.cfg.eval.max_new_tokens or self.cfg.rollout.max_new_tokens,
+            seed=self.cfg.train.seed,
+        )
+        self.model.train(was)
+        return result
+
+    def trainer_state(self) -> dict[str, Any]:
+        return {
+            "step": self.step,
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "stream": self.stream.state(),
+            "config": dataclasses.asdict(self.cfg),
+        }
+
+    def save(self) -> Path:
+        root = self.out / "checkpoints"
+        path = save_checkpoint(root / f"step_{self.step:06d}", self.model, self.tokenizer, self.trainer_state())
+        prune_checkpoints(root, self.cfg.train.keep_checkpoints)
+        return path
+
+    def _resume(self) -> None:
+        found = list_checkpoints(self.out / "checkpoints")
+        if not found:
+            raise ConfigError(f"--resume: no checkpoint under {self.out / 'checkpoints'} to resume from")
+        latest = found[-1]
+        load_weights_into(self.model, latest)
+        state = load_trainer_state(latest)
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.stream.load_state(state["stream"])
+        set_rng_state(state["rng"])
+        self.step = state["step"]
+
+    def _previous_summary(self, summary: dict[str, Any]) -> dict[str, Any]:
+        """On resume, keep the before-training accuracy of the first leg of the run."""
+        path = self.out / "summary.json"
+        if "eval_accuracy_before" in summary or not path.is_file():
+            return {}
+        old = json.loads(path.read_text())
+        return {"eval_accuracy_before": old["eval_accuracy_before"]} if "eval_accuracy_before" in old else {}
+
+    def _save_samples(self, batch: ScoredBatch) -> None:
+        rows = []
+        G = self.cfg.rollout.group_size
+        for i in range(0, len(batch.texts), G):  # first completion of each group, up to 8 groups
+            if len(rows) >= 8:
+                break
+            rows.append(
+                {
+                    "prompt": batch.rows[i][self.cfg.data.prompt_column],
+                    "completion": batch.texts[i],
+                    "reward": float(batch.rewards[i]),
+                    **{f"reward/{k}": v[i] for k, v in batch.per_function.items()},
+                }
+            )
+        self.log.log_samples(self.step, rows)
+
+    def _plot(self) -> None:
+        from grpokit.plots import plot_training_curves
+
+        eval_path = self.out / "eval.jsonl"
+        plot_training_curves(
+            self.out / "metrics.jsonl",
+            self.out / "curves.png",
+            eval_path=eval_path if eval_path.is_file() else None,
+        )
+
+
+class _nullcontext:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False
