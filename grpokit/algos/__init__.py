@@ -1,0 +1,45 @@
+"""grpokit.algos: the pure-tensor maths of the GRPO family (torch only; no transformers, no config).
+
+Axes: advantages (advantages.py), KL estimators (kl.py), the clipped policy loss and its
+aggregations (loss.py), chunked log-softmax / entropy (entropy.py), named presets (presets.py),
+and the PPO baseline pieces (ppo.py).
+"""
+
+from .advantages import (
+    ADVANTAGE_KINDS,
+    GROUP_SCALES,
+    compute_advantages,
+    group_advantages,
+    reinforce_pp_advantages,
+    reinforce_pp_token_advantages,
+    rloo_advantages,
+)
+from .entropy import entropy_from_logits, selective_log_softmax
+from .kl import KL_KINDS, kl_estimate
+from .loss import AGG_MODES, RATIO_LEVELS, importance_ratio, policy_loss
+from .ppo import discounted_returns, gae, token_level_rewards, value_loss
+from .presets import PRESETS, SETTING_KEYS
+
+__all__ = [
+    "ADVANTAGE_KINDS",
+    "AGG_MODES",
+    "GROUP_SCALES",
+    "KL_KINDS",
+    "PRESETS",
+    "RATIO_LEVELS",
+    "SETTING_KEYS",
+    "compute_advantages",
+    "discounted_returns",
+    "entropy_from_logits",
+    "gae",
+    "group_advantages",
+    "importance_ratio",
+    "kl_estimate",
+    "policy_loss",
+    "reinforce_pp_advantages",
+    "reinforce_pp_token_advantages",
+    "rloo_advantages",
+    "selective_log_softmax",
+    "token_level_rewards",
+    "value_loss",
+]

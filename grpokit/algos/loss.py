@@ -1,0 +1,218 @@
+"""The clipped policy-gradient loss of the GRPO family, decomposed along independent axes:
+
+  ratio level   "token"          rho_{i,t} = exp(logp_{i,t} - old_{i,t})                         (PPO, GRPO)
+                "sequence"       s_i = exp( (1/|o_i|) sum_t m_{i,t} (logp_{i,t} - old_{i,t}) )  (GSPO, arXiv 2507.18071)
+                "sequence_token" s_{i,t} = sg[s_i] * exp(logp_{i,t} - sg[logp_{i,t}])           (GSPO-token)
+  clipping      l_{i,t} = -min(rho A, clip(rho, 1 - eps_low, 1 + eps_high) A)
+                clip-higher eps_high > eps_low (DAPO, arXiv 2503.14476); dual clip for A < 0:
+                l = min(l, -c A) (Ye et al. arXiv 1912.09729, as in verl)
+  KL            l += beta * kl_{i,t}, kl from `kl_estimate` (k3: DeepSeekMath arXiv 2402.03300 eq. 4)
+  aggregation   "seq-mean-token-mean"  (1/B) sum_i (1/|o_i|) sum_t m l      (DeepSeekMath GRPO)
+                "token-mean"           sum_{i,t} m l / sum_{i,t} m          (DAPO)
+                "seq-sum-norm"         sum_{i,t} m l / (B * norm_len)       (Dr. GRPO, arXiv 2503.20783)
+
+B and sum m are the totals of the whole optimisation batch (`num_sequences`, `num_tokens`), so that
+summing the losses of its micro-batches gives exactly the full-batch loss.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from ._checks import check_choice
+from .kl import KL_KINDS, kl_estimate
+
+RATIO_LEVELS = ("token", "sequence", "sequence_token")
+AGG_MODES = ("seq-mean-token-mean", "token-mean", "seq-sum-norm")
+LOG_RATIO_CLAMP = 20.0
+
+
+def policy_loss(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    completion_mask: Tensor,
+    *,
+    eps_low: float = 0.2,
+    eps_high: float | None = None,
+    ratio_level: str = "token",
+    agg: str = "seq-mean-token-mean",
+    ref_logprobs: Tensor | None = None,
+    beta: float = 0.0,
+    kl_kind: str = "k3",
+    norm_len: float | None = None,
+    dual_clip: float | None = None,
+    num_sequences: int | float | Tensor | None = None,
+    num_tokens: int | float | Tensor | None = None,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """Clipped surrogate loss (+ optional KL) aggregated over one (micro-)batch; see module docstring.
+
+    Per token:  l_{i,t} = -min(rho A, clip(rho, 1 - eps_low, 1 + eps_high) A) + beta * kl_{i,t}
+    with rho chosen by `ratio_level`; with `dual_clip` = c > 1, for A < 0 the surrogate part is
+    min(that, -c A) (= c |A|). The log-ratio is clamped to [-20, 20] before exp.
+
+    Normalisers (the whole optimisation batch's totals; default to this call's own):
+      seq-mean-token-mean: sum_i (1/|o_i|) sum_t m l / num_sequences   (|o_i| from this call's mask)
+      token-mean:          sum m l / num_tokens
+      seq-sum-norm:        sum m l / (num_sequences * norm_len)
+    A sequence with |o_i| = 0 contributes 0. Masked positions get exactly zero gradient and may hold
+    any value (even inf / nan) in logprobs, old_logprobs, ref_logprobs and advantages.
+
+    Args:
+        logprobs: (B, T) log pi_theta of the completion tokens (carries the gradient).
+        old_logprobs: (B, T) log pi_old of the same tokens (no gradient).
+        advantages: (B,) per sequence (broadcast over tokens) or (B, T) per token.
+        completion_mask: (B, T) 1 for every generated token up to and including the terminating EOS.
+        eps_low, eps_high: clip range [1 - eps_low, 1 + eps_high]; eps_high None -> eps_low.
+        ratio_level: "token" | "sequence" | "sequence_token".
+        agg: "seq-mean-token-mean" | "token-mean" | "seq-sum-norm".
+        ref_logprobs: (B, T) log pi_ref, needed when beta > 0; when given, kl_mean is logged even if beta == 0.
+        beta: KL coefficient; kl_kind: "k1" | "k2" | "k3".
+        norm_len: the constant L of seq-sum-norm (e.g. the max completion length); required by it.
+        dual_clip: None or c > 1.
+        num_sequences, num_tokens: global B and sum m (python numbers or 0-d tensors).
+    Returns:
+        loss: () scalar to call backward on.
+        metrics: detached 0-d tensors, averaged over this call's masked-in tokens: clip_frac_low
+            (A < 0 and rho < 1 - eps_low), clip_frac_high (A > 0 and rho > 1 + eps_high), clip_frac,
+            ratio_mean, ratio_min, ratio_max, pg_loss (token mean of the surrogate part), kl_mean
+            (if ref_logprobs), dual_clip_frac (if dual_clip), num_tokens (this call's sum m).
+    Raises:
+        ValueError: unknown ratio_level / agg / kl_kind, shape mismatch, beta > 0 without ref_logprobs,
+            seq-sum-norm without norm_len, dual_clip <= 1, negative eps.
+    """
+    check_choice("ratio_level", ratio_level, RATIO_LEVELS)
+    check_choice("agg", agg, AGG_MODES)
+    check_choice("kl_kind", kl_kind, KL_KINDS)
+    eps_high = eps_low if eps_high is None else eps_high
+    if eps_low < 0 or eps_high < 0:
+        raise ValueError(f"clip ranges must be >= 0, got eps_low={eps_low}, eps_high={eps_high}")
+    if beta > 0 and ref_logprobs is None:
+        raise ValueError(f"beta={beta} > 0 needs ref_logprobs (or set beta=0 to drop the KL term)")
+    if agg == "seq-sum-norm" and norm_len is None:
+        raise ValueError("agg='seq-sum-norm' needs norm_len (the constant L, e.g. the max completion length)")
+    if dual_clip is not None and not dual_clip > 1:
+        raise ValueError(f"dual_clip must be None or a constant c > 1, got {dual_clip}")
+    shape = logprobs.shape
+    if logprobs.dim() != 2:
+        raise ValueError(f"logprobs must be (B, T), got shape {tuple(shape)}")
+    for name, t in (
+        ("old_logprobs", old_logprobs),
+        ("completion_mask", completion_mask),
+        ("ref_logprobs", ref_logprobs),
+    ):
+        if t is not None and t.shape != shape:
+            raise ValueError(f"{name} has shape {tuple(t.shape)}, expected {tuple(shape)} like logprobs")
+    if advantages.shape not in (shape[:1], shape):
+        raise ValueError(
+            f"advantages must be (B,)={tuple(shape[:1])} or (B, T)={tuple(shape)}, got {tuple(advantages.shape)}"
+        )
+
+    mask = completion_mask.to(torch.bool)  # (B, T)
+    zero = logprobs.new_zeros(())  # ()
+    # Sanitise masked positions first: torch.where passes exactly zero gradient to the unselected
+    # branch, so garbage (even inf/nan) in padding cannot leak into the loss or its gradient.
+    logp = torch.where(mask, logprobs, zero)  # (B, T)
+    old = torch.where(mask, old_logprobs.to(logp.dtype), zero)  # (B, T)
+    adv = advantages.to(logp.dtype)
+    adv = adv.unsqueeze(-1).expand(shape) if adv.dim() == 1 else adv  # (B, T)
+    adv = torch.where(mask, adv, zero)  # (B, T)
+    m = mask.to(logp.dtype)  # (B, T)
+    seq_len = m.sum(-1)  # (B,)  |o_i|
+    seq_len_safe = seq_len.clamp(min=1)  # (B,) |o_i| = 0 rows have a zero numerator anyway
+
+    ratio = _ratio(logp, old, m, ratio_level)  # (B, T)
+
+    lo, hi = 1.0 - eps_low, 1.0 + eps_high
+    pg_unclipped = -adv * ratio  # (B, T)
+    pg_clipped = -adv * ratio.clamp(lo, hi)  # (B, T)
+    pg = torch.maximum(pg_unclipped, pg_clipped)  # (B, T) = -min(rho A, clip(rho) A)
+    if dual_clip is not None:
+        pg_cap = -adv * dual_clip  # (B, T) = c |A| where A < 0
+        dual_active = (adv < 0) & (pg_cap < pg) & mask  # (B, T)
+        pg = torch.where(adv < 0, torch.minimum(pg, pg_cap), pg)  # (B, T)
+    per_token = pg  # (B, T)
+
+    kl = None
+    if ref_logprobs is not None:
+        ref = torch.where(mask, ref_logprobs.to(logp.dtype), zero)  # (B, T)
+        kl = kl_estimate(logp, ref, kl_kind)  # (B, T), 0 at masked positions
+        if beta > 0:
+            per_token = per_token + beta * kl  # (B, T)
+    per_token = torch.where(mask, per_token, zero)  # (B, T)
+
+    n_seq = shape[0] if num_sequences is None else num_sequences
+    if agg == "seq-mean-token-mean":
+        loss = (per_token.sum(-1) / seq_len_safe).sum() / n_seq  # ()
+    elif agg == "token-mean":
+        n_tok = seq_len.sum() if num_tokens is None else num_tokens
+        loss = per_token.sum() / _at_least_one(n_tok, logp)  # ()
+    else:
+        loss = per_token.sum() / (n_seq * norm_len)  # ()
+
+    with torch.no_grad():
+        n_local = m.sum()  # ()
+        denom = n_local.clamp(min=1)  # ()
+        low = (adv < 0) & (ratio < lo) & mask  # (B, T)
+        high = (adv > 0) & (ratio > hi) & mask  # (B, T)
+        metrics = {
+            "clip_frac_low": low.sum() / denom,
+            "clip_frac_high": high.sum() / denom,
+            "clip_frac": (low | high).sum() / denom,
+            "ratio_mean": torch.where(mask, ratio, zero).sum() / denom,
+            "ratio_min": torch.where(n_local > 0, torch.where(mask, ratio, torch.inf).amin(), zero),
+            "ratio_max": torch.where(mask, ratio, zero).amax(),
+            "pg_loss": torch.where(mask, pg, zero).sum() / denom,
+            "num_tokens": n_local,
+        }
+        if kl is not None:
+            metrics["kl_mean"] = torch.where(mask, kl, zero).sum() / denom
+        if dual_clip is not None:
+            metrics["dual_clip_frac"] = dual_active.sum() / denom
+        metrics = {k: v.detach() for k, v in metrics.items()}
+    return loss, metrics
+
+
+def importance_ratio(
+    logprobs: Tensor, old_logprobs: Tensor, completion_mask: Tensor, level: str = "token"
+) -> Tensor:
+    """The importance ratio used by `policy_loss`, per token.
+
+      "token":          rho_{i,t} = exp(logp_{i,t} - old_{i,t})
+      "sequence":       s_i = exp((1/|o_i|) sum_t m_{i,t} (logp_{i,t} - old_{i,t})), the geometric mean
+                        of the token ratios, repeated on every token (GSPO, arXiv 2507.18071 eq. 7)
+      "sequence_token": sg[s_i] * exp(logp_{i,t} - sg[logp_{i,t}]): value s_i, gradient of each
+                        token's own log-prob (GSPO-token, arXiv 2507.18071 eq. 13)
+    The log-ratio is clamped to [-20, 20] before exp. Masked-out positions get ratio 1 (token level)
+    and no gradient.
+
+    Args:
+        logprobs, old_logprobs, completion_mask: (B, T).
+    Returns:
+        (B, T) ratios.
+    """
+    check_choice("level", level, RATIO_LEVELS)
+    mask = completion_mask.to(torch.bool)  # (B, T)
+    zero = logprobs.new_zeros(())  # ()
+    logp = torch.where(mask, logprobs, zero)  # (B, T)
+    old = torch.where(mask, old_logprobs.to(logp.dtype), zero)  # (B, T)
+    return _ratio(logp, old, mask.to(logp.dtype), level)
+
+
+def _ratio(logp: Tensor, old: Tensor, m: Tensor, level: str) -> Tensor:
+    """importance_ratio on already-sanitised inputs (0 at masked positions). All (B, T)."""
+    log_ratio = logp - old  # (B, T), 0 at masked positions
+    if level != "token":
+        seq_log_ratio = log_ratio.sum(-1) / m.sum(-1).clamp(min=1)  # (B,) log of the geometric mean
+        if level == "sequence":
+            log_ratio = seq_log_ratio.unsqueeze(-1).expand_as(logp)  # (B, T) same value on every token
+        else:  # GSPO-token: value sg[s_i], gradient of each token's own logp
+            log_ratio = seq_log_ratio.detach().unsqueeze(-1) + logp - logp.detach()  # (B, T)
+    log_ratio = log_ratio.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)  # (B, T)
+    return torch.exp(log_ratio)  # (B, T)
+
+
+def _at_least_one(n: int | float | Tensor, like: Tensor) -> Tensor:
+    """The normaliser as a tensor, floored at 1 so an all-masked batch gives loss 0, not nan."""
+    return torch.as_tensor(n, dtype=like.dtype, device=like.device).clamp(min=1)
