@@ -1,0 +1,358 @@
+"""Rollouts: sample ``group_size`` completions for each prompt and record their log-probs.
+
+Two interchangeable generators return the same :class:`Rollout`:
+
+- :class:`FastGenerator` (the default) runs its own decode loop. Each prompt is prefilled once, then
+  its KV cache is repeated ``group_size`` times (``Cache.batch_repeat_interleave``), so a prompt's
+  forward cost is paid once per group instead of once per sample. Rows that have emitted EOS are
+  dropped from the batch once at least half of it has finished.
+- :class:`HFGenerator` wraps ``model.generate``; it is the slow, simple reference.
+
+Conventions shared by both (and by ``grpokit.modeling.completion_logprobs``):
+
+- rows are prompt-major: rows ``[i*G:(i+1)*G]`` are prompt i's G samples;
+- ``completion_mask`` is 1 for every generated token up to and INCLUDING the terminating EOS;
+- ``logprobs`` are ``log_softmax(logits / T)`` at the sampled token, WITHOUT the top-k / top-p
+  filtering used to draw it. That is the quantity the trainer recomputes for the new policy, so
+  ratios compare like with like; with filtering the sampler's true probabilities are slightly higher
+  (the kept mass is renormalised). With ``temperature == 0`` (greedy) they are ``log_softmax(logits)``
+  of the argmax token, i.e. at T = 1.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+from torch import Tensor
+
+
+@dataclass
+class Rollout:
+    """G sampled completions for each of P prompts; N = P * G rows, prompt-major."""
+
+    prompt_ids: Tensor  # (N, Lp) long, left-padded with pad_token_id
+    prompt_mask: Tensor  # (N, Lp) long, 1 = real prompt token
+    completion_ids: Tensor  # (N, Lc) long, right-padded with pad_token_id
+    completion_mask: Tensor  # (N, Lc) long, 1 for generated tokens up to and including the EOS
+    logprobs: Tensor  # (N, Lc) float32, log_softmax(logits / T) at the sampled token, 0 at padding
+    truncated: Tensor  # (N,) bool, True when no EOS was produced within max_new_tokens
+
+    @property
+    def completion_lengths(self) -> Tensor:
+        """(N,) number of generated tokens per row, EOS included."""
+        return self.completion_mask.sum(-1)
+
+
+class Generator(Protocol):
+    def generate(
+        self,
+        model: torch.nn.Module,
+        prompt_ids: list[list[int]],
+        *,
+        group_size: int,
+        max_new_tokens: int,
+        temperature: float,
+        top_p: float = 1.0,
+        top_k: int = 0,
+        eos_token_ids: list[int],
+        pad_token_id: int,
+        seed: int | None = None,
+    ) -> Rollout: ...
+
+
+def left_pad(prompt_ids: list[list[int]], pad_token_id: int, device=None) -> tuple[Tensor, Tensor]:
+    """Left-pad token lists into ``(ids, mask)``, both (P, max_len) long; mask 1 = real token."""
+    if not prompt_ids or any(len(p) == 0 for p in prompt_ids):
+        raise ValueError("every prompt needs at least one token")
+    width = max(len(p) for p in prompt_ids)
+    ids = torch.full((len(prompt_ids), width), pad_token_id, dtype=torch.long)
+    mask = torch.zeros((len(prompt_ids), width), dtype=torch.long)
+    for i, p in enumerate(prompt_ids):
+        ids[i, width - len(p) :] = torch.tensor(p, dtype=torch.long)
+        mask[i, width - len(p) :] = 1
+    return ids.to(device), mask.to(device)
+
+
+def completion_mask_from_ids(completion_ids: Tensor, eos_token_ids: list[int]) -> tuple[Tensor, Tensor]:
+    """Mask up to and including the first EOS, and the truncated flags, of right-padded completions.
+
+    >>> completion_mask_from_ids(torch.tensor([[5, 1, 0], [5, 6, 7]]), eos_token_ids=[1])
+    (tensor([[1, 1, 0],
+            [1, 1, 1]]), tensor([False,  True]))
+    """
+    is_eos = torch.isin(completion_ids, torch.tensor(eos_token_ids, device=completion_ids.device))  # (N, Lc)
+    eos_before = is_eos.long().cumsum(-1) - is_eos.long()  # (N, Lc) EOS count strictly before t
+    mask = (eos_before == 0).long()  # (N, Lc)
+    truncated = ~is_eos.any(-1)  # (N,)
+    return mask, truncated
+
+
+def _validate(
+    group_size: int, max_new_tokens: int, temperature: float, top_p: float, top_k: int, eos
+) -> None:
+    if group_size < 1:
+        raise ValueError(f"group_size must be >= 1, got {group_size}")
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    if temperature < 0:
+        raise ValueError(f"temperature must be >= 0 (0 = greedy), got {temperature}")
+    if not 0 < top_p <= 1:
+        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+    if top_k < 0:
+        raise ValueError(f"top_k must be >= 0 (0 = off), got {top_k}")
+    if not eos:
+        raise ValueError("eos_token_ids must name at least one token")
+
+
+@contextlib.contextmanager
+def _eval_mode(model: torch.nn.Module) -> Iterator[None]:
+    """Eval mode while sampling: no dropout, and HF layers drop the KV cache when gradient
+    checkpointing is on in train mode."""
+    was_training = model.training
+    model.eval()
+    try:
+        yield
+    finally:
+        model.train(was_training)
+
+
+def _model_device(model: torch.nn.Module) -> torch.device:
+    return next(model.parameters()).device
+
+
+def filter_logits(logits: Tensor, top_k: int = 0, top_p: float = 1.0) -> Tensor:
+    """Set logits outside the top-k / nucleus (top-p) set to -inf, like HF's warpers (k first, then p).
+
+    The nucleus is the smallest set of most likely tokens whose probability reaches ``top_p``; the
+    most likely token is always kept. logits: (B, V), already divided by the temperature.
+    """
+    if top_k > 0 and top_k < logits.shape[-1]:
+        kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]  # (B, 1)
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)  # (B, V)
+        probs = sorted_logits.softmax(-1)  # (B, V)
+        mass_before = probs.cumsum(-1) - probs  # (B, V) mass of strictly more likely tokens
+        drop_sorted = mass_before >= top_p  # (B, V); position 0 is never dropped
+        drop = drop_sorted.scatter(-1, order, drop_sorted)  # (B, V) back in vocabulary order
+        logits = logits.masked_fill(drop, float("-inf"))
+    return logits
+
+
+def sample_tokens(
+    logits: Tensor, temperature: float, top_k: int, top_p: float, noise: Tensor | None
+) -> tuple[Tensor, Tensor]:
+    """Draw one token per row; return ``(tokens (B,), logprobs (B,))``.
+
+    Sampling is the Gumbel-max trick: ``argmax(log p_filtered + g)`` with ``g = -log(E)``, E ~ Exp(1)
+    given in ``noise`` (B, V); this draws exactly from softmax of the filtered logits and makes each
+    row's draw depend on its own noise only (so dropping finished rows does not change the others).
+    logprobs are of the unfiltered ``softmax(logits / T)`` (greedy: T = 1), see the module docstring.
+    """
+    logits = logits.float()  # (B, V)
+    if temperature == 0:
+        tokens = logits.argmax(-1)  # (B,)
+        logprobs = logits.log_softmax(-1).gather(-1, tokens[:, None]).squeeze(-1)  # (B,)
+        return tokens, logprobs
+    scaled = logits / temperature  # (B, V)
+    logp = scaled.log_softmax(-1)  # (B, V)
+    filtered = filter_logits(scaled, top_k, top_p)  # (B, V)
+    tokens = (filtered - noise.log()).argmax(-1)  # (B,)
+    return tokens, logp.gather(-1, tokens[:, None]).squeeze(-1)
+
+
+class FastGenerator:
+    """Own decode loop: one prefill per prompt, KV cache repeated G times, finished rows dropped.
+
+    compact: drop finished rows from the batch (and the KV cache) whenever at least half of the
+        current batch has finished. Each drop copies the cache once; as the batch at least halves
+        each time, the total copying is at most about one extra cache.
+    """
+
+    def __init__(self, compact: bool = True):
+        self.compact = compact
+        self.stats: dict[str, int] = {}  # of the last call: decode_steps, compactions
+
+    @torch.no_grad()
+    def generate(
+        self,
+        model: torch.nn.Module,
+        prompt_ids: list[list[int]],
+        *,
+        group_size: int,
+        max_new_tokens: int,
+        temperature: float,
+        top_p: float = 1.0,
+        top_k: int = 0,
+        eos_token_ids: list[int],
+        pad_token_id: int,
+        seed: int | None = None,
+    ) -> Rollout:
+        _validate(group_size, max_new_tokens, temperature, top_p, top_k, eos_token_ids)
+        device = _model_device(model)
+        G = group_size
+        p_ids, p_mask = left_pad(prompt_ids, pad_token_id, device)  # (P, Lp)
+        N = p_ids.shape[0] * G
+        eos = torch.tensor(eos_token_ids, device=device)
+        gen = None
+        if seed is not None:
+            gen = torch.Generator(device=device)
+            gen.manual_seed(seed)
+
+        out_ids = torch.full((N, max_new_tokens), pad_token_id, dtype=torch.long, device=device)
+        out_mask = torch.zeros((N, max_new_tokens), dtype=torch.long, device=device)
+        out_lp = torch.zeros((N, max_new_tokens), dtype=torch.float32, device=device)
+
+        with _eval_mode(model):
+            # Prefill each prompt once, keeping only the last position's logits.
+            position_ids = (p_mask.cumsum(-1) - 1).clamp(min=0)  # (P, Lp)
+            extra = {"logits_to_keep": 1} if _accepts(model, "logits_to_keep") else {}
+            out = model(
+                input_ids=p_ids,
+                attention_mask=p_mask,
+                position_ids=position_ids,
+                use_cache=True,
+                **extra,
+            )
+            cache = out.past_key_values
+            cache.batch_repeat_interleave(G)  # (P, ...) -> (P*G, ...), groups contiguous
+            logits = out.logits[:, -1].float().repeat_interleave(G, dim=0)  # (N, V)
+            attn = p_mask.repeat_interleave(G, dim=0)  # (N, Lp + t)
+            next_pos = position_ids[:, -1:].repeat_interleave(G, dim=0) + 1  # (N, 1)
+            rows = torch.arange(N, device=device)  # (B,) global row of each batch row
+            done = torch.zeros(N, dtype=torch.bool, device=device)  # (B,)
+            steps = max_new_tokens
+            compactions = 0
+
+            for t in range(max_new_tokens):
+                noise = None
+                if temperature > 0:
+                    # Drawn for all N rows every step so a row's sample never depends on the batch layout.
+                    noise = torch.empty((N, logits.shape[-1]), device=device).exponential_(generator=gen)
+                    noise = noise[rows]  # (B, V)
+                tokens, lp = sample_tokens(logits, temperature, top_k, top_p, noise)  # (B,), (B,)
+                tokens = tokens.masked_fill(done, pad_token_id)
+                out_ids[rows, t] = tokens
+                out_mask[rows, t] = (~done).long()
+                out_lp[rows, t] = lp.masked_fill(done, 0.0)
+                done = done | torch.isin(tokens, eos)
+                n_done = int(done.sum())
+                if n_done == done.numel():
+                    steps = t + 1
+                    break
+                if t == max_new_tokens - 1:
+                    break
+                if self.compact and 2 * n_done >= done.numel():
+                    keep = (~done).nonzero().squeeze(-1)  # (B',)
+                    cache.batch_select_indices(keep)
+                    rows, done, tokens = rows[keep], done[keep], tokens[keep]
+                    attn, next_pos = attn[keep], next_pos[keep]
+                    compactions += 1
+                attn = torch.cat([attn, attn.new_ones((attn.shape[0], 1))], dim=-1)  # (B, Lp + t + 1)
+                out = model(
+                    input_ids=tokens[:, None],
+                    attention_mask=attn,
+                    position_ids=next_pos,
+                    past_key_values=cache,
+                    use_cache=True,
+                )
+                cache = out.past_key_values
+                logits = out.logits[:, -1].float()  # (B, V)
+                next_pos = next_pos + 1
+
+        self.stats = {"decode_steps": steps, "compactions": compactions}
+        completion_ids = out_ids[:, :steps]  # (N, Lc)
+        _, truncated = completion_mask_from_ids(completion_ids, eos_token_ids)
+        return Rollout(
+            prompt_ids=p_ids.repeat_interleave(G, dim=0),
+            prompt_mask=p_mask.repeat_interleave(G, dim=0),
+            completion_ids=completion_ids,
+            completion_mask=out_mask[:, :steps],
+            logprobs=out_lp[:, :steps],
+            truncated=truncated,
+        )
+
+
+class HFGenerator:
+    """Reference path: ``model.generate`` with an explicit GenerationConfig, log-probs from its raw logits.
+
+    The prompts are repeated G times before the call (prefill cost G times per prompt). Sampling
+    settings stored in the model's own generation_config (repetition penalty, min length, ...) are
+    not applied: only the arguments given here are.
+    """
+
+    @torch.no_grad()
+    def generate(
+        self,
+        model: torch.nn.Module,
+        prompt_ids: list[list[int]],
+        *,
+        group_size: int,
+        max_new_tokens: int,
+        temperature: float,
+        top_p: float = 1.0,
+        top_k: int = 0,
+        eos_token_ids: list[int],
+        pad_token_id: int,
+        seed: int | None = None,
+    ) -> Rollout:
+        from transformers import GenerationConfig
+
+        _validate(group_size, max_new_tokens, temperature, top_p, top_k, eos_token_ids)
+        device = _model_device(model)
+        p_ids, p_mask = left_pad(prompt_ids, pad_token_id, device)  # (P, Lp)
+        p_ids = p_ids.repeat_interleave(group_size, dim=0)  # (N, Lp)
+        p_mask = p_mask.repeat_interleave(group_size, dim=0)  # (N, Lp)
+        do_sample = temperature > 0
+        config = GenerationConfig(
+            max_new_tokens=max_new_tokens,
+            do_sample=do_sample,
+            temperature=temperature if do_sample else None,
+            top_k=top_k if do_sample and top_k > 0 else None,
+            top_p=top_p if do_sample and top_p < 1 else None,
+            eos_token_id=list(eos_token_ids),
+            pad_token_id=pad_token_id,
+            return_dict_in_generate=True,
+            output_logits=True,
+        )
+        rng = contextlib.nullcontext()
+        if seed is not None:
+            rng = torch.random.fork_rng(devices=[device] if device.type == "cuda" else [])
+        with _eval_mode(model), rng:
+            if seed is not None:
+                torch.manual_seed(seed)
+            out = model.generate(input_ids=p_ids, attention_mask=p_mask, generation_config=config)
+        completion_ids = out.sequences[:, p_ids.shape[1] :]  # (N, Lc)
+        logits = torch.stack(out.logits, dim=1).float()  # (N, Lc, V) raw model logits
+        logits = logits / temperature if do_sample else logits
+        logprobs = logits.log_softmax(-1).gather(-1, completion_ids[..., None]).squeeze(-1)  # (N, Lc)
+        mask, truncated = completion_mask_from_ids(completion_ids, eos_token_ids)  # (N, Lc), (N,)
+        completion_ids = completion_ids.masked_fill(mask == 0, pad_token_id)
+        return Rollout(
+            prompt_ids=p_ids,
+            prompt_mask=p_mask,
+            completion_ids=completion_ids,
+            completion_mask=mask,
+            logprobs=logprobs * mask,
+            truncated=truncated,
+        )
+
+
+GENERATORS: dict[str, type] = {"fast": FastGenerator, "hf": HFGenerator}
+
+
+def make_generator(name: str = "fast") -> Generator:
+    """``"fast"`` (own decode loop, the default) or ``"hf"`` (``model.generate``)."""
+    if name not in GENERATORS:
+        raise ValueError(f"unknown generator {name!r}; choose one of {sorted(GENERATORS)}")
+    return GENERATORS[name]()
+
+
+def _accepts(model: torch.nn.Module, arg: str) -> bool:
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return arg in inspect.signature(base.forward).parameters

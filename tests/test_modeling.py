@@ -1,0 +1,237 @@
+"""completion_logprobs / reference_logprobs against the plain full-logits computation."""
+
+import pytest
+import torch
+from tiny_model import make_tiny_model
+
+from grpokit.modeling import completion_logprobs, reference_logprobs
+
+PAD = 0
+
+
+def _batch(seed=0, vocab=64):
+    """3 rows: left-padded prompts of lengths 5, 2, 4 and right-padded completions of lengths 4, 6, 1."""
+    g = torch.Generator().manual_seed(seed)
+    p_len, c_len = [5, 2, 4], [4, 6, 1]
+    Lp, Lc = max(p_len), max(c_len)
+    p_ids = torch.full((3, Lp), PAD)
+    p_mask = torch.zeros((3, Lp), dtype=torch.long)
+    c_ids = torch.full((3, Lc), PAD)
+    c_mask = torch.zeros((3, Lc), dtype=torch.long)
+    for i in range(3):
+        p_ids[i, Lp - p_len[i] :] = torch.randint(3, vocab, (p_len[i],), generator=g)
+        p_mask[i, Lp - p_len[i] :] = 1
+        c_ids[i, : c_len[i]] = torch.randint(3, vocab, (c_len[i],), generator=g)
+        c_mask[i, : c_len[i]] = 1
+    return p_ids, p_mask, c_ids, c_mask
+
+
+def full_logprobs(model, p_ids, p_mask, c_ids, c_mask, temperature=1.0):
+    """Oracle: the model's full logits, log_softmax(logits / T), gathered at the completion tokens."""
+    ids = torch.cat([p_ids, c_ids], 1)  # (N, L)
+    mask = torch.cat([p_mask, c_mask], 1)  # (N, L)
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)  # (N, L)
+    logits = model(input_ids=ids, attention_mask=mask, position_ids=pos).logits  # (N, L, V)
+    Lp = p_ids.shape[1]
+    logp = (logits[:, Lp - 1 : -1].float() / temperature).log_softmax(-1)  # (N, Lc, V)
+    lp = logp.gather(-1, c_ids[..., None]).squeeze(-1)  # (N, Lc)
+    entropy = -(logp.exp() * logp).sum(-1)  # (N, Lc)
+    return lp * c_mask, entropy * c_mask
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "llama"])
+@pytest.mark.parametrize("chunk_size", [1, 4, 1024])
+def test_chunked_logprobs_and_entropy_match_full_logits(arch, chunk_size):
+    model, _ = make_tiny_model(arch)
+    batch = _batch()
+    with torch.no_grad():
+        want, want_ent = full_logprobs(model, *batch, temperature=0.7)
+        got, ent = completion_logprobs(
+            model, *batch, temperature=0.7, chunk_size=chunk_size, with_entropy=True
+        )
+    assert got.dtype == torch.float32 and got.shape == batch[2].shape
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
+    torch.testing.assert_close(ent, want_ent, rtol=0, atol=1e-5)
+    assert (got[batch[3] == 0] == 0).all() and (ent[batch[3] == 0] == 0).all()
+    assert not got.requires_grad
+
+
+def _grads(model, fn):
+    """Parameter gradients of a fixed weighted sum of the log-probs. Compared with rtol = atol = 1e-5:
+    some embedding gradients reach ~100, where fp32 summation order alone moves the 7th digit."""
+    model.zero_grad()
+    lp = fn()
+    w = torch.linspace(-1, 1, lp.numel()).view_as(lp)  # a generic per-token weighting
+    (lp * w).sum().backward()
+    return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_gradients_match_full_logits(tied):
+    model, _ = make_tiny_model("qwen2", tie_word_embeddings=tied)
+    batch = _batch(seed=1)
+    want = _grads(model, lambda: full_logprobs(model, *batch, temperature=0.7)[0])
+    got = _grads(model, lambda: completion_logprobs(model, *batch, temperature=0.7, chunk_size=3)[0])
+    assert want.keys() == got.keys() and len(got) == len(list(model.parameters()))
+    for name in want:
+        torch.testing.assert_close(got[name], want[name], rtol=1e-5, atol=1e-5, msg=name)
+
+
+def _enable_checkpointing(model) -> list[int]:
+    """Turn on HF activation checkpointing; return a list that counts checkpointed layer calls."""
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    calls = []
+    for layer in model.model.layers:
+        inner = layer._gradient_checkpointing_func
+        layer._gradient_checkpointing_func = lambda *a, _f=inner, **k: calls.append(1) or _f(*a, **k)
+    return calls
+
+
+def test_gradient_checkpointing_gives_the_same_gradients():
+    model, _ = make_tiny_model("llama")
+    batch = _batch(seed=2)
+    want = _grads(model, lambda: completion_logprobs(model, *batch, chunk_size=5)[0])
+    calls = _enable_checkpointing(model)
+    model.train()  # dropout is 0 in the tiny configs; checkpointing is only active in train mode
+    got = _grads(model, lambda: completion_logprobs(model, *batch, chunk_size=5)[0])
+    assert len(calls) == 2  # both layers went through the checkpoint
+    for name in want:
+        torch.testing.assert_close(got[name], want[name], rtol=1e-5, atol=1e-5, msg=name)
+
+
+def test_lm_head_bias_is_applied():
+    model, _ = make_tiny_model("qwen2")
+    old = model.lm_head
+    model.lm_head = torch.nn.Linear(old.in_features, old.out_features, bias=True)
+    with torch.no_grad():
+        model.lm_head.weight.copy_(old.weight)
+        model.lm_head.bias.copy_(torch.linspace(-3, 3, old.out_features))
+    batch = _batch(seed=3)
+    with torch.no_grad():
+        want, _ = full_logprobs(model, *batch)
+        got, _ = completion_logprobs(model, *batch, chunk_size=2)
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
+
+
+def test_final_logit_softcapping_is_applied():
+    from transformers import Gemma2Config, Gemma2ForCausalLM
+
+    torch.manual_seed(0)
+    config = Gemma2Config(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        final_logit_softcapping=2.0,  # small, so capping changes the numbers a lot
+        sliding_window=4,
+        pad_token_id=PAD,
+    )
+    model = Gemma2ForCausalLM(config).eval()
+    with torch.no_grad():
+        model.model.embed_tokens.weight.normal_(0, 1.0)  # tied head: large logits, capping matters
+    batch = _batch(seed=4)
+    with torch.no_grad():
+        want, _ = full_logprobs(model, *batch, temperature=0.7)
+        got, _ = completion_logprobs(model, *batch, temperature=0.7, chunk_size=3)
+        model.config.final_logit_softcapping = None
+        uncapped, _ = completion_logprobs(model, *batch, temperature=0.7, chunk_size=3)
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
+    assert (uncapped - want).abs().max() > 1e-2
+
+
+def test_unknown_logit_scaling_is_refused():
+    model, _ = make_tiny_model("qwen2")
+    model.config.logit_scale = 0.5
+    with pytest.raises(NotImplementedError, match="logit_scale"):
+        completion_logprobs(model, *_batch())
+
+
+def test_padding_side_invariance():
+    """A sequence alone (no padding) scores the same as inside a left/right-padded batch."""
+    model, _ = make_tiny_model("qwen2")
+    p_ids, p_mask, c_ids, c_mask = _batch(seed=5)
+    with torch.no_grad():
+        batched, _ = completion_logprobs(model, p_ids, p_mask, c_ids, c_mask, chunk_size=3)
+        for i in range(3):
+            p = p_ids[i][p_mask[i] == 1][None]  # (1, len)
+            c = c_ids[i][c_mask[i] == 1][None]  # (1, len)
+            alone, _ = completion_logprobs(model, p, torch.ones_like(p), c, torch.ones_like(c))
+            torch.testing.assert_close(batched[i, : c.shape[1]], alone[0], rtol=0, atol=1e-5)
+
+
+def test_lora_reference_is_the_base_model():
+    peft = pytest.importorskip("peft")
+    base, _ = make_tiny_model("qwen2")
+    batch = _batch(seed=6)
+    with torch.no_grad():
+        base_lp, _ = full_logprobs(base, *batch)
+    model = peft.get_peft_model(
+        base, peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.0)
+    )
+    # LoRA B starts at zero: the adapted model is still the base model.
+    with torch.no_grad():
+        torch.testing.assert_close(completion_logprobs(model, *batch)[0], base_lp, rtol=0, atol=1e-5)
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.5)
+    ref = reference_logprobs(model, *batch)
+    with torch.no_grad():
+        adapted, _ = completion_logprobs(model, *batch, chunk_size=2)
+    torch.testing.assert_close(ref, base_lp, rtol=0, atol=1e-5)
+    assert (adapted - base_lp).abs().max() > 1e-3
+    assert not ref.requires_grad
+
+    # Gradients reach only the LoRA weights, and match the full-logits oracle through the PEFT forward.
+    model.train()
+    calls = _enable_checkpointing(model.base_model.model)
+    got = _grads(model, lambda: completion_logprobs(model, *batch, chunk_size=4)[0])
+    assert len(calls) == 2
+    want = _grads(model, lambda: full_logprobs(model, *batch)[0])
+    assert got.keys() == want.keys() and got and all("lora_" in n for n in got)
+    for name in want:
+        torch.testing.assert_close(got[name], want[name], rtol=1e-5, atol=1e-5, msg=name)
+
+
+def test_reference_with_separate_model_and_errors():
+    model, _ = make_tiny_model("qwen2", seed=0)
+    ref, _ = make_tiny_model("qwen2", seed=1)
+    batch = _batch(seed=7)
+    with torch.no_grad():
+        want, _ = full_logprobs(ref, *batch, temperature=0.5)
+    torch.testing.assert_close(
+        reference_logprobs(model, *batch, ref_model=ref, temperature=0.5), want, rtol=0, atol=1e-5
+    )
+    with pytest.raises(ValueError, match="ref_model"):
+        reference_logprobs(model, *batch)
+    with pytest.raises(ValueError, match="temperature"):
+        completion_logprobs(model, *batch, temperature=0.0)
+
+
+def test_backward_keeps_no_full_vocabulary_tensor():
+    """The autograd graph outside the checkpointed chunks saves no (., V) logits; the oracle saves several."""
+    V = 96  # distinct from every other dimension of the tiny model
+    model, _ = make_tiny_model("qwen2", vocab_size=V)
+    batch = _batch(seed=8, vocab=V)
+
+    def saved_vocab_tensors(fn):
+        shapes = []
+
+        def pack(t):
+            if t.dim() and t.shape[-1] == V:
+                shapes.append(tuple(t.shape))
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            lp = fn()
+        lp.sum().backward()
+        return shapes
+
+    assert saved_vocab_tensors(lambda: full_logprobs(model, *batch)[0])
+    assert saved_vocab_tensors(lambda: completion_logprobs(model, *batch, chunk_size=4)[0]) == []
