@@ -82,7 +82,7 @@ def completion_logprobs(
     Args:
         prompt_ids, prompt_mask: (N, Lp), left-padded; mask 1 = real token.
         completion_ids, completion_mask: (N, Lc), right-padded; mask 1 up to and including the EOS.
-        temperature: T > 0; the sampling temperature (use 1.0 for greedy rollouts).
+        temperature: the sampling temperature T; 0 (greedy rollouts) means T = 1, as in grpokit.generation.
         chunk_size: completion tokens per LM-head chunk; peak logits memory is chunk_size * V fp32.
         with_entropy: also return the entropy of softmax(z / T) per token, computed without gradient.
 
@@ -97,8 +97,9 @@ def completion_logprobs(
     on the model, and with PEFT-wrapped models (the decoder and LM head are called directly; under DDP,
     unwrap first and mind that the DDP forward hooks are bypassed).
     """
-    if temperature <= 0:
-        raise ValueError(f"temperature must be > 0, got {temperature}; use 1.0 for greedy rollouts")
+    if temperature < 0:
+        raise ValueError(f"temperature must be >= 0 (0 = greedy, scored at T = 1), got {temperature}")
+    temperature = temperature if temperature > 0 else 1.0
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
     base = _unwrap(model)

@@ -211,7 +211,14 @@ def test_reference_with_separate_model_and_errors():
     with pytest.raises(ValueError, match="ref_model"):
         reference_logprobs(model, *batch)
     with pytest.raises(ValueError, match="temperature"):
-        completion_logprobs(model, *batch, temperature=0.0)
+        completion_logprobs(model, *batch, temperature=-1.0)
+    with torch.no_grad():  # greedy rollouts (T = 0) are scored at T = 1, like the generators report them
+        torch.testing.assert_close(
+            completion_logprobs(model, *batch, temperature=0.0)[0],
+            full_logprobs(model, *batch)[0],
+            rtol=0,
+            atol=1e-5,
+        )
 
 
 def test_backward_keeps_no_full_vocabulary_tensor():
