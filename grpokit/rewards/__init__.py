@@ -1,0 +1,49 @@
+"""Verifiable rewards for GRPO: math, format, code, language and length, plus a runner that survives them.
+
+Every reward function follows TRL's convention,
+
+    fn(prompts, completions, **columns) -> list[float | None]      # None = not applicable
+
+so TRL reward functions work unchanged. Completions may be strings or chat messages
+([{"role": "assistant", "content": ...}]). Columns: `answer` (math ground truth: a bare value or a
+GSM8K solution ending in "#### n"), `tests` (code tests: assert-style source or stdin/stdout
+cases), `completion_ids` (token ids, for the length rewards). Columns are configurable through the
+factories (`make_math_accuracy(answer_column=...)`, `make_code_tests(tests_column=...)`).
+
+Builtins (BUILTINS, by name): math_accuracy, format_strict, format_lenient (and "format" =
+format_strict), code_tests, language_consistency, and the factories overlong_penalty(max_len,
+buffer_len) and length_penalty(max_len, ...). `resolve_reward("name" | "module:fn" | "file.py:fn",
+**params)` turns a config entry into a function; `RewardRunner` runs them with weights and
+timeouts. The isolation of the code sandbox is described in `grpokit.rewards.sandbox`.
+"""
+
+from grpokit.rewards.accuracy import extract_answers, make_math_accuracy, math_accuracy
+from grpokit.rewards.code import code_tests, extract_code, make_code_tests
+from grpokit.rewards.format import format_lenient, format_strict
+from grpokit.rewards.language import language_consistency, make_language_consistency
+from grpokit.rewards.length import length_penalty, overlong_penalty
+from grpokit.rewards.registry import BUILTINS, is_factory, resolve_reward
+from grpokit.rewards.runner import RewardResult, RewardRunner
+from grpokit.rewards.sandbox import SandboxLimits, isolation_report
+
+__all__ = [
+    "BUILTINS",
+    "RewardResult",
+    "RewardRunner",
+    "SandboxLimits",
+    "code_tests",
+    "extract_answers",
+    "extract_code",
+    "format_lenient",
+    "format_strict",
+    "is_factory",
+    "isolation_report",
+    "language_consistency",
+    "length_penalty",
+    "make_code_tests",
+    "make_language_consistency",
+    "make_math_accuracy",
+    "math_accuracy",
+    "overlong_penalty",
+    "resolve_reward",
+]
