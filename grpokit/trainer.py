@@ -490,7 +490,7 @@ class GRPOTrainer:
                     for k, v in stats.items():
                         if k != "num_tokens":
                             sums[k] = sums.get(k, 0.0) + float(v) * w
-                    sums["loss"] = sums.get("loss", 0.0) + float(loss)
+                    sums["loss"] = sums.get("loss", 0.0) + float(loss.detach())
                     if first:
                         gen_mask = tensors["completion_mask"].bool()
                         diff = (logprobs.detach() - tensors["sample_logprobs"]).abs()[gen_mask]
