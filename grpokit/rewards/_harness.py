@@ -129,7 +129,17 @@ def _drop_privileges(uid):
 _PLAIN_SCALARS = frozenset([int, float, complex, bool, str, bytes, type(None)])
 _PLAIN_CONTAINERS = frozenset([list, tuple, set, frozenset, dict])
 _HEAPTYPE = 1 << 9
-_PREIMPORT = ("collections", "fractions", "decimal", "math", "itertools", "functools", "heapq", "bisect", "re")
+_PREIMPORT = (
+    "collections",
+    "fractions",
+    "decimal",
+    "math",
+    "itertools",
+    "functools",
+    "heapq",
+    "bisect",
+    "re",
+)
 
 
 def _make_guards(trusted_types, prefixes):
@@ -277,7 +287,13 @@ def _restore(saved, saved_cls):
 def _run_assert(cfg, payload_fd, result_fd):
     _write, _exc, _exit, _str, _enumerate = os.write, BaseException, os._exit, str, enumerate
     saved, saved_cls, trusted_types = _snapshot()
-    read_blob, loads, restore, make_guards, compile_tests = _read_blob, json.loads, _restore, _make_guards, _compile_tests
+    read_blob, loads, restore, make_guards, compile_tests = (
+        _read_blob,
+        json.loads,
+        _restore,
+        _make_guards,
+        _compile_tests,
+    )
     prefixes = tuple({sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix})
     code = read_blob(payload_fd)
     ns = {"__name__": "__solution__", "__builtins__": builtins}

@@ -1,8 +1,8 @@
 """`math_accuracy`: is the completion's final answer mathematically equal to the ground truth?
 
 Which answer is graded (the reasoning never is):
-  1. reasoning is removed first: every <think>...</think> block, an unclosed <think> to the end,
-     and, when the chat template opened <think> in the prompt, everything up to the last </think>;
+  1. reasoning is removed first: everything up to the last </think> (whether <think> is in the
+     completion or was opened by the chat template), and an unclosed <think> to the end;
   2. if <answer>...</answer> blocks remain, only they are graded (a \\boxed{} inside one wins over
      its bare text);
   3. else every \\boxed{} / \\fbox{}; else every GSM8K "#### n"; else the last "the answer is ...".
@@ -38,11 +38,10 @@ from fractions import Fraction
 from functools import lru_cache
 from pathlib import Path
 
-from grpokit.rewards._text import THINK_RE, to_text
+from grpokit.rewards._text import tag_blocks, to_text
 
 MAX_ANSWER_CHARS = 1000
 MAX_CANDIDATES = 8
-_ANSWER_TAG_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 _HASH_RE = re.compile(r"####[ \t]*([^\n]*)")
 _PHRASE_RE = re.compile(r"answer\s*(?:is|:)\s*:?", re.IGNORECASE)
 _BOX_RE = re.compile(r"\\(?:boxed|fbox)\s*")
@@ -86,24 +85,25 @@ def _phrase(text: str) -> str | None:
 
 
 def _graded_region(text: str) -> str:
-    text = THINK_RE.sub(" ", text)
+    if "</think>" in text:  # everything up to the last </think> is reasoning (maybe opened by the template)
+        text = text.rsplit("</think>", 1)[1]
     if "<think>" in text:  # unclosed: everything after it is reasoning
         text = text.split("<think>", 1)[0]
-    if "</think>" in text:  # <think> was opened by the chat template
-        text = text.rsplit("</think>", 1)[1]
     return text
 
 
 def extract_answers(completion: str) -> list[str]:
     """Every final-answer candidate of the completion at the highest level present (see module doc)."""
     region = _graded_region(completion)
-    tags = _ANSWER_TAG_RE.findall(region)
+    tags = tag_blocks(region, "answer")
     if tags:
         out = []
         for tag in tags:
             out.extend(_boxed(tag) or [_phrase(tag) or tag.strip()])
         return out
-    return _boxed(region) or [h.strip() for h in _HASH_RE.findall(region)] or [p for p in [_phrase(region)] if p]
+    return (
+        _boxed(region) or [h.strip() for h in _HASH_RE.findall(region)] or [p for p in [_phrase(region)] if p]
+    )
 
 
 def gold_answer(gold: object) -> str:
@@ -142,8 +142,19 @@ def normalize(s: str) -> str:
         if len(s) >= 2 * len(left) and s.startswith(left) and s.endswith(right):
             s = s[len(left) : -len(right)].strip()
     s = _WRAPPERS.sub(r"\1", s)
-    s = _SPACES.sub(" ", s).replace("{,}", ",").replace("\\%", "%").replace("\\left", "").replace("\\right", "")
-    s = s.replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac").replace("^\\circ", "").replace("^{\\circ}", "")
+    s = (
+        _SPACES.sub(" ", s)
+        .replace("{,}", ",")
+        .replace("\\%", "%")
+        .replace("\\left", "")
+        .replace("\\right", "")
+    )
+    s = (
+        s.replace("\\dfrac", "\\frac")
+        .replace("\\tfrac", "\\frac")
+        .replace("^\\circ", "")
+        .replace("^{\\circ}", "")
+    )
     s = re.sub(r"\s+", " ", s).strip().rstrip(".").strip()
     return s
 
@@ -332,7 +343,11 @@ def score_answers(completions: list[str], golds: list[object], timeout_s: float 
         except Exception:
             scores[i] = 0.0
             continue
-        if not cands or len(cands) > MAX_CANDIDATES or any(len(c) > MAX_ANSWER_CHARS or "\x00" in c for c in cands):
+        if (
+            not cands
+            or len(cands) > MAX_CANDIDATES
+            or any(len(c) > MAX_ANSWER_CHARS or "\x00" in c for c in cands)
+        ):
             scores[i] = 0.0
             continue
         for c in cands:
@@ -356,7 +371,9 @@ def make_math_accuracy(answer_column: str = "answer", timeout_s: float = 2.0):
 
     def math_accuracy(prompts: list, completions: list, **columns) -> list[float | None]:
         if answer_column not in columns:
-            raise KeyError(f"math_accuracy needs the ground truth in column {answer_column!r}; got {sorted(columns)}")
+            raise KeyError(
+                f"math_accuracy needs the ground truth in column {answer_column!r}; got {sorted(columns)}"
+            )
         return score_answers([to_text(c) for c in completions], list(columns[answer_column]), timeout_s)
 
     return math_accuracy

@@ -20,7 +20,10 @@ from functools import lru_cache
 from grpokit.rewards._text import reasoning_text, to_text
 
 LANGUAGE_SCRIPTS: dict[str, frozenset[str]] = {
-    **{code: frozenset({"LATIN"}) for code in "en fr de es it pt nl sv da no fi pl cs ro hu tr vi id ms sw".split()},
+    **{
+        code: frozenset({"LATIN"})
+        for code in "en fr de es it pt nl sv da no fi pl cs ro hu tr vi id ms sw".split()
+    },
     **{code: frozenset({"CYRILLIC"}) for code in "ru uk bg sr be kk mk".split()},
     "zh": frozenset({"CJK"}),
     "ja": frozenset({"CJK", "HIRAGANA", "KATAKANA"}),
@@ -64,7 +67,9 @@ def make_language_consistency(target: str = "en"):
     scripts = LANGUAGE_SCRIPTS.get(target.lower()) or frozenset({target.upper()})
     known = {s for v in LANGUAGE_SCRIPTS.values() for s in v}
     if not scripts & known:
-        raise ValueError(f"unknown language or script {target!r}; known: {sorted(LANGUAGE_SCRIPTS)} or {sorted(known)}")
+        raise ValueError(
+            f"unknown language or script {target!r}; known: {sorted(LANGUAGE_SCRIPTS)} or {sorted(known)}"
+        )
 
     def language_consistency(prompts: list, completions: list, **columns) -> list[float | None]:
         out: list[float | None] = []

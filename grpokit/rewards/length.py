@@ -29,7 +29,8 @@ def completion_lengths(completions: list, columns: dict, chars_per_token: float 
     if not _warned:
         log.warning(
             "length rewards: no completion_ids/completion_length column; estimating tokens as "
-            "characters / %.1f", chars_per_token
+            "characters / %.1f",
+            chars_per_token,
         )
         _warned = True
     return [math.ceil(len(to_text(c)) / chars_per_token) for c in completions]
@@ -45,7 +46,9 @@ def overlong_penalty(max_len: int, buffer_len: int, *, chars_per_token: float = 
     e.g. max_len 20, buffer_len 4: lengths 16 -> 0, 18 -> -0.5, 20 -> -1, 21 -> -1.
     """
     if not (isinstance(max_len, int) and isinstance(buffer_len, int) and 0 < buffer_len <= max_len):
-        raise ValueError(f"overlong_penalty needs integers 0 < buffer_len <= max_len, got {max_len}, {buffer_len}")
+        raise ValueError(
+            f"overlong_penalty needs integers 0 < buffer_len <= max_len, got {max_len}, {buffer_len}"
+        )
     soft = max_len - buffer_len
 
     def overlong(prompts: list, completions: list, **columns) -> list[float]:

@@ -101,7 +101,9 @@ class RewardRunner:
         self.functions = [(name, fn, float(weight)) for name, fn, weight in functions]
         self.timeout_s = timeout_s
 
-    def __call__(self, prompts: list, completions: list, columns: dict[str, list] | None = None) -> RewardResult:
+    def __call__(
+        self, prompts: list, completions: list, columns: dict[str, list] | None = None
+    ) -> RewardResult:
         columns = dict(columns or {})
         columns.pop("prompts", None)
         columns.pop("completions", None)
@@ -114,8 +116,10 @@ class RewardRunner:
             # Copies: a function that mutates its inputs must not change what the next one sees.
             kwargs = {k: list(v) if isinstance(v, (list, tuple)) else v for k, v in columns.items()}
             t = threading.Thread(
-                target=_call, args=(fn, list(prompts), list(completions), kwargs, box, start),
-                name=f"reward-{name}", daemon=True,
+                target=_call,
+                args=(fn, list(prompts), list(completions), kwargs, box, start),
+                name=f"reward-{name}",
+                daemon=True,
             )
             t.start()
             boxes[name], threads[name] = box, t

@@ -99,7 +99,9 @@ def isolation_report() -> dict[str, bool]:
             caps = {"root": hasattr(os, "geteuid") and os.geteuid() == 0, "namespaces": False}
             if caps["root"] and sys.platform.startswith("linux"):
                 try:
-                    run = _run_program("import socket", None, "stdio", SandboxLimits(wall_s=10), True, False, "")
+                    run = _run_program(
+                        "import socket", None, "stdio", SandboxLimits(wall_s=10), True, False, ""
+                    )
                     caps["namespaces"] = run.returncode == 0
                 except OSError:
                     pass
@@ -210,7 +212,9 @@ def _collect(proc, code, tests, stdin, payload_w, result_r, limits) -> ProgramRu
     feeders = [threading.Thread(target=_feed, args=(payload_w, chunks), daemon=True)]
     if proc.stdin is not None:
         data = (stdin or "").encode("utf-8", "replace")
-        feeders.append(threading.Thread(target=_feed, args=(os.dup(proc.stdin.fileno()), [data]), daemon=True))
+        feeders.append(
+            threading.Thread(target=_feed, args=(os.dup(proc.stdin.fileno()), [data]), daemon=True)
+        )
         proc.stdin.close()
     for t in feeders:
         t.start()
@@ -245,7 +249,11 @@ def _collect(proc, code, tests, stdin, payload_w, result_r, limits) -> ProgramRu
             break
     _kill_group(proc)
     sel.close()
-    out, err, res = (bytes(bufs[proc.stdout.fileno()]), bytes(bufs[proc.stderr.fileno()]), bytes(bufs[result_r]))
+    out, err, res = (
+        bytes(bufs[proc.stdout.fileno()]),
+        bytes(bufs[proc.stderr.fileno()]),
+        bytes(bufs[result_r]),
+    )
     proc.stdout.close()
     proc.stderr.close()
     os.close(result_r)

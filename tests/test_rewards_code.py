@@ -1,0 +1,297 @@
+"""code_tests and the sandbox: real subprocesses, small limits. Each adversarial row is something a
+reward-hacking policy would try; it must score 0 (or its honest partial value) and leave the host alone."""
+
+import os
+import socket
+import uuid
+
+import pytest
+
+from grpokit.rewards.code import extract_code, make_code_tests, normalize_output, parse_tests
+from grpokit.rewards.sandbox import isolation_report
+
+ISOLATED = isolation_report()["namespaces"]
+SECRET = uuid.uuid4().hex  # only in this process's memory and the test pipe
+MARK = f"/tmp/grpokit_pwned_{uuid.uuid4().hex[:8]}"
+HERE_MARK = os.path.join(os.path.dirname(__file__), f"pwned_{uuid.uuid4().hex[:8]}")
+reward = make_code_tests(timeout_s=2.0, memory_mb=256, max_processes=8, max_output_bytes=64_000, workers=2)
+
+ASSERT_TESTS = "assert add(2, 3) == 5\nassert add(-1, 1) == 0\n"
+FUNC_TESTS = "def test_a():\n    assert add(1, 1) == 2\n\ndef test_b():\n    assert add(2, 2) == 4\n\ndef test_c():\n    assert add(0, 5) == 5\n"
+IO_TESTS = [{"input": "2 3\n", "output": "5\n"}, {"input": "10 -4", "output": "6"}]
+SECRET_TESTS = f"assert solve() == {SECRET!r}\n"
+GOOD = "def add(a, b):\n    return a + b\n"
+
+
+def fenced(code: str) -> str:
+    return f"Here is my solution.\n```python\n{code}```\nDone."
+
+
+# name, completion, tests, expected score
+ROWS = [
+    # positive
+    ("assert-style correct", fenced(GOOD), ASSERT_TESTS, 1.0),
+    ("test_* functions correct", fenced(GOOD), FUNC_TESTS, 1.0),
+    ("stdin/stdout correct", fenced("a, b = map(int, input().split())\nprint(a + b)\n"), IO_TESTS, 1.0),
+    (
+        "stdin/stdout as JSON string",
+        "import sys\na, b = map(int, sys.stdin.read().split())\nprint(a + b)",
+        __import__("json").dumps(IO_TESTS),
+        1.0,
+    ),
+    ("MBPP list of asserts", fenced(GOOD), ["assert add(1, 2) == 3", "assert add(2, 2) == 4"], 1.0),
+    (
+        "check(candidate) HumanEval style",
+        fenced(GOOD),
+        "def check(candidate):\n    assert candidate(2, 2) == 4\n\ncheck(add)\n",
+        1.0,
+    ),
+    (
+        "numpy-free Fraction result",
+        fenced("from fractions import Fraction\ndef add(a, b):\n    return Fraction(a) + b\n"),
+        ASSERT_TESTS,
+        1.0,
+    ),
+    # negative and partial
+    ("wrong function", fenced("def add(a, b):\n    return a - b\n"), ASSERT_TESTS, 0.0),
+    ("partial test_* functions", fenced("def add(a, b):\n    return a + b if a else 0\n"), FUNC_TESTS, 2 / 3),
+    ("partial stdin cases", fenced("print(5)"), IO_TESTS, 0.5),
+    (
+        "partial MBPP list",
+        fenced("def add(a, b):\n    return 3\n"),
+        ["assert add(1, 2) == 3", "assert add(2, 2) == 4"],
+        0.5,
+    ),
+    ("syntax error", fenced("def add(a, b) return a + b"), ASSERT_TESTS, 0.0),
+    ("runtime error in stdin program", fenced("print(5)\nraise ValueError"), IO_TESTS, 0.0),
+    # adversarial
+    ("sys.exit(0) before the tests", fenced("import sys\nsys.exit(0)\n"), ASSERT_TESTS, 0.0),
+    ("os._exit(0) before the tests", fenced("import os\nos._exit(0)\n"), ASSERT_TESTS, 0.0),
+    (
+        "os._exit(0) inside the function",
+        fenced("import os\ndef add(a, b):\n    os._exit(0)\n"),
+        FUNC_TESTS,
+        0.0,
+    ),
+    (
+        "sys.exit inside the function",
+        fenced("import sys\ndef add(a, b):\n    sys.exit(0)\n"),
+        FUNC_TESTS,
+        0.0,
+    ),
+    ("raise SystemExit from a test", fenced("def add(a, b):\n    raise SystemExit(0)\n"), ASSERT_TESTS, 0.0),
+    (
+        "always-equal object",
+        fenced(
+            "class A:\n    def __eq__(self, o): return True\n    def __ne__(self, o): return False\ndef add(a, b):\n    return A()\n"
+        ),
+        ASSERT_TESTS,
+        0.0,
+    ),
+    (
+        "always-equal via builtin bound method",
+        fenced("class A:\n    __eq__ = (1).__ne__\ndef add(a, b):\n    return A()\n"),
+        ASSERT_TESTS,
+        0.0,
+    ),
+    (
+        "always-equal inside a list",
+        fenced("class A:\n    __eq__ = lambda s, o: True\ndef add(a, b):\n    return [A()]\n"),
+        ["assert add(1, 2) == [3]"],
+        0.0,
+    ),
+    (
+        "always-equal made at call time",
+        fenced("def add(a, b):\n    return type('A', (), {'__eq__': lambda s, o: True})()\n"),
+        FUNC_TESTS,
+        0.0,
+    ),
+    (
+        "truthy object for bare asserts",
+        fenced("class T:\n    __bool__ = lambda s: True\ndef is_ok():\n    return T()\n"),
+        "assert is_ok()\n",
+        0.0,
+    ),
+    (
+        "override __builtins__",
+        fenced(
+            "import builtins\nbuiltins.AssertionError = type('E', (Exception,), {})\nbuiltins.len = lambda x: 0\n__builtins__ = {}\ndef add(a, b): return 0\n"
+        ),
+        ["assert add(1, 2) == 3", "assert len([1]) == 1"],
+        0.5,
+    ),
+    (
+        "disable the assert rewriting",
+        fenced(
+            "import ast\nast.NodeTransformer.visit = lambda self, node: node\nast.parse = lambda s: ast.Module([], [])\nclass A:\n    __eq__ = lambda s, o: True\ndef add(a, b): return A()\n"
+        ),
+        ASSERT_TESTS,
+        0.0,
+    ),
+    (
+        "patch the harness module",
+        fenced(
+            "import __main__, sys\nfor m in list(sys.modules.values()):\n    for k in ('_make_guards', '_compile_tests', '_read_blob'):\n        if hasattr(m, k): setattr(m, k, lambda *a, **k: (lambda *a: True, lambda *a: True))\ndef add(a, b): return 0\n"
+        ),
+        ASSERT_TESTS,
+        0.0,
+    ),
+    (
+        "define the test helpers itself",
+        fenced(
+            "__grpokit_cmp__ = lambda *a: True\n__grpokit_truth__ = lambda v: True\ndef check(c): pass\ndef add(a, b): return 0\n"
+        ),
+        "def check(candidate):\n    assert candidate(2, 2) == 4\n\ncheck(add)\n",
+        0.0,
+    ),
+    (
+        "print fake results",
+        fenced(
+            "print('ok 0 1\\nok 1 1\\ndone')\nimport sys\nsys.stderr.write('PASSED')\ndef add(a, b): return 0\n"
+        ),
+        ASSERT_TESTS,
+        0.0,
+    ),
+    (
+        "write fake results to every fd",
+        fenced(
+            "import os\nfor fd in range(3, 64):\n    try: os.write(fd, b'x 0 1\\nx 1 1\\nx done\\n')\n    except OSError: pass\nos._exit(0)\n"
+        ),
+        ASSERT_TESTS,
+        0.0,
+    ),
+    (
+        "atexit and threads after exit",
+        fenced(
+            "import atexit, threading, os\natexit.register(lambda: os.write(1, b'0 1'))\nthreading.Thread(target=lambda: None).start()\nraise SystemExit(0)\n"
+        ),
+        ASSERT_TESTS,
+        0.0,
+    ),
+    (
+        "reads the tests from disk or environment",
+        fenced(
+            "import os, glob\n"
+            "def solve():\n"
+            "    hay = repr(dict(os.environ))\n"
+            "    for pattern in ('*', '../*', '/tmp/*', '/tmp/*/*', '/proc/*/cmdline', '/proc/*/environ', '/proc/self/fd/*', '/dev/shm/*'):\n"
+            "        for p in glob.glob(pattern):\n"
+            "            try: hay += open(p, errors='ignore').read(100000)\n"
+            "            except Exception: pass\n"
+            '    i = hay.find("solve() == \'")\n'
+            "    return hay[i + 12:i + 44] if i >= 0 else ''\n"
+        ),
+        SECRET_TESTS,
+        0.0,
+    ),
+    ("infinite loop", fenced("def add(a, b):\n    while True: pass\n"), ASSERT_TESTS, 0.0),
+    ("infinite loop at top level of a stdin program", fenced("while True: pass"), IO_TESTS, 0.0),
+    (
+        "fork bomb",
+        fenced("import os\nwhile True:\n    try: os.fork()\n    except OSError: pass\n"),
+        ASSERT_TESTS,
+        0.0,
+    ),
+    (
+        "memory bomb, one allocation",
+        fenced("x = bytearray(10**11)\ndef add(a, b): return a + b\n"),
+        ASSERT_TESTS,
+        0.0,
+    ),
+    ("memory bomb, growing", fenced("x = []\nwhile True: x.append(' ' * 10**7)\n"), ASSERT_TESTS, 0.0),
+    ("output flood", fenced("while True: print('x' * 10000)"), IO_TESTS, 0.0),
+    (
+        "writes outside its directory",
+        fenced(
+            f"import os\nfor p in ({MARK!r}, {HERE_MARK!r}, '/pwned', os.path.expanduser('~/../pwned')):\n"
+            "    try: open(p, 'w').write('x')\n    except OSError: pass\n"
+            "def add(a, b): return a + b\n"
+        ),
+        ASSERT_TESTS,
+        1.0,
+    ),
+]
+
+
+@pytest.fixture(scope="module")
+def scores():
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    listener.settimeout(0.2)
+    port = listener.getsockname()[1]
+    socket_code = fenced(
+        "import socket\ndef add(a, b):\n"
+        f"    s = socket.create_connection(('127.0.0.1', {port}), timeout=1)\n"
+        "    s.sendall(b'leak')\n    return a + b\n"
+    )
+    rows = ROWS + [("opens a socket", socket_code, ASSERT_TESTS, 0.0 if ISOLATED else 1.0)]
+    connections = []
+
+    def accept():
+        try:
+            connections.append(listener.accept())
+        except OSError:
+            pass
+
+    out = reward([None] * len(rows), [r[1] for r in rows], tests=[r[2] for r in rows])
+    accept()
+    listener.close()
+    return {r[0]: (s, r[3]) for r, s in zip(rows, out)}, connections
+
+
+@pytest.mark.parametrize("name", [r[0] for r in ROWS] + ["opens a socket"])
+def test_row(scores, name):
+    got, expected = scores[0][name]
+    assert got == pytest.approx(expected), name
+
+
+def test_host_unharmed(scores):
+    assert not os.path.exists(MARK)
+    assert not os.path.exists(HERE_MARK)
+    assert not os.path.exists("/pwned")
+
+
+@pytest.mark.skipif(not ISOLATED, reason="network namespaces need root")
+def test_no_network(scores):
+    assert scores[1] == []
+
+
+def test_not_applicable_and_missing_column():
+    assert reward([None, None], ["x", "y"], tests=[None, "[]"]) == [None, None]
+    with pytest.raises(KeyError, match="tests"):
+        reward([None], ["x"], test_list=["assert True"])
+
+
+def test_fallback_isolation_none_still_scores_and_limits():
+    weak = make_code_tests(timeout_s=2.0, memory_mb=256, isolation="none", workers=2)
+    rows = [
+        (fenced(GOOD), ASSERT_TESTS, 1.0),
+        (fenced("import sys\nsys.exit(0)\n"), ASSERT_TESTS, 0.0),
+        (fenced("class A:\n    __eq__ = lambda s, o: True\ndef add(a, b): return A()\n"), ASSERT_TESTS, 0.0),
+        (fenced("def add(a, b):\n    while True: pass\n"), ASSERT_TESTS, 0.0),
+        (fenced("x = bytearray(10**11)\n"), ASSERT_TESTS, 0.0),
+    ]
+    assert weak([None] * 5, [r[0] for r in rows], tests=[r[1] for r in rows]) == [r[2] for r in rows]
+
+
+def test_extract_code_and_parse_tests():
+    assert extract_code("a\n```python\nx = 1\n```\nb\n```\ny = 2\n```") == "y = 2\n"
+    assert extract_code("no fences") == "no fences"
+    assert extract_code("```python\nx = 1\ny = 2") == "x = 1\ny = 2"  # truncated final block
+    assert parse_tests({"inputs": ["1"], "outputs": ["2"]}) == ("io", [("1", "2")])
+    assert parse_tests('[{"input": "1", "output": 2}]') == ("io", [("1", "2")])
+    assert parse_tests(FUNC_TESTS)[1]["functions"] == ["test_a", "test_b", "test_c"]
+    assert normalize_output("  5 \n6   7\n\n") == normalize_output("5\n6 7")
+    with pytest.raises(ValueError):
+        parse_tests(42)
+
+
+def test_many_threads_are_limited():
+    code = fenced(
+        "import threading, time\nn = 0\nfor _ in range(100):\n    try:\n"
+        "        threading.Thread(target=time.sleep, args=(1,)).start(); n += 1\n"
+        "    except RuntimeError: break\ndef count(): return n\n"
+    )
+    value = reward([None], [code], tests=["assert count() < 100"])[0]
+    assert value == (1.0 if ISOLATED else value)

@@ -1,0 +1,216 @@
+"""RewardRunner (failures reported, never raised), resolve_reward, and the small verifiers."""
+
+import logging
+import math
+import time
+from pathlib import Path
+
+import pytest
+
+from grpokit.rewards import (
+    BUILTINS,
+    RewardRunner,
+    format_lenient,
+    format_strict,
+    is_factory,
+    language_consistency,
+    make_language_consistency,
+    resolve_reward,
+)
+from grpokit.rewards.length import length_penalty, overlong_penalty
+
+USER_FILE = Path(__file__).parent / "fixtures" / "rewards" / "user_reward.py"
+
+
+def const(value):
+    def fn(prompts, completions, **kw):
+        return [value] * len(completions)
+
+    return fn
+
+
+def test_runner_weighted_total_and_metrics():
+    runner = RewardRunner(
+        [("a", const(1.0), 2.0), ("b", lambda prompts, completions, **kw: [0.5, None], 1.0)]
+    )
+    res = runner(["p", "q"], ["x", "y"], {})
+    assert res.total == [2.5, 2.0]  # 2*1 + 0.5; 2*1 + (None -> 0)
+    assert res.per_function == {"a": [1.0, 1.0], "b": [0.5, None]}
+    assert res.failed == {"a": False, "b": False} and res.errors == {"a": None, "b": None}
+    m = res.metrics()
+    assert m["reward/b/mean"] == 0.5 and m["reward/b/applicable"] == 0.5  # mean over applicable only
+    assert m["reward/total/mean"] == 2.25 and m["reward/a/failed"] == 0.0
+
+
+def test_runner_passes_columns_and_completion_ids():
+    seen = {}
+
+    def spy(prompts, completions, **kw):
+        seen.update(kw)
+        completions.clear()  # mutating its inputs must not affect other functions
+        return [0.0, 0.0]
+
+    runner = RewardRunner(
+        [("spy", spy, 1.0), ("len", lambda prompts, completions, **kw: [len(completions)] * 2, 1.0)]
+    )
+    res = runner(["p", "q"], ["x", "y"], {"answer": ["1", "2"], "completion_ids": [[1], [2, 3]]})
+    assert seen == {"answer": ["1", "2"], "completion_ids": [[1], [2, 3]]}
+    assert res.per_function["len"] == [2.0, 2.0]
+
+
+BAD = [
+    ("raises", lambda prompts, completions, **kw: 1 / 0, "ZeroDivisionError"),
+    ("wrong length", lambda prompts, completions, **kw: [1.0], "1 values for 2"),
+    ("not a list", lambda prompts, completions, **kw: 1.0, "float"),
+    ("a string value", lambda prompts, completions, **kw: [1.0, "1"], "not a number"),
+    ("NaN", lambda prompts, completions, **kw: [1.0, math.nan], "nan"),
+    ("inf", lambda prompts, completions, **kw: [math.inf, 1.0], "inf"),
+    ("hangs", lambda prompts, completions, **kw: time.sleep(30), "timed out"),
+    ("SystemExit", lambda prompts, completions, **kw: exit(0), "SystemExit"),
+]
+
+
+@pytest.mark.parametrize("name,fn,message", BAD, ids=[b[0] for b in BAD])
+def test_runner_reports_bad_functions(name, fn, message, caplog):
+    runner = RewardRunner([("good", const(1.0), 1.0), ("bad", fn, 5.0)], timeout_s=0.5)
+    start = time.monotonic()
+    with caplog.at_level(logging.WARNING, logger="grpokit.rewards"):
+        res = runner(["p", "q"], ["x", "y"], {})
+    assert time.monotonic() - start < 2.0
+    assert res.total == [1.0, 1.0]  # the failed function contributes 0
+    assert res.failed == {"good": False, "bad": True}
+    assert message in res.errors["bad"]
+    assert res.per_function["bad"] == [None, None]
+    assert res.metrics()["reward/bad/failed"] == 1.0 and "reward/bad/mean" not in res.metrics()
+    assert "'bad'" in caplog.text and message in caplog.text
+
+
+def test_runner_rejects_bad_configuration():
+    with pytest.raises(ValueError, match="unique"):
+        RewardRunner([("a", const(1.0), 1.0), ("a", const(1.0), 1.0)])
+    with pytest.raises(ValueError, match="weight"):
+        RewardRunner([("a", const(1.0), math.nan)])
+
+
+def test_resolve_builtins_factories_and_user_functions():
+    assert set(BUILTINS) >= {
+        "math_accuracy",
+        "format_strict",
+        "format_lenient",
+        "code_tests",
+        "language_consistency",
+        "overlong_penalty",
+        "length_penalty",
+    }
+    assert resolve_reward("format_strict") is format_strict
+    assert is_factory(BUILTINS["overlong_penalty"]) and not is_factory(BUILTINS["math_accuracy"])
+    f = resolve_reward("overlong_penalty", max_len=20, buffer_len=4)
+    assert f(None, ["a"] * 2, completion_ids=[[0] * 16, [0] * 18]) == [0.0, -0.5]
+    zh = resolve_reward("language_consistency", target="zh")
+    assert zh(None, ["你好"]) == [1.0]
+    acc = resolve_reward("math_accuracy", answer_column="solution")
+    assert acc(None, [r"\boxed{2}"], solution=["2"]) == [1.0]
+    user = resolve_reward(f"{USER_FILE}:starts_with_hello")
+    assert user(None, ["hello there", "bye"]) == [1.0, 0.0]
+    assert resolve_reward(f"{USER_FILE}:make_prefix_reward", prefix="by")(None, ["bye"]) == [1.0]
+    assert resolve_reward("grpokit.rewards.format:format_lenient") is format_lenient
+
+
+def test_resolve_errors_are_helpful():
+    with pytest.raises(ValueError, match="did you mean 'math_accuracy'.*module:function"):
+        resolve_reward("math_acuracy")
+    with pytest.raises(ImportError):
+        resolve_reward("no/such/file.py:fn")
+    with pytest.raises(AttributeError, match="nope"):
+        resolve_reward(f"{USER_FILE}:nope")
+    with pytest.raises(ModuleNotFoundError):
+        resolve_reward("no_such_module_xyz:fn")
+    with pytest.raises(TypeError):
+        resolve_reward("format_strict", strict=True)
+    with pytest.raises(ValueError):
+        resolve_reward("overlong_penalty", max_len=10, buffer_len=20)
+
+
+STRICT = "<think>\nreasoning\n</think>\n<answer>\n42\n</answer>"
+FORMAT_ROWS = [
+    # name, completion, strict, lenient
+    ("canonical", STRICT, 1.0, 1.0),
+    ("chat format", [{"role": "assistant", "content": STRICT}], 1.0, 1.0),
+    ("spaces instead of newlines", "<think> r </think> <answer> 42 </answer>", 0.0, 1.0),
+    ("leading/trailing whitespace", "\n<think>r</think>\n\n<answer>42</answer>\n", 0.0, 1.0),
+    ("no tags", "42", 0.0, 0.0),
+    ("answer first", "<answer>\n42\n</answer>\n<think>\nr\n</think>", 0.0, 0.0),
+    ("text after the answer", STRICT + " and more", 0.0, 0.0),
+    ("two answers", STRICT + "\n<answer>\n43\n</answer>", 0.0, 0.0),
+    (
+        "answer nested in think",
+        "<think>\n<answer>\n42\n</answer>\n</think>\n<answer>\n42\n</answer>",
+        0.0,
+        0.0,
+    ),
+    ("empty answer", "<think>\nr\n</think>\n<answer>\n \n</answer>", 0.0, 0.0),
+    ("empty think", "<think>\n\n</think>\n<answer>\n42\n</answer>", 0.0, 0.0),
+    ("unclosed think", "<think>\nr\n<answer>\n42\n</answer>", 0.0, 0.0),
+    ("huge", "<think>\n" + "<think>" * 50_000, 0.0, 0.0),
+]
+
+
+@pytest.mark.parametrize("name,completion,strict,lenient", FORMAT_ROWS, ids=[r[0] for r in FORMAT_ROWS])
+def test_format(name, completion, strict, lenient):
+    assert format_strict(["q"], [completion]) == [strict]
+    assert format_lenient(["q"], [completion]) == [lenient]
+
+
+def test_format_think_opened_by_prompt():
+    completion = "reasoning\n</think>\n<answer>\n42\n</answer>"
+    assert format_strict(["Solve.<think>\n"], [completion]) == [1.0]
+    assert format_strict(["Solve."], [completion]) == [0.0]
+
+
+LANGUAGE_ROWS = [
+    ("english", "<think>Let me add the numbers carefully.</think><answer>5</answer>", "en", 1.0),
+    (
+        "maths and code do not count",
+        "<think>We get $x^2 + y$ so \\frac{1}{2} and `foo_bar()` ok</think>",
+        "en",
+        1.0,
+    ),
+    ("mixed chinese", "<think>first 你好</think>", "en", 1 / 3),  # "first" + one word per han character
+    ("chinese target", "<think>我们计算 this</think>", "zh", 0.8),  # 4 han characters, 1 latin word
+    ("cyrillic look-alikes", "<think>Lеt mе аdd</think>", "en", 4 / 7),  # L|е|t m|е а|dd: 3 cyrillic runs
+    ("fullwidth letters", "<think>ｈｅｌｌｏ world</think>", "en", 0.5),
+    ("only the reasoning is measured", "<think>hello</think><answer>你好你好你好</answer>", "en", 1.0),
+    ("no letters", "<think>1 + 1 = 2</think>", "en", None),
+]
+
+
+@pytest.mark.parametrize("name,completion,target,expected", LANGUAGE_ROWS, ids=[r[0] for r in LANGUAGE_ROWS])
+def test_language_consistency(name, completion, target, expected):
+    got = make_language_consistency(target)(None, [completion])[0]
+    assert got == (None if expected is None else pytest.approx(expected))
+
+
+def test_language_consistency_default_and_unknown_target():
+    assert language_consistency(None, ["hello"]) == [1.0]
+    with pytest.raises(ValueError, match="unknown language"):
+        make_language_consistency("klingon")
+
+
+def test_overlong_penalty_dapo_values():
+    # L_max 20, L_cache 4: soft limit 16; 18 is half-way into the buffer -> -0.5; beyond 20 -> -1
+    f = overlong_penalty(20, 4)
+    ids = [[0] * n for n in (0, 16, 17, 18, 20, 21, 1000)]
+    assert f(None, [""] * 7, completion_ids=ids) == [0.0, 0.0, -0.25, -0.5, -1.0, -1.0, -1.0]
+    assert f(None, ["x"], completion_length=[19]) == [-0.75]
+
+
+def test_overlong_penalty_character_fallback(caplog):
+    f = overlong_penalty(20, 4)
+    with caplog.at_level(logging.WARNING, logger="grpokit.rewards"):
+        assert f(None, ["a" * 72]) == [-0.5]  # ceil(72 / 4) = 18 tokens
+
+
+def test_length_penalty_values():
+    f = length_penalty(100, min_len=20, scale=0.5)
+    ids = [[0] * n for n in (10, 20, 60, 100, 500)]
+    assert f(None, [""] * 5, completion_ids=ids) == [0.0, -0.0, -0.25, -0.5, -0.5]
