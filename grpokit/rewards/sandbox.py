@@ -22,7 +22,9 @@ What is isolated, with `isolation="namespaces"` (the default when running as roo
 With `isolation="none"` (automatic when not root or namespaces are unavailable): rlimits, a new
 session killed as a whole on timeout, a fresh temporary directory, the scrubbed environment. Not
 isolated then: the network, the rest of the filesystem (writes anywhere the user may write),
-processes that leave the session, RLIMIT_NPROC counts all of the user's processes.
+processes that leave the session, RLIMIT_NPROC counts all of the user's processes. The program
+runs as the trainer's own user: as root that means no process limit at all and full write access,
+so `auto` logs a warning when it has to fall back to `none` as root.
 
 Not defended in either mode: code that runs in the same interpreter as the tests can in principle
 inspect the harness's memory (frames, gc) to find the per-run nonce and forge results, or
@@ -37,6 +39,7 @@ side channels are out of scope: use a VM or gVisor for hostile code at scale.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import queue
 import secrets
@@ -51,6 +54,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+log = logging.getLogger("grpokit.rewards")
 HARNESS = str(Path(__file__).with_name("_harness.py"))
 UID_BASE = 60000
 _SLOTS: queue.SimpleQueue[int] = queue.SimpleQueue()
@@ -112,7 +116,12 @@ def isolation_report() -> dict[str, bool]:
 def _resolve_isolation(isolation: str) -> bool:
     if isolation == "none":
         return False
-    ok = isolation_report()["namespaces"]
+    report = isolation_report()
+    ok = report["namespaces"]
+    if not ok and report["root"]:
+        log.warning(
+            "code sandbox: namespaces unavailable; untrusted code will run as root (isolation='none')"
+        )
     if isolation == "namespaces" and not ok:
         raise RuntimeError("sandbox isolation='namespaces' needs root on Linux with unshare(2); use 'auto'")
     if isolation not in ("auto", "namespaces"):
