@@ -1,9 +1,9 @@
 """Command line: ``grpokit train | demo | eval``.
 
-    grpokit train                                   # the embedded demo (no download)
-    grpokit train cfg.yaml algo.preset=dapo rollout.group_size=16
-    grpokit train cfg.yaml --resume                 # continue the run in train.output_dir
-    grpokit eval MODEL_DIR DATA.jsonl --reward math_accuracy
+grpokit train                                   # the embedded demo (no download)
+grpokit train cfg.yaml algo.preset=dapo rollout.group_size=16
+grpokit train cfg.yaml --resume                 # continue the run in train.output_dir
+grpokit eval MODEL_DIR DATA.jsonl --reward math_accuracy
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ def _print_table(before: float | None, after: float | None) -> None:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from grpokit.config import ConfigError, config_from_dict, load_config
+    from grpokit.config import ConfigError, load_config
 
     overrides = list(args.overrides)
     config_path = None
@@ -38,7 +38,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.output_dir:
         overrides.append(f"train.output_dir={args.output_dir}")
     try:
-        if config_path is None and (args.demo or not any(o.startswith("model.name_or_path=") for o in overrides)):
+        if config_path is None and (
+            args.demo or not any(o.startswith("model.name_or_path=") for o in overrides)
+        ):
             cfg = _demo_config(overrides)
         else:
             cfg = load_config(config_path, overrides)
@@ -86,7 +88,7 @@ def _run(cfg, *, resume: bool) -> int:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from grpokit.config import ConfigError, DataConfig, ModelConfig, LoraConfig
+    from grpokit.config import ConfigError, DataConfig, LoraConfig, ModelConfig
     from grpokit.data import DataError, load_prompts
     from grpokit.evaluate import evaluate
     from grpokit.generation import FastGenerator
@@ -94,9 +96,14 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from grpokit.rewards import resolve_reward
 
     try:
-        model, tokenizer, _ = load_policy(ModelConfig(name_or_path=args.model, dtype=args.dtype), LoraConfig())
+        model, tokenizer, _ = load_policy(
+            ModelConfig(name_or_path=args.model, dtype=args.dtype), LoraConfig()
+        )
         data_cfg = DataConfig(
-            train=args.data, template=args.template, prompt_column=args.prompt_column, max_prompt_tokens=args.max_prompt_tokens
+            train=args.data,
+            template=args.template,
+            prompt_column=args.prompt_column,
+            max_prompt_tokens=args.max_prompt_tokens,
         )
         rows = load_prompts(args.data, prompt_column=args.prompt_column, limit=args.limit)
         eos = [tokenizer.eos_token_id]
@@ -120,12 +127,16 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="grpokit", description="GRPO-family RL fine-tuning with verifiable rewards")
+    p = argparse.ArgumentParser(
+        prog="grpokit", description="GRPO-family RL fine-tuning with verifiable rewards"
+    )
     sub = p.add_subparsers(dest="command")
 
     train = sub.add_parser("train", help="train (no arguments: the embedded demo)")
     train.add_argument("overrides", nargs="*", help="[CONFIG.yaml] then section.key=value overrides")
-    train.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in train.output_dir")
+    train.add_argument(
+        "--resume", action="store_true", help="continue from the latest checkpoint in train.output_dir"
+    )
     train.add_argument("--output-dir", help="shorthand for train.output_dir=...")
     train.add_argument("--demo", action="store_true", help="run the embedded demo with these overrides")
     train.set_defaults(func=cmd_train)

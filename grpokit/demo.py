@@ -63,7 +63,9 @@ def build_tokenizer():
     backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<pad>"))
     backend.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
     backend.decoder = decoders.Fuse()
-    tok = PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<pad>", eos_token="<eos>", bos_token="<bos>")
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=backend, pad_token="<pad>", eos_token="<eos>", bos_token="<bos>"
+    )
     tok.add_tokens(tags)
     return tok
 
@@ -114,7 +116,9 @@ def warm_start(model, tokenizer, rows: list[dict], spec: DemoSpec, progress=None
     rng = random.Random(spec.seed + 1)
     gen = torch.Generator().manual_seed(spec.seed + 2)
     opt = torch.optim.AdamW(model.parameters(), lr=spec.sft_lr, weight_decay=0.0)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 100) * max(0.05, 1 - s / spec.sft_steps))
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min(1.0, (s + 1) / 100) * max(0.05, 1 - s / spec.sft_steps)
+    )
     eos = tokenizer.eos_token_id
     prompt_ids = [tokenizer(r["prompt"], add_special_tokens=False).input_ids for r in rows]
     model.train()
@@ -137,7 +141,7 @@ def warm_start(model, tokenizer, rows: list[dict], spec: DemoSpec, progress=None
         sched.step()
         opt.zero_grad(set_to_none=True)
         if progress is not None and (step % 50 == 0 or step == spec.sft_steps - 1):
-            progress(step + 1, spec.sft_steps, float(loss))
+            progress(step + 1, spec.sft_steps, float(loss.detach()))
     model.eval()
 
 
@@ -192,10 +196,21 @@ def demo_overrides(paths: dict[str, Path]) -> dict:
     """The demo run's config: GRPO on the warm-started model, scored by math_accuracy."""
     return {
         "model": {"name_or_path": str(paths["model"]), "dtype": "float32", "device": "cpu"},
-        "data": {"train": str(paths["train"]), "eval": str(paths["eval"]), "template": "plain", "max_prompt_tokens": 16},
+        "data": {
+            "train": str(paths["train"]),
+            "eval": str(paths["eval"]),
+            "template": "plain",
+            "max_prompt_tokens": 16,
+        },
         "rollout": {"group_size": 8, "prompts_per_step": 16, "max_new_tokens": 8, "temperature": 1.0},
         "algo": {"preset": "grpo"},
-        "optim": {"lr": 2e-4, "micro_batch_size": 64, "mini_batches": 2, "warmup_steps": 2, "max_grad_norm": 1.0},
+        "optim": {
+            "lr": 2e-4,
+            "micro_batch_size": 64,
+            "mini_batches": 2,
+            "warmup_steps": 2,
+            "max_grad_norm": 1.0,
+        },
         "rewards": [{"name": "math_accuracy", "weight": 1.0}],
         "eval": {"every": 10, "num_samples": 4},
         "train": {"steps": 40, "output_dir": "runs/demo", "samples_every": 10},

@@ -80,5 +80,7 @@ def evaluate(
         sampled, _ = run(num_samples, temperature)
         metrics[f"mean_at_{num_samples}"] = sum(sampled) / len(sampled)
         per_prompt = [sampled[i : i + num_samples] for i in range(0, len(sampled), num_samples)]
-        metrics[f"pass_at_{num_samples}"] = sum(any(s >= 1.0 - 1e-6 for s in p) for p in per_prompt) / len(per_prompt)
+        metrics[f"pass_at_{num_samples}"] = sum(any(s >= 1.0 - 1e-6 for s in p) for p in per_prompt) / len(
+            per_prompt
+        )
     return metrics

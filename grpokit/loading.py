@@ -45,7 +45,9 @@ def load_tokenizer(name_or_path: str, *, trust_remote_code: bool = False):
 def _ensure_pad(tok):
     if tok.pad_token_id is None:
         if tok.eos_token_id is None:
-            raise ConfigError("the tokenizer defines neither a pad nor an eos token; set one in tokenizer_config.json")
+            raise ConfigError(
+                "the tokenizer defines neither a pad nor an eos token; set one in tokenizer_config.json"
+            )
         tok.pad_token = tok.eos_token
     return tok
 
@@ -59,7 +61,9 @@ def load_policy(model_cfg: ModelConfig, lora_cfg: LoraConfig):
         raise ConfigError("model.name_or_path is empty: give a Hugging Face model directory or hub id")
     local = Path(path)
     if (path.startswith(("/", ".", "~")) or local.exists()) and not (local / "config.json").is_file():
-        raise ConfigError(f"model.name_or_path={path!r}: no config.json there; is it a Hugging Face model directory?")
+        raise ConfigError(
+            f"model.name_or_path={path!r}: no config.json there; is it a Hugging Face model directory?"
+        )
     device = pick_device(model_cfg.device)
     dtype = pick_dtype(model_cfg.dtype, device)
     kwargs = {"dtype": dtype, "trust_remote_code": model_cfg.trust_remote_code}

@@ -178,10 +178,16 @@ class GRPOTrainer:
         # data
         if train_rows is None:
             if not cfg.data.train:
-                raise ConfigError("data.train is empty: give a JSONL/JSON/CSV/Parquet file or a save_to_disk folder")
-            train_rows = load_prompts(cfg.data.train, prompt_column=cfg.data.prompt_column, split=cfg.data.split)
+                raise ConfigError(
+                    "data.train is empty: give a JSONL/JSON/CSV/Parquet file or a save_to_disk folder"
+                )
+            train_rows = load_prompts(
+                cfg.data.train, prompt_column=cfg.data.prompt_column, split=cfg.data.split
+            )
         if eval_rows is None and cfg.data.eval:
-            eval_rows = load_prompts(cfg.data.eval, prompt_column=cfg.data.prompt_column, limit=cfg.data.eval_limit)
+            eval_rows = load_prompts(
+                cfg.data.eval, prompt_column=cfg.data.prompt_column, limit=cfg.data.eval_limit
+            )
         self.train_rows, self.eval_rows = train_rows, eval_rows or []
 
         # model
@@ -196,17 +202,23 @@ class GRPOTrainer:
 
         # rewards
         if reward_functions is None:
-            reward_functions = [(spec.name, resolve_reward(spec.name, **spec.kwargs), spec.weight) for spec in cfg.rewards]
+            reward_functions = [
+                (spec.name, resolve_reward(spec.name, **spec.kwargs), spec.weight) for spec in cfg.rewards
+            ]
         if self.algo.get("overlong_shaping"):
             shaping = resolve_reward(
-                "overlong_penalty", max_len=cfg.rollout.max_new_tokens, buffer_len=self.algo["overlong_buffer"]
+                "overlong_penalty",
+                max_len=cfg.rollout.max_new_tokens,
+                buffer_len=self.algo["overlong_buffer"],
             )
             reward_functions = [*reward_functions, ("overlong_penalty", shaping, 1.0)]
         self.reward_names = [name for name, _, _ in reward_functions]
         self.rewards = RewardRunner(reward_functions, timeout_s=cfg.train.reward_timeout_s)
         self.accuracy_name = cfg.train.accuracy_reward or self.reward_names[0]
         if self.accuracy_name not in self.reward_names:
-            raise ConfigError(f"train.accuracy_reward={self.accuracy_name!r} is not one of the rewards {self.reward_names}")
+            raise ConfigError(
+                f"train.accuracy_reward={self.accuracy_name!r} is not one of the rewards {self.reward_names}"
+            )
         self.accuracy_fn = dict((n, f) for n, f, _ in reward_functions)[self.accuracy_name]
 
         # prompts are checked for length up front, so a bad row fails before any training
@@ -253,6 +265,7 @@ class GRPOTrainer:
             template=self.cfg.data.template,
             system_prompt=self.cfg.data.system_prompt,
             max_prompt_tokens=self.cfg.data.max_prompt_tokens,
+            source=self.cfg.data.train or None,
         )
 
     def _lr_factor(self, step: int) -> float:
@@ -282,7 +295,12 @@ class GRPOTrainer:
             while self.step < cfg.train.steps:
                 metrics = self.train_step()
                 log.log_step(self.step, metrics)
-                if cfg.eval.every and self.eval_rows and self.step % cfg.eval.every == 0 and self.step < cfg.train.steps:
+                if (
+                    cfg.eval.every
+                    and self.eval_rows
+                    and self.step % cfg.eval.every == 0
+                    and self.step < cfg.train.steps
+                ):
                     log.log_eval(self.step, self.evaluate())
                 if cfg.train.save_every and self.step % cfg.train.save_every == 0:
                     self.save()
@@ -305,7 +323,10 @@ class GRPOTrainer:
         batch, timing, sampling = self.sample_batch()
         rewards = batch.rewards.to(self.device)  # (N,)
         advantages = compute_advantages(
-            rewards, self.cfg.rollout.group_size, self.algo["advantage"], std_ddof=self.algo.get("std_ddof", 1)
+            rewards,
+            self.cfg.rollout.group_size,
+            self.algo["advantage"],
+            std_ddof=self.algo.get("std_ddof", 1),
         )  # (N,)
         t_update = time.perf_counter()
         update_metrics, ref_seconds = self.update(batch, advantages)
@@ -362,7 +383,10 @@ class GRPOTrainer:
                     "algo.max_sampling_rounds, use harder/easier prompts, or set algo.dynamic_sampling=false."
                 )
         batch = concat_batches(kept, self.tokenizer.pad_token_id)
-        sampling = {"zero_variance_frac": zero_var_groups / total_groups, "sampling_rounds": float(rounds + 1)}
+        sampling = {
+            "zero_variance_frac": zero_var_groups / total_groups,
+            "sampling_rounds": float(rounds + 1),
+        }
         return batch, timing, sampling
 
     def _seed(self, round_: int) -> int:
@@ -370,7 +394,15 @@ class GRPOTrainer:
         return (self.cfg.train.seed * 1_000_003 + self.step * 101 + round_) % 2**31
 
     @torch.no_grad()
-    def rollout(self, prompt_ids: list[list[int]], *, seed: int, group_size: int | None = None, temperature=None, max_new_tokens=None) -> Rollout:
+    def rollout(
+        self,
+        prompt_ids: list[list[int]],
+        *,
+        seed: int,
+        group_size: int | None = None,
+        temperature=None,
+        max_new_tokens=None,
+    ) -> Rollout:
         r = self.cfg.rollout
         self.model.eval()
         out = self.generator.generate(
@@ -443,7 +475,11 @@ class GRPOTrainer:
         order_gen = torch.Generator().manual_seed(self._seed(0))
         self.model.train()
         for epoch in range(cfg.optim.epochs):
-            order = torch.randperm(N, generator=order_gen) if (cfg.optim.epochs > 1 or cfg.optim.mini_batches > 1) else torch.arange(N)
+            order = (
+                torch.randperm(N, generator=order_gen)
+                if (cfg.optim.epochs > 1 or cfg.optim.mini_batches > 1)
+                else torch.arange(N)
+            )
             for m in range(cfg.optim.mini_batches):
                 mb = order[m * mini : (m + 1) * mini]  # (M,)
                 num_tokens = loss_mask[mb].sum().clamp(min=1).to(self.device)
@@ -462,8 +498,16 @@ class GRPOTrainer:
                         with_entropy=first,
                     )  # (n, L)
                     mask = tensors["loss_mask"]
-                    old = old_logprobs[micro][:, : logprobs.shape[1]].to(self.device) if needs_old else logprobs.detach()
-                    ref = ref_logprobs[micro][:, : logprobs.shape[1]].to(self.device) if ref_logprobs is not None else None
+                    old = (
+                        old_logprobs[micro][:, : logprobs.shape[1]].to(self.device)
+                        if needs_old
+                        else logprobs.detach()
+                    )
+                    ref = (
+                        ref_logprobs[micro][:, : logprobs.shape[1]].to(self.device)
+                        if ref_logprobs is not None
+                        else None
+                    )
                     loss, stats = policy_loss(
                         logprobs,
                         old,
@@ -514,7 +558,9 @@ class GRPOTrainer:
         metrics["skipped_updates"] = float(skipped)
         metrics["lr"] = self.scheduler.get_last_lr()[0]
         metrics["entropy"] = entropy_sum / entropy_tokens if entropy_tokens else float("nan")
-        metrics["sampler_logprob_diff/mean"] = sample_diff_sum / sample_tokens if sample_tokens else float("nan")
+        metrics["sampler_logprob_diff/mean"] = (
+            sample_diff_sum / sample_tokens if sample_tokens else float("nan")
+        )
         metrics["sampler_logprob_diff/max"] = sample_diff_max
         return metrics, ref_seconds
 
@@ -534,7 +580,9 @@ class GRPOTrainer:
         self.optimizer.zero_grad(set_to_none=True)
         return float(norm)
 
-    def _micro_tensors(self, r: Rollout, idx: torch.Tensor, loss_mask: torch.Tensor) -> dict[str, torch.Tensor]:
+    def _micro_tensors(
+        self, r: Rollout, idx: torch.Tensor, loss_mask: torch.Tensor
+    ) -> dict[str, torch.Tensor]:
         """Rows ``idx`` of the batch, trimmed to their own longest prompt/completion, on device."""
         pm = r.prompt_mask[idx]
         cm = r.completion_mask[idx]
@@ -592,7 +640,9 @@ class GRPOTrainer:
         metrics["accuracy"] = float(correct.float().mean())
         metrics["completion_len/mean"] = float(lengths.mean())
         metrics["completion_len/correct"] = float(lengths[correct].mean()) if correct.any() else float("nan")
-        metrics["completion_len/incorrect"] = float(lengths[~correct].mean()) if (~correct).any() else float("nan")
+        metrics["completion_len/incorrect"] = (
+            float(lengths[~correct].mean()) if (~correct).any() else float("nan")
+        )
         metrics["truncated_frac"] = float(r.truncated.float().mean())
         metrics["advantage/abs_mean"] = float(advantages.abs().mean())
         metrics.update(sampling)
@@ -630,7 +680,9 @@ class GRPOTrainer:
 
     def save(self) -> Path:
         root = self.out / "checkpoints"
-        path = save_checkpoint(root / f"step_{self.step:06d}", self.model, self.tokenizer, self.trainer_state())
+        path = save_checkpoint(
+            root / f"step_{self.step:06d}", self.model, self.tokenizer, self.trainer_state()
+        )
         prune_checkpoints(root, self.cfg.train.keep_checkpoints)
         return path
 

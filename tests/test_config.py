@@ -24,7 +24,10 @@ def test_yaml_and_overrides_merge(tmp_path):
 def test_override_values_are_typed():
     assert parse_override("optim.lr=3e-4") == (["optim", "lr"], 3e-4)
     assert parse_override("algo.dynamic_sampling=true") == (["algo", "dynamic_sampling"], True)
-    assert parse_override("lora.target_modules=[q_proj,v_proj]") == (["lora", "target_modules"], ["q_proj", "v_proj"])
+    assert parse_override("lora.target_modules=[q_proj,v_proj]") == (
+        ["lora", "target_modules"],
+        ["q_proj", "v_proj"],
+    )
 
 
 def test_unknown_key_names_nearest(tmp_path):
@@ -71,7 +74,10 @@ def test_missing_config_file():
 
 
 def test_rewards_list(tmp_path):
-    p = write(tmp_path, "rewards:\n  - name: math_accuracy\n    weight: 1.0\n  - name: format_strict\n    weight: 0.2\n")
+    p = write(
+        tmp_path,
+        "rewards:\n  - name: math_accuracy\n    weight: 1.0\n  - name: format_strict\n    weight: 0.2\n",
+    )
     cfg = load_config(p)
     assert [(r.name, r.weight) for r in cfg.rewards] == [("math_accuracy", 1.0), ("format_strict", 0.2)]
     p = write(tmp_path, "rewards:\n  - name: math_accuracy\n    wieght: 1.0\n")

@@ -97,7 +97,9 @@ def test_end_to_end_metrics_checkpoint_and_reload(tmp_path):
     assert lines[-1]["kl"] > 0  # the policy moved away from the beta=0.04 reference
     assert (run / "config.yaml").is_file() and (run / "curves.png").stat().st_size > 10_000
     assert (run / "tensorboard").is_dir() and list((run / "samples").glob("step_*.jsonl"))
-    assert {"eval_accuracy_before", "eval_accuracy_after"} <= set(json.loads((run / "summary.json").read_text()))
+    assert {"eval_accuracy_before", "eval_accuracy_after"} <= set(
+        json.loads((run / "summary.json").read_text())
+    )
 
     reloaded = AutoModelForCausalLM.from_pretrained(summary["checkpoint"])
     for (name, p), q in zip(trainer.model.named_parameters(), reloaded.parameters()):
@@ -124,27 +126,33 @@ def test_resume_reproduces_uninterrupted_run(tmp_path):
 def test_reward_rises_on_a_tiny_task(tmp_path):
     trainer = make_trainer(
         tmp_path,
-        "train.steps=25",
+        "train.steps=12",
         "train.samples_every=0",
         "rollout.prompts_per_step=8",
         "rollout.group_size=8",
         "optim.mini_batches=1",
         "optim.micro_batch_size=64",
+        "optim.lr=1e-3",
         "algo.beta=0.0",
         "eval.enabled=false",
         "train.tensorboard=false",
     )
     trainer.train()
     lines = read_jsonl(tmp_path / "run" / "metrics.jsonl")
-    early = sum(line["reward/total/mean"] for line in lines[:5]) / 5
+    first = lines[0]["reward/total/mean"]  # sampled before any update: the random model's rate
     late = sum(line["reward/total/mean"] for line in lines[-5:]) / 5
-    assert late > early + 0.25, (early, late)
+    assert first < 0.5 and late > first + 0.3, (first, late)
 
 
 @pytest.mark.parametrize("preset", ["dr_grpo", "dapo", "gspo", "rloo", "reinforce_pp"])
 def test_every_preset_trains(tmp_path, preset):
-    trainer = make_trainer(tmp_path, f"algo.preset={preset}", "train.steps=1", "eval.enabled=false",
-                           "algo.max_sampling_rounds=20")
+    trainer = make_trainer(
+        tmp_path,
+        f"algo.preset={preset}",
+        "train.steps=1",
+        "eval.enabled=false",
+        "algo.max_sampling_rounds=20",
+    )
     trainer.train()
     line = read_jsonl(tmp_path / "run" / "metrics.jsonl")[-1]
     if preset == "dapo":
@@ -161,9 +169,97 @@ def test_dynamic_sampling_gives_up_with_clear_error(tmp_path):
 
     model, tok = make_tiny_model("qwen2", seed=0)
     cfg = make_cfg(
-        tmp_path, "algo.preset=dapo", "algo.overlong_shaping=false", "algo.max_sampling_rounds=1", "eval.enabled=false"
+        tmp_path,
+        "algo.preset=dapo",
+        "algo.overlong_shaping=false",
+        "algo.max_sampling_rounds=1",
+        "eval.enabled=false",
     )
     constant = [("always_one", lambda prompts, completions, **kw: [1.0] * len(completions), 1.0)]
     trainer = GRPOTrainer(cfg, model=model, tokenizer=tok, train_rows=ROWS, reward_functions=constant)
     with pytest.raises(TrainingError, match=r"dynamic sampling: after 2 sampling rounds only 0 of 4 groups"):
         trainer.train()
+
+
+# ----------------------------------------------------------------------------- bad input
+
+
+def run_cli(*args):
+    from grpokit.cli import main
+
+    return main(["train", *args])
+
+
+def test_missing_data_file_names_it(tmp_path, capsys):
+    from tiny_model import save_tiny_model
+
+    model_dir = save_tiny_model(tmp_path / "m")
+    code = run_cli(
+        f"model.name_or_path={model_dir}",
+        f"data.train={tmp_path / 'nope.jsonl'}",
+        f"train.output_dir={tmp_path / 'run'}",
+    )
+    assert code == 2
+    assert "nope.jsonl" in capsys.readouterr().err
+
+
+def test_missing_prompt_column_and_empty_dataset(tmp_path, capsys):
+    from tiny_model import save_tiny_model
+
+    model_dir = save_tiny_model(tmp_path / "m")
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"question": "1+1=", "answer": "2"}\n')
+    assert (
+        run_cli(f"model.name_or_path={model_dir}", f"data.train={data}", f"train.output_dir={tmp_path / 'r'}")
+        == 2
+    )
+    err = capsys.readouterr().err
+    assert "d.jsonl" in err and "prompt" in err and "question" in err
+    data.write_text("")
+    assert (
+        run_cli(f"model.name_or_path={model_dir}", f"data.train={data}", f"train.output_dir={tmp_path / 'r'}")
+        == 2
+    )
+    assert "empty" in capsys.readouterr().err.lower()
+
+
+def test_prompt_longer_than_limit_names_row(tmp_path):
+    from grpokit.data import DataError
+
+    model, tok = make_tiny_model("qwen2", seed=0)
+    rows = [*ROWS[:3], {"prompt": "1+" * 40 + "1=", "answer": "41"}]
+    cfg = make_cfg(tmp_path, "data.max_prompt_tokens=16")
+    with pytest.raises(
+        DataError, match=r"row index 3: the prompt is 82 tokens.*raise data.max_prompt_tokens"
+    ):
+        GRPOTrainer(
+            cfg, model=model, tokenizer=tok, train_rows=rows, reward_functions=[("s", has_seven, 1.0)]
+        )
+
+
+def test_unknown_key_and_group_size_one_exit_cleanly(tmp_path, capsys):
+    assert run_cli("rollout.group_sise=8", "model.name_or_path=x") == 2
+    assert "Did you mean 'group_size'" in capsys.readouterr().err
+    assert run_cli("rollout.group_size=1", "model.name_or_path=x") == 2
+    assert "at least 2 completions" in capsys.readouterr().err
+
+
+def test_broken_reward_functions_never_stop_the_run(tmp_path):
+    def raises(prompts, completions, **kw):
+        raise RuntimeError("verifier crashed")
+
+    def wrong_length(prompts, completions, **kw):
+        return [1.0]
+
+    model, tok = make_tiny_model("qwen2", seed=0)
+    cfg = make_cfg(tmp_path, "train.steps=2", "eval.enabled=false")
+    funcs = [("has_seven", has_seven, 1.0), ("raises", raises, 1.0), ("wrong_length", wrong_length, 1.0)]
+    trainer = GRPOTrainer(cfg, model=model, tokenizer=tok, train_rows=ROWS, reward_functions=funcs)
+    trainer.train()
+    lines = read_jsonl(tmp_path / "run" / "metrics.jsonl")
+    assert len(lines) == 2
+    for line in lines:
+        assert line["reward/raises/failed"] == 1.0 and line["reward/wrong_length/failed"] == 1.0
+        assert line["reward/has_seven/failed"] == 0.0
+        # failed functions contribute 0: the total is the working function's reward
+        assert line["reward/total/mean"] == pytest.approx(line["reward/has_seven/mean"])
