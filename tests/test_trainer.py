@@ -263,3 +263,25 @@ def test_broken_reward_functions_never_stop_the_run(tmp_path):
         assert line["reward/has_seven/failed"] == 0.0
         # failed functions contribute 0: the total is the working function's reward
         assert line["reward/total/mean"] == pytest.approx(line["reward/has_seven/mean"])
+
+
+def test_eval_command_scores_a_model_directory(tmp_path, capsys):
+    """`grpokit eval MODEL_DIR DATA --reward file.py:fn` loads, generates, scores, prints JSON."""
+    from tiny_model import save_tiny_model
+
+    from grpokit.cli import main
+
+    model_dir = save_tiny_model(tmp_path / "m")
+    data = tmp_path / "held_out.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in ROWS[:5]))
+    rewards = tmp_path / "my_rewards.py"
+    rewards.write_text(
+        "def first_half(prompts, completions, answer, **kw):\n"
+        "    return [float(int(a) < 3) for a in answer]\n"
+    )
+    args = [str(model_dir), str(data), "--reward", f"{rewards}:first_half", "--template", "plain"]
+    assert main(["eval", *args, "--max-new-tokens", "4", "--num-samples", "2"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    # answers of ROWS[:5] are 0,1,2,3,4: three of five prompts score 1 whatever the completion
+    assert result["num_examples"] == 5
+    assert result["accuracy"] == pytest.approx(0.6) and result["mean_at_2"] == pytest.approx(0.6)
