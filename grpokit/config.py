@@ -92,8 +92,6 @@ class RolloutConfig:
     """Top-k sampling (0 = off)."""
     engine: str = "fast"
     """fast (shared-prefix KV cache decode loop) | hf (transformers generate)."""
-    generation_batch_size: int = 0
-    """Prompts per generation call (0 = all at once)."""
 
 
 @dataclass

@@ -285,3 +285,19 @@ def test_eval_command_scores_a_model_directory(tmp_path, capsys):
     # answers of ROWS[:5] are 0,1,2,3,4: three of five prompts score 1 whatever the completion
     assert result["num_examples"] == 5
     assert result["accuracy"] == pytest.approx(0.6) and result["mean_at_2"] == pytest.approx(0.6)
+
+
+def test_lora_trains_the_adapter_only_and_uses_the_base_as_reference(tmp_path):
+    trainer = make_trainer(tmp_path, "lora.enabled=true", "lora.r=4", "train.steps=2", "eval.enabled=false")
+    assert trainer.ref_model is None  # no second copy: the reference is the adapter switched off
+    base_before = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if "lora_" not in n}
+    lora_before = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if "lora_B" in n}
+    summary = trainer.train()
+    params = dict(trainer.model.named_parameters())
+    assert all(torch.equal(params[n], p) for n, p in base_before.items())
+    assert any(not torch.equal(params[n], p) for n, p in lora_before.items())
+    line = read_jsonl(tmp_path / "run" / "metrics.jsonl")[-1]
+    assert line["kl"] > 0  # measured against the base model, which the adapter has moved away from
+    from pathlib import Path
+
+    assert (Path(summary["checkpoint"]) / "adapter_model.safetensors").is_file()
