@@ -160,6 +160,10 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--limit", type=int)
     ev.add_argument("--dtype", default="auto")
     ev.set_defaults(func=cmd_eval)
+
+    from grpokit.bench import add_bench_parser
+
+    add_bench_parser(sub)
     return p
 
 
