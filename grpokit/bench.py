@@ -160,16 +160,14 @@ def build_random_model(shape: str, out_dir: str | Path | None = None, *, seed: i
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
+    from grpokit.loading import save_local_tokenizer
+
     root.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f".building-{shape}-", dir=root))
     try:
         dims = MODEL_SHAPES[shape]
         tok = _build_tokenizer(dims["vocab_size"])
-        tok.save_pretrained(work)
-        cfg_file = work / "tokenizer_config.json"
-        tok_cfg = json.loads(cfg_file.read_text())
-        tok_cfg["tokenizer_class"] = "PreTrainedTokenizerFast"
-        cfg_file.write_text(json.dumps(tok_cfg, indent=2))
+        save_local_tokenizer(tok, work)
         config = Qwen2Config(
             **dims,
             tie_word_embeddings=True,

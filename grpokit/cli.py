@@ -52,17 +52,11 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 def _demo_config(overrides: list[str]):
     """The embedded default: build (or reuse) the warm-started tiny model, then GRPO on it."""
-    from grpokit.config import config_from_dict, parse_override
+    from grpokit.config import apply_overrides, config_from_dict
     from grpokit.demo import demo_overrides, prepare_demo
 
     values = demo_overrides(prepare_demo(log=lambda m: print(m, file=sys.stderr)))
-    for text in overrides:
-        keys, value = parse_override(text)
-        node = values
-        for k in keys[:-1]:
-            node = node.setdefault(k, {})
-        node[keys[-1]] = value
-    return config_from_dict(values)
+    return config_from_dict(apply_overrides(values, overrides))
 
 
 def _run(cfg, *, resume: bool) -> int:

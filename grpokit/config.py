@@ -365,6 +365,19 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     return key.strip().split("."), value
 
 
+def apply_overrides(values: dict[str, Any], overrides: list[str] | tuple[str, ...]) -> dict[str, Any]:
+    """Lay ``section.key=value`` overrides over nested ``values`` (in place; also returned)."""
+    for text in overrides:
+        keys, value = parse_override(text)
+        node = values
+        for k in keys[:-1]:
+            node = node.setdefault(k, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"override {text!r}: '{k}' is not a section")
+        node[keys[-1]] = value
+    return values
+
+
 def _looks_like_float(raw: str) -> bool:
     try:
         float(raw)
@@ -387,14 +400,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
         if not isinstance(values, dict):
             raise ConfigError(f"{p}: the top level must be a mapping of sections (model:, data:, ...)")
         _fix_yaml_floats(values)
-    for text in overrides:
-        keys, value = parse_override(text)
-        node = values
-        for k in keys[:-1]:
-            node = node.setdefault(k, {})
-            if not isinstance(node, dict):
-                raise ConfigError(f"override {text!r}: '{k}' is not a section")
-        node[keys[-1]] = value
+    apply_overrides(values, overrides)
     try:
         return config_from_dict(values)
     except ConfigError as e:

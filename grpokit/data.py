@@ -95,6 +95,13 @@ def load_prompts(
     return [row for _, row in rows]
 
 
+def reward_columns(rows: Sequence[Mapping[str, Any]], prompt_column: str) -> dict[str, list[Any]]:
+    """Every column but the prompt, as lists aligned with ``rows`` (the keyword arguments of
+    TRL-style reward functions); a row lacking a column gives None there."""
+    names = dict.fromkeys(key for row in rows for key in row if key != prompt_column)
+    return {name: [row.get(name) for row in rows] for name in names}
+
+
 def require_columns(
     rows: Sequence[Mapping[str, Any]],
     columns: Iterable[str],

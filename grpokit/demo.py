@@ -161,6 +161,8 @@ def prepare_demo(spec: DemoSpec = DemoSpec(), *, cache: Path | None = None, log=
     if (model_dir / "config.json").is_file() and train_path.is_file() and eval_path.is_file():
         log(f"demo: using the cached warm-start model in {model_dir}")
         return {"model": model_dir, "train": train_path, "eval": eval_path}
+    from grpokit.loading import save_local_tokenizer
+
     root.mkdir(parents=True, exist_ok=True)
     train_rows, eval_rows = make_problems(spec)
     tokenizer = build_tokenizer()
@@ -177,11 +179,7 @@ def prepare_demo(spec: DemoSpec = DemoSpec(), *, cache: Path | None = None, log=
     warm_start(model, tokenizer, train_rows, spec, progress)
     tmp = root / "model.tmp"
     model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    tok_cfg = tmp / "tokenizer_config.json"
-    data = json.loads(tok_cfg.read_text())
-    data["tokenizer_class"] = "PreTrainedTokenizerFast"
-    tok_cfg.write_text(json.dumps(data, indent=2))
+    save_local_tokenizer(tokenizer, tmp)
     for path, rows in ((train_path, train_rows), (eval_path, eval_rows)):
         path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     if model_dir.exists():

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
 from grpokit.config import DataConfig
+from grpokit.data import reward_columns
 from grpokit.rewards import RewardRunner
 from grpokit.templates import encode_prompts
 
@@ -56,15 +55,9 @@ def evaluate(
                 pad_token_id=tokenizer.pad_token_id,
                 seed=seed + start,
             )
-            texts = [
-                tokenizer.decode(ids[m.bool()].tolist(), skip_special_tokens=True)
-                for ids, m in zip(out.completion_ids, out.completion_mask)
-            ]
             expanded = [rows[i] for i in chunk for _ in range(group_size)]
-            columns: dict[str, list[Any]] = {
-                k: [r.get(k) for r in expanded] for k in expanded[0] if k != data_cfg.prompt_column
-            }
-            result = runner([r[data_cfg.prompt_column] for r in expanded], texts, columns)
+            columns = reward_columns(expanded, data_cfg.prompt_column)
+            result = runner([r[data_cfg.prompt_column] for r in expanded], out.decode(tokenizer), columns)
             scores += [float(v) if v is not None else 0.0 for v in result.per_function["accuracy"]]
             lengths += out.completion_mask.sum(1).tolist()
         return scores, lengths

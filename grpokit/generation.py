@@ -24,7 +24,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Protocol
 
 import torch
@@ -46,6 +46,18 @@ class Rollout:
     def completion_lengths(self) -> Tensor:
         """(N,) number of generated tokens per row, EOS included."""
         return self.completion_mask.sum(-1)
+
+    def select(self, index: Tensor) -> Rollout:
+        """The rows ``index`` (a (M,) long tensor) of every field."""
+        return Rollout(**{f.name: getattr(self, f.name)[index] for f in fields(self)})
+
+    def completion_token_ids(self) -> list[list[int]]:
+        """(N,) generated token ids of each row, EOS included, padding removed."""
+        return [ids[mask.bool()].tolist() for ids, mask in zip(self.completion_ids, self.completion_mask)]
+
+    def decode(self, tokenizer) -> list[str]:
+        """(N,) completion texts (special tokens such as EOS skipped)."""
+        return [tokenizer.decode(ids, skip_special_tokens=True) for ids in self.completion_token_ids()]
 
 
 class Generator(Protocol):

@@ -42,6 +42,16 @@ def load_tokenizer(name_or_path: str, *, trust_remote_code: bool = False):
     return _ensure_pad(tok)
 
 
+def save_local_tokenizer(tokenizer, directory: str | Path) -> None:
+    """save_pretrained, then pin tokenizer_class to PreTrainedTokenizerFast so that
+    load_tokenizer (and AutoTokenizer on non-Qwen2 architectures) rebuilds this exact tokenizer."""
+    tokenizer.save_pretrained(directory)
+    path = Path(directory) / "tokenizer_config.json"
+    data = json.loads(path.read_text())
+    data["tokenizer_class"] = "PreTrainedTokenizerFast"
+    path.write_text(json.dumps(data, indent=2))
+
+
 def _ensure_pad(tok):
     if tok.pad_token_id is None:
         if tok.eos_token_id is None:

@@ -9,6 +9,7 @@ The maths lives in ``grpokit.algos``; this file only moves tensors between the p
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -31,7 +32,7 @@ from grpokit.checkpoint import (
     set_rng_state,
 )
 from grpokit.config import Config, ConfigError, resolve_algo, save_config
-from grpokit.data import load_prompts
+from grpokit.data import load_prompts, reward_columns
 from grpokit.evaluate import evaluate
 from grpokit.generation import FastGenerator, HFGenerator, Rollout
 from grpokit.loading import frozen_reference, load_policy, prepare_policy
@@ -59,17 +60,8 @@ class ScoredBatch:
     def select_groups(self, groups: list[int], group_size: int) -> ScoredBatch:
         idx = [g * group_size + j for g in groups for j in range(group_size)]
         t = torch.tensor(idx, dtype=torch.long)
-        r = self.rollout
-        rollout = Rollout(
-            prompt_ids=r.prompt_ids[t],
-            prompt_mask=r.prompt_mask[t],
-            completion_ids=r.completion_ids[t],
-            completion_mask=r.completion_mask[t],
-            logprobs=r.logprobs[t],
-            truncated=r.truncated[t],
-        )
         return ScoredBatch(
-            rollout=rollout,
+            rollout=self.rollout.select(t),
             rows=[self.rows[i] for i in idx],
             texts=[self.texts[i] for i in idx],
             rewards=self.rewards[t],
@@ -423,14 +415,9 @@ class GRPOTrainer:
         """Run the reward functions on each completion; the group's prompt row gives the columns."""
         G = rollout.completion_ids.shape[0] // len(rows)
         per_completion_rows = [row for row in rows for _ in range(G)]
-        texts = self.decode(rollout)
-        columns: dict[str, list] = {}
-        for key in per_completion_rows[0]:
-            if key != self.cfg.data.prompt_column:
-                columns[key] = [row.get(key) for row in per_completion_rows]
-        columns["completion_ids"] = [
-            ids[mask.bool()].tolist() for ids, mask in zip(rollout.completion_ids, rollout.completion_mask)
-        ]
+        texts = rollout.decode(self.tokenizer)
+        columns = reward_columns(per_completion_rows, self.cfg.data.prompt_column)
+        columns["completion_ids"] = rollout.completion_token_ids()
         prompts = [row[self.cfg.data.prompt_column] for row in per_completion_rows]
         result = self.rewards(prompts, texts, columns)
         return ScoredBatch(
@@ -441,12 +428,6 @@ class GRPOTrainer:
             per_function=result.per_function,
             reward_metrics=result.metrics(),
         )
-
-    def decode(self, rollout: Rollout) -> list[str]:
-        return [
-            self.tokenizer.decode(ids[mask.bool()].tolist(), skip_special_tokens=True)
-            for ids, mask in zip(rollout.completion_ids, rollout.completion_mask)
-        ]
 
     # ----------------------------------------------------------------------------- the update
 
@@ -608,7 +589,7 @@ class GRPOTrainer:
             ctx = self.model.disable_adapter()
             model = self.model
         else:
-            ctx = _nullcontext()
+            ctx = contextlib.nullcontext()
         was_training = self.model.training
         model.eval()
         with ctx:
@@ -732,11 +713,3 @@ class GRPOTrainer:
             self.out / "curves.png",
             eval_path=eval_path if eval_path.is_file() else None,
         )
-
-
-class _nullcontext:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc):
-        return False
