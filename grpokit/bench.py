@@ -312,6 +312,8 @@ def run_bench(
     gradient_checkpointing: bool = True,
     dtype: str = "auto",
     engine: str = "fast",
+    kv_cache: str = "auto",
+    cuda_graphs: bool = True,
     output_dir: str | Path | None = None,
     device: str = "auto",
     seed: int = 0,
@@ -369,6 +371,8 @@ def run_bench(
             "rollout.top_p=1.0",
             "rollout.top_k=0",
             f"rollout.engine={engine}",
+            f"rollout.kv_cache={kv_cache}",
+            f"rollout.cuda_graphs={str(cuda_graphs).lower()}",
             "algo.preset=grpo",
             f"algo.beta={beta}",
             "optim.lr=1e-6",
@@ -428,6 +432,8 @@ def run_bench(
                     "peak_memory_mb": float(m["peak_memory_mb"]),
                 }
             )
+        decode_engine = getattr(trainer.generator, "stats", {}).get("engine", engine)
+        graphs_used = bool(getattr(getattr(trainer.generator, "engine", None), "use_graphs", False))
         peak_gib, peak_kind = _peak_memory_gib(dev)
         peak_reserved = torch.cuda.max_memory_reserved(dev) / 2**30 if cuda else None
         config = model.config
@@ -481,6 +487,10 @@ def run_bench(
         "n_params": n_params,
         "dtype": dtype_name,
         "engine": engine,
+        "kv_cache": kv_cache,
+        "decode_engine": decode_engine,
+        "cuda_graphs": cuda_graphs,
+        "cuda_graphs_used": graphs_used,
         "beta": beta,
         "gradient_checkpointing": gradient_checkpointing,
         "device": device_name,
@@ -716,7 +726,9 @@ def print_table(result: dict[str, Any], file=None) -> None:
     caption = (
         f"{result['completions_per_step']} completions/step, prompt {result['prompt_len']}, completion "
         f"{result['completion_len']} tokens; {result['n_params'] / 1e6:.1f}M params, {result['dtype']}, "
-        f"{result['device']}; median of steps 2..{result['steps']}"
+        f"{result['device']}; decode: {result.get('decode_engine', '?')} KV cache"
+        f"{' + CUDA graphs' if result.get('cuda_graphs_used') else ''}"
+        f"; median of steps 2..{result['steps']}"
     )
     table = Table(title=f"grpokit bench: shape {result['shape']}", caption=caption)
     table.add_column("")
@@ -776,6 +788,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
             gradient_checkpointing=args.gradient_checkpointing,
             dtype=args.dtype,
             engine=args.engine,
+            kv_cache=args.kv_cache,
+            cuda_graphs=args.cuda_graphs,
             output_dir=args.output_dir,
             device=args.device,
         )
@@ -837,6 +851,10 @@ def add_bench_parser(subparsers) -> None:
     p.add_argument("--json", help="also write the result to this JSON file")
     p.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"], default="auto")
     p.add_argument("--engine", choices=["fast", "hf"], default="fast")
+    p.add_argument(
+        "--kv-cache", choices=["auto", "static", "dynamic"], default="auto", help="fast engine's KV cache"
+    )
+    p.add_argument("--no-cuda-graphs", dest="cuda_graphs", action="store_false")
     p.add_argument("--device", default="auto")
     p.add_argument("--beta", type=float, default=0.04)
     p.add_argument("--no-gradient-checkpointing", dest="gradient_checkpointing", action="store_false")

@@ -92,6 +92,10 @@ class RolloutConfig:
     """Top-k sampling (0 = off)."""
     engine: str = "fast"
     """fast (shared-prefix KV cache decode loop) | hf (transformers generate)."""
+    kv_cache: str = "auto"
+    """fast engine's cache: auto (static where the model supports it) | static | dynamic."""
+    cuda_graphs: bool = True
+    """fast engine with the static cache on CUDA: record each decode step once, then replay it."""
 
 
 @dataclass
@@ -293,6 +297,7 @@ def _check_choices(cfg: Config) -> None:
         "model.dtype": (cfg.model.dtype, ["auto", "float32", "bfloat16", "float16"]),
         "data.template": (cfg.data.template, ["auto", "chat", "plain", "r1_zero"]),
         "rollout.engine": (cfg.rollout.engine, ["fast", "hf"]),
+        "rollout.kv_cache": (cfg.rollout.kv_cache, ["auto", "static", "dynamic"]),
         "optim.schedule": (cfg.optim.schedule, ["constant", "cosine"]),
         "algo.advantage": (cfg.algo.advantage, [None, "grpo", "dr_grpo", "batch", "rloo", "reinforce_pp"]),
         "algo.ratio_level": (cfg.algo.ratio_level, [None, "token", "sequence", "sequence_token"]),

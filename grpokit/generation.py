@@ -2,10 +2,12 @@
 
 Two interchangeable generators return the same :class:`Rollout`:
 
-- :class:`FastGenerator` (the default) runs its own decode loop. Each prompt is prefilled once, then
-  its KV cache is repeated ``group_size`` times (``Cache.batch_repeat_interleave``), so a prompt's
-  forward cost is paid once per group instead of once per sample. Rows that have emitted EOS are
-  dropped from the batch once at least half of it has finished.
+- :class:`FastGenerator` (the default) runs its own sampling loop over a decode engine
+  (:mod:`grpokit.decode`). Each prompt is prefilled once, then its KV cache is repeated
+  ``group_size`` times, so a prompt's forward cost is paid once per group instead of once per
+  sample. Rows that have emitted EOS are dropped from the batch once at least half of it has
+  finished. On supported models (Llama family) decode runs over a static KV cache, replayed as CUDA
+  graphs on a GPU.
 - :class:`HFGenerator` wraps ``model.generate``; it is the slow, simple reference.
 
 Conventions shared by both (and by ``grpokit.modeling.completion_logprobs``):
@@ -22,7 +24,6 @@ Conventions shared by both (and by ``grpokit.modeling.completion_logprobs``):
 from __future__ import annotations
 
 import contextlib
-import inspect
 from collections.abc import Iterator
 from dataclasses import dataclass, fields
 from typing import Protocol
@@ -179,16 +180,41 @@ def sample_tokens(
 
 
 class FastGenerator:
-    """Own decode loop: one prefill per prompt, KV cache repeated G times, finished rows dropped.
+    """Own sampling loop over a decode engine (:mod:`grpokit.decode`): one prefill per prompt, its KV
+    cache repeated G times, finished rows dropped.
 
+    kv_cache: ``auto`` (the static KV cache with CUDA graphs where the model supports it, else the
+        model's dynamic cache), ``static`` (error if unsupported) or ``dynamic``.
+    cuda_graphs: record and replay the static engine's decode steps on CUDA.
     compact: drop finished rows from the batch (and the KV cache) whenever at least half of the
         current batch has finished. Each drop copies the cache once; as the batch at least halves
         each time, the total copying is at most about one extra cache.
+    The engine (and the static engine's buffers and graphs) is kept for the next call on the same model.
     """
 
-    def __init__(self, compact: bool = True):
+    def __init__(self, compact: bool = True, kv_cache: str = "auto", cuda_graphs: bool = True):
+        from grpokit.decode import KV_CACHES
+
+        if kv_cache not in KV_CACHES:
+            raise ValueError(f"unknown kv_cache {kv_cache!r}; choose one of {KV_CACHES}")
         self.compact = compact
-        self.stats: dict[str, int] = {}  # of the last call: decode_steps, compactions
+        self.kv_cache = kv_cache
+        self.cuda_graphs = cuda_graphs
+        self.engine = None
+        self.stats: dict = {}  # of the last call: engine, decode_steps, compactions
+
+    def engine_for(self, model: torch.nn.Module):
+        """The decode engine for ``model``, built on first use and kept while the model stays the same."""
+        from grpokit.decode import make_engine
+
+        if self.engine is None or self.engine.model is not model:
+            self.engine = make_engine(model, self.kv_cache, cuda_graphs=self.cuda_graphs)
+        return self.engine
+
+    def release(self) -> None:
+        """Free the engine's buffers (the static KV cache, CUDA graphs)."""
+        if self.engine is not None:
+            self.engine.release()
 
     @torch.no_grad()
     def generate(
@@ -220,22 +246,9 @@ class FastGenerator:
         out_mask = torch.zeros((N, max_new_tokens), dtype=torch.long, device=device)
         out_lp = torch.zeros((N, max_new_tokens), dtype=torch.float32, device=device)
 
+        engine = self.engine_for(model)
         with _eval_mode(model):
-            # Prefill each prompt once, keeping only the last position's logits.
-            position_ids = (p_mask.cumsum(-1) - 1).clamp(min=0)  # (P, Lp)
-            extra = {"logits_to_keep": 1} if _accepts(model, "logits_to_keep") else {}
-            out = model(
-                input_ids=p_ids,
-                attention_mask=p_mask,
-                position_ids=position_ids,
-                use_cache=True,
-                **extra,
-            )
-            cache = out.past_key_values
-            cache.batch_repeat_interleave(G)  # (P, ...) -> (P*G, ...), groups contiguous
-            logits = out.logits[:, -1].float().repeat_interleave(G, dim=0)  # (N, V)
-            attn = p_mask.repeat_interleave(G, dim=0)  # (N, Lp + t)
-            next_pos = position_ids[:, -1:].repeat_interleave(G, dim=0) + 1  # (N, 1)
+            logits = engine.prefill(p_ids, p_mask, G, max_new_tokens)  # (N, V)
             rows = torch.arange(N, device=device)  # (B,) global row of each batch row
             done = torch.zeros(N, dtype=torch.bool, device=device)  # (B,)
             steps = max_new_tokens
@@ -261,23 +274,12 @@ class FastGenerator:
                     break
                 if self.compact and 2 * n_done >= done.numel():
                     keep = (~done).nonzero().squeeze(-1)  # (B',)
-                    cache.batch_select_indices(keep)
+                    engine.keep(keep)
                     rows, done, tokens = rows[keep], done[keep], tokens[keep]
-                    attn, next_pos = attn[keep], next_pos[keep]
                     compactions += 1
-                attn = torch.cat([attn, attn.new_ones((attn.shape[0], 1))], dim=-1)  # (B, Lp + t + 1)
-                out = model(
-                    input_ids=tokens[:, None],
-                    attention_mask=attn,
-                    position_ids=next_pos,
-                    past_key_values=cache,
-                    use_cache=True,
-                )
-                cache = out.past_key_values
-                logits = out.logits[:, -1].float()  # (B, V)
-                next_pos = next_pos + 1
+                logits = engine.step(tokens)  # (B, V)
 
-        self.stats = {"decode_steps": steps, "compactions": compactions}
+        self.stats = {"engine": engine.name, "decode_steps": steps, "compactions": compactions}
         completion_ids = out_ids[:, :steps]  # (N, Lc)
         _, truncated = completion_mask_from_ids(completion_ids, eos_token_ids)
         return Rollout(
@@ -363,8 +365,3 @@ def make_generator(name: str = "fast") -> Generator:
     if name not in GENERATORS:
         raise ValueError(f"unknown generator {name!r}; choose one of {sorted(GENERATORS)}")
     return GENERATORS[name]()
-
-
-def _accepts(model: torch.nn.Module, arg: str) -> bool:
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    return arg in inspect.signature(base.forward).parameters

@@ -25,6 +25,8 @@ from transformers import (
     PreTrainedTokenizerFast,
     Qwen2Config,
     Qwen2ForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
 )
 
 PAD, EOS, BOS, UNK = "<pad>", "<eos>", "<bos>", "<unk>"
@@ -90,7 +92,7 @@ def make_tiny_model(
     max_position_embeddings: int = 256,
     tie_word_embeddings: bool = False,
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerFast]:
-    """A random ``arch`` ("qwen2" or "llama") causal LM in float32, eval mode, and its tokenizer.
+    """A random ``arch`` ("qwen2", "llama" or "qwen3") causal LM in float32, eval mode, and its tokenizer.
 
     The weights depend only on ``seed`` (the global RNG state is saved and restored).
     """
@@ -113,8 +115,10 @@ def make_tiny_model(
         config, cls = Qwen2Config(**common), Qwen2ForCausalLM
     elif arch == "llama":
         config, cls = LlamaConfig(**common), LlamaForCausalLM
+    elif arch == "qwen3":
+        config, cls = Qwen3Config(**common, head_dim=hidden_size // num_heads), Qwen3ForCausalLM
     else:
-        raise ValueError(f"unknown arch {arch!r}; use 'qwen2' or 'llama'")
+        raise ValueError(f"unknown arch {arch!r}; use 'qwen2', 'llama' or 'qwen3'")
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = cls(config).to(torch.float32)
