@@ -141,6 +141,13 @@ def _peak_memory_mb(device: torch.device) -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
 
 
+def length_sorted(index: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """``index`` (M,) reordered by ``lengths[index]`` (stable), so that consecutive micro-batches hold
+    rows of similar length and each, trimmed to its own longest row, carries little padding. The loss
+    uses the whole mini-batch's normaliser, so grouping rows differently never changes the gradient."""
+    return index[lengths[index].argsort(stable=True)]
+
+
 class GRPOTrainer:
     """Trains ``cfg.model`` on ``cfg.data`` with the algorithm ``cfg.algo`` names.
 
@@ -228,7 +235,10 @@ class GRPOTrainer:
             fused=fused,
         )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_factor)
-        self.generator = FastGenerator() if cfg.rollout.engine == "fast" else HFGenerator()
+        if cfg.rollout.engine == "fast":
+            self.generator = FastGenerator(kv_cache=cfg.rollout.kv_cache, cuda_graphs=cfg.rollout.cuda_graphs)
+        else:
+            self.generator = HFGenerator()
         self.step = 0
         self.log: RunLogger | None = None
         if resume:
@@ -452,6 +462,7 @@ class GRPOTrainer:
         grad_norms, skipped = [], 0
         sample_diff_sum, sample_diff_max, sample_tokens = 0.0, 0.0, 0.0
         entropy_sum, entropy_tokens = 0.0, 0.0
+        lengths = r.prompt_mask.sum(-1) + r.completion_mask.sum(-1)  # (N,) real tokens per row
         mini = N // cfg.optim.mini_batches
         order_gen = torch.Generator().manual_seed(self._seed(0))
         self.model.train()
@@ -465,7 +476,7 @@ class GRPOTrainer:
                 mb = order[m * mini : (m + 1) * mini]  # (M,)
                 num_tokens = loss_mask[mb].sum().clamp(min=1).to(self.device)
                 finite = True
-                for micro in mb.split(cfg.optim.micro_batch_size):
+                for micro in length_sorted(mb, lengths).split(cfg.optim.micro_batch_size):
                     tensors = self._micro_tensors(r, micro, loss_mask)
                     first = epoch == 0 and m == 0
                     logprobs, entropy = completion_logprobs(
@@ -593,7 +604,8 @@ class GRPOTrainer:
         was_training = self.model.training
         model.eval()
         with ctx:
-            for micro in torch.arange(N).split(self.cfg.optim.micro_batch_size):
+            lengths = r.prompt_mask.sum(-1) + r.completion_mask.sum(-1)  # (N,)
+            for micro in length_sorted(torch.arange(N), lengths).split(self.cfg.optim.micro_batch_size):
                 t = self._micro_tensors(r, micro, r.completion_mask)
                 lp, _ = completion_logprobs(
                     model,
@@ -620,6 +632,8 @@ class GRPOTrainer:
         metrics["reward/total/std"] = float(batch.rewards.std()) if len(batch.rewards) > 1 else 0.0
         metrics["accuracy"] = float(correct.float().mean())
         metrics["completion_len/mean"] = float(lengths.mean())
+        metrics["completion_len/min"] = float(lengths.min())
+        metrics["completion_len/max"] = float(lengths.max())
         metrics["completion_len/correct"] = float(lengths[correct].mean()) if correct.any() else float("nan")
         metrics["completion_len/incorrect"] = (
             float(lengths[~correct].mean()) if (~correct).any() else float("nan")

@@ -301,3 +301,38 @@ def test_lora_trains_the_adapter_only_and_uses_the_base_as_reference(tmp_path):
     from pathlib import Path
 
     assert (Path(summary["checkpoint"]) / "adapter_model.safetensors").is_file()
+
+
+@pytest.mark.parametrize("agg", ["seq-mean-token-mean", "token-mean"])
+def test_micro_batch_split_and_length_sorting_leave_the_gradient_unchanged(tmp_path, agg):
+    """One step with the whole batch in one micro-batch, and with micro-batches of 3 rows grouped by
+    length: same rollout (same seed), same gradient, same loss."""
+    from grpokit.trainer import length_sorted
+
+    lengths = torch.tensor([5, 2, 9, 2, 7])
+    assert length_sorted(torch.tensor([4, 0, 1, 3]), lengths).tolist() == [1, 3, 0, 4]
+
+    results = {}
+    for micro in (16, 3):
+        trainer = make_trainer(
+            tmp_path / f"micro{micro}",
+            f"optim.micro_batch_size={micro}",
+            "optim.mini_batches=1",
+            "rollout.max_new_tokens=10",
+            "train.samples_every=0",
+            f"algo.agg={agg}",
+        )
+        trainer.eos_ids = [1, *range(30, 40)]  # frequent EOS ids: completions of many lengths
+        grads = []
+        model = trainer.model
+        trainer.optimizer.register_step_pre_hook(
+            lambda *_, g=grads, m=model: g.extend(p.grad.detach().clone() for p in m.parameters())
+        )
+        metrics = trainer.train_step()
+        results[micro] = (grads, metrics)
+    (g_one, m_one), (g_split, m_split) = results[16], results[3]
+    assert len(g_one) == len(g_split) > 0
+    assert m_one["completion_len/min"] < m_one["completion_len/max"]  # lengths really differ
+    for a, b in zip(g_one, g_split):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+    assert m_one["loss"] == pytest.approx(m_split["loss"], rel=1e-5, abs=1e-7)
