@@ -38,6 +38,7 @@ import importlib.util
 import json
 import os
 import random
+import re
 import resource
 import shutil
 import statistics
@@ -108,6 +109,10 @@ BENCH_SHAPES: dict[str, BenchShape] = {
     "standard": BenchShape(prompts=32, group_size=8, prompt_len=128, completion_len=256, micro_batch=32),
     "long": BenchShape(prompts=16, group_size=8, prompt_len=128, completion_len=1024, micro_batch=16),
     "tiny": BenchShape(prompts=2, group_size=4, prompt_len=8, completion_len=8, micro_batch=8),
+    # A memory shape: 32 rows x 4224 tokens per micro-batch. Full-vocabulary logits for one micro-batch
+    # would be 32 * 4224 * 151936 bf16 values (41 GB, twice that with their gradient); grpokit never
+    # builds them (chunked log-probs), TRL does.
+    "xlong": BenchShape(prompts=16, group_size=8, prompt_len=128, completion_len=4096, micro_batch=32),
 }
 
 H100_SXM_MEM_BW = 3.35e12
@@ -653,6 +658,9 @@ def parse_result_line(text: str) -> dict[str, Any]:
     raise BenchError("no 'RESULT {json}' line in the output")
 
 
+OOM_MARKERS = re.compile(r"OutOfMemoryError|CUDA out of memory|out of memory", re.IGNORECASE)
+
+
 def run_trl(
     model_dir: str | Path,
     shape: str | BenchShape,
@@ -663,7 +671,9 @@ def run_trl(
     python: str | None = None,
     timeout_s: float | None = None,
 ) -> dict[str, Any]:
-    """Run TRL's GRPOTrainer on the same model and shape in a subprocess; its RESULT dict."""
+    """Run TRL's GRPOTrainer on the same model and shape in a subprocess; its RESULT dict.
+
+    When the run dies of out-of-memory, the result says so (``out_of_memory: True``) instead of raising."""
     from grpokit.loading import load_tokenizer
 
     shape = BENCH_SHAPES[shape] if isinstance(shape, str) else shape
@@ -686,6 +696,16 @@ def run_trl(
             path.unlink(missing_ok=True)
     if proc.returncode != 0:
         tail = "\n".join((proc.stderr or proc.stdout).splitlines()[-25:])
+        if OOM_MARKERS.search(proc.stderr or "") or OOM_MARKERS.search(proc.stdout or ""):
+            # A result, not a failure: TRL does not fit this shape on this device.
+            return {
+                "system": "trl",
+                "out_of_memory": True,
+                "median_step_s": None,
+                "peak_alloc_gib": None,
+                "error_tail": tail,
+                "trl_script": f"{path} ({origin})",
+            }
         raise BenchError(f"the TRL run failed (exit {proc.returncode}): {' '.join(cmd)}\n{tail}")
     result = parse_result_line(proc.stdout)
     result["trl_script"] = f"{path} ({origin})"
@@ -703,6 +723,7 @@ def compare(ours: dict[str, Any], trl: dict[str, Any]) -> dict[str, Any]:
         "step_s_ratio": ratio_step,
         "speedup": 1 / ratio_step if ratio_step else None,
         "peak_memory_ratio": ratio_mem,
+        "trl_out_of_memory": bool(trl.get("out_of_memory")),
     }
 
 
@@ -752,10 +773,13 @@ def print_table(result: dict[str, Any], file=None) -> None:
     )
     roof = result["roofline_h100"]
     rows.append(("H100 decode bound s", roof["seconds"], None, None))
+    oom = bool(trl and trl.get("out_of_memory"))
     for name, ours, theirs, ratio in rows:
         cells = [name, _fmt(ours)]
         if trl:
-            cells += [_fmt(theirs), _fmt(ratio, "x")]
+            headline = name == "s/step" or name.startswith("peak")
+            shown = "out of memory" if oom and headline else _fmt(theirs)
+            cells += [shown, _fmt(ratio, "x")]
         table.add_row(*cells)
     Console(file=file or sys.stdout, width=max(100, shutil.get_terminal_size().columns)).print(table)
 

@@ -168,15 +168,15 @@ def sample_tokens(
     logprobs are of the unfiltered ``softmax(logits / T)`` (greedy: T = 1), see the module docstring.
     """
     logits = logits.float()  # (B, V)
+    scaled = logits / temperature if temperature > 0 else logits  # (B, V)
     if temperature == 0:
-        tokens = logits.argmax(-1)  # (B,)
-        logprobs = logits.log_softmax(-1).gather(-1, tokens[:, None]).squeeze(-1)  # (B,)
-        return tokens, logprobs
-    scaled = logits / temperature  # (B, V)
-    logp = scaled.log_softmax(-1)  # (B, V)
-    filtered = filter_logits(scaled, top_k, top_p)  # (B, V)
-    tokens = (filtered - noise.log()).argmax(-1)  # (B,)
-    return tokens, logp.gather(-1, tokens[:, None]).squeeze(-1)
+        tokens = scaled.argmax(-1)  # (B,)
+    else:
+        filtered = filter_logits(scaled, top_k, top_p)  # (B, V)
+        tokens = (filtered - noise.log()).argmax(-1)  # (B,)
+    # log softmax at the drawn token only: z_tok - logsumexp(z), no (B, V) log-prob tensor
+    logprobs = scaled.gather(-1, tokens[:, None]).squeeze(-1) - scaled.logsumexp(-1)  # (B,)
+    return tokens, logprobs
 
 
 class FastGenerator:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import math
 import sys
@@ -183,3 +184,38 @@ def test_run_trl_passes_the_shape_and_parses_result(tiny_model, tmp_path, monkey
     compile(bench.TRL_SCRIPT, "trl_bench.py", "exec")  # the built-in TRL script is valid Python
     with pytest.raises(bench.BenchError, match="RESULT"):
         bench.parse_result_line("no result here")
+
+
+def test_trl_out_of_memory_is_a_result_not_a_failure(tiny_model, tmp_path, monkeypatch, capsys):
+    """A TRL run that dies of CUDA OOM is reported as such (the shape TRL cannot fit), with our numbers."""
+    fake = tmp_path / "oom_trl.py"
+    fake.write_text(
+        "import sys\n"
+        "print('generating...')\n"
+        "print('torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 40.00 GiB', file=sys.stderr)\n"
+        "sys.exit(1)\n"
+    )
+    monkeypatch.setattr(bench, "check_trl", lambda python=None: None)
+    trl = bench.run_trl(tiny_model, "tiny", steps=2, script=fake)
+    assert trl["out_of_memory"] is True and trl["median_step_s"] is None
+    assert "40.00 GiB" in trl["error_tail"]
+    ours = {"median_step_s": 1.0, "peak_memory_gib": 3.0, "peak_memory_kind": "cuda max_memory_allocated"}
+    c = bench.compare(ours, trl)
+    assert c["trl_out_of_memory"] and c["step_s_ratio"] is None and c["peak_memory_ratio"] is None
+    result = bench.run_bench(tiny_model, "tiny", steps=1, output_dir=tmp_path / "run")
+    result["compare"] = c
+    bench.print_table(result)
+    assert "out of memory" in capsys.readouterr().out
+
+    crash = tmp_path / "crash_trl.py"
+    crash.write_text("raise SystemExit('ImportError: something else broke')\n")
+    with pytest.raises(bench.BenchError, match="(?s)TRL run failed.*something else broke"):
+        bench.run_trl(tiny_model, "tiny", steps=2, script=crash)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("trl") is None, reason="TRL is not installed (pip install trl)")
+def test_run_trl_for_real_on_the_tiny_shape(tiny_model):
+    """TRL's GRPOTrainer itself, in the subprocess, on the tiny shape (CPU): the harness end to end."""
+    trl = bench.run_trl(tiny_model, "tiny", steps=2)
+    assert trl["system"] == "trl" and trl["median_step_s"] > 0 and len(trl["step_s"]) == 2
+    assert trl["completions_per_step"] == 8 and trl["completion_len"] == 8
