@@ -172,3 +172,23 @@ def test_cuda_graph_replay_equals_eager_static_and_dynamic(dtype):
     if dtype == torch.float32:
         c = dynamic.generate(model, prompts, seed=3, **kw)
         assert torch.equal(a.completion_ids, c.completion_ids)
+
+
+@pytest.mark.parametrize("kv_cache", ["static", "dynamic"])
+def test_checking_finished_rows_less_often_changes_nothing(kv_cache):
+    """check_every=5 (fewer device syncs) gives the rollout of check_every=1, early EOS and compaction included."""
+    model, _ = make_tiny_model("qwen2", seed=8)
+    kw = dict(group_size=4, max_new_tokens=17, eos_token_ids=[1, *range(30, 44)], pad_token_id=PAD)
+    every_step = FastGenerator(kv_cache=kv_cache, check_every=1)
+    sparse = FastGenerator(kv_cache=kv_cache, check_every=5)
+    for temperature, seed in ((1.0, 21), (0.0, None)):
+        a = every_step.generate(model, PROMPTS, temperature=temperature, seed=seed, **kw)
+        b = sparse.generate(model, PROMPTS, temperature=temperature, seed=seed, **kw)
+        for name in ("completion_ids", "completion_mask", "truncated"):
+            assert torch.equal(getattr(a, name), getattr(b, name)), name
+        # batch sizes differ between the two runs after compaction: matmul rounding, nothing more
+        torch.testing.assert_close(a.logprobs, b.logprobs, rtol=0, atol=1e-5)
+    assert every_step.stats["compactions"] >= 1
+    assert a.completion_mask.sum(-1).max() == a.completion_ids.shape[1]  # trimmed to the longest row
+    with pytest.raises(ValueError, match="check_every"):
+        FastGenerator(check_every=-1)
