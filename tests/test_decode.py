@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from tiny_model import make_tiny_model
+from tiny_model import PAD_ID, SAMPLE_PROMPTS, make_tiny_model
 
 from grpokit.decode import (
     DynamicCacheEngine,
@@ -12,8 +12,8 @@ from grpokit.decode import (
 )
 from grpokit.generation import FastGenerator, HFGenerator, left_pad
 
-PAD = 0
-PROMPTS = [[2, 4, 11, 20, 12, 27, 5], [2, 30, 31], [2, 4, 50, 51, 52, 53, 54, 55, 10, 5], [7, 8]]
+PAD = PAD_ID
+PROMPTS = SAMPLE_PROMPTS
 
 
 def _drive(engine, model, prompts, G, steps, keep_at=()):

@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from tiny_model import make_tiny_model
+from tiny_model import PAD_ID, SAMPLE_PROMPTS, make_tiny_model
 
 from grpokit.generation import (
     FastGenerator,
@@ -14,8 +14,8 @@ from grpokit.generation import (
     sample_tokens,
 )
 
-PAD = 0
-PROMPTS = [[2, 4, 11, 20, 12, 27, 5], [2, 30, 31], [2, 4, 50, 51, 52, 53, 54, 55, 10, 5], [7, 8]]
+PAD = PAD_ID
+PROMPTS = SAMPLE_PROMPTS
 
 
 def _hf_greedy(model, prompts, max_new_tokens, eos):

@@ -30,6 +30,9 @@ from transformers import (
 )
 
 PAD, EOS, BOS, UNK = "<pad>", "<eos>", "<bos>", "<unk>"
+PAD_ID = 0
+# Token-id prompts of different lengths (left padding differs per row), shared by the generation tests.
+SAMPLE_PROMPTS = [[2, 4, 11, 20, 12, 27, 5], [2, 30, 31], [2, 4, 50, 51, 52, 53, 54, 55, 10, 5], [7, 8]]
 SPECIALS = [PAD, EOS, BOS, UNK, "<|user|>", "<|assistant|>", "<think>", "</think>", "<answer>", "</answer>"]
 # One token per character, written in the byte-level alphabet ("Ġ" is the space, "Ċ" the newline).
 CHARS = list("0123456789+-*/=()?.,#:!<>") + ["Ġ", "Ċ"] + list("abcdefghijklmnopqrstuvwxyz")
