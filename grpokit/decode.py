@@ -28,6 +28,8 @@ and not-yet-written slots). Position ids count real tokens only, as in the dynam
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 from torch import Tensor
 
@@ -71,8 +73,9 @@ def static_cache_support(model: torch.nn.Module) -> str | None:
     if model_type == "mistral" and getattr(config, "sliding_window", None):
         return "sliding-window attention is not supported"
     rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
-    if "dynamic" in str(rope.get("rope_type", rope.get("type", ""))):
-        return "dynamic RoPE scaling depends on the sequence length and is not supported"
+    rope_type = str(rope.get("rope_type", rope.get("type", "")))
+    if "dynamic" in rope_type or "longrope" in rope_type:
+        return f"{rope_type} RoPE scaling depends on the sequence length and is not supported"
     return None
 
 
@@ -126,6 +129,16 @@ class DynamicCacheEngine:
         self.cache = self.attn = self.next_pos = None
 
 
+def _adapter_state(model: torch.nn.Module) -> tuple:
+    """PEFT's per-layer switches (merged, disabled, active adapters): Python branches a CUDA graph
+    freezes at capture, so a change must drop the graphs."""
+    return tuple(
+        (bool(m.merged), bool(m.disable_adapters), tuple(m.active_adapters))
+        for m in model.modules()
+        if hasattr(m, "merged") and hasattr(m, "disable_adapters") and hasattr(m, "active_adapters")
+    )
+
+
 def _rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     """RoPE (rotate-half layout, as the Llama family): x (B, heads, T, d), cos/sin (B, T, d)."""
     cos, sin = cos[:, None], sin[:, None]  # (B, 1, T, d)
@@ -143,12 +156,15 @@ class StaticCacheEngine:
     ((B, kv_heads, heads/kv_heads, d) queries against (B, kv_heads, L, d) keys), so grouped-query
     attention never copies the cache per query head.
 
-    cuda_graphs: record and replay decode steps (CUDA only; ignored on CPU).
-    bucketed: run each step on the next bucket size (N, N/2, N/4, ...) at or above the live batch, as the
-        CUDA graphs do; on by default with CUDA graphs, and settable on CPU so tests run the same layout.
-    Buffers and graphs are kept between calls of the same batch size and length capacity (lengths are
-    rounded up to a multiple of 64) and rebuilt when either grows or the weights move; ``release()``
-    frees them.
+    cuda_graphs: record and replay decode steps (CUDA only; ignored on CPU). On CUDA, attention runs on
+        the memory-efficient SDPA kernel (or the math one), never cuDNN's, whose per-shape plans and
+        masked decode inside graphs are not what we test; graphs and eager steps use the same kernels.
+    bucketed: run each step on the next bucket size (Nmax, Nmax/2, ...) at or above the live batch, as the
+        CUDA graphs always do; settable on CPU so tests run the same layout.
+    Buffers and graphs are kept between calls (a smaller batch or shorter length reuses them; lengths
+    are rounded up to a multiple of 64) and rebuilt when either grows, the weights move or PEFT's
+    adapter switches change; ``release()`` frees them. The logits ``step`` returns are valid until the
+    next ``step``.
     """
 
     name = "static"
@@ -165,24 +181,19 @@ class StaticCacheEngine:
         self.heads = cfg.num_attention_heads
         self.kv_heads = getattr(cfg, "num_key_value_heads", None) or self.heads
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.heads
-        device = next(model.parameters()).device
-        self.use_graphs = bool(cuda_graphs) and device.type == "cuda"
-        self.bucketed = self.use_graphs if bucketed is None else bucketed
-        self._shape: tuple[int, int] | None = None  # (N, L) of the allocated buffers
+        self.device = next(model.parameters()).device
+        self.use_graphs = bool(cuda_graphs) and self.device.type == "cuda"
+        self.bucketed = self.use_graphs or bool(bucketed)
+        self._shape: tuple[int, int] | None = None  # (Nmax, L) of the allocated buffers
         self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, Tensor]] = {}
-        self._weights: tuple[int, ...] = ()
+        self._state: tuple = ()  # weight addresses and adapter switches the buffers/graphs were made for
         self.graphs_recorded = 0  # over the engine's life
 
     # -- buffers -------------------------------------------------------------------------------------
     def _allocate(self, N: int, L: int, dtype: torch.dtype, device: torch.device) -> None:
         L = -(-L // self.LENGTH_QUANTUM) * self.LENGTH_QUANTUM
-        weights = tuple(p.data_ptr() for p in self.model.parameters())
-        if (
-            self._shape is not None
-            and self._shape[0] == N
-            and self._shape[1] >= L
-            and weights == self._weights
-        ):
+        state = (tuple(p.data_ptr() for p in self.model.parameters()), _adapter_state(self.model))
+        if self._shape is not None and N <= self._shape[0] and L <= self._shape[1] and state == self._state:
             return
         self.release()
         shape = (N, self.kv_heads, L, self.head_dim)
@@ -193,7 +204,7 @@ class StaticCacheEngine:
         self.tokens = torch.zeros((N, 1), dtype=torch.long, device=device)
         self.positions = torch.zeros((N, 1), dtype=torch.long, device=device)
         self.slot = torch.zeros(1, dtype=torch.long, device=device)  # the slot the next step writes
-        self._shape, self._weights = (N, L), weights
+        self._shape, self._state = (N, L), state
         if self.use_graphs:
             self._pool = torch.cuda.graph_pool_handle()
 
@@ -220,8 +231,9 @@ class StaticCacheEngine:
         k = _rotate(k.transpose(1, 2), cos, sin)  # (B, kvh, T, d)
         scale = getattr(attn, "scaling", d**-0.5)
         if repeat:
-            self.keys[i][:, :, :T].copy_(k.repeat_interleave(repeat, dim=0))
-            self.values[i][:, :, :T].copy_(v.repeat_interleave(repeat, dim=0))
+            rows = B * repeat
+            self.keys[i][:rows, :, :T].copy_(k.repeat_interleave(repeat, dim=0))
+            self.values[i][:rows, :, :T].copy_(v.repeat_interleave(repeat, dim=0))
             k, v = k.repeat_interleave(h // kvh, dim=1), v.repeat_interleave(h // kvh, dim=1)  # (B, h, T, d)
             out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
             out = out.transpose(1, 2).reshape(B, T, h * d)  # (B, T, h*d)
@@ -266,13 +278,17 @@ class StaticCacheEngine:
         prefill_mask = torch.zeros((P, 1, Lp, Lp), dtype=dtype, device=device)
         prefill_mask.masked_fill_(~allowed[:, None], minimum)
         position_ids = (prompt_mask.cumsum(-1) - 1).clamp(min=0)  # (P, Lp)
-        hidden = self._layers(embeds, prefill_mask, position_ids, repeat=G)  # (P, Lp, H)
+        with self._attention_kernels():
+            hidden = self._layers(embeds, prefill_mask, position_ids, repeat=G)  # (P, Lp, H)
         logits = self.lm_head(hidden[:, -1:]).float()[:, -1]  # (P, V)
 
-        # Decode state: slot Lp next, prompt slots visible where real, all later slots hidden.
+        # Decode state of rows [:N]: slot Lp next, prompt slots visible where real, later slots hidden.
+        # Rows past N are scratch (a bucket may cover them); each decode step unmasks its own slot in
+        # every row, so no row ever attends to nothing.
+        N = P * G
         self.mask.fill_(minimum)
-        self.mask[:, 0, 0, :Lp].masked_fill_(prompt_mask.repeat_interleave(G, dim=0).bool(), 0.0)
-        self.positions.copy_(position_ids[:, -1:].repeat_interleave(G, dim=0) + 1)
+        self.mask[:N, 0, 0, :Lp].masked_fill_(prompt_mask.repeat_interleave(G, dim=0).bool(), 0.0)
+        self.positions[:N].copy_(position_ids[:, -1:].repeat_interleave(G, dim=0) + 1)
         self.slot.fill_(Lp)
         self._next_slot = Lp  # host copy of self.slot (no device sync to read it)
         return logits.repeat_interleave(G, dim=0)  # (N, V)
@@ -288,6 +304,14 @@ class StaticCacheEngine:
         positions.add_(1)
         self.slot.add_(1)
         return logits
+
+    def _attention_kernels(self):
+        """On CUDA, SDPA limited to the memory-efficient and math kernels (class docstring)."""
+        if self.device.type != "cuda":
+            return contextlib.nullcontext()
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        return sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
 
     def _bucket(self, live: int) -> int:
         if not self.bucketed:
@@ -306,14 +330,16 @@ class StaticCacheEngine:
                 self.positions[:b].copy_(state[1])
                 self.mask[:b].copy_(state[2])
 
+            # No autocast while recording: it would cache cast weights the graph then reads forever.
+            plain = torch.autocast("cuda", enabled=False)
             stream = torch.cuda.Stream()
             stream.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(stream):  # warm-up outside the graph (allocator, lazy inits)
+            with torch.cuda.stream(stream), plain, self._attention_kernels():  # warm-up outside the graph
                 self._decode(b)
                 restore()  # the warm-up advanced the state; the replay must do the real step
             torch.cuda.current_stream().wait_stream(stream)
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self._pool):
+            with torch.cuda.graph(graph, pool=self._pool), plain, self._attention_kernels():
                 logits = self._decode(b)
             self._graphs[b] = (graph, logits)
             self.graphs_recorded += 1
@@ -331,7 +357,8 @@ class StaticCacheEngine:
             graph, logits = self._graph(b)
             graph.replay()
             return logits[:B]
-        return self._decode(b)[:B]
+        with self._attention_kernels():
+            return self._decode(b)[:B]
 
     def keep(self, index: Tensor) -> None:
         """Move rows ``index`` (B',) to the front of every buffer; later rows become scratch."""

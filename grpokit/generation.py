@@ -168,7 +168,7 @@ def sample_tokens(
     logprobs are of the unfiltered ``softmax(logits / T)`` (greedy: T = 1), see the module docstring.
     """
     logits = logits.float()  # (B, V)
-    scaled = logits / temperature if temperature > 0 else logits  # (B, V)
+    scaled = logits / temperature if temperature not in (0, 1) else logits  # (B, V)
     if temperature == 0:
         tokens = scaled.argmax(-1)  # (B,)
     else:
@@ -191,7 +191,10 @@ class FastGenerator:
         each time, the total copying is at most about one extra cache.
     check_every: look at which rows have finished (a device sync) every this many steps; 0 = 8 on CUDA,
         where skipping the sync lets the host queue steps ahead, else 1. Rows that finish in between
-        generate padding until the next check; the result is the same for any value.
+        generate padding until the next check. Each row's draws do not depend on the batch layout, so
+        the rollout is the same for any value up to rounding: the batch size a row runs in can change
+        which matmul kernel computes its logits (bit-identical in the CPU tests, not promised in bf16
+        on a GPU).
     The engine (and the static engine's buffers and graphs) is kept for the next call on the same model.
     """
 
@@ -267,7 +270,8 @@ class FastGenerator:
                 if temperature > 0:
                     # Drawn for all N rows every step so a row's sample never depends on the batch layout.
                     noise = torch.empty((N, logits.shape[-1]), device=device).exponential_(generator=gen)
-                    noise = noise[rows]  # (B, V)
+                    if compactions:
+                        noise = noise[rows]  # (B, V) the live rows' own noise
                 tokens, lp = sample_tokens(logits, temperature, top_k, top_p, noise)  # (B,), (B,)
                 tokens = tokens.masked_fill(done, pad_token_id)
                 out_ids[rows, t] = tokens
