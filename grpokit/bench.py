@@ -50,6 +50,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from grpokit.config import KV_CACHES
+
 # ---------------------------------------------------------------------------------------------
 # shapes
 
@@ -875,9 +877,7 @@ def add_bench_parser(subparsers) -> None:
     p.add_argument("--json", help="also write the result to this JSON file")
     p.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"], default="auto")
     p.add_argument("--engine", choices=["fast", "hf"], default="fast")
-    p.add_argument(
-        "--kv-cache", choices=["auto", "static", "dynamic"], default="auto", help="fast engine's KV cache"
-    )
+    p.add_argument("--kv-cache", choices=KV_CACHES, default="auto", help="fast engine's KV cache")
     p.add_argument("--no-cuda-graphs", dest="cuda_graphs", action="store_false")
     p.add_argument("--device", default="auto")
     p.add_argument("--beta", type=float, default=0.04)

@@ -76,6 +76,10 @@ class DataConfig:
     """Evaluate on at most this many held-out rows."""
 
 
+KV_CACHES = ("auto", "static", "dynamic")
+"""rollout.kv_cache choices (grpokit.decode.make_engine)."""
+
+
 @dataclass
 class RolloutConfig:
     group_size: int = 8
@@ -297,7 +301,7 @@ def _check_choices(cfg: Config) -> None:
         "model.dtype": (cfg.model.dtype, ["auto", "float32", "bfloat16", "float16"]),
         "data.template": (cfg.data.template, ["auto", "chat", "plain", "r1_zero"]),
         "rollout.engine": (cfg.rollout.engine, ["fast", "hf"]),
-        "rollout.kv_cache": (cfg.rollout.kv_cache, ["auto", "static", "dynamic"]),
+        "rollout.kv_cache": (cfg.rollout.kv_cache, list(KV_CACHES)),
         "optim.schedule": (cfg.optim.schedule, ["constant", "cosine"]),
         "algo.advantage": (cfg.algo.advantage, [None, "grpo", "dr_grpo", "batch", "rloo", "reinforce_pp"]),
         "algo.ratio_level": (cfg.algo.ratio_level, [None, "token", "sequence", "sequence_token"]),

@@ -33,23 +33,21 @@ import contextlib
 import torch
 from torch import Tensor
 
+from grpokit.config import KV_CACHES
+from grpokit.modeling import base_model
+
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral")
-
-
-def _base_model(model: torch.nn.Module) -> torch.nn.Module:
-    """The transformers model under a PEFT wrapper (or the model itself)."""
-    return model.get_base_model() if hasattr(model, "get_base_model") else model
 
 
 def _accepts(model: torch.nn.Module, arg: str) -> bool:
     import inspect
 
-    return arg in inspect.signature(_base_model(model).forward).parameters
+    return arg in inspect.signature(base_model(model).forward).parameters
 
 
 def static_cache_support(model: torch.nn.Module) -> str | None:
     """None when :class:`StaticCacheEngine` can run ``model``, else the reason it cannot."""
-    base = _base_model(model)
+    base = base_model(model)
     config = getattr(base, "config", None)
     model_type = getattr(config, "model_type", None)
     if model_type not in SUPPORTED_MODEL_TYPES:
@@ -176,7 +174,7 @@ class StaticCacheEngine:
         if reason is not None:
             raise ValueError(f"the static KV cache cannot run this model: {reason}; use kv_cache='dynamic'")
         self.model = model
-        base = _base_model(model)
+        base = base_model(model)
         self.inner, self.lm_head, cfg = base.model, base.lm_head, base.config
         self.heads = cfg.num_attention_heads
         self.kv_heads = getattr(cfg, "num_key_value_heads", None) or self.heads
@@ -369,14 +367,16 @@ class StaticCacheEngine:
         self.positions[:n] = self.positions[index]
 
 
-KV_CACHES = ("auto", "static", "dynamic")
+def check_kv_cache(kv_cache: str) -> None:
+    """Raise ValueError unless ``kv_cache`` is one of KV_CACHES."""
+    if kv_cache not in KV_CACHES:
+        raise ValueError(f"unknown kv_cache {kv_cache!r}; choose one of {KV_CACHES}")
 
 
 def make_engine(model: torch.nn.Module, kv_cache: str = "auto", cuda_graphs: bool = True, bucketed=None):
     """The decode engine for ``model``: ``static`` (:class:`StaticCacheEngine`), ``dynamic``
     (:class:`DynamicCacheEngine`) or ``auto`` (static when :func:`static_cache_support` allows)."""
-    if kv_cache not in KV_CACHES:
-        raise ValueError(f"unknown kv_cache {kv_cache!r}; choose one of {KV_CACHES}")
+    check_kv_cache(kv_cache)
     if kv_cache == "dynamic" or (kv_cache == "auto" and static_cache_support(model) is not None):
         return DynamicCacheEngine(model)
     return StaticCacheEngine(model, cuda_graphs=cuda_graphs, bucketed=bucketed)

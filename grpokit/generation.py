@@ -31,6 +31,8 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
+from grpokit.decode import check_kv_cache, make_engine
+
 
 @dataclass
 class Rollout:
@@ -201,10 +203,7 @@ class FastGenerator:
     def __init__(
         self, compact: bool = True, kv_cache: str = "auto", cuda_graphs: bool = True, check_every: int = 0
     ):
-        from grpokit.decode import KV_CACHES
-
-        if kv_cache not in KV_CACHES:
-            raise ValueError(f"unknown kv_cache {kv_cache!r}; choose one of {KV_CACHES}")
+        check_kv_cache(kv_cache)
         if check_every < 0:
             raise ValueError(f"check_every must be >= 0 (0 = automatic), got {check_every}")
         self.compact = compact
@@ -216,8 +215,6 @@ class FastGenerator:
 
     def engine_for(self, model: torch.nn.Module):
         """The decode engine for ``model``, built on first use and kept while the model stays the same."""
-        from grpokit.decode import make_engine
-
         if self.engine is None or self.engine.model is not model:
             self.engine = make_engine(model, self.kv_cache, cuda_graphs=self.cuda_graphs)
         return self.engine

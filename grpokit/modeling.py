@@ -20,7 +20,7 @@ from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
 
-def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
+def base_model(model: torch.nn.Module) -> torch.nn.Module:
     """The transformers ``*ForCausalLM`` inside a PEFT wrapper (LoRA layers are injected in place, so
     calling its submodules still runs, or under ``disable_adapter()`` skips, the adapters)."""
     return model.get_base_model() if hasattr(model, "get_base_model") else model
@@ -102,7 +102,7 @@ def completion_logprobs(
     temperature = temperature if temperature > 0 else 1.0
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
-    base = _unwrap(model)
+    base = base_model(model)
     decoder = base.get_decoder()
     lm_head = base.get_output_embeddings()
     softcap = _final_logit_softcap(base.config)
