@@ -57,8 +57,9 @@ def test_chunked_logprobs_and_entropy_match_full_logits(arch, chunk_size):
 
 
 def _grads(model, fn):
-    """Parameter gradients of a fixed weighted sum of the log-probs. Compared with rtol = atol = 1e-5:
-    some embedding gradients reach ~100, where fp32 summation order alone moves the 7th digit."""
+    """Parameter gradients of a fixed weighted sum of the log-probs. Compared relative to each tensor's
+    largest entry: embedding gradients reach ~106, and summing the rows in another order (chunked vs
+    full) moves their small neighbours by ~4e-5 in fp32, i.e. 4e-7 of the tensor's scale."""
     model.zero_grad()
     lp = fn()
     w = torch.linspace(-1, 1, lp.numel()).view_as(lp)  # a generic per-token weighting
@@ -74,7 +75,8 @@ def test_gradients_match_full_logits(tied):
     got = _grads(model, lambda: completion_logprobs(model, *batch, temperature=0.7, chunk_size=3)[0])
     assert want.keys() == got.keys() and len(got) == len(list(model.parameters()))
     for name in want:
-        torch.testing.assert_close(got[name], want[name], rtol=1e-5, atol=1e-5, msg=name)
+        scale = float(want[name].abs().max())
+        torch.testing.assert_close(got[name], want[name], rtol=1e-5, atol=1e-6 * scale + 1e-6, msg=name)
 
 
 def _enable_checkpointing(model) -> list[int]:
