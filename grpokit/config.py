@@ -162,6 +162,11 @@ class OptimConfig:
     """Completions per forward/backward (gradient accumulation fills the mini-batch)."""
     logprob_chunk_size: int = 1024
     """Rows of hidden states projected to the vocabulary at a time."""
+    precision: str = "auto"
+    """auto | fp32 | bf16_mixed | fp16_mixed | bf16_kahan | bf16_pure: how weights are stored, computed
+    with and updated (grpokit.precision). auto follows model.dtype: float32 -> fp32 (16 bytes/param),
+    bfloat16 -> bf16_kahan (10 bytes/param), float16 -> fp16_mixed (16, loss scaling). bf16_mixed is
+    TRL's bf16=True (float32 master weights, 16). bf16_pure (8) drops most updates at lr 1e-6: explicit only."""
 
 
 @dataclass
@@ -199,7 +204,7 @@ class TrainConfig:
     save_every: int = 0
     """Checkpoint every this many steps (0 = only at the end)."""
     keep_checkpoints: int = 2
-    """How many step checkpoints to keep."""
+    """How many step checkpoints to keep (0 = keep all); every step_N folder in the run counts."""
     samples_every: int = 10
     """Save sample completions every this many steps (0 = never)."""
     tensorboard: bool = True
@@ -296,13 +301,101 @@ def _build(cls: type, values: dict[str, Any], prefix: str = "") -> Any:
     return cls(**kwargs)
 
 
+# Allowed ranges of numeric settings, checked before anything loads. Interval notation: "[" includes
+# the bound, "(" excludes it. An unset optional knob (None) is always allowed.
+#   key                            allowed      example  meaning of the edge value
+RANGES: dict[str, tuple[str, Any, str]] = {
+    "lora.r":                      ("[1, inf)", 16, ""),
+    "lora.alpha":                  ("(0, inf)", 32, ""),
+    "lora.dropout":                ("[0, 1)", 0.05, ""),
+    "data.max_prompt_tokens":      ("[1, inf)", 512, ""),
+    "data.eval_limit":             ("[1, inf)", 200, ""),
+    "rollout.prompts_per_step":    ("[1, inf)", 8, ""),
+    "rollout.max_new_tokens":      ("[1, inf)", 256, ""),
+    "rollout.temperature":         ("(0, inf)", 1.0, "log-probs are taken at it"),
+    "rollout.top_p":               ("(0, 1]", 1.0, "1 = off"),
+    "rollout.top_k":               ("[0, inf)", 50, "0 = off"),
+    "algo.std_ddof":               ("[0, 1]", 1, ""),
+    "algo.eps_low":                ("[0, 1)", 0.2, ""),
+    "algo.eps_high":               ("[0, inf)", 0.28, ""),
+    "algo.beta":                   ("[0, inf)", 0.04, "0 = no reference model"),
+    "algo.norm_len":               ("[1, inf)", 1024, ""),
+    "algo.dual_clip":              ("(1, inf)", 3.0, ""),
+    "algo.max_sampling_rounds":    ("[0, inf)", 4, ""),
+    "algo.overlong_buffer":        ("[1, inf)", 64, ""),
+    "optim.lr":                    ("(0, 1]", "1e-6", ""),
+    "optim.weight_decay":          ("[0, inf)", 0.01, ""),
+    "optim.adam_beta1":            ("[0, 1)", 0.9, ""),
+    "optim.adam_beta2":            ("[0, 1)", 0.99, ""),
+    "optim.warmup_steps":          ("[0, inf)", 10, ""),
+    "optim.max_grad_norm":         ("[0, inf)", 1.0, "0 = no clipping"),
+    "optim.epochs":                ("[1, inf)", 1, ""),
+    "optim.mini_batches":          ("[1, inf)", 1, ""),
+    "optim.logprob_chunk_size":    ("[1, inf)", 1024, ""),
+    "eval.every":                  ("[0, inf)", 50, "0 = only before and after training"),
+    "eval.num_samples":            ("[1, inf)", 4, ""),
+    "eval.temperature":            ("[0, inf)", 1.0, ""),
+    "eval.max_new_tokens":         ("[1, inf)", 256, ""),
+    "train.steps":                 ("[1, inf)", 200, ""),
+    "train.save_every":            ("[0, inf)", 50, "0 = only at the end"),
+    "train.keep_checkpoints":      ("[0, inf)", 2, "0 = keep all"),
+    "train.samples_every":         ("[0, inf)", 10, "0 = never"),
+    "train.reward_timeout_s":      ("(0, inf)", 120, ""),
+    "rewards[].weight":            ("(-inf, inf)", 1.0, ""),
+}  # fmt: skip
+
+
+def _in_interval(value: float, interval: str) -> bool:
+    """``_in_interval(0, "[1, inf)")`` -> False. NaN is in no interval."""
+    lo_text, hi_text = interval[1:-1].split(",")
+    lo, hi = float(lo_text), float(hi_text)
+    above = value >= lo if interval[0] == "[" else value > lo
+    below = value <= hi if interval[-1] == "]" else value < hi
+    return above and below
+
+
+def _describe_interval(interval: str) -> str:
+    """Words for an interval: "[1, inf)" -> ">= 1"; "(0, 1]" -> "> 0 and <= 1"."""
+    lo_text, hi_text = (t.strip() for t in interval[1:-1].split(","))
+    parts = []
+    if lo_text != "-inf":
+        parts.append(f"{'>=' if interval[0] == '[' else '>'} {lo_text}")
+    if hi_text != "inf":
+        parts.append(f"{'<=' if interval[-1] == ']' else '<'} {hi_text}")
+    return " and ".join(parts) or "a finite number"
+
+
+def _check_ranges(cfg: Config) -> None:
+    """Every numeric setting in RANGES within its interval; the message names key, value, range, example."""
+    for key, (interval, example, meaning) in RANGES.items():
+        if key.startswith("rewards[]."):
+            field_name = key.split(".", 1)[1]
+            values = {f"rewards[{i}].{field_name}": getattr(r, field_name) for i, r in enumerate(cfg.rewards)}
+        else:
+            section, name = key.split(".")
+            values = {key: getattr(getattr(cfg, section), name)}
+        for shown, value in values.items():
+            if value is None or _in_interval(value, interval):
+                continue
+            note = f"; {meaning}" if meaning else ""
+            raise ConfigError(
+                f"{shown}={value!r} is out of range: it must be {_describe_interval(interval)}{note} "
+                f"(e.g. {shown}={example})."
+            )
+
+
 def _check_choices(cfg: Config) -> None:
+    _check_ranges(cfg)
     choices = {
         "model.dtype": (cfg.model.dtype, ["auto", "float32", "bfloat16", "float16"]),
         "data.template": (cfg.data.template, ["auto", "chat", "plain", "r1_zero"]),
         "rollout.engine": (cfg.rollout.engine, ["fast", "hf"]),
         "rollout.kv_cache": (cfg.rollout.kv_cache, list(KV_CACHES)),
         "optim.schedule": (cfg.optim.schedule, ["constant", "cosine"]),
+        "optim.precision": (
+            cfg.optim.precision,
+            ["auto", "fp32", "bf16_mixed", "fp16_mixed", "bf16_kahan", "bf16_pure"],
+        ),
         "algo.advantage": (cfg.algo.advantage, [None, "grpo", "dr_grpo", "batch", "rloo", "reinforce_pp"]),
         "algo.ratio_level": (cfg.algo.ratio_level, [None, "token", "sequence", "sequence_token"]),
         "algo.agg": (cfg.algo.agg, [None, "seq-mean-token-mean", "token-mean", "seq-sum-norm"]),
@@ -320,27 +413,16 @@ def _check_choices(cfg: Config) -> None:
         raise ConfigError(
             f"algo.preset={cfg.algo.preset!r} is not a known preset.{_nearest(cfg.algo.preset, list(PRESETS))}"
         )
-    positive = {
-        "rollout.prompts_per_step": cfg.rollout.prompts_per_step,
-        "rollout.max_new_tokens": cfg.rollout.max_new_tokens,
-        "optim.micro_batch_size": cfg.optim.micro_batch_size,
-        "optim.epochs": cfg.optim.epochs,
-        "optim.mini_batches": cfg.optim.mini_batches,
-        "data.max_prompt_tokens": cfg.data.max_prompt_tokens,
-        "eval.num_samples": cfg.eval.num_samples,
-    }
-    for key, value in positive.items():
-        if value < 1:
-            raise ConfigError(f"{key}={value} must be at least 1.")
+    if cfg.optim.micro_batch_size < 1:
+        raise ConfigError(
+            f"optim.micro_batch_size={cfg.optim.micro_batch_size} must be at least 1 "
+            "(e.g. optim.micro_batch_size=8)."
+        )
     if cfg.rollout.group_size < 2:
         raise ConfigError(
             f"rollout.group_size={cfg.rollout.group_size}: GRPO needs at least 2 completions per prompt "
             "to compare them (a group of 1 has no relative advantage). Use 2 or more, e.g. 8."
         )
-    if cfg.rollout.temperature < 0:
-        raise ConfigError(f"rollout.temperature={cfg.rollout.temperature} must be >= 0.")
-    if not 0 < cfg.rollout.top_p <= 1:
-        raise ConfigError(f"rollout.top_p={cfg.rollout.top_p} must be in (0, 1].")
     batch = cfg.rollout.prompts_per_step * cfg.rollout.group_size
     if batch % cfg.optim.mini_batches:
         raise ConfigError(
