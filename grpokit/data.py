@@ -86,7 +86,10 @@ def load_prompts(
     if not source.exists():
         raise DataError(f"{source}: no such file or folder (looked in {source.resolve()}); check the path.")
 
-    rows = _read(source, split)
+    try:
+        rows = _read(source, split)
+    except UnicodeDecodeError:
+        raise DataError(_not_utf8(source)) from None
     if not rows:
         raise DataError(f"{source}: the dataset is empty (no rows); point the path at a file with prompts.")
     if limit is not None:
@@ -161,6 +164,21 @@ def prompt_problem(prompt: Any) -> str | None:
     return (
         "must be a non-empty string or a list of chat messages [{'role': 'user', 'content': ...}], "
         f"got {type(prompt).__name__}: {_short(prompt)}"
+    )
+
+
+def _not_utf8(source: Path) -> str:
+    """The message for a text file that is not UTF-8: where the first bad byte is, and the fix."""
+    data = source.read_bytes()
+    try:
+        data.decode("utf-8")
+        where = ""
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        where = f" (line {line}, byte {e.start}: {data[e.start : e.start + 1]!r})"
+    return (
+        f"{source}: not UTF-8 text{where}; re-save it as UTF-8, "
+        f"e.g. iconv -f latin1 -t utf-8 {source.name} > fixed{source.suffix}"
     )
 
 
