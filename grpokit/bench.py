@@ -16,12 +16,12 @@ trainer's EOS to an id outside the vocabulary, so every completion is exactly ``
 tokens and both sides do the same amount of work. Prompts are random words of the word-level
 tokenizer, exactly ``prompt_len`` tokens each (checked); the reward is a seeded random 0/1.
 
-Precision: ``dtype="auto"`` is grpokit's default (bfloat16 weights, gradients and AdamW states on a
-GPU; float32 on CPU). TRL (1.16) loads a model given by path in float32 unless
-``model_init_kwargs["dtype"]`` says otherwise, and ``bf16=True`` runs it under bfloat16 autocast: float32
-weights, gradients and AdamW states, which cost more memory. So the peak-memory ratio compares the two
-libraries' defaults, not the same numerics. ``--dtype float32`` gives float32 weights on our side
-(and float32 matmuls, no autocast).
+Precision (``--precision``, grpokit.precision): on a GPU grpokit's default is ``bf16_kahan`` (bfloat16
+weights and gradients, AdamW states in bfloat16 plus a Kahan compensation buffer: 10 bytes/param);
+float32 on CPU. TRL (1.16) loads a model given by path in float32 unless ``model_init_kwargs["dtype"]``
+says otherwise, and ``bf16=True`` runs it under bfloat16 autocast: float32 weights, gradients and AdamW
+states (16 bytes/param), which is grpokit's ``--precision bf16_mixed``. Report both: the defaults side
+by side, and the same numerics side by side. ``--dtype float32`` gives float32 everything.
 
 Peak memory: ``torch.cuda.max_memory_allocated`` since the trainer was built (model, reference and
 optimizer included, as in the TRL anchor); on CPU the process's peak RSS (``ru_maxrss``), which
@@ -318,6 +318,7 @@ def run_bench(
     beta: float = 0.04,
     gradient_checkpointing: bool = True,
     dtype: str = "auto",
+    precision: str = "auto",
     engine: str = "fast",
     kv_cache: str = "auto",
     cuda_graphs: bool = True,
@@ -366,6 +367,7 @@ def run_bench(
         None,
         [
             f"model.dtype={dtype}",
+            f"optim.precision={precision}",
             f"model.device={device}",
             f"model.gradient_checkpointing={str(gradient_checkpointing).lower()}",
             "data.template=plain",
@@ -448,6 +450,7 @@ def run_bench(
         param_bytes = next(model.parameters()).element_size()
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         dtype_name = str(next(model.parameters()).dtype).replace("torch.", "")
+        mode = trainer.precision
         device_name = _device_name(dev)
         roofline = decode_roofline(
             n_params,
@@ -493,6 +496,10 @@ def run_bench(
         "model_dir": str(model_dir),
         "n_params": n_params,
         "dtype": dtype_name,
+        "precision": mode.name,
+        "precision_description": mode.description,
+        "compute_dtype": str(mode.compute_dtype).replace("torch.", ""),
+        "bytes_per_param": mode.bytes_per_param,
         "engine": engine,
         "kv_cache": kv_cache,
         "decode_engine": decode_engine,
@@ -748,7 +755,9 @@ def print_table(result: dict[str, Any], file=None) -> None:
     trl = cmp["trl"] if cmp else None
     caption = (
         f"{result['completions_per_step']} completions/step, prompt {result['prompt_len']}, completion "
-        f"{result['completion_len']} tokens; {result['n_params'] / 1e6:.1f}M params, {result['dtype']}, "
+        f"{result['completion_len']} tokens; {result['n_params'] / 1e6:.1f}M params, "
+        f"precision {result.get('precision', '?')} ({result['dtype']} weights, "
+        f"{result.get('bytes_per_param', '?')} bytes/param for weights+grads+AdamW), "
         f"{result['device']}; decode: {result.get('decode_engine', '?')} KV cache"
         f"{' + CUDA graphs' if result.get('cuda_graphs_used') else ''}"
         f"; median of steps 2..{result['steps']}"
@@ -813,6 +822,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
             beta=args.beta,
             gradient_checkpointing=args.gradient_checkpointing,
             dtype=args.dtype,
+            precision=args.precision,
             engine=args.engine,
             kv_cache=args.kv_cache,
             cuda_graphs=args.cuda_graphs,
@@ -876,6 +886,12 @@ def add_bench_parser(subparsers) -> None:
     p.add_argument("--trl-python", help="Python interpreter for the TRL run (default: this one)")
     p.add_argument("--json", help="also write the result to this JSON file")
     p.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"], default="auto")
+    p.add_argument(
+        "--precision",
+        choices=["auto", "fp32", "bf16_mixed", "fp16_mixed", "bf16_kahan", "bf16_pure"],
+        default="auto",
+        help="optim.precision (grpokit.precision); bf16_mixed is what TRL's bf16=True does",
+    )
     p.add_argument("--engine", choices=["fast", "hf"], default="fast")
     p.add_argument("--kv-cache", choices=KV_CACHES, default="auto", help="fast engine's KV cache")
     p.add_argument("--no-cuda-graphs", dest="cuda_graphs", action="store_false")

@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import copy
 import json
+import os
+import re
+import socket
+import sys
+import threading
 from pathlib import Path
+from urllib.parse import urlparse
 
 import torch
 
@@ -62,20 +68,120 @@ def _ensure_pad(tok):
     return tok
 
 
-def load_policy(model_cfg: ModelConfig, lora_cfg: LoraConfig):
-    """-> (model, tokenizer, device). The model is on ``device``; LoRA-wrapped when asked."""
+HUB_PROBE_TIMEOUT_S = 3.0
+"""How long to wait for the Hugging Face hub to answer before calling it unreachable."""
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
+
+
+def read_model_config(model_cfg: ModelConfig) -> dict | None:
+    """The model's config.json as a dict, read without loading any weight, after checking that the model
+    can be had: a local folder must hold config.json; a hub id is read from the local Hugging Face cache,
+    else needs a hub that answers within HUB_PROBE_TIMEOUT_S (then None: transformers downloads it).
+    With a cached copy and no hub, HF_HUB_OFFLINE is switched on so that loading does not wait for it."""
+    path = model_cfg.name_or_path
+    key = f"model.name_or_path={path!r}"
+    if not path:
+        raise ConfigError(
+            "model.name_or_path is empty: give a model folder or hub id (e.g. model.name_or_path=Qwen/Qwen2.5-0.5B)"
+        )
+    local = Path(path).expanduser()
+    if local.exists() or path.startswith(("/", ".", "~")) or not _HUB_ID.match(path):
+        if not local.is_dir():
+            raise ConfigError(f"{key}: no such folder (looked in {local.resolve()}) and not a hub id.")
+        config_file = local / "config.json"
+        if not config_file.is_file():
+            raise ConfigError(f"{key}: no config.json there; is it a Hugging Face model directory?")
+        return _read_json(config_file, key)
+    cached = _cached_config(path)
+    local_copy = (
+        f"Point model.name_or_path at a local copy (a folder with config.json), e.g. "
+        f"model.name_or_path=/models/{path.split('/')[-1]} (download it where there is network: "
+        f"huggingface-cli download {path} --local-dir /models/{path.split('/')[-1]})"
+    )
+    if _offline():
+        if cached is None:
+            raise ConfigError(
+                f"{key} is not a local folder and HF_HUB_OFFLINE is set, but it is not in the Hugging Face "
+                f"cache. {local_copy}."
+            )
+        return _read_json(cached, key)
+    endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co")
+    if not _reachable(endpoint, HUB_PROBE_TIMEOUT_S):
+        if cached is None:
+            raise ConfigError(
+                f"{key} is not a local folder and the Hugging Face hub ({endpoint}) cannot be reached "
+                f"(no answer within {HUB_PROBE_TIMEOUT_S:.0f} s). {local_copy}, or, with a copy in the "
+                "Hugging Face cache, set HF_HUB_OFFLINE=1."
+            )
+        _go_offline()
+        print(
+            f"grpokit: the hub is unreachable; using the cached copy of {path} (HF_HUB_OFFLINE=1)",
+            file=sys.stderr,
+        )
+        return _read_json(cached, key)
+    return _read_json(cached, key) if cached else None
+
+
+def _read_json(path: str | Path, key: str) -> dict:
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ConfigError(f"{key}: {path} is not valid JSON ({e}); the model folder is damaged.") from None
+
+
+def _cached_config(repo_id: str) -> str | None:
+    from huggingface_hub import try_to_load_from_cache
+
+    found = try_to_load_from_cache(repo_id, "config.json")
+    return found if isinstance(found, str) else None
+
+
+def _offline() -> bool:
+    return any(
+        os.environ.get(v, "").upper() in ("1", "ON", "YES", "TRUE")
+        for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+    )
+
+
+def _go_offline() -> None:
+    import huggingface_hub.constants
+
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    huggingface_hub.constants.HF_HUB_OFFLINE = True
+
+
+def _reachable(url: str, timeout: float) -> bool:
+    """Whether a TCP connection to ``url``'s host (or the HTTPS proxy, when one is set) opens within
+    ``timeout`` seconds. Name resolution has no timeout of its own, so the probe runs in a thread."""
+    proxy = os.environ.get("HTTPS_PROXY") or os.environ.get("https_proxy")
+    target = urlparse(proxy or url)
+    host, port = target.hostname, target.port or (443 if target.scheme == "https" else 80)
+    if not host:
+        return False
+    result: list[bool] = []
+
+    def probe() -> None:
+        try:
+            socket.create_connection((host, port), timeout=timeout).close()
+            result.append(True)
+        except OSError:
+            result.append(False)
+
+    thread = threading.Thread(target=probe, daemon=True)
+    thread.start()
+    thread.join(timeout)
+    return bool(result and result[0])
+
+
+def load_policy(model_cfg: ModelConfig, lora_cfg: LoraConfig, weight_dtype: torch.dtype | None = None):
+    """-> (model, tokenizer, device). The model is on ``device`` in ``weight_dtype`` (default: from
+    model.dtype; the trainer passes its precision mode's weight dtype); LoRA-wrapped when asked."""
     from transformers import AutoModelForCausalLM
 
     path = model_cfg.name_or_path
-    if not path:
-        raise ConfigError("model.name_or_path is empty: give a Hugging Face model directory or hub id")
-    local = Path(path)
-    if (path.startswith(("/", ".", "~")) or local.exists()) and not (local / "config.json").is_file():
-        raise ConfigError(
-            f"model.name_or_path={path!r}: no config.json there; is it a Hugging Face model directory?"
-        )
+    read_model_config(model_cfg)  # a missing folder or an unreachable hub fails here, in seconds
     device = pick_device(model_cfg.device)
-    dtype = pick_dtype(model_cfg.dtype, device)
+    dtype = weight_dtype or pick_dtype(model_cfg.dtype, device)
     kwargs = {"dtype": dtype, "trust_remote_code": model_cfg.trust_remote_code}
     if model_cfg.attn_implementation:
         kwargs["attn_implementation"] = model_cfg.attn_implementation

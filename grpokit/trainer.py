@@ -35,8 +35,9 @@ from grpokit.config import Config, ConfigError, resolve_algo, save_config
 from grpokit.data import load_prompts, reward_columns
 from grpokit.evaluate import evaluate
 from grpokit.generation import FastGenerator, HFGenerator, Rollout
-from grpokit.loading import frozen_reference, load_policy, prepare_policy
+from grpokit.loading import frozen_reference, load_policy, pick_device, prepare_policy
 from grpokit.modeling import completion_logprobs
+from grpokit.precision import make_grad_scaler, make_optimizer, resolve_precision
 from grpokit.rewards import RewardRunner, resolve_reward
 from grpokit.runlog import RunLogger
 from grpokit.templates import encode_prompts
@@ -99,8 +100,29 @@ def concat_batches(batches: list[ScoredBatch], pad_token_id: int) -> ScoredBatch
         texts=[t for b in batches for t in b.texts],
         rewards=torch.cat([b.rewards for b in batches]),
         per_function={k: [v for b in batches for v in b.per_function[k]] for k in names},
-        reward_metrics=batches[-1].reward_metrics,
+        reward_metrics={},  # set by the caller from the kept rows (batch_reward_metrics)
     )
+
+
+def batch_reward_metrics(batch: ScoredBatch, rounds: list[dict[str, float]]) -> dict[str, float]:
+    """reward/<name>/{mean,std,applicable} and reward/total/{mean,std} over the rows that are trained
+    on (under dynamic sampling: the kept groups only), std with ddof 0 everywhere; the cost and failure
+    counters (seconds, failed, timeouts...) summed over every sampling round ``rounds``, kept or not."""
+    out: dict[str, float] = {}
+    for metrics in rounds:
+        for key, value in metrics.items():
+            if not key.endswith(("/mean", "/std", "/applicable")):
+                out[key] = out.get(key, 0.0) + value
+    for name, values in batch.per_function.items():
+        applicable = torch.tensor([v for v in values if v is not None], dtype=torch.float64)
+        if applicable.numel():
+            out[f"reward/{name}/mean"] = float(applicable.mean())
+            out[f"reward/{name}/std"] = float(applicable.std(correction=0))
+        out[f"reward/{name}/applicable"] = applicable.numel() / max(len(values), 1)
+    total = batch.rewards.double()
+    out["reward/total/mean"] = float(total.mean())
+    out["reward/total/std"] = float(total.std(correction=0))
+    return out
 
 
 class PromptStream:
@@ -189,11 +211,21 @@ class GRPOTrainer:
             )
         self.train_rows, self.eval_rows = train_rows, eval_rows or []
 
-        # model
+        # model, its weights in the dtype the precision mode keeps them in (grpokit.precision)
         if model is None:
-            model, tokenizer, self.device = load_policy(cfg.model, cfg.lora)
+            self.precision = resolve_precision(cfg.optim.precision, cfg.model.dtype, pick_device(cfg.model.device))
+            model, tokenizer, self.device = load_policy(cfg.model, cfg.lora, self.precision.weight_dtype)
         else:
             self.device = next(model.parameters()).device
+            # with model.dtype and optim.precision both auto, the given model's dtype decides
+            given = str(next(model.parameters()).dtype).removeprefix("torch.")
+            auto = cfg.model.dtype == "auto" and cfg.optim.precision == "auto"
+            self.precision = resolve_precision(
+                cfg.optim.precision, given if auto else cfg.model.dtype, self.device
+            )
+            for p in model.parameters():  # parameters only: buffers such as RoPE's inv_freq stay float32
+                if p.is_floating_point():
+                    p.data = p.data.to(self.precision.weight_dtype)
             model = prepare_policy(model, cfg.model, cfg.lora)
         self.model, self.tokenizer = model, tokenizer
         self.ref_model = frozen_reference(model, cfg.lora.enabled) if self.algo["beta"] > 0 else None
@@ -226,14 +258,8 @@ class GRPOTrainer:
 
         # optimisation
         params = [p for p in self.model.parameters() if p.requires_grad]
-        fused = self.device.type == "cuda"
-        self.optimizer = torch.optim.AdamW(
-            params,
-            lr=cfg.optim.lr,
-            betas=(cfg.optim.adam_beta1, cfg.optim.adam_beta2),
-            weight_decay=cfg.optim.weight_decay,
-            fused=fused,
-        )
+        self.optimizer = make_optimizer(params, self.precision, cfg.optim, self.device)
+        self.scaler = make_grad_scaler(self.precision, self.device)  # float16 loss scaling, else None
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_factor)
         if cfg.rollout.engine == "fast":
             self.generator = FastGenerator(kv_cache=cfg.rollout.kv_cache, cuda_graphs=cfg.rollout.cuda_graphs)
@@ -355,6 +381,8 @@ class GRPOTrainer:
         P, G = self.cfg.rollout.prompts_per_step, self.cfg.rollout.group_size
         timing = {"generation": 0.0, "scoring": 0.0}
         kept: list[ScoredBatch] = []
+        round_metrics: list[dict[str, float]] = []
+        discarded_rewards: list[torch.Tensor] = []
         n_kept, rounds, zero_var_groups, total_groups = 0, 0, 0, 0
         while True:
             row_ids = self.stream.take(P)
@@ -364,6 +392,7 @@ class GRPOTrainer:
             t = time.perf_counter()
             scored = self.score(rollout, [self.train_rows[i] for i in row_ids])
             timing["scoring"] += time.perf_counter() - t
+            round_metrics.append(scored.reward_metrics)
             spread = scored.rewards.view(P, G)
             flat = (spread.max(dim=1).values - spread.min(dim=1).values) == 0  # (P,)
             zero_var_groups += int(flat.sum())
@@ -372,6 +401,7 @@ class GRPOTrainer:
                 kept, n_kept = [scored], P
                 break
             useful = [g for g in range(P) if not flat[g]][: P - n_kept]
+            discarded_rewards += [spread[g] for g in range(P) if g not in useful]
             if useful:
                 kept.append(scored.select_groups(useful, G))
                 n_kept += len(useful)
@@ -385,10 +415,15 @@ class GRPOTrainer:
                     "algo.max_sampling_rounds, use harder/easier prompts, or set algo.dynamic_sampling=false."
                 )
         batch = concat_batches(kept, self.tokenizer.pad_token_id)
+        batch.reward_metrics = batch_reward_metrics(batch, round_metrics)
         sampling = {
             "zero_variance_frac": zero_var_groups / total_groups,
             "sampling_rounds": float(rounds + 1),
         }
+        if self.algo.get("dynamic_sampling"):
+            sampling["dynamic_sampling/discarded_groups"] = float(len(discarded_rewards))
+            if discarded_rewards:
+                sampling["dynamic_sampling/discarded_reward_mean"] = float(torch.cat(discarded_rewards).mean())
         return batch, timing, sampling
 
     def _seed(self, round_: int) -> int:
@@ -479,16 +514,17 @@ class GRPOTrainer:
                 for micro in length_sorted(mb, lengths).split(cfg.optim.micro_batch_size):
                     tensors = self._micro_tensors(r, micro, loss_mask)
                     first = epoch == 0 and m == 0
-                    logprobs, entropy = completion_logprobs(
-                        self.model,
-                        tensors["prompt_ids"],
-                        tensors["prompt_mask"],
-                        tensors["completion_ids"],
-                        tensors["completion_mask"],
-                        temperature=cfg.rollout.temperature,
-                        chunk_size=cfg.optim.logprob_chunk_size,
-                        with_entropy=first,
-                    )  # (n, L)
+                    with self.precision.autocast(self.device):
+                        logprobs, entropy = completion_logprobs(
+                            self.model,
+                            tensors["prompt_ids"],
+                            tensors["prompt_mask"],
+                            tensors["completion_ids"],
+                            tensors["completion_mask"],
+                            temperature=cfg.rollout.temperature,
+                            chunk_size=cfg.optim.logprob_chunk_size,
+                            with_entropy=first,
+                        )  # (n, L), float32
                     mask = tensors["loss_mask"]
                     old = (
                         old_logprobs[micro][:, : logprobs.shape[1]].to(self.device)
@@ -520,7 +556,7 @@ class GRPOTrainer:
                     if not torch.isfinite(loss):
                         finite = False
                         break
-                    loss.backward()
+                    (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
                     w = float(mask.sum())
                     weight_total += w
                     for k, v in stats.items():
@@ -549,6 +585,8 @@ class GRPOTrainer:
         metrics["grad_norm"] = sum(grad_norms) / len(grad_norms) if grad_norms else float("nan")
         metrics["skipped_updates"] = float(skipped)
         metrics["lr"] = self.scheduler.get_last_lr()[0]
+        if self.scaler is not None:
+            metrics["loss_scale"] = float(self.scaler.get_scale())
         metrics["entropy"] = entropy_sum / entropy_tokens if entropy_tokens else float("nan")
         metrics["sampler_logprob_diff/mean"] = (
             sample_diff_sum / sample_tokens if sample_tokens else float("nan")
@@ -557,18 +595,28 @@ class GRPOTrainer:
         return metrics, ref_seconds
 
     def _clip_and_step(self, finite: bool) -> float | None:
-        """Clip, check, step. A NaN/inf loss or gradient skips the update instead of corrupting the weights."""
+        """Unscale (float16), clip, check, step. A NaN/inf loss or gradient skips the update instead of
+        corrupting the weights; under loss scaling it also lowers the scale (GradScaler's own rule)."""
         params = [p for p in self.model.parameters() if p.requires_grad]
+        scaler = self.scaler
         if finite:
+            if scaler is not None:
+                scaler.unscale_(self.optimizer)
             max_norm = self.cfg.optim.max_grad_norm if self.cfg.optim.max_grad_norm > 0 else float("inf")
             norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
             finite = bool(torch.isfinite(norm))
+            if scaler is not None:
+                if finite:
+                    scaler.step(self.optimizer)
+                scaler.update()  # halves the scale after an overflow, grows it after a quiet stretch
         if not finite:
             self.optimizer.zero_grad(set_to_none=True)
-            message = f"step {self.step + 1}: non-finite loss or gradient, update skipped"
-            self.log.print(message) if self.log else print(message)
+            if scaler is None:  # under loss scaling an overflow is routine: counted, not printed
+                message = f"step {self.step + 1}: non-finite loss or gradient, update skipped"
+                self.log.print(message) if self.log else print(message)
             return None
-        self.optimizer.step()
+        if scaler is None:
+            self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         return float(norm)
 
@@ -607,15 +655,16 @@ class GRPOTrainer:
             lengths = r.prompt_mask.sum(-1) + r.completion_mask.sum(-1)  # (N,)
             for micro in length_sorted(torch.arange(N), lengths).split(self.cfg.optim.micro_batch_size):
                 t = self._micro_tensors(r, micro, r.completion_mask)
-                lp, _ = completion_logprobs(
-                    model,
-                    t["prompt_ids"],
-                    t["prompt_mask"],
-                    t["completion_ids"],
-                    t["completion_mask"],
-                    temperature=self.cfg.rollout.temperature,
-                    chunk_size=self.cfg.optim.logprob_chunk_size,
-                )
+                with self.precision.autocast(self.device):  # the same numerics as the update
+                    lp, _ = completion_logprobs(
+                        model,
+                        t["prompt_ids"],
+                        t["prompt_mask"],
+                        t["completion_ids"],
+                        t["completion_mask"],
+                        temperature=self.cfg.rollout.temperature,
+                        chunk_size=self.cfg.optim.logprob_chunk_size,
+                    )
                 out[micro, : lp.shape[1]] = lp.float().cpu()
         self.model.train(was_training)
         return out
@@ -628,8 +677,6 @@ class GRPOTrainer:
         acc_values = batch.per_function[self.accuracy_name]
         correct = torch.tensor([v is not None and v >= 1.0 - 1e-6 for v in acc_values])
         metrics: dict[str, float] = dict(batch.reward_metrics)
-        metrics["reward/total/mean"] = float(batch.rewards.mean())
-        metrics["reward/total/std"] = float(batch.rewards.std()) if len(batch.rewards) > 1 else 0.0
         metrics["accuracy"] = float(correct.float().mean())
         metrics["completion_len/mean"] = float(lengths.mean())
         metrics["completion_len/min"] = float(lengths.min())
@@ -669,6 +716,8 @@ class GRPOTrainer:
             "step": self.step,
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
+            "scaler": self.scaler.state_dict() if self.scaler is not None else None,
+            "precision": self.precision.name,
             "stream": self.stream.state(),
             "config": dataclasses.asdict(self.cfg),
         }
@@ -690,6 +739,8 @@ class GRPOTrainer:
         state = load_trainer_state(latest)
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
+        if self.scaler is not None and state.get("scaler"):
+            self.scaler.load_state_dict(state["scaler"])
         self.stream.load_state(state["stream"])
         set_rng_state(state["rng"])
         self.step = state["step"]

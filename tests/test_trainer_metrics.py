@@ -1,0 +1,58 @@
+"""Step metrics that describe what is trained on: under DAPO's dynamic sampling the reward metrics come
+from the kept groups (not the last sampling round), the discarded groups are reported on their own,
+and reward/total/std is one population std (ddof 0)."""
+
+import torch
+from tiny_model import make_tiny_model
+
+from grpokit.config import load_config
+from grpokit.trainer import GRPOTrainer
+
+ROWS = [{"prompt": f"{a}+{b}=", "a": a} for a in range(6) for b in range(6)]
+G = 4
+
+
+def half_flat(prompts, completions, a, **kw):
+    """Prompts with a < 3 score 0 on every completion (a flat group); the others alternate 1, 0, 1, 0
+    within their group (rows are group-major), so their groups always have a spread."""
+    return [0.0 if a_i < 3 else float(i % 2 == 0) for i, a_i in enumerate(a)]
+
+
+def test_dynamic_sampling_metrics_come_from_the_kept_groups(tmp_path):
+    model, tok = make_tiny_model("qwen2", seed=0)
+    cfg = load_config(
+        None,
+        [
+            f"train.output_dir={tmp_path / 'run'}",
+            "algo.preset=dapo",
+            "algo.overlong_shaping=false",  # total = half_flat alone
+            f"rollout.group_size={G}",
+            "rollout.prompts_per_step=4",
+            "rollout.max_new_tokens=4",
+            "data.template=plain",
+            "model.device=cpu",
+            "eval.enabled=false",
+            "train.tensorboard=false",
+        ],
+    )
+    trainer = GRPOTrainer(
+        cfg, model=model, tokenizer=tok, train_rows=ROWS, reward_functions=[("half_flat", half_flat, 1.0)]
+    )
+    batch, _, sampling = trainer.sample_batch()
+    assert sampling["sampling_rounds"] >= 2  # seed 0 draws flat groups in the first round
+    kept = batch.rewards.view(-1, G)
+    assert bool(((kept.max(1).values - kept.min(1).values) > 0).all())  # only groups with a spread kept
+    # every kept group is 1, 0, 1, 0: mean 0.5, population std 0.5 (ddof 1 would give 0.516 for 16 rows)
+    m = batch.reward_metrics
+    assert m["reward/total/mean"] == 0.5
+    assert m["reward/total/std"] == 0.5
+    assert m["reward/half_flat/mean"] == 0.5
+    assert m["reward/half_flat/applicable"] == 1.0
+    # every discarded group was flat at 0 (or a surplus group with a spread beyond the P needed)
+    n_rounds, P = int(sampling["sampling_rounds"]), 4
+    assert sampling["dynamic_sampling/discarded_groups"] == n_rounds * P - P
+    assert 0.0 <= sampling["dynamic_sampling/discarded_reward_mean"] < 0.5
+    # the cost counters add up over every round (each round scored P * G completions)
+    assert m["reward/half_flat/seconds"] > 0
+    metrics = trainer._step_metrics(batch, torch.zeros(len(batch.texts)), {}, sampling)
+    assert metrics["reward/total/std"] == 0.5  # not recomputed with another ddof
