@@ -6,21 +6,30 @@
         trainer_state.pt   optimizer, scheduler, data position, step, RNG states
 
 Each checkpoint is written to a temporary sibling directory and renamed into place, so a
-crash mid-write never leaves a half checkpoint under the final name.
+crash mid-write never leaves a half checkpoint under the final name; leftover ``step_N.tmp``
+folders are removed when the next run starts (``remove_partial``). On resume the newest checkpoint
+is verified (``verify_checkpoint``: weight headers and sizes, the state file's zip CRCs) and a
+damaged one is skipped for the newest complete one (``find_resumable``).
 """
 
 from __future__ import annotations
 
+import errno
+import json
 import random
 import re
 import shutil
+import struct
+import zipfile
 from pathlib import Path
 from typing import Any
 
 import torch
 
 STATE_FILE = "trainer_state.pt"
+STATE_KEYS = ("step", "optimizer", "scheduler", "stream", "rng")
 _STEP_DIR = re.compile(r"^step_(\d+)$")
+_PARTIAL_DIR = re.compile(r"^step_(\d+)\.tmp$")
 
 
 class CheckpointError(RuntimeError):
@@ -50,36 +59,162 @@ def save_checkpoint(directory: Path, model, tokenizer, trainer_state: dict[str, 
     tmp = directory.with_name(directory.name + ".tmp")
     if tmp.exists():
         shutil.rmtree(tmp)
-    tmp.mkdir(parents=True)
-    model.save_pretrained(tmp, safe_serialization=True)
-    if tokenizer is not None:
-        tokenizer.save_pretrained(tmp)
-    torch.save({**trainer_state, "rng": rng_state()}, tmp / STATE_FILE)
+    try:
+        tmp.mkdir(parents=True)
+        model.save_pretrained(tmp, safe_serialization=True)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(tmp)
+        torch.save({**trainer_state, "rng": rng_state()}, tmp / STATE_FILE)
+    except (OSError, RuntimeError) as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if _disk_full(e, directory.parent):
+            free = shutil.disk_usage(directory.parent).free / 2**20
+            raise CheckpointError(
+                f"disk full: no space left on the device of {directory.parent} while writing checkpoint "
+                f"{directory.name} ({free:.0f} MiB free). Free some space (or set train.output_dir to "
+                "another disk) and continue with --resume; earlier checkpoints are intact."
+            ) from e
+        raise
     if directory.exists():
         shutil.rmtree(directory)
     tmp.rename(directory)
     return directory
 
 
-def list_checkpoints(root: Path) -> list[Path]:
-    """Complete step checkpoints under ``root`` (oldest first); temporary ones are ignored."""
+def _disk_full(error: BaseException, where: Path) -> bool:
+    """ENOSPC anywhere in the exception chain, or torch's stream writer failing ("unexpected pos",
+    "file write failed") on a device with less than 64 MiB left."""
+    e: BaseException | None = error
+    while e is not None:
+        if isinstance(e, OSError) and e.errno == errno.ENOSPC:
+            return True
+        e = e.__cause__ or e.__context__
+    try:
+        return shutil.disk_usage(where).free < 64 * 2**20
+    except OSError:
+        return False
+
+
+def step_dirs(root: Path) -> list[tuple[int, Path]]:
+    """Every ``step_N`` folder under ``root``, complete or not, as (N, path), oldest first."""
     root = Path(root)
     if not root.is_dir():
         return []
-    found = [(int(m.group(1)), p) for p in root.iterdir() if (m := _STEP_DIR.match(p.name)) and p.is_dir()]
-    return [p for _, p in sorted(found) if (p / STATE_FILE).is_file()]
+    return sorted(
+        (int(m.group(1)), p) for p in root.iterdir() if (m := _STEP_DIR.match(p.name)) and p.is_dir()
+    )
 
 
-def prune_checkpoints(root: Path, keep: int) -> None:
-    for old in list_checkpoints(root)[:-keep] if keep > 0 else []:
-        shutil.rmtree(old)
+def list_checkpoints(root: Path) -> list[Path]:
+    """Step checkpoints under ``root`` that hold a state file (oldest first); temporary ones are ignored."""
+    return [p for _, p in step_dirs(root) if (p / STATE_FILE).is_file()]
 
 
-def load_trainer_state(directory: Path) -> dict[str, Any]:
+def remove_partial(root: Path) -> list[Path]:
+    """Delete the ``step_N.tmp`` folders a run killed mid-save left behind; return them."""
+    root = Path(root)
+    partial = [p for p in root.iterdir() if _PARTIAL_DIR.match(p.name)] if root.is_dir() else []
+    for p in partial:
+        shutil.rmtree(p) if p.is_dir() else p.unlink()
+    return partial
+
+
+def prune_checkpoints(root: Path, keep: int, current_step: int | None = None) -> list[Path]:
+    """Keep the newest ``keep`` complete checkpoints (0 = all) and delete every other ``step_N`` folder:
+    incomplete ones too, and, when ``current_step`` is given, those beyond it (left by a run that was
+    resumed from an earlier checkpoint: they belong to a history this run has replaced). Returns the
+    deleted folders."""
+    dirs = step_dirs(root)
+    stale = [p for n, p in dirs if current_step is not None and n > current_step]
+    ranked = [p for n, p in dirs if p not in stale]
+    complete = [p for p in ranked if (p / STATE_FILE).is_file()]
+    kept = set(complete[-keep:] if keep > 0 else complete)
+    doomed = stale + [p for p in ranked if p not in kept]
+    for p in doomed:
+        shutil.rmtree(p)
+    return doomed
+
+
+def verify_checkpoint(directory: Path) -> str | None:
+    """What is wrong with a checkpoint, or None when its weights and state are readable.
+
+    Cheap (no tensor is loaded): each safetensors file's header must parse and its tensors must end
+    exactly at the end of the file (catches empty, truncated and overwritten files); the state file's
+    zip records must match their CRC32 and hold the trainer's keys.
+    """
+    directory = Path(directory)
+    weights = sorted(directory.glob("adapter_model.safetensors")) or sorted(
+        directory.glob("model*.safetensors")
+    )
+    if not weights:
+        return "no model*.safetensors / adapter_model.safetensors"
+    for f in weights:
+        problem = _safetensors_problem(f)
+        if problem:
+            return f"{f.name}: {problem}"
+    state = directory / STATE_FILE
+    if not state.is_file():
+        return f"no {STATE_FILE}"
+    try:
+        with zipfile.ZipFile(state) as z:
+            bad = z.testzip()
+        if bad is not None:
+            return f"{STATE_FILE}: record {bad} fails its CRC check"
+        loaded = torch.load(state, map_location="cpu", weights_only=False, mmap=True)
+    except Exception as e:  # any unreadable file is "damaged", whatever the library raises
+        return (
+            f"{STATE_FILE}: unreadable ({type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''})"
+        )
+    missing = [k for k in STATE_KEYS if k not in loaded] if isinstance(loaded, dict) else list(STATE_KEYS)
+    if missing:
+        return f"{STATE_FILE}: lacks {missing}"
+    return None
+
+
+def _safetensors_problem(path: Path) -> str | None:
+    size = path.stat().st_size
+    if size < 8:
+        return f"{size} bytes: empty or truncated"
+    with open(path, "rb") as f:
+        (header_len,) = struct.unpack("<Q", f.read(8))
+        if header_len > size - 8:
+            return "header longer than the file: truncated or corrupt"
+        try:
+            header = json.loads(f.read(header_len))
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            return "header is not valid JSON: corrupt"
+    try:
+        end = max((t["data_offsets"][1] for k, t in header.items() if k != "__metadata__"), default=0)
+    except (TypeError, KeyError, IndexError):
+        return "header lacks data offsets: corrupt"
+    if 8 + header_len + end != size:
+        return f"{size} bytes but the header describes {8 + header_len + end}: truncated or corrupt"
+    return None
+
+
+def find_resumable(root: Path) -> tuple[Path, list[tuple[Path, str]]]:
+    """The newest checkpoint under ``root`` that verifies, and the damaged newer ones as (path, problem).
+    Raises CheckpointError when there is none."""
+    root = Path(root)
+    damaged: list[tuple[Path, str]] = []
+    for _, path in reversed(step_dirs(root)):
+        problem = verify_checkpoint(path)
+        if problem is None:
+            return path, damaged
+        damaged.append((path, problem))
+    if not damaged:
+        raise CheckpointError(f"--resume: no checkpoint under {root} to resume from")
+    listed = "; ".join(f"{p.name}: {why}" for p, why in damaged)
+    raise CheckpointError(f"--resume: every checkpoint under {root} is damaged ({listed})")
+
+
+def load_trainer_state(directory: Path, *, mmap: bool = False) -> dict[str, Any]:
+    """The trainer state of a checkpoint; ``mmap=True`` maps its tensors instead of reading them
+    (cheap when only the step or the config is wanted)."""
     path = Path(directory) / STATE_FILE
     if not path.is_file():
         raise CheckpointError(f"{directory} has no {STATE_FILE}: not a grpokit checkpoint")
-    return torch.load(path, map_location="cpu", weights_only=False)
+    return torch.load(path, map_location="cpu", weights_only=False, mmap=mmap)
 
 
 def load_weights_into(model, directory: Path) -> None:

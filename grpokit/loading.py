@@ -33,19 +33,37 @@ def pick_dtype(name: str, device: torch.device) -> torch.dtype:
     return DTYPES[name]
 
 
+GENERIC_FAST_TOKENIZERS = ("PreTrainedTokenizerFast", "TokenizersBackend")
+"""tokenizer_class values of a plain tokenizers-library tokenizer (transformers 5 saves the second)."""
+
+
 def load_tokenizer(name_or_path: str, *, trust_remote_code: bool = False):
-    """AutoTokenizer, except for local directories whose tokenizer_config names
-    PreTrainedTokenizerFast (transformers 5 may otherwise swap in the architecture's class)."""
+    """AutoTokenizer, except for local directories whose tokenizer_config names the generic fast class
+    (``PreTrainedTokenizerFast``, or ``TokenizersBackend`` as transformers 5 writes it): those are loaded
+    as exactly that class. AutoTokenizer would build the architecture's own class instead (a Qwen2
+    directory gets ``Qwen2Tokenizer``), whose pre-tokenizer and added tokens differ from the saved ones."""
     from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
     config_path = Path(name_or_path) / "tokenizer_config.json"
     if config_path.is_file():
         declared = json.loads(config_path.read_text()).get("tokenizer_class")
-        if declared == "PreTrainedTokenizerFast":
+        if declared in GENERIC_FAST_TOKENIZERS:
             tok = PreTrainedTokenizerFast.from_pretrained(name_or_path)
             return _ensure_pad(tok)
     tok = AutoTokenizer.from_pretrained(name_or_path, trust_remote_code=trust_remote_code)
     return _ensure_pad(tok)
+
+
+def check_tokenizer_fits(model, tokenizer, where: str) -> None:
+    """Refuse a tokenizer that can produce ids the model has no embedding row for."""
+    rows = model.get_input_embeddings().weight.shape[0]
+    if len(tokenizer) > rows:
+        added = {t: i for t, i in tokenizer.get_added_vocab().items() if i >= rows}
+        raise ConfigError(
+            f"{where}: the tokenizer has {len(tokenizer)} tokens but the model's embedding has {rows} rows"
+            f"{f' (ids beyond it: {added})' if added else ''}. Use the tokenizer the model was trained "
+            "with, or resize the embeddings (model.resize_token_embeddings) before training."
+        )
 
 
 def save_local_tokenizer(tokenizer, directory: str | Path) -> None:
@@ -84,10 +102,18 @@ def read_model_config(model_cfg: ModelConfig) -> dict | None:
         raise ConfigError(
             "model.name_or_path is empty: give a model folder or hub id (e.g. model.name_or_path=Qwen/Qwen2.5-0.5B)"
         )
+    if path == "demo" and not Path(path).exists():
+        raise ConfigError(
+            "model.name_or_path='demo' names the embedded demo: run `grpokit demo`, or give a model folder "
+            "or hub id (e.g. model.name_or_path=Qwen/Qwen2.5-0.5B)."
+        )
     local = Path(path).expanduser()
     if local.exists() or path.startswith(("/", ".", "~")) or not _HUB_ID.match(path):
         if not local.is_dir():
-            raise ConfigError(f"{key}: no such folder (looked in {local.resolve()}) and not a hub id.")
+            raise ConfigError(
+                f"{key}: no such folder (looked in {local.resolve()}); give a model folder with config.json "
+                "or a hub id (e.g. model.name_or_path=Qwen/Qwen2.5-0.5B)."
+            )
         config_file = local / "config.json"
         if not config_file.is_file():
             raise ConfigError(f"{key}: no config.json there; is it a Hugging Face model directory?")
@@ -187,6 +213,7 @@ def load_policy(model_cfg: ModelConfig, lora_cfg: LoraConfig, weight_dtype: torc
         kwargs["attn_implementation"] = model_cfg.attn_implementation
     model = AutoModelForCausalLM.from_pretrained(path, **kwargs).to(device)
     tokenizer = load_tokenizer(path, trust_remote_code=model_cfg.trust_remote_code)
+    check_tokenizer_fits(model, tokenizer, f"model.name_or_path={path!r}")
     model = prepare_policy(model, model_cfg, lora_cfg)
     return model, tokenizer, device
 

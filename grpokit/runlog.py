@@ -12,6 +12,10 @@ NaN and inf are written to the JSON files as ``null``, so every line stays valid
 TensorBoard receives the float itself. ``step`` is the number of optimizer steps done so far (1 after the
 first update), so the console shows ``step/total_steps``.
 
+``holds_run`` tells whether a folder already holds a run (a new run there is refused unless it resumes
+or overwrites it) and ``clear_run`` removes such a run's files, and only those. On resume a line cut short
+by a crash (the torn last line of ``metrics.jsonl``) is dropped with a warning (``repair_jsonl``).
+
 On a terminal the console shows a live progress bar with a one-line summary; when stderr is not a
 terminal (CI, a pipe, a log file) it prints one plain line per step instead, with no control characters::
 
@@ -24,6 +28,8 @@ import json
 import math
 import numbers
 import operator
+import os
+import shutil
 import sys
 import time
 import warnings
@@ -59,8 +65,8 @@ class RunLogger:
                 log.log_step(step, {"reward/total/mean": 0.5, "kl": 0.001, "time/step": 3.2})
             log.log_eval(200, {"accuracy": 0.61})
 
-    ``resume=True`` appends to ``metrics.jsonl`` and ``eval.jsonl`` instead of starting them afresh;
-    steps logged twice (after resuming from an earlier checkpoint) are both kept, and readers such as
+    ``resume=True`` appends to ``metrics.jsonl`` and ``eval.jsonl`` instead of starting them afresh (after
+    dropping a line a crash cut short, with a warning); steps logged twice (after resuming from an earlier checkpoint) are both kept, and readers such as
     :func:`grpokit.plots.plot_training_curves` take the last line of each step.
     """
 
@@ -82,6 +88,11 @@ class RunLogger:
         self.eval_path = self.output_dir / "eval.jsonl"
         self.samples_dir = self.output_dir / "samples"
 
+        if resume:
+            for path in (self.metrics_path, self.eval_path):
+                warning = repair_jsonl(path)
+                if warning and console:
+                    print(f"grpokit: warning: {warning}", file=sys.stderr, flush=True)
         mode = "a" if resume else "w"
         self._metrics_file: TextIO = open(self.metrics_path, mode, encoding="utf-8")
         self._eval_file: TextIO = open(self.eval_path, mode, encoding="utf-8")
@@ -229,6 +240,58 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
         except json.JSONDecodeError:
             pass  # the half-written last line of an interrupted run
     return records
+
+
+# What a run writes into its output folder; the first five mark a folder as holding a run.
+RUN_FILES = ("metrics.jsonl", "eval.jsonl", "checkpoints", "config.yaml", "summary.json")
+RUN_OUTPUTS = (*RUN_FILES, "samples", "tensorboard", "curves.png")
+
+
+def holds_run(output_dir: str | Path) -> list[str]:
+    """The run files present in ``output_dir`` (empty: no run there)."""
+    folder = Path(output_dir)
+    return [name for name in RUN_FILES if (folder / name).exists()] if folder.is_dir() else []
+
+
+def clear_run(output_dir: str | Path) -> None:
+    """Delete a previous run's files from ``output_dir``; anything else in the folder is left alone."""
+    folder = Path(output_dir)
+    for name in RUN_OUTPUTS:
+        path = folder / name
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        elif path.exists() or path.is_symlink():
+            path.unlink()
+
+
+def repair_jsonl(path: str | Path) -> str | None:
+    """Drop the lines of a JSONL file that do not parse (a line torn by a crash mid-write) and end the
+    file with a newline, so that appending to it gives valid lines. Returns a warning, or None when the
+    file was fine (or absent)."""
+    path = Path(path)
+    if not path.is_file():
+        return None
+    data = path.read_bytes()
+    if not data:
+        return None
+    kept, dropped = [], []
+    for number, line in enumerate(data.split(b"\n"), start=1):
+        if not line.strip():
+            continue
+        try:
+            json.loads(line)
+            kept.append(line)
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            dropped.append(number)
+    if not dropped and data.endswith(b"\n"):
+        return None
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(b"".join(line + b"\n" for line in kept))
+    os.replace(tmp, path)
+    if not dropped:
+        return None  # a complete last line that only lacked its newline
+    which = "the torn last line" if dropped == [len(data.split(b"\n"))] else f"line(s) {dropped}"
+    return f"{path}: dropped {which}, cut short by an interrupted run"
 
 
 # --------------------------------------------------------------------------------------------------
