@@ -7,11 +7,13 @@ from pathlib import Path
 import pytest
 
 from grpokit.rewards.accuracy import (
+    MALFORMED,
     as_number,
     extract_answers,
     gold_answer,
     make_math_accuracy,
     math_accuracy,
+    normalize,
 )
 
 FIXTURE = Path(__file__).parent / "fixtures" / "rewards" / "gsm8k_mini.jsonl"
@@ -47,6 +49,28 @@ POSITIVE = [
     ("think opened by the template", r"3*6 is 18</think><answer>18</answer>", "18"),
     ("chat-format completion", [{"role": "assistant", "content": r"\boxed{18}"}], "18"),
     ("integer gold cell", r"\boxed{18}", 18),
+    (
+        "column vector",
+        r"\boxed{\begin{pmatrix} 1 \\ 2 \end{pmatrix}}",
+        r"\begin{pmatrix} 1 \\ 2 \end{pmatrix}",
+    ),
+    (
+        "matrix",
+        r"\boxed{\begin{pmatrix} 1 & 2 \\ 3 & 4 \end{pmatrix}}",
+        r"\begin{pmatrix}1&2\\3&4\end{pmatrix}",
+    ),
+    ("closing phrase with trailing words", "The answer is 18 in total.", "18"),
+    ("variable = value", r"\boxed{x = 18}", "18"),
+    ("function value", r"\boxed{f(2) = 18}", "18"),
+    ("gold is an equation", r"\boxed{y = 2x + 3}", "y=2x+3"),
+    ("visible box, other answer only inside code", "```\n<answer>17</answer>\n```\nSo \\boxed{18}", "18"),
+    # decimals are exact numbers on every path (the symbolic golds below go to math-verify)
+    ("decimal for a symbolic rational gold", r"\boxed{-0.5}", r"\frac{-1}{2}"),
+    ("decimal for a power", r"\boxed{0.5}", "2^{-1}"),
+    ("percent for a power", r"\boxed{50\%}", "2^{-1}"),
+    ("decimal for a percent gold", r"\boxed{0.25}", r"25\%"),
+    ("decimal coefficient, exact value", r"\boxed{1.5\sqrt{2}}", r"\frac{3\sqrt{2}}{2}"),
+    ("scientific notation", r"\boxed{1.8 \times 10^{1}}", "18"),
 ]
 
 NEGATIVE = [
@@ -58,6 +82,12 @@ NEGATIVE = [
     ("multiplier word", r"\boxed{18 million}", "18"),
     ("unbalanced box", r"\boxed{18", "18"),
     ("wrong sign", r"\boxed{6}", "-6"),
+    (
+        "wrong vector",
+        r"\boxed{\begin{pmatrix} 1 \\ 3 \end{pmatrix}}",
+        r"\begin{pmatrix} 1 \\ 2 \end{pmatrix}",
+    ),
+    ("percent of the gold", r"\boxed{0.4\%}", "40"),
 ]
 
 ADVERSARIAL = [
@@ -82,6 +112,22 @@ ADVERSARIAL = [
     ("not a string", 12345, "18"),
     ("None completion", None, "18"),
     ("malformed chat message", [{"role": "assistant"}], "18"),
+    ("false equation", r"\boxed{17 = 18}", "18"),
+    ("equation with an expression on the left", r"\boxed{2 \cdot 9 = 18}", "18"),
+    ("nested answer tags, right inner", "<answer>17<answer>18</answer></answer>", "18"),
+    ("nested answer tags, right first", "<answer><answer>18</answer>17</answer>", "18"),
+    ("unclosed second answer tag", "<think>x</think><answer>18</answer> <answer>17", "18"),
+    ("answer tag in a code fence beats the box", "```\n<answer>18</answer>\n```\nSo \\boxed{17}", "18"),
+    ("answer tag in an unclosed fence", "So \\boxed{17}\n```\n<answer>18</answer>", "18"),
+    ("answer tag in inline code", "Format: `<answer>18</answer>`. So \\boxed{17}", "18"),
+    # decimal approximations of irrational or repeating golds are not the gold
+    ("decimal of sqrt 2", r"\boxed{1.41421356}", r"\sqrt{2}"),
+    ("double-precision decimal of sqrt 2", r"\boxed{1.4142135623730951}", r"\sqrt{2}"),
+    ("decimal of sqrt 2 with dots", r"\boxed{1.4142135\ldots}", r"\sqrt{2}"),
+    ("decimal of pi", r"\boxed{3.14159265}", r"\pi"),
+    ("repeating decimal", r"\boxed{0.3333333}", r"\frac{1}{3}"),
+    ("repeating decimal, symbolic gold", r"\boxed{0.3333333}", "3^{-1}"),
+    ("exact answer for a decimal gold", r"\boxed{\frac{\sqrt{2}}{2}}", "0.70710678"),
 ]
 
 
@@ -124,6 +170,30 @@ def test_extraction_levels():
     assert extract_answers("blah. The answer is: 4. Done") == ["4"]
     assert gold_answer("work\n#### 1,234") == "1,234"
     assert gold_answer(r"so $\boxed{\frac{1}{2}}$") == r"\frac{1}{2}"
+
+
+def test_malformed_tags_code_and_phrases():
+    assert extract_answers("<answer>1<answer>2</answer></answer>") == [MALFORMED]
+    assert extract_answers("</answer> <answer>2</answer>") == [MALFORMED]
+    assert extract_answers("<answer>1</answer> and <answer>2</answer>") == ["1", "2"]
+    assert extract_answers("```\n\\boxed{1}\n``` then `\\boxed{2}` then \\boxed{3}") == ["3"]
+    assert extract_answers("The answer is 18 in total.") == ["18 in total"]
+    assert as_number("18 in total") == (18, False) and as_number("18 dollars altogether") == (18, False)
+    assert as_number("18 more than") is None and as_number("18 or so") is None
+
+
+def test_matrix_rows_survive_normalisation():
+    vector = r"\begin{pmatrix} 1 \\ 2 \end{pmatrix}"
+    assert normalize(vector) == vector  # the row separator is not a LaTeX space
+    assert normalize(r"1\ 000\,\!2") == "1 000 2"
+
+
+@pytest.mark.parametrize("pred", ["0.5", "0.50", r"\frac{1}{2}", "50\\%", "0.4999999", "0.5000001", "1/3"])
+def test_decimal_rule_is_the_same_on_both_paths(pred):
+    # "\frac{1}{2}" is settled by the exact fast path, "2^{-1}" by math-verify: same verdicts.
+    fast = score(rf"\boxed{{{pred}}}", r"\frac{1}{2}")
+    slow = score(rf"\boxed{{{pred}}}", "2^{-1}")
+    assert fast == slow == (1.0 if pred in ("0.5", "0.50", r"\frac{1}{2}", "50\\%") else 0.0)
 
 
 def test_as_number_is_exact_and_ascii_only():

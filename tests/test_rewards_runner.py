@@ -1,7 +1,10 @@
-"""RewardRunner (failures reported, never raised), resolve_reward, and the small verifiers."""
+"""RewardRunner (failures reported, never raised; slow work killed), resolve_reward, small verifiers."""
 
 import logging
 import math
+import os
+import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -15,6 +18,8 @@ from grpokit.rewards import (
     is_factory,
     language_consistency,
     make_language_consistency,
+    make_math_accuracy,
+    math_accuracy,
     resolve_reward,
 )
 from grpokit.rewards.length import length_penalty, overlong_penalty
@@ -42,20 +47,27 @@ def test_runner_weighted_total_and_metrics():
     assert m["reward/total/mean"] == 2.25 and m["reward/a/failed"] == 0.0
 
 
-def test_runner_passes_columns_and_completion_ids():
-    seen = {}
+def spy(prompts, completions, **kw):
+    """Encodes what it was given: 1000 * (it got exactly these columns) + len(answer) + len(ids)."""
+    ok = sorted(kw) == ["answer", "completion_ids"]
+    values = [1000.0 * ok + int(a) + len(ids) for a, ids in zip(kw["answer"], kw["completion_ids"])]
+    completions.clear()  # mutating its inputs must not affect other functions
+    kw["answer"].clear()
+    return values
 
-    def spy(prompts, completions, **kw):
-        seen.update(kw)
-        completions.clear()  # mutating its inputs must not affect other functions
-        return [0.0, 0.0]
 
-    runner = RewardRunner(
-        [("spy", spy, 1.0), ("len", lambda prompts, completions, **kw: [len(completions)] * 2, 1.0)]
-    )
+def count(prompts, completions, **kw):
+    return [float(len(completions) + len(kw["answer"]))] * len(completions)
+
+
+@pytest.mark.parametrize("per_completion", [False, True])
+def test_runner_passes_columns_and_completion_ids(per_completion):
+    spy.per_completion = count.per_completion = per_completion
+    runner = RewardRunner([("spy", spy, 1.0), ("count", count, 1.0)])
     res = runner(["p", "q"], ["x", "y"], {"answer": ["1", "2"], "completion_ids": [[1], [2, 3]]})
-    assert seen == {"answer": ["1", "2"], "completion_ids": [[1], [2, 3]]}
-    assert res.per_function["len"] == [2.0, 2.0]
+    assert res.per_function["spy"] == [1002.0, 1004.0]  # 1000 + 1 + 1; 1000 + 2 + 2
+    # whole batch: 2 completions + 2 answers; one completion at a time: 1 + 1
+    assert res.per_function["count"] == ([2.0, 2.0] if per_completion else [4.0, 4.0])
 
 
 BAD = [
@@ -70,9 +82,10 @@ BAD = [
 ]
 
 
+@pytest.mark.parametrize("isolation", ["process", "thread"])
 @pytest.mark.parametrize("name,fn,message", BAD, ids=[b[0] for b in BAD])
-def test_runner_reports_bad_functions(name, fn, message, caplog):
-    runner = RewardRunner([("good", const(1.0), 1.0), ("bad", fn, 5.0)], timeout_s=0.5)
+def test_runner_reports_bad_functions(name, fn, message, isolation, caplog):
+    runner = RewardRunner([("good", const(1.0), 1.0), ("bad", fn, 5.0)], timeout_s=0.5, isolation=isolation)
     start = time.monotonic()
     with caplog.at_level(logging.WARNING, logger="grpokit.rewards"):
         res = runner(["p", "q"], ["x", "y"], {})
@@ -83,6 +96,167 @@ def test_runner_reports_bad_functions(name, fn, message, caplog):
     assert res.per_function["bad"] == [None, None]
     assert res.metrics()["reward/bad/failed"] == 1.0 and "reward/bad/mean" not in res.metrics()
     assert "'bad'" in caplog.text and message in caplog.text
+
+
+def _alive(pid: int) -> bool:
+    """The process exists and is not a zombie."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+
+
+def _pids(folder: Path) -> list[int]:
+    return [int(p.name) for p in folder.iterdir()]
+
+
+def test_slow_completions_score_zero_and_never_zero_the_others(tmp_path):
+    def slow_on_marker(prompts, completions, **kw):
+        if completions[0] == "slow":
+            (tmp_path / str(os.getpid())).touch()
+            while True:  # a CPU loop: only killing its process stops it
+                pass
+        return [1.0]
+
+    slow_on_marker.per_completion = True
+    runner = RewardRunner(
+        [("r", slow_on_marker, 1.0), ("c", const(0.5), 1.0)],
+        timeout_s=30,
+        completion_timeout_s=0.5,
+        workers=2,
+    )
+    completions = [
+        "ok",
+        "ok",
+        "slow",
+        "ok",
+        "ok",
+        "ok",
+        "slow",
+        "ok",
+        "ok",
+        "ok",
+        "ok",
+        "slow",
+        "ok",
+        "ok",
+        "ok",
+    ]
+    start = time.monotonic()
+    res = runner(None, completions, {})
+    assert time.monotonic() - start < 6.0  # 3 x 0.5 s over 2 workers, plus the forks
+    assert res.per_function["r"] == [0.0 if c == "slow" else 1.0 for c in completions]
+    assert res.total == [0.5 if c == "slow" else 1.5 for c in completions]
+    assert res.timeouts == {"r": 3, "c": 0} and res.failed == {"r": False, "c": False}
+    assert res.metrics()["reward/r/timeouts"] == 3.0
+    pids = _pids(tmp_path)
+    assert len(pids) == 3 and not any(_alive(p) for p in pids)  # each slow one's worker was killed
+    start = time.monotonic()
+    res = runner(None, ["ok"] * 8, {})  # the pool recovered
+    assert time.monotonic() - start < 2.0
+    assert res.per_function["r"] == [1.0] * 8 and res.timeouts["r"] == 0
+    runner.close()
+
+
+def test_slow_math_completions_never_zero_the_correct_ones():
+    # The issue's batch: some completions hold expressions math-verify chews on for seconds (a
+    # tower of powers takes ~5 s here); the correct ones must keep their 1.0.
+    completions = [r"so \boxed{18}"] * 47 + [r"\boxed{9^{9^{9^{9}}}}"] * 4
+    runner = RewardRunner(
+        [("math", make_math_accuracy(timeout_s=1.0), 1.0)], timeout_s=60, completion_timeout_s=1.0
+    )
+    res = runner(None, completions, {"answer": ["18"] * 51})
+    assert res.per_function["math"] == [1.0] * 47 + [0.0] * 4
+    assert res.timeouts["math"] == 4 and not res.failed["math"]
+    runner.close()
+
+
+def test_a_reward_stuck_in_a_cpu_loop_is_killed_at_its_timeout(tmp_path):
+    def stuck(prompts, completions, **kw):
+        child = subprocess.Popen(["sleep", "60"])  # what it started dies with it
+        (tmp_path / str(child.pid)).touch()
+        (tmp_path / str(os.getpid())).touch()
+        while True:
+            pass
+
+    runner = RewardRunner([("stuck", stuck, 1.0), ("good", const(1.0), 1.0)], timeout_s=0.5)
+    seconds = []
+    for _ in range(4):
+        start = time.monotonic()
+        res = runner(["p", "q"], ["x", "y"], {})
+        seconds.append(time.monotonic() - start)
+        assert res.failed == {"stuck": True, "good": False} and "killed" in res.errors["stuck"]
+        assert res.total == [1.0, 1.0]
+    assert max(seconds) < 2.0  # step time does not grow: nothing is left running
+    pids = _pids(tmp_path)
+    assert len(pids) == 8 and not any(_alive(p) for p in pids)
+    runner.close()
+
+
+def test_a_function_that_kills_its_worker_is_reported_and_replaced():
+    runner = RewardRunner(
+        [("exit", lambda prompts, completions, **kw: os._exit(3), 1.0), ("good", const(1.0), 1.0)]
+    )
+    for _ in range(2):
+        res = runner(None, ["x"], {})
+        assert res.failed == {"exit": True, "good": False} and "died" in res.errors["exit"]
+        assert res.total == [1.0]
+    runner.close()
+
+
+def test_closures_over_unpicklable_objects_run_in_workers():
+    lock = threading.Lock()  # cannot be pickled; the forked worker inherits it
+
+    def length(prompts, completions, **kw):
+        with lock:
+            return [float(len(c)) for c in completions]
+
+    with RewardRunner([("len", length, 1.0)]) as runner:
+        assert runner(None, ["ab", "c"], {}).per_function["len"] == [2.0, 1.0]
+
+
+def test_process_and_thread_isolation_give_identical_results():
+    functions = [
+        ("math", math_accuracy, 1.0),
+        ("format", format_strict, 0.5),
+        ("overlong", overlong_penalty(20, 4), 1.0),
+        ("hello", resolve_reward(f"{USER_FILE}:starts_with_hello"), 2.0),
+    ]
+    completions = [
+        "<think>\nr\n</think>\n<answer>\n18\n</answer>",
+        r"hello \boxed{\frac{\sqrt{2}}{2}}",
+        "The answer is 17.",
+        r"\boxed{1.5}",
+    ]
+    columns = {
+        "answer": ["18", r"\frac{1}{\sqrt{2}}", "18", r"\frac{3}{2}"],
+        "completion_ids": [[0] * 5, [0] * 18, [0] * 30, [0] * 17],
+    }
+    by_process = RewardRunner(functions)(None, completions, columns)
+    by_thread = RewardRunner(functions, isolation="thread")(None, completions, columns)
+    assert by_process.per_function == by_thread.per_function
+    assert by_process.total == by_thread.total == [1.5, 2.5, -1.0, 0.75]  # hand-checked below
+    # 1: math 1 + format 0.5*1; 2: math 1 + hello 2*1 - overlong 0.5 (18 of 20, 4 of buffer);
+    # 3: math 0 - overlong 1 (30 > 20); 4: math 1 - overlong 0.25 (17 tokens)
+
+
+def test_runner_overhead_is_small():
+    # Process isolation costs pickling and pipes: a few ms per batch, on top of one fork at the start.
+    fns = [("a", const(1.0), 1.0), ("b", const(0.5), 1.0)]
+    columns = {"answer": ["18"] * 64, "completion_ids": [[1] * 200] * 64}
+    completions = ["x" * 2000] * 64
+    timings = {}
+    for isolation in ("process", "thread"):
+        runner = RewardRunner(fns, isolation=isolation)
+        runner(None, completions, columns)  # warm: the workers are forked
+        best = math.inf
+        for _ in range(5):
+            start = time.perf_counter()
+            runner(None, completions, columns)
+            best = min(best, time.perf_counter() - start)
+        timings[isolation] = best
+        runner.close()
+    assert timings["process"] < 0.05, timings
 
 
 def test_runner_rejects_bad_configuration():

@@ -3,6 +3,11 @@
 It runs math-verify in its main thread, so math-verify's own signal-based timeouts work here
 (they do not in the trainer's worker threads); the parent adds a hard deadline and kills a worker
 that does not answer in time (sympy can get stuck in C code that ignores signals).
+
+Decimals are exact (see accuracy.py): when one side is a plain number the parent sends its exact
+rational values and the other side must equal one of them exactly; and a math-verify "equal" between
+two scalars that rests on a decimal (its float tolerance: 1.4142135\\ldots for \\sqrt{2}) is
+re-checked with the decimals read as exact rationals.
 """
 
 import json
@@ -11,6 +16,7 @@ import resource
 import sys
 from functools import lru_cache
 
+import sympy
 from math_verify import LatexExtractionConfig, parse, verify
 
 PRED_CONFIG = [LatexExtractionConfig()]  # LaTeX grammar only: no sympy eval of model text
@@ -21,13 +27,40 @@ def _gold(gold: str, timeout: int):
     return parse(gold, parsing_timeout=timeout)
 
 
-def check(gold: str, pred: str, timeout_s: float) -> bool:
+def _scalar(parsed: list) -> sympy.Expr | None:
+    """The parsed value as a constant sympy expression ("x = v" gives v), else None."""
+    item = parsed[0] if parsed else None
+    if isinstance(item, sympy.Eq) and isinstance(item.lhs, sympy.Symbol):
+        item = item.rhs
+    if isinstance(item, sympy.Expr) and not item.free_symbols:
+        return item
+    return None
+
+
+def _exactly(a: sympy.Expr, b: sympy.Expr) -> bool:
+    """a == b with every decimal read as the exact rational it spells (no float tolerance)."""
+    a, b = (sympy.nsimplify(x, rational=True) if x.atoms(sympy.Float) else x for x in (a, b))
+    return sympy.simplify(a - b) == 0
+
+
+def check(gold: str, pred: str, timeout_s: float, exact: list | None = None) -> bool:
     t = max(1, math.ceil(timeout_s))
     g = _gold(gold, t)
     if not g:
         return False
     p = parse(pred, extraction_config=PRED_CONFIG, parsing_timeout=t)
-    return bool(p) and bool(verify(g, p, timeout_seconds=t))
+    if not p:
+        return False
+    if exact is not None:  # one side is a plain number: the other must equal it exactly
+        side, values = exact
+        other = _scalar(g if side == "pred" else p)
+        return other is not None and any(_exactly(other, sympy.Rational(n, d)) for n, d in values)
+    if not verify(g, p, timeout_seconds=t):
+        return False
+    gs, ps = _scalar(g), _scalar(p)
+    if gs is not None and ps is not None and (gs.atoms(sympy.Float) or ps.atoms(sympy.Float)):
+        return _exactly(gs, ps)
+    return True
 
 
 def main() -> None:
@@ -38,7 +71,7 @@ def main() -> None:
     for line in sys.stdin:
         try:
             req = json.loads(line)
-            ok = check(req["gold"], req["pred"], req["timeout_s"])
+            ok = check(req["gold"], req["pred"], req["timeout_s"], req.get("exact"))
         except BaseException:  # MemoryError, RecursionError, timeouts: a wrong answer, not a crash
             ok = False
         out.write("@1\n" if ok else "@0\n")

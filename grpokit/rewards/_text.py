@@ -5,20 +5,22 @@ from __future__ import annotations
 from typing import Any
 
 
-def tag_blocks(text: str, tag: str) -> list[str]:
-    """Contents of every closed <tag>...</tag> (not nested), in linear time (a regex with .*? is
-    quadratic on a completion made of thousands of unclosed tags)."""
+def tag_blocks(text: str, tag: str) -> list[str] | None:
+    """Contents of every <tag>...</tag> in order, [] when there is none, and None when the tags are
+    malformed: nested ("<t> a <t> b </t> </t>"), a closing tag without an opening one, or an opening
+    tag left unclosed. Linear time (a regex with .*? is quadratic on thousands of unclosed tags)."""
     open_, close = f"<{tag}>", f"</{tag}>"
     out, i = [], 0
     while True:
         start = text.find(open_, i)
+        stray = text.find(close, i)
         if start < 0:
-            return out
+            return out if stray < 0 else None
+        if 0 <= stray < start:  # "</t>" before any "<t>"
+            return None
         end = text.find(close, start + len(open_))
-        if end < 0:
-            return out
-        nxt = text.rfind(open_, start + len(open_), end)  # "<t> a <t> b </t>": the inner one opens it
-        start = nxt if nxt >= 0 else start
+        if end < 0 or text.find(open_, start + len(open_), end) >= 0:  # unclosed, or nested
+            return None
         out.append(text[start + len(open_) : end])
         i = end + len(close)
 

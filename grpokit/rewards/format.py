@@ -2,7 +2,8 @@
 
 strict:  the whole completion is "<think>\\n...\\n</think>\\n<answer>\\n...\\n</answer>" (open-r1's pattern)
 lenient: "<think>...</think> <answer>...</answer>" with any whitespace around and between the blocks
-Both: each tag exactly once (no nesting, no second answer), non-empty think and answer bodies. If the
+Both: each tag exactly once (no nesting, no second answer), think and answer bodies with at least one
+visible character (whitespace, zero-width and other invisible characters alone score 0). If the
 prompt (a string) ends with "<think>" -- chat templates that open the reasoning for the model --
 the completion is read as if it started with "<think>\\n".
 """
@@ -10,12 +11,27 @@ the completion is read as if it started with "<think>\\n".
 from __future__ import annotations
 
 import re
+import unicodedata
 
 from grpokit.rewards._text import to_text
 
 _STRICT = re.compile(r"<think>\n(?P<think>.*?)\n</think>\n<answer>\n(?P<answer>.*?)\n</answer>", re.DOTALL)
 _LENIENT = re.compile(r"\s*<think>(?P<think>.*?)</think>\s*<answer>(?P<answer>.*?)</answer>\s*", re.DOTALL)
 _TAGS = ("<think>", "</think>", "<answer>", "</answer>")
+# Categories that draw nothing: separators, controls and format characters (zero-width space and
+# joiners, BOM, bidi marks), private use, unassigned, surrogates, and combining marks on their own.
+_INVISIBLE_CATEGORIES = frozenset({"Zs", "Zl", "Zp", "Cc", "Cf", "Co", "Cn", "Cs", "Mn", "Me"})
+# Letters and symbols that render blank: Hangul fillers, the halfwidth filler, the blank Braille
+# pattern, the Mongolian vowel separator.
+_BLANK_CHARS = frozenset("\u115f\u1160\u3164\uffa0\u2800\u180e")
+
+
+def has_visible_text(text: str) -> bool:
+    """True when `text` has a character that draws something (not whitespace or an invisible one)."""
+    return any(
+        not c.isspace() and c not in _BLANK_CHARS and unicodedata.category(c) not in _INVISIBLE_CATEGORIES
+        for c in text
+    )
 
 
 def _with_opened_think(prompt: object, text: str) -> str:
@@ -29,7 +45,7 @@ def _format_score(pattern: re.Pattern, prompt: object, completion: object) -> fl
     if any(text.count(tag) != 1 for tag in _TAGS):
         return 0.0
     m = pattern.fullmatch(text)
-    return 1.0 if m and m.group("think").strip() and m.group("answer").strip() else 0.0
+    return 1.0 if m and has_visible_text(m.group("think")) and has_visible_text(m.group("answer")) else 0.0
 
 
 def format_strict(prompts: list, completions: list, **columns) -> list[float]:

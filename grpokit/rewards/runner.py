@@ -1,19 +1,52 @@
 """Run several reward functions on a batch, weight them, and survive their failures.
 
-Each function gets its own thread and `timeout_s` seconds. A function that raises, returns the
-wrong number of values, returns something that is not a number or None (or NaN/inf), or runs past
-its time is *failed* for this batch: it contributes 0 to every total, its error is recorded and
-logged as a warning naming it, and `reward/<name>/failed` is 1 in the metrics. The runner never
-raises because of a reward function. A timed-out thread cannot be killed in Python: it is
-abandoned (a daemon thread, so it does not keep the process alive) and its late result ignored.
+Where the functions run. By default (`isolation="process"`) every call runs in a small pool of
+worker processes forked from the trainer, so that a function that runs past its time is *killed*
+(SIGKILL to the worker's process group, which also takes the math-verify processes it started),
+never left burning a core: a thread cannot be stopped in Python. Fork, not spawn, because the
+functions are often closures or lambdas that cannot be pickled: a forked child inherits them. The
+workers are forked on the first call and kept (their caches, e.g. math_accuracy's math-verify
+processes, stay warm); a killed worker is replaced by a fresh fork. Only the arguments (prompts,
+completions, columns) and the values cross the pipe, pickled. Consequences:
+  - a function sees the trainer's memory as it was when its worker was forked; state it keeps
+    between calls lives in the worker, and its side effects on the trainer's objects are not seen;
+  - a model held by the trainer is shared copy-on-write, not copied; a worker dies with the trainer
+    (PR_SET_PDEATHSIG) and ignores Ctrl-C (its own process group), which the trainer handles;
+  - if CUDA is initialised in the trainer the fork is still safe, as for PyTorch's DataLoader
+    workers: the child never touches the inherited CUDA context. A reward function that needs the
+    GPU itself cannot run in a forked child: use `isolation="thread"` (the functions then run in
+    threads and a timed-out one is abandoned, still running, as before).
+The cost is ~1 ms per call and batch (pickling and pipes), plus one fork (a few ms) at start and
+after each kill; see BENCHMARKS.md.
+
+Time limits. `timeout_s` bounds the whole batch. A function marked `per_completion = True` (the
+built-in math_accuracy; set the attribute on your own element-wise function to opt in) is called
+on one completion at a time, spread over the workers, and each completion has its own budget,
+`completion_timeout_s`: a completion that runs past it scores 0, is counted in
+`reward/<name>/timeouts`, and its worker is killed and replaced; the other completions keep their
+values. Any other function is called once on the whole batch (so functions that compare the
+completions of a batch keep their meaning) and fails as a whole when it runs past `timeout_s`.
+
+Failures. A function that raises, returns the wrong number of values, returns something that is
+not a number or None (or NaN/inf), kills its worker, or runs past `timeout_s` is *failed* for this
+batch: it contributes 0 to every total, its error is recorded and logged as a warning naming it,
+and `reward/<name>/failed` is 1 in the metrics. The runner never raises because of a reward function.
 """
 
 from __future__ import annotations
 
+import collections
+import ctypes
 import logging
 import math
+import os
+import pickle
+import select
+import signal
+import struct
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from numbers import Real
@@ -26,15 +59,17 @@ class RewardResult:
     total: list[float]
     """Weighted sum per completion; None (not applicable) and failed functions contribute 0."""
     per_function: dict[str, list[float | None]]
-    """Each function's values (all None when it failed)."""
+    """Each function's values (all None when it failed; 0.0 for a completion that timed out)."""
     errors: dict[str, str | None]
     """What went wrong per function, None when it was fine."""
     failed: dict[str, bool]
     seconds: dict[str, float] = field(default_factory=dict)
     """Wall time per function (timeout_s for a timed-out one)."""
+    timeouts: dict[str, int] = field(default_factory=dict)
+    """Completions that ran past completion_timeout_s and scored 0, per function."""
 
     def metrics(self) -> dict[str, float]:
-        """reward/<name>/{mean,std,applicable,failed,seconds} and reward/total/{mean,std}.
+        """reward/<name>/{mean,std,applicable,failed,timeouts,seconds} and reward/total/{mean,std}.
         mean and std are over applicable (non-None) values and left out when there are none."""
         out: dict[str, float] = {}
         for name, values in self.per_function.items():
@@ -44,6 +79,7 @@ class RewardResult:
                 out[f"reward/{name}/std"] = _std(vals)
             out[f"reward/{name}/applicable"] = len(vals) / len(values) if values else 0.0
             out[f"reward/{name}/failed"] = float(self.failed[name])
+            out[f"reward/{name}/timeouts"] = float(self.timeouts.get(name, 0))
             out[f"reward/{name}/seconds"] = self.seconds.get(name, 0.0)
         if self.total:
             out["reward/total/mean"] = _mean(self.total)
@@ -81,15 +117,194 @@ def _check(values: object, n: int) -> list[float | None]:
     return out
 
 
+def _call_checked(fn: Callable, prompts: list, completions: list, kwargs: dict) -> tuple[str, object]:
+    """("ok", values) or ("error", what went wrong): a function's call, never raising."""
+    n = len(completions)  # before the call: a function may mutate its arguments
+    try:
+        values = fn(prompts=prompts, completions=completions, **kwargs)
+    except BaseException as e:  # noqa: BLE001 - reported by the runner, never swallowed
+        return "error", f"raised {type(e).__name__}: {str(e)[:500]}"
+    try:
+        return "ok", _check(values, n)
+    except Exception as e:
+        return "error", str(e)
+
+
+# --- worker processes -------------------------------------------------------------------------------
+_HEADER = struct.Struct("<Q")
+_WORKER_FDS: set[int] = set()
+"""Parent-side pipe ends of every live worker of every runner: a new child closes them, so that
+no worker holds another's pipe open."""
+_PR_SET_PDEATHSIG = 1
+
+
+def _frame(obj: object) -> bytes:
+    data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    return _HEADER.pack(len(data)) + data
+
+
+def _write_frame(fd: int, obj: object) -> None:
+    _write_all(fd, _frame(obj))
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def _read_exact(fd: int, n: int) -> bytes | None:
+    chunks, left = [], n
+    while left:
+        chunk = os.read(fd, min(left, 1 << 20))
+        if not chunk:
+            return None
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)
+
+
+def _serve(functions: list[Callable], requests: int, replies: int) -> None:
+    """The worker's loop: a task is (function index, mode, prompts, completions, kwargs, the keys of
+    the per-row columns); "batch" answers once, "items" calls the function on each completion alone
+    (with its row of each per-row column) and answers after each."""
+    while True:
+        header = _read_exact(requests, _HEADER.size)
+        if header is None:
+            return
+        task = pickle.loads(_read_exact(requests, _HEADER.unpack(header)[0]))
+        fn_index, mode, prompts, completions, kwargs, row_keys = task
+        fn = functions[fn_index]
+        if mode == "batch":
+            _write_frame(replies, _call_checked(fn, prompts, completions, kwargs))
+            continue
+        for i in range(len(completions)):
+            one = {k: [v[i]] if k in row_keys else v for k, v in kwargs.items()}
+            _write_frame(replies, _call_checked(fn, [prompts[i]], [completions[i]], one))
+
+
+def _per_row(value: object, n: int) -> bool:
+    return isinstance(value, (list, tuple)) and len(value) == n
+
+
+class _Worker:
+    """One forked worker process and its two pipes (parent side)."""
+
+    def __init__(self, functions: list[Callable]):
+        req_r, req_w = os.pipe()
+        rep_r, rep_w = os.pipe()
+        parent = os.getpid()
+        pid = os.fork()
+        if pid == 0:  # the child: never returns
+            status = 0
+            try:
+                os.setpgid(0, 0)  # its own group: killpg reaches what it starts; Ctrl-C does not reach it
+                try:
+                    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+                except (OSError, AttributeError):
+                    pass
+                if os.getppid() != parent:
+                    os._exit(0)
+                for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGPIPE):
+                    signal.signal(sig, signal.SIG_DFL)
+                for fd in (*_WORKER_FDS, req_w, rep_r):
+                    try:
+                        os.close(fd)
+                    except OSError:
+                        pass
+                _serve(functions, req_r, rep_w)
+            except BaseException:  # noqa: BLE001 - the parent sees the closed pipe and reports it
+                status = 1
+            finally:
+                os._exit(status)
+        try:
+            os.setpgid(pid, pid)  # also here, so killpg works even before the child has run
+        except OSError:
+            pass
+        os.close(req_r)
+        os.close(rep_w)
+        self.pid, self.to_child, self.from_child = pid, req_w, rep_r
+        _WORKER_FDS.update((req_w, rep_r))
+        self.buffer = bytearray()
+        self.task: _Task | None = None
+        self.item_started = 0.0
+
+    def send(self, frame: bytes) -> None:
+        _write_all(self.to_child, frame)
+
+    def read_replies(self) -> list | None:
+        """The complete replies that have arrived (call when readable); None when the worker died."""
+        chunk = os.read(self.from_child, 1 << 20)
+        if not chunk:
+            return None
+        self.buffer += chunk
+        out = []
+        while len(self.buffer) >= _HEADER.size:
+            size = _HEADER.unpack_from(self.buffer)[0]
+            if len(self.buffer) < _HEADER.size + size:
+                break
+            out.append(pickle.loads(bytes(self.buffer[_HEADER.size : _HEADER.size + size])))
+            del self.buffer[: _HEADER.size + size]
+        return out
+
+    def kill(self) -> None:
+        """SIGKILL the worker's process group (the worker and whatever it started), reap it, close pipes."""
+        for target in (
+            lambda: os.killpg(self.pid, signal.SIGKILL),
+            lambda: os.kill(self.pid, signal.SIGKILL),
+        ):
+            try:
+                target()
+            except OSError:
+                pass
+        try:
+            os.waitpid(self.pid, 0)
+        except ChildProcessError:
+            pass
+        for fd in (self.to_child, self.from_child):
+            _WORKER_FDS.discard(fd)
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+
+def _kill_all(workers: list[_Worker], owner: int) -> None:
+    if os.getpid() != owner:  # a fork of the owner: those workers are not its own
+        return
+    for w in workers:
+        w.kill()
+    workers.clear()
+
+
+@dataclass
+class _Task:
+    fn_index: int
+    mode: str  # "batch" | "items"
+    rows: list[int]  # indices into the batch
+    started: float = 0.0
+    done: int = 0  # replies received ("items")
+    attempts: int = 0  # workers found dead when it was sent
+
+
 class RewardRunner:
     """Score completions with named, weighted reward functions (TRL's calling convention).
 
     runner = RewardRunner([("math_accuracy", math_accuracy, 1.0), ("format", format_strict, 0.2)])
     result = runner(prompts, completions, {"answer": answers, "completion_ids": ids})
-    Every column is passed to every function as a keyword argument.
+    Every column is passed to every function as a keyword argument. See the module docstring for
+    where the functions run and how `timeout_s` and `completion_timeout_s` apply.
     """
 
-    def __init__(self, functions: list[tuple[str, Callable, float]], *, timeout_s: float = 60.0):
+    def __init__(
+        self,
+        functions: list[tuple[str, Callable, float]],
+        *,
+        timeout_s: float = 60.0,
+        completion_timeout_s: float | None = None,
+        workers: int | None = None,
+        isolation: str = "process",
+    ):
         names = [name for name, _, _ in functions]
         if len(set(names)) != len(names):
             raise ValueError(f"reward function names must be unique, got {names}")
@@ -98,64 +313,247 @@ class RewardRunner:
                 raise TypeError(f"reward {name!r} is not callable: {fn!r}")
             if not isinstance(weight, Real) or not math.isfinite(weight):
                 raise ValueError(f"reward {name!r} has weight {weight!r}; expected a finite number")
+        if isolation not in ("process", "thread"):
+            raise ValueError(f"isolation must be 'process' or 'thread', got {isolation!r}")
         self.functions = [(name, fn, float(weight)) for name, fn, weight in functions]
-        self.timeout_s = timeout_s
+        self.timeout_s = float(timeout_s)
+        self.completion_timeout_s = min(
+            self.timeout_s, 10.0 if completion_timeout_s is None else completion_timeout_s
+        )
+        """Budget of one completion of a per_completion function (default min(timeout_s, 10 s))."""
+        self.workers = max(1, workers or min(4, os.cpu_count() or 1))
+        self.isolation = isolation if hasattr(os, "fork") else "thread"
+        self._pool: list[_Worker] = []
+        self._pool_pid = os.getpid()
+        self._finalizer = weakref.finalize(self, _kill_all, self._pool, self._pool_pid)
+
+    def close(self) -> None:
+        """Stop the worker processes (they are also stopped when the runner is garbage-collected)."""
+        _kill_all(self._pool, self._pool_pid)
+
+    def __enter__(self) -> RewardRunner:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def __call__(
-        self, prompts: list, completions: list, columns: dict[str, list] | None = None
+        self, prompts: list | None, completions: list, columns: dict[str, list] | None = None
     ) -> RewardResult:
         columns = dict(columns or {})
         columns.pop("prompts", None)
         columns.pop("completions", None)
+        completions = list(completions)
         n = len(completions)
-        boxes = {}
-        threads = {}
+        prompts = list(prompts) if prompts is not None else [None] * n
+        names = [name for name, _, _ in self.functions]
+        values: dict[str, list[float | None]] = {name: [None] * n for name in names}
+        errors: dict[str, str | None] = dict.fromkeys(names)
+        seconds = dict.fromkeys(names, 0.0)
+        timeouts = dict.fromkeys(names, 0)
+        if self.isolation == "thread":
+            self._run_threads(prompts, completions, columns, values, errors, seconds)
+        else:
+            self._run_processes(prompts, completions, columns, values, errors, seconds, timeouts)
+        for name in names:
+            if errors[name] is not None:
+                log.warning(
+                    "reward function %r failed: %s; it contributes 0 to this batch", name, errors[name]
+                )
+                values[name] = [None] * n
+            elif timeouts[name]:
+                log.warning(
+                    "reward function %r: %d completion(s) ran past %g s each and score 0 (worker killed)",
+                    name,
+                    timeouts[name],
+                    self.completion_timeout_s,
+                )
+        total = [0.0] * n
+        for name, _, weight in self.functions:
+            for i, v in enumerate(values[name]):
+                if v is not None:
+                    total[i] += weight * v
+        failed = {name: errors[name] is not None for name in names}
+        return RewardResult(total, values, errors, failed, seconds, timeouts)
+
+    # --- processes ------------------------------------------------------------------------------
+    def _run_processes(self, prompts, completions, columns, values, errors, seconds, timeouts) -> None:
+        if self._pool_pid != os.getpid():  # we are a fork of the runner's process: its workers are not ours
+            self._pool, self._pool_pid = [], os.getpid()
+            self._finalizer = weakref.finalize(self, _kill_all, self._pool, self._pool_pid)
+        n = len(completions)
+        start = time.monotonic()
+        deadline = start + self.timeout_s
+        tasks: collections.deque[_Task] = collections.deque()
+        for k, (_, fn, _) in enumerate(self.functions):
+            if getattr(fn, "per_completion", False):
+                size = max(1, min(32, math.ceil(n / (4 * self.workers))))
+                tasks.extend(_Task(k, "items", list(range(a, min(n, a + size)))) for a in range(0, n, size))
+            else:
+                tasks.append(_Task(k, "batch", list(range(n))))
+        row_keys = frozenset(k for k, v in columns.items() if _per_row(v, n))
+        first: dict[int, float] = {}
+        last: dict[int, float] = {}
+        busy: dict[int, _Worker] = {}  # reply fd -> worker
+        poller = select.poll()
+
+        def fail(k: int, error: str) -> None:
+            name = self.functions[k][0]
+            if errors[name] is None:
+                errors[name] = error
+            for fd, w in list(busy.items()):  # stop its other work now
+                if w.task.fn_index == k:
+                    retire(fd, w)
+            for t in [t for t in tasks if t.fn_index == k]:
+                tasks.remove(t)
+
+        def retire(fd: int, w: _Worker) -> None:
+            poller.unregister(fd)
+            del busy[fd]
+            w.kill()
+            self._pool.remove(w)
+
+        def finish(fd: int, w: _Worker) -> None:
+            last[w.task.fn_index] = time.monotonic()
+            poller.unregister(fd)
+            del busy[fd]
+            w.task = None
+
+        while tasks or busy:
+            now = time.monotonic()
+            while tasks and len(busy) < self.workers and now < deadline:
+                task = tasks.popleft()
+                rows = task.rows
+                kwargs = {k: [v[i] for i in rows] if k in row_keys else v for k, v in columns.items()}
+                chunk = ([prompts[i] for i in rows], [completions[i] for i in rows], kwargs, row_keys)
+                try:
+                    frame = _frame((task.fn_index, task.mode, *chunk))
+                except Exception as e:  # noqa: BLE001 - unpicklable columns: reported, not raised
+                    fail(task.fn_index, f"its arguments cannot be sent to a worker process ({e})")
+                    continue
+                idle = [w for w in self._pool if w.task is None]
+                try:
+                    w = idle[0] if idle else _Worker([fn for _, fn, _ in self.functions])
+                except OSError as e:
+                    fail(task.fn_index, f"no worker process could be started ({e})")
+                    continue
+                if not idle:
+                    self._pool.append(w)
+                try:
+                    w.send(frame)
+                except OSError as e:  # it died while idle: replace it and try again
+                    w.kill()
+                    self._pool.remove(w)
+                    task.attempts += 1
+                    if task.attempts < 3:
+                        tasks.appendleft(task)
+                    else:
+                        fail(task.fn_index, f"its worker processes die before they can read it ({e})")
+                    continue
+                task.started = w.item_started = time.monotonic()
+                first.setdefault(task.fn_index, task.started)
+                w.task = task
+                busy[w.from_child] = w
+                poller.register(w.from_child, select.POLLIN)
+            if not busy:
+                break  # only tasks left after the deadline: reported below
+            now = time.monotonic()
+            wake = deadline
+            for w in busy.values():
+                if w.task.mode == "items":
+                    wake = min(wake, w.item_started + self.completion_timeout_s)
+            for fd, _ in poller.poll(max(0.0, wake - now) * 1000):
+                w = busy.get(fd)
+                if w is None:
+                    continue
+                replies = w.read_replies()
+                task = w.task
+                name = self.functions[task.fn_index][0]
+                if replies is None:
+                    row = task.rows[task.done] if task.mode == "items" else None
+                    where = f" on completion {row}" if row is not None else ""
+                    retire(fd, w)
+                    fail(task.fn_index, f"its worker process died{where} (killed or exited)")
+                    continue
+                for status, payload in replies:
+                    if status == "error":
+                        fail(task.fn_index, payload)
+                        break
+                    if task.mode == "batch":
+                        values[name] = payload
+                        task.done = len(task.rows)
+                    else:
+                        values[name][task.rows[task.done]] = payload[0]
+                        task.done += 1
+                        w.item_started = time.monotonic()
+                if fd in busy and task.done == len(task.rows):
+                    finish(fd, w)
+            now = time.monotonic()
+            for fd, w in list(busy.items()):
+                task = w.task
+                if task.mode == "items" and now >= w.item_started + self.completion_timeout_s:
+                    name = self.functions[task.fn_index][0]
+                    values[name][task.rows[task.done]] = 0.0
+                    timeouts[name] += 1
+                    rest = task.rows[task.done + 1 :]
+                    last[task.fn_index] = now
+                    retire(fd, w)
+                    if rest:
+                        tasks.appendleft(_Task(task.fn_index, "items", rest))
+            if now >= deadline:
+                break
+        # The batch deadline: whatever is still running or waiting is stopped.
+        for fd, w in list(busy.items()):
+            task = w.task
+            if task.mode == "items":
+                tasks.appendleft(_Task(task.fn_index, "items", task.rows[task.done :]))
+            else:
+                fail(task.fn_index, f"timed out after {self.timeout_s:g} s (worker process killed)")
+            if fd in busy:
+                retire(fd, w)
+        for task in tasks:
+            name = self.functions[task.fn_index][0]
+            if task.mode == "batch":
+                fail(task.fn_index, f"timed out after {self.timeout_s:g} s (worker process killed)")
+            elif errors[name] is None:
+                for i in task.rows:
+                    values[name][i] = 0.0
+                timeouts[name] += len(task.rows)
+        end = time.monotonic()
+        for k, (name, _, _) in enumerate(self.functions):
+            seconds[name] = (last.get(k, end) - first[k]) if k in first else 0.0
+
+    # --- threads --------------------------------------------------------------------------------
+    def _run_threads(self, prompts, completions, columns, values, errors, seconds) -> None:
+        """isolation="thread": each function in a thread; a timed-out one is abandoned (a daemon
+        thread that keeps running: Python cannot stop it), its late result ignored."""
+        boxes, threads = {}, {}
         start = time.monotonic()
         for name, fn, _ in self.functions:
             box: dict = {}
             # Copies: a function that mutates its inputs must not change what the next one sees.
             kwargs = {k: list(v) if isinstance(v, (list, tuple)) else v for k, v in columns.items()}
-            t = threading.Thread(
-                target=_call,
-                args=(fn, list(prompts), list(completions), kwargs, box, start),
-                name=f"reward-{name}",
-                daemon=True,
-            )
+            args = (fn, list(prompts), list(completions), kwargs, box, start)
+            t = threading.Thread(target=_thread_call, args=args, name=f"reward-{name}", daemon=True)
             t.start()
             boxes[name], threads[name] = box, t
-        per_function, errors, failed, seconds = {}, {}, {}, {}
         for name, _, _ in self.functions:
             threads[name].join(max(0.0, start + self.timeout_s - time.monotonic()))
             box = boxes[name]
-            error = None
-            values: list[float | None] = [None] * n
             if threads[name].is_alive():
-                error = f"timed out after {self.timeout_s:g} s (thread abandoned; it cannot be killed)"
+                errors[name] = f"timed out after {self.timeout_s:g} s (thread abandoned; it cannot be killed)"
                 seconds[name] = self.timeout_s
+                continue
+            seconds[name] = box["seconds"]
+            status, payload = box["result"]
+            if status == "ok":
+                values[name] = payload
             else:
-                seconds[name] = box.get("seconds", 0.0)
-                if "error" in box:
-                    error = f"raised {box['error']}"
-                else:
-                    try:
-                        values = _check(box.get("values"), n)
-                    except Exception as e:
-                        error = str(e)
-            if error is not None:
-                log.warning("reward function %r failed: %s; it contributes 0 to this batch", name, error)
-                values = [None] * n
-            per_function[name], errors[name], failed[name] = values, error, error is not None
-        total = [0.0] * n
-        for name, _, weight in self.functions:
-            for i, v in enumerate(per_function[name]):
-                if v is not None:
-                    total[i] += weight * v
-        return RewardResult(total, per_function, errors, failed, seconds)
+                errors[name] = payload
 
 
-def _call(fn: Callable, prompts: list, completions: list, kwargs: dict, box: dict, start: float) -> None:
-    try:
-        box["values"] = fn(prompts=prompts, completions=completions, **kwargs)
-    except BaseException as e:  # noqa: BLE001 - reported by the runner, never swallowed
-        box["error"] = f"{type(e).__name__}: {str(e)[:500]}"
+def _thread_call(
+    fn: Callable, prompts: list, completions: list, kwargs: dict, box: dict, start: float
+) -> None:
+    box["result"] = _call_checked(fn, prompts, completions, kwargs)
     box["seconds"] = time.monotonic() - start
