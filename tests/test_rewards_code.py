@@ -1,8 +1,13 @@
 """code_tests and the sandbox: real subprocesses, small limits. Each adversarial row is something a
-reward-hacking policy would try; it must score 0 (or its honest partial value) and leave the host alone."""
+reward-hacking policy would try; it must score 0 (or its honest partial value) and leave the host alone.
+The larger hostile suite, run as root and as an unprivileged user, is tests/test_sandbox_hostile.py."""
 
 import os
+import shutil
 import socket
+import subprocess
+import sys
+import textwrap
 import uuid
 
 import pytest
@@ -113,12 +118,18 @@ ROWS = [
         0.0,
     ),
     (
-        "override __builtins__",
+        "shadow builtins the tests use",  # the tests' len/abs are the driver's own
+        fenced("len = lambda x: 0\nabs = lambda x: 0\ndef add(a, b): return a * 10\n"),
+        ["assert abs(add(1, 2) - 3) < 1e-9", "assert len([1]) == 1"],
+        0.5,
+    ),
+    (
+        "override __builtins__ (breaks only its own sandbox)",
         fenced(
             "import builtins\nbuiltins.AssertionError = type('E', (Exception,), {})\nbuiltins.len = lambda x: 0\n__builtins__ = {}\ndef add(a, b): return 0\n"
         ),
         ["assert add(1, 2) == 3", "assert len([1]) == 1"],
-        0.5,
+        0.0,
     ),
     (
         "disable the assert rewriting",
@@ -200,6 +211,13 @@ ROWS = [
     ),
     ("memory bomb, growing", fenced("x = []\nwhile True: x.append(' ' * 10**7)\n"), ASSERT_TESTS, 0.0),
     ("output flood", fenced("while True: print('x' * 10000)"), IO_TESTS, 0.0),
+    ("returns None", fenced("def add(a, b):\n    a + b\n"), ASSERT_TESTS, 0.0),
+    (
+        "mock.ANY",
+        fenced("from unittest import mock\ndef add(a, b): return mock.ANY\n"),
+        FUNC_TESTS,
+        0.0,
+    ),
     (
         "writes outside its directory",
         fenced(
@@ -252,7 +270,7 @@ def test_host_unharmed(scores):
     assert not os.path.exists("/pwned")
 
 
-@pytest.mark.skipif(not ISOLATED, reason="network namespaces need root")
+@pytest.mark.skipif(not ISOLATED, reason="no user namespaces on this host")
 def test_no_network(scores):
     assert scores[1] == []
 
@@ -261,6 +279,209 @@ def test_not_applicable_and_missing_column():
     assert reward([None, None], ["x", "y"], tests=[None, "[]"]) == [None, None]
     with pytest.raises(KeyError, match="tests"):
         reward([None], ["x"], test_list=["assert True"])
+
+
+HUMANEVAL = [  # (canonical solution, test, entry point): HumanEval/0, /32, /107, /111
+    (
+        """
+        from typing import List
+        def has_close_elements(numbers: List[float], threshold: float) -> bool:
+            for idx, elem in enumerate(numbers):
+                for idx2, elem2 in enumerate(numbers):
+                    if idx != idx2:
+                        distance = abs(elem - elem2)
+                        if distance < threshold:
+                            return True
+            return False
+        """,
+        """
+        METADATA = {'author': 'jt', 'dataset': 'test'}
+        def check(candidate):
+            assert candidate([1.0, 2.0, 3.9, 4.0, 5.0, 2.2], 0.3) == True
+            assert candidate([1.0, 2.0, 3.9, 4.0, 5.0, 2.2], 0.05) == False
+            assert candidate([1.0, 2.0, 5.9, 4.0, 5.0], 0.95) == True
+            assert candidate([1.1, 2.2, 3.1, 4.1, 5.1], 1.0) == True
+        """,
+        "has_close_elements",
+    ),
+    (
+        """
+        import math
+        def poly(xs: list, x: float):
+            return sum([coeff * math.pow(x, i) for i, coeff in enumerate(xs)])
+        def find_zero(xs: list):
+            begin, end = -1., 1.
+            while poly(xs, begin) * poly(xs, end) > 0:
+                begin *= 2.0
+                end *= 2.0
+            while end - begin > 1e-10:
+                center = (begin + end) / 2.0
+                if poly(xs, center) * poly(xs, begin) > 0:
+                    begin = center
+                else:
+                    end = center
+            return begin
+        """,
+        """
+        def check(candidate):
+            import math
+            import random
+            rng = random.Random(42)
+            import copy
+            for _ in range(30):
+                ncoeff = 2 * rng.randint(1, 4)
+                coeffs = []
+                for _ in range(ncoeff):
+                    coeff = rng.randint(-10, 10)
+                    if coeff == 0:
+                        coeff = 1
+                    coeffs.append(coeff)
+                solution = candidate(copy.deepcopy(coeffs))
+                assert math.fabs(poly(coeffs, solution)) < 1e-4
+        """,
+        "find_zero",
+    ),
+    (
+        """
+        def even_odd_palindrome(n):
+            def is_palindrome(n):
+                return str(n) == str(n)[::-1]
+            even_palindrome_count = 0
+            odd_palindrome_count = 0
+            for i in range(1, n+1):
+                if i%2 == 1 and is_palindrome(i):
+                    odd_palindrome_count += 1
+                elif i%2 == 0 and is_palindrome(i):
+                    even_palindrome_count += 1
+            return (even_palindrome_count, odd_palindrome_count)
+        """,
+        """
+        def check(candidate):
+            assert candidate(123) == (8, 13)
+            assert candidate(12) == (4, 6)
+            assert candidate(9) == (4, 5), "This prints if this assert fails 1 (good for debugging!)"
+            assert candidate(1) == (0, 1), "This prints if this assert fails 2 (also good for debugging!)"
+        """,
+        "even_odd_palindrome",
+    ),
+    (
+        """
+        def histogram(test):
+            dict1={}
+            list1=test.split(" ")
+            t=0
+            for i in list1:
+                if(list1.count(i)>t) and i!='':
+                    t=list1.count(i)
+            if t>0:
+                for i in list1:
+                    if(list1.count(i)==t):
+                        dict1[i]=t
+            return dict1
+        """,
+        """
+        def check(candidate):
+            assert candidate('a b b a') == {'a':2,'b': 2}, "This prints if this assert fails 1 (good for debugging!)"
+            assert candidate('a b c a b') == {'a': 2, 'b': 2}
+            assert candidate('') == {}
+            assert candidate('a') == {'a': 1}
+        """,
+        "histogram",
+    ),
+]
+
+
+def test_humaneval_canonical_solutions_pass_and_none_fails():
+    completions, tests = [], []
+    for solution, test, entry in HUMANEVAL:
+        body = textwrap.dedent(test) + f"\ncheck({entry})\n"
+        completions += [fenced(textwrap.dedent(solution)), fenced(f"def {entry}(*args):\n    return None\n")]
+        tests += [body, body]
+    assert reward([None] * len(tests), completions, tests=tests) == [1.0, 0.0] * len(HUMANEVAL)
+
+
+def test_plain_data_semantics():
+    rows = [  # (code, tests, expected)
+        (
+            "def sort_in_place(xs):\n    xs.sort()\n",
+            "l = [3, 1, 2]\nsort_in_place(l)\nassert l == [1, 2, 3]\n",
+            1.0,
+        ),
+        (
+            "def div(a, b):\n    return a / b\n",
+            "try:\n    div(1, 0)\nexcept ZeroDivisionError:\n    pass\nelse:\n    raise AssertionError\n",
+            1.0,
+        ),
+        (
+            "import math\ndef area(r):\n    return math.pi * r * r\n",
+            ["assert math.isclose(area(2), 12.566, rel_tol=0.001)"],
+            1.0,
+        ),
+        (
+            "from collections import Counter\ndef count(s):\n    return Counter(s)\n",
+            "assert count('aab') == {'a': 2, 'b': 1}\n",
+            1.0,
+        ),
+        (
+            "def pairs():\n    return {(1, 2): {3}, 4: frozenset([5]), 'x': b'y'}\n",
+            "assert pairs() == {(1, 2): {3}, 4: frozenset([5]), 'x': b'y'}\n",
+            1.0,
+        ),
+        ("def pair():\n    return [1, 2]\n", "assert pair() == (1, 2)\n", 0.0),  # a list is not a tuple
+        ("def missing():\n    return 1\n", "assert other() == 1\n", 0.0),
+    ]
+    assert reward([None] * len(rows), [fenced(r[0]) for r in rows], tests=[r[1] for r in rows]) == [
+        r[2] for r in rows
+    ]
+
+
+def test_tests_passing_a_function_are_refused_with_a_clear_error():
+    with pytest.raises(ValueError, match=r"row 0 .*plain data"):
+        reward(
+            [None],
+            [fenced("def apply(f, x):\n    return f(x)\n")],
+            tests=["assert apply(lambda x: x + 1, 1) == 2"],
+        )
+
+
+@pytest.mark.skipif(shutil.which("unshare") is None, reason="needs util-linux's unshare")
+def test_refuses_without_isolation_unless_asked():
+    """In a user namespace whose max_user_namespaces is 0, the sandbox cannot isolate: `auto`
+    refuses to run the code, `isolation="none"` runs it with a warning."""
+    script = textwrap.dedent(
+        """
+        import logging, sys
+        from grpokit.rewards.code import make_code_tests
+        args = ([None], ["def add(a, b):\\n    return a + b\\n"])
+        try:
+            make_code_tests()(*args, tests=["assert add(1, 2) == 3"])
+            print("ran")
+        except RuntimeError as e:
+            print("refused" if "isolation='none'" in str(e) else e)
+        logging.basicConfig(level=logging.WARNING)
+        print(make_code_tests(isolation="none", timeout_s=5)(*args, tests=["assert add(1, 2) == 3"]))
+        """
+    )
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.run(
+        [
+            "unshare",
+            "-Ur",
+            "sh",
+            "-c",
+            'echo 0 > /proc/sys/user/max_user_namespaces && exec "$0" -c "$1"',
+            sys.executable,
+            script,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=root,
+    )
+    if proc.returncode != 0 and "unshare failed" in proc.stderr:
+        pytest.skip(f"user namespaces unavailable: {proc.stderr.strip()}")
+    assert proc.stdout.split() == ["refused", "[1.0]"], proc.stderr[-2000:]
+    assert "isolation='none'" in proc.stderr and "signal or ptrace" in proc.stderr
 
 
 def test_fallback_isolation_none_still_scores_and_limits():
@@ -293,5 +514,4 @@ def test_many_threads_are_limited():
         "        threading.Thread(target=time.sleep, args=(1,)).start(); n += 1\n"
         "    except RuntimeError: break\ndef count(): return n\n"
     )
-    value = reward([None], [code], tests=["assert count() < 100"])[0]
-    assert value == (1.0 if ISOLATED else value)
+    assert reward([None], [code], tests=["assert count() < 100"]) == [1.0]

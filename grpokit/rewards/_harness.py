@@ -1,117 +1,175 @@
-"""Child side of the code sandbox. Run as a script by `grpokit.rewards.sandbox`, never imported.
+"""Sandbox side of the code sandbox: runs model-written code. A script started by `sandbox.py`,
+never imported by grpokit. It never sees a test, an expected value or a verdict.
 
-argv[1] is a JSON config (limits, uid, mode); it holds no test data. A pipe (payload_fd) carries the payload as
-two length-prefixed blobs: the candidate's code, then (read only after the candidate's top-level
-code has run) the tests and a per-run nonce. Another pipe (result_fd) receives one line per finished test case,
-"<nonce> <index> <0|1>", written by this harness after the case actually ran. Anything the
-candidate prints goes to stdout/stderr, which the parent never parses for results.
+argv[1] is a JSON config: mode, limits, whether to isolate, and the numbers of the pipes it gets:
+  ctl    (parent -> here) one byte "g" once the uid/gid maps are written; end of file = stop now
+  status (here -> parent) "u" once the namespaces exist, "e" if that failed
+  req    (parent -> here) framed JSON: first the code, then (serve mode) one call per message
+  resp   (here -> parent, serve mode) one framed JSON answer per call
 
-Order of events (root, isolation on):
-  outer (host pid ns) -> unshare(net, mount, pid, ipc) -> fork
-    init (pid 1 of the new ns, root): private mounts, tmpfs on /tmp /var/tmp /dev/shm /run/lock,
-      fresh /proc, / remounted read-only, dies with outer (PDEATHSIG) -> fork
-      worker: rlimits, chdir /tmp/work, drop to the slot uid, exec candidate, run tests
-When init exits the kernel kills everything left in the namespace (forks, daemons).
+Processes (isolate=True, root or not):
+  outer: drops supplementary groups if root, unshare(user, mount, pid, net, ipc, uts), "u" -> the
+    parent writes uid_map/gid_map ("1000 <outside uid> 1": the trainer's own uid, or as root one
+    unprivileged uid per concurrent sandbox) -> "g" -> setresuid(1000) -> fork:
+  init (pid 1 of the new pid namespace): builds a new root on a small tmpfs with /usr, /lib*, /bin,
+    /sbin, the interpreter's prefix (and site-packages if asked) bound read-only, /dev/{null,zero,
+    full,random,urandom}, its own /proc, and a writable tmpfs of `tmpfs_mb` MiB at /tmp (cwd, HOME,
+    TMPDIR); pivot_root into it and detach the host's root; the new root is remounted read-only;
+    max_user_namespaces = 0 in its user namespace (no nested namespaces, hence no new mounts);
+    all capabilities dropped, no_new_privs, rlimits, a new session; then it runs the candidate.
+  The outer process waits for init or for end of file on ctl, whichever comes first, and then
+  SIGKILLs init, which takes every process of the pid namespace with it (the kernel kills them
+  all when pid 1 dies). The candidate cannot see or signal the outer process, its parent's
+  processes or anything else outside: they are not in its pid namespace.
+
+serve mode: the code runs once as module `__solution__`; then each request {"name", "args",
+"kwargs"} calls that global with plain-data arguments and answers {"ok": value, "args": [...],
+"kwargs": {...}} (the arguments after the call, so in-place changes are seen), {"raise": name,
+"msg": text} or {"error": text}. stdio mode: the code runs as `__main__` with the parent's stdin,
+stdout and stderr; the exit status is relayed.
+
+isolate=False (only with isolation="none"): no namespaces, no uid change; rlimits, a new session
+and a scratch directory made by the parent.
 """
 
-import ast
-import builtins
 import ctypes
 import json
 import os
 import resource
+import select
 import signal
 import sys
+from importlib.util import module_from_spec, spec_from_file_location
 
-CLONE_NEWNS = 0x00020000
-CLONE_NEWIPC = 0x08000000
-CLONE_NEWPID = 0x20000000
-CLONE_NEWNET = 0x40000000
-MS_RDONLY, MS_NOSUID, MS_NODEV, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 1, 2, 4, 32, 4096, 16384, 1 << 18
-PR_SET_PDEATHSIG = 1
-WORKDIR = "/tmp/work"
+CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC = 0x00020000, 0x04000000, 0x08000000
+CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x10000000, 0x20000000, 0x40000000
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT = 1, 2, 4, 8, 32
+MS_NOATIME, MS_NODIRATIME, MS_BIND, MS_REC, MS_PRIVATE, MS_RELATIME = (
+    1024,
+    2048,
+    4096,
+    16384,
+    1 << 18,
+    1 << 21,
+)
+ST_TO_MS = {2: MS_NOSUID, 4: MS_NODEV, 8: MS_NOEXEC, 1024: MS_NOATIME, 2048: MS_NODIRATIME, 4096: MS_RELATIME}
+MNT_DETACH = 2
+PR_SET_PDEATHSIG, PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS = 1, 24, 38
+SANDBOX_ID = 1000
+ROOT = "/tmp"  # mount point of the new root's tmpfs, inside the private mount namespace only
+HOST_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib64", "/lib32", "/libx32")
+DEVICES = ("null", "zero", "full", "random", "urandom")
+
+_spec = spec_from_file_location(
+    "_grpokit_plain", os.path.join(os.path.dirname(os.path.abspath(__file__)), "_plain.py")
+)
+plain = module_from_spec(_spec)
+_spec.loader.exec_module(plain)
+libc = ctypes.CDLL(None, use_errno=True)
+libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
+libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
+libc.syscall.restype = ctypes.c_long
 
 
-def _read_exact(fd, n):
-    chunks = []
-    while n > 0:
-        chunk = os.read(fd, min(n, 1 << 20))
-        if not chunk:
-            raise EOFError("payload pipe closed early")
-        chunks.append(chunk)
-        n -= len(chunk)
-    return b"".join(chunks)
+def _check(ret, what):
+    if ret != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"{what}: {os.strerror(err)}")
 
 
-def _read_blob(fd):
-    n = int.from_bytes(_read_exact(fd, 8), "little")
-    return _read_exact(fd, n).decode("utf-8", "replace")
+def _mount(src, dst, fstype, flags, data=None):
+    enc = lambda s: None if s is None else s.encode()  # noqa: E731
+    _check(libc.mount(enc(src), enc(dst), enc(fstype), flags, enc(data)), f"mount {dst}")
 
 
-def _isolate(cfg):
-    """New namespaces and a private filesystem view. Returns in the worker process only."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
-    if libc.unshare(CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWPID | CLONE_NEWIPC) != 0:
-        raise OSError(ctypes.get_errno(), "unshare failed")
-    if libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None) != 0:
-        raise OSError(ctypes.get_errno(), "making / private failed")
-    pid = os.fork()
-    if pid:  # outer: relay init's exit status
-        _, status = os.waitpid(pid, 0)
-        os._exit(os.waitstatus_to_exitcode(status) & 0xFF)
-    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    size = f"size={int(cfg['tmpfs_mb'])}m,mode=755".encode()
-    for target in (b"/tmp", b"/var/tmp", b"/dev/shm", b"/run/lock"):
-        if os.path.isdir(target):
-            libc.mount(b"tmpfs", target, b"tmpfs", MS_NOSUID | MS_NODEV, size)
-    libc.mount(b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV, None)
-    libc.mount(None, b"/", None, MS_REMOUNT | MS_BIND | MS_RDONLY, None)
-    # The interpreter may live where the sandbox uid cannot read (e.g. /root/.pyenv): bind its
-    # prefixes read-only under /tmp and point sys.path there.
-    prefixes = {sys.base_prefix, sys.prefix, sys.exec_prefix, sys.base_exec_prefix}
-    moved = []
-    for i, src in enumerate(sorted(prefixes, key=len, reverse=True)):
-        dst = f"/tmp/.python{i}"
-        os.mkdir(dst, 0o755)
-        if libc.mount(src.encode(), dst.encode(), None, MS_BIND | MS_REC, None) == 0:
-            libc.mount(None, dst.encode(), None, MS_REMOUNT | MS_BIND | MS_RDONLY, None)
-            moved.append((src.rstrip("/") + "/", dst + "/"))
+def _bind_ro(src, dst, sources):
+    """Bind host path `src` at `dst` read-only, keeping the locked flags of its mount (nosuid, ...).
+    The source is reached through an O_PATH descriptor opened before the uid changed: as root,
+    the interpreter may live under a directory the sandbox uid cannot enter (/root/.pyenv)."""
+    fd = sources[src]
+    _mount(f"/proc/self/fd/{fd}", dst, None, MS_BIND | MS_REC)
+    keep = 0
+    f_flag = os.fstatvfs(fd).f_flag
+    for st, ms in ST_TO_MS.items():
+        if f_flag & st:
+            keep |= ms
+    _mount(None, dst, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV | keep)
 
-    def relocate(paths):
-        for j, entry in enumerate(paths):
-            for src, dst in moved:
-                if isinstance(entry, str) and (entry.rstrip("/") + "/").startswith(src):
-                    paths[j] = dst + entry[len(src) :]
-                    break
 
-    relocate(sys.path)
-    for module in list(sys.modules.values()):  # packages already imported look up submodules here
-        if isinstance(getattr(module, "__path__", None), list):
-            relocate(module.__path__)
-    sys.path_importer_cache.clear()
-    os.makedirs(WORKDIR, mode=0o700)
-    os.chown(WORKDIR, cfg["uid"], cfg["uid"])
-    pid = os.fork()
-    if pid:  # init: reap everything, exit with the worker's status (then the ns dies)
-        code = 1
-        while True:
-            try:
-                p, status = os.wait()
-            except ChildProcessError:
-                break
-            if p == pid:
-                code = os.waitstatus_to_exitcode(status) & 0xFF
-                break
-        os._exit(code)
+def _open_sources(cfg):
+    """O_PATH descriptors of every host path the new root shows (taken before the uid changes)."""
+    paths = [d for d in HOST_DIRS if os.path.isdir(d) and not os.path.islink(d)]
+    paths += _readonly_paths(cfg["site_packages"])
+    paths += [f"/dev/{name}" for name in DEVICES] + [p for p in ("/etc/ld.so.cache",) if os.path.isfile(p)]
+    return {p: os.open(p, os.O_PATH | os.O_CLOEXEC) for p in paths}
+
+
+def _readonly_paths(site_packages):
+    """Host paths the interpreter needs: system dirs and its prefix (+ site-packages if asked)."""
+    paths = {os.path.realpath(p) for p in (sys.base_prefix, sys.base_exec_prefix)}
+    paths.add(os.path.dirname(os.path.realpath(sys.executable)))
+    if site_packages:
+        paths.update(os.path.realpath(p) for p in sys.path if p and os.path.isdir(p))
+    paths = {p for p in paths if not any(p == d or p.startswith(d + "/") for d in HOST_DIRS)}
+    return sorted(p for p in paths if not any(p.startswith(q + "/") for q in paths))
+
+
+def _build_root(cfg, sources):
+    """Private mounts and pivot_root into a minimal read-only root with a size-capped /tmp."""
+    _mount(None, "/", None, MS_REC | MS_PRIVATE)
+    _mount("tmpfs", ROOT, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=755")
+    for d in HOST_DIRS:
+        if os.path.islink(d):
+            os.symlink(os.readlink(d), ROOT + d)
+        elif os.path.isdir(d):
+            os.mkdir(ROOT + d)
+            _bind_ro(d, ROOT + d, sources)
+    for p in _readonly_paths(cfg["site_packages"]):
+        os.makedirs(ROOT + p, exist_ok=True)
+        _bind_ro(p, ROOT + p, sources)
+    os.makedirs(ROOT + "/etc")
+    os.mkdir(ROOT + "/dev")
+    for p in sources:
+        if p.startswith(("/dev/", "/etc/")):
+            open(ROOT + p, "w").close()
+            _mount(f"/proc/self/fd/{sources[p]}", ROOT + p, None, MS_BIND)
+            if p.startswith("/etc/"):
+                _mount(
+                    None, ROOT + p, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC
+                )
+    for fd in sources.values():
+        os.close(fd)
+    os.mkdir(ROOT + "/proc")
+    _mount("proc", ROOT + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    os.mkdir(ROOT + "/tmp")
+    _mount("tmpfs", ROOT + "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, f"size={int(cfg['tmpfs_mb'])}m,mode=700")
+    os.chdir(ROOT)
+    _check(libc.syscall(155, b".", b"."), "pivot_root")  # 155: pivot_root on x86_64
+    _check(libc.umount2(b".", MNT_DETACH), "detach the host root")
+    os.chdir("/")
+    _mount(None, "/", None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
+    # No nested user namespaces: without them the candidate cannot get back a capability to
+    # mount (an unbounded tmpfs, say) or to undo the above.
+    with open("/proc/sys/user/max_user_namespaces", "w") as f:
+        f.write("0")
+
+
+def _drop_capabilities():
+    for cap in range(64):
+        if libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:
+            break
+    header = (ctypes.c_uint32 * 2)(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3, this thread
+    data = (ctypes.c_uint32 * 6)()
+    _check(libc.capset(header, data), "capset")
+    _check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
 
 
 def _limit(cfg):
     def both(which, value):
         resource.setrlimit(which, (value, value))
 
-    cpu = int(cfg["cpu_s"]) + (0 if float(cfg["cpu_s"]).is_integer() else 1)
-    resource.setrlimit(resource.RLIMIT_CPU, (max(1, cpu), max(1, cpu) + 1))
+    cpu = max(1, int(-(-float(cfg["cpu_s"]) // 1)))
+    resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
     both(resource.RLIMIT_AS, int(cfg["memory_mb"]) << 20)
     both(resource.RLIMIT_FSIZE, int(cfg["file_mb"]) << 20)
     both(resource.RLIMIT_NOFILE, 64)
@@ -119,281 +177,134 @@ def _limit(cfg):
     both(resource.RLIMIT_NPROC, int(cfg["max_processes"]))
 
 
-def _drop_privileges(uid):
-    os.setgroups([])
-    os.setgid(uid)
-    os.setuid(uid)
-
-
-# --- comparisons the candidate's objects cannot fake --------------------------------------------
-_PLAIN_SCALARS = frozenset([int, float, complex, bool, str, bytes, type(None)])
-_PLAIN_CONTAINERS = frozenset([list, tuple, set, frozenset, dict])
-_HEAPTYPE = 1 << 9
-_PREIMPORT = (
-    "collections",
-    "fractions",
-    "decimal",
-    "math",
-    "itertools",
-    "functools",
-    "heapq",
-    "bisect",
-    "re",
-)
-
-
-def _make_guards(trusted_types, prefixes):
-    """`cmp`/`truth` used by the rewritten tests. An operand is trusted when it is plain data (exact
-    builtin types, recursively) or an instance of a type that existed before the candidate ran, that
-    the tests define, that is a C type, or that an installed module defines. Objects of classes the
-    candidate made (the "always equal" hack: __eq__ returning True, a truthy __bool__) make the
-    comparison fail. Every helper is bound here, after builtins were restored, so later patches by
-    the candidate's functions do not reach them."""
-    _type, _id, _set, _map, _len, _list, _zip, _bool = type, id, set, map, len, list, zip, bool
-    _getattr, _isinstance, _str, _modules = getattr, isinstance, str, sys.modules
-    mro_of = type.__dict__["__mro__"].__get__
-    flags_of = type.__dict__["__flags__"].__get__
-    module_of = type.__dict__["__module__"].__get__
-    qualname_of = type.__dict__["__qualname__"].__get__
-    ops = {
-        "Eq": lambda a, b: a == b,
-        "NotEq": lambda a, b: a != b,
-        "Lt": lambda a, b: a < b,
-        "LtE": lambda a, b: a <= b,
-        "Gt": lambda a, b: a > b,
-        "GtE": lambda a, b: a >= b,
-        "In": lambda a, b: a in b,
-        "NotIn": lambda a, b: a not in b,
-    }
-
-    def installed(cls):
-        try:
-            mod = _modules.get(module_of(cls))
-            path = _getattr(mod, "__file__", None)
-            if not _isinstance(path, _str) or not path.startswith(prefixes):
-                return False
-            obj = mod
-            for part in qualname_of(cls).split("."):
-                obj = _getattr(obj, part)
-            return obj is cls
-        except BaseException:
-            return False
-
-    def trusted_type(t):
-        for c in mro_of(t):
-            if _id(c) in trusted_types or not flags_of(c) & _HEAPTYPE:
-                continue
-            if not installed(c):
-                return False
-        return True
-
-    def trusted(x, budget=200_000):
-        stack = [x]
-        while stack:
-            budget -= 1
-            if budget < 0:
-                return False
-            v = stack.pop()
-            t = _type(v)
-            if t in _PLAIN_SCALARS:
-                continue
-            if t in _PLAIN_CONTAINERS:
-                items = _list(dict.items(v)) if t is dict else v
-                if _set(_map(_type, items)) <= _PLAIN_SCALARS:
-                    budget -= _len(items)
-                    continue
-                if t is dict:
-                    for k, w in items:
-                        stack.append(k)
-                        stack.append(w)
-                else:
-                    stack.extend(items)
-                continue
-            if not trusted_type(t):
-                return False
-        return True
-
-    def cmp(names, *operands):
-        for op, a, b in _zip(names, operands, operands[1:]):
-            if not (trusted(a) and trusted(b)):
-                return False
-            if not ops[op](a, b):
-                return False
-        return True
-
-    def truth(value):
-        return trusted(value) and _bool(value)
-
-    return cmp, truth
-
-
-class _Rewrite(ast.NodeTransformer):
-    """Route comparisons and assert conditions in the tests through the guards."""
-
-    def visit_Compare(self, node):
-        self.generic_visit(node)
-        names = [type(op).__name__ for op in node.ops]
-        if any(n in ("Is", "IsNot") for n in names):
-            return node  # identity cannot be faked
-        call = ast.Call(
-            func=ast.Name("__grpokit_cmp__", ast.Load()),
-            args=[ast.Constant(tuple(names)), node.left, *node.comparators],
-            keywords=[],
-        )
-        return ast.copy_location(call, node)
-
-    def visit_Assert(self, node):
-        self.generic_visit(node)
-        node.test = ast.copy_location(
-            ast.Call(func=ast.Name("__grpokit_truth__", ast.Load()), args=[node.test], keywords=[]), node.test
-        )
-        return node
-
-
-def _compile_tests(src, name):
-    tree = ast.fix_missing_locations(_Rewrite().visit(ast.parse(src)))
-    return compile(tree, name, "exec", optimize=0, dont_inherit=True), tree
-
-
-def _snapshot():
-    """Module and class dicts the harness relies on after the candidate ran (restored before tests)."""
-    import gc
-    import json.decoder
-    import json.scanner
-
-    for name in _PREIMPORT:
-        __import__(name)
-    modules = [builtins, ast, json, json.decoder, json.scanner, os, sys.modules[__name__]]
-    classes = [_Rewrite, ast.NodeTransformer, ast.NodeVisitor, ast.AST, json.JSONDecoder]
-    saved = [(vars(m), dict(vars(m))) for m in modules]
-    saved_cls = [(c, dict(vars(c))) for c in classes]
-    type_ids = {id(t) for t in gc.get_objects() if isinstance(t, type)}
-    type_ids.update(id(t) for t in vars(builtins).values() if isinstance(t, type))
-    return saved, saved_cls, type_ids
-
-
-def _restore(saved, saved_cls):
-    for d, copy in saved:
-        d.clear()
-        d.update(copy)
-    for cls, copy in saved_cls:
-        for k in set(vars(cls)) - set(copy):
-            delattr(cls, k)
-        for k, v in copy.items():
-            if k not in ("__dict__", "__weakref__", "__doc__") and vars(cls).get(k) is not v:
-                setattr(cls, k, v)
-
-
-def _run_assert(cfg, payload_fd, result_fd):
-    _write, _exc, _exit, _str, _enumerate = os.write, BaseException, os._exit, str, enumerate
-    saved, saved_cls, trusted_types = _snapshot()
-    read_blob, loads, restore, make_guards, compile_tests = (
-        _read_blob,
-        json.loads,
-        _restore,
-        _make_guards,
-        _compile_tests,
-    )
-    prefixes = tuple({sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix})
-    code = read_blob(payload_fd)
-    ns = {"__name__": "__solution__", "__builtins__": builtins}
-    loaded = True
+def _serve(cfg, req, resp):
+    code = plain.recv(req, cfg["max_message_bytes"])
+    ns = {"__name__": "__solution__", "__builtins__": __builtins__}
+    dumps, send, recv, encode, decode = plain.dumps, plain.write_all, plain.recv, plain.encode, plain.decode
     try:
-        exec(compile(code, "<solution>", "exec", optimize=0, dont_inherit=True), ns)
-    except _exc:  # SystemExit included: exiting before the tests means no test ran
-        loaded = False
-    restore(saved, saved_cls)
-    # Only now read the tests and the nonce: the candidate's top level never had them in memory.
-    tests = loads(read_blob(payload_fd))
-    os.close(payload_fd)
-    nonce = tests["nonce"]
-    if not loaded:
-        _exit(3)
-    cmp, truth = make_guards(trusted_types, prefixes)
-    test_ns = dict(ns)
-    test_ns.update(__name__="__tests__", __builtins__=builtins, __grpokit_cmp__=cmp, __grpokit_truth__=truth)
-
-    def trust_test_classes(tree):
-        for node in tree.body:
-            if isinstance(node, ast.ClassDef) and isinstance(test_ns.get(node.name), type):
-                trusted_types.add(id(test_ns[node.name]))
-
-    if tests["kind"] == "functions":  # one source defining test_* functions: each is a case
+        exec(compile(code, "<solution>", "exec", dont_inherit=True), ns)
+        answer = {"ok": None}
+    except BaseException as e:  # noqa: BLE001 - the candidate's top level failed; the driver is told
+        answer = {"error": f"top level raised {type(e).__name__}"}
+    send(resp, dumps(answer))
+    if "error" in answer:
+        os._exit(3)
+    while True:
+        request = recv(req, cfg["max_message_bytes"])
         try:
-            compiled, tree = compile_tests(tests["cases"][0], "<tests>")
-            exec(compiled, test_ns)
-            trust_test_classes(tree)
-            functions = [test_ns[f] for f in tests["functions"]]
-        except _exc:
-            _exit(4)
-        for i, fn in _enumerate(functions):
-            try:
-                fn()
-                ok = 1
-            except _exc:
-                ok = 0
-            _write(result_fd, f"{nonce} {i} {ok}\n".encode())
-    else:  # each source is one all-or-nothing case, run in order in a shared namespace
-        compiled = []
-        for i, src in _enumerate(tests["cases"]):  # compile all before any candidate code runs again
-            try:
-                compiled.append(compile_tests(src, f"<tests-{i}>"))
-            except _exc:
-                compiled.append(None)
-        for i, item in _enumerate(compiled):
-            ok = 0
-            if item is not None:
-                try:
-                    exec(item[0], test_ns)
-                    trust_test_classes(item[1])
-                    ok = 1
-                except _exc:
-                    ok = 0
-            _write(result_fd, f"{nonce} {i} {ok}\n".encode())
-    _write(result_fd, f"{nonce} done\n".encode())
-    _exit(0)  # skip atexit handlers and non-daemon threads the candidate may have left
+            args = decode(request["args"])
+            kwargs = decode(request["kwargs"])
+            fn = ns.get(request["name"])
+            if not callable(fn):
+                answer = {"raise": "NameError", "msg": f"name {request['name']!r} is not a function"}
+            else:
+                value = fn(*args, **kwargs)
+                answer = {"ok": encode(value), "args": encode(args), "kwargs": encode(kwargs)}
+        except plain.NotPlain as e:
+            answer = {"error": str(e)}
+        except BaseException as e:  # noqa: BLE001 - becomes the same exception in the driver, if built-in
+            answer = {"raise": type(e).__name__, "msg": str(e)[:1000]}
+        try:
+            data = dumps(answer)
+        except BaseException:  # noqa: BLE001
+            data = dumps({"error": "answer not serialisable"})
+        send(resp, data)
 
 
-def _run_stdio(payload_fd, result_fd):
-    code = _read_blob(payload_fd)
-    os.close(payload_fd)
-    os.close(result_fd)
-    ns = {"__name__": "__main__", "__builtins__": builtins}
+def _stdio(cfg, req):
+    code = plain.recv(req, cfg["max_message_bytes"])
+    os.close(req)
+    ns = {"__name__": "__main__", "__builtins__": __builtins__}
     status = 0
     try:
-        exec(compile(code, "<solution>", "exec", optimize=0, dont_inherit=True), ns)
+        exec(compile(code, "<solution>", "exec", dont_inherit=True), ns)
     except SystemExit as e:
         status = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-    except BaseException:
+    except BaseException:  # noqa: BLE001
         import traceback
 
         traceback.print_exc()
         status = 1
     try:
         sys.stdout.flush()
-    except BaseException:
+    except BaseException:  # noqa: BLE001
         status = status or 1
     os._exit(status & 0xFF)
 
 
+def _candidate(cfg, fds, sources):
+    """Init of the sandbox (or, without isolation, just the child): set up, then run the code."""
+    os.close(fds["ctl"])
+    os.close(fds["status"])
+    if cfg["isolate"]:
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        _build_root(cfg, sources)
+        _drop_capabilities()
+        workdir = "/tmp"
+    else:
+        workdir = cfg["workdir"]
+    os.setsid()
+    os.chdir(workdir)
+    os.environ.clear()
+    os.environ.update(PATH="/usr/local/bin:/usr/bin:/bin", LANG="C.UTF-8", HOME=workdir, TMPDIR=workdir)
+    _limit(cfg)
+    sys.setrecursionlimit(10_000)
+    if cfg["mode"] == "serve":
+        _serve(cfg, fds["req"], fds["resp"])
+    else:
+        _stdio(cfg, fds["req"])
+
+
+def _unshare(cfg, fds):
+    if os.geteuid() == 0:
+        os.setgroups([])
+    flags = CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS
+    try:
+        _check(libc.unshare(flags), "unshare")
+    except OSError:
+        os.write(fds["status"], b"e")
+        raise
+    os.write(fds["status"], b"u")
+    if os.read(fds["ctl"], 1) != b"g":
+        os._exit(1)  # the parent gave up
+    sources = _open_sources(cfg)  # in the new mount namespace, still with the caller's access
+    os.setresgid(SANDBOX_ID, SANDBOX_ID, SANDBOX_ID)
+    os.setresuid(SANDBOX_ID, SANDBOX_ID, SANDBOX_ID)
+    return sources
+
+
 def main():
     cfg = json.loads(sys.argv[1])
-    payload_fd, result_fd = cfg["payload_fd"], cfg["result_fd"]
+    fds = cfg["fds"]
+    sources = {}
     if cfg["isolate"]:
-        _isolate(cfg)
-        os.chdir(WORKDIR)
+        sources = _unshare(cfg, fds)
     else:
-        os.chdir(cfg["workdir"])
-    os.environ["HOME"] = os.getcwd()
-    os.environ["TMPDIR"] = os.getcwd()
-    _limit(cfg)
-    if cfg["isolate"]:
-        _drop_privileges(cfg["uid"])
-    sys.setrecursionlimit(10_000)
-    if cfg["mode"] == "assert":
-        _run_assert(cfg, payload_fd, result_fd)
-    else:
-        _run_stdio(payload_fd, result_fd)
+        os.write(fds["status"], b"u")
+        if os.read(fds["ctl"], 1) != b"g":
+            os._exit(1)
+    pid = os.fork()
+    if pid == 0:
+        try:
+            _candidate(cfg, fds, sources)
+        except BaseException as e:  # noqa: BLE001 - set-up failed: say why on stderr, never run the code
+            os.write(2, f"grpokit sandbox set-up failed: {e!r}\n".encode())
+        os._exit(125)
+    for fd in [fds["req"], fds["resp"], *sources.values()]:
+        if fd is not None:
+            os.close(fd)
+    # Wait for the candidate to end or the parent to say stop (or die: end of file on ctl).
+    child = os.pidfd_open(pid)
+    ready, _, _ = select.select([child, fds["ctl"]], [], [])
+    if child not in ready:
+        os.kill(pid, signal.SIGKILL)  # pid 1 of its namespace: the kernel kills all the rest
+    if not cfg["isolate"]:
+        try:
+            os.killpg(pid, signal.SIGKILL)  # its session's group; processes that left it survive
+        except OSError:
+            pass
+    _, status = os.waitpid(pid, 0)
+    os._exit(os.waitstatus_to_exitcode(status) & 0xFF if os.WIFEXITED(status) else 128 + os.WTERMSIG(status))
 
 
 if __name__ == "__main__":

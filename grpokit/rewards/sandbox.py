@@ -1,39 +1,39 @@
-"""Run untrusted Python in a subprocess sandbox (parent side; the child is `_harness.py`).
+"""Run model-written Python in a sandbox, as root or not (parent side; the child is `_harness.py`).
 
-What is isolated, with `isolation="namespaces"` (the default when running as root on Linux):
-  - network: a new network namespace with no interfaces up; connect()/bind to anything fails,
-    the host's loopback included.
-  - processes: a new PID namespace; when the program ends or is killed, every process it started
-    dies with it (fork bombs, daemons, setsid escapes). RLIMIT_NPROC caps tasks per sandbox: each
-    concurrent run gets its own unprivileged uid (60000 + slot) with no supplementary groups.
-  - filesystem: a private mount namespace; / is remounted read-only, /tmp /var/tmp /dev/shm
-    /run/lock are fresh small tmpfs; the program runs in a fresh /tmp/work, its HOME and TMPDIR.
-    Nothing it writes survives the run. It can still *read* world-readable host files (keep
-    datasets in directories other users cannot read) but not /proc of host processes.
-  - resources: RLIMIT_CPU (cpu_s), RLIMIT_AS (memory_mb), RLIMIT_FSIZE (file_mb), RLIMIT_NOFILE,
-    no core dumps; a wall-clock limit enforced by the parent, which kills the whole process group
-    (and so the namespace); stdout/stderr capped at max_output_bytes (the run is killed beyond).
-  - environment: a scrubbed environment (PATH, LANG only), `python -I -S` (no user site, no
-    site-packages unless `site_packages=True`, PYTHON* variables ignored), no inherited fds
-    except the payload and result pipes, stdin is /dev/null in assert mode.
-  - the tests are never on disk or in the environment or argv; they are sent through a pipe the
-    harness reads only after the candidate's top-level code has run.
+With isolation (`isolation="auto"`, the default, or `"namespaces"`), each run gets new user, mount,
+PID, network, IPC and UTS namespaces. They need no root: unprivileged user namespaces suffice
+(`unshare -Ur true` must work for the user; most distributions allow it). Root and non-root get
+the same guarantees:
+  - identity: the code runs as uid/gid 1000 inside, mapped to the trainer's own uid outside, or,
+    as root, to one unprivileged uid per concurrent sandbox (60000 + slot), with no supplementary
+    groups; it holds no capabilities (all dropped, bounding set included, no_new_privs) and
+    cannot create nested user namespaces (max_user_namespaces = 0 inside), so it cannot mount
+    or unmount anything.
+  - filesystem: a new root on a read-only tmpfs holding only /usr, /bin, /sbin, /lib*, the
+    interpreter's prefix (and site-packages with `site_packages=True`), all bound read-only,
+    /etc/ld.so.cache, five /dev nodes and a /proc of its own. The host's root is detached, so the
+    datasets, the trainer's files and /proc of host processes are not even visible. The only
+    writable place is /tmp (cwd, HOME, TMPDIR), a tmpfs of `tmpfs_mb` MiB that vanishes with the run.
+  - network: a network namespace with no interface up; connecting to anything, the host's
+    loopback included, fails.
+  - processes and signals: the code is pid 1 of its own PID namespace, in a session of its own;
+    nothing outside is visible, so nothing outside can be signalled (os.kill(os.getppid(), 9)
+    signals pid 0, i.e. its own group). When the run ends, or the parent or the trainer dies, the
+    harness kills pid 1 and the kernel kills every process of the namespace: no fork, daemon or
+    setsid escape outlives the call.
+  - resources: RLIMIT_CPU (cpu_s), RLIMIT_AS (memory_mb, per process), RLIMIT_NPROC
+    (max_processes, counted per sandbox), RLIMIT_FSIZE, RLIMIT_NOFILE, no core dumps; the wall
+    clock is enforced by the parent; output beyond max_output_bytes fails the run.
+  - environment: PATH, LANG, HOME, TMPDIR only; `python -I` (no user site, PYTHON* ignored).
+Kernel exploits and side channels are out of scope: use a VM or gVisor for hostile code at scale.
 
-With `isolation="none"` (automatic when not root or namespaces are unavailable): rlimits, a new
-session killed as a whole on timeout, a fresh temporary directory, the scrubbed environment. Not
-isolated then: the network, the rest of the filesystem (writes anywhere the user may write),
-processes that leave the session, RLIMIT_NPROC counts all of the user's processes. The program
-runs as the trainer's own user: as root that means no process limit at all and full write access,
-so `auto` logs a warning when it has to fall back to `none` as root.
+Without isolation (`isolation="none"`, which must be asked for; `auto` refuses to run model-written
+code when namespaces are unavailable): rlimits, a new session, a scratch directory, the timeout.
+The code then runs as the trainer's user with its network, every file that user can read or
+write (datasets with the tests, checkpoints, ~/.ssh), the right to signal or ptrace the user's
+processes (the trainer included) and to leave processes running after the call.
 
-Not defended in either mode: code that runs in the same interpreter as the tests can in principle
-inspect the harness's memory (frames, gc) to find the per-run nonce and forge results, or
-monkeypatch stdlib modules the tests use. The harness restores builtins and its own modules
-before the tests, guards comparisons against objects of candidate-made classes and reads results
-only from a private pipe with a nonce, which stops the tricks a policy finds by chance
-(sys.exit before the tests, os._exit, printing "PASS", always-equal objects, overriding builtins or
-the test helpers); a policy that has studied this harness could do more. Kernel exploits and
-side channels are out of scope: use a VM or gVisor for hostile code at scale.
+Verdicts never depend on the sandbox being honest: see `code.py` for how tests are run.
 """
 
 from __future__ import annotations
@@ -42,8 +42,7 @@ import json
 import logging
 import os
 import queue
-import secrets
-import selectors
+import select
 import shutil
 import signal
 import subprocess
@@ -56,7 +55,9 @@ from pathlib import Path
 
 log = logging.getLogger("grpokit.rewards")
 HARNESS = str(Path(__file__).with_name("_harness.py"))
-UID_BASE = 60000
+SANDBOX_ID = 1000  # uid and gid of the code inside its namespace
+UID_BASE = 60000  # as root: outside uid/gid of slot i is UID_BASE + i
+ISOLATIONS = ("auto", "namespaces", "none")
 _SLOTS: queue.SimpleQueue[int] = queue.SimpleQueue()
 for _slot in range(64):
     _SLOTS.put(_slot)
@@ -65,19 +66,23 @@ for _slot in range(64):
 @dataclass(frozen=True)
 class SandboxLimits:
     wall_s: float = 10.0
-    """Wall-clock limit for one program, enforced by the parent (kills the process group)."""
+    """Wall-clock limit for one run (all the calls of one completion, or one stdin case)."""
     cpu_s: float = 10.0
-    """CPU-time limit (RLIMIT_CPU, rounded up to whole seconds)."""
+    """CPU-time limit per process (RLIMIT_CPU, rounded up to whole seconds)."""
     memory_mb: int = 512
-    """Address-space limit (RLIMIT_AS) in MiB."""
+    """Address-space limit per process (RLIMIT_AS) in MiB."""
     max_processes: int = 16
-    """Tasks (processes and threads) per sandbox uid (RLIMIT_NPROC)."""
+    """Tasks (processes and threads) per sandbox (RLIMIT_NPROC)."""
     max_output_bytes: int = 1 << 20
-    """stdout and stderr together; beyond it the run is killed and counts as failed."""
+    """stdout and stderr together (stdin/stdout runs), and the largest answer to one call."""
     file_mb: int = 16
     """Largest file the program may write (RLIMIT_FSIZE)."""
     tmpfs_mb: int = 64
-    """Size of each private tmpfs (namespaces mode)."""
+    """Size of the writable /tmp of each sandbox."""
+
+
+class SandboxError(RuntimeError):
+    """The sandbox could not be started."""
 
 
 @dataclass
@@ -87,46 +92,158 @@ class ProgramRun:
     returncode: int | None
     timed_out: bool
     output_exceeded: bool
-    results: list[str]
-    """Lines from the result pipe (assert mode), unparsed."""
 
 
-_CAPS: dict[str, bool] | None = None
+class Sandbox:
+    """One started sandbox: `start` it, talk over `req_w`/`resp_r` (serve mode) or its stdio
+    (stdio mode), then `close` it, which kills everything it started."""
+
+    def __init__(self, mode: str, limits: SandboxLimits, isolate: bool, site_packages: bool, slot: int):
+        self.mode, self.isolate, self.workdir = mode, isolate, None
+        ctl_r, self.ctl_w = os.pipe()
+        self.status_r, status_w = os.pipe()
+        req_r, self.req_w = os.pipe()
+        self.resp_r, resp_w = os.pipe() if mode == "serve" else (None, None)
+        if not isolate:
+            self.workdir = tempfile.mkdtemp(prefix="grpokit-sandbox-")
+        fds = {"ctl": ctl_r, "status": status_w, "req": req_r, "resp": resp_w}
+        cfg = dict(
+            asdict(limits), mode=mode, isolate=isolate, site_packages=site_packages, workdir=self.workdir
+        )
+        cfg.update(fds=fds, max_message_bytes=limits.max_output_bytes)
+        stdio = subprocess.PIPE if mode == "stdio" else subprocess.DEVNULL
+        try:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-I", "-B", *([] if site_packages else ["-S"]), HARNESS, json.dumps(cfg)],
+                stdin=stdio,
+                stdout=stdio,
+                stderr=stdio,
+                pass_fds=[fd for fd in fds.values() if fd is not None],
+                env={"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8"},
+                cwd="/",
+                start_new_session=True,
+            )
+        except BaseException:
+            self._close_fds(ctl_r, status_w, req_r, resp_w)
+            self.close()
+            raise
+        self._close_fds(ctl_r, status_w, req_r, resp_w)
+        try:
+            self._handshake(UID_BASE + slot if os.geteuid() == 0 else None)
+        except BaseException:
+            self.close()
+            raise
+
+    @staticmethod
+    def _close_fds(*fds):
+        for fd in fds:
+            if fd is not None:
+                os.close(fd)
+
+    def _handshake(self, outside_id: int | None) -> None:
+        ready, _, _ = select.select([self.status_r], [], [], 30)
+        state = os.read(self.status_r, 1) if ready else b""
+        if state != b"u":
+            err = self.proc.stderr.read().decode(errors="replace")[-2000:] if self.proc.stderr else ""
+            raise SandboxError(f"sandbox did not start (namespaces: {self.isolate}) {err}".strip())
+        if self.isolate:
+            uid = outside_id if outside_id is not None else os.geteuid()
+            gid = outside_id if outside_id is not None else os.getegid()
+            proc = f"/proc/{self.proc.pid}"
+            try:
+                for name, text in (
+                    ("setgroups", "deny"),
+                    ("uid_map", f"{SANDBOX_ID} {uid} 1"),
+                    ("gid_map", f"{SANDBOX_ID} {gid} 1"),
+                ):
+                    with open(f"{proc}/{name}", "w") as f:
+                        f.write(text)
+            except OSError as e:
+                raise SandboxError(f"sandbox: writing the uid/gid maps failed: {e}") from e
+        os.write(self.ctl_w, b"g")
+
+    def close(self, grace_s: float = 5.0) -> int | None:
+        """Stop the run (the harness kills every process of the sandbox) and wait for it."""
+        for name in ("ctl_w", "req_w", "status_r", "resp_r"):
+            fd = getattr(self, name, None)
+            if fd is not None:
+                setattr(self, name, None)
+                os.close(fd)
+        rc = None
+        proc = getattr(self, "proc", None)
+        if proc is not None:
+            try:
+                rc = proc.wait(timeout=grace_s)
+            except subprocess.TimeoutExpired:
+                _kill_group(proc)
+                rc = proc.wait()
+        if self.workdir:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+            self.workdir = None
+        return rc
+
+
+_CAPS: dict | None = None
 _CAPS_LOCK = threading.Lock()
+_WARNED_NONE = False
 
 
-def isolation_report() -> dict[str, bool]:
-    """What this host offers: {"root", "namespaces"}; probed once by running the harness."""
+def isolation_report() -> dict:
+    """What this host offers: {"root", "namespaces", "reason"}; probed once by running a sandbox."""
     global _CAPS
     with _CAPS_LOCK:
         if _CAPS is None:
-            caps = {"root": hasattr(os, "geteuid") and os.geteuid() == 0, "namespaces": False}
-            if caps["root"] and sys.platform.startswith("linux"):
+            caps = {"root": os.geteuid() == 0, "namespaces": False, "reason": ""}
+            if not sys.platform.startswith("linux"):
+                caps["reason"] = "namespaces are Linux-only"
+            else:
                 try:
-                    run = _run_program(
-                        "import socket", None, "stdio", SandboxLimits(wall_s=10), True, False, ""
+                    run = _run_program("print(6 * 7)", "", SandboxLimits(wall_s=20), True, False)
+                    caps["namespaces"] = run.returncode == 0 and run.stdout == "42\n"
+                    caps["reason"] = (
+                        "" if caps["namespaces"] else (run.stderr.strip()[-300:] or "probe failed")
                     )
-                    caps["namespaces"] = run.returncode == 0
-                except OSError:
-                    pass
+                except (OSError, SandboxError) as e:
+                    caps["reason"] = str(e)[-300:]
             _CAPS = caps
         return dict(_CAPS)
 
 
-def _resolve_isolation(isolation: str) -> bool:
+UNISOLATED = (
+    "model-written code runs with isolation='none': as your user, with your network, read and "
+    "write access to every file you can access (datasets with their tests, checkpoints, ~/.ssh), "
+    "the right to signal or ptrace your processes (the trainer included) and to leave processes "
+    "running; only rlimits and the timeout apply"
+)
+
+
+def resolve_isolation(isolation: str) -> bool:
+    """True to isolate; raises where `auto`/`namespaces` cannot be honoured (never falls back)."""
+    global _WARNED_NONE
+    if isolation not in ISOLATIONS:
+        raise ValueError(f"isolation must be one of {ISOLATIONS}, got {isolation!r}")
     if isolation == "none":
+        if not _WARNED_NONE:
+            _WARNED_NONE = True
+            log.warning("code sandbox: %s", UNISOLATED)
         return False
     report = isolation_report()
-    ok = report["namespaces"]
-    if not ok and report["root"]:
-        log.warning(
-            "code sandbox: namespaces unavailable; untrusted code will run as root (isolation='none')"
+    if not report["namespaces"]:
+        raise RuntimeError(
+            "code sandbox: no isolation available on this host (unprivileged user namespaces are "
+            f"off or blocked: {report['reason']}). Refusing to run model-written code. Enable them "
+            "(sysctl kernel.unprivileged_userns_clone=1 / user.max_user_namespaces > 0) or pass "
+            f"isolation='none' to accept that {UNISOLATED}."
         )
-    if isolation == "namespaces" and not ok:
-        raise RuntimeError("sandbox isolation='namespaces' needs root on Linux with unshare(2); use 'auto'")
-    if isolation not in ("auto", "namespaces"):
-        raise ValueError(f"isolation must be 'auto', 'namespaces' or 'none', got {isolation!r}")
-    return ok
+    return True
+
+
+def take_slot() -> int:
+    return _SLOTS.get()
+
+
+def give_slot(slot: int) -> None:
+    _SLOTS.put(slot)
 
 
 def run_program(
@@ -138,145 +255,80 @@ def run_program(
     site_packages: bool = False,
 ) -> ProgramRun:
     """Run `code` as a script (`__name__ == "__main__"`) with `stdin`; returns its output."""
-    return _run_program(code, None, "stdio", limits, _resolve_isolation(isolation), site_packages, stdin)
+    return _run_program(code, stdin, limits, resolve_isolation(isolation), site_packages)
 
 
-def run_assert_tests(
-    code: str,
-    tests: dict,
-    *,
-    limits: SandboxLimits = SandboxLimits(),
-    isolation: str = "auto",
-    site_packages: bool = False,
-) -> list[bool]:
-    """Load `code` as a module, then run the test cases against it in the same interpreter.
-
-    tests: {"kind": "sources", "cases": [src, ...]} (each source one all-or-nothing case) or
-    {"kind": "functions", "cases": [src], "functions": ["test_a", ...]} (each test_* one case).
-    Returns one bool per case; a case passes only if the harness reported it with this run's nonce.
-    """
-    n = len(tests["functions"]) if tests["kind"] == "functions" else len(tests["cases"])
-    nonce = secrets.token_hex(16)
-    payload = dict(tests, nonce=nonce)
-    run = _run_program(code, payload, "assert", limits, _resolve_isolation(isolation), site_packages, None)
-    passed = [False] * n
-    for line in run.results:
-        parts = line.split(" ")
-        if len(parts) == 3 and parts[0] == nonce and parts[1].isdigit() and int(parts[1]) < n:
-            passed[int(parts[1])] = parts[2] == "1" and not run.output_exceeded
-    return passed
-
-
-def _blob(text: str) -> bytes:
-    data = text.encode("utf-8", "replace")
-    return len(data).to_bytes(8, "little") + data
-
-
-def _run_program(code, tests, mode, limits, isolate, site_packages, stdin) -> ProgramRun:
-    slot = _SLOTS.get()
-    workdir = None if isolate else tempfile.mkdtemp(prefix="grpokit-sandbox-")
+def _run_program(code, stdin, limits, isolate, site_packages) -> ProgramRun:
+    slot = take_slot()
+    box = None
     try:
-        payload_r, payload_w = os.pipe()
-        result_r, result_w = os.pipe()
-        cfg = dict(asdict(limits), mode=mode, isolate=isolate, uid=UID_BASE + slot, workdir=workdir)
-        cfg.update(payload_fd=payload_r, result_fd=result_w)
-        flags = ["-I", "-B"] + ([] if site_packages else ["-S"])
-        env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8"}
-        try:
-            proc = subprocess.Popen(
-                [sys.executable, *flags, HARNESS, json.dumps(cfg)],
-                stdin=subprocess.PIPE if mode == "stdio" else subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                pass_fds=(payload_r, result_w),
-                env=env,
-                cwd="/",
-                start_new_session=True,
-            )
-        finally:
-            os.close(payload_r)
-            os.close(result_w)
-        return _collect(proc, code, tests, stdin, payload_w, result_r, limits)
+        box = Sandbox("stdio", limits, isolate, site_packages, slot)
+        return _collect(box, code, stdin or "", limits)
     finally:
-        if workdir:
-            shutil.rmtree(workdir, ignore_errors=True)
-        _SLOTS.put(slot)
+        if box is not None:
+            box.close()
+        give_slot(slot)
 
 
-def _feed(fd: int, chunks: list[bytes]) -> None:
+def _feed(fd: int, data: bytes) -> None:
     try:
-        for c in chunks:
-            view = memoryview(c)
-            while view:
-                n = os.write(fd, view)
-                view = view[n:]
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
     except OSError:
         pass  # the child died or closed the pipe: its result will say so
     finally:
         os.close(fd)
 
 
-def _collect(proc, code, tests, stdin, payload_w, result_r, limits) -> ProgramRun:
-    chunks = [_blob(code)] + ([_blob(json.dumps(tests))] if tests is not None else [])
-    feeders = [threading.Thread(target=_feed, args=(payload_w, chunks), daemon=True)]
-    if proc.stdin is not None:
-        data = (stdin or "").encode("utf-8", "replace")
-        feeders.append(
-            threading.Thread(target=_feed, args=(os.dup(proc.stdin.fileno()), [data]), daemon=True)
-        )
-        proc.stdin.close()
+def _collect(box: Sandbox, code: str, stdin: str, limits: SandboxLimits) -> ProgramRun:
+    proc = box.proc
+    message = json.dumps(code).encode()
+    req_w, box.req_w = box.req_w, None
+    feeders = [
+        threading.Thread(
+            target=_feed, args=(req_w, len(message).to_bytes(8, "little") + message), daemon=True
+        ),
+        threading.Thread(
+            target=_feed, args=(os.dup(proc.stdin.fileno()), stdin.encode("utf-8", "replace")), daemon=True
+        ),
+    ]
+    proc.stdin.close()
     for t in feeders:
         t.start()
-    sel = selectors.DefaultSelector()
-    bufs = {proc.stdout.fileno(): bytearray(), proc.stderr.fileno(): bytearray(), result_r: bytearray()}
-    for fd in bufs:
-        os.set_blocking(fd, False)
-        sel.register(fd, selectors.EVENT_READ)
+    out_fd, err_fd = proc.stdout.fileno(), proc.stderr.fileno()
+    bufs = {out_fd: bytearray(), err_fd: bytearray()}
+    open_fds = [out_fd, err_fd]
     deadline = time.monotonic() + limits.wall_s
     timed_out = exceeded = False
     exited_at = None
-    while sel.get_map():
+    while open_fds:
         now = time.monotonic()
         if now > deadline:
-            timed_out = proc.poll() is None
+            timed_out = True
             break
         if exited_at is None and proc.poll() is not None:
             exited_at = now
         if exited_at is not None and now - exited_at > 0.5:
-            break  # leftovers (no namespaces) keep pipes open: stop waiting for them
-        for key, _ in sel.select(timeout=min(0.05, max(0.0, deadline - now))):
-            try:
-                data = os.read(key.fd, 65536)
-            except BlockingIOError:
-                continue
+            break  # without isolation, leftovers may hold the pipes open: stop waiting for them
+        ready, _, _ = select.select(open_fds, [], [], min(0.1, deadline - now))
+        for fd in ready:
+            data = os.read(fd, 65536)
             if not data:
-                sel.unregister(key.fd)
-                continue
-            bufs[key.fd] += data
-        if len(bufs[proc.stdout.fileno()]) + len(bufs[proc.stderr.fileno()]) > limits.max_output_bytes:
+                open_fds.remove(fd)
+            bufs[fd] += data
+        if len(bufs[out_fd]) + len(bufs[err_fd]) > limits.max_output_bytes:
             exceeded = True
             break
-    _kill_group(proc)
-    sel.close()
-    out, err, res = (
-        bytes(bufs[proc.stdout.fileno()]),
-        bytes(bufs[proc.stderr.fileno()]),
-        bytes(bufs[result_r]),
-    )
+    rc = box.close()  # kills what is left (on time-out or flood) and reaps the harness
     proc.stdout.close()
     proc.stderr.close()
-    os.close(result_r)
-    try:
-        rc = proc.wait(timeout=5)
-    except subprocess.TimeoutExpired:
-        rc = None
     return ProgramRun(
-        stdout=out.decode("utf-8", "replace"),
-        stderr=err[-4000:].decode("utf-8", "replace"),
+        stdout=bytes(bufs[out_fd]).decode("utf-8", "replace"),
+        stderr=bytes(bufs[err_fd][-4000:]).decode("utf-8", "replace"),
         returncode=None if timed_out else rc,
         timed_out=timed_out,
         output_exceeded=exceeded,
-        results=res.decode("ascii", "replace").splitlines(),
     )
 
 

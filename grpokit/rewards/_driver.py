@@ -1,0 +1,269 @@
+"""Test driver of `code_tests`: runs one completion's tests in a clean process of its own, outside
+the sandbox. A script started by `code.py`, never imported.
+
+stdin: one JSON job {"code", "tests", "limits", "isolate", "site_packages", "slot"}; stdout: one
+JSON verdict {"passed": [bool, ...], "unsupported": null | message}. The tests never leave this
+process: the candidate's code runs in a sandbox started from here (`sandbox.Sandbox`, serve mode),
+and each name the tests use but do not define (the candidate's functions) is a `CandidateFunction`
+whose call sends plain-data arguments to the sandbox and returns the plain data it answers,
+rebuilt here as new built-in objects (`_plain.decode`). Comparisons, `assert`, `abs`, `len`, ...
+are this interpreter's own; nothing the candidate defines runs here.
+"""
+
+import ast
+import builtins
+import importlib
+import json
+import os
+import resource
+import select
+import sys
+import time
+from importlib.util import module_from_spec, spec_from_file_location
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _load(name, filename):
+    spec = spec_from_file_location(name, os.path.join(HERE, filename))
+    module = module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up here
+    spec.loader.exec_module(module)
+    return module
+
+
+plain = _load("_grpokit_plain", "_plain.py")
+sandbox = _load("_grpokit_sandbox", "sandbox.py")
+
+
+class SandboxLost(BaseException):
+    """The sandbox died, timed out or broke the protocol: every case from now on fails.
+    A BaseException so that `except Exception` in a test cannot turn it into a pass."""
+
+
+class NotPlainResult(BaseException):
+    """The candidate returned something that is not plain data: the running case fails."""
+
+
+class Unsupported(BaseException):
+    """The tests pass the candidate something that cannot travel as plain data."""
+
+
+class CandidateError(Exception):
+    """The candidate raised an exception that is not one of Python's built-in ones."""
+
+
+_BUILTIN_ERRORS = {
+    name: obj for name, obj in vars(builtins).items() if isinstance(obj, type) and issubclass(obj, Exception)
+}
+
+
+class Channel:
+    def __init__(self, box, limits, deadline):
+        self.box, self.limit, self.deadline = box, limits["max_output_bytes"], deadline
+        self.lost = self.case_failed = False
+        self.unsupported = None
+
+    def _fail(self, why):
+        self.lost = True
+        self.box.close(grace_s=1.0)
+        raise SandboxLost(why)
+
+    def _write(self, data):
+        fd = self.box.req_w
+        os.set_blocking(fd, False)
+        view = memoryview(data)
+        while view:
+            left = self.deadline - time.monotonic()
+            if left <= 0 or not select.select([], [fd], [], left)[1]:
+                self._fail("timed out")
+            try:
+                view = view[os.write(fd, view) :]
+            except BlockingIOError:
+                continue
+            except OSError:
+                self._fail("sandbox closed its input")
+
+    def _read(self, n):
+        fd, out = self.box.resp_r, bytearray()
+        while len(out) < n:
+            left = self.deadline - time.monotonic()
+            if left <= 0 or not select.select([fd], [], [], left)[0]:
+                self._fail("timed out")
+            chunk = os.read(fd, min(n - len(out), 1 << 20))
+            if not chunk:
+                self._fail("sandbox ended")
+            out += chunk
+        return bytes(out)
+
+    def exchange(self, message):
+        if self.lost:
+            raise SandboxLost("sandbox already lost")
+        self._write(plain.dumps(message))
+        n = int.from_bytes(self._read(plain.HEADER), "little")
+        if n > self.limit:
+            self._fail(f"answer of {n} bytes")
+        try:
+            answer = json.loads(self._read(n))
+            if type(answer) is not dict or len(answer) not in (1, 2, 3):
+                raise ValueError("bad answer")
+            return answer
+        except (ValueError, RecursionError):
+            self._fail("malformed answer")
+
+    def call(self, name, args, kwargs):
+        try:
+            message = {"name": name, "args": plain.encode(list(args)), "kwargs": plain.encode(dict(kwargs))}
+        except plain.NotPlain as e:
+            self.unsupported = (
+                f"the tests pass {e} to `{name}`; only plain data (numbers, strings, lists, tuples, "
+                "dicts, sets, None, bools, bytes) can be sent to the sandboxed candidate"
+            )
+            raise Unsupported(self.unsupported) from None
+        answer = self.exchange(message)
+        try:
+            if "ok" in answer:
+                value = plain.decode(answer["ok"])
+                new_args, new_kwargs = plain.decode(answer["args"]), plain.decode(answer["kwargs"])
+                if type(new_args) is not list or len(new_args) != len(args) or type(new_kwargs) is not dict:
+                    raise ValueError("bad arguments echo")
+            elif "raise" in answer:
+                kind, msg = answer["raise"], answer.get("msg")
+                if type(kind) is not str or type(msg) is not str:
+                    raise ValueError("bad exception")
+            elif "error" in answer:
+                self.case_failed = True
+                raise NotPlainResult(f"{name}: {str(answer['error'])[:200]}")
+            else:
+                raise ValueError("bad answer")
+        except (ValueError, TypeError, RecursionError, OverflowError, ArithmeticError):
+            self._fail("malformed answer")
+        if "raise" in answer:
+            raise _BUILTIN_ERRORS.get(kind, CandidateError)(
+                msg if kind in _BUILTIN_ERRORS else f"{kind}: {msg}"
+            )
+        for old, new in [*zip(args, new_args), *((kwargs[k], new_kwargs.get(k)) for k in kwargs)]:
+            _update_in_place(old, new)
+        return value
+
+
+def _update_in_place(old, new):
+    """The candidate changed an argument in place: show the change on the test's own object."""
+    if type(old) is list and type(new) is list:
+        old[:] = new
+    elif type(old) in (dict, set) and type(new) is type(old):
+        old.clear()
+        old.update(new)
+    elif type(old) is bytearray and type(new) is bytearray:
+        old[:] = new
+
+
+class CandidateFunction:
+    """Stands for a function of the candidate's code in the tests' namespace."""
+
+    __slots__ = ("__name__", "_channel")
+
+    def __init__(self, channel, name):
+        self.__name__, self._channel = name, channel
+
+    def __call__(self, *args, **kwargs):
+        return self._channel.call(self.__name__, args, kwargs)
+
+    def __repr__(self):
+        return f"<candidate function {self.__name__}>"
+
+
+def free_names(trees):
+    """Names the tests read but that are not builtins: the candidate's, or stdlib modules used as
+    `math.isclose` without an import (MBPP relies on the candidate's imports)."""
+    loaded, called = set(), set()
+    for tree in trees:
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load):
+                loaded.add(node.id)
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+                called.add(node.func.id)
+    return sorted(n for n in loaded if not hasattr(builtins, n)), called
+
+
+def namespace(channel, trees):
+    ns = {"__name__": "__tests__", "__builtins__": builtins}
+    names, called = free_names(trees)
+    for name in names:
+        if name in sys.stdlib_module_names and name not in called:
+            try:
+                ns[name] = importlib.import_module(name)
+                continue
+            except ImportError:
+                pass
+        ns[name] = CandidateFunction(channel, name)
+    return ns
+
+
+def run_cases(channel, tests):
+    """One bool per case: the case ran to its end here, every call it made was answered with
+    plain data, and the sandbox was still alive."""
+    if tests["kind"] == "functions":
+        tree = ast.parse(tests["cases"][0])
+        ns = namespace(channel, [tree])
+        try:
+            exec(compile(tree, "<tests>", "exec"), ns)
+            functions = [ns[f] for f in tests["functions"]]
+        except BaseException:  # noqa: BLE001 - the tests' top level failed: no case passes
+            return [False] * len(tests["functions"])
+        cases = [(fn, None) for fn in functions]
+    else:
+        trees = []
+        for src in tests["cases"]:
+            try:
+                trees.append(ast.parse(src))
+            except SyntaxError:
+                trees.append(None)
+        ns = namespace(channel, [t for t in trees if t is not None])
+        cases = [(None, t) for t in trees]
+    passed = []
+    for fn, tree in cases:
+        channel.case_failed = False
+        ok = False
+        if not channel.lost and (fn is not None or tree is not None):
+            try:
+                fn() if fn is not None else exec(compile(tree, "<tests>", "exec"), ns)
+                ok = True
+            except Unsupported:
+                break
+            except BaseException:  # noqa: BLE001 - a failed assert, an error, a lost sandbox
+                ok = False
+        passed.append(ok and not channel.case_failed and not channel.lost)
+    return passed
+
+
+def main():
+    job = json.loads(sys.stdin.buffer.read())
+    verdict_fd = os.dup(1)
+    devnull = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1):
+        os.dup2(devnull, fd)  # what the tests print goes nowhere
+    limits = sandbox.SandboxLimits(**job["limits"])
+    resource.setrlimit(resource.RLIMIT_AS, ((2048 + limits.memory_mb) << 20,) * 2)
+    tests = job["tests"]
+    n = len(tests["functions"]) if tests["kind"] == "functions" else len(tests["cases"])
+    passed, unsupported = [False] * n, None
+    box = sandbox.Sandbox("serve", limits, job["isolate"], job["site_packages"], job["slot"])
+    try:
+        channel = Channel(box, job["limits"], time.monotonic() + limits.wall_s)
+        loaded = False
+        try:
+            loaded = "ok" in channel.exchange(job["code"])
+        except SandboxLost:
+            pass
+        if loaded:
+            got = run_cases(channel, tests)
+            passed[: len(got)] = got
+            unsupported = channel.unsupported
+    finally:
+        box.close(grace_s=2.0)
+    os.write(verdict_fd, json.dumps({"passed": passed, "unsupported": unsupported}).encode())
+
+
+if __name__ == "__main__":
+    main()

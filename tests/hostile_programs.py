@@ -1,0 +1,330 @@
+"""Hostile programs for `code_tests`: each tries to be rewarded without solving its problem, or to
+harm the host. Plain Python (no pytest) so that `tests/test_sandbox_hostile.py` can run the suite
+in its own process as root and, as a script, as an unprivileged user:
+
+    python tests/hostile_programs.py TOKEN     # prints one JSON line: scores and host checks
+
+Every program must score 0; afterwards no file it tried to write may exist, no process it started
+may run (each one that could outlive the call names itself TOKEN via prctl(PR_SET_NAME)), the
+local listener must have had no connection, and the caller must still be alive.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+
+from grpokit.rewards.code import make_code_tests  # noqa: E402
+
+SECRET = "e2b1c9d07f4a4c3b9a5d1e6f7a8b9c0d"  # expected value of the secret tests, only in the tests
+SECRET_TESTS = f"assert solve() == {SECRET!r}\n"
+ADD_TESTS = "assert add(2, 3) == 5\nassert add(-1, 1) == 0\nassert abs(add(0.5, 0.25) - 0.75) < 1e-9\n"
+CHECK_TESTS = "def check(candidate):\n    assert candidate(2, 3) == 5\n    assert candidate(10, -4) == 6\n\ncheck(add)\n"
+MBPP_TESTS = ["assert add(2, 3) == 5", "assert add(10, -4) == 6", "assert add(1, 1) == 2"]
+FUNC_TESTS = "def test_a():\n    assert add(1, 1) == 2\n\ndef test_b():\n    assert add(2, 2) == 4\n"
+CATCH_TESTS = "try:\n    assert add(2, 3) == 5\nexcept Exception:\n    raise\n"
+STDIO_TESTS = [{"input": "2 3\n", "output": "5\n"}, {"input": "10 -4", "output": "6"}]
+NAME = "import ctypes\nctypes.CDLL(None).prctl(15, {token!r}.encode(), 0, 0, 0)\n"  # PR_SET_NAME
+
+
+def programs(token: str, port: int, caller_pid: int) -> list[tuple[str, str, object]]:
+    """(name, code, tests). `token` names leftover processes and marker files."""
+    name = NAME.format(token=token)
+    marks = [
+        f"/tmp/{token}",
+        f"/var/tmp/{token}",
+        f"/dev/shm/{token}",
+        os.path.join(HERE, token),
+        f"/{token}",
+    ]
+    return [
+        # --- exit tricks
+        ("sys.exit(0) at top level", "import sys\nsys.exit(0)\n", ADD_TESTS),
+        ("os._exit(0) at top level", "import os\nos._exit(0)\n", ADD_TESTS),
+        ("os._exit(0) in the function", "import os\ndef add(a, b):\n    os._exit(0)\n", FUNC_TESTS),
+        ("SystemExit from the function", "def add(a, b):\n    raise SystemExit(0)\n", CATCH_TESTS),
+        ("KeyboardInterrupt from the function", "def add(a, b):\n    raise KeyboardInterrupt\n", MBPP_TESTS),
+        ("abort", "import os\ndef add(a, b):\n    os.abort()\n", CHECK_TESTS),
+        (
+            "kills itself",
+            "import os, signal\ndef add(a, b):\n    os.kill(os.getpid(), signal.SIGKILL)\n",
+            ADD_TESTS,
+        ),
+        (
+            "atexit writes",
+            "import atexit, os\natexit.register(lambda: os.write(1, b'ok 0 1'))\nraise SystemExit(0)\n",
+            ADD_TESTS,
+        ),
+        ("returns None", "def add(a, b):\n    pass\n", ADD_TESTS),
+        ("raises AssertionError-free", "def add(a, b):\n    raise AssertionError('nope')\n", CATCH_TESTS),
+        # --- fishing for the tests or a result channel
+        (
+            "reads every fd",
+            "import os\nseen = b''\nfor fd in range(0, 64):\n    try:\n        os.set_blocking(fd, False)\n"
+            "        seen += os.read(fd, 1 << 16)\n    except OSError: pass\n"
+            "def solve():\n    i = seen.find(b\"solve() == '\")\n    return seen[i + 12:i + 44].decode() if i >= 0 else ''\n",
+            SECRET_TESTS,
+        ),
+        (
+            "writes fake results to every fd",
+            "import os, json\nfor fd in range(0, 64):\n    try: os.write(fd, b'x 0 1\\nx 1 1\\n{\"passed\": [true]}\\n')\n"
+            "    except OSError: pass\ndef add(a, b): return 0\n",
+            ADD_TESTS,
+        ),
+        (
+            "forges a framed answer on its output pipe",
+            "import os, json\nmsg = json.dumps({'ok': 5, 'args': [2, 3], 'kwargs': {'d': []}}).encode()\n"
+            "def add(a, b):\n    for fd in range(3, 64):\n        try: os.write(fd, len(msg).to_bytes(8, 'little') + msg)\n"
+            "        except OSError: pass\n    return 0\n",
+            ADD_TESTS,
+        ),
+        (
+            "greps argv, environ, /proc, /tmp and the disk",
+            "import os, glob, sys\nhay = repr(sys.argv) + repr(dict(os.environ))\n"
+            "for pattern in ('/proc/*/cmdline', '/proc/*/environ', '/proc/self/fd/*', '/tmp/*', '/*/*', '/root/*', '/home/*/*', '/work/*/*', '/work/*/tests/*'):\n"
+            "    for p in glob.glob(pattern):\n        try: hay += open(p, errors='ignore').read(100000)\n"
+            "        except Exception: pass\n"
+            "def solve():\n    i = hay.find(\"solve() == '\")\n    return hay[i + 12:i + 44] if i >= 0 else ''\n",
+            SECRET_TESTS,
+        ),
+        (
+            "reads /proc/<pid>/mem of every process",
+            "import os, re\ndef solve():\n    for pid in os.listdir('/proc'):\n        if not pid.isdigit(): continue\n"
+            "        try:\n            maps = open(f'/proc/{pid}/maps').read().splitlines()\n            mem = open(f'/proc/{pid}/mem', 'rb')\n"
+            "        except OSError: continue\n        for line in maps:\n            a, b = (int(x, 16) for x in line.split()[0].split('-'))\n"
+            "            try:\n                mem.seek(a); chunk = mem.read(min(b - a, 1 << 22))\n            except (OSError, ValueError, OverflowError): continue\n"
+            "            m = re.search(rb\"solve\\(\\) == '([0-9a-f]{32})'\", chunk)\n            if m: return m.group(1).decode()\n    return ''\n",
+            SECRET_TESTS,
+        ),
+        # --- walking the interpreter
+        (
+            "frame walking",
+            "import sys\ndef solve():\n    f = sys._getframe()\n    while f:\n        for v in list(f.f_locals.values()) + list(f.f_globals.values()):\n"
+            '            if isinstance(v, str) and "solve() ==" in v: return v.split("\'")[1]\n        f = f.f_back\n    return \'\'\n',
+            SECRET_TESTS,
+        ),
+        (
+            "gc walking",
+            "import gc\ndef solve():\n    for o in gc.get_objects():\n        if isinstance(o, dict):\n"
+            '            for v in list(o.values()):\n                if isinstance(v, str) and "solve() ==" in v: return v.split("\'")[1]\n    return \'\'\n',
+            SECRET_TESTS,
+        ),
+        (
+            "gc-polling thread",
+            "import gc, threading, time\nfound = []\ndef poll():\n    for _ in range(200):\n        for o in gc.get_objects():\n"
+            '            if isinstance(o, str) and "solve() ==" in o: found.append(o.split("\'")[1])\n        time.sleep(0.005)\n'
+            "threading.Thread(target=poll, daemon=True).start()\ndef solve():\n    time.sleep(0.5)\n    return found[0] if found else ''\n",
+            SECRET_TESTS,
+        ),
+        (
+            "inspect.stack",
+            "import inspect\ndef solve():\n    return str(inspect.stack())[:32]\n",
+            SECRET_TESTS,
+        ),
+        # --- shadowing what the tests use
+        ("shadows abs", "abs = lambda x: 0\ndef add(a, b):\n    return a * 100\n", ADD_TESTS),
+        (
+            "patches builtins and AssertionError",
+            "import builtins\nbuiltins.abs = lambda x: 0\nbuiltins.AssertionError = type('E', (Exception,), {})\n"
+            "builtins.isinstance = lambda *a: True\ndef add(a, b): return 0\n",
+            ADD_TESTS,
+        ),
+        ("replaces __builtins__", "__builtins__ = {}\ndef add(a, b): return 0\n", CHECK_TESTS),
+        ("defines check", "def check(candidate): pass\ndef add(a, b): return 0\n", CHECK_TESTS),
+        (
+            "patches json and ast",
+            "import json, ast\njson.loads = lambda *a, **k: {'passed': [True]}\nast.parse = lambda *a, **k: ast.Module([], [])\ndef add(a, b): return 0\n",
+            ADD_TESTS,
+        ),
+        # --- lying objects
+        (
+            "always-equal __eq__",
+            "class A:\n    def __eq__(self, o): return True\n    def __ne__(self, o): return False\ndef add(a, b): return A()\n",
+            ADD_TESTS,
+        ),
+        (
+            "int subclass that lies",
+            "class I(int):\n    __eq__ = lambda s, o: True\n    __hash__ = int.__hash__\ndef add(a, b): return I(0)\n",
+            MBPP_TESTS,
+        ),
+        (
+            "str subclass that lies",
+            "class S(str):\n    __eq__ = lambda s, o: True\ndef solve(): return S('x')\n",
+            SECRET_TESTS,
+        ),
+        (
+            "list subclass that lies",
+            "class L(list):\n    __eq__ = lambda s, o: True\ndef add(a, b): return L()\n",
+            ["assert add(1, 2) == [3]"],
+        ),
+        (
+            "lying __sub__ and __abs__",
+            "class N:\n    __sub__ = __rsub__ = lambda s, o: s\n    __abs__ = lambda s: 0\n    __lt__ = __eq__ = lambda s, o: True\ndef add(a, b): return N()\n",
+            ADD_TESTS,
+        ),
+        (
+            "truthy __bool__",
+            "class T:\n    __bool__ = lambda s: True\ndef is_ok(): return T()\n",
+            "assert is_ok()\n",
+        ),
+        ("unittest.mock.ANY", "from unittest import mock\ndef add(a, b): return mock.ANY\n", ADD_TESTS),
+        (
+            "mock.ANY in a list",
+            "from unittest import mock\ndef add(a, b): return [mock.ANY]\n",
+            ["assert add(1, 2) == [3]"],
+        ),
+        (
+            "MagicMock",
+            "from unittest.mock import MagicMock\ndef add(a, b): return MagicMock()\n",
+            CHECK_TESTS,
+        ),
+        ("float nan", "def add(a, b): return float('nan')\n", "assert not (add(1, 2) != 3)\n"),
+        ("generator", "def add(a, b):\n    yield a + b\n", ADD_TESTS),
+        # --- signals and processes
+        (
+            "kills its parent",
+            "import os\ndef add(a, b):\n    os.kill(os.getppid(), 9)\n    return 0\n",
+            ADD_TESTS,
+        ),
+        (
+            "kills everything it can",
+            "import os\ndef add(a, b):\n    os.kill(-1, 9)\n    return 0\n",
+            ADD_TESTS,
+        ),
+        (
+            "kills the caller by pid",
+            f"import os\ndef add(a, b):\n    for sig in (15, 9):\n        try: os.kill({caller_pid}, sig)\n        except OSError: pass\n    return 0\n",
+            ADD_TESTS,
+        ),
+        (
+            "kills every pid in /proc",
+            "import os\nfor p in os.listdir('/proc'):\n    if p.isdigit() and int(p) != os.getpid():\n        try: os.kill(int(p), 9)\n        except OSError: pass\ndef add(a, b): return 0\n",
+            ADD_TESTS,
+        ),
+        (
+            "daemon outlives the call",
+            "import os, time\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n"
+            + "        "
+            + name.replace("\n", "\n        ")
+            + "while True: time.sleep(0.2)\n    os._exit(0)\ndef add(a, b): return 0\n",
+            ADD_TESTS,
+        ),
+        (
+            "forked sleeper and a stdin program",
+            "import os, time\nif os.fork() == 0:\n    "
+            + name.replace("\n", "\n    ")
+            + "time.sleep(60)\nprint(0)\n",
+            STDIO_TESTS,
+        ),
+        ("fork bomb", "import os\nwhile True:\n    try: os.fork()\n    except OSError: pass\n", ADD_TESTS),
+        (
+            "thread bomb",
+            "import threading, time\nfor _ in range(10000):\n    try: threading.Thread(target=time.sleep, args=(60,), daemon=True).start()\n"
+            "    except RuntimeError: break\ndef add(a, b): return 0\n",
+            ADD_TESTS,
+        ),
+        ("infinite loop", "def add(a, b):\n    while True: pass\n", ADD_TESTS),
+        ("sleeps past the deadline", "import time\ntime.sleep(30)\n", STDIO_TESTS),
+        # --- resources
+        ("memory bomb", "x = bytearray(10 ** 11)\ndef add(a, b): return 0\n", ADD_TESTS),
+        ("growing memory", "x = []\nwhile True: x.append(' ' * 10 ** 7)\n", ADD_TESTS),
+        (
+            "fills the disk",
+            "import os\nfor d in ('.', '/tmp', '/var/tmp', '/dev/shm', os.path.expanduser('~')):\n    try:\n"
+            "        with open(os.path.join(d, 'fill'), 'wb') as f:\n            for _ in range(4096): f.write(b'x' * (1 << 20))\n"
+            "    except OSError: pass\ndef add(a, b): return 0\n",
+            ADD_TESTS,
+        ),
+        ("output flood", "while True: print('x' * 10000)\n", STDIO_TESTS),
+        ("huge answer", "def add(a, b): return 'x' * (1 << 24)\n", ADD_TESTS),
+        (
+            "deeply nested answer",
+            "def add(a, b):\n    x = []\n    for _ in range(100000): x = [x]\n    return x\n",
+            ADD_TESTS,
+        ),
+        # --- the host
+        (
+            "network to a local port",
+            f"import socket\ndef add(a, b):\n    s = socket.create_connection(('127.0.0.1', {port}), timeout=1)\n    s.sendall(b'leak')\n    return 0\n",
+            ADD_TESTS,
+        ),
+        (
+            "writes outside its scratch space",
+            f"import os\nfor p in {marks!r}:\n    try: open(p, 'w').write('x')\n    except OSError: pass\ndef add(a, b): return 0\n",
+            ADD_TESTS,
+        ),
+        (
+            "nested namespaces and mounts",
+            "import os, ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\nr1 = libc.unshare(0x10000000 | 0x00020000)\n"
+            "r2 = libc.mount(b'tmpfs', b'/tmp', b'tmpfs', 0, b'size=4g')\nr3 = libc.umount2(b'/tmp', 2)\n"
+            "def add(a, b): return 0 if -1 in (r1, r2, r3) else 'escaped'\n",
+            ADD_TESTS,
+        ),
+    ]
+
+
+CONTROLS = [  # honest programs in the same batch: the suite's zeros are not a broken sandbox
+    ("add", "def add(a, b):\n    return a + b\n", ADD_TESTS),
+    ("check", "def add(a, b):\n    return a + b\n", CHECK_TESTS),
+    ("mbpp", "def add(a, b):\n    return a + b\n", MBPP_TESTS),
+    ("secret", f"def solve():\n    return {SECRET!r}\n", SECRET_TESTS),
+    ("stdio", "a, b = map(int, input().split())\nprint(a + b)\n", STDIO_TESTS),
+]
+
+
+def marks(token: str) -> list[str]:
+    return [f"/tmp/{token}", f"/var/tmp/{token}", f"/dev/shm/{token}", os.path.join(HERE, token), f"/{token}"]
+
+
+def leftover_processes(token: str) -> list[int]:
+    found = []
+    for pid in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{pid}/comm") as f:
+                if f.read().strip() == token[:15]:
+                    found.append(int(pid))
+        except OSError:
+            pass
+    return found
+
+
+def run_suite(token: str, timeout_s: float = 1.5, workers: int = 4) -> dict:
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    listener.setblocking(False)
+    rows = programs(token, listener.getsockname()[1], os.getpid()) + CONTROLS
+    reward = make_code_tests(
+        timeout_s=timeout_s, memory_mb=256, max_processes=8, max_output_bytes=64_000, workers=workers
+    )
+    start = time.monotonic()
+    scores = reward([None] * len(rows), [code for _, code, _ in rows], tests=[t for _, _, t in rows])
+    elapsed = time.monotonic() - start
+    time.sleep(0.3)  # a leftover would have had time to act
+    connections = 0
+    try:
+        while True:
+            listener.accept()[0].close()
+            connections += 1
+    except BlockingIOError:
+        pass
+    listener.close()
+    return {
+        "uid": os.geteuid(),
+        "scores": {name: score for (name, _, _), score in zip(rows[: -len(CONTROLS)], scores)},
+        "controls": dict(zip([name for name, _, _ in CONTROLS], scores[-len(CONTROLS) :])),
+        "files_left": [p for p in marks(token) if os.path.exists(p)],
+        "processes_left": leftover_processes(token),
+        "connections": connections,
+        "seconds": round(elapsed, 2),
+    }
+
+
+if __name__ == "__main__":
+    print(json.dumps(run_suite(sys.argv[1])))

@@ -1,0 +1,79 @@
+"""The hostile-program suite (`tests/hostile_programs.py`) as root and as an unprivileged user:
+at least 40 programs, none rewarded, none able to leave a file, a process or a connection behind
+or to harm the process that scores them."""
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+
+import hostile_programs as hp
+import pytest
+
+NOBODY = 65534
+
+
+def check(result: dict, token: str) -> None:
+    scores = result["scores"]
+    assert result["controls"] == {"add": 1.0, "check": 1.0, "mbpp": 1.0, "secret": 1.0, "stdio": 1.0}
+    assert len(scores) >= 40
+    assert {name: s for name, s in scores.items() if s != 0.0} == {}
+    assert result["files_left"] == []
+    assert result["processes_left"] == [] and hp.leftover_processes(token) == []
+    assert result["connections"] == 0
+    assert [p for p in hp.marks(token) if os.path.exists(p)] == []
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="runs as root only; the unprivileged run is the other test")
+def test_hostile_suite_as_root():
+    token = "gk" + uuid.uuid4().hex[:10]
+    result = hp.run_suite(token)
+    assert result["uid"] == 0
+    check(result, token)
+
+
+def _python_for(uid: int) -> str | None:
+    """An interpreter (>= 3.10) that `uid` may run: the current one, else the system's."""
+    for exe in (sys.executable, "/usr/bin/python3"):
+        try:
+            ok = subprocess.run(
+                [exe, "-c", "import sys; assert sys.version_info >= (3, 10)"],
+                user=uid,
+                group=uid,
+                extra_groups=[],
+                capture_output=True,
+                timeout=30,
+                cwd="/",
+            )
+        except (OSError, subprocess.SubprocessError):
+            continue
+        if ok.returncode == 0:
+            return exe
+    return None
+
+
+def test_hostile_suite_as_unprivileged_user():
+    token = "gk" + uuid.uuid4().hex[:10]
+    if os.geteuid() != 0:
+        result = hp.run_suite(token)  # this process is the unprivileged user
+    else:
+        exe = _python_for(NOBODY)
+        if exe is None:
+            pytest.skip("no Python interpreter that user nobody (65534) can run")
+        if not os.access(hp.HERE, os.R_OK | os.X_OK) or os.stat(hp.HERE).st_mode & 0o005 != 0o005:
+            pytest.skip("the repository is not readable by other users")
+        proc = subprocess.run(
+            [exe, "-B", os.path.join(hp.HERE, "hostile_programs.py"), token],
+            user=NOBODY,
+            group=NOBODY,
+            extra_groups=[],
+            capture_output=True,
+            timeout=300,
+            cwd="/",
+            env={"PATH": "/usr/bin:/bin", "HOME": "/nonexistent"},
+        )
+        assert proc.returncode == 0, proc.stderr.decode()[-3000:]
+        result = json.loads(proc.stdout)
+    assert result["uid"] != 0
+    check(result, token)
