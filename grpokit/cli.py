@@ -3,15 +3,24 @@
 grpokit train                                   # the embedded demo (no download)
 grpokit train cfg.yaml algo.preset=dapo rollout.group_size=16
 grpokit train cfg.yaml --resume                 # continue the run in train.output_dir
+grpokit train cfg.yaml --overwrite              # replace the run in train.output_dir
 grpokit eval MODEL_DIR DATA.jsonl --reward math_accuracy
+
+Exit codes: 0 done; 2 a usage error (bad config value, data, model path, output folder, checkpoint to
+resume from), found before the model loads where it can be; 1 the run failed (e.g. disk full, an
+unexpected error); 130 / 143 stopped by SIGINT / SIGTERM after saving a checkpoint (128 + the signal,
+as shells report it). Errors are one line; --debug (or GRPOKIT_DEBUG=1) adds the traceback.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import signal
 import sys
 import time
+import traceback
 from pathlib import Path
 
 
@@ -26,6 +35,18 @@ def _print_table(before: float | None, after: float | None) -> None:
     if before is not None and after is not None:
         table.add_row(f"{before:.1%}", f"{after:.1%}", f"{after - before:+.1%}")
     Console(stderr=True).print(table)
+
+
+def _debug(args: argparse.Namespace) -> bool:
+    return bool(getattr(args, "debug", False)) or os.environ.get("GRPOKIT_DEBUG", "") not in ("", "0")
+
+
+def _fail(args: argparse.Namespace, message: str, code: int) -> int:
+    """Print a one-line error (and, with --debug, the traceback of the exception being handled)."""
+    if _debug(args):
+        traceback.print_exc()
+    print(f"grpokit: {message}", file=sys.stderr)
+    return code
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -45,32 +66,54 @@ def cmd_train(args: argparse.Namespace) -> int:
         else:
             cfg = load_config(config_path, overrides)
     except ConfigError as e:
-        print(f"grpokit: config error: {e}", file=sys.stderr)
-        return 2
-    return _run(cfg, resume=args.resume)
+        return _fail(args, f"config error: {e}", 2)
+    return _run(cfg, args)
 
 
 def _demo_config(overrides: list[str]):
-    """The embedded default: build (or reuse) the warm-started tiny model, then GRPO on it."""
+    """The embedded default: build (or reuse) the warm-started tiny model, then GRPO on it. The
+    overrides are checked first: building the model takes minutes the first time."""
     from grpokit.config import apply_overrides, config_from_dict
     from grpokit.demo import demo_overrides, prepare_demo
 
+    placeholders = {name: Path(f"<demo {name}>") for name in ("model", "train", "eval")}
+    config_from_dict(apply_overrides(demo_overrides(placeholders), overrides))
     values = demo_overrides(prepare_demo(log=lambda m: print(m, file=sys.stderr)))
     return config_from_dict(apply_overrides(values, overrides))
 
 
-def _run(cfg, *, resume: bool) -> int:
+def _run(cfg, args: argparse.Namespace) -> int:
+    from grpokit.checkpoint import CheckpointError
     from grpokit.config import ConfigError
     from grpokit.data import DataError
     from grpokit.trainer import GRPOTrainer, TrainingError
 
     start = time.perf_counter()
     try:
-        trainer = GRPOTrainer(cfg, resume=resume)
+        trainer = GRPOTrainer(
+            cfg,
+            resume=args.resume_from or args.resume,
+            overwrite=args.overwrite,
+            allow_changed_config=args.allow_changed_config,
+        )
         summary = trainer.train()
     except (ConfigError, DataError, TrainingError) as e:
-        print(f"grpokit: {e}", file=sys.stderr)
-        return 2
+        return _fail(args, str(e), 2)
+    except CheckpointError as e:
+        return _fail(args, str(e), 1)
+    if summary.get("stopped_by"):
+        name = summary["stopped_by"]
+        saved = (
+            f"checkpoint {summary['checkpoint']}"
+            if summary["checkpoint"]
+            else "no step finished, nothing saved"
+        )
+        print(
+            f"grpokit: stopped by {name} after step {summary['steps']}/{cfg.train.steps} ({saved}); "
+            "continue with --resume",
+            file=sys.stderr,
+        )
+        return 128 + signal.Signals[name].value
     _print_table(summary.get("eval_accuracy_before"), summary.get("eval_accuracy_after"))
     out = Path(cfg.train.output_dir)
     print(
@@ -114,34 +157,55 @@ def cmd_eval(args: argparse.Namespace) -> int:
             max_new_tokens=args.max_new_tokens,
         )
     except (ConfigError, DataError, ValueError) as e:
-        print(f"grpokit eval: {e}", file=sys.stderr)
-        return 2
+        return _fail(args, f"eval: {e}", 2)
     print(json.dumps(result, indent=2))
     return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="grpokit", description="GRPO-family RL fine-tuning with verifiable rewards"
+        prog="grpokit",
+        description="GRPO-family RL fine-tuning with verifiable rewards",
+        epilog="exit codes: 0 done, 1 run failed, 2 usage error, 130/143 stopped by SIGINT/SIGTERM (checkpoint saved)",
     )
+    p.add_argument("--debug", action="store_true", help="show tracebacks (also GRPOKIT_DEBUG=1)")
+    common = argparse.ArgumentParser(add_help=False)
+    # SUPPRESS: a subcommand's default must not undo `grpokit --debug train`
+    common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show tracebacks")
+    run = argparse.ArgumentParser(add_help=False, parents=[common])
+    run.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue from the newest complete checkpoint in train.output_dir (damaged ones are skipped)",
+    )
+    run.add_argument(
+        "--resume-from", metavar="CHECKPOINT", help="continue from exactly this checkpoint (step_N or a path)"
+    )
+    run.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace the run already in train.output_dir (deleted when training starts)",
+    )
+    run.add_argument(
+        "--allow-changed-config",
+        action="store_true",
+        help="resume even though settings (group size, lr, preset, ...) differ from the checkpoint's run",
+    )
+    run.add_argument("--output-dir", help="shorthand for train.output_dir=...")
     sub = p.add_subparsers(dest="command")
 
-    train = sub.add_parser("train", help="train (no arguments: the embedded demo)")
+    train = sub.add_parser("train", help="train (no arguments: the embedded demo)", parents=[run])
     train.add_argument("overrides", nargs="*", help="[CONFIG.yaml] then section.key=value overrides")
-    train.add_argument(
-        "--resume", action="store_true", help="continue from the latest checkpoint in train.output_dir"
-    )
-    train.add_argument("--output-dir", help="shorthand for train.output_dir=...")
     train.add_argument("--demo", action="store_true", help="run the embedded demo with these overrides")
     train.set_defaults(func=cmd_train)
 
-    demo = sub.add_parser("demo", help="the embedded demo: a tiny model learns arithmetic on the CPU")
+    demo = sub.add_parser(
+        "demo", help="the embedded demo: a tiny model learns arithmetic on the CPU", parents=[run]
+    )
     demo.add_argument("overrides", nargs="*", help="section.key=value overrides")
-    demo.add_argument("--output-dir", help="shorthand for train.output_dir=...")
-    demo.add_argument("--resume", action="store_true")
     demo.set_defaults(func=cmd_train, demo=True)
 
-    ev = sub.add_parser("eval", help="held-out accuracy of a model directory on a dataset")
+    ev = sub.add_parser("eval", help="held-out accuracy of a model directory on a dataset", parents=[common])
     ev.add_argument("model")
     ev.add_argument("data")
     ev.add_argument("--reward", default="math_accuracy", help="reward whose value 1 means correct")
@@ -165,10 +229,31 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if not argv:
         argv = ["train"]
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
     if args.command is None:
-        args = build_parser().parse_args(["train", *argv])
-    return args.func(args)
+        args, extra = parser.parse_known_args(["train", *argv])
+    # overrides may follow options (`train cfg.yaml --resume optim.lr=1e-6`), which argparse leaves over
+    if extra and hasattr(args, "overrides") and not any(e.startswith("-") for e in extra):
+        args.overrides, extra = [*args.overrides, *extra], []
+    if extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    try:
+        return args.func(args)
+    except KeyboardInterrupt:
+        if _debug(args):
+            raise
+        print("grpokit: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:  # anything unforeseen: one line, the traceback only on request
+        if _debug(args):
+            raise
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        print(
+            f"grpokit: error: {type(e).__name__}: {first} (run again with --debug for the traceback)",
+            file=sys.stderr,
+        )
+        return 1
 
 
 if __name__ == "__main__":

@@ -158,8 +158,9 @@ class OptimConfig:
     """mu: passes over each rollout batch."""
     mini_batches: int = 1
     """Optimizer steps per pass over a rollout batch."""
-    micro_batch_size: int = 8
-    """Completions per forward/backward (gradient accumulation fills the mini-batch)."""
+    micro_batch_size: int | str = "auto"
+    """Completions per forward/backward (gradient accumulation fills the mini-batch). auto: on CUDA the
+    whole mini-batch, halved after an out-of-memory error; on CPU as many as fit 4096 tokens."""
     logprob_chunk_size: int = 1024
     """Rows of hidden states projected to the vocabulary at a time."""
     precision: str = "auto"
@@ -213,6 +214,9 @@ class TrainConfig:
     """Reward whose value 1 means correct (default: the first reward)."""
     reward_timeout_s: float = 120.0
     """A reward function taking longer is reported and counted as failed."""
+    stop_after_flat_steps: int = 5
+    """Stop (with the likely cause) after this many consecutive steps in which no group has any reward
+    spread: every advantage is 0 and nothing is learnt. A warning comes at the first such step. 0 = never."""
 
 
 @dataclass
@@ -341,6 +345,7 @@ RANGES: dict[str, tuple[str, Any, str]] = {
     "train.keep_checkpoints":      ("[0, inf)", 2, "0 = keep all"),
     "train.samples_every":         ("[0, inf)", 10, "0 = never"),
     "train.reward_timeout_s":      ("(0, inf)", 120, ""),
+    "train.stop_after_flat_steps": ("[0, inf)", 5, "0 = never stop"),
     "rewards[].weight":            ("(-inf, inf)", 1.0, ""),
 }  # fmt: skip
 
@@ -413,10 +418,12 @@ def _check_choices(cfg: Config) -> None:
         raise ConfigError(
             f"algo.preset={cfg.algo.preset!r} is not a known preset.{_nearest(cfg.algo.preset, list(PRESETS))}"
         )
-    if cfg.optim.micro_batch_size < 1:
+    if cfg.optim.micro_batch_size != "auto" and (
+        not isinstance(cfg.optim.micro_batch_size, int) or cfg.optim.micro_batch_size < 1
+    ):
         raise ConfigError(
             f"optim.micro_batch_size={cfg.optim.micro_batch_size} must be at least 1 "
-            "(e.g. optim.micro_batch_size=8)."
+            "or auto (e.g. optim.micro_batch_size=8, or auto: as many as fit)."
         )
     if cfg.rollout.group_size < 2:
         raise ConfigError(

@@ -15,6 +15,9 @@ import json
 import math
 import random
 import resource
+import signal
+import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,27 +27,46 @@ import torch
 
 from grpokit.algos import compute_advantages, policy_loss
 from grpokit.checkpoint import (
+    CheckpointError,
+    find_resumable,
     list_checkpoints,
     load_trainer_state,
     load_weights_into,
     prune_checkpoints,
+    remove_partial,
     save_checkpoint,
     set_rng_state,
+    verify_checkpoint,
 )
 from grpokit.config import Config, ConfigError, resolve_algo, save_config
 from grpokit.data import load_prompts, reward_columns
 from grpokit.evaluate import evaluate
 from grpokit.generation import FastGenerator, HFGenerator, Rollout
-from grpokit.loading import frozen_reference, load_policy, pick_device, prepare_policy
+from grpokit.loading import (
+    check_tokenizer_fits,
+    frozen_reference,
+    load_policy,
+    pick_device,
+    prepare_policy,
+    read_model_config,
+)
 from grpokit.modeling import completion_logprobs
 from grpokit.precision import make_grad_scaler, make_optimizer, resolve_precision
 from grpokit.rewards import RewardRunner, resolve_reward
-from grpokit.runlog import RunLogger
+from grpokit.runlog import RunLogger, clear_run
 from grpokit.templates import encode_prompts
+from grpokit.validate import check_output_dir, check_positions, config_changes
+
+AUTO_MICRO_TOKENS = 4096
+"""optim.micro_batch_size=auto off CUDA: rows per micro-batch x longest row <= this many tokens."""
 
 
 class TrainingError(RuntimeError):
     """The run cannot go on; the message says why and what to change."""
+
+
+class FlatRewardsError(TrainingError):
+    """No group had any reward spread for train.stop_after_flat_steps steps: nothing can be learnt."""
 
 
 @dataclass
@@ -125,6 +147,39 @@ def batch_reward_metrics(batch: ScoredBatch, rounds: list[dict[str, float]]) -> 
     return out
 
 
+def flat_rewards_message(batch: ScoredBatch, prompt_column: str, reward_names: list[str]) -> str:
+    """The likely cause of a batch whose groups all have equal rewards, with one sample and its scores."""
+    values = batch.rewards
+    failed = [
+        name for name in reward_names if batch.reward_metrics.get(f"reward/{name}/failed", 0) > 0
+    ]
+    if failed:
+        cause = f"Reward function(s) {failed} failed (see the warnings above) and count as 0."
+    elif bool((values == values[0]).all()):
+        v = float(values[0])
+        cause = f"Every completion scored {v:g}: the rewards are constant. "
+        if v <= 0:
+            cause += (
+                "Either the verifier cannot read the answers (math_accuracy reads \\boxed{...}, '#### 42' or "
+                "'the answer is 42'; a bare number scores 0: set a template or system prompt that asks for "
+                "that format, or a reward that reads yours), or the prompts are too hard for this model."
+            )
+        else:
+            cause += "If that is the best score, the prompts are too easy for this model."
+    else:
+        cause = (
+            "Each prompt's completions all score alike, though prompts differ: the reward depends on the "
+            "prompt only, or sampling is too narrow (raise rollout.temperature, top_p, top_k)."
+        )
+    i = 0
+    prompt = batch.rows[i][prompt_column]
+    scores = ", ".join(f"{k}={v[i]}" for k, v in batch.per_function.items())
+    return (
+        f"{cause} Sample: prompt {str(prompt)[:200]!r} -> completion {batch.texts[i][:300]!r}, "
+        f"scores: {scores}."
+    )
+
+
 class PromptStream:
     """Endless, seeded, reshuffled-each-pass stream of dataset rows; its position is resumable."""
 
@@ -157,6 +212,37 @@ class PromptStream:
         self._order = self._permutation()
 
 
+class StopOnSignals:
+    """Inside ``with``: the first SIGINT or SIGTERM only records its name (``signal_name``), so the
+    training loop can stop at the end of the step and save; a second SIGINT stops at once
+    (KeyboardInterrupt). Outside the main thread (where handlers cannot be set) it does nothing."""
+
+    def __init__(self) -> None:
+        self.signal_name: str | None = None
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> StopOnSignals:
+        if threading.current_thread() is threading.main_thread():
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                self._previous[signum] = signal.signal(signum, self._handle)
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+
+    def _handle(self, signum: int, frame: object) -> None:
+        if self.signal_name is not None and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.signal_name = signal.Signals(signum).name
+        print(
+            f"\ngrpokit: {self.signal_name}: stopping after this step with a checkpoint "
+            "(Ctrl-C again stops at once, without one)",
+            file=sys.stderr,
+            flush=True,
+        )
+
+
 def _peak_memory_mb(device: torch.device) -> float:
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**20
@@ -174,7 +260,14 @@ class GRPOTrainer:
     """Trains ``cfg.model`` on ``cfg.data`` with the algorithm ``cfg.algo`` names.
 
     model/tokenizer/rows/reward_functions may be passed in directly (tests, notebooks);
-    otherwise they are loaded from the config.
+    otherwise they are loaded from the config. Everything cheap is checked before the model loads
+    (output folder, data, rewards, the model's config.json, the checkpoint to resume from), and
+    nothing is written to the output folder until train() starts.
+
+    resume: True continues from the newest complete checkpoint in train.output_dir (damaged newer
+    ones are reported and skipped), a path from exactly that checkpoint. Settings that differ from the
+    checkpoint's run (validate.FREE_TO_CHANGE aside) need allow_changed_config. overwrite: replace a
+    run already in train.output_dir (its files are deleted when train() starts).
     """
 
     def __init__(
@@ -186,14 +279,17 @@ class GRPOTrainer:
         train_rows: list[dict] | None = None,
         eval_rows: list[dict] | None = None,
         reward_functions: list[tuple[str, Any, float]] | None = None,
-        resume: bool = False,
+        resume: bool | str | Path = False,
+        overwrite: bool = False,
+        allow_changed_config: bool = False,
     ):
         self.cfg = cfg
         self.algo = resolve_algo(cfg)
         if cfg.rollout.temperature <= 0:
             raise ConfigError("rollout.temperature must be > 0 for training (log-probs are taken at it)")
         self.out = Path(cfg.train.output_dir)
-        self.out.mkdir(parents=True, exist_ok=True)
+        check_output_dir(self.out, resume=resume is not False, overwrite=overwrite)
+        self.overwrite = overwrite
         torch.manual_seed(cfg.train.seed)
 
         # data
@@ -211,27 +307,7 @@ class GRPOTrainer:
             )
         self.train_rows, self.eval_rows = train_rows, eval_rows or []
 
-        # model, its weights in the dtype the precision mode keeps them in (grpokit.precision)
-        if model is None:
-            self.precision = resolve_precision(cfg.optim.precision, cfg.model.dtype, pick_device(cfg.model.device))
-            model, tokenizer, self.device = load_policy(cfg.model, cfg.lora, self.precision.weight_dtype)
-        else:
-            self.device = next(model.parameters()).device
-            # with model.dtype and optim.precision both auto, the given model's dtype decides
-            given = str(next(model.parameters()).dtype).removeprefix("torch.")
-            auto = cfg.model.dtype == "auto" and cfg.optim.precision == "auto"
-            self.precision = resolve_precision(
-                cfg.optim.precision, given if auto else cfg.model.dtype, self.device
-            )
-            for p in model.parameters():  # parameters only: buffers such as RoPE's inv_freq stay float32
-                if p.is_floating_point():
-                    p.data = p.data.to(self.precision.weight_dtype)
-            model = prepare_policy(model, cfg.model, cfg.lora)
-        self.model, self.tokenizer = model, tokenizer
-        self.ref_model = frozen_reference(model, cfg.lora.enabled) if self.algo["beta"] > 0 else None
-        self.eos_ids = self._eos_ids()
-
-        # rewards
+        # rewards, resolved before the model loads: a bad reward fails in a second
         if reward_functions is None:
             reward_functions = [
                 (spec.name, resolve_reward(spec.name, **spec.kwargs), spec.weight) for spec in cfg.rewards
@@ -252,6 +328,37 @@ class GRPOTrainer:
             )
         self.accuracy_fn = dict((n, f) for n, f, _ in reward_functions)[self.accuracy_name]
 
+        # the model's config.json and the checkpoint to resume from, checked before either loads
+        if model is None:
+            check_positions(cfg, read_model_config(cfg.model), cfg.model.name_or_path)
+        else:
+            given_config = getattr(model, "config", None)
+            check_positions(cfg, given_config.to_dict() if given_config else None, "the given model")
+        self.resume_from = (
+            self._pick_checkpoint(resume, allow_changed_config) if resume is not False else None
+        )
+
+        # model, its weights in the dtype the precision mode keeps them in (grpokit.precision)
+        if model is None:
+            self.precision = resolve_precision(cfg.optim.precision, cfg.model.dtype, pick_device(cfg.model.device))
+            model, tokenizer, self.device = load_policy(cfg.model, cfg.lora, self.precision.weight_dtype)
+        else:
+            self.device = next(model.parameters()).device
+            # with model.dtype and optim.precision both auto, the given model's dtype decides
+            given = str(next(model.parameters()).dtype).removeprefix("torch.")
+            auto = cfg.model.dtype == "auto" and cfg.optim.precision == "auto"
+            self.precision = resolve_precision(
+                cfg.optim.precision, given if auto else cfg.model.dtype, self.device
+            )
+            for p in model.parameters():  # parameters only: buffers such as RoPE's inv_freq stay float32
+                if p.is_floating_point():
+                    p.data = p.data.to(self.precision.weight_dtype)
+            model = prepare_policy(model, cfg.model, cfg.lora)
+        self.model, self.tokenizer = model, tokenizer
+        check_tokenizer_fits(model, tokenizer, "the tokenizer")
+        self.ref_model = frozen_reference(model, cfg.lora.enabled) if self.algo["beta"] > 0 else None
+        self.eos_ids = self._eos_ids()
+
         # prompts are checked for length up front, so a bad row fails before any training
         self.encoded = self._encode_all(self.train_rows)
         self.stream = PromptStream(list(range(len(self.train_rows))), cfg.train.seed, cfg.data.shuffle)
@@ -266,10 +373,14 @@ class GRPOTrainer:
         else:
             self.generator = HFGenerator()
         self.step = 0
+        self.flat_steps = 0  # consecutive steps with no reward spread in any group
+        self.had_spread, self.best_reward = False, float("-inf")  # for telling "solved" from "stuck"
+        self.stopped_early: str | None = None  # why the run ended before train.steps (not an error)
+        self.auto_micro_rows: int | None = None  # micro_batch_size=auto on CUDA: cap after an OOM
         self.log: RunLogger | None = None
-        if resume:
+        self._saved: tuple[int, Path] | None = None  # (step, path) of the last checkpoint written
+        if self.resume_from is not None:
             self._resume()
-        save_config(cfg, self.out / "config.yaml", resolved_algo=self.algo)
 
     # ----------------------------------------------------------------------------- set-up helpers
 
@@ -308,21 +419,46 @@ class GRPOTrainer:
     # ----------------------------------------------------------------------------- the loop
 
     def train(self) -> dict[str, Any]:
-        """Run cfg.train.steps steps; returns the summary also written to OUTPUT/summary.json."""
+        """Run cfg.train.steps steps; returns the summary also written to OUTPUT/summary.json.
+
+        SIGINT/SIGTERM stop the run at the end of the current step with a checkpoint; the summary then
+        holds ``stopped_by`` (the signal's name) and is not written (a second Ctrl-C stops at once)."""
         cfg = self.cfg
         summary: dict[str, Any] = {}
-        with RunLogger(
-            self.out, total_steps=cfg.train.steps, tensorboard=cfg.train.tensorboard, resume=self.step > 0
-        ) as log:
+        self._start_run()
+        with (
+            RunLogger(
+                self.out, total_steps=cfg.train.steps, tensorboard=cfg.train.tensorboard, resume=self.step > 0
+            ) as log,
+            StopOnSignals() as stop,
+        ):
             self.log = log
             if self.eval_rows and cfg.eval.enabled and self.step == 0:
-                before = self.evaluate()
+                examples: list[dict] = []
+                before = self.evaluate(examples)
                 log.log_eval(0, before)
+                if before.get("greedy_score", 1) == 0 and before.get(f"mean_at_{cfg.eval.num_samples}", 0) == 0:
+                    ex = examples[0]
+                    log.print(
+                        f"WARNING evaluation before training: every held-out row scored 0 with "
+                        f"'{self.accuracy_name}'. The verifier may not read this model's answer format "
+                        "(math_accuracy reads \\boxed{...}, '#### 42' or 'the answer is 42'; a bare number "
+                        f"scores 0), or the task is too hard. Sample: {str(ex['prompt'])[:200]!r} -> "
+                        f"{ex['completion'][:300]!r}, score {ex['score']}."
+                    )
                 summary["eval_accuracy_before"] = before["accuracy"]
             start = time.perf_counter()
-            while self.step < cfg.train.steps:
-                metrics = self.train_step()
+            while self.step < cfg.train.steps and not stop.signal_name and not self.stopped_early:
+                try:
+                    metrics = self.train_step()
+                except FlatRewardsError as e:
+                    where = f" Checkpoint of step {self.step}: {self.save()}." if self.step > 0 else ""
+                    raise FlatRewardsError(f"{e}{where}") from None
+                if self.stopped_early:
+                    break  # the step was not taken: the prompts are solved
                 log.log_step(self.step, metrics)
+                if stop.signal_name:
+                    break  # the safe point: this step is done and logged
                 if (
                     cfg.eval.every
                     and self.eval_rows
@@ -332,7 +468,17 @@ class GRPOTrainer:
                     log.log_eval(self.step, self.evaluate())
                 if cfg.train.save_every and self.step % cfg.train.save_every == 0:
                     self.save()
+            if stop.signal_name:
+                checkpoint = self.save() if self.step > 0 else None
+                return {
+                    "stopped_by": stop.signal_name,
+                    "steps": self.step,
+                    "checkpoint": checkpoint and str(checkpoint),
+                }
             summary["train_seconds"] = time.perf_counter() - start
+            if self.stopped_early:
+                log.print(self.stopped_early)
+                summary["stopped_early"] = self.stopped_early
             if self.eval_rows and cfg.eval.enabled:
                 after = self.evaluate()
                 log.log_eval(self.step, after)
@@ -349,6 +495,9 @@ class GRPOTrainer:
         """One rollout and its updates: sample -> score -> advantages -> update -> metrics."""
         t0 = time.perf_counter()
         batch, timing, sampling = self.sample_batch()
+        self._check_reward_spread(batch)
+        if self.stopped_early:
+            return {}
         rewards = batch.rewards.to(self.device)  # (N,)
         advantages = compute_advantages(
             rewards,
@@ -426,6 +575,44 @@ class GRPOTrainer:
                 sampling["dynamic_sampling/discarded_reward_mean"] = float(torch.cat(discarded_rewards).mean())
         return batch, timing, sampling
 
+    def _check_reward_spread(self, batch: ScoredBatch) -> None:
+        """Warn at the first step in which no group has any reward spread (every advantage is 0, so the
+        step teaches nothing) and stop after train.stop_after_flat_steps of them in a row."""
+        G = self.cfg.rollout.group_size
+        grouped = batch.rewards.view(-1, G)  # (P, G)
+        best_before = self.best_reward
+        self.best_reward = max(self.best_reward, float(batch.rewards.max()))
+        if bool(((grouped.max(1).values - grouped.min(1).values) > 0).any()):
+            self.flat_steps = 0
+            self.had_spread = True
+            return
+        self.flat_steps += 1
+        limit = self.cfg.train.stop_after_flat_steps
+        message = flat_rewards_message(batch, self.cfg.data.prompt_column, self.reward_names)
+        rewards = batch.rewards
+        solved = self.had_spread and bool((rewards == rewards[0]).all()) and float(rewards[0]) >= best_before
+        if limit and self.flat_steps >= limit and solved:
+            # learnt, not stuck: every completion now earns the best reward the run has seen
+            self.stopped_early = (
+                f"stopped early at step {self.step + 1}: every completion scored {float(rewards[0]):g}, the "
+                f"best reward of the run, for {self.flat_steps} steps in a row: the training prompts are "
+                "solved and give no more signal (use harder prompts to go on; "
+                "train.stop_after_flat_steps=0 trains on regardless)."
+            )
+        elif limit and self.flat_steps >= limit:
+            raise FlatRewardsError(
+                f"stopped at step {self.step + 1}: no group had any reward spread for {self.flat_steps} "
+                f"steps in a row, so every advantage was 0 and nothing was learnt. {message} "
+                "(train.stop_after_flat_steps=0 trains on regardless.)"
+            )
+        if self.flat_steps == 1:
+            warning = (
+                f"WARNING step {self.step + 1}: no group has any reward spread; every advantage is 0. "
+                f"{message} "
+                + (f"The run stops if this lasts {limit} steps (train.stop_after_flat_steps)." if limit else "")
+            )
+            self.log.print(warning) if self.log else print(warning, file=sys.stderr)
+
     def _seed(self, round_: int) -> int:
         # a pure function of (seed, step, round): resuming reproduces the same samples
         return (self.cfg.train.seed * 1_000_003 + self.step * 101 + round_) % 2**31
@@ -492,11 +679,8 @@ class GRPOTrainer:
         ref_seconds = time.perf_counter() - t
         old_logprobs = self._logprobs_no_grad(self.model, r) if needs_old else None
 
-        sums: dict[str, float] = {}
-        weight_total = 0.0
+        totals: dict[str, float] = {}  # sums over every mini-batch (see _mini_batch_gradients)
         grad_norms, skipped = [], 0
-        sample_diff_sum, sample_diff_max, sample_tokens = 0.0, 0.0, 0.0
-        entropy_sum, entropy_tokens = 0.0, 0.0
         lengths = r.prompt_mask.sum(-1) + r.completion_mask.sum(-1)  # (N,) real tokens per row
         mini = N // cfg.optim.mini_batches
         order_gen = torch.Generator().manual_seed(self._seed(0))
@@ -509,76 +693,28 @@ class GRPOTrainer:
             )
             for m in range(cfg.optim.mini_batches):
                 mb = order[m * mini : (m + 1) * mini]  # (M,)
-                num_tokens = loss_mask[mb].sum().clamp(min=1).to(self.device)
-                finite = True
-                for micro in length_sorted(mb, lengths).split(cfg.optim.micro_batch_size):
-                    tensors = self._micro_tensors(r, micro, loss_mask)
-                    first = epoch == 0 and m == 0
-                    with self.precision.autocast(self.device):
-                        logprobs, entropy = completion_logprobs(
-                            self.model,
-                            tensors["prompt_ids"],
-                            tensors["prompt_mask"],
-                            tensors["completion_ids"],
-                            tensors["completion_mask"],
-                            temperature=cfg.rollout.temperature,
-                            chunk_size=cfg.optim.logprob_chunk_size,
-                            with_entropy=first,
-                        )  # (n, L), float32
-                    mask = tensors["loss_mask"]
-                    old = (
-                        old_logprobs[micro][:, : logprobs.shape[1]].to(self.device)
-                        if needs_old
-                        else logprobs.detach()
-                    )
-                    ref = (
-                        ref_logprobs[micro][:, : logprobs.shape[1]].to(self.device)
-                        if ref_logprobs is not None
-                        else None
-                    )
-                    loss, stats = policy_loss(
-                        logprobs,
-                        old,
-                        advantages[micro.to(self.device)],
-                        mask,
-                        eps_low=algo["eps_low"],
-                        eps_high=algo.get("eps_high"),
-                        ratio_level=algo["ratio_level"],
-                        agg=algo["agg"],
-                        ref_logprobs=ref,
-                        beta=algo["beta"],
-                        kl_kind=algo["kl_kind"],
-                        norm_len=algo.get("norm_len"),
-                        dual_clip=algo.get("dual_clip"),
-                        num_sequences=len(mb),
-                        num_tokens=num_tokens,
-                    )
-                    if not torch.isfinite(loss):
-                        finite = False
-                        break
-                    (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
-                    w = float(mask.sum())
-                    weight_total += w
-                    for k, v in stats.items():
-                        if k != "num_tokens":
-                            sums[k] = sums.get(k, 0.0) + float(v) * w
-                    sums["loss"] = sums.get("loss", 0.0) + float(loss.detach())
-                    if first:
-                        gen_mask = tensors["completion_mask"].bool()
-                        diff = (logprobs.detach() - tensors["sample_logprobs"]).abs()[gen_mask]
-                        if diff.numel():
-                            sample_diff_sum += float(diff.sum())
-                            sample_diff_max = max(sample_diff_max, float(diff.max()))
-                            sample_tokens += diff.numel()
-                        if entropy is not None:
-                            entropy_sum += float(entropy[gen_mask].sum())
-                            entropy_tokens += float(gen_mask.sum())
-                grad_norm = self._clip_and_step(finite)
+                part = self._with_micro_retry(
+                    lambda rows, mb=mb, first=(epoch == 0 and m == 0): self._mini_batch_gradients(
+                        r, mb, rows, advantages, loss_mask, lengths, old_logprobs, ref_logprobs, first
+                    ),
+                    lengths[mb],
+                )
+                for k, v in part.items():
+                    if k == "sample_diff_max":
+                        totals[k] = max(totals.get(k, 0.0), v)
+                    elif k != "finite":
+                        totals[k] = totals.get(k, 0.0) + v
+                grad_norm = self._clip_and_step(bool(part["finite"]))
                 if grad_norm is None:
                     skipped += 1
                 else:
                     grad_norms.append(grad_norm)
 
+        weight_total = totals.pop("weight", 0.0)
+        sums = {k.removeprefix("stat/"): v for k, v in totals.items() if k.startswith("stat/")}
+        sample_diff_sum, sample_tokens = totals.get("sample_diff_sum", 0.0), totals.get("sample_tokens", 0.0)
+        sample_diff_max = totals.get("sample_diff_max", 0.0)
+        entropy_sum, entropy_tokens = totals.get("entropy_sum", 0.0), totals.get("entropy_tokens", 0.0)
         n_updates = cfg.optim.epochs * cfg.optim.mini_batches
         metrics = {k: v / max(weight_total, 1.0) for k, v in sums.items() if k != "loss"}
         metrics["loss"] = sums.get("loss", 0.0) / n_updates
@@ -592,7 +728,108 @@ class GRPOTrainer:
             sample_diff_sum / sample_tokens if sample_tokens else float("nan")
         )
         metrics["sampler_logprob_diff/max"] = sample_diff_max
+        metrics["micro_batch_size"] = float(self._micro_rows(lengths))
         return metrics, ref_seconds
+
+    def _mini_batch_gradients(
+        self, r, mb, rows, advantages, loss_mask, lengths, old_logprobs, ref_logprobs, first
+    ) -> dict[str, float]:
+        """Accumulate the gradient of mini-batch ``mb`` (M,) over micro-batches of ``rows`` rows, sorted by
+        length. Returns its sums (``stat/<name>`` weighted by loss tokens, ``weight``, sampler-vs-trainer
+        log-prob differences and entropy on the first mini-batch) and ``finite`` (0 after a NaN/inf loss,
+        which stops the accumulation). Nothing outside changes but the parameters' .grad."""
+        cfg, algo = self.cfg, self.algo
+        num_tokens = loss_mask[mb].sum().clamp(min=1).to(self.device)
+        out: dict[str, float] = {"finite": 1.0, "weight": 0.0}
+        for micro in length_sorted(mb, lengths).split(rows):
+            tensors = self._micro_tensors(r, micro, loss_mask)
+            with self.precision.autocast(self.device):
+                logprobs, entropy = completion_logprobs(
+                    self.model,
+                    tensors["prompt_ids"],
+                    tensors["prompt_mask"],
+                    tensors["completion_ids"],
+                    tensors["completion_mask"],
+                    temperature=cfg.rollout.temperature,
+                    chunk_size=cfg.optim.logprob_chunk_size,
+                    with_entropy=first,
+                )  # (n, L), float32
+            mask = tensors["loss_mask"]
+            width = logprobs.shape[1]
+            old = old_logprobs[micro][:, :width].to(self.device) if old_logprobs is not None else logprobs.detach()
+            ref = ref_logprobs[micro][:, :width].to(self.device) if ref_logprobs is not None else None
+            loss, stats = policy_loss(
+                logprobs,
+                old,
+                advantages[micro.to(self.device)],
+                mask,
+                eps_low=algo["eps_low"],
+                eps_high=algo.get("eps_high"),
+                ratio_level=algo["ratio_level"],
+                agg=algo["agg"],
+                ref_logprobs=ref,
+                beta=algo["beta"],
+                kl_kind=algo["kl_kind"],
+                norm_len=algo.get("norm_len"),
+                dual_clip=algo.get("dual_clip"),
+                num_sequences=len(mb),
+                num_tokens=num_tokens,
+            )
+            if not torch.isfinite(loss):
+                out["finite"] = 0.0
+                break
+            (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
+            w = float(mask.sum())
+            out["weight"] += w
+            for k, v in stats.items():
+                if k != "num_tokens":
+                    out[f"stat/{k}"] = out.get(f"stat/{k}", 0.0) + float(v) * w
+            out["stat/loss"] = out.get("stat/loss", 0.0) + float(loss.detach())
+            if first:
+                gen_mask = tensors["completion_mask"].bool()
+                diff = (logprobs.detach() - tensors["sample_logprobs"]).abs()[gen_mask]
+                if diff.numel():
+                    out["sample_diff_sum"] = out.get("sample_diff_sum", 0.0) + float(diff.sum())
+                    out["sample_diff_max"] = max(out.get("sample_diff_max", 0.0), float(diff.max()))
+                    out["sample_tokens"] = out.get("sample_tokens", 0.0) + diff.numel()
+                if entropy is not None:
+                    out["entropy_sum"] = out.get("entropy_sum", 0.0) + float(entropy[gen_mask].sum())
+                    out["entropy_tokens"] = out.get("entropy_tokens", 0.0) + float(gen_mask.sum())
+        return out
+
+    def _micro_rows(self, lengths: torch.Tensor) -> int:
+        """Rows per micro-batch for rows of ``lengths`` (real tokens each). A number in
+        optim.micro_batch_size is used as given. auto: on CUDA every row at once until an out-of-memory
+        error halves it (remembered for the rest of the run); elsewhere as many rows as fit
+        AUTO_MICRO_TOKENS tokens (a CPU process cannot survive running out of memory to learn from it)."""
+        setting = self.cfg.optim.micro_batch_size
+        n = max(1, len(lengths))
+        if setting != "auto":
+            return int(setting)
+        if self.device.type == "cuda":
+            return min(n, self.auto_micro_rows or n)
+        longest = int(lengths.max()) if len(lengths) else 1
+        return max(1, min(n, AUTO_MICRO_TOKENS // max(1, longest)))
+
+    def _with_micro_retry(self, fn, lengths: torch.Tensor):
+        """``fn(rows)`` with rows = _micro_rows(lengths); under micro_batch_size=auto an out-of-memory
+        error drops the partial gradient and retries with half the rows. The loss normaliser is the
+        mini-batch's, so the retried gradient is the one the first try would have given."""
+        while True:
+            rows = self._micro_rows(lengths)
+            try:
+                return fn(rows)
+            except torch.cuda.OutOfMemoryError as e:
+                self.optimizer.zero_grad(set_to_none=True)
+                if self.cfg.optim.micro_batch_size != "auto" or rows == 1:
+                    raise TrainingError(
+                        f"out of GPU memory with {rows} completions per micro-batch: lower "
+                        "optim.micro_batch_size, set it to auto, or turn on model.gradient_checkpointing"
+                    ) from e
+                torch.cuda.empty_cache()
+                self.auto_micro_rows = rows // 2
+                message = f"out of GPU memory at {rows} rows per micro-batch: retrying with {rows // 2} (auto)"
+                self.log.print(message) if self.log else print(message, file=sys.stderr)
 
     def _clip_and_step(self, finite: bool) -> float | None:
         """Unscale (float16), clip, check, step. A NaN/inf loss or gradient skips the update instead of
@@ -651,9 +888,8 @@ class GRPOTrainer:
             ctx = contextlib.nullcontext()
         was_training = self.model.training
         model.eval()
-        with ctx:
-            lengths = r.prompt_mask.sum(-1) + r.completion_mask.sum(-1)  # (N,)
-            for micro in length_sorted(torch.arange(N), lengths).split(self.cfg.optim.micro_batch_size):
+        def run(rows: int) -> None:
+            for micro in length_sorted(torch.arange(N), lengths).split(rows):
                 t = self._micro_tensors(r, micro, r.completion_mask)
                 with self.precision.autocast(self.device):  # the same numerics as the update
                     lp, _ = completion_logprobs(
@@ -666,6 +902,10 @@ class GRPOTrainer:
                         chunk_size=self.cfg.optim.logprob_chunk_size,
                     )
                 out[micro, : lp.shape[1]] = lp.float().cpu()
+
+        lengths = r.prompt_mask.sum(-1) + r.completion_mask.sum(-1)  # (N,)
+        with ctx:
+            self._with_micro_retry(run, lengths)
         self.model.train(was_training)
         return out
 
@@ -693,7 +933,7 @@ class GRPOTrainer:
             metrics["kl"] = metrics.pop("kl_mean")
         return metrics
 
-    def evaluate(self) -> dict[str, float]:
+    def evaluate(self, examples: list[dict] | None = None) -> dict[str, float]:
         was = self.model.training
         result = evaluate(
             self.model,
@@ -707,6 +947,7 @@ class GRPOTrainer:
             temperature=self.cfg.eval.temperature,
             max_new_tokens=self.cfg.eval.max_new_tokens or self.cfg.rollout.max_new_tokens,
             seed=self.cfg.train.seed,
+            examples=examples,
         )
         self.model.train(was)
         return result
@@ -723,18 +964,60 @@ class GRPOTrainer:
         }
 
     def save(self) -> Path:
+        """Checkpoint this step (once: a second call at the same step returns the same folder), then prune
+        every step_N folder but the newest train.keep_checkpoints complete ones up to this step."""
+        if self._saved is not None and self._saved[0] == self.step:
+            return self._saved[1]
         root = self.out / "checkpoints"
         path = save_checkpoint(
             root / f"step_{self.step:06d}", self.model, self.tokenizer, self.trainer_state()
         )
-        prune_checkpoints(root, self.cfg.train.keep_checkpoints)
+        self._saved = (self.step, path)
+        prune_checkpoints(root, self.cfg.train.keep_checkpoints, current_step=self.step)
+        return path
+
+    def _start_run(self) -> None:
+        """The run starts: only now is the output folder touched. A run being replaced (overwrite) is
+        deleted, checkpoints left half-written by a kill are removed, the resolved config is saved."""
+        if self.overwrite:
+            clear_run(self.out)
+            self.overwrite = False  # a second train() call continues this run
+        self.out.mkdir(parents=True, exist_ok=True)
+        for partial in remove_partial(self.out / "checkpoints"):
+            print(f"grpokit: removed {partial}, a checkpoint left half-written", file=sys.stderr)
+        save_config(self.cfg, self.out / "config.yaml", resolved_algo=self.algo)
+
+    def _pick_checkpoint(self, resume: bool | str | Path, allow_changed_config: bool) -> Path:
+        """The checkpoint to resume from, verified without loading it: the one named, or the newest
+        complete one (damaged newer ones are reported and skipped). Raises ConfigError when there is
+        none, or when the run's settings changed and allow_changed_config is False."""
+        root = self.out / "checkpoints"
+        if resume is True:
+            try:
+                path, damaged = find_resumable(root)
+            except CheckpointError as e:
+                raise ConfigError(str(e)) from None
+            for bad, problem in damaged:
+                warning = f"grpokit: warning: {bad} is damaged ({problem}); resuming from {path.name}"
+                print(warning, file=sys.stderr)
+        else:
+            path = Path(resume) if Path(resume).is_dir() else root / str(resume)
+            problem = verify_checkpoint(path) if path.is_dir() else "no such checkpoint folder"
+            if problem:
+                present = ", ".join(p.name for p in list_checkpoints(root)) or "none"
+                raise ConfigError(f"--resume-from {resume}: {problem} (checkpoints in {root}: {present}).")
+        changes = config_changes(load_trainer_state(path, mmap=True).get("config"), self.cfg)
+        if changes and not allow_changed_config:
+            raise ConfigError(
+                f"--resume: settings differ from the run in {path} ({'; '.join(changes)}); set them back, "
+                "or pass --allow-changed-config to continue with the new ones."
+            )
+        if changes:
+            print(f"grpokit: resuming with changed settings: {'; '.join(changes)}", file=sys.stderr)
         return path
 
     def _resume(self) -> None:
-        found = list_checkpoints(self.out / "checkpoints")
-        if not found:
-            raise ConfigError(f"--resume: no checkpoint under {self.out / 'checkpoints'} to resume from")
-        latest = found[-1]
+        latest = self.resume_from
         load_weights_into(self.model, latest)
         state = load_trainer_state(latest)
         self.optimizer.load_state_dict(state["optimizer"])
@@ -744,6 +1027,7 @@ class GRPOTrainer:
         self.stream.load_state(state["stream"])
         set_rng_state(state["rng"])
         self.step = state["step"]
+        self._saved = (self.step, latest)
 
     def _previous_summary(self, summary: dict[str, Any]) -> dict[str, Any]:
         """On resume, keep the before-training accuracy of the first leg of the run."""
