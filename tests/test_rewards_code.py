@@ -16,6 +16,9 @@ from grpokit.rewards.code import extract_code, make_code_tests, normalize_output
 from grpokit.rewards.sandbox import isolation_report
 
 ISOLATED = isolation_report()["namespaces"]
+needs_isolation = pytest.mark.skipif(
+    not ISOLATED, reason=f"no user namespaces here, code_tests refuses to run: {isolation_report()['reason']}"
+)
 SECRET = uuid.uuid4().hex  # only in this process's memory and the test pipe
 MARK = f"/tmp/grpokit_pwned_{uuid.uuid4().hex[:8]}"
 HERE_MARK = os.path.join(os.path.dirname(__file__), f"pwned_{uuid.uuid4().hex[:8]}")
@@ -258,23 +261,26 @@ def scores():
     return {r[0]: (s, r[3]) for r, s in zip(rows, out)}, connections
 
 
+@needs_isolation
 @pytest.mark.parametrize("name", [r[0] for r in ROWS] + ["opens a socket"])
 def test_row(scores, name):
     got, expected = scores[0][name]
     assert got == pytest.approx(expected), name
 
 
+@needs_isolation
 def test_host_unharmed(scores):
     assert not os.path.exists(MARK)
     assert not os.path.exists(HERE_MARK)
     assert not os.path.exists("/pwned")
 
 
-@pytest.mark.skipif(not ISOLATED, reason="no user namespaces on this host")
+@needs_isolation
 def test_no_network(scores):
     assert scores[1] == []
 
 
+@needs_isolation
 def test_not_applicable_and_missing_column():
     assert reward([None, None], ["x", "y"], tests=[None, "[]"]) == [None, None]
     with pytest.raises(KeyError, match="tests"):
@@ -391,6 +397,7 @@ HUMANEVAL = [  # (canonical solution, test, entry point): HumanEval/0, /32, /107
 ]
 
 
+@needs_isolation
 def test_humaneval_canonical_solutions_pass_and_none_fails():
     completions, tests = [], []
     for solution, test, entry in HUMANEVAL:
@@ -400,6 +407,7 @@ def test_humaneval_canonical_solutions_pass_and_none_fails():
     assert reward([None] * len(tests), completions, tests=tests) == [1.0, 0.0] * len(HUMANEVAL)
 
 
+@needs_isolation
 def test_plain_data_semantics():
     rows = [  # (code, tests, expected)
         (
@@ -435,6 +443,7 @@ def test_plain_data_semantics():
     ]
 
 
+@needs_isolation
 def test_tests_passing_a_function_are_refused_with_a_clear_error():
     with pytest.raises(ValueError, match=r"row 0 .*plain data"):
         reward(
@@ -508,6 +517,7 @@ def test_extract_code_and_parse_tests():
         parse_tests(42)
 
 
+@needs_isolation
 def test_many_threads_are_limited():
     code = fenced(
         "import threading, time\nn = 0\nfor _ in range(100):\n    try:\n"
