@@ -25,9 +25,11 @@ def evaluate(
     max_new_tokens: int = 256,
     seed: int = 0,
     batch_prompts: int = 64,
+    examples: list[dict] | None = None,
 ) -> dict[str, float]:
     """accuracy = greedy pass@1 (share of prompts whose greedy completion scores 1);
-    mean_at_k = mean score of ``num_samples`` sampled completions per prompt (0 = skipped)."""
+    mean_at_k = mean score of ``num_samples`` sampled completions per prompt (0 = skipped).
+    ``examples``, when given, receives the first greedy {prompt, completion, score}."""
     if not rows:
         raise ValueError("evaluate: no rows to evaluate on")
     model.eval()
@@ -57,7 +59,11 @@ def evaluate(
             )
             expanded = [rows[i] for i in chunk for _ in range(group_size)]
             columns = reward_columns(expanded, data_cfg.prompt_column)
-            result = runner([r[data_cfg.prompt_column] for r in expanded], out.decode(tokenizer), columns)
+            texts = out.decode(tokenizer)
+            result = runner([r[data_cfg.prompt_column] for r in expanded], texts, columns)
+            if examples is not None and not examples:
+                score = result.per_function["accuracy"][0]
+                examples.append({"prompt": expanded[0][data_cfg.prompt_column], "completion": texts[0], "score": score})
             scores += [float(v) if v is not None else 0.0 for v in result.per_function["accuracy"]]
             lengths += out.completion_mask.sum(1).tolist()
         return scores, lengths
