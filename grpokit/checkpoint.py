@@ -203,7 +203,9 @@ def find_resumable(root: Path) -> tuple[Path, list[tuple[Path, str]]]:
             return path, damaged
         damaged.append((path, problem))
     if not damaged:
-        raise CheckpointError(f"--resume: no checkpoint under {root} to resume from")
+        raise CheckpointError(
+            f"--resume: no checkpoint under {root} to resume from (start afresh with --overwrite)"
+        )
     listed = "; ".join(f"{p.name}: {why}" for p, why in damaged)
     raise CheckpointError(f"--resume: every checkpoint under {root} is damaged ({listed})")
 

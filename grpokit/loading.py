@@ -91,10 +91,10 @@ HUB_PROBE_TIMEOUT_S = 3.0
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 
 
-def read_model_config(model_cfg: ModelConfig) -> dict | None:
+def read_model_config(model_cfg: ModelConfig) -> dict:
     """The model's config.json as a dict, read without loading any weight, after checking that the model
     can be had: a local folder must hold config.json; a hub id is read from the local Hugging Face cache,
-    else needs a hub that answers within HUB_PROBE_TIMEOUT_S (then None: transformers downloads it).
+    else needs a hub that answers within HUB_PROBE_TIMEOUT_S (config.json alone is fetched then).
     With a cached copy and no hub, HF_HUB_OFFLINE is switched on so that loading does not wait for it."""
     path = model_cfg.name_or_path
     key = f"model.name_or_path={path!r}"
@@ -145,7 +145,30 @@ def read_model_config(model_cfg: ModelConfig) -> dict | None:
             file=sys.stderr,
         )
         return _read_json(cached, key)
-    return _read_json(cached, key) if cached else None
+    return _read_json(cached or _download_config(path, key), key)
+
+
+def _download_config(repo_id: str, key: str) -> str:
+    """config.json alone from the hub (a few KB): a wrong id or a gated model fails here, before the
+    weights download, and the model's positions can be checked."""
+    from huggingface_hub import hf_hub_download
+    from huggingface_hub.errors import GatedRepoError, HfHubHTTPError, RepositoryNotFoundError
+
+    try:
+        endpoint = os.environ.get("HF_ENDPOINT")  # read now, like the probe (the library reads it at import)
+        return hf_hub_download(repo_id, "config.json", endpoint=endpoint, etag_timeout=HUB_PROBE_TIMEOUT_S)
+    except GatedRepoError:
+        raise ConfigError(
+            f"{key} is gated on the hub: accept its terms there and log in (HF_TOKEN)."
+        ) from None
+    except RepositoryNotFoundError:
+        raise ConfigError(
+            f"{key}: no such model on the hub (or private: log in with HF_TOKEN); check the id, "
+            "e.g. model.name_or_path=Qwen/Qwen2.5-0.5B."
+        ) from None
+    except (HfHubHTTPError, OSError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ConfigError(f"{key}: could not read config.json from the hub ({first}).") from None
 
 
 def _read_json(path: str | Path, key: str) -> dict:

@@ -3,6 +3,8 @@ and no model weights loaded (every case here fails before that: config, output f
 rewards, the model's config.json or the hub are checked first)."""
 
 import json
+import threading
+from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import pytest
 from tiny_model import save_tiny_model
@@ -154,3 +156,31 @@ def test_debug_shows_the_traceback(world, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("GRPOKIT_DEBUG", "1")
     assert main(["train", *argv, "optim.lr=-1"]) == 2
     assert "Traceback" in capsys.readouterr().err
+
+
+class _NoSuchRepo(BaseHTTPRequestHandler):
+    """A hub that answers every request as the real one does for an unknown repository."""
+
+    def _not_found(self):
+        self.send_response(404)
+        self.send_header("X-Error-Code", "RepoNotFound")
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    do_HEAD = do_GET = _not_found
+
+    def log_message(self, *args):
+        pass
+
+
+def test_hub_id_that_does_not_exist_fails_before_loading(world, tmp_path, monkeypatch, capsys):
+    server = HTTPServer(("127.0.0.1", 0), _NoSuchRepo)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{server.server_port}")
+    argv = [a.format(**world, out=str(tmp_path / "run")) for a in BASE]
+    try:
+        assert main(["train", *argv, "model.name_or_path=someone/no-such-model"]) == 2
+    finally:
+        server.shutdown()
+    err = capsys.readouterr().err
+    assert "someone/no-such-model" in err and "no such model on the hub" in err and "Traceback" not in err
