@@ -25,6 +25,7 @@ FREE_TO_CHANGE = {
     "train.samples_every",
     "train.tensorboard",
     "train.reward_timeout_s",
+    "train.stop_after_flat_steps",
     "eval.every",
     "eval.enabled",
     "eval.num_samples",
