@@ -64,6 +64,14 @@ MODEL_SHAPES: dict[str, dict[str, Any]] = {
         num_attention_heads=4,
         num_key_value_heads=2,
     ),
+    "60m": dict(  # 63M parameters: weights and optimizer states dominate a CPU step's memory, quickly
+        vocab_size=32768,
+        hidden_size=768,
+        intermediate_size=2048,
+        num_hidden_layers=6,
+        num_attention_heads=12,
+        num_key_value_heads=4,
+    ),
     "0.5b": dict(  # Qwen2.5-0.5B's dimensions (494M parameters, tied embeddings)
         vocab_size=151936,
         hidden_size=896,

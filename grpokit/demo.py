@@ -204,7 +204,6 @@ def demo_overrides(paths: dict[str, Path]) -> dict:
         "algo": {"preset": "grpo"},
         "optim": {
             "lr": 2e-4,
-            "micro_batch_size": 64,
             "mini_batches": 2,
             "warmup_steps": 2,
             "max_grad_norm": 1.0,
