@@ -57,11 +57,17 @@ class LoraConfig:
 @dataclass
 class DataConfig:
     train: str = ""
-    """Training prompts: JSONL, JSON, CSV, Parquet or a datasets.save_to_disk folder."""
+    """Training prompts: JSONL, JSON, CSV, Parquet, a save_to_disk folder, a hub-layout folder, a glob
+    (data/train-*.parquet) or a hub id (openai/gsm8k; the last three through datasets.load_dataset)."""
     eval: str | None = None
     """Held-out prompts for evaluation (same formats)."""
+    config: str | None = None
+    """Configuration (subset) of a dataset read through datasets.load_dataset, e.g. main for openai/gsm8k
+    (also used for data.eval when it names the same dataset)."""
     split: str | None = None
-    """Split to read from a DatasetDict folder."""
+    """Split of data.train to read (default: train, or the only split there is)."""
+    eval_split: str | None = None
+    """Split of data.eval to read (default: test, or the only split there is)."""
     prompt_column: str = "prompt"
     """Column holding the prompt: plain text or chat messages."""
     template: str = "auto"

@@ -299,11 +299,16 @@ class GRPOTrainer:
                     "data.train is empty: give a JSONL/JSON/CSV/Parquet file or a save_to_disk folder"
                 )
             train_rows = load_prompts(
-                cfg.data.train, prompt_column=cfg.data.prompt_column, split=cfg.data.split
+                cfg.data.train, prompt_column=cfg.data.prompt_column, split=cfg.data.split, config=cfg.data.config
             )
         if eval_rows is None and cfg.data.eval:
             eval_rows = load_prompts(
-                cfg.data.eval, prompt_column=cfg.data.prompt_column, limit=cfg.data.eval_limit
+                cfg.data.eval,
+                prompt_column=cfg.data.prompt_column,
+                limit=cfg.data.eval_limit,
+                split=cfg.data.eval_split,
+                default_split="test",
+                config=cfg.data.config if cfg.data.eval == cfg.data.train else None,
             )
         self.train_rows, self.eval_rows = train_rows, eval_rows or []
 

@@ -1,0 +1,103 @@
+"""grpokit.data through datasets.load_dataset: hub-layout folders, globs, config/split, and the errors.
+
+Offline: a local folder laid out as a hub dataset repository stands for a hub id."""
+
+import json
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from grpokit.data import DataError, load_prompts
+
+pytest.importorskip("datasets")
+
+TRAIN = [
+    {"prompt": [{"role": "user", "content": "2 + 2?"}], "solution": "4"},
+    {"prompt": [{"role": "user", "content": "3 + 5?"}], "solution": "8"},
+]
+TEST = [{"prompt": [{"role": "user", "content": "1 + 1?"}], "solution": "2"}]
+
+
+def write_parquet(path, rows):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.Table.from_pylist(rows), path)
+
+
+def write_jsonl(path, rows):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+@pytest.fixture
+def hub_folder(tmp_path):
+    """What `huggingface-cli download --repo-type dataset` leaves: data/<split>-XXXXX-of-NNNNN.parquet."""
+    root = tmp_path / "gsm8k_like"
+    write_parquet(root / "data" / "train-00000-of-00001.parquet", TRAIN)
+    write_parquet(root / "data" / "test-00000-of-00001.parquet", TEST)
+    (root / "README.md").write_text("# a dataset card\n")
+    return root
+
+
+def test_hub_layout_folder_reads_train_by_default_and_any_split(hub_folder):
+    assert load_prompts(hub_folder) == TRAIN
+    assert load_prompts(hub_folder, split="test") == TEST
+    assert load_prompts(hub_folder, default_split="test") == TEST  # what evaluation asks for
+
+
+def test_hub_layout_folder_of_jsonl_named_by_split(tmp_path):
+    write_jsonl(tmp_path / "d" / "train.jsonl", TRAIN)
+    write_jsonl(tmp_path / "d" / "test.jsonl", TEST)
+    assert load_prompts(tmp_path / "d", split="test") == TEST
+
+
+def test_glob_of_data_files(hub_folder):
+    assert load_prompts(f"{hub_folder}/data/train-*.parquet") == TRAIN
+    assert load_prompts(f"{hub_folder}/data/*.parquet", limit=1) == TEST  # files in name order: test-* first
+
+
+def test_config_names_a_subset(tmp_path):
+    """A hub repository with two configurations declared in its README, as openai/gsm8k has main/socratic."""
+    root = tmp_path / "two_configs"
+    write_parquet(root / "main" / "train-00000-of-00001.parquet", TRAIN)
+    write_parquet(root / "socratic" / "train-00000-of-00001.parquet", TEST)
+    (root / "README.md").write_text(
+        "---\nconfigs:\n"
+        "- config_name: main\n  data_files:\n  - split: train\n    path: main/train-*\n"
+        "- config_name: socratic\n  data_files:\n  - split: train\n    path: socratic/train-*\n---\n"
+    )
+    assert load_prompts(root, config="main") == TRAIN
+    assert load_prompts(root, config="socratic") == TEST
+    with pytest.raises(DataError, match=r"two_configs \(config 'nope'\): datasets.load_dataset failed"):
+        load_prompts(root, config="nope")
+
+
+def test_unknown_split_lists_the_splits(hub_folder):
+    with pytest.raises(DataError, match=r"no split 'dev'; splits found: \['train', 'test'\]"):
+        load_prompts(hub_folder, split="dev")
+
+
+def test_config_on_a_local_file_is_refused(tmp_path):
+    write_jsonl(tmp_path / "d.jsonl", TRAIN)
+    with pytest.raises(DataError, match=r"d\.jsonl: data\.config='main' .* drop data\.config"):
+        load_prompts(tmp_path / "d.jsonl", config="main")
+
+
+def test_bad_row_is_named_with_its_index_and_column(tmp_path):
+    write_parquet(tmp_path / "d" / "data" / "train-0.parquet", [{"prompt": "ok"}, {"prompt": "  "}])
+    with pytest.raises(DataError, match=r"d, row index 1: 'prompt' is an empty string"):
+        load_prompts(tmp_path / "d")
+    with pytest.raises(DataError, match=r"no prompt column 'question'; columns found: \['prompt'\]"):
+        load_prompts(tmp_path / "d", prompt_column="question")
+
+
+def test_glob_matching_nothing(tmp_path):
+    with pytest.raises(DataError, match=r"nothing-\*\.jsonl: no file matches this pattern"):
+        load_prompts(f"{tmp_path}/nothing-*.jsonl")
+
+
+def test_save_to_disk_folder_still_read_by_the_local_reader(tmp_path):
+    import datasets
+
+    datasets.Dataset.from_list(TRAIN).save_to_disk(str(tmp_path / "saved"))
+    assert load_prompts(tmp_path / "saved") == TRAIN
