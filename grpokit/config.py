@@ -215,7 +215,10 @@ class TrainConfig:
     samples_every: int = 10
     """Save sample completions every this many steps (0 = never)."""
     tensorboard: bool = True
-    """Write TensorBoard scalars."""
+    """Write TensorBoard scalars (false drops tensorboard from train.report_to)."""
+    report_to: list[str] | str = "tensorboard"
+    """Experiment trackers: tensorboard | wandb | mlflow | none, or a list ([tensorboard, wandb]); wandb and
+    mlflow are extras (pip install 'grpokit[wandb]', 'grpokit[mlflow]'), configured by their own env vars."""
     accuracy_reward: str | None = None
     """Reward whose value 1 means correct (default: the first reward)."""
     reward_timeout_s: float = 120.0
@@ -444,6 +447,12 @@ def _check_choices(cfg: Config) -> None:
         )
     if not cfg.rewards:
         raise ConfigError("rewards: at least one reward function is needed.")
+    from grpokit.runlog import check_report_to
+
+    try:
+        check_report_to(cfg.train.report_to)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
 
 
 def config_from_dict(values: dict[str, Any]) -> Config:

@@ -7,6 +7,14 @@ Everything lands in one ``output_dir``::
     samples/step_000012.jsonl    a few rows (prompt, completion, rewards) of one step
     tensorboard/                 event files; the tag is the metric key ("reward/math_accuracy/mean"),
                                  evaluations get the prefix "eval/"
+    wandb/                       with report_to wandb: the W&B run (offline runs too: WANDB_MODE=offline)
+
+``report_to`` picks the experiment trackers, each through its own library (the same keys, evaluations
+under "eval/"): "tensorboard" (the default; torch's SummaryWriter), "wandb" (``wandb.init`` in
+``output_dir``, project from WANDB_PROJECT or "grpokit", run name the folder's name, the config as
+``config``), "mlflow" (``mlflow.start_run`` on MLflow's tracking URI, MLFLOW_TRACKING_URI or its default,
+experiment from MLFLOW_EXPERIMENT_NAME or "grpokit", the config flattened as params), "none". Several may
+be given as a list. ``check_report_to`` checks the names and that each package is installed.
 
 NaN and inf are written to the JSON files as ``null``, so every line stays valid JSON for any parser;
 TensorBoard receives the float itself. ``step`` is the number of optimizer steps done so far (1 after the
@@ -53,6 +61,33 @@ SUMMARY_FORMATS: tuple[tuple[str, str], ...] = (
 
 _tensorboard_warned = False  # warn once per process, not once per run, when tensorboard is missing
 
+# report_to name -> (module to import, pip command that installs it)
+REPORT_TO: dict[str, tuple[str, str]] = {
+    "tensorboard": ("tensorboard", "pip install tensorboard"),
+    "wandb": ("wandb", "pip install 'grpokit[wandb]'"),
+    "mlflow": ("mlflow", "pip install 'grpokit[mlflow]'"),
+    "none": ("", ""),
+}
+
+
+def check_report_to(report_to: str | list[str] | tuple[str, ...], key: str = "train.report_to") -> list[str]:
+    """The trackers named by ``report_to`` ("wandb", ["tensorboard", "mlflow"], "none"), deduplicated, in
+    order. Raises ValueError naming ``key`` for an unknown name or a tracker whose package is missing,
+    with the pip command that installs it. Imports nothing (the packages take seconds to import)."""
+    import importlib.util
+
+    names = [report_to] if isinstance(report_to, str) else list(report_to)
+    chosen: list[str] = []
+    for name in names:
+        if name not in REPORT_TO:
+            raise ValueError(f"{key}={name!r} is not one of {list(REPORT_TO)} (e.g. {key}=[tensorboard,wandb]).")
+        module, pip = REPORT_TO[name]
+        if module and importlib.util.find_spec(module) is None:
+            raise ValueError(f"{key}={name!r} needs the {module} package, which is not installed: {pip}")
+        if name != "none" and name not in chosen:
+            chosen.append(name)
+    return chosen
+
 
 class RunLogger:
     """Writes a run's metrics, evaluations and samples, and shows its progress.
@@ -78,7 +113,11 @@ class RunLogger:
         tensorboard: bool = True,
         console: bool = True,
         resume: bool = False,
+        report_to: str | list[str] | None = None,
+        config: dict[str, Any] | None = None,
     ) -> None:
+        """``report_to``: the trackers (see the module docstring; default "tensorboard"); ``tensorboard=False``
+        drops TensorBoard from them. ``config`` (the run's settings) goes to W&B and MLflow."""
         if total_steps < 1:
             raise ValueError(f"total_steps must be at least 1, got {total_steps}")
         self.output_dir = Path(output_dir)
@@ -96,7 +135,24 @@ class RunLogger:
         mode = "a" if resume else "w"
         self._metrics_file: TextIO = open(self.metrics_path, mode, encoding="utf-8")
         self._eval_file: TextIO = open(self.eval_path, mode, encoding="utf-8")
-        self._writer = _make_summary_writer(self.output_dir / "tensorboard") if tensorboard else None
+        chosen = check_report_to("tensorboard" if report_to is None else report_to, key="report_to")
+        self.report_to = [name for name in chosen if tensorboard or name != "tensorboard"]
+        self._writer = (
+            _make_summary_writer(self.output_dir / "tensorboard") if "tensorboard" in self.report_to else None
+        )
+        self._trackers: list[_Tracker] = []
+        try:
+            if "wandb" in self.report_to:
+                self._trackers.append(_WandbTracker(self.output_dir, config or {}, resume))
+            if "mlflow" in self.report_to:
+                self._trackers.append(_MlflowTracker(self.output_dir, config or {}))
+        except BaseException:  # a tracker that cannot start: leave nothing open behind
+            self._close_trackers()
+            self._metrics_file.close()
+            self._eval_file.close()
+            if self._writer is not None:
+                self._writer.close()
+            raise
 
         self._console = console
         # (monotonic time, step) at the first log_step of this process: the ETA is measured from there,
@@ -177,6 +233,11 @@ class RunLogger:
         self._eval_file.close()
         if self._writer is not None:
             self._writer.close()
+        self._close_trackers()
+
+    def _close_trackers(self) -> None:
+        while self._trackers:
+            self._trackers.pop().close()
 
     def __enter__(self) -> RunLogger:
         return self
@@ -191,11 +252,12 @@ class RunLogger:
 
     # ----------------------------------------------------------------------------------------------
     def _add_scalars(self, prefix: str, step: int, values: dict[str, float | int | None]) -> None:
-        if self._writer is None:
-            return
-        for key, value in values.items():
-            if value is not None:  # None was given as None; NaN still reaches TensorBoard as NaN
-                self._writer.add_scalar(prefix + key, value, step)
+        given = {prefix + key: value for key, value in values.items() if value is not None}
+        if self._writer is not None:
+            for key, value in given.items():  # None was given as None; NaN still reaches TensorBoard as NaN
+                self._writer.add_scalar(key, value, step)
+        for tracker in self._trackers:
+            tracker.log(step, given)
 
     def _show_step(self, step: int, values: dict[str, float | int | None]) -> None:
         summary = " | ".join(
@@ -309,6 +371,91 @@ def _make_summary_writer(log_dir: Path) -> Any:
             _tensorboard_warned = True
         return None
     return SummaryWriter(log_dir=str(log_dir), flush_secs=30)
+
+
+class _Tracker:
+    """An experiment tracker reached through its own library: ``log(step, {key: number})``, ``close()``."""
+
+    def log(self, step: int, values: dict[str, float | int]) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+
+class _WandbTracker(_Tracker):
+    """``wandb.init`` with the run in ``output_dir/wandb``; WANDB_MODE=offline keeps it local (``wandb sync``
+    uploads it later). A resumed grpokit run starts a new W&B run in the same project and group."""
+
+    def __init__(self, output_dir: Path, config: dict[str, Any], resume: bool) -> None:
+        import wandb
+
+        self._run = wandb.init(
+            project=os.environ.get("WANDB_PROJECT", "grpokit"),
+            name=output_dir.resolve().name,
+            group=output_dir.resolve().name,
+            dir=str(output_dir),
+            config=config,
+            job_type="resume" if resume else "train",
+            reinit="finish_previous",
+        )
+
+    def log(self, step: int, values: dict[str, float | int]) -> None:
+        if values:
+            self._run.log(values, step=step)
+
+    def close(self) -> None:
+        self._run.finish()
+
+
+# MLflow accepts only these characters in metric and parameter names ("reward/file.py:fn/mean" has a ':').
+_MLFLOW_NAME_OK = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-. /")
+
+
+def _mlflow_name(key: str) -> str:
+    return "".join(ch if ch in _MLFLOW_NAME_OK else "_" for ch in key)
+
+
+class _MlflowTracker(_Tracker):
+    """``mlflow.start_run`` on MLflow's own tracking URI (MLFLOW_TRACKING_URI, else its default), the
+    config flattened into params ("optim.lr"), metrics through ``log_metrics``."""
+
+    def __init__(self, output_dir: Path, config: dict[str, Any]) -> None:
+        import mlflow
+
+        self._mlflow = mlflow
+        experiment = os.environ.get("MLFLOW_EXPERIMENT_NAME", "grpokit")
+        try:
+            mlflow.set_experiment(experiment)
+            self._run = mlflow.start_run(run_name=output_dir.resolve().name)
+        except Exception as e:  # MLflow raises its own exception types for a store it cannot open
+            raise RuntimeError(
+                f"report_to mlflow: cannot open MLflow's tracking store {mlflow.get_tracking_uri()!r} "
+                f"({type(e).__name__}: {str(e).splitlines()[0][:200]}); set MLFLOW_TRACKING_URI, e.g. to "
+                "http://localhost:5000 or sqlite:///mlflow.db (pip install 'grpokit[mlflow]')."
+            ) from e
+        params = {_mlflow_name(k): str(v)[:500] for k, v in _flatten(config).items()}
+        for start in range(0, len(params), 100):  # MLflow takes at most 100 params per call
+            mlflow.log_params(dict(list(params.items())[start : start + 100]))
+
+    def log(self, step: int, values: dict[str, float | int]) -> None:
+        if values:
+            self._mlflow.log_metrics({_mlflow_name(k): float(v) for k, v in values.items()}, step=step)
+
+    def close(self) -> None:
+        self._mlflow.end_run()
+
+
+def _flatten(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``{"optim": {"lr": 1e-6}}`` -> ``{"optim.lr": 1e-6}``; lists are kept whole."""
+    flat: dict[str, Any] = {}
+    for key, value in config.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict) and value:
+            flat.update(_flatten(value, name + "."))
+        else:
+            flat[name] = value
+    return flat
 
 
 def _numeric_metrics(metrics: dict[str, Any]) -> dict[str, float | int | None]:

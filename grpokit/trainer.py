@@ -433,7 +433,12 @@ class GRPOTrainer:
         self._start_run()
         with (
             RunLogger(
-                self.out, total_steps=cfg.train.steps, tensorboard=cfg.train.tensorboard, resume=self.step > 0
+                self.out,
+                total_steps=cfg.train.steps,
+                tensorboard=cfg.train.tensorboard,
+                resume=self.step > 0,
+                report_to=cfg.train.report_to,
+                config=dataclasses.asdict(cfg),
             ) as log,
             StopOnSignals() as stop,
         ):
