@@ -19,6 +19,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -268,6 +269,10 @@ class GRPOTrainer:
     ones are reported and skipped), a path from exactly that checkpoint. Settings that differ from the
     checkpoint's run (validate.FREE_TO_CHANGE aside) need allow_changed_config. overwrite: replace a
     run already in train.output_dir (its files are deleted when train() starts).
+
+    callbacks: functions ``fn(step, metrics, trainer)`` called after each step is logged, in order, with
+    the step's metrics dict (the line written to metrics.jsonl). One that raises stops the run: a
+    checkpoint of the step is saved and TrainingError carries the callback's name and message.
     """
 
     def __init__(
@@ -282,6 +287,7 @@ class GRPOTrainer:
         resume: bool | str | Path = False,
         overwrite: bool = False,
         allow_changed_config: bool = False,
+        callbacks: Sequence[Callable[[int, dict[str, float], GRPOTrainer], Any]] = (),
     ):
         self.cfg = cfg
         self.algo = resolve_algo(cfg)
@@ -290,6 +296,7 @@ class GRPOTrainer:
         self.out = Path(cfg.train.output_dir)
         check_output_dir(self.out, resume=resume is not False, overwrite=overwrite)
         self.overwrite = overwrite
+        self.callbacks = list(callbacks)
         torch.manual_seed(cfg.train.seed)
 
         # data
@@ -467,6 +474,7 @@ class GRPOTrainer:
                 if self.stopped_early:
                     break  # the step was not taken: the prompts are solved
                 log.log_step(self.step, metrics)
+                self._run_callbacks(metrics)
                 if stop.signal_name:
                     break  # the safe point: this step is done and logged
                 if (
@@ -1046,6 +1054,17 @@ class GRPOTrainer:
             return {}
         old = json.loads(path.read_text())
         return {"eval_accuracy_before": old["eval_accuracy_before"]} if "eval_accuracy_before" in old else {}
+
+    def _run_callbacks(self, metrics: dict[str, float]) -> None:
+        for callback in self.callbacks:
+            try:
+                callback(self.step, metrics, self)
+            except Exception as e:
+                name = getattr(callback, "__qualname__", repr(callback))
+                raise TrainingError(
+                    f"callback {name} stopped the run at step {self.step}: {type(e).__name__}: {e} "
+                    f"(checkpoint of step {self.step}: {self.save()})."
+                ) from e
 
     def _save_samples(self, batch: ScoredBatch) -> None:
         rows = []
