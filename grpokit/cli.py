@@ -2,7 +2,9 @@
 
 grpokit train                                   # the embedded demo (no download)
 grpokit train cfg.yaml algo.preset=dapo rollout.group_size=16
+grpokit train --config cfg.yaml optim.lr=1e-6    # --config PATH works as well as the positional path
 grpokit train cfg.yaml --resume                 # continue the run in train.output_dir
+grpokit config [cfg.yaml] [overrides]           # every key, its value (default) and what it does, as YAML
 grpokit train cfg.yaml --overwrite              # replace the run in train.output_dir
 grpokit eval MODEL_DIR DATA.jsonl --reward math_accuracy
 
@@ -52,12 +54,18 @@ def _fail(args: argparse.Namespace, message: str, code: int) -> int:
 def cmd_train(args: argparse.Namespace) -> int:
     from grpokit.config import ConfigError, load_config
 
-    overrides = list(args.overrides)
-    config_path = None
-    if overrides and "=" not in overrides[0]:
-        config_path = overrides.pop(0)
+    try:
+        config_path, overrides = _config_args(args)
+    except ConfigError as e:
+        return _fail(args, f"config error: {e}", 2)
     if args.output_dir:
         overrides.append(f"train.output_dir={args.output_dir}")
+    if getattr(args, "print_config", False):
+        try:
+            print(describe_config(load_config(config_path, overrides)), end="")
+        except ConfigError as e:
+            return _fail(args, f"config error: {e}", 2)
+        return 0
     try:
         if config_path is None and (
             args.demo or not any(o.startswith("model.name_or_path=") for o in overrides)
@@ -68,6 +76,92 @@ def cmd_train(args: argparse.Namespace) -> int:
     except ConfigError as e:
         return _fail(args, f"config error: {e}", 2)
     return _run(cfg, args)
+
+
+def _config_args(args: argparse.Namespace) -> tuple[str | None, list[str]]:
+    """(config path, overrides) from ``[CONFIG.yaml] key=value ...`` and ``--config PATH``."""
+    from grpokit.config import ConfigError
+
+    overrides = list(args.overrides)
+    config_path = None
+    if overrides and "=" not in overrides[0]:
+        config_path = overrides.pop(0)
+    given = getattr(args, "config", None)
+    if given is not None:
+        if config_path is not None:
+            raise ConfigError(
+                f"two config files: --config {given} and {config_path}; give one (either form works)."
+            )
+        config_path = given
+    for text in overrides:
+        if "=" not in text:
+            raise ConfigError(f"{text!r} is neither the config file (it comes first) nor a key=value override.")
+    return config_path, overrides
+
+
+def describe_config(cfg) -> str:
+    """The config as YAML that loads back (``grpokit config > cfg.yaml``), each key with its one-line doc as
+    a comment. Given the defaults, it documents every key."""
+    import dataclasses
+
+    import yaml
+
+    def value_text(value) -> str:
+        text = yaml.safe_dump(value, default_flow_style=True, width=10_000).strip()
+        return text.removesuffix("\n...").removesuffix("...").strip()
+
+    def fields(obj, indent: str, first_prefix: str | None = None) -> list[str]:
+        docs = field_docs(type(obj))
+        out = []
+        for i, f in enumerate(dataclasses.fields(obj)):
+            lead = first_prefix if (first_prefix is not None and i == 0) else indent
+            doc = docs.get(f.name, "")
+            out.append(f"{lead}{f.name}: {value_text(getattr(obj, f.name))}" + (f"  # {doc}" if doc else ""))
+        return out
+
+    lines = []
+    for section in dataclasses.fields(cfg):
+        value = getattr(cfg, section.name)
+        lines.append(f"{section.name}:")
+        if isinstance(value, list):  # rewards: a list of RewardSpec
+            for item in value:
+                lines += fields(item, "    ", first_prefix="  - ")
+        else:
+            lines += fields(value, "  ")
+    return "\n".join(lines) + "\n"
+
+
+def field_docs(cls: type) -> dict[str, str]:
+    """``{field: docstring on one line}`` of a config dataclass, read from the string under each field
+    (Python keeps no attribute docstrings at run time)."""
+    import ast
+    import inspect
+    import textwrap
+
+    tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
+    body = tree.body[0].body
+    docs = {}
+    for node, after in zip(body, body[1:]):
+        if (
+            isinstance(node, ast.AnnAssign)
+            and isinstance(node.target, ast.Name)
+            and isinstance(after, ast.Expr)
+            and isinstance(after.value, ast.Constant)
+            and isinstance(after.value.value, str)
+        ):
+            docs[node.target.id] = " ".join(after.value.value.split())
+    return docs
+
+
+def cmd_config(args: argparse.Namespace) -> int:
+    from grpokit.config import ConfigError, load_config
+
+    try:
+        config_path, overrides = _config_args(args)
+        print(describe_config(load_config(config_path, overrides)), end="")
+    except ConfigError as e:
+        return _fail(args, f"config error: {e}", 2)
+    return 0
 
 
 def _demo_config(overrides: list[str]):
@@ -194,10 +288,26 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--output-dir", help="shorthand for train.output_dir=...")
     sub = p.add_subparsers(dest="command")
 
-    train = sub.add_parser("train", help="train (no arguments: the embedded demo)", parents=[run])
+    keys_help = "every key with its default and what it does: grpokit config"
+    train = sub.add_parser(
+        "train", help="train (no arguments: the embedded demo)", parents=[run], epilog=keys_help
+    )
     train.add_argument("overrides", nargs="*", help="[CONFIG.yaml] then section.key=value overrides")
+    train.add_argument("--config", metavar="PATH", help="the YAML config (or give it as the first argument)")
     train.add_argument("--demo", action="store_true", help="run the embedded demo with these overrides")
+    train.add_argument(
+        "--print-config", action="store_true", help="print the resolved config with each key's doc, and exit"
+    )
     train.set_defaults(func=cmd_train)
+
+    config = sub.add_parser(
+        "config",
+        help="print every config key with its value (default), as YAML with a one-line doc per key",
+        parents=[common],
+    )
+    config.add_argument("overrides", nargs="*", help="[CONFIG.yaml] then section.key=value overrides")
+    config.add_argument("--config", metavar="PATH", help="the YAML config (or give it as the first argument)")
+    config.set_defaults(func=cmd_config)
 
     demo = sub.add_parser(
         "demo", help="the embedded demo: a tiny model learns arithmetic on the CPU", parents=[run]
