@@ -113,7 +113,8 @@ class AlgoConfig:
     preset: str = "grpo"
     """Named algorithm from grpokit.algos.PRESETS; the knobs below override it when set."""
     advantage: str | None = None
-    """grpo | dr_grpo | batch | rloo | reinforce_pp."""
+    """An estimator of grpokit.algos.ADVANTAGES (group_std, group_centre, leave_one_out, token_whiten, ...)
+    or your own as package.module:function."""
     std_ddof: int | None = None
     """Degrees of freedom of the group std (1 = unbiased, as TRL/verl)."""
     eps_low: float | None = None
@@ -127,7 +128,9 @@ class AlgoConfig:
     beta: float | None = None
     """KL coefficient to the frozen reference (0 = no reference model)."""
     kl_kind: str | None = None
-    """k1 | k2 | k3."""
+    """k1 | k2 | k3 (of the KL loss, and of the logged kl metric)."""
+    kl_reward_coef: float | None = None
+    """KL in the reward: -kl_reward_coef * k1 on every token's reward, as PPO/REINFORCE++ (0 = none)."""
     norm_len: int | None = None
     """Constant length normaliser of seq-sum-norm (default: rollout.max_new_tokens)."""
     dual_clip: float | None = None
@@ -332,6 +335,7 @@ RANGES: dict[str, tuple[str, Any, str]] = {
     "algo.eps_low":                ("[0, 1)", 0.2, ""),
     "algo.eps_high":               ("[0, inf)", 0.28, ""),
     "algo.beta":                   ("[0, inf)", 0.04, "0 = no reference model"),
+    "algo.kl_reward_coef":         ("[0, inf)", 0.01, "0 = no KL in the reward"),
     "algo.norm_len":               ("[1, inf)", 1024, ""),
     "algo.dual_clip":              ("(1, inf)", 3.0, ""),
     "algo.max_sampling_rounds":    ("[0, inf)", 4, ""),
@@ -398,6 +402,14 @@ def _check_ranges(cfg: Config) -> None:
             )
 
 
+def _advantage_choices(value: str | None) -> list[str | None]:
+    """The registered estimators and their aliases; a 'package.module:function' name is imported later."""
+    from grpokit.algos import ADVANTAGE_KINDS
+
+    own = [value] if isinstance(value, str) and ":" in value else []
+    return [None, *ADVANTAGE_KINDS, *own]
+
+
 def _check_choices(cfg: Config) -> None:
     _check_ranges(cfg)
     choices = {
@@ -410,7 +422,7 @@ def _check_choices(cfg: Config) -> None:
             cfg.optim.precision,
             ["auto", "fp32", "bf16_mixed", "fp16_mixed", "bf16_kahan", "bf16_pure"],
         ),
-        "algo.advantage": (cfg.algo.advantage, [None, "grpo", "dr_grpo", "batch", "rloo", "reinforce_pp"]),
+        "algo.advantage": (cfg.algo.advantage, _advantage_choices(cfg.algo.advantage)),
         "algo.ratio_level": (cfg.algo.ratio_level, [None, "token", "sequence", "sequence_token"]),
         "algo.agg": (cfg.algo.agg, [None, "seq-mean-token-mean", "token-mean", "seq-sum-norm"]),
         "algo.kl_kind": (cfg.algo.kl_kind, [None, "k1", "k2", "k3"]),

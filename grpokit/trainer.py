@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from grpokit.algos import compute_advantages, policy_loss
+from grpokit.algos import compute_advantages, kl_estimate, policy_loss
 from grpokit.checkpoint import (
     CheckpointError,
     find_resumable,
@@ -368,7 +368,9 @@ class GRPOTrainer:
             model = prepare_policy(model, cfg.model, cfg.lora)
         self.model, self.tokenizer = model, tokenizer
         check_tokenizer_fits(model, tokenizer, "the tokenizer")
-        self.ref_model = frozen_reference(model, cfg.lora.enabled) if self.algo["beta"] > 0 else None
+        # a reference for a KL in the loss or in the reward (with LoRA: the base, adapter disabled)
+        self.uses_reference = self.algo["beta"] > 0 or self.algo.get("kl_reward_coef", 0.0) > 0
+        self.ref_model = frozen_reference(model, cfg.lora.enabled) if self.uses_reference else None
         self.eos_ids = self._eos_ids()
 
         # prompts are checked for length up front, so a bad row fails before any training
@@ -516,17 +518,11 @@ class GRPOTrainer:
         self._check_reward_spread(batch)
         if self.stopped_early:
             return {}
-        rewards = batch.rewards.to(self.device)  # (N,)
-        advantages = compute_advantages(
-            rewards,
-            self.cfg.rollout.group_size,
-            self.algo["advantage"],
-            std_ddof=self.algo.get("std_ddof", 1),
-        )  # (N,)
         t_update = time.perf_counter()
-        update_metrics, ref_seconds = self.update(batch, advantages)
-        timing["reference"] = ref_seconds
-        timing["update"] = time.perf_counter() - t_update - ref_seconds
+        old_logprobs, ref_logprobs, timing["reference"] = self.rollout_logprobs(batch.rollout)  # (N, Lc) | None
+        advantages = self.advantages(batch, old_logprobs, ref_logprobs)  # (N,) or (N, Lc)
+        update_metrics, _ = self.update(batch, advantages, old_logprobs, ref_logprobs)
+        timing["update"] = time.perf_counter() - t_update - timing["reference"]
         self.step += 1
         self.scheduler.step()
         metrics = self._step_metrics(batch, advantages, update_metrics, sampling)
@@ -681,21 +677,67 @@ class GRPOTrainer:
 
     # ----------------------------------------------------------------------------- the update
 
-    def update(self, batch: ScoredBatch, advantages: torch.Tensor) -> tuple[dict[str, float], float]:
+    def rollout_logprobs(self, r: Rollout) -> tuple[torch.Tensor | None, torch.Tensor | None, float]:
+        """(old_logprobs, ref_logprobs, seconds spent on the reference), each (N, Lc) or None.
+
+        old: the policy's own log-probs before any update, needed by more than one pass (the ratio's
+        denominator) or by a KL in the reward (its k1 = old - ref). ref: whenever there is a reference,
+        so the KL is logged even when only the reward uses it."""
+        needs_old = self._several_passes() or self.algo.get("kl_reward_coef", 0.0) > 0
+        t = time.perf_counter()
+        ref_logprobs = self._logprobs_no_grad(self.ref_model, r, reference=True) if self.uses_reference else None
+        ref_seconds = time.perf_counter() - t
+        old_logprobs = self._logprobs_no_grad(self.model, r) if needs_old else None
+        return old_logprobs, ref_logprobs, ref_seconds
+
+    def _several_passes(self) -> bool:
+        """More than one gradient step per rollout: the ratio's denominator must be frozen beforehand."""
+        return self.cfg.optim.epochs > 1 or self.cfg.optim.mini_batches > 1
+
+    def advantages(
+        self, batch: ScoredBatch, old_logprobs: torch.Tensor | None, ref_logprobs: torch.Tensor | None
+    ) -> torch.Tensor:
+        """(N,) or (N, Lc) advantages from the preset's estimator. With a KL in the reward (kl_reward_coef
+        > 0) the estimator also gets k1 = old - ref per token, the sampling policy's KL to the reference."""
+        kl_coef = float(self.algo.get("kl_reward_coef", 0.0))
+        kl = None
+        if kl_coef > 0:
+            kl = kl_estimate(old_logprobs, ref_logprobs, "k1").to(self.device)  # (N, Lc)
+        d = self.device
+        return compute_advantages(
+            batch.rewards.to(d),
+            self.cfg.rollout.group_size,
+            self.algo,
+            completion_mask=batch.rollout.completion_mask.to(d),
+            kl=kl,
+            kl_coef=kl_coef,
+            old_logprobs=old_logprobs.to(d) if old_logprobs is not None else None,
+            ref_logprobs=ref_logprobs.to(d) if ref_logprobs is not None else None,
+        )
+
+    def update(
+        self,
+        batch: ScoredBatch,
+        advantages: torch.Tensor,
+        old_logprobs: torch.Tensor | None = None,
+        ref_logprobs: torch.Tensor | None = None,
+    ) -> tuple[dict[str, float], float]:
         """mu passes over the batch, each split into mini-batches (one optimizer step each),
         each split into micro-batches whose gradients accumulate. The loss normaliser is the
-        whole mini-batch's (num_sequences / num_tokens), so the split never changes the objective."""
+        whole mini-batch's (num_sequences / num_tokens), so the split never changes the objective.
+        advantages: (N,) or (N, Lc). old/ref log-probs as from `rollout_logprobs` (computed here when
+        both are None). Returns the metrics and the seconds spent on the reference here."""
         cfg, algo = self.cfg, self.algo
         r = batch.rollout
         N = r.completion_ids.shape[0]
         loss_mask = r.completion_mask.clone()  # (N, Lc)
         if algo.get("mask_truncated"):
             loss_mask[r.truncated] = 0  # DAPO overlong filtering
-        needs_old = cfg.optim.epochs > 1 or cfg.optim.mini_batches > 1
-        t = time.perf_counter()
-        ref_logprobs = self._logprobs_no_grad(self.ref_model, r, reference=True) if algo["beta"] > 0 else None
-        ref_seconds = time.perf_counter() - t
-        old_logprobs = self._logprobs_no_grad(self.model, r) if needs_old else None
+        ref_seconds = 0.0
+        if old_logprobs is None and ref_logprobs is None:
+            old_logprobs, ref_logprobs, ref_seconds = self.rollout_logprobs(r)
+        if not self._several_passes():
+            old_logprobs = None  # one pass: the ratio's denominator is logprobs.detach(), ratio exactly 1
 
         totals: dict[str, float] = {}  # sums over every mini-batch (see _mini_batch_gradients)
         grad_norms, skipped = [], 0
@@ -776,10 +818,12 @@ class GRPOTrainer:
             width = logprobs.shape[1]
             old = old_logprobs[micro][:, :width].to(self.device) if old_logprobs is not None else logprobs.detach()
             ref = ref_logprobs[micro][:, :width].to(self.device) if ref_logprobs is not None else None
+            adv = advantages[micro.to(self.device)]  # (n,) or (n, Lc)
+            adv = adv[:, :width] if adv.dim() == 2 else adv  # (n,) or (n, L)
             loss, stats = policy_loss(
                 logprobs,
                 old,
-                advantages[micro.to(self.device)],
+                adv,
                 mask,
                 eps_low=algo["eps_low"],
                 eps_high=algo.get("eps_high"),
@@ -944,7 +988,11 @@ class GRPOTrainer:
             float(lengths[~correct].mean()) if (~correct).any() else float("nan")
         )
         metrics["truncated_frac"] = float(r.truncated.float().mean())
-        metrics["advantage/abs_mean"] = float(advantages.abs().mean())
+        if advantages.dim() == 2:  # per token: the mean over generated tokens
+            gen = r.completion_mask.to(advantages.device).bool()  # (N, Lc)
+            metrics["advantage/abs_mean"] = float(advantages[gen].abs().mean()) if gen.any() else 0.0
+        else:
+            metrics["advantage/abs_mean"] = float(advantages.abs().mean())
         metrics.update(sampling)
         metrics.update(update_metrics)
         if "kl_mean" in metrics:

@@ -291,10 +291,11 @@ def _accumulated_grad(logp, old, ref, adv, mask, n_micro, global_norm, **kw):
     return lp.grad
 
 
+@pytest.mark.parametrize("per_token", [False, True], ids=["adv_per_seq", "adv_per_token"])
 @pytest.mark.parametrize("ratio_level", RATIO_LEVELS)
 @pytest.mark.parametrize("agg", AGG_MODES)
-def test_micro_batch_split_gives_the_same_gradient(ratio_level, agg):
-    logp, old, ref, adv, mask = make_batch(B=8, T=6, seed=11)
+def test_micro_batch_split_gives_the_same_gradient(ratio_level, agg, per_token):
+    logp, old, ref, adv, mask = make_batch(B=8, T=6, seed=11, per_token_adv=per_token)
     kw = dict(ratio_level=ratio_level, agg=agg, norm_len=6, beta=0.05, eps_high=0.28)
     full = _accumulated_grad(logp, old, ref, adv, mask, 1, True, **kw)
     assert full[mask.bool()].abs().sum() > 0

@@ -204,6 +204,7 @@ def test_every_preset_is_complete_and_cites_its_paper():
         "agg",
         "beta",
         "kl_kind",
+        "kl_reward_coef",
         "norm_len",
         "dual_clip",
         "dynamic_sampling",
@@ -231,11 +232,13 @@ def test_every_preset_runs_policy_loss_and_advantages(name):
     gen = torch.Generator().manual_seed(0)
     B, T, G = 8, 6, 4
     rewards = torch.randint(0, 2, (B,), generator=gen).to(F64)
-    adv = compute_advantages(rewards, G, name)
     logp = (-torch.rand(B, T, generator=gen, dtype=F64)).requires_grad_()
     old = logp.detach() + 0.01 * torch.randn(B, T, generator=gen, dtype=F64)
     ref = logp.detach() + 0.1 * torch.randn(B, T, generator=gen, dtype=F64)
     mask = torch.ones(B, T)
+    kl = kl_estimate(old, ref, "k1")  # (B, T) the KL-in-reward's k1 at the sampling policy
+    adv = compute_advantages(rewards, G, name, completion_mask=mask, kl=kl, kl_coef=s["kl_reward_coef"])
+    assert adv.shape in ((B,), (B, T))
     norm_len = T if s["norm_len"] == "max_completion_length" else s["norm_len"]
     loss, metrics = policy_loss(
         logp,
@@ -262,7 +265,11 @@ def test_preset_values_from_the_papers():
     assert (PRESETS["dapo"]["eps_low"], PRESETS["dapo"]["eps_high"]) == (0.2, 0.28)
     assert (PRESETS["gspo"]["eps_low"], PRESETS["gspo"]["eps_high"]) == (3e-4, 4e-4)
     assert PRESETS["gspo"]["ratio_level"] == "sequence"
-    assert PRESETS["dr_grpo"]["advantage"] == "dr_grpo" and PRESETS["dr_grpo"]["agg"] == "seq-sum-norm"
+    assert PRESETS["dr_grpo"]["advantage"] == "group_centre" and PRESETS["dr_grpo"]["agg"] == "seq-sum-norm"
+    # REINFORCE++: KL in the reward (k1), per-token whitening, no KL in the loss
+    rpp = PRESETS["reinforce_pp"]
+    assert (rpp["advantage"], rpp["kl_reward_coef"], rpp["beta"]) == ("token_whiten", 0.01, 0.0)
+    assert PRESETS["reinforce_pp_baseline"]["advantage"] == "group_centre_token_whiten"
     for name in ("dapo", "dr_grpo", "gspo"):
         assert PRESETS[name]["beta"] == 0.0
 

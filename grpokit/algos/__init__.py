@@ -6,13 +6,19 @@ and the PPO baseline pieces (ppo.py).
 """
 
 from .advantages import (
+    ADVANTAGE_ALIASES,
     ADVANTAGE_KINDS,
+    ADVANTAGES,
     GROUP_SCALES,
+    AdvantageInputs,
+    batch_whitened_advantages,
     compute_advantages,
+    get_advantage,
     group_advantages,
+    register_advantage,
     reinforce_pp_advantages,
-    reinforce_pp_token_advantages,
     rloo_advantages,
+    whiten_tokens,
 )
 from .entropy import entropy_from_logits, selective_log_softmax
 from .kl import KL_KINDS, kl_estimate
@@ -21,7 +27,14 @@ from .ppo import discounted_returns, gae, token_level_rewards, value_loss
 from .presets import PRESETS, SETTING_KEYS
 
 __all__ = [
+    "ADVANTAGES",
+    "ADVANTAGE_ALIASES",
     "ADVANTAGE_KINDS",
+    "AdvantageInputs",
+    "batch_whitened_advantages",
+    "get_advantage",
+    "register_advantage",
+    "whiten_tokens",
     "AGG_MODES",
     "GROUP_SCALES",
     "KL_KINDS",
@@ -37,7 +50,6 @@ __all__ = [
     "kl_estimate",
     "policy_loss",
     "reinforce_pp_advantages",
-    "reinforce_pp_token_advantages",
     "rloo_advantages",
     "selective_log_softmax",
     "token_level_rewards",

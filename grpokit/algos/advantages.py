@@ -1,15 +1,21 @@
-"""Advantage estimators of the GRPO family: one scalar per completion, broadcast to its tokens.
+"""Advantage estimators of the GRPO family: one scalar per completion (N,), or one per token (N, L).
 
 Layout: `rewards` is (N,) with groups contiguous, so rows [g*G:(g+1)*G] are the G completions of
-prompt g (N = num_prompts * G). Every estimator returns (N,) in the dtype of `rewards`.
+prompt g (N = num_prompts * G). Estimators are registered in ADVANTAGES by what they do; the trainer
+calls them with AdvantageInputs (rewards, mask, per-token KL, log-probs) through `compute_advantages`.
 
-| kind           | formula                                                       | paper            |
-|----------------|---------------------------------------------------------------|------------------|
-| "grpo"         | A_i = (r_i - mean_g) / (std_g + eps)                          | arXiv 2402.03300 |
-| "dr_grpo"      | A_i = r_i - mean_g                                            | arXiv 2503.20783 |
-| "batch"        | A_i = (r_i - mean_g) / (std_batch(r - mean_g) + eps)          | arXiv 2501.03262 |
-| "rloo"         | A_i = r_i - mean_{j != i} r_j = G/(G-1) (r_i - mean_g)        | arXiv 2402.14740 |
-| "reinforce_pp" | A_i = (r_i - mean_batch) / (std_batch + eps)                  | arXiv 2501.03262 |
+| name                        | formula                                                   | preset / paper                  |
+|-----------------------------|-----------------------------------------------------------|---------------------------------|
+| "group_std"                 | A_i = (r_i - mean_g) / (std_g + eps)                      | grpo, arXiv 2402.03300          |
+| "group_centre"              | A_i = r_i - mean_g                                        | dr_grpo, arXiv 2503.20783       |
+| "group_centre_batch_std"    | A_i = (r_i - mean_g) / (std_batch(r - mean_g) + eps)      | "Lite PPO"                      |
+| "leave_one_out"             | A_i = r_i - mean_{j != i} r_j = G/(G-1) (r_i - mean_g)    | rloo, arXiv 2402.14740          |
+| "batch_whiten"              | A_i = (r_i - mean_batch) / (std_batch + eps)              | (sequence-level simplification) |
+| "token_whiten"              | A_{i,t} = whiten_tokens(sum_{s>=t} r_{i,s})               | reinforce_pp, arXiv 2501.03262  |
+| "group_centre_token_whiten" | the same with r_i - mean_g as the score                   | reinforce_pp_baseline, ditto    |
+
+With a KL in the reward (kl_coef > 0), the token-level estimators put -kl_coef * k1_{i,t} on every token
+and the score on the last; the per-completion ones use r_i - kl_coef * sum_t k1_{i,t}.
 
 A group whose rewards are all equal gets advantage exactly 0 in every estimator (not 0/eps noise):
 the centred rewards of such groups are forced to 0 explicitly, because floating-point centring alone
@@ -18,16 +24,16 @@ does not guarantee it (e.g. float32 mean of [0.1, 0.1, 0.1] is not exactly 0.1).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-from ._checks import check_choice, check_groups
+from ._checks import check_choice, check_groups, lookup
 from .presets import PRESETS
 
 GROUP_SCALES = ("group", "batch", "none")
-ADVANTAGE_KINDS = ("grpo", "dr_grpo", "batch", "rloo", "reinforce_pp")
 
 
 def _centred(rewards: Tensor, group_size: int) -> Tensor:
@@ -53,7 +59,8 @@ def group_advantages(
 
     Formulas, with mean_g / std_g over the G completions of the same prompt:
       scale="group": A_i = (r_i - mean_g) / (std_g + eps)        GRPO, DeepSeekMath arXiv 2402.03300 sec. 4.1.2
-      scale="batch": A_i = (r_i - mean_g) / (std_B + eps)        REINFORCE++-baseline (arXiv 2501.03262), "Lite PPO";
+      scale="batch": A_i = (r_i - mean_g) / (std_B + eps)        "Lite PPO", a per-completion simplification of
+                     REINFORCE++-baseline (arXiv 2501.03262; the paper whitens per token, see reinforce_pp_advantages);
                      std_B is the std of the centred rewards over the whole batch of N rows
       scale="none":  A_i = r_i - mean_g                          Dr. GRPO, arXiv 2503.20783 (no std division)
     std uses `std_ddof` (1: unbiased, divide by n-1, what TRL/verl/OpenRLHF use; 0: population).
@@ -96,109 +103,258 @@ def rloo_advantages(rewards: Tensor, group_size: int) -> Tensor:
     return (centred * (group_size / (group_size - 1))).reshape(-1)  # (N,)
 
 
-def reinforce_pp_advantages(
-    rewards: Tensor,
-    group_size: int | None = None,
-    *,
-    eps: float = 1e-6,
-    std_ddof: int = 1,
-) -> Tensor:
-    """REINFORCE++ advantages with global (batch) normalisation (Hu et al., arXiv 2501.03262).
+def batch_whitened_advantages(rewards: Tensor, *, eps: float = 1e-6, std_ddof: int = 1) -> Tensor:
+    """One scalar per completion, whitened over the whole batch (no groups).
 
-    Two variants from the paper:
-      group_size=None -> REINFORCE++:          A_i = (r_i - mean_B(r)) / (std_B(r) + eps)
-                         (batch whitening; the paper also folds beta*k1 into a per-token reward,
-                         see `reinforce_pp_token_advantages` for that token-level form)
-      group_size=G    -> REINFORCE++-baseline: A_i = (r_i - mean_g) / (std_B(r - mean_g) + eps)
-                         (group-mean baseline, then the batch std; identical to
-                         group_advantages(scale="batch"); the paper pairs it with a k2 KL loss)
-    mean_B / std_B are over all N rows of the batch.
+      A_i = (r_i - mean_B(r)) / (std_B(r) + eps)
+
+    This is the sequence-level simplification of REINFORCE++ that grpokit used before issue 12; the
+    paper's own form is token-level, see `reinforce_pp_advantages`.
 
     Args:
-        rewards: (N,) one reward per completion (groups contiguous when group_size is given).
+        rewards: (N,) one reward per completion.
     Returns:
-        (N,) advantages.
+        (N,) advantages (exactly 0 when every reward is equal).
     """
-    if group_size is not None:
-        return group_advantages(rewards, group_size, scale="batch", std_ddof=std_ddof, eps=eps)
     if rewards.shape[0] < 2:
-        raise ValueError(f"REINFORCE++ batch whitening needs at least 2 rewards, got {rewards.shape[0]}")
+        raise ValueError(f"batch whitening needs at least 2 rewards, got {rewards.shape[0]}")
     centred = rewards - rewards.mean()  # (N,)
     flat = rewards.amax() == rewards.amin()  # () every reward equal: no signal
     centred = torch.where(flat, torch.zeros_like(centred), centred)  # (N,)
     return centred / (centred.std(correction=std_ddof) + eps)  # (N,)
 
 
-def reinforce_pp_token_advantages(
+def whiten_tokens(values: Tensor, completion_mask: Tensor, *, eps: float = 1e-6) -> Tensor:
+    """Whiten per token over every masked-in token of the batch (REINFORCE++, arXiv 2501.03262 eq. 10).
+
+      A_{i,t} = (x_{i,t} - mu) / (sigma + eps),  mu and sigma over all (i, t) with m_{i,t} = 1,
+      sigma the population std (divide by sum m, as the paper and OpenRLHF do).
+
+    Longer completions weigh more in mu and sigma (each token counts once), so the result is re-centred
+    per token: the token mean of A is 0, the per-sequence mean generally is not.
+    Worked example: x = [[1, 1, 1], [0, 0, pad]]: 5 tokens, mu = 3/5 = 0.6, sigma = sqrt((3*0.16 +
+    2*0.36)/5) = sqrt(0.24) = 0.4899, so A = [[0.8165]*3, [-1.2247]*2]. When every masked-in value is
+    equal the result is exactly 0.
+
+    Args:
+        values: (N, L) per-token values, e.g. returns-to-go; any value at masked positions.
+        completion_mask: (N, L) 1 for generated tokens up to and including EOS.
+    Returns:
+        (N, L) whitened values, 0 at masked-out positions.
+    """
+    mask = completion_mask.to(torch.bool)  # (N, L)
+    x = torch.where(mask, values, 0)  # (N, L)
+    n = mask.sum().clamp(min=1)  # ()
+    mean = x.sum() / n  # ()
+    centred = torch.where(mask, x - mean, 0)  # (N, L)
+    flat = torch.where(mask, x, -torch.inf).amax() == torch.where(mask, x, torch.inf).amin()  # ()
+    centred = torch.where(flat, torch.zeros_like(centred), centred)  # (N, L)
+    std = (centred.square().sum() / n).sqrt()  # () population std
+    return centred / (std + eps)  # (N, L)
+
+
+def reinforce_pp_advantages(
     rewards: Tensor,
-    kl: Tensor,
     completion_mask: Tensor,
     *,
-    beta: float,
+    group_size: int | None = None,
+    kl: Tensor | None = None,
+    kl_coef: float = 0.0,
     gamma: float = 1.0,
     eps: float = 1e-6,
 ) -> Tensor:
-    """Token-level REINFORCE++ (arXiv 2501.03262, eqs. for r_t and G_t): KL in the reward, then whitening.
+    """REINFORCE++ and REINFORCE++-baseline as the paper (Hu et al., arXiv 2501.03262) defines them.
 
-      r_t = -beta * kl_t  (+ rewards_i at the last completion token, the terminating EOS)
-      G_t = sum_{s >= t, masked-in} gamma^{s-t} r_s          (return-to-go, masked tokens skipped)
-      A_t = (G_t - mean(G)) / (std(G) + eps)                 (mean/std over all masked-in tokens, ddof 0)
+      score_i  = r_i                      (REINFORCE++, group_size=None)
+               = r_i - mean_g(r)          (REINFORCE++-baseline, group_size=G; exact 0 for equal groups)
+      r_{i,t}  = -kl_coef * kl_{i,t}  (+ score_i at the last masked-in token, the EOS)     KL in the reward
+      G_{i,t}  = sum_{s >= t} gamma^{s-t} r_{i,s}                                            return-to-go
+      A_{i,t}  = whiten_tokens(G): (G - mean) / (population std + eps) over every masked-in token of the
+                 batch (eq. 10)
+
+    Worked example, no KL, rewards [1, 0], mask [[1, 1, 1], [1, 1, 0]]: G = [[1, 1, 1], [0, 0]], token
+    mean 0.6, population std 0.4899, so A = [[0.8165]*3, [-1.2247]*2] (per-sequence whitening with ddof 1
+    would give +-0.7071: off by 15% and 73%).
 
     Args:
-        rewards: (B,) scalar score per completion.
-        kl: (B, T) per-token KL estimate, e.g. kl_estimate(logprobs, ref_logprobs, "k1"); detached
-            by the caller (it is a reward, not a loss term).
-        completion_mask: (B, T) 1 for generated tokens up to and including EOS.
+        rewards: (N,) scalar score per completion (groups contiguous when group_size is given).
+        completion_mask: (N, L).
+        kl: (N, L) per-token KL estimate of the sampling policy to the reference (k1 in the paper),
+            detached; None = no KL in the reward.
+        kl_coef: coefficient of the KL folded into the reward.
     Returns:
-        (B, T) whitened per-token advantages, 0 at masked-out positions.
+        (N, L) token-level advantages, 0 at masked-out positions.
     """
     from .ppo import discounted_returns, token_level_rewards
 
-    mask = completion_mask.to(torch.bool)  # (B, T)
-    token_rewards = token_level_rewards(rewards, kl, completion_mask, beta=beta)  # (B, T)
-    returns = discounted_returns(token_rewards, completion_mask, gamma)  # (B, T)
-    n = mask.sum().clamp(min=1)  # ()
-    mean = torch.where(mask, returns, 0).sum() / n  # ()
-    var = torch.where(mask, (returns - mean) ** 2, 0).sum() / n  # ()
-    return torch.where(mask, (returns - mean) / (var.sqrt() + eps), 0)  # (B, T)
+    scores = rewards if group_size is None else _centred(rewards, group_size).reshape(-1)  # (N,)
+    mask = completion_mask.to(torch.bool)  # (N, L)
+    dtype = scores.dtype if scores.is_floating_point() else torch.float32
+    kl = torch.zeros(mask.shape, dtype=dtype, device=scores.device) if kl is None else kl.to(dtype)
+    token_rewards = token_level_rewards(scores.to(dtype), kl, mask, beta=kl_coef)  # (N, L)
+    returns = discounted_returns(token_rewards, mask, gamma)  # (N, L)
+    return whiten_tokens(returns, mask, eps=eps)  # (N, L)
+
+
+@dataclass(frozen=True)
+class AdvantageInputs:
+    """Everything an advantage estimator may use. N completions (groups contiguous), L positions.
+
+    An estimator is any function `AdvantageInputs -> Tensor` returning (N,) (one scalar per
+    completion, broadcast to its tokens) or (N, L) (one value per token; masked positions are ignored).
+    """
+
+    rewards: Tensor
+    """(N,) total reward per completion; rows [g*G:(g+1)*G] are the G completions of prompt g."""
+    group_size: int
+    """G, completions per prompt."""
+    completion_mask: Tensor | None = None
+    """(N, L) 1 for generated tokens up to and including EOS (token-level estimators need it)."""
+    kl: Tensor | None = None
+    """(N, L) per-token k1 = old - ref of the sampling policy to the reference, detached; None without one."""
+    kl_coef: float = 0.0
+    """Coefficient of the KL folded into the reward (0 = none)."""
+    old_logprobs: Tensor | None = None
+    """(N, L) log-probs of the sampling policy, when the trainer has them."""
+    ref_logprobs: Tensor | None = None
+    """(N, L) log-probs of the reference, when there is one."""
+    std_ddof: int = 1
+    """Std convention of the std-scaled estimators (1 = unbiased)."""
+    eps: float = 1e-6
+    """Added to every std before dividing."""
+
+    def sequence_rewards(self) -> Tensor:
+        """r_i - kl_coef * sum_t m_{i,t} kl_{i,t}: the KL-in-reward folded into one scalar per completion,
+        as RLOO does (arXiv 2402.14740), for the estimators that take one reward per completion. (N,)"""
+        if self.kl is None or self.kl_coef == 0:
+            return self.rewards
+        penalty = torch.where(self.completion_mask.to(torch.bool), self.kl, 0).sum(-1)  # (N,)
+        return self.rewards - self.kl_coef * penalty.to(self.rewards.dtype)  # (N,)
+
+    def mask(self) -> Tensor:
+        """The completion mask, required: a token-level estimator cannot run without it. (N, L)"""
+        if self.completion_mask is None:
+            raise ValueError("a token-level advantage needs completion_mask (N, L)")
+        return self.completion_mask
+
+
+def _group_std(a: AdvantageInputs) -> Tensor:
+    return group_advantages(a.sequence_rewards(), a.group_size, scale="group", std_ddof=a.std_ddof, eps=a.eps)
+
+
+def _group_centre(a: AdvantageInputs) -> Tensor:
+    return group_advantages(a.sequence_rewards(), a.group_size, scale="none")
+
+
+def _group_centre_batch_std(a: AdvantageInputs) -> Tensor:
+    return group_advantages(a.sequence_rewards(), a.group_size, scale="batch", std_ddof=a.std_ddof, eps=a.eps)
+
+
+def _leave_one_out(a: AdvantageInputs) -> Tensor:
+    return rloo_advantages(a.sequence_rewards(), a.group_size)
+
+
+def _batch_whiten(a: AdvantageInputs) -> Tensor:
+    return batch_whitened_advantages(a.sequence_rewards(), std_ddof=a.std_ddof, eps=a.eps)
+
+
+def _token_whiten(a: AdvantageInputs) -> Tensor:
+    return reinforce_pp_advantages(a.rewards, a.mask(), kl=a.kl, kl_coef=a.kl_coef, eps=a.eps)
+
+
+def _group_centre_token_whiten(a: AdvantageInputs) -> Tensor:
+    return reinforce_pp_advantages(
+        a.rewards, a.mask(), group_size=a.group_size, kl=a.kl, kl_coef=a.kl_coef, eps=a.eps
+    )
+
+
+# Advantage estimators by what they do; the paper names are presets (presets.py). Add your own with
+# `register_advantage`, or name one in YAML as "package.module:function".
+ADVANTAGES: dict[str, Callable[[AdvantageInputs], Tensor]] = {
+    "group_std": _group_std,  # (r - mean_g) / std_g                        GRPO
+    "group_centre": _group_centre,  # r - mean_g                            Dr. GRPO
+    "group_centre_batch_std": _group_centre_batch_std,  # (r - mean_g) / std_B(r - mean_g)   "Lite PPO"
+    "leave_one_out": _leave_one_out,  # r - mean of the others               RLOO
+    "batch_whiten": _batch_whiten,  # (r - mean_B) / std_B, one per completion
+    "token_whiten": _token_whiten,  # returns-to-go whitened per token       REINFORCE++
+    "group_centre_token_whiten": _group_centre_token_whiten,  # same, r - mean_g first   REINFORCE++-baseline
+}
+# Names from before the estimators were named by what they do; still accepted.
+ADVANTAGE_ALIASES = {
+    "grpo": "group_std",
+    "dr_grpo": "group_centre",
+    "batch": "group_centre_batch_std",
+    "rloo": "leave_one_out",
+    "reinforce_pp": "token_whiten",
+}
+ADVANTAGE_KINDS = (*ADVANTAGES, *ADVANTAGE_ALIASES)
+
+
+def register_advantage(name: str, fn: Callable[[AdvantageInputs], Tensor]) -> None:
+    """Make `fn` available as `algo.advantage: <name>`. It receives AdvantageInputs and returns (N,) or (N, L)."""
+    if name in ADVANTAGE_ALIASES:
+        raise ValueError(f"advantage name {name!r} is taken (an alias of {ADVANTAGE_ALIASES[name]!r})")
+    ADVANTAGES[name] = fn
+
+
+def get_advantage(name: str) -> Callable[[AdvantageInputs], Tensor]:
+    """The estimator registered as `name` (an alias, or "package.module:function" imported on demand)."""
+    name = ADVANTAGE_ALIASES.get(name, name)
+    return lookup("advantage", name, ADVANTAGES, also=ADVANTAGE_ALIASES)
 
 
 def compute_advantages(
     rewards: Tensor,
     group_size: int,
     preset_or_kind: str | Mapping[str, object],
-    **kw: object,
+    *,
+    completion_mask: Tensor | None = None,
+    kl: Tensor | None = None,
+    kl_coef: float = 0.0,
+    old_logprobs: Tensor | None = None,
+    ref_logprobs: Tensor | None = None,
+    std_ddof: int | None = None,
+    eps: float = 1e-6,
 ) -> Tensor:
-    """One entry point for the trainer: dispatch on an advantage kind, a preset name or a settings dict.
+    """One entry point for the trainer: build AdvantageInputs and run the named estimator.
 
-    `preset_or_kind` is a preset name (a key of PRESETS, whose "advantage" and "std_ddof" are used), a
-    settings mapping with an "advantage" key (e.g. a PRESETS entry, optionally with "std_ddof"), or one
-    of ADVANTAGE_KINDS: "grpo" | "dr_grpo" | "batch" | "rloo" | "reinforce_pp" (see module docstring).
-    Keyword overrides: `std_ddof`, `eps`.
+    `preset_or_kind` is a preset name (its "advantage" and "std_ddof" are used), a settings mapping with
+    an "advantage" key, or an estimator name (a key of ADVANTAGES, an alias, or "module:function").
 
     Args:
-        rewards: (N,) groups contiguous; group_size: G.
+        rewards: (N,) groups contiguous; group_size: G; the rest as in AdvantageInputs.
     Returns:
-        (N,) advantages.
+        (N,) or (N, L) advantages.
+    Raises:
+        ValueError: unknown estimator, or an estimator output of any other shape.
     """
-    unknown = set(kw) - {"std_ddof", "eps"}
-    if unknown:
-        raise TypeError(
-            f"compute_advantages got unexpected keyword(s) {sorted(unknown)}; allowed: std_ddof, eps"
-        )
     if isinstance(preset_or_kind, Mapping):
         settings = preset_or_kind
     elif preset_or_kind in PRESETS:
         settings = PRESETS[preset_or_kind]
     else:
         settings = {"advantage": preset_or_kind}
-    kind = settings["advantage"]
-    check_choice("advantage", kind, ADVANTAGE_KINDS)
-    std_ddof = int(kw.get("std_ddof", settings.get("std_ddof", 1)))  # type: ignore[arg-type]
-    eps = float(kw.get("eps", 1e-6))  # type: ignore[arg-type]
-    if kind == "rloo":
-        return rloo_advantages(rewards, group_size)
-    if kind == "reinforce_pp":
-        return reinforce_pp_advantages(rewards, eps=eps, std_ddof=std_ddof)
-    scale = {"grpo": "group", "dr_grpo": "none", "batch": "batch"}[kind]
-    return group_advantages(rewards, group_size, scale=scale, std_ddof=std_ddof, eps=eps)
+    kind = str(settings["advantage"])
+    estimator = get_advantage(kind)
+    ddof = int(settings.get("std_ddof", 1) if std_ddof is None else std_ddof)  # type: ignore[arg-type]
+    inputs = AdvantageInputs(
+        rewards=rewards,
+        group_size=group_size,
+        completion_mask=completion_mask,
+        kl=kl,
+        kl_coef=kl_coef,
+        old_logprobs=old_logprobs,
+        ref_logprobs=ref_logprobs,
+        std_ddof=ddof,
+        eps=eps,
+    )
+    out = estimator(inputs)
+    n = rewards.shape[0]
+    allowed = [(n,)] + ([tuple(completion_mask.shape)] if completion_mask is not None else [])
+    if not isinstance(out, Tensor) or tuple(out.shape) not in allowed:
+        got = tuple(out.shape) if isinstance(out, Tensor) else type(out).__name__
+        raise ValueError(
+            f"advantage {kind!r} returned {got}; an estimator must return (N,) or (N, L), here "
+            f"{' or '.join(map(str, allowed))}"
+        )
+    return out

@@ -1,12 +1,15 @@
 """Named algorithms as presets over the independent axes (advantage, ratio/clip, KL, aggregation).
 
 Each preset is a plain dict of settings; the trainer maps these keys onto its config:
-  advantage        "grpo" | "dr_grpo" | "batch" | "rloo" | "reinforce_pp"   (see advantages.py)
+  advantage        an estimator of advantages.ADVANTAGES ("group_std", "token_whiten", ...)
   std_ddof         std convention of the advantage (1 = unbiased)
   eps_low/eps_high clip range [1 - eps_low, 1 + eps_high] of the ratio
   ratio_level      "token" | "sequence" | "sequence_token"
   agg              "seq-mean-token-mean" | "token-mean" | "seq-sum-norm"
-  beta, kl_kind    KL-in-loss coefficient and estimator ("k1" | "k2" | "k3")
+  beta, kl_kind    KL-in-loss coefficient and estimator ("k1" | "k2" | "k3"); kl_kind is also the
+                   estimator of the logged "kl" metric whenever there is a reference
+  kl_reward_coef   KL-in-reward coefficient: -kl_reward_coef * k1_t on every token's reward (PPO,
+                   REINFORCE++); 0 = none
   norm_len         None, or "max_completion_length": the trainer substitutes its max new tokens
   dual_clip        None or c > 1
   dynamic_sampling drop groups whose rewards are all equal and refill the batch (DAPO)
@@ -26,11 +29,12 @@ The formulas, per preset:
   rloo         RLOO, arXiv 2402.14740. A_i = r_i - mean_{j!=i} r_j; REINFORCE on whole sequences,
                sum_t over tokens (seq-sum-norm with L_max, a constant rescaling of the sum); the paper
                puts its KL penalty into the reward, so the loss has beta = 0.
-  reinforce_pp REINFORCE++, arXiv 2501.03262. A_i = (r_i - mean_B)/std_B (global whitening, no groups);
-               token-mean; the paper folds beta * k1 into the per-token reward (see
-               reinforce_pp_token_advantages), so the loss has beta = 0 and kl_kind "k1" is for logging.
-  reinforce_pp_baseline  REINFORCE++-baseline, arXiv 2501.03262. A_i = (r_i - mean_g)/std_B(r - mean_g);
-               token-mean; the paper uses a k2 KL loss: set beta > 0 (its value is task-specific).
+  reinforce_pp REINFORCE++, arXiv 2501.03262. r_t = -0.01 * k1_t (+ score at EOS), A_t = returns-to-go
+               whitened per token over the batch (eq. 10, population std); token-mean; the KL lives in
+               the reward (coefficient 0.01, OpenRLHF's init_kl_coef), so the loss has beta = 0.
+  reinforce_pp_baseline  REINFORCE++-baseline, arXiv 2501.03262. Score r_i - mean_g, then the same
+               per-token whitening; token-mean; the paper uses a k2 KL loss instead of a KL in the
+               reward: set beta > 0 (its value is task-specific).
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ _COMMON = {
     "ratio_level": "token",
     "beta": 0.0,
     "kl_kind": "k3",
+    "kl_reward_coef": 0.0,
     "norm_len": None,
     "dual_clip": None,
     "dynamic_sampling": False,
@@ -52,11 +57,11 @@ _COMMON = {
 
 PRESETS: dict[str, dict[str, object]] = {
     # DeepSeekMath, arXiv 2402.03300 (sec. 4.1): std-scaled group advantage, KL k3 in the loss, beta 0.04.
-    "grpo": {**_COMMON, "advantage": "grpo", "agg": "seq-mean-token-mean", "beta": 0.04},
+    "grpo": {**_COMMON, "advantage": "group_std", "agg": "seq-mean-token-mean", "beta": 0.04},
     # Dr. GRPO, arXiv 2503.20783: no std division, constant normaliser L = max completion length, no KL.
     "dr_grpo": {
         **_COMMON,
-        "advantage": "dr_grpo",
+        "advantage": "group_centre",
         "agg": "seq-sum-norm",
         "norm_len": "max_completion_length",
     },
@@ -64,7 +69,7 @@ PRESETS: dict[str, dict[str, object]] = {
     # shaping (buffer 4096 of 20480 tokens = 0.2) and overlong filtering (mask truncated completions).
     "dapo": {
         **_COMMON,
-        "advantage": "grpo",
+        "advantage": "group_std",
         "eps_high": 0.28,
         "agg": "token-mean",
         "dynamic_sampling": True,
@@ -75,18 +80,36 @@ PRESETS: dict[str, dict[str, object]] = {
     # GSPO, arXiv 2507.18071: sequence-level geometric-mean ratio, clip 3e-4 / 4e-4, no KL.
     "gspo": {
         **_COMMON,
-        "advantage": "grpo",
+        "advantage": "group_std",
         "eps_low": 3e-4,
         "eps_high": 4e-4,
         "ratio_level": "sequence",
         "agg": "seq-mean-token-mean",
     },
     # RLOO, arXiv 2402.14740: leave-one-out baseline, sequence-level REINFORCE (sum over tokens), KL in reward.
-    "rloo": {**_COMMON, "advantage": "rloo", "agg": "seq-sum-norm", "norm_len": "max_completion_length"},
-    # REINFORCE++, arXiv 2501.03262: global batch whitening, token-mean; its k1 KL lives in the reward.
-    "reinforce_pp": {**_COMMON, "advantage": "reinforce_pp", "agg": "token-mean", "kl_kind": "k1"},
-    # REINFORCE++-baseline, arXiv 2501.03262: group mean, batch std, token-mean, k2 KL loss (set beta).
-    "reinforce_pp_baseline": {**_COMMON, "advantage": "batch", "agg": "token-mean", "kl_kind": "k2"},
+    "rloo": {
+        **_COMMON,
+        "advantage": "leave_one_out",
+        "agg": "seq-sum-norm",
+        "norm_len": "max_completion_length",
+    },
+    # REINFORCE++, arXiv 2501.03262: k1 KL in the per-token reward, returns whitened per token over the
+    # batch (eq. 10), token-mean.
+    "reinforce_pp": {
+        **_COMMON,
+        "advantage": "token_whiten",
+        "agg": "token-mean",
+        "kl_kind": "k1",
+        "kl_reward_coef": 0.01,
+    },
+    # REINFORCE++-baseline, arXiv 2501.03262: group-mean baseline, then the same per-token whitening;
+    # token-mean; k2 KL loss (set beta).
+    "reinforce_pp_baseline": {
+        **_COMMON,
+        "advantage": "group_centre_token_whiten",
+        "agg": "token-mean",
+        "kl_kind": "k2",
+    },
 }
 
 SETTING_KEYS = tuple(sorted(PRESETS["grpo"]))
