@@ -1,6 +1,24 @@
-"""Held-out evaluation: greedy pass@1 and sampled mean@k, scored by the accuracy reward."""
+"""Held-out evaluation: greedy pass@1, and over k sampled completions per prompt mean@k, pass@k and maj@k,
+scored by the accuracy reward.
+
+maj@k (majority voting, "self-consistency", Wang et al. 2022, arXiv 2203.11171): each of the k sampled
+completions votes for its final answer, read by the math verifier's extraction
+(``grpokit.rewards.accuracy.extract_answers``: <answer> tags, \\boxed{}, "#### n", "the answer is ...").
+Answers that are the same number count as one ("0.5", "1/2" and "\\frac{1}{2}"); others must match once
+normalised. The most common answer wins, a tie going to the answer given first; the prompt counts as
+solved when a completion giving that answer scores 1. A completion with no extractable answer (or
+malformed answer tags) does not vote; a prompt where no completion gives one counts as not solved.
+``maj_at_k/no_answer`` reports the share of sampled completions that did not vote: with a reward whose
+task has no extractable final answer (code, free text) it is near 1 and maj@k means nothing.
+
+Worked example, k = 4, gold 12: answers "12", "\\boxed{12}", "13", (none) -> votes {12: 2, 13: 1};
+the majority answer 12 scores 1, so the prompt counts as solved; no_answer adds 1/4 for it.
+"""
 
 from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Hashable, Sequence
 
 import torch
 
@@ -8,6 +26,42 @@ from grpokit.config import DataConfig
 from grpokit.data import reward_columns
 from grpokit.rewards import RewardRunner
 from grpokit.templates import encode_prompts
+
+
+def final_answer(completion: str) -> Hashable | None:
+    """The answer a completion votes for in maj@k, or None when it has none (see the module docstring).
+
+    ``final_answer("so \\boxed{0.5}") == final_answer("#### 1/2")``; several different candidates in one
+    completion vote as that tuple of answers (the verifier scores such a completion 0 unless all match)."""
+    from grpokit.rewards.accuracy import MALFORMED, as_number, extract_answers, normalize
+
+    keys: list[Hashable] = []
+    for candidate in extract_answers(completion):
+        if candidate == MALFORMED:
+            return None
+        text = normalize(candidate)
+        if not text:
+            continue
+        number = as_number(text)
+        key = number[0] if number is not None else text  # the Fraction: "0.5" and "1/2" are one answer
+        if key not in keys:
+            keys.append(key)
+    if not keys:
+        return None
+    return keys[0] if len(keys) == 1 else tuple(keys)
+
+
+def majority_vote(answers: Sequence[Hashable | None], scores: Sequence[float]) -> float:
+    """The score of the majority answer among one prompt's completions: the most common non-None answer,
+    a tie going to the one that appears first; 0.0 when no completion has an answer.
+
+    ``majority_vote(["12", "13", "12", None], [1, 0, 1, 0]) == 1.0``."""
+    votes = Counter(a for a in answers if a is not None)
+    if not votes:
+        return 0.0
+    most = max(votes.values())
+    winner = next(a for a in answers if a is not None and votes[a] == most)  # first-seen among the tied
+    return float(next(s for a, s in zip(answers, scores) if a == winner))
 
 
 @torch.no_grad()
@@ -27,8 +81,10 @@ def evaluate(
     batch_prompts: int = 64,
     examples: list[dict] | None = None,
 ) -> dict[str, float]:
-    """accuracy = greedy pass@1 (share of prompts whose greedy completion scores 1);
-    mean_at_k = mean score of ``num_samples`` sampled completions per prompt (0 = skipped).
+    """accuracy = greedy pass@1 (share of prompts whose greedy completion scores 1). With k =
+    ``num_samples`` sampled completions per prompt (0 = skipped): mean_at_k = their mean score,
+    pass_at_k = share of prompts with at least one scoring 1, maj_at_k = share whose majority answer
+    scores 1 (module docstring), maj_at_k/no_answer = share of completions with no answer to vote.
     ``examples``, when given, receives the first greedy {prompt, completion, score}."""
     if not rows:
         raise ValueError("evaluate: no rows to evaluate on")
@@ -43,8 +99,8 @@ def evaluate(
     )
     runner = RewardRunner([("accuracy", accuracy_fn, 1.0)])
 
-    def run(group_size: int, temp: float) -> tuple[list[float], list[int]]:
-        scores, lengths = [], []
+    def run(group_size: int, temp: float) -> tuple[list[float], list[int], list[str]]:
+        scores, lengths, all_texts = [], [], []
         for start in range(0, len(rows), batch_prompts):
             chunk = list(range(start, min(start + batch_prompts, len(rows))))
             out = generator.generate(
@@ -66,9 +122,10 @@ def evaluate(
                 examples.append({"prompt": expanded[0][data_cfg.prompt_column], "completion": texts[0], "score": score})
             scores += [float(v) if v is not None else 0.0 for v in result.per_function["accuracy"]]
             lengths += out.completion_mask.sum(1).tolist()
-        return scores, lengths
+            all_texts += [t if isinstance(t, str) else str(t) for t in texts]
+        return scores, lengths, all_texts
 
-    greedy, greedy_len = run(1, 0.0)
+    greedy, greedy_len, _ = run(1, 0.0)
     metrics = {
         "accuracy": sum(s >= 1.0 - 1e-6 for s in greedy) / len(greedy),
         "greedy_score": sum(greedy) / len(greedy),
@@ -76,10 +133,13 @@ def evaluate(
         "num_examples": float(len(rows)),
     }
     if num_samples > 0:
-        sampled, _ = run(num_samples, temperature)
-        metrics[f"mean_at_{num_samples}"] = sum(sampled) / len(sampled)
-        per_prompt = [sampled[i : i + num_samples] for i in range(0, len(sampled), num_samples)]
-        metrics[f"pass_at_{num_samples}"] = sum(any(s >= 1.0 - 1e-6 for s in p) for p in per_prompt) / len(
-            per_prompt
-        )
+        k = num_samples
+        sampled, _, texts = run(k, temperature)
+        metrics[f"mean_at_{k}"] = sum(sampled) / len(sampled)
+        per_prompt = [sampled[i : i + k] for i in range(0, len(sampled), k)]
+        metrics[f"pass_at_{k}"] = sum(any(s >= 1.0 - 1e-6 for s in p) for p in per_prompt) / len(per_prompt)
+        answers = [final_answer(t) for t in texts]  # (P * k,), grouped by prompt
+        majority = [majority_vote(answers[i : i + k], sampled[i : i + k]) for i in range(0, len(sampled), k)]
+        metrics[f"maj_at_{k}"] = sum(m >= 1.0 - 1e-6 for m in majority) / len(majority)
+        metrics[f"maj_at_{k}/no_answer"] = sum(a is None for a in answers) / len(answers)
     return metrics
