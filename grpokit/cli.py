@@ -95,7 +95,9 @@ def _config_args(args: argparse.Namespace) -> tuple[str | None, list[str]]:
         config_path = given
     for text in overrides:
         if "=" not in text:
-            raise ConfigError(f"{text!r} is neither the config file (it comes first) nor a key=value override.")
+            raise ConfigError(
+                f"{text!r} is neither the config file (it comes first) nor a key=value override."
+            )
     return config_path, overrides
 
 

@@ -411,7 +411,11 @@ def _data_files_in(folder: Path) -> Iterable[Path]:
     """Data files anywhere under ``folder`` (a hub repository may keep them in data/ or per config)."""
     for p in folder.rglob("*"):
         relative = p.relative_to(folder).parts
-        if p.suffix.lower() in _BUILDERS and not any(part.startswith(".") for part in relative) and p.is_file():
+        if (
+            p.suffix.lower() in _BUILDERS
+            and not any(part.startswith(".") for part in relative)
+            and p.is_file()
+        ):
             yield p
 
 

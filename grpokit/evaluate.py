@@ -119,7 +119,9 @@ def evaluate(
             result = runner([r[data_cfg.prompt_column] for r in expanded], texts, columns)
             if examples is not None and not examples:
                 score = result.per_function["accuracy"][0]
-                examples.append({"prompt": expanded[0][data_cfg.prompt_column], "completion": texts[0], "score": score})
+                examples.append(
+                    {"prompt": expanded[0][data_cfg.prompt_column], "completion": texts[0], "score": score}
+                )
             scores += [float(v) if v is not None else 0.0 for v in result.per_function["accuracy"]]
             lengths += out.completion_mask.sum(1).tolist()
             all_texts += [t if isinstance(t, str) else str(t) for t in texts]

@@ -15,7 +15,7 @@ from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from grpokit.runlog import read_metrics
+from grpokit.runlog import read_metrics, reward_metric_name
 
 # Noisy per-step curves are drawn faintly and overlaid with an exponential moving average of this weight
 # (TensorBoard's smoothing slider), once a curve has at least SMOOTH_MIN_POINTS points.
@@ -41,12 +41,23 @@ def plot_training_curves(
 
     Panels: reward (``reward/total/mean`` and every per-function ``reward/<name>/mean``), accuracy
     (``accuracy``; evaluation ``accuracy`` from ``eval_path`` as markers), KL (``kl``), completion length
-    (``completion_len/mean``, ``/correct``, ``/incorrect``), clip fraction (``clip_frac``), entropy
+    (``completion_len/mean``, ``/correct``, ``/incorrect``; y-axis from 0), clip fraction (``clip_frac``), entropy
     (``entropy``), grad norm (``grad_norm``) and the time split of a step (``time/generation``,
     ``time/scoring``, ``time/update``, stacked). A panel whose keys never appear says so instead of
     drawing; null values (NaN, inf) are skipped. When a step was logged twice (a resumed run), its last
     line wins. Returns ``Path(out_png)``.
     """
+    fig = training_curves_figure(metrics_path, eval_path=eval_path, title=title)
+    out_png = Path(out_png)
+    out_png.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out_png, dpi=100)
+    return out_png
+
+
+def training_curves_figure(
+    metrics_path: str | Path, *, eval_path: str | Path | None = None, title: str | None = None
+) -> Figure:
+    """The figure ``plot_training_curves`` saves (eight axes, in the order its docstring lists them)."""
     series = _series_by_key(read_metrics(metrics_path))
     eval_series = _series_by_key(read_metrics(eval_path)) if eval_path is not None else {}
 
@@ -58,21 +69,23 @@ def plot_training_curves(
     reward_keys = ["reward/total/mean"] + sorted(
         k for k in series if k.startswith("reward/") and k.endswith("/mean") and k != "reward/total/mean"
     )
-    _lines_panel(axes[0], "reward", series, {k: k.split("/")[1] for k in reward_keys})
+    # the name between "reward/" and "/mean" may be a path ("reward/lib/my.py:brevity/mean" in older runs)
+    _lines_panel(
+        axes[0],
+        "reward",
+        series,
+        {k: reward_metric_name(k[len("reward/") : -len("/mean")]) for k in reward_keys},
+    )
     _accuracy_panel(axes[1], series, eval_series)
     _lines_panel(axes[2], "KL to reference", series, {"kl": "kl"})
-    _lines_panel(axes[3], "completion length (tokens)", series, COMPLETION_LEN_KEYS)
+    _lines_panel(axes[3], "completion length (tokens)", series, COMPLETION_LEN_KEYS, from_zero=True)
     _lines_panel(axes[4], "clip fraction", series, {"clip_frac": "clip_frac"})
     _lines_panel(axes[5], "entropy", series, {"entropy": "entropy"})
     _lines_panel(axes[6], "grad norm", series, {"grad_norm": "grad_norm"})
     _time_panel(axes[7], series)
     for ax in axes[4:]:
         ax.set_xlabel("step")
-
-    out_png = Path(out_png)
-    out_png.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out_png, dpi=100)
-    return out_png
+    return fig
 
 
 # --------------------------------------------------------------------------------------------------
@@ -133,7 +146,12 @@ def _missing_note(keys: Iterable[str]) -> str:
     return "no data for\n" + "\n".join(keys)
 
 
-def _lines_panel(ax: Axes, title: str, series: dict[str, Series], labels: dict[str, str]) -> None:
+def _lines_panel(
+    ax: Axes, title: str, series: dict[str, Series], labels: dict[str, str], from_zero: bool = False
+) -> None:
+    """One line per key present. ``from_zero``: the y-axis starts at 0, so a quantity that only drifts a
+    few percent (completion length: 187 -> 191 tokens) is drawn as the near-flat line it is, not
+    stretched over the whole panel by auto-scaling."""
     ax.set_title(title)
     present = [k for k in labels if k in series]
     if not present:
@@ -141,6 +159,9 @@ def _lines_panel(ax: Axes, title: str, series: dict[str, Series], labels: dict[s
         return
     for key in present:
         _plot(ax, series[key], labels[key], linewidth=2.0 if key == "reward/total/mean" else 1.2)
+    if from_zero:
+        top = max(max(series[k][1]) for k in present)
+        ax.set_ylim(bottom=0, top=max(top * 1.1, 1.0))
     if len(present) > 1:
         ax.legend(fontsize="small")
     ax.grid(alpha=0.3)

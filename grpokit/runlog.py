@@ -80,7 +80,9 @@ def check_report_to(report_to: str | list[str] | tuple[str, ...], key: str = "tr
     chosen: list[str] = []
     for name in names:
         if name not in REPORT_TO:
-            raise ValueError(f"{key}={name!r} is not one of {list(REPORT_TO)} (e.g. {key}=[tensorboard,wandb]).")
+            raise ValueError(
+                f"{key}={name!r} is not one of {list(REPORT_TO)} (e.g. {key}=[tensorboard,wandb])."
+            )
         module, pip = REPORT_TO[name]
         if module and importlib.util.find_spec(module) is None:
             raise ValueError(f"{key}={name!r} needs the {module} package, which is not installed: {pip}")
@@ -284,6 +286,36 @@ class RunLogger:
         else:
             return "-"
         return _format_duration(seconds_per_step * max(self.total_steps - step, 0))
+
+
+def reward_metric_names(names: list[str]) -> list[str]:
+    """The names under which rewards are logged (``reward/<name>/mean``) and plotted: a reward named by
+    a file or module (``path/to/my_rewards.py:brevity``, ``pkg.mod:brevity``) goes by its function name
+    (``brevity``), as TRL names a reward by its ``__name__``; built-in names stay as they are. Two rewards
+    whose function names clash keep their file or module too (``a.score`` and ``b.score``), so a metric
+    key never holds a path or a ':' (TensorBoard would split it into folders, MLflow refuses ':')."""
+    short = [_function_name(name) for name in names]
+    clashes = {n for n in short if short.count(n) > 1}
+    qualified = [_qualified_name(name) if s in clashes else s for name, s in zip(names, short)]
+    return [q if qualified.count(q) == 1 else name for name, q in zip(names, qualified)]
+
+
+def reward_metric_name(name: str) -> str:
+    """``reward_metric_names`` of one reward: ``"rewards/my_rewards.py:brevity"`` -> ``"brevity"``."""
+    return _function_name(name)
+
+
+def _function_name(name: str) -> str:
+    return name.rsplit(":", 1)[1] if ":" in name else name
+
+
+def _qualified_name(name: str) -> str:
+    """``"path/to/a.py:score"`` -> ``"a.score"``; ``"pkg.mod:score"`` -> ``"mod.score"``."""
+    if ":" not in name:
+        return name
+    where, function = name.rsplit(":", 1)
+    where = Path(where).stem if where.endswith(".py") else where.rsplit(".", 1)[-1]
+    return f"{where}.{function}"
 
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:

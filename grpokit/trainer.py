@@ -54,7 +54,7 @@ from grpokit.loading import (
 from grpokit.modeling import completion_logprobs
 from grpokit.precision import make_grad_scaler, make_optimizer, resolve_precision
 from grpokit.rewards import RewardRunner, resolve_reward
-from grpokit.runlog import RunLogger, clear_run
+from grpokit.runlog import RunLogger, clear_run, reward_metric_names
 from grpokit.templates import encode_prompts
 from grpokit.validate import check_output_dir, check_positions, config_changes
 
@@ -331,9 +331,14 @@ class GRPOTrainer:
                 buffer_len=self.algo["overlong_buffer"],
             )
             reward_functions = [*reward_functions, ("overlong_penalty", shaping, 1.0)]
+        # named by function in metrics and plots: "my_rewards.py:brevity" logs reward/brevity/mean
+        given_names = [name for name, _, _ in reward_functions]
+        renamed = dict(zip(given_names, reward_metric_names(given_names)))
+        reward_functions = [(renamed[name], fn, weight) for name, fn, weight in reward_functions]
         self.reward_names = [name for name, _, _ in reward_functions]
         self.rewards = RewardRunner(reward_functions, timeout_s=cfg.train.reward_timeout_s)
-        self.accuracy_name = cfg.train.accuracy_reward or self.reward_names[0]
+        accuracy = cfg.train.accuracy_reward
+        self.accuracy_name = renamed.get(accuracy, accuracy) if accuracy else self.reward_names[0]
         if self.accuracy_name not in self.reward_names:
             raise ConfigError(
                 f"train.accuracy_reward={self.accuracy_name!r} is not one of the rewards {self.reward_names}"

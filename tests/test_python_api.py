@@ -45,7 +45,9 @@ def make_trainer(tmp_path, callbacks):
 
 
 def test_import_grpokit_is_cheap_and_exports_the_api():
-    code = "import sys, grpokit; print(sorted(m for m in ('torch', 'transformers', 'yaml') if m in sys.modules))"
+    code = (
+        "import sys, grpokit; print(sorted(m for m in ('torch', 'transformers', 'yaml') if m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
     for name in grpokit.__all__:

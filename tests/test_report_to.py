@@ -70,7 +70,9 @@ def test_mlflow_file_store(tmp_path, monkeypatch):
     monkeypatch.setenv("MLFLOW_EXPERIMENT_NAME", "grpokit-test")
     config = {"optim": {"lr": 1e-6}, "rewards": [{"name": "my.py:fn"}]}
     out = tmp_path / "run1"
-    with RunLogger(out, total_steps=2, console=False, report_to=["tensorboard", "mlflow"], config=config) as log:
+    with RunLogger(
+        out, total_steps=2, console=False, report_to=["tensorboard", "mlflow"], config=config
+    ) as log:
         log.log_step(1, {"reward/total/mean": 0.25, "reward/my.py:fn/mean": 1.0})
         log.log_step(2, {"reward/total/mean": 0.75})
         log.log_eval(2, {"accuracy": 0.5})
