@@ -13,8 +13,10 @@ factories (`make_math_accuracy(answer_column=...)`, `make_code_tests(tests_colum
 Builtins (BUILTINS, by name): math_accuracy, format_strict, format_lenient (and "format" =
 format_strict), code_tests, language_consistency, and the factories overlong_penalty(max_len,
 buffer_len) and length_penalty(max_len, ...). `resolve_reward("name" | "module:fn" | "file.py:fn",
-**params)` turns a config entry into a function; `RewardRunner` runs them with weights and
-timeouts. The isolation of the code sandbox is described in `grpokit.rewards.sandbox`.
+**params)` turns a config entry into a function, `resolve_reward_specs(cfg.rewards)` the whole list
+(problems are `RewardConfigError`s naming the `rewards[i]` entry); `RewardRunner` runs them with
+weights and timeouts in killable worker processes (see `grpokit.rewards.runner`). The isolation of
+the code sandbox is described in `grpokit.rewards.sandbox`.
 """
 
 from grpokit.rewards.accuracy import extract_answers, make_math_accuracy, math_accuracy
@@ -22,12 +24,19 @@ from grpokit.rewards.code import code_tests, extract_code, make_code_tests
 from grpokit.rewards.format import format_lenient, format_strict
 from grpokit.rewards.language import language_consistency, make_language_consistency
 from grpokit.rewards.length import length_penalty, overlong_penalty
-from grpokit.rewards.registry import BUILTINS, is_factory, resolve_reward
+from grpokit.rewards.registry import (
+    BUILTINS,
+    RewardConfigError,
+    is_factory,
+    resolve_reward,
+    resolve_reward_specs,
+)
 from grpokit.rewards.runner import RewardResult, RewardRunner
 from grpokit.rewards.sandbox import SandboxLimits, isolation_report
 
 __all__ = [
     "BUILTINS",
+    "RewardConfigError",
     "RewardResult",
     "RewardRunner",
     "SandboxLimits",
@@ -46,4 +55,5 @@ __all__ = [
     "math_accuracy",
     "overlong_penalty",
     "resolve_reward",
+    "resolve_reward_specs",
 ]
