@@ -158,6 +158,24 @@ def test_slow_completions_score_zero_and_never_zero_the_others(tmp_path):
     runner.close()
 
 
+def test_the_batch_deadline_stops_per_completion_work_and_waiting_batch_functions():
+    def sleepy(prompts, completions, **kw):
+        time.sleep(0.6)
+        return [1.0]
+
+    sleepy.per_completion = True
+    functions = [("slow", sleepy, 1.0), ("after", const(1.0), 1.0)]
+    runner = RewardRunner(functions, timeout_s=1.5, completion_timeout_s=1.0, workers=1)
+    start = time.monotonic()
+    res = runner(None, ["x"] * 6, {})
+    assert time.monotonic() - start < 3.0
+    # one worker: 2 completions done at 1.2 s; the third (due at 1.8 s) is stopped at 1.5 s, the others never start
+    assert res.per_function["slow"] == [1.0, 1.0, 0.0, 0.0, 0.0, 0.0] and res.timeouts["slow"] == 4
+    assert res.failed == {"slow": False, "after": True} and "timed out" in res.errors["after"]
+    assert res.total == [1.0, 1.0, 0.0, 0.0, 0.0, 0.0]
+    runner.close()
+
+
 def test_slow_math_completions_never_zero_the_correct_ones():
     # The batch: some completions hold expressions math-verify chews on for seconds (a
     # tower of powers takes ~5 s here); the correct ones must keep their 1.0.

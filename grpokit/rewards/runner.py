@@ -46,6 +46,7 @@ import signal
 import struct
 import threading
 import time
+import warnings
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -194,7 +195,10 @@ class _Worker:
         req_r, req_w = os.pipe()
         rep_r, rep_w = os.pipe()
         parent = os.getpid()
-        pid = os.fork()
+        with warnings.catch_warnings():  # Python >= 3.12 warns on fork with threads (torch has some):
+            # the child runs only the reward code and never the trainer's threads' work.
+            warnings.filterwarnings("ignore", message=".*fork", category=DeprecationWarning)
+            pid = os.fork()
         if pid == 0:  # the child: never returns
             status = 0
             try:
@@ -419,89 +423,94 @@ class RewardRunner:
             del busy[fd]
             w.task = None
 
-        while tasks or busy:
-            now = time.monotonic()
-            while tasks and len(busy) < self.workers and now < deadline:
-                task = tasks.popleft()
-                rows = task.rows
-                kwargs = {k: [v[i] for i in rows] if k in row_keys else v for k, v in columns.items()}
-                chunk = ([prompts[i] for i in rows], [completions[i] for i in rows], kwargs, row_keys)
-                try:
-                    frame = _frame((task.fn_index, task.mode, *chunk))
-                except Exception as e:  # noqa: BLE001 - unpicklable columns: reported, not raised
-                    fail(task.fn_index, f"its arguments cannot be sent to a worker process ({e})")
-                    continue
-                idle = [w for w in self._pool if w.task is None]
-                try:
-                    w = idle[0] if idle else _Worker([fn for _, fn, _ in self.functions])
-                except OSError as e:
-                    fail(task.fn_index, f"no worker process could be started ({e})")
-                    continue
-                if not idle:
-                    self._pool.append(w)
-                try:
-                    w.send(frame)
-                except OSError as e:  # it died while idle: replace it and try again
-                    w.kill()
-                    self._pool.remove(w)
-                    task.attempts += 1
-                    if task.attempts < 3:
-                        tasks.appendleft(task)
-                    else:
-                        fail(task.fn_index, f"its worker processes die before they can read it ({e})")
-                    continue
-                task.started = w.item_started = time.monotonic()
-                first.setdefault(task.fn_index, task.started)
-                w.task = task
-                busy[w.from_child] = w
-                poller.register(w.from_child, select.POLLIN)
-            if not busy:
-                break  # only tasks left after the deadline: reported below
-            now = time.monotonic()
-            wake = deadline
-            for w in busy.values():
-                if w.task.mode == "items":
-                    wake = min(wake, w.item_started + self.completion_timeout_s)
-            for fd, _ in poller.poll(max(0.0, wake - now) * 1000):
-                w = busy.get(fd)
-                if w is None:
-                    continue
-                replies = w.read_replies()
-                task = w.task
-                name = self.functions[task.fn_index][0]
-                if replies is None:
-                    row = task.rows[task.done] if task.mode == "items" else None
-                    where = f" on completion {row}" if row is not None else ""
-                    retire(fd, w)
-                    fail(task.fn_index, f"its worker process died{where} (killed or exited)")
-                    continue
-                for status, payload in replies:
-                    if status == "error":
-                        fail(task.fn_index, payload)
-                        break
-                    if task.mode == "batch":
-                        values[name] = payload
-                        task.done = len(task.rows)
-                    else:
-                        values[name][task.rows[task.done]] = payload[0]
-                        task.done += 1
-                        w.item_started = time.monotonic()
-                if fd in busy and task.done == len(task.rows):
-                    finish(fd, w)
-            now = time.monotonic()
-            for fd, w in list(busy.items()):
-                task = w.task
-                if task.mode == "items" and now >= w.item_started + self.completion_timeout_s:
+        try:
+            while tasks or busy:
+                now = time.monotonic()
+                while tasks and len(busy) < self.workers and now < deadline:
+                    task = tasks.popleft()
+                    rows = task.rows
+                    kwargs = {k: [v[i] for i in rows] if k in row_keys else v for k, v in columns.items()}
+                    chunk = ([prompts[i] for i in rows], [completions[i] for i in rows], kwargs, row_keys)
+                    try:
+                        frame = _frame((task.fn_index, task.mode, *chunk))
+                    except Exception as e:  # noqa: BLE001 - unpicklable columns: reported, not raised
+                        fail(task.fn_index, f"its arguments cannot be sent to a worker process ({e})")
+                        continue
+                    idle = [w for w in self._pool if w.task is None]
+                    try:
+                        w = idle[0] if idle else _Worker([fn for _, fn, _ in self.functions])
+                    except OSError as e:
+                        fail(task.fn_index, f"no worker process could be started ({e})")
+                        continue
+                    if not idle:
+                        self._pool.append(w)
+                    try:
+                        w.send(frame)
+                    except OSError as e:  # it died while idle: replace it and try again
+                        w.kill()
+                        self._pool.remove(w)
+                        task.attempts += 1
+                        if task.attempts < 3:
+                            tasks.appendleft(task)
+                        else:
+                            fail(task.fn_index, f"its worker processes die before they can read it ({e})")
+                        continue
+                    task.started = w.item_started = time.monotonic()
+                    first.setdefault(task.fn_index, task.started)
+                    w.task = task
+                    busy[w.from_child] = w
+                    poller.register(w.from_child, select.POLLIN)
+                if not busy:
+                    break  # only tasks left after the deadline: reported below
+                now = time.monotonic()
+                wake = deadline
+                for w in busy.values():
+                    if w.task.mode == "items":
+                        wake = min(wake, w.item_started + self.completion_timeout_s)
+                for fd, _ in poller.poll(max(0.0, wake - now) * 1000):
+                    w = busy.get(fd)
+                    if w is None:
+                        continue
+                    replies = w.read_replies()
+                    task = w.task
                     name = self.functions[task.fn_index][0]
-                    values[name][task.rows[task.done]] = 0.0
-                    timeouts[name] += 1
-                    rest = task.rows[task.done + 1 :]
-                    last[task.fn_index] = now
-                    retire(fd, w)
-                    if rest:
-                        tasks.appendleft(_Task(task.fn_index, "items", rest))
-            if now >= deadline:
-                break
+                    if replies is None:
+                        row = task.rows[task.done] if task.mode == "items" else None
+                        where = f" on completion {row}" if row is not None else ""
+                        retire(fd, w)
+                        fail(task.fn_index, f"its worker process died{where} (killed or exited)")
+                        continue
+                    for status, payload in replies:
+                        if status == "error":
+                            fail(task.fn_index, payload)
+                            break
+                        if task.mode == "batch":
+                            values[name] = payload
+                            task.done = len(task.rows)
+                        else:
+                            values[name][task.rows[task.done]] = payload[0]
+                            task.done += 1
+                            w.item_started = time.monotonic()
+                    if fd in busy and task.done == len(task.rows):
+                        finish(fd, w)
+                now = time.monotonic()
+                for fd, w in list(busy.items()):
+                    task = w.task
+                    if task.mode == "items" and now >= w.item_started + self.completion_timeout_s:
+                        name = self.functions[task.fn_index][0]
+                        values[name][task.rows[task.done]] = 0.0
+                        timeouts[name] += 1
+                        rest = task.rows[task.done + 1 :]
+                        last[task.fn_index] = now
+                        retire(fd, w)
+                        if rest:
+                            tasks.appendleft(_Task(task.fn_index, "items", rest))
+                if now >= deadline:
+                    break
+        except BaseException:  # KeyboardInterrupt (a second Ctrl-C) and the like: stop the work
+            for fd, w in list(busy.items()):
+                retire(fd, w)
+            raise
         # The batch deadline: whatever is still running or waiting is stopped.
         for fd, w in list(busy.items()):
             task = w.task
@@ -511,7 +520,7 @@ class RewardRunner:
                 fail(task.fn_index, f"timed out after {self.timeout_s:g} s (worker process killed)")
             if fd in busy:
                 retire(fd, w)
-        for task in tasks:
+        for task in list(tasks):  # fail() removes tasks
             name = self.functions[task.fn_index][0]
             if task.mode == "batch":
                 fail(task.fn_index, f"timed out after {self.timeout_s:g} s (worker process killed)")
