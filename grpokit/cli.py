@@ -7,6 +7,7 @@ grpokit train cfg.yaml --resume                 # continue the run in train.outp
 grpokit config [cfg.yaml] [overrides]           # every key, its value (default) and what it does, as YAML
 grpokit train cfg.yaml --overwrite              # replace the run in train.output_dir
 grpokit eval MODEL_DIR DATA.jsonl --reward math_accuracy
+grpokit eval MODEL_DIR openai/gsm8k --data-config main --prompt-column question   # its test split
 
 Exit codes: 0 done; 2 a usage error (bad config value, data, model path, output folder, checkpoint to
 resume from), found before the model loads where it can be; 1 the run failed (e.g. disk full, an
@@ -238,7 +239,14 @@ def cmd_eval(args: argparse.Namespace) -> int:
             prompt_column=args.prompt_column,
             max_prompt_tokens=args.max_prompt_tokens,
         )
-        rows = load_prompts(args.data, prompt_column=args.prompt_column, limit=args.limit)
+        rows = load_prompts(
+            args.data,
+            prompt_column=args.prompt_column,
+            limit=args.limit,
+            split=args.split,
+            config=args.data_config,
+            default_split="test",
+        )
         eos = [tokenizer.eos_token_id]
         result = evaluate(
             model,
@@ -328,6 +336,10 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--num-samples", type=int, default=4)
     ev.add_argument("--temperature", type=float, default=1.0)
     ev.add_argument("--limit", type=int)
+    ev.add_argument(
+        "--split", help="split of DATA to evaluate on (default: test, or the only split there is)"
+    )
+    ev.add_argument("--data-config", help="subset of a hub dataset (data.config), e.g. main for openai/gsm8k")
     ev.add_argument("--dtype", default="auto")
     ev.set_defaults(func=cmd_eval)
 

@@ -53,16 +53,21 @@ def test_maj_at_4_with_the_math_verifier_on_hand_made_completions():
     assert solved == [True, False]  # maj@4 = 1/2, while pass@4 = 2/2 and mean@4 = 3/8
 
 
-def test_eval_command_reports_maj_at_k(tmp_path, capsys):
+def test_eval_command_reports_maj_at_k_on_the_test_split_of_a_hub_layout_folder(tmp_path, capsys):
+    pytest.importorskip("datasets")
     from tiny_model import save_tiny_model
 
     from grpokit.cli import main
 
     model_dir = save_tiny_model(tmp_path / "m")
-    data = tmp_path / "held_out.jsonl"
-    data.write_text("".join(json.dumps({"prompt": f"{a}+1=", "answer": str(a + 1)}) + "\n" for a in range(3)))
+    data = tmp_path / "held_out"  # train.jsonl and test.jsonl: splits named by file, read by load_dataset
+    data.mkdir()
+    for split, n in (("train", 5), ("test", 3)):
+        rows = [{"prompt": f"{a}+1=", "answer": str(a + 1)} for a in range(n)]
+        (data / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     args = [str(model_dir), str(data), "--template", "plain", "--max-new-tokens", "4", "--num-samples", "3"]
     assert main(["eval", *args]) == 0
     result = json.loads(capsys.readouterr().out)
+    assert result["num_examples"] == 3  # the test split by default
     assert 0.0 <= result["maj_at_3"] <= result["pass_at_3"]
     assert 0.0 <= result["maj_at_3/no_answer"] <= 1.0
