@@ -445,12 +445,15 @@ def _read_with_datasets(name: str, config: str | None, split: str | None, defaul
         kwargs = {"path": name, "name": config}
     try:
         loaded = datasets.load_dataset(**kwargs)
-    except FileNotFoundError as e:
+    except (FileNotFoundError, ConnectionError) as e:
+        if Path(name).exists():
+            raise DataError(f"{name}: datasets.load_dataset failed: {_first_line(e)}") from None
         raise DataError(
-            f"{name}: no such file or folder, and not a dataset on the hub either ({_first_line(e)}); "
-            "check the path, or the hub id and your network (HF_DATASETS_OFFLINE=1 reads only the cache)."
+            f"{name}: not a local file or folder (looked in {Path(name).resolve()}), and not a hub dataset "
+            f"that could be loaded ({_first_line(e)}); check the path, or the hub id and the network "
+            "(offline, HF_HUB_OFFLINE=1 reads only the cache of the datasets loaded before)."
         ) from None
-    except (ValueError, ConnectionError, OSError) as e:
+    except (ValueError, OSError) as e:
         what = f" (config {config!r})" if config else ""
         raise DataError(f"{name}{what}: datasets.load_dataset failed: {_first_line(e)}") from None
     if isinstance(loaded, datasets.DatasetDict):

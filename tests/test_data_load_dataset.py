@@ -3,6 +3,9 @@
 Offline: a local folder laid out as a hub dataset repository stands for a hub id."""
 
 import json
+import os
+import subprocess
+import sys
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -101,3 +104,18 @@ def test_save_to_disk_folder_still_read_by_the_local_reader(tmp_path):
 
     datasets.Dataset.from_list(TRAIN).save_to_disk(str(tmp_path / "saved"))
     assert load_prompts(tmp_path / "saved") == TRAIN
+
+
+def test_unknown_hub_id_offline_names_both_readings(tmp_path):
+    """A name that is neither a local path nor a loadable hub dataset (offline: the hub is not asked)."""
+    code = (
+        "from grpokit.data import load_prompts, DataError\n"
+        "try:\n    load_prompts('someone/no-such-dataset')\nexcept DataError as e:\n    print(e)\n"
+    )
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_CACHE": str(tmp_path / "cache")}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert out.stdout.startswith(
+        f"someone/no-such-dataset: not a local file or folder (looked in {tmp_path}/someone/no-such-dataset), "
+        "and not a hub dataset that could be loaded (ConnectionError: "
+    ), out.stdout + out.stderr
+    assert "check the path, or the hub id and the network" in out.stdout
