@@ -428,8 +428,11 @@ def _read_with_datasets(name: str, config: str | None, split: str | None, defaul
             f"{name}: reading a hub id, a hub-layout folder or a glob needs the datasets package; "
             "pip install 'grpokit[datasets]' (or point data.train at a single data file)."
         ) from None
-    kwargs: dict[str, Any] = {}
     if any(ch in name for ch in "*?["):
+        if config is not None:
+            raise DataError(
+                f"{name}: data.config={config!r} applies to hub datasets, not to a glob; drop it."
+            )
         builder = _BUILDERS.get(Path(name).suffix.lower())
         if builder is None:
             raise DataError(
@@ -456,6 +459,13 @@ def _read_with_datasets(name: str, config: str | None, split: str | None, defaul
     except (ValueError, OSError) as e:
         what = f" (config {config!r})" if config else ""
         raise DataError(f"{name}{what}: datasets.load_dataset failed: {_first_line(e)}") from None
+    except datasets.exceptions.DatasetsError as e:  # a file it cannot parse: the reason is the cause
+        cause = e.__cause__ or e.__context__
+        reason = _first_line(cause) if cause is not None else _first_line(e)
+        raise DataError(
+            f"{name}: datasets.load_dataset cannot read a file in it ({reason}); fix that file (pointing "
+            "data.train at the file itself gives grpokit's reader, which names the line)."
+        ) from None
     if isinstance(loaded, datasets.DatasetDict):
         loaded = loaded[_pick_split(name, list(loaded), split, default_split)]
     elif split not in (None, "train"):

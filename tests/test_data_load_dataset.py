@@ -119,3 +119,12 @@ def test_unknown_hub_id_offline_names_both_readings(tmp_path):
         "and not a hub dataset that could be loaded (ConnectionError: "
     ), out.stdout + out.stderr
     assert "check the path, or the hub id and the network" in out.stdout
+
+
+def test_unparsable_file_in_a_hub_layout_folder(tmp_path):
+    (tmp_path / "d" / "data").mkdir(parents=True)
+    (tmp_path / "d" / "data" / "train.jsonl").write_text('{"prompt": "a"}\n{"prompt": "b",\n')
+    with pytest.raises(
+        DataError, match=r"d: datasets.load_dataset cannot read a file in it \(ArrowInvalid: JSON"
+    ):
+        load_prompts(tmp_path / "d")
