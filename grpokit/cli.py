@@ -61,16 +61,18 @@ def cmd_train(args: argparse.Namespace) -> int:
         return _fail(args, f"config error: {e}", 2)
     if args.output_dir:
         overrides.append(f"train.output_dir={args.output_dir}")
+    demo = config_path is None and (
+        args.demo or not any(o.startswith("model.name_or_path=") for o in overrides)
+    )
     if getattr(args, "print_config", False):
         try:
-            print(describe_config(load_config(config_path, overrides)), end="")
+            cfg = _demo_config(overrides, build=False) if demo else load_config(config_path, overrides)
         except ConfigError as e:
             return _fail(args, f"config error: {e}", 2)
+        print(describe_config(cfg), end="")
         return 0
     try:
-        if config_path is None and (
-            args.demo or not any(o.startswith("model.name_or_path=") for o in overrides)
-        ):
+        if demo:
             cfg = _demo_config(overrides)
         else:
             cfg = load_config(config_path, overrides)
@@ -167,14 +169,17 @@ def cmd_config(args: argparse.Namespace) -> int:
     return 0
 
 
-def _demo_config(overrides: list[str]):
+def _demo_config(overrides: list[str], build: bool = True):
     """The embedded default: build (or reuse) the warm-started tiny model, then GRPO on it. The
-    overrides are checked first: building the model takes minutes the first time."""
+    overrides are checked first: building the model takes minutes the first time. build=False: the
+    config with placeholders for the demo's model and data paths, nothing built."""
     from grpokit.config import apply_overrides, config_from_dict
     from grpokit.demo import demo_overrides, prepare_demo
 
     placeholders = {name: Path(f"<demo {name}>") for name in ("model", "train", "eval")}
-    config_from_dict(apply_overrides(demo_overrides(placeholders), overrides))
+    checked = config_from_dict(apply_overrides(demo_overrides(placeholders), overrides))
+    if not build:
+        return checked
     values = demo_overrides(prepare_demo(log=lambda m: print(m, file=sys.stderr)))
     return config_from_dict(apply_overrides(values, overrides))
 

@@ -71,3 +71,12 @@ def test_train_help_points_at_grpokit_config(capsys):
         main(["train", "--help"])
     out = capsys.readouterr().out
     assert "--config PATH" in out and "--print-config" in out and "grpokit config" in out
+
+
+def test_print_config_of_the_demo_shows_its_settings_and_builds_nothing(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("GRPOKIT_CACHE", str(tmp_path / "cache"))
+    assert main(["train", "--print-config", "train.steps=3"]) == 0
+    printed = yaml.safe_load(capsys.readouterr().out)
+    assert printed["model"]["name_or_path"] == "<demo model>" and printed["train"]["steps"] == 3
+    assert printed["rollout"]["prompts_per_step"] == 16
+    assert not (tmp_path / "cache").exists()
