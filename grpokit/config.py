@@ -15,9 +15,12 @@ import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
+
+if TYPE_CHECKING:
+    from grpokit.algos import AlgoSettings
 
 
 class ConfigError(ValueError):
@@ -111,7 +114,8 @@ class RolloutConfig:
 @dataclass
 class AlgoConfig:
     preset: str = "grpo"
-    """Named algorithm from grpokit.algos.PRESETS; the knobs below override it when set."""
+    """Named algorithm from grpokit.algos.PRESETS; the knobs below override it when set. Each knob is a
+    setting of grpokit.algos.AlgoSettings under its flat name (KNOBS), which holds its choices and range."""
     advantage: str | None = None
     """An estimator of grpokit.algos.ADVANTAGES (group_std, group_centre, leave_one_out, token_whiten, ...)
     or your own as package.module:function."""
@@ -123,6 +127,8 @@ class AlgoConfig:
     """Upper clip range: ratio <= 1 + eps_high (DAPO clip-higher)."""
     ratio_level: str | None = None
     """token | sequence (GSPO) | sequence_token (GSPO-token)."""
+    loss: str | None = None
+    """Policy loss of grpokit.algos.LOSSES (clipped) or your own as package.module:function."""
     agg: str | None = None
     """seq-mean-token-mean | token-mean | seq-sum-norm."""
     beta: float | None = None
@@ -137,8 +143,8 @@ class AlgoConfig:
     """Dual-clip constant c > 1 for negative advantages (None = off)."""
     dynamic_sampling: bool | None = None
     """DAPO: drop zero-variance groups and sample more prompts to refill the batch."""
-    max_sampling_rounds: int = 4
-    """Extra sampling rounds dynamic sampling may take before giving up with an error."""
+    max_sampling_rounds: int | None = None
+    """Extra sampling rounds dynamic sampling may take before giving up with an error (preset: 4)."""
     overlong_shaping: bool | None = None
     """DAPO: soft length penalty in the last overlong_buffer tokens."""
     overlong_buffer: int | None = None
@@ -318,7 +324,8 @@ def _build(cls: type, values: dict[str, Any], prefix: str = "") -> Any:
 
 
 # Allowed ranges of numeric settings, checked before anything loads. Interval notation: "[" includes
-# the bound, "(" excludes it. An unset optional knob (None) is always allowed.
+# the bound, "(" excludes it. An unset optional knob (None) is always allowed. The algo.* ranges are
+# read from grpokit.algos.AlgoSettings (see _algo_ranges).
 #   key                            allowed      example  meaning of the edge value
 RANGES: dict[str, tuple[str, Any, str]] = {
     "lora.r":                      ("[1, inf)", 16, ""),
@@ -331,15 +338,6 @@ RANGES: dict[str, tuple[str, Any, str]] = {
     "rollout.temperature":         ("(0, inf)", 1.0, "log-probs are taken at it"),
     "rollout.top_p":               ("(0, 1]", 1.0, "1 = off"),
     "rollout.top_k":               ("[0, inf)", 50, "0 = off"),
-    "algo.std_ddof":               ("[0, 1]", 1, ""),
-    "algo.eps_low":                ("[0, 1)", 0.2, ""),
-    "algo.eps_high":               ("[0, inf)", 0.28, ""),
-    "algo.beta":                   ("[0, inf)", 0.04, "0 = no reference model"),
-    "algo.kl_reward_coef":         ("[0, inf)", 0.01, "0 = no KL in the reward"),
-    "algo.norm_len":               ("[1, inf)", 1024, ""),
-    "algo.dual_clip":              ("(1, inf)", 3.0, ""),
-    "algo.max_sampling_rounds":    ("[0, inf)", 4, ""),
-    "algo.overlong_buffer":        ("[1, inf)", 64, ""),
     "optim.lr":                    ("(0, 1]", "1e-6", ""),
     "optim.weight_decay":          ("[0, inf)", 0.01, ""),
     "optim.adam_beta1":            ("[0, 1)", 0.9, ""),
@@ -385,7 +383,7 @@ def _describe_interval(interval: str) -> str:
 
 def _check_ranges(cfg: Config) -> None:
     """Every numeric setting in RANGES within its interval; the message names key, value, range, example."""
-    for key, (interval, example, meaning) in RANGES.items():
+    for key, (interval, example, meaning) in {**RANGES, **_algo_ranges()}.items():
         if key.startswith("rewards[]."):
             field_name = key.split(".", 1)[1]
             values = {f"rewards[{i}].{field_name}": getattr(r, field_name) for i, r in enumerate(cfg.rewards)}
@@ -402,12 +400,25 @@ def _check_ranges(cfg: Config) -> None:
             )
 
 
-def _advantage_choices(value: str | None) -> list[str | None]:
-    """The registered estimators and their aliases; a 'package.module:function' name is imported later."""
-    from grpokit.algos import ADVANTAGE_KINDS
+def _algo_ranges() -> dict[str, tuple[str, Any, str]]:
+    """RANGES entries of the algo.* knobs, from the settings object (one place for the schema)."""
+    from grpokit.algos import KNOBS
 
-    own = [value] if isinstance(value, str) and ":" in value else []
-    return [None, *ADVANTAGE_KINDS, *own]
+    return {f"algo.{k.key}": (k.interval, k.example, k.meaning) for k in KNOBS.values() if k.interval}
+
+
+def _algo_choices(algo: AlgoConfig) -> dict[str, tuple[Any, list[Any]]]:
+    """Choice checks of the algo.* knobs, from the settings object; a 'package.module:function' name
+    (your own estimator) is accepted here and imported when the run starts."""
+    from grpokit.algos import KNOBS
+
+    out = {}
+    for k in KNOBS.values():
+        if k.choices is not None:
+            value = getattr(algo, k.key)
+            own = [value] if k.user_defined and isinstance(value, str) and ":" in value else []
+            out[f"algo.{k.key}"] = (value, [None, *k.choices(), *own])
+    return out
 
 
 def _check_choices(cfg: Config) -> None:
@@ -422,10 +433,7 @@ def _check_choices(cfg: Config) -> None:
             cfg.optim.precision,
             ["auto", "fp32", "bf16_mixed", "fp16_mixed", "bf16_kahan", "bf16_pure"],
         ),
-        "algo.advantage": (cfg.algo.advantage, _advantage_choices(cfg.algo.advantage)),
-        "algo.ratio_level": (cfg.algo.ratio_level, [None, "token", "sequence", "sequence_token"]),
-        "algo.agg": (cfg.algo.agg, [None, "seq-mean-token-mean", "token-mean", "seq-sum-norm"]),
-        "algo.kl_kind": (cfg.algo.kl_kind, [None, "k1", "k2", "k3"]),
+        **_algo_choices(cfg.algo),
     }
     for key, (value, valid) in choices.items():
         if value not in valid:
@@ -550,26 +558,30 @@ def config_to_dict(cfg: Config) -> dict[str, Any]:
     return dataclasses.asdict(cfg)
 
 
-def save_config(cfg: Config, path: str | Path, resolved_algo: dict[str, Any] | None = None) -> None:
+def save_config(cfg: Config, path: str | Path, resolved_algo: Any = None) -> None:
+    """Write the config as YAML; `resolved_algo` (an AlgoSettings) is recorded by its flat names."""
     data = config_to_dict(cfg)
     if resolved_algo is not None:
-        data["resolved_algo"] = resolved_algo
+        data["resolved_algo"] = resolved_algo.flat() if hasattr(resolved_algo, "flat") else resolved_algo
     Path(path).write_text(yaml.safe_dump(data, sort_keys=False))
 
 
-def resolve_algo(cfg: Config) -> dict[str, Any]:
-    """The preset's settings with every explicitly set ``algo.*`` knob laid over them."""
-    from grpokit.algos import PRESETS
+def resolve_algo(cfg: Config) -> AlgoSettings:
+    """The preset's AlgoSettings with every explicitly set ``algo.*`` knob laid over it, and the
+    length-relative settings turned into tokens (norm_len, overlong_buffer) from rollout.max_new_tokens."""
+    from grpokit.algos import KNOBS, PRESETS, get_advantage, get_loss
 
-    settings = dict(PRESETS[cfg.algo.preset])
-    for f in dataclasses.fields(AlgoConfig):
-        value = getattr(cfg.algo, f.name)
-        if f.name != "preset" and value is not None:
-            settings[f.name] = value
-    if settings.get("norm_len") in (None, "max_completion_length"):
-        settings["norm_len"] = cfg.rollout.max_new_tokens
-    if settings.get("overlong_buffer") is None or isinstance(settings.get("overlong_buffer"), float):
-        frac = settings.get("overlong_buffer") or 0.25
-        settings["overlong_buffer"] = max(1, int(cfg.rollout.max_new_tokens * frac))
-    settings.setdefault("max_sampling_rounds", cfg.algo.max_sampling_rounds)
-    return settings
+    overrides = {key: getattr(cfg.algo, key) for key in KNOBS}
+    try:
+        settings = PRESETS[cfg.algo.preset].override(**overrides)
+        get_advantage(settings.advantage.estimator)  # a 'module:function' of your own is imported now
+        get_loss(settings.loss.name)
+        max_len = cfg.rollout.max_new_tokens
+        norm_len = settings.loss.norm_len
+        buffer = settings.batch.overlong_buffer
+        return settings.override(
+            norm_len=max_len if norm_len in (None, "max_completion_length") else norm_len,
+            overlong_buffer=max(1, int(max_len * (buffer or 0.25))) if not isinstance(buffer, int) else buffer,
+        )
+    except ValueError as e:
+        raise ConfigError(f"algo: {e}") from e

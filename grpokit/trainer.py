@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from grpokit.algos import compute_advantages, kl_estimate, policy_loss
+from grpokit.algos import compute_advantages, get_loss, kl_estimate
 from grpokit.checkpoint import (
     CheckpointError,
     find_resumable,
@@ -324,11 +324,11 @@ class GRPOTrainer:
             reward_functions = [
                 (spec.name, resolve_reward(spec.name, **spec.kwargs), spec.weight) for spec in cfg.rewards
             ]
-        if self.algo.get("overlong_shaping"):
+        if self.algo.batch.overlong_shaping:
             shaping = resolve_reward(
                 "overlong_penalty",
                 max_len=cfg.rollout.max_new_tokens,
-                buffer_len=self.algo["overlong_buffer"],
+                buffer_len=self.algo.batch.overlong_buffer,
             )
             reward_functions = [*reward_functions, ("overlong_penalty", shaping, 1.0)]
         # named by function in metrics and plots: "my_rewards.py:brevity" logs reward/brevity/mean
@@ -374,7 +374,7 @@ class GRPOTrainer:
         self.model, self.tokenizer = model, tokenizer
         check_tokenizer_fits(model, tokenizer, "the tokenizer")
         # a reference for a KL in the loss or in the reward (with LoRA: the base, adapter disabled)
-        self.uses_reference = self.algo["beta"] > 0 or self.algo.get("kl_reward_coef", 0.0) > 0
+        self.uses_reference = self.algo.uses_reference
         self.ref_model = frozen_reference(model, cfg.lora.enabled) if self.uses_reference else None
         self.eos_ids = self._eos_ids()
 
@@ -565,7 +565,7 @@ class GRPOTrainer:
             flat = (spread.max(dim=1).values - spread.min(dim=1).values) == 0  # (P,)
             zero_var_groups += int(flat.sum())
             total_groups += P
-            if not self.algo.get("dynamic_sampling"):
+            if not self.algo.batch.dynamic_sampling:
                 kept, n_kept = [scored], P
                 break
             useful = [g for g in range(P) if not flat[g]][: P - n_kept]
@@ -576,7 +576,7 @@ class GRPOTrainer:
             if n_kept == P:
                 break
             rounds += 1
-            if rounds > self.algo["max_sampling_rounds"]:
+            if rounds > self.algo.batch.max_sampling_rounds:
                 raise TrainingError(
                     f"dynamic sampling: after {rounds} sampling rounds only {n_kept} of {P} groups had "
                     "rewards that differ (all others were all-correct or all-wrong). Raise "
@@ -588,7 +588,7 @@ class GRPOTrainer:
             "zero_variance_frac": zero_var_groups / total_groups,
             "sampling_rounds": float(rounds + 1),
         }
-        if self.algo.get("dynamic_sampling"):
+        if self.algo.batch.dynamic_sampling:
             sampling["dynamic_sampling/discarded_groups"] = float(len(discarded_rewards))
             if discarded_rewards:
                 sampling["dynamic_sampling/discarded_reward_mean"] = float(torch.cat(discarded_rewards).mean())
@@ -688,7 +688,7 @@ class GRPOTrainer:
         old: the policy's own log-probs before any update, needed by more than one pass (the ratio's
         denominator) or by a KL in the reward (its k1 = old - ref). ref: whenever there is a reference,
         so the KL is logged even when only the reward uses it."""
-        needs_old = self._several_passes() or self.algo.get("kl_reward_coef", 0.0) > 0
+        needs_old = self._several_passes() or self.algo.kl.reward_coef > 0
         t = time.perf_counter()
         ref_logprobs = self._logprobs_no_grad(self.ref_model, r, reference=True) if self.uses_reference else None
         ref_seconds = time.perf_counter() - t
@@ -704,7 +704,7 @@ class GRPOTrainer:
     ) -> torch.Tensor:
         """(N,) or (N, Lc) advantages from the preset's estimator. With a KL in the reward (kl_reward_coef
         > 0) the estimator also gets k1 = old - ref per token, the sampling policy's KL to the reference."""
-        kl_coef = float(self.algo.get("kl_reward_coef", 0.0))
+        kl_coef = self.algo.kl.reward_coef
         kl = None
         if kl_coef > 0:
             kl = kl_estimate(old_logprobs, ref_logprobs, "k1").to(self.device)  # (N, Lc)
@@ -736,7 +736,7 @@ class GRPOTrainer:
         r = batch.rollout
         N = r.completion_ids.shape[0]
         loss_mask = r.completion_mask.clone()  # (N, Lc)
-        if algo.get("mask_truncated"):
+        if algo.batch.mask_truncated:
             loss_mask[r.truncated] = 0  # DAPO overlong filtering
         ref_seconds = 0.0
         if old_logprobs is None and ref_logprobs is None:
@@ -825,20 +825,13 @@ class GRPOTrainer:
             ref = ref_logprobs[micro][:, :width].to(self.device) if ref_logprobs is not None else None
             adv = advantages[micro.to(self.device)]  # (n,) or (n, Lc)
             adv = adv[:, :width] if adv.dim() == 2 else adv  # (n,) or (n, L)
-            loss, stats = policy_loss(
+            loss, stats = get_loss(algo.loss.name)(
                 logprobs,
                 old,
                 adv,
                 mask,
-                eps_low=algo["eps_low"],
-                eps_high=algo.get("eps_high"),
-                ratio_level=algo["ratio_level"],
-                agg=algo["agg"],
                 ref_logprobs=ref,
-                beta=algo["beta"],
-                kl_kind=algo["kl_kind"],
-                norm_len=algo.get("norm_len"),
-                dual_clip=algo.get("dual_clip"),
+                **algo.loss_kwargs(),
                 num_sequences=len(mb),
                 num_tokens=num_tokens,
             )

@@ -205,9 +205,11 @@ def test_every_preset_is_complete_and_cites_its_paper():
         "beta",
         "kl_kind",
         "kl_reward_coef",
+        "loss",
         "norm_len",
         "dual_clip",
         "dynamic_sampling",
+        "max_sampling_rounds",
         "overlong_shaping",
         "overlong_buffer",
         "mask_truncated",
@@ -215,7 +217,9 @@ def test_every_preset_is_complete_and_cites_its_paper():
     assert set(SETTING_KEYS) == expected_keys
     source = inspect.getsource(presets_module)
     doc = presets_module.__doc__
-    for name, settings in PRESETS.items():
+    for name, preset in PRESETS.items():
+        assert isinstance(preset, algos.AlgoSettings), name
+        settings = preset.flat()
         assert set(settings) == expected_keys, name
         assert settings["advantage"] in algos.ADVANTAGE_KINDS
         assert settings["norm_len"] in (None, "max_completion_length")
@@ -228,7 +232,7 @@ def test_every_preset_is_complete_and_cites_its_paper():
 
 @pytest.mark.parametrize("name", sorted(PRESETS))
 def test_every_preset_runs_policy_loss_and_advantages(name):
-    s = dict(PRESETS[name])
+    s = PRESETS[name].flat()
     gen = torch.Generator().manual_seed(0)
     B, T, G = 8, 6, 4
     rewards = torch.randint(0, 2, (B,), generator=gen).to(F64)
@@ -261,17 +265,20 @@ def test_every_preset_runs_policy_loss_and_advantages(name):
 
 
 def test_preset_values_from_the_papers():
-    assert PRESETS["grpo"]["beta"] == 0.04 and PRESETS["grpo"]["kl_kind"] == "k3"
-    assert (PRESETS["dapo"]["eps_low"], PRESETS["dapo"]["eps_high"]) == (0.2, 0.28)
-    assert (PRESETS["gspo"]["eps_low"], PRESETS["gspo"]["eps_high"]) == (3e-4, 4e-4)
-    assert PRESETS["gspo"]["ratio_level"] == "sequence"
-    assert PRESETS["dr_grpo"]["advantage"] == "group_centre" and PRESETS["dr_grpo"]["agg"] == "seq-sum-norm"
+    assert PRESETS["grpo"].kl.beta == 0.04 and PRESETS["grpo"].kl.kind == "k3"
+    assert (PRESETS["dapo"].ratio.eps_low, PRESETS["dapo"].ratio.eps_high) == (0.2, 0.28)
+    assert (PRESETS["gspo"].ratio.eps_low, PRESETS["gspo"].ratio.eps_high) == (3e-4, 4e-4)
+    assert PRESETS["gspo"].ratio.level == "sequence"
+    assert (
+        PRESETS["dr_grpo"].advantage.estimator == "group_centre"
+        and PRESETS["dr_grpo"].loss.agg == "seq-sum-norm"
+    )
     # REINFORCE++: KL in the reward (k1), per-token whitening, no KL in the loss
     rpp = PRESETS["reinforce_pp"]
-    assert (rpp["advantage"], rpp["kl_reward_coef"], rpp["beta"]) == ("token_whiten", 0.01, 0.0)
-    assert PRESETS["reinforce_pp_baseline"]["advantage"] == "group_centre_token_whiten"
+    assert (rpp.advantage.estimator, rpp.kl.reward_coef, rpp.kl.beta) == ("token_whiten", 0.01, 0.0)
+    assert PRESETS["reinforce_pp_baseline"].advantage.estimator == "group_centre_token_whiten"
     for name in ("dapo", "dr_grpo", "gspo"):
-        assert PRESETS[name]["beta"] == 0.0
+        assert PRESETS[name].kl.beta == 0.0
 
 
 # ---------------------------------------------------------------- import hygiene

@@ -60,12 +60,18 @@ def test_mini_batches_must_divide_batch():
 def test_preset_resolution_and_override():
     cfg = load_config(None, ["algo.preset=dapo", "rollout.max_new_tokens=100"])
     algo = resolve_algo(cfg)
-    assert (algo["eps_low"], algo["eps_high"], algo["agg"], algo["beta"]) == (0.2, 0.28, "token-mean", 0.0)
-    assert algo["dynamic_sampling"] and algo["overlong_shaping"] and algo["mask_truncated"]
+    assert (algo.ratio.eps_low, algo.ratio.eps_high, algo.loss.agg, algo.kl.beta) == (
+        0.2,
+        0.28,
+        "token-mean",
+        0.0,
+    )
+    assert algo.batch.dynamic_sampling and algo.batch.overlong_shaping and algo.batch.mask_truncated
+    assert algo.batch.overlong_buffer == 20  # DAPO's buffer is 0.2 of the length limit
     cfg = load_config(None, ["algo.preset=dapo", "algo.beta=0.01"])
-    assert resolve_algo(cfg)["beta"] == 0.01
+    assert resolve_algo(cfg).kl.beta == 0.01
     cfg = load_config(None, ["algo.preset=dr_grpo", "rollout.max_new_tokens=123"])
-    assert resolve_algo(cfg)["norm_len"] == 123  # Dr. GRPO's constant is the length limit by default
+    assert resolve_algo(cfg).loss.norm_len == 123  # Dr. GRPO's constant is the length limit by default
 
 
 def test_missing_config_file():

@@ -24,7 +24,7 @@ def test_reinforce_pp_puts_k1_in_the_reward_and_logs_kl(tmp_path):
     trainer = make_trainer(
         tmp_path, "algo.preset=reinforce_pp", "optim.mini_batches=1", "train.samples_every=0"
     )
-    assert trainer.uses_reference and trainer.algo["beta"] == 0.0  # the KL is in the reward only
+    assert trainer.uses_reference and trainer.algo.kl.beta == 0.0  # the KL is in the reward only
     with torch.no_grad():  # move the policy away from its frozen reference so that k1 != 0
         for p in trainer.model.parameters():
             p.add_(0.05 * torch.randn_like(p))

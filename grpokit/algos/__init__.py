@@ -1,7 +1,8 @@
 """grpokit.algos: the pure-tensor maths of the GRPO family (torch only; no transformers, no config).
 
 Axes: advantages (advantages.py), KL estimators (kl.py), the clipped policy loss and its
-aggregations (loss.py), chunked log-softmax / entropy (entropy.py), named presets (presets.py),
+aggregations (loss.py), chunked log-softmax / entropy (entropy.py), the typed settings of an algorithm
+(settings.py), named presets (presets.py),
 and the PPO baseline pieces (ppo.py).
 """
 
@@ -22,11 +23,30 @@ from .advantages import (
 )
 from .entropy import entropy_from_logits, selective_log_softmax
 from .kl import KL_KINDS, kl_estimate
-from .loss import AGG_MODES, RATIO_LEVELS, importance_ratio, policy_loss
+from .loss import AGG_MODES, LOSSES, RATIO_LEVELS, get_loss, importance_ratio, policy_loss, register_loss
 from .ppo import discounted_returns, gae, token_level_rewards, value_loss
 from .presets import PRESETS, SETTING_KEYS
+from .settings import (
+    KNOBS,
+    AdvantageSettings,
+    AlgoSettings,
+    BatchSettings,
+    KLSettings,
+    LossSettings,
+    RatioSettings,
+)
 
 __all__ = [
+    "KNOBS",
+    "LOSSES",
+    "get_loss",
+    "register_loss",
+    "AdvantageSettings",
+    "AlgoSettings",
+    "BatchSettings",
+    "KLSettings",
+    "LossSettings",
+    "RatioSettings",
     "ADVANTAGES",
     "ADVANTAGE_ALIASES",
     "ADVANTAGE_KINDS",

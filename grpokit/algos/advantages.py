@@ -26,12 +26,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
 from ._checks import check_choice, check_groups, lookup
-from .presets import PRESETS
+
+if TYPE_CHECKING:
+    from .settings import AlgoSettings
 
 GROUP_SCALES = ("group", "batch", "none")
 
@@ -239,30 +242,37 @@ class AdvantageInputs:
 
 
 def _group_std(a: AdvantageInputs) -> Tensor:
+    """(r - mean_g) / std_g"""
     return group_advantages(a.sequence_rewards(), a.group_size, scale="group", std_ddof=a.std_ddof, eps=a.eps)
 
 
 def _group_centre(a: AdvantageInputs) -> Tensor:
+    """r - mean_g"""
     return group_advantages(a.sequence_rewards(), a.group_size, scale="none")
 
 
 def _group_centre_batch_std(a: AdvantageInputs) -> Tensor:
+    """(r - mean_g) / std_batch(r - mean_g)"""
     return group_advantages(a.sequence_rewards(), a.group_size, scale="batch", std_ddof=a.std_ddof, eps=a.eps)
 
 
 def _leave_one_out(a: AdvantageInputs) -> Tensor:
+    """r - mean of the others"""
     return rloo_advantages(a.sequence_rewards(), a.group_size)
 
 
 def _batch_whiten(a: AdvantageInputs) -> Tensor:
+    """(r - mean_batch) / std_batch"""
     return batch_whitened_advantages(a.sequence_rewards(), std_ddof=a.std_ddof, eps=a.eps)
 
 
 def _token_whiten(a: AdvantageInputs) -> Tensor:
+    """returns-to-go whitened per token over the batch"""
     return reinforce_pp_advantages(a.rewards, a.mask(), kl=a.kl, kl_coef=a.kl_coef, eps=a.eps)
 
 
 def _group_centre_token_whiten(a: AdvantageInputs) -> Tensor:
+    """r - mean_g, then returns-to-go whitened per token over the batch"""
     return reinforce_pp_advantages(
         a.rewards, a.mask(), group_size=a.group_size, kl=a.kl, kl_coef=a.kl_coef, eps=a.eps
     )
@@ -306,7 +316,7 @@ def get_advantage(name: str) -> Callable[[AdvantageInputs], Tensor]:
 def compute_advantages(
     rewards: Tensor,
     group_size: int,
-    preset_or_kind: str | Mapping[str, object],
+    preset_or_kind: str | AlgoSettings | Mapping[str, object],
     *,
     completion_mask: Tensor | None = None,
     kl: Tensor | None = None,
@@ -318,8 +328,8 @@ def compute_advantages(
 ) -> Tensor:
     """One entry point for the trainer: build AdvantageInputs and run the named estimator.
 
-    `preset_or_kind` is a preset name (its "advantage" and "std_ddof" are used), a settings mapping with
-    an "advantage" key, or an estimator name (a key of ADVANTAGES, an alias, or "module:function").
+    `preset_or_kind` is a preset name or an AlgoSettings (its estimator and std_ddof are used), a mapping
+    with an "advantage" key (and optionally "std_ddof"), or an estimator name (a key of ADVANTAGES, an alias, or "module:function").
 
     Args:
         rewards: (N,) groups contiguous; group_size: G; the rest as in AdvantageInputs.
@@ -328,15 +338,19 @@ def compute_advantages(
     Raises:
         ValueError: unknown estimator, or an estimator output of any other shape.
     """
-    if isinstance(preset_or_kind, Mapping):
-        settings = preset_or_kind
-    elif preset_or_kind in PRESETS:
-        settings = PRESETS[preset_or_kind]
+    from .presets import PRESETS
+    from .settings import AlgoSettings
+
+    if isinstance(preset_or_kind, str) and preset_or_kind in PRESETS:
+        preset_or_kind = PRESETS[preset_or_kind]
+    if isinstance(preset_or_kind, AlgoSettings):
+        kind, ddof = preset_or_kind.advantage.estimator, preset_or_kind.advantage.std_ddof
+    elif isinstance(preset_or_kind, Mapping):
+        kind, ddof = str(preset_or_kind["advantage"]), int(preset_or_kind.get("std_ddof", 1))  # type: ignore[arg-type]
     else:
-        settings = {"advantage": preset_or_kind}
-    kind = str(settings["advantage"])
+        kind, ddof = preset_or_kind, 1
+    ddof = ddof if std_ddof is None else std_ddof
     estimator = get_advantage(kind)
-    ddof = int(settings.get("std_ddof", 1) if std_ddof is None else std_ddof)  # type: ignore[arg-type]
     inputs = AdvantageInputs(
         rewards=rewards,
         group_size=group_size,

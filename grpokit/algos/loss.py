@@ -17,10 +17,12 @@ summing the losses of its micro-batches gives exactly the full-batch loss.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import Tensor
 
-from ._checks import check_choice
+from ._checks import check_choice, lookup
 from .kl import KL_KINDS, kl_estimate
 
 RATIO_LEVELS = ("token", "sequence", "sequence_token")
@@ -216,3 +218,23 @@ def _ratio(logp: Tensor, old: Tensor, m: Tensor, level: str) -> Tensor:
 def _at_least_one(n: int | float | Tensor, like: Tensor) -> Tensor:
     """The normaliser as a tensor, floored at 1 so an all-masked batch gives loss 0, not nan."""
     return torch.as_tensor(n, dtype=like.dtype, device=like.device).clamp(min=1)
+
+
+# Policy losses by name. A loss is called for each micro-batch as
+#   fn(logprobs, old_logprobs, advantages, completion_mask, *, ref_logprobs, num_sequences, num_tokens,
+#      eps_low, eps_high, ratio_level, dual_clip, agg, norm_len, beta, kl_kind) -> (loss, metrics)
+# with the shapes of `policy_loss` (advantages (B,) or (B, T)); it must normalise by the global
+# num_sequences / num_tokens so micro-batches sum to the mini-batch loss. metrics: detached 0-d tensors,
+# averaged over the call's tokens (they are logged under their own names). Take **kwargs to ignore the
+# settings you do not use. Add one with `register_loss`, or name it in YAML as "package.module:function".
+LOSSES: dict[str, Callable[..., tuple[Tensor, dict[str, Tensor]]]] = {"clipped": policy_loss}
+
+
+def register_loss(name: str, fn: Callable[..., tuple[Tensor, dict[str, Tensor]]]) -> None:
+    """Make `fn` available as `algo.loss: <name>` (contract above LOSSES)."""
+    LOSSES[name] = fn
+
+
+def get_loss(name: str) -> Callable[..., tuple[Tensor, dict[str, Tensor]]]:
+    """The loss registered as `name`, or "package.module:function" imported on demand."""
+    return lookup("loss", name, LOSSES)

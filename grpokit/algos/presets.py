@@ -1,21 +1,7 @@
 """Named algorithms as presets over the independent axes (advantage, ratio/clip, KL, aggregation).
 
-Each preset is a plain dict of settings; the trainer maps these keys onto its config:
-  advantage        an estimator of advantages.ADVANTAGES ("group_std", "token_whiten", ...)
-  std_ddof         std convention of the advantage (1 = unbiased)
-  eps_low/eps_high clip range [1 - eps_low, 1 + eps_high] of the ratio
-  ratio_level      "token" | "sequence" | "sequence_token"
-  agg              "seq-mean-token-mean" | "token-mean" | "seq-sum-norm"
-  beta, kl_kind    KL-in-loss coefficient and estimator ("k1" | "k2" | "k3"); kl_kind is also the
-                   estimator of the logged "kl" metric whenever there is a reference
-  kl_reward_coef   KL-in-reward coefficient: -kl_reward_coef * k1_t on every token's reward (PPO,
-                   REINFORCE++); 0 = none
-  norm_len         None, or "max_completion_length": the trainer substitutes its max new tokens
-  dual_clip        None or c > 1
-  dynamic_sampling drop groups whose rewards are all equal and refill the batch (DAPO)
-  overlong_shaping soft length penalty inside the last `overlong_buffer` of the length budget (DAPO)
-  overlong_buffer  None, a float in (0, 1) = fraction of the max completion length, or an int = tokens
-  mask_truncated   zero the loss mask of completions cut off without EOS (DAPO overlong filtering)
+Each preset is an AlgoSettings (settings.py, where every setting's flat name, doc and allowed
+values live); the config's `algo.*` keys override it.
 
 The formulas, per preset:
   grpo         DeepSeekMath, arXiv 2402.03300. A_i = (r_i - mean_g)/std_g; token ratio, clip 0.2;
@@ -39,77 +25,104 @@ The formulas, per preset:
 
 from __future__ import annotations
 
-_COMMON = {
-    "std_ddof": 1,
-    "eps_low": 0.2,
-    "eps_high": 0.2,
-    "ratio_level": "token",
-    "beta": 0.0,
-    "kl_kind": "k3",
-    "kl_reward_coef": 0.0,
-    "norm_len": None,
-    "dual_clip": None,
-    "dynamic_sampling": False,
-    "overlong_shaping": False,
-    "overlong_buffer": None,
-    "mask_truncated": False,
-}
+from .settings import KNOBS, AlgoSettings
 
-PRESETS: dict[str, dict[str, object]] = {
+PRESETS: dict[str, AlgoSettings] = {
     # DeepSeekMath, arXiv 2402.03300 (sec. 4.1): std-scaled group advantage, KL k3 in the loss, beta 0.04.
-    "grpo": {**_COMMON, "advantage": "group_std", "agg": "seq-mean-token-mean", "beta": 0.04},
+    "grpo": AlgoSettings.of(advantage="group_std", agg="seq-mean-token-mean", beta=0.04, kl_kind="k3"),
     # Dr. GRPO, arXiv 2503.20783: no std division, constant normaliser L = max completion length, no KL.
-    "dr_grpo": {
-        **_COMMON,
-        "advantage": "group_centre",
-        "agg": "seq-sum-norm",
-        "norm_len": "max_completion_length",
-    },
+    "dr_grpo": AlgoSettings.of(
+        advantage="group_centre", agg="seq-sum-norm", norm_len="max_completion_length"
+    ),
     # DAPO, arXiv 2503.14476: clip-higher 0.2/0.28, token-mean, no KL, dynamic sampling, overlong
     # shaping (buffer 4096 of 20480 tokens = 0.2) and overlong filtering (mask truncated completions).
-    "dapo": {
-        **_COMMON,
-        "advantage": "group_std",
-        "eps_high": 0.28,
-        "agg": "token-mean",
-        "dynamic_sampling": True,
-        "overlong_shaping": True,
-        "overlong_buffer": 0.2,
-        "mask_truncated": True,
-    },
+    "dapo": AlgoSettings.of(
+        advantage="group_std",
+        eps_high=0.28,
+        agg="token-mean",
+        dynamic_sampling=True,
+        overlong_shaping=True,
+        overlong_buffer=0.2,
+        mask_truncated=True,
+    ),
     # GSPO, arXiv 2507.18071: sequence-level geometric-mean ratio, clip 3e-4 / 4e-4, no KL.
-    "gspo": {
-        **_COMMON,
-        "advantage": "group_std",
-        "eps_low": 3e-4,
-        "eps_high": 4e-4,
-        "ratio_level": "sequence",
-        "agg": "seq-mean-token-mean",
-    },
-    # RLOO, arXiv 2402.14740: leave-one-out baseline, sequence-level REINFORCE (sum over tokens), KL in reward.
-    "rloo": {
-        **_COMMON,
-        "advantage": "leave_one_out",
-        "agg": "seq-sum-norm",
-        "norm_len": "max_completion_length",
-    },
+    "gspo": AlgoSettings.of(
+        advantage="group_std", eps_low=3e-4, eps_high=4e-4, ratio_level="sequence", agg="seq-mean-token-mean"
+    ),
+    # RLOO, arXiv 2402.14740: leave-one-out baseline, sequence-level REINFORCE (sum over tokens); the paper's
+    # KL lives in the reward (set algo.kl_reward_coef), none by default.
+    "rloo": AlgoSettings.of(advantage="leave_one_out", agg="seq-sum-norm", norm_len="max_completion_length"),
     # REINFORCE++, arXiv 2501.03262: k1 KL in the per-token reward, returns whitened per token over the
     # batch (eq. 10), token-mean.
-    "reinforce_pp": {
-        **_COMMON,
-        "advantage": "token_whiten",
-        "agg": "token-mean",
-        "kl_kind": "k1",
-        "kl_reward_coef": 0.01,
-    },
+    "reinforce_pp": AlgoSettings.of(
+        advantage="token_whiten", agg="token-mean", kl_kind="k1", kl_reward_coef=0.01
+    ),
     # REINFORCE++-baseline, arXiv 2501.03262: group-mean baseline, then the same per-token whitening;
     # token-mean; k2 KL loss (set beta).
-    "reinforce_pp_baseline": {
-        **_COMMON,
-        "advantage": "group_centre_token_whiten",
-        "agg": "token-mean",
-        "kl_kind": "k2",
-    },
+    "reinforce_pp_baseline": AlgoSettings.of(
+        advantage="group_centre_token_whiten", agg="token-mean", kl_kind="k2"
+    ),
 }
 
-SETTING_KEYS = tuple(sorted(PRESETS["grpo"]))
+SETTING_KEYS = tuple(KNOBS)
+
+PAPERS = {
+    "grpo": "arXiv 2402.03300",
+    "dr_grpo": "arXiv 2503.20783",
+    "dapo": "arXiv 2503.14476",
+    "gspo": "arXiv 2507.18071",
+    "rloo": "arXiv 2402.14740",
+    "reinforce_pp": "arXiv 2501.03262",
+    "reinforce_pp_baseline": "arXiv 2501.03262",
+}
+
+
+def preset_table() -> str:
+    """README's preset table in Markdown, generated from PRESETS (a test keeps README equal to it)."""
+    from .advantages import get_advantage
+
+    rows = [
+        "| preset | advantage | ratio / clip | KL | loss aggregation | paper |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, s in PRESETS.items():
+        advantage = (get_advantage(s.advantage.estimator).__doc__ or s.advantage.estimator).strip()
+        clip = _num(s.ratio.eps_low) + (
+            f" / {_num(s.ratio.eps_high)}" if s.ratio.eps_high != s.ratio.eps_low else ""
+        )
+        level = {
+            "token": "token",
+            "sequence": "sequence (geometric mean)",
+            "sequence_token": "sequence-token",
+        }
+        ratio = f"{level[s.ratio.level]}, {clip}" + (
+            f", dual clip {s.ratio.dual_clip:g}" if s.ratio.dual_clip else ""
+        )
+        kl = [f"{s.kl.kind} in the loss, beta {s.kl.beta:g}"] if s.kl.beta > 0 else []
+        kl += [f"k1 in the reward, {s.kl.reward_coef:g}"] if s.kl.reward_coef > 0 else []
+        agg = s.loss.agg
+        if agg == "seq-sum-norm":
+            agg = (
+                "sum / (B * max_len)"
+                if s.loss.norm_len == "max_completion_length"
+                else f"sum / (B * {s.loss.norm_len})"
+            )
+        batch = [
+            text
+            for on, text in (
+                (s.batch.dynamic_sampling, "dynamic sampling"),
+                (s.batch.overlong_shaping, "overlong shaping"),
+                (s.batch.mask_truncated, "overlong filtering"),
+            )
+            if on
+        ]
+        agg += f"; {', '.join(batch)}" if batch else ""
+        rows.append(
+            f"| `{name}` | {advantage} | {ratio} | {'; '.join(kl) or 'none'} | {agg} | {PAPERS[name]} |"
+        )
+    return "\n".join(rows) + "\n"
+
+
+def _num(x: float) -> str:
+    """0.2 -> "0.2", 3e-4 -> "3e-4"."""
+    return f"{x:g}" if x >= 1e-3 else f"{x:.0e}".replace("e-0", "e-")

@@ -1,0 +1,256 @@
+"""The algorithm's settings: one frozen, typed object with a part per independent axis.
+
+    AlgoSettings
+      advantage  AdvantageSettings  which estimator, its std convention
+      ratio      RatioSettings      token / sequence ratio, clip range, dual clip
+      kl         KLSettings         KL in the loss (beta, estimator), KL in the reward (k1 coefficient)
+      loss       LossSettings       aggregation of the per-token loss into one scalar, its constant
+      batch      BatchSettings      DAPO's batch-level pieces: dynamic sampling, overlong shaping/filtering
+
+Presets (presets.py) are AlgoSettings instances. Every leaf has one flat name, the one used in YAML and
+on the command line (`algo.eps_high=0.28`), given by `knob(key=...)` or else the field name; the config's
+`algo` section, its choices and its ranges are read from here (`KNOBS`), not typed out again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+
+def knob(
+    default: Any,
+    doc: str,
+    *,
+    key: str | None = None,
+    choices: Callable[[], tuple[str, ...]] | None = None,
+    interval: str | None = None,
+    example: Any = None,
+    meaning: str = "",
+    user_defined: bool = False,
+) -> Any:
+    """A settings field with its one-line doc, its flat name, and what values it allows: `choices()`
+    (names; with `user_defined` a registry's, where "package.module:function" names your own) or a
+    numeric `interval` ("[0, inf)"), with an example value and a note on what the edge value means."""
+    meta = {"doc": doc, "key": key, "choices": choices, "interval": interval, "example": example}
+    return field(default=default, metadata={**meta, "meaning": meaning, "user_defined": user_defined})
+
+
+def _advantage_names() -> tuple[str, ...]:
+    from .advantages import ADVANTAGE_ALIASES, ADVANTAGES
+
+    return (*ADVANTAGES, *ADVANTAGE_ALIASES)  # read now: register_advantage may have added some
+
+
+def _ratio_levels() -> tuple[str, ...]:
+    from .loss import RATIO_LEVELS
+
+    return RATIO_LEVELS
+
+
+def _agg_modes() -> tuple[str, ...]:
+    from .loss import AGG_MODES
+
+    return AGG_MODES
+
+
+def _loss_names() -> tuple[str, ...]:
+    from .loss import LOSSES
+
+    return tuple(LOSSES)  # read now: register_loss may have added some
+
+
+def _kl_kinds() -> tuple[str, ...]:
+    from .kl import KL_KINDS
+
+    return KL_KINDS
+
+
+@dataclass(frozen=True)
+class AdvantageSettings:
+    estimator: str = knob(
+        "group_std",
+        "advantage estimator (grpokit.algos.ADVANTAGES) or your own as package.module:function",
+        key="advantage",
+        choices=_advantage_names,
+        user_defined=True,
+    )
+    std_ddof: int = knob(
+        1, "std convention of the std-scaled estimators (1 = unbiased)", interval="[0, 1]", example=1
+    )
+
+
+@dataclass(frozen=True)
+class RatioSettings:
+    level: str = knob("token", "token | sequence (GSPO) | sequence_token (GSPO-token)", key="ratio_level",
+                      choices=_ratio_levels)  # fmt: skip
+    eps_low: float = knob(0.2, "lower clip range: ratio >= 1 - eps_low", interval="[0, 1)", example=0.2)
+    eps_high: float = knob(0.2, "upper clip range: ratio <= 1 + eps_high (DAPO clip-higher)", interval="[0, inf)",
+                           example=0.28)  # fmt: skip
+    dual_clip: float | None = knob(None, "dual-clip constant c > 1 for negative advantages (None = off)",
+                                   interval="(1, inf)", example=3.0)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class KLSettings:
+    beta: float = knob(0.0, "KL-in-loss coefficient (0 and no KL in the reward = no reference model)",
+                       interval="[0, inf)", example=0.04, meaning="0 = no KL in the loss")  # fmt: skip
+    kind: str = knob("k3", "k1 | k2 | k3: estimator of the KL loss and of the logged kl metric", key="kl_kind",
+                     choices=_kl_kinds)  # fmt: skip
+    reward_coef: float = knob(0.0, "KL in the reward: -kl_reward_coef * k1 on every token (PPO, REINFORCE++)",
+                              key="kl_reward_coef", interval="[0, inf)", example=0.01,
+                              meaning="0 = no KL in the reward")  # fmt: skip
+
+
+@dataclass(frozen=True)
+class LossSettings:
+    name: str = knob(
+        "clipped",
+        "policy loss (grpokit.algos.LOSSES) or your own as package.module:function",
+        key="loss",
+        choices=_loss_names,
+        user_defined=True,
+    )
+    agg: str = knob(
+        "seq-mean-token-mean", "seq-mean-token-mean | token-mean | seq-sum-norm", choices=_agg_modes
+    )
+    norm_len: int | str | None = knob(
+        None,
+        "constant L of seq-sum-norm; max_completion_length = rollout.max_new_tokens",
+        interval="[1, inf)",
+        example=1024,
+    )
+
+
+@dataclass(frozen=True)
+class BatchSettings:
+    dynamic_sampling: bool = knob(False, "DAPO: drop groups of equal rewards and sample more prompts")
+    max_sampling_rounds: int = knob(4, "extra sampling rounds dynamic sampling may take before an error",
+                                    interval="[0, inf)", example=4)  # fmt: skip
+    overlong_shaping: bool = knob(False, "DAPO: soft length penalty in the last overlong_buffer tokens")
+    overlong_buffer: int | float | None = knob(
+        None,
+        "L_cache of overlong shaping: tokens, or a fraction in (0, 1) of max_new_tokens (None = 0.25)",
+        interval="(0, inf)",
+        example=64,
+    )
+    mask_truncated: bool = knob(False, "DAPO overlong filtering: no loss on completions cut off without EOS")
+
+
+PARTS = {"advantage": AdvantageSettings, "ratio": RatioSettings, "kl": KLSettings, "loss": LossSettings,
+         "batch": BatchSettings}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Knob:
+    """One leaf of AlgoSettings under its flat name."""
+
+    key: str
+    part: str
+    name: str
+    doc: str
+    default: Any
+    choices: Callable[[], tuple[str, ...]] | None
+    interval: str | None
+    example: Any
+    meaning: str
+    user_defined: bool
+
+
+def _knobs() -> dict[str, Knob]:
+    out = {}
+    for part, cls in PARTS.items():
+        for f in dataclasses.fields(cls):
+            m = f.metadata
+            key = m["key"] or f.name
+            assert key not in out, f"two settings share the flat name {key!r}"
+            out[key] = Knob(key, part, f.name, m["doc"], f.default, m["choices"], m["interval"], m["example"],
+                            m["meaning"], m["user_defined"])  # fmt: skip
+    return out
+
+
+KNOBS: dict[str, Knob] = _knobs()
+"""Every setting by its flat name (YAML / command line), in declaration order."""
+
+
+@dataclass(frozen=True)
+class AlgoSettings:
+    """The whole algorithm. Build one from a preset with `PRESETS[name].override(eps_high=0.28, ...)`."""
+
+    advantage: AdvantageSettings = AdvantageSettings()
+    ratio: RatioSettings = RatioSettings()
+    kl: KLSettings = KLSettings()
+    loss: LossSettings = LossSettings()
+    batch: BatchSettings = BatchSettings()
+
+    def __post_init__(self) -> None:
+        for key, value in self.flat().items():
+            check_knob(key, value)
+
+    @staticmethod
+    def of(**flat: Any) -> AlgoSettings:
+        """AlgoSettings from flat names, the rest at their defaults: `AlgoSettings.of(advantage="group_centre")`."""
+        return AlgoSettings().override(**flat)
+
+    def override(self, **flat: Any) -> AlgoSettings:
+        """A copy with the settings named by their flat names replaced (None leaves one as it is)."""
+        unknown = sorted(set(flat) - set(KNOBS))
+        if unknown:
+            raise ValueError(f"unknown algorithm setting(s) {unknown}; known: {', '.join(KNOBS)}")
+        changes: dict[str, dict[str, Any]] = {}
+        for key, value in flat.items():
+            if value is not None:
+                k = KNOBS[key]
+                changes.setdefault(k.part, {})[k.name] = value
+        parts = {part: dataclasses.replace(getattr(self, part), **kw) for part, kw in changes.items()}
+        return dataclasses.replace(self, **parts)
+
+    def get(self, key: str) -> Any:
+        """One setting by its flat name."""
+        k = KNOBS[key]
+        return getattr(getattr(self, k.part), k.name)
+
+    def flat(self) -> dict[str, Any]:
+        """{flat name: value} of every setting (what config.yaml records as resolved_algo)."""
+        return {key: getattr(getattr(self, k.part), k.name) for key, k in KNOBS.items()}
+
+    @property
+    def uses_reference(self) -> bool:
+        """A KL in the loss or in the reward needs the frozen reference's log-probs."""
+        return self.kl.beta > 0 or self.kl.reward_coef > 0
+
+    def loss_kwargs(self) -> dict[str, Any]:
+        """The keyword arguments of `policy_loss` these settings choose (norm_len must be resolved)."""
+        return {
+            "eps_low": self.ratio.eps_low,
+            "eps_high": self.ratio.eps_high,
+            "ratio_level": self.ratio.level,
+            "dual_clip": self.ratio.dual_clip,
+            "agg": self.loss.agg,
+            "norm_len": self.loss.norm_len,
+            "beta": self.kl.beta,
+            "kl_kind": self.kl.kind,
+        }
+
+
+def check_knob(key: str, value: Any) -> None:
+    """Raise ValueError if `value` is not allowed for setting `key` (choices or interval)."""
+    k = KNOBS[key]
+    if k.choices is not None:
+        valid = k.choices()
+        if value not in valid and not (k.user_defined and isinstance(value, str) and ":" in value):
+            raise ValueError(f"{key}={value!r} is not one of {list(valid)}")
+    if k.interval is not None and isinstance(value, (int, float)) and not isinstance(value, bool):
+        if not in_interval(value, k.interval):
+            raise ValueError(f"{key}={value!r} is out of range: it must be in {k.interval}")
+
+
+def in_interval(value: float, interval: str) -> bool:
+    """`in_interval(0, "[1, inf)")` -> False. NaN is in no interval."""
+    lo_text, hi_text = interval[1:-1].split(",")
+    lo, hi = float(lo_text), float(hi_text)
+    above = value >= lo if interval[0] == "[" else value > lo
+    below = value <= hi if interval[-1] == "]" else value < hi
+    return above and below
