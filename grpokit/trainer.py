@@ -53,7 +53,7 @@ from grpokit.loading import (
 )
 from grpokit.modeling import completion_logprobs
 from grpokit.precision import make_grad_scaler, make_optimizer, resolve_precision
-from grpokit.rewards import RewardRunner, resolve_reward
+from grpokit.rewards import RewardRunner, resolve_reward, resolve_reward_specs
 from grpokit.runlog import RunLogger, clear_run, reward_metric_names
 from grpokit.templates import encode_prompts
 from grpokit.validate import check_output_dir, check_positions, config_changes
@@ -321,9 +321,7 @@ class GRPOTrainer:
 
         # rewards, resolved before the model loads: a bad reward fails in a second
         if reward_functions is None:
-            reward_functions = [
-                (spec.name, resolve_reward(spec.name, **spec.kwargs), spec.weight) for spec in cfg.rewards
-            ]
+            reward_functions = resolve_reward_specs(cfg.rewards)  # problems name their rewards[i] entry
         if self.algo.batch.overlong_shaping:
             shaping = resolve_reward(
                 "overlong_penalty",
