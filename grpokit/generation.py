@@ -368,12 +368,3 @@ class HFGenerator:
             truncated=truncated,
         )
 
-
-GENERATORS: dict[str, type] = {"fast": FastGenerator, "hf": HFGenerator}
-
-
-def make_generator(name: str = "fast") -> Generator:
-    """``"fast"`` (own decode loop, the default) or ``"hf"`` (``model.generate``)."""
-    if name not in GENERATORS:
-        raise ValueError(f"unknown generator {name!r}; choose one of {sorted(GENERATORS)}")
-    return GENERATORS[name]()

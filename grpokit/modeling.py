@@ -5,7 +5,8 @@ ALGORITHMS.md sec. 9). :func:`completion_logprobs` never builds them: it runs th
 hidden states, keeps only the completion positions whose mask is 1, and projects them through the LM
 head a chunk of ``chunk_size`` tokens at a time. Each chunk's fp32 logits live only inside a
 ``torch.utils.checkpoint`` region, so the backward pass recomputes one chunk at a time instead of
-holding every chunk's logits.
+holding every chunk's logits. The log-softmax and entropy of a chunk are grpokit.algos.entropy's (the
+one implementation of both).
 
 Shapes: N rows, Lp prompt positions (left-padded), Lc completion positions (right-padded), H hidden
 size, V vocabulary, T the sampling temperature.
@@ -13,11 +14,11 @@ size, V vocabulary, T the sampling temperature.
 
 from __future__ import annotations
 
-import contextlib
-
 import torch
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
+
+from grpokit.algos.entropy import entropy_from_logits, selective_log_softmax
 
 
 def base_model(model: torch.nn.Module) -> torch.nn.Module:
@@ -52,14 +53,11 @@ def _chunk_logprobs(
     if softcap is not None:
         logits = torch.tanh(logits / softcap) * softcap
     logits = logits / temperature  # (C, V)
-    lse = logits.logsumexp(-1)  # (C,)
-    logprobs = logits.gather(-1, targets[:, None]).squeeze(-1) - lse  # (C,)
+    rows = max(1, logits.shape[0])  # this chunk is already small: the helpers take it in one piece
+    logprobs = selective_log_softmax(logits, targets, chunk_size=rows)  # (C,)
     if not with_entropy:
         return logprobs, logprobs.new_zeros(())
-    with torch.no_grad():
-        probs = (logits - lse[:, None]).exp()  # (C, V)
-        entropy = lse - (probs * logits).sum(-1)  # (C,) H = lse - E_p[z]
-    return logprobs, entropy
+    return logprobs, entropy_from_logits(logits.detach(), chunk_size=rows)  # (C,) no gradient
 
 
 def completion_logprobs(
@@ -153,42 +151,3 @@ def completion_logprobs(
             entropy[keep] = torch.cat(ent_chunks).detach()
         entropy = entropy.view(N, Lc)  # (N, Lc)
     return logprobs, entropy
-
-
-@torch.no_grad()
-def reference_logprobs(
-    model: torch.nn.Module,
-    prompt_ids: Tensor,
-    prompt_mask: Tensor,
-    completion_ids: Tensor,
-    completion_mask: Tensor,
-    *,
-    ref_model: torch.nn.Module | None = None,
-    temperature: float = 1.0,
-    chunk_size: int = 1024,
-) -> Tensor:
-    """(N, Lc) log-probs under the frozen reference, without gradient.
-
-    With ``ref_model`` given, that model is used. Otherwise ``model`` must be a PEFT model and the
-    reference is its base with the adapter switched off (``model.disable_adapter()``): no second copy
-    of the weights (ALGORITHMS.md sec. 9).
-    """
-    if ref_model is not None:
-        ctx, scorer = contextlib.nullcontext(), ref_model
-    elif hasattr(model, "disable_adapter"):
-        ctx, scorer = model.disable_adapter(), model
-    else:
-        raise ValueError(
-            "reference_logprobs needs a ref_model, or a PEFT model whose adapter can be disabled"
-        )
-    with ctx:
-        logprobs, _ = completion_logprobs(
-            scorer,
-            prompt_ids,
-            prompt_mask,
-            completion_ids,
-            completion_mask,
-            temperature=temperature,
-            chunk_size=chunk_size,
-        )
-    return logprobs

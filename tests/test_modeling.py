@@ -1,10 +1,10 @@
-"""completion_logprobs / reference_logprobs against the plain full-logits computation."""
+"""completion_logprobs against the plain full-logits computation."""
 
 import pytest
 import torch
 from tiny_model import make_tiny_model
 
-from grpokit.modeling import completion_logprobs, reference_logprobs
+from grpokit.modeling import completion_logprobs
 
 PAD = 0
 
@@ -183,7 +183,8 @@ def test_lora_reference_is_the_base_model():
         for name, p in model.named_parameters():
             if "lora_B" in name:
                 p.normal_(0, 0.5)
-    ref = reference_logprobs(model, *batch)
+    with torch.no_grad(), model.disable_adapter():  # the trainer's reference under LoRA
+        ref, _ = completion_logprobs(model, *batch)
     with torch.no_grad():
         adapted, _ = completion_logprobs(model, *batch, chunk_size=2)
     torch.testing.assert_close(ref, base_lp, rtol=0, atol=1e-5)
@@ -201,17 +202,13 @@ def test_lora_reference_is_the_base_model():
         torch.testing.assert_close(got[name], want[name], rtol=1e-5, atol=1e-5, msg=name)
 
 
-def test_reference_with_separate_model_and_errors():
+def test_temperature_and_errors():
     model, _ = make_tiny_model("qwen2", seed=0)
-    ref, _ = make_tiny_model("qwen2", seed=1)
     batch = _batch(seed=7)
     with torch.no_grad():
-        want, _ = full_logprobs(ref, *batch, temperature=0.5)
-    torch.testing.assert_close(
-        reference_logprobs(model, *batch, ref_model=ref, temperature=0.5), want, rtol=0, atol=1e-5
-    )
-    with pytest.raises(ValueError, match="ref_model"):
-        reference_logprobs(model, *batch)
+        want, _ = full_logprobs(model, *batch, temperature=0.5)
+        got, _ = completion_logprobs(model, *batch, temperature=0.5)
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
     with pytest.raises(ValueError, match="temperature"):
         completion_logprobs(model, *batch, temperature=-1.0)
     with torch.no_grad():  # greedy rollouts (T = 0) are scored at T = 1, like the generators report them
