@@ -56,6 +56,7 @@ from grpokit.precision import make_grad_scaler, make_optimizer, resolve_precisio
 from grpokit.rewards import RewardRunner, resolve_reward, resolve_reward_specs
 from grpokit.runlog import RunLogger, clear_run, reward_metric_names
 from grpokit.templates import encode_prompts
+from grpokit.update_stats import UpdateStats
 from grpokit.validate import check_output_dir, check_positions, config_changes
 
 AUTO_MICRO_TOKENS = 4096
@@ -742,8 +743,7 @@ class GRPOTrainer:
         if not self._several_passes():
             old_logprobs = None  # one pass: the ratio's denominator is logprobs.detach(), ratio exactly 1
 
-        totals: dict[str, float] = {}  # sums over every mini-batch (see _mini_batch_gradients)
-        grad_norms, skipped = [], 0
+        stats = UpdateStats()  # what the update reports, kept out of the gradient loop
         lengths = r.prompt_mask.sum(-1) + r.completion_mask.sum(-1)  # (N,) real tokens per row
         mini = N // cfg.optim.mini_batches
         order_gen = torch.Generator().manual_seed(self._seed(0))
@@ -756,54 +756,33 @@ class GRPOTrainer:
             )
             for m in range(cfg.optim.mini_batches):
                 mb = order[m * mini : (m + 1) * mini]  # (M,)
-                part = self._with_micro_retry(
+                part, finite = self._with_micro_retry(
                     lambda rows, mb=mb, first=(epoch == 0 and m == 0): self._mini_batch_gradients(
                         r, mb, rows, advantages, loss_mask, lengths, old_logprobs, ref_logprobs, first
                     ),
                     lengths[mb],
                 )
-                for k, v in part.items():
-                    if k == "sample_diff_max":
-                        totals[k] = max(totals.get(k, 0.0), v)
-                    elif k != "finite":
-                        totals[k] = totals.get(k, 0.0) + v
-                grad_norm = self._clip_and_step(bool(part["finite"]))
-                if grad_norm is None:
-                    skipped += 1
-                else:
-                    grad_norms.append(grad_norm)
+                stats.merge(part)
+                stats.add_step(self._clip_and_step(finite))
 
-        weight_total = totals.pop("weight", 0.0)
-        sums = {k.removeprefix("stat/"): v for k, v in totals.items() if k.startswith("stat/")}
-        sample_diff_sum, sample_tokens = totals.get("sample_diff_sum", 0.0), totals.get("sample_tokens", 0.0)
-        sample_diff_max = totals.get("sample_diff_max", 0.0)
-        entropy_sum, entropy_tokens = totals.get("entropy_sum", 0.0), totals.get("entropy_tokens", 0.0)
-        n_updates = cfg.optim.epochs * cfg.optim.mini_batches
-        metrics = {k: v / max(weight_total, 1.0) for k, v in sums.items() if k != "loss"}
-        metrics["loss"] = sums.get("loss", 0.0) / n_updates
-        metrics["grad_norm"] = sum(grad_norms) / len(grad_norms) if grad_norms else float("nan")
-        metrics["skipped_updates"] = float(skipped)
+        metrics = stats.metrics(n_updates=cfg.optim.epochs * cfg.optim.mini_batches)
         metrics["lr"] = self.scheduler.get_last_lr()[0]
         if self.scaler is not None:
             metrics["loss_scale"] = float(self.scaler.get_scale())
-        metrics["entropy"] = entropy_sum / entropy_tokens if entropy_tokens else float("nan")
-        metrics["sampler_logprob_diff/mean"] = (
-            sample_diff_sum / sample_tokens if sample_tokens else float("nan")
-        )
-        metrics["sampler_logprob_diff/max"] = sample_diff_max
         metrics["micro_batch_size"] = float(self._micro_rows(lengths))
         return metrics, ref_seconds
 
     def _mini_batch_gradients(
         self, r, mb, rows, advantages, loss_mask, lengths, old_logprobs, ref_logprobs, first
-    ) -> dict[str, float]:
+    ) -> tuple[UpdateStats, bool]:
         """Accumulate the gradient of mini-batch ``mb`` (M,) over micro-batches of ``rows`` rows, sorted by
-        length. Returns its sums (``stat/<name>`` weighted by loss tokens, ``weight``, sampler-vs-trainer
-        log-prob differences and entropy on the first mini-batch) and ``finite`` (0 after a NaN/inf loss,
-        which stops the accumulation). Nothing outside changes but the parameters' .grad."""
+        length. Returns its UpdateStats (loss metrics; sampler-vs-trainer log-prob differences and entropy
+        on the first mini-batch) and whether every loss was finite (a NaN/inf loss stops the accumulation).
+        Nothing outside changes but the parameters' .grad."""
         cfg, algo = self.cfg, self.algo
+        loss_fn = get_loss(algo.loss.name)
         num_tokens = loss_mask[mb].sum().clamp(min=1).to(self.device)
-        out: dict[str, float] = {"finite": 1.0, "weight": 0.0}
+        stats = UpdateStats()
         for micro in length_sorted(mb, lengths).split(rows):
             tensors = self._micro_tensors(r, micro, loss_mask)
             with self.precision.autocast(self.device):
@@ -823,7 +802,7 @@ class GRPOTrainer:
             ref = ref_logprobs[micro][:, :width].to(self.device) if ref_logprobs is not None else None
             adv = advantages[micro.to(self.device)]  # (n,) or (n, Lc)
             adv = adv[:, :width] if adv.dim() == 2 else adv  # (n,) or (n, L)
-            loss, stats = get_loss(algo.loss.name)(
+            loss, loss_stats = loss_fn(
                 logprobs,
                 old,
                 adv,
@@ -834,26 +813,14 @@ class GRPOTrainer:
                 num_tokens=num_tokens,
             )
             if not torch.isfinite(loss):
-                out["finite"] = 0.0
-                break
+                return stats, False
             (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
-            w = float(mask.sum())
-            out["weight"] += w
-            for k, v in stats.items():
-                if k != "num_tokens":
-                    out[f"stat/{k}"] = out.get(f"stat/{k}", 0.0) + float(v) * w
-            out["stat/loss"] = out.get("stat/loss", 0.0) + float(loss.detach())
+            stats.add_loss(loss, loss_stats, float(mask.sum()))
             if first:
-                gen_mask = tensors["completion_mask"].bool()
-                diff = (logprobs.detach() - tensors["sample_logprobs"]).abs()[gen_mask]
-                if diff.numel():
-                    out["sample_diff_sum"] = out.get("sample_diff_sum", 0.0) + float(diff.sum())
-                    out["sample_diff_max"] = max(out.get("sample_diff_max", 0.0), float(diff.max()))
-                    out["sample_tokens"] = out.get("sample_tokens", 0.0) + diff.numel()
-                if entropy is not None:
-                    out["entropy_sum"] = out.get("entropy_sum", 0.0) + float(entropy[gen_mask].sum())
-                    out["entropy_tokens"] = out.get("entropy_tokens", 0.0) + float(gen_mask.sum())
-        return out
+                generated = tensors["completion_mask"].bool()  # (n, L)
+                stats.add_sampler_diff(logprobs, tensors["sample_logprobs"], generated)
+                stats.add_entropy(entropy, generated)
+        return stats, True
 
     def _micro_rows(self, lengths: torch.Tensor) -> int:
         """Rows per micro-batch for rows of ``lengths`` (real tokens each). A number in

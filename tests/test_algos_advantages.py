@@ -7,6 +7,7 @@ import torch
 
 from grpokit.algos import (
     PRESETS,
+    AdvantageInputs,
     batch_whitened_advantages,
     compute_advantages,
     group_advantages,
@@ -265,6 +266,23 @@ def test_reinforce_pp_baseline_hand_values_ragged_masks():
     a, b, c = 0.625 / sd, -0.375 / sd, 0.125 / sd
     want = torch.tensor([[a, 0, 0], [b, b, b], [c, c, 0], [0, c, c]], dtype=torch.float64)
     torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
+
+
+def test_advantage_inputs_token_rewards_hand_values():
+    # score 1 and 0 on the last generated token, -0.1 * k1 on every generated one, 0 on padding
+    inputs = AdvantageInputs(
+        rewards=torch.tensor([1.0, 0.0], dtype=torch.float64),
+        group_size=2,
+        completion_mask=torch.tensor([[1, 1], [1, 0]]),
+        kl=torch.tensor([[0.5, 1.0], [2.0, 7.0]], dtype=torch.float64),
+        kl_coef=0.1,
+    )
+    want = torch.tensor([[-0.05, 0.9], [-0.2, 0.0]], dtype=torch.float64)
+    torch.testing.assert_close(inputs.token_rewards(), want, rtol=0, atol=1e-12)
+    # per-completion estimators see the same KL summed: [1 - 0.15, 0 - 0.2]
+    torch.testing.assert_close(
+        inputs.sequence_rewards(), torch.tensor([0.85, -0.2], dtype=torch.float64), rtol=0, atol=1e-12
+    )
 
 
 # ---------------------------------------------------------------- dispatch and errors

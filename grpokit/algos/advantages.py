@@ -234,6 +234,21 @@ class AdvantageInputs:
         penalty = torch.where(self.completion_mask.to(torch.bool), self.kl, 0).sum(-1)  # (N,)
         return self.rewards - self.kl_coef * penalty.to(self.rewards.dtype)  # (N,)
 
+    def token_rewards(self, scores: Tensor | None = None) -> Tensor:
+        """(N, L) rewards per token: -kl_coef * kl_{i,t} on every generated token (when there is a KL in
+        the reward), plus `scores` (default: rewards) on the last one, as PPO and REINFORCE++ do."""
+        from .ppo import token_level_rewards
+
+        mask = self.mask()
+        scores = self.rewards if scores is None else scores
+        dtype = scores.dtype if scores.is_floating_point() else torch.float32
+        kl = (
+            torch.zeros(mask.shape, dtype=dtype, device=scores.device)
+            if self.kl is None
+            else self.kl.to(dtype)
+        )
+        return token_level_rewards(scores.to(dtype), kl, mask, beta=self.kl_coef)  # (N, L)
+
     def mask(self) -> Tensor:
         """The completion mask, required: a token-level estimator cannot run without it. (N, L)"""
         if self.completion_mask is None:

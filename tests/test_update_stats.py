@@ -1,0 +1,27 @@
+"""UpdateStats: the update's reported numbers, by hand."""
+
+import math
+
+import pytest
+import torch
+
+from grpokit.update_stats import UpdateStats
+
+
+def test_token_weighted_means_merge_and_steps():
+    a, b = UpdateStats(), UpdateStats()
+    # micro-batch 1: 3 loss tokens, clip_frac 0.5; micro-batch 2: 1 token, clip_frac 1.0 -> (1.5 + 1) / 4
+    a.add_loss(torch.tensor(0.2), {"clip_frac": torch.tensor(0.5), "num_tokens": torch.tensor(3.0)}, 3.0)
+    b.add_loss(torch.tensor(0.4), {"clip_frac": torch.tensor(1.0)}, 1.0)
+    mask = torch.tensor([[True, True, False]])
+    b.add_sampler_diff(torch.tensor([[-1.0, -2.0, 0.0]]), torch.tensor([[-1.5, -2.0, 9.0]]), mask)  # 0.5, 0
+    b.add_entropy(torch.tensor([[1.0, 3.0, 99.0]]), mask)  # mean 2
+    a.merge(b)
+    a.add_step(2.0)
+    a.add_step(None)
+    m = a.metrics(n_updates=2)
+    assert m["clip_frac"] == 2.5 / 4 and "num_tokens" not in m
+    assert m["loss"] == pytest.approx((0.2 + 0.4) / 2)  # losses summed, then averaged over steps
+    assert (m["grad_norm"], m["skipped_updates"]) == (2.0, 1.0)
+    assert (m["sampler_logprob_diff/mean"], m["sampler_logprob_diff/max"], m["entropy"]) == (0.25, 0.5, 2.0)
+    assert math.isnan(UpdateStats().metrics(1)["entropy"])
