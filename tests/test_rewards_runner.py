@@ -49,7 +49,7 @@ def test_runner_weighted_total_and_metrics():
 
 def spy(prompts, completions, **kw):
     """Encodes what it was given: 1000 * (it got exactly these columns) + len(answer) + len(ids)."""
-    ok = sorted(kw) == ["answer", "completion_ids"]
+    ok = sorted(kw) == ["answer", "completion_ids", "log_extra", "log_metric"]
     values = [1000.0 * ok + int(a) + len(ids) for a, ids in zip(kw["answer"], kw["completion_ids"])]
     completions.clear()  # mutating its inputs must not affect other functions
     kw["answer"].clear()
@@ -74,9 +74,6 @@ BAD = [
     ("raises", lambda prompts, completions, **kw: 1 / 0, "ZeroDivisionError"),
     ("wrong length", lambda prompts, completions, **kw: [1.0], "1 values for 2"),
     ("not a list", lambda prompts, completions, **kw: 1.0, "float"),
-    ("a string value", lambda prompts, completions, **kw: [1.0, "1"], "not a number"),
-    ("NaN", lambda prompts, completions, **kw: [1.0, math.nan], "nan"),
-    ("inf", lambda prompts, completions, **kw: [math.inf, 1.0], "inf"),
     ("hangs", lambda prompts, completions, **kw: time.sleep(30), "timed out"),
     ("SystemExit", lambda prompts, completions, **kw: exit(0), "SystemExit"),
 ]
@@ -92,10 +89,71 @@ def test_runner_reports_bad_functions(name, fn, message, isolation, caplog):
     assert time.monotonic() - start < 2.0
     assert res.total == [1.0, 1.0]  # the failed function contributes 0
     assert res.failed == {"good": False, "bad": True}
-    assert message in res.errors["bad"]
+    assert message in res.errors["bad"] and sorted(res.row_errors["bad"]) == [0, 1]
     assert res.per_function["bad"] == [None, None]
-    assert res.metrics()["reward/bad/failed"] == 1.0 and "reward/bad/mean" not in res.metrics()
+    m = res.metrics()
+    assert m["reward/bad/failed"] == 1.0 and m["reward/bad/failed_rows"] == 2.0 and "reward/bad/mean" not in m
     assert "'bad'" in caplog.text and message in caplog.text
+    stop = res.failure(1.0, ["p", "q"], ["x", "y"])  # every row failed: stops even when any share is allowed
+    assert "'bad' failed on every one of the 2 completions; first failing row 0" in stop and message in stop
+    assert "'good'" not in stop
+
+
+BAD_VALUES = [
+    ("a string value", [1.0, "1"], "not a number"),
+    ("NaN", [1.0, math.nan], "returned nan"),
+    ("inf", [1.0, math.inf], "returned inf"),
+]
+
+
+@pytest.mark.parametrize("isolation", ["process", "thread"])
+@pytest.mark.parametrize("name,returned,message", BAD_VALUES, ids=[b[0] for b in BAD_VALUES])
+def test_a_bad_value_fails_its_row_only(name, returned, message, isolation):
+    runner = RewardRunner([("bad", lambda prompts, completions, **kw: returned, 1.0)], isolation=isolation)
+    res = runner(["p", "q"], ["x", "y"], {})
+    assert res.per_function["bad"] == [1.0, None] and res.total == [1.0, 0.0]
+    assert res.failed == {"bad": False} and list(res.row_errors["bad"]) == [1]
+    assert message in res.row_errors["bad"][1] and res.metrics()["reward/bad/failed_rows"] == 1.0
+    assert res.failure(0.5, ["p", "q"], ["x", "y"]) is None  # 1 of 2 is within 0.5
+    stop = res.failure(0.0, ["p", "q"], ["x", "y"])  # strict: any failure stops
+    assert "'bad' failed on 1 of 2" in stop and "first failing row 1" in stop and "'y'" in stop
+
+
+@pytest.mark.parametrize("isolation", ["process", "thread"])
+def test_a_call_that_raises_is_retried_row_by_row(isolation):
+    def picky(prompts, completions, **kw):
+        return [1.0 / len(c) for c in completions]  # "" raises ZeroDivisionError
+
+    runner = RewardRunner([("picky", picky, 1.0)], isolation=isolation)
+    res = runner(None, ["ab", "", "a"], {})
+    assert res.per_function["picky"] == [0.5, None, 1.0]
+    assert list(res.row_errors["picky"]) == [1] and "ZeroDivisionError" in res.errors["picky"]
+
+
+def test_async_functions_log_metric_log_extra_and_trainer_state():
+    import asyncio
+
+    from grpokit.rewards.runner import TrainerState
+
+    async def slow(prompts, completions, **kw):
+        await asyncio.sleep(0.3)
+        return [1.0] * len(completions)
+
+    def logs(prompts, completions, trainer_state, log_metric=None, log_extra=None, **kw):
+        log_metric("half", 0.5)
+        log_extra("double", [c * 2 for c in completions])
+        return [float(trainer_state.global_step)] * len(completions)
+
+    functions = [(f"slow{i}", slow, 1.0) for i in range(6)] + [("logs", logs, 1.0)]
+    with RewardRunner(functions, workers=1) as runner:
+        runner(None, ["a"], {"trainer_state": TrainerState(global_step=1)})  # forks the workers
+        start = time.monotonic()
+        res = runner(None, ["a", "b"], {"trainer_state": TrainerState(global_step=3)})
+        took = time.monotonic() - start
+    assert res.per_function["slow5"] == [1.0, 1.0] and res.per_function["logs"] == [3.0, 3.0]
+    assert took < 1.0  # six 0.3 s async functions awaited at the same time, not one after another
+    assert res.logged == {"half": 0.5} and res.metrics()["half"] == 0.5
+    assert res.extra == {"double": ["aa", "bb"]}
 
 
 def _alive(pid: int) -> bool:
