@@ -84,24 +84,47 @@ class AdvantageSettings:
 
 @dataclass(frozen=True)
 class RatioSettings:
-    level: str = knob("token", "token | sequence (GSPO) | sequence_token (GSPO-token)", key="ratio_level",
-                      choices=_ratio_levels)  # fmt: skip
+    level: str = knob(
+        "token",
+        "token | sequence (GSPO) | sequence_token (GSPO-token)",
+        key="ratio_level",
+        choices=_ratio_levels,
+    )
     eps_low: float = knob(0.2, "lower clip range: ratio >= 1 - eps_low", interval="[0, 1)", example=0.2)
-    eps_high: float = knob(0.2, "upper clip range: ratio <= 1 + eps_high (DAPO clip-higher)", interval="[0, inf)",
-                           example=0.28)  # fmt: skip
-    dual_clip: float | None = knob(None, "dual-clip constant c > 1 for negative advantages (None = off)",
-                                   interval="(1, inf)", example=3.0)  # fmt: skip
+    eps_high: float = knob(
+        0.2, "upper clip range: ratio <= 1 + eps_high (DAPO clip-higher)", interval="[0, inf)", example=0.28
+    )
+    dual_clip: float | None = knob(
+        None,
+        "dual-clip constant c > 1 for negative advantages (None = off)",
+        interval="(1, inf)",
+        example=3.0,
+    )
 
 
 @dataclass(frozen=True)
 class KLSettings:
-    beta: float = knob(0.0, "KL-in-loss coefficient (0 and no KL in the reward = no reference model)",
-                       interval="[0, inf)", example=0.04, meaning="0 = no KL in the loss")  # fmt: skip
-    kind: str = knob("k3", "k1 | k2 | k3: estimator of the KL loss and of the logged kl metric", key="kl_kind",
-                     choices=_kl_kinds)  # fmt: skip
-    reward_coef: float = knob(0.0, "KL in the reward: -kl_reward_coef * k1 on every token (PPO, REINFORCE++)",
-                              key="kl_reward_coef", interval="[0, inf)", example=0.01,
-                              meaning="0 = no KL in the reward")  # fmt: skip
+    beta: float = knob(
+        0.0,
+        "KL-in-loss coefficient (0 and no KL in the reward = no reference model)",
+        interval="[0, inf)",
+        example=0.04,
+        meaning="0 = no KL in the loss",
+    )
+    kind: str = knob(
+        "k3",
+        "k1 | k2 | k3: estimator of the KL loss and of the logged kl metric",
+        key="kl_kind",
+        choices=_kl_kinds,
+    )
+    reward_coef: float = knob(
+        0.0,
+        "KL in the reward: -kl_reward_coef * k1 on every token (PPO, REINFORCE++)",
+        key="kl_reward_coef",
+        interval="[0, inf)",
+        example=0.01,
+        meaning="0 = no KL in the reward",
+    )
 
 
 @dataclass(frozen=True)
@@ -127,8 +150,9 @@ class LossSettings:
 @dataclass(frozen=True)
 class BatchSettings:
     dynamic_sampling: bool = knob(False, "DAPO: drop groups of equal rewards and sample more prompts")
-    max_sampling_rounds: int = knob(4, "extra sampling rounds dynamic sampling may take before an error",
-                                    interval="[0, inf)", example=4)  # fmt: skip
+    max_sampling_rounds: int = knob(
+        4, "extra sampling rounds dynamic sampling may take before an error", interval="[0, inf)", example=4
+    )
     overlong_shaping: bool = knob(False, "DAPO: soft length penalty in the last overlong_buffer tokens")
     overlong_buffer: int | float | None = knob(
         None,
@@ -139,8 +163,13 @@ class BatchSettings:
     mask_truncated: bool = knob(False, "DAPO overlong filtering: no loss on completions cut off without EOS")
 
 
-PARTS = {"advantage": AdvantageSettings, "ratio": RatioSettings, "kl": KLSettings, "loss": LossSettings,
-         "batch": BatchSettings}  # fmt: skip
+PARTS = {
+    "advantage": AdvantageSettings,
+    "ratio": RatioSettings,
+    "kl": KLSettings,
+    "loss": LossSettings,
+    "batch": BatchSettings,
+}
 
 
 @dataclass(frozen=True)
@@ -166,8 +195,18 @@ def _knobs() -> dict[str, Knob]:
             m = f.metadata
             key = m["key"] or f.name
             assert key not in out, f"two settings share the flat name {key!r}"
-            out[key] = Knob(key, part, f.name, m["doc"], f.default, m["choices"], m["interval"], m["example"],
-                            m["meaning"], m["user_defined"])  # fmt: skip
+            out[key] = Knob(
+                key,
+                part,
+                f.name,
+                m["doc"],
+                f.default,
+                m["choices"],
+                m["interval"],
+                m["example"],
+                m["meaning"],
+                m["user_defined"],
+            )
     return out
 
 
