@@ -395,6 +395,7 @@ class GRPOTrainer:
         self.had_spread, self.best_reward = False, float("-inf")  # for telling "solved" from "stuck"
         self.stopped_early: str | None = None  # why the run ended before train.steps (not an error)
         self.auto_micro_rows: int | None = None  # micro_batch_size=auto on CUDA: cap after an OOM
+        self.last_micro_rows = 0  # rows per micro-batch of the last forward/backward pass (a metric)
         self.log: RunLogger | None = None
         self._saved: tuple[int, Path] | None = None  # (step, path) of the last checkpoint written
         if self.resume_from is not None:
@@ -769,7 +770,7 @@ class GRPOTrainer:
         metrics["lr"] = self.scheduler.get_last_lr()[0]
         if self.scaler is not None:
             metrics["loss_scale"] = float(self.scaler.get_scale())
-        metrics["micro_batch_size"] = float(self._micro_rows(lengths))
+        metrics["micro_batch_size"] = float(self.last_micro_rows)  # rows per micro-batch in the update
         return metrics, ref_seconds
 
     def _mini_batch_gradients(
@@ -843,7 +844,9 @@ class GRPOTrainer:
         while True:
             rows = self._micro_rows(lengths)
             try:
-                return fn(rows)
+                result = fn(rows)
+                self.last_micro_rows = rows
+                return result
             except torch.cuda.OutOfMemoryError as e:
                 self.optimizer.zero_grad(set_to_none=True)
                 if self.cfg.optim.micro_batch_size != "auto" or rows == 1:
