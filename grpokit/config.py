@@ -362,12 +362,10 @@ RANGES: dict[str, tuple[str, Any, str]] = {
 
 
 def _in_interval(value: float, interval: str) -> bool:
-    """``_in_interval(0, "[1, inf)")`` -> False. NaN is in no interval."""
-    lo_text, hi_text = interval[1:-1].split(",")
-    lo, hi = float(lo_text), float(hi_text)
-    above = value >= lo if interval[0] == "[" else value > lo
-    below = value <= hi if interval[-1] == "]" else value < hi
-    return above and below
+    """``_in_interval(0, "[1, inf)")`` -> False. NaN is in no interval (the algo settings' own rule)."""
+    from grpokit.algos.settings import in_interval
+
+    return in_interval(value, interval)
 
 
 def _describe_interval(interval: str) -> str:
