@@ -232,6 +232,12 @@ class TrainConfig:
     """Reward whose value 1 means correct (default: the first reward)."""
     reward_timeout_s: float = 120.0
     """A reward function taking longer is reported and counted as failed."""
+    max_reward_failure_frac: float = 0.0
+    """Share of a step's completions on which one reward function may fail (raise, return a value that
+    is not a number or None, NaN or inf, time out as a whole, kill its worker) and still only score 0
+    there; more stops the run with the reason and the first failing row. 0 = strict: any failure stops
+    the run. A function that fails on every completion of a step always stops it. Failures are counted
+    in reward/<name>/failed_rows; per-completion timeouts (math_accuracy) score 0 and are not failures."""
     stop_after_flat_steps: int = 5
     """Stop (with the likely cause) after this many consecutive steps in which no group has any reward
     spread: every advantage is 0 and nothing is learnt. A warning comes at the first such step. 0 = never."""
@@ -356,6 +362,7 @@ RANGES: dict[str, tuple[str, Any, str]] = {
     "train.keep_checkpoints":      ("[0, inf)", 2, "0 = keep all"),
     "train.samples_every":         ("[0, inf)", 10, "0 = never"),
     "train.reward_timeout_s":      ("(0, inf)", 120, ""),
+    "train.max_reward_failure_frac": ("[0, 1]", 0.05, "0 = any failure stops the run"),
     "train.stop_after_flat_steps": ("[0, inf)", 5, "0 = never stop"),
     "rewards[].weight":            ("(-inf, inf)", 1.0, ""),
 }  # fmt: skip

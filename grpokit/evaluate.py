@@ -25,6 +25,8 @@ import torch
 from grpokit.config import DataConfig
 from grpokit.data import reward_columns
 from grpokit.rewards import RewardRunner
+from grpokit.rewards._text import as_completions
+from grpokit.rewards.runner import TrainerState
 from grpokit.templates import encode_prompts
 
 
@@ -116,7 +118,15 @@ def evaluate(
             expanded = [rows[i] for i in chunk for _ in range(group_size)]
             columns = reward_columns(expanded, data_cfg.prompt_column)
             texts = out.decode(tokenizer)
-            result = runner([r[data_cfg.prompt_column] for r in expanded], texts, columns)
+            columns["completion_ids"] = out.completion_token_ids()
+            columns["trainer_state"] = TrainerState()
+            prompts_here = [r[data_cfg.prompt_column] for r in expanded]
+            completions = as_completions(prompts_here, texts)  # messages for chat prompts, as in training
+            result = runner(prompts_here, completions, columns)
+            # a failed row scores 0; a function failing on every row stops the evaluation
+            problem = result.failure(1.0, prompts_here, completions)
+            if problem:
+                raise ValueError(f"evaluation: {problem}")
             if examples is not None and not examples:
                 score = result.per_function["accuracy"][0]
                 examples.append(

@@ -54,6 +54,8 @@ from grpokit.loading import (
 from grpokit.modeling import completion_logprobs
 from grpokit.precision import make_grad_scaler, make_optimizer, resolve_precision
 from grpokit.rewards import RewardRunner, resolve_reward, resolve_reward_specs
+from grpokit.rewards._text import as_completions
+from grpokit.rewards.runner import TrainerState
 from grpokit.runlog import RunLogger, clear_run, reward_metric_names
 from grpokit.templates import encode_prompts
 from grpokit.update_stats import UpdateStats
@@ -669,8 +671,22 @@ class GRPOTrainer:
         texts = rollout.decode(self.tokenizer)
         columns = reward_columns(per_completion_rows, self.cfg.data.prompt_column)
         columns["completion_ids"] = rollout.completion_token_ids()
+        P = self.cfg.rollout.prompts_per_step
+        columns["trainer_state"] = TrainerState(
+            global_step=self.step,
+            max_steps=self.cfg.train.steps,
+            epoch=self.step * P / max(len(self.train_rows), 1),
+        )
         prompts = [row[self.cfg.data.prompt_column] for row in per_completion_rows]
-        result = self.rewards(prompts, texts, columns)
+        completions = as_completions(prompts, texts)  # TRL's shapes: messages for chat prompts, else text
+        result = self.rewards(prompts, completions, columns)
+        problem = result.failure(self.cfg.train.max_reward_failure_frac, prompts, completions)
+        if problem:
+            raise TrainingError(
+                f"step {self.step + 1}: {problem}\nFix the reward function (or the data it reads). "
+                f"train.max_reward_failure_frac={self.cfg.train.max_reward_failure_frac:g} is the share of "
+                "a step's completions a function may fail on and still count 0 there."
+            )
         return ScoredBatch(
             rollout=rollout,
             rows=per_completion_rows,

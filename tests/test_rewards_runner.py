@@ -152,7 +152,7 @@ def test_async_functions_log_metric_log_extra_and_trainer_state():
         took = time.monotonic() - start
     assert res.per_function["slow5"] == [1.0, 1.0] and res.per_function["logs"] == [3.0, 3.0]
     assert took < 1.0  # six 0.3 s async functions awaited at the same time, not one after another
-    assert res.logged == {"half": 0.5} and res.metrics()["half"] == 0.5
+    assert res.logged == {"reward/logs/half": 0.5} and res.metrics()["reward/logs/half"] == 0.5
     assert res.extra == {"double": ["aa", "bb"]}
 
 

@@ -8,7 +8,7 @@ from tiny_model import make_tiny_model
 from transformers import AutoModelForCausalLM
 
 from grpokit.config import load_config
-from grpokit.trainer import GRPOTrainer
+from grpokit.trainer import GRPOTrainer, TrainingError
 
 ROWS = [{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a in range(6) for b in range(6)]
 
@@ -244,25 +244,36 @@ def test_unknown_key_and_group_size_one_exit_cleanly(tmp_path, capsys):
     assert "at least 2 completions" in capsys.readouterr().err
 
 
-def test_broken_reward_functions_never_stop_the_run(tmp_path):
+def test_broken_reward_functions_stop_the_run_with_the_reason(tmp_path):
+    """A function failing on every row stops the run (TrainingError naming it, its error and the
+    first failing row), whatever train.max_reward_failure_frac allows; it is never counted as 0."""
+
     def raises(prompts, completions, **kw):
         raise RuntimeError("verifier crashed")
 
     def wrong_length(prompts, completions, **kw):
         return [1.0]
 
-    model, tok = make_tiny_model("qwen2", seed=0)
-    cfg = make_cfg(tmp_path, "train.steps=2", "eval.enabled=false")
-    funcs = [("has_seven", has_seven, 1.0), ("raises", raises, 1.0), ("wrong_length", wrong_length, 1.0)]
-    trainer = GRPOTrainer(cfg, model=model, tokenizer=tok, train_rows=ROWS, reward_functions=funcs)
-    trainer.train()
-    lines = read_jsonl(tmp_path / "run" / "metrics.jsonl")
-    assert len(lines) == 2
-    for line in lines:
-        assert line["reward/raises/failed"] == 1.0 and line["reward/wrong_length/failed"] == 1.0
-        assert line["reward/has_seven/failed"] == 0.0
-        # failed functions contribute 0: the total is the working function's reward
-        assert line["reward/total/mean"] == pytest.approx(line["reward/has_seven/mean"])
+    for broken, reason in (
+        (raises, "raised RuntimeError: verifier crashed"),
+        (wrong_length, "returned 1 values"),
+    ):
+        model, tok = make_tiny_model("qwen2", seed=0)
+        cfg = make_cfg(
+            tmp_path / broken.__name__,
+            "train.steps=2",
+            "eval.enabled=false",
+            "train.max_reward_failure_frac=1",
+        )
+        funcs = [("has_seven", has_seven, 1.0), (broken.__name__, broken, 1.0)]
+        trainer = GRPOTrainer(cfg, model=model, tokenizer=tok, train_rows=ROWS, reward_functions=funcs)
+        with pytest.raises(TrainingError) as e:
+            trainer.train()
+        assert (
+            f"step 1: reward function {broken.__name__!r} failed on every one of the 16 completions"
+            in str(e.value)
+        )
+        assert f"first failing row 0: {reason}" in str(e.value) and "has_seven" not in str(e.value)
 
 
 def test_eval_command_scores_a_model_directory(tmp_path, capsys):

@@ -25,6 +25,26 @@ def tag_blocks(text: str, tag: str) -> list[str] | None:
         i = end + len(close)
 
 
+def is_conversational(prompt: Any) -> bool:
+    """A prompt given as chat messages, decided as TRL's data_utils.is_conversational does (a list
+    whose first item is a dict with a "role"): its completions then reach reward functions as messages."""
+    return (
+        isinstance(prompt, (list, tuple))
+        and len(prompt) > 0
+        and isinstance(prompt[0], dict)
+        and "role" in prompt[0]
+    )
+
+
+def as_completions(prompts: list, texts: list[str]) -> list:
+    """The completions as TRL's GRPOTrainer passes them to reward functions: for a conversational
+    prompt one assistant message, [{"role": "assistant", "content": text}], otherwise the text."""
+    return [
+        [{"role": "assistant", "content": text}] if is_conversational(prompt) else text
+        for prompt, text in zip(prompts, texts, strict=True)
+    ]
+
+
 def to_text(item: Any) -> str:
     """The text of a completion or prompt: a string, a message dict, or a list of messages.
 

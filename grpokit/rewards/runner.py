@@ -32,7 +32,8 @@ function is called as fn(prompts=..., completions=..., **columns, log_metric=...
 `columns` are what the caller gives (the trainer: every dataset column but the prompt,
 `completion_ids` and `trainer_state`); a column that is a list with one item per completion is
 sliced along with the completions. `log_metric(name, value)` records a scalar (averaged over the
-calls of the batch, in `RewardResult.logged`, logged under `name` as TRL does) and
+calls of the batch, in `RewardResult.logged`; logged as reward/<function>/<name>, where TRL logs
+`name` alone, so that it never overwrites grpokit's own metrics) and
 `log_extra(column, values)` extra per-completion columns (`RewardResult.extra`); both are collected
 in the worker and sent back with the values. A function may be `async def` (or return an
 awaitable): it is awaited in its worker; async functions do not count against `workers` (they wait
@@ -103,13 +104,13 @@ class RewardResult:
     row_errors: dict[str, dict[int, str]] = field(default_factory=dict)
     """Per function, the completions (by index) it failed on and why."""
     logged: dict[str, float] = field(default_factory=dict)
-    """log_metric(name, value) calls, averaged per name over the batch's calls."""
+    """log_metric(name, value) calls as reward/<function>/<name>, averaged over the batch's calls."""
     extra: dict[str, list] = field(default_factory=dict)
     """log_extra(column, values) calls, concatenated per column."""
 
     def metrics(self) -> dict[str, float]:
         """reward/<name>/{mean,std,applicable,failed,failed_rows,timeouts,seconds}, reward/total/{mean,std}
-        and the names logged with log_metric. mean and std are over applicable (non-None) values and
+        and reward/<name>/<metric> for each metric the function logged with log_metric. mean and std are over applicable (non-None) values and
         left out when there are none; failed is 1 when the function failed on every completion."""
         out: dict[str, float] = {}
         for name, values in self.per_function.items():
@@ -563,8 +564,8 @@ class RewardRunner:
         extra: dict[str, list] = {}
         for name in names:
             for metrics, columns_logged in out.logs[name]:
-                for key, vs in metrics.items():
-                    logged.setdefault(key, []).extend(vs)
+                for key, vs in metrics.items():  # under the function's name: never over grpokit's own
+                    logged.setdefault(f"reward/{name}/{key}", []).extend(vs)
                 for key, vs in columns_logged.items():
                     extra.setdefault(key, []).extend(vs)
         return RewardResult(
