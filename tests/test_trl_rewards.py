@@ -183,6 +183,23 @@ def test_nine_trl_documentation_rewards_train_on_chat_data(tmp_path):
     assert lines[1]["reward/curriculum_reward_func/mean"] > 0.0
 
 
+def test_evaluation_scores_chat_data_with_a_trl_accuracy_reward(tmp_path):
+    model, tok = make_tiny_model("qwen2", seed=0)
+    cfg = make_cfg(tmp_path, "eval.num_samples=2", "train.accuracy_reward=accuracy_reward")
+    funcs = [("accuracy_reward", accuracy_reward, 1.0)]
+    trainer = GRPOTrainer(
+        cfg, model=model, tokenizer=tok, train_rows=CHAT_ROWS, eval_rows=CHAT_ROWS[:3], reward_functions=funcs
+    )
+    assert trainer.evaluate()["num_examples"] == 3.0  # accuracy_reward reads completion[0]["content"]
+
+    def broken(completions, **kwargs):
+        raise KeyError("solution")
+
+    trainer.accuracy_fn = broken  # failing on every row of the evaluation stops it with the reason
+    with pytest.raises(ValueError, match=r"evaluation: .*every one of the 3 .*raised KeyError: 'solution'"):
+        trainer.evaluate()
+
+
 def test_completions_and_prompts_reach_functions_in_trls_shapes():
     """Chat prompt -> [{"role": "assistant", "content": text}]; a string prompt -> the string; the
     prompts as given; every column, completion_ids, trainer_state, log_metric, log_extra."""
