@@ -1,11 +1,13 @@
 """Verifiable rewards for GRPO: math, format, code, language and length, plus a runner that survives them.
 
-Every reward function follows TRL's convention,
+Every reward function follows TRL's convention (that of its GRPOTrainer._calculate_rewards),
 
-    fn(prompts, completions, **columns) -> list[float | None]      # None = not applicable
+    fn(prompts, completions, completion_ids, trainer_state, log_metric, log_extra, **columns)
+        -> list[float | None]                                      # None = not applicable
 
-so TRL reward functions work unchanged. Completions may be strings or chat messages
-([{"role": "assistant", "content": ...}]). Columns: `answer` (math ground truth: a bare value or a
+so TRL reward functions work unchanged (`async def` ones too). Completions are strings, or chat
+messages ([{"role": "assistant", "content": ...}], see `as_completions`) when the prompt is; the
+built-ins read the text of either. Columns: `answer` (math ground truth: a bare value or a
 GSM8K solution ending in "#### n"), `tests` (code tests: assert-style source or stdin/stdout
 cases), `completion_ids` (token ids, for the length rewards). Columns are configurable through the
 factories (`make_math_accuracy(answer_column=...)`, `make_code_tests(tests_column=...)`).
@@ -19,6 +21,7 @@ weights and timeouts in killable worker processes (see `grpokit.rewards.runner`)
 the code sandbox is described in `grpokit.rewards.sandbox`.
 """
 
+from grpokit.rewards._text import as_completions
 from grpokit.rewards.accuracy import extract_answers, make_math_accuracy, math_accuracy
 from grpokit.rewards.code import code_tests, extract_code, make_code_tests
 from grpokit.rewards.format import format_lenient, format_strict
@@ -31,7 +34,7 @@ from grpokit.rewards.registry import (
     resolve_reward,
     resolve_reward_specs,
 )
-from grpokit.rewards.runner import RewardResult, RewardRunner
+from grpokit.rewards.runner import RewardResult, RewardRunner, TrainerState
 from grpokit.rewards.sandbox import SandboxLimits, isolation_report
 
 __all__ = [
@@ -40,6 +43,8 @@ __all__ = [
     "RewardResult",
     "RewardRunner",
     "SandboxLimits",
+    "TrainerState",
+    "as_completions",
     "code_tests",
     "extract_answers",
     "extract_code",
