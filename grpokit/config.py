@@ -237,7 +237,8 @@ class TrainConfig:
     is not a number or None, NaN or inf, time out as a whole, kill its worker) and still only score 0
     there; more stops the run with the reason and the first failing row. 0 = strict: any failure stops
     the run. A function that fails on every completion of a step always stops it. Failures are counted
-    in reward/<name>/failed_rows; per-completion timeouts (math_accuracy) score 0 and are not failures."""
+    in reward/<name>/failed_rows; per-completion timeouts (math_accuracy) score 0 and are not failures,
+    unless every completion of the step timed out."""
     stop_after_flat_steps: int = 5
     """Stop (with the likely cause) after this many consecutive steps in which no group has any reward
     spread: every advantage is 0 and nothing is learnt. A warning comes at the first such step. 0 = never."""
