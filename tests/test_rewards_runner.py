@@ -47,6 +47,15 @@ def test_runner_weighted_total_and_metrics():
     assert m["reward/total/mean"] == 2.25 and m["reward/a/failed"] == 0.0
 
 
+def test_rows_no_function_applies_to_are_warned_about(caplog):
+    runner = RewardRunner([("b", lambda prompts, completions, **kw: [0.5, None], 1.0)], isolation="thread")
+    with caplog.at_level(logging.WARNING, logger="grpokit.rewards"):
+        assert runner(["p", "q"], ["x", "y"], {}).total == [0.5, 0.0]
+    assert (
+        "1 of 2 completion(s) got None from every reward function and score 0 (first: row 1)" in caplog.text
+    )
+
+
 def spy(prompts, completions, **kw):
     """Encodes what it was given: 1000 * (it got exactly these columns) + len(answer) + len(ids)."""
     ok = sorted(kw) == ["answer", "completion_ids", "log_extra", "log_metric"]

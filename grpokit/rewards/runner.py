@@ -554,6 +554,13 @@ class RewardRunner:
                     out.timeouts[name],
                     self.completion_timeout_s,
                 )
+        unscored = [i for i in range(n) if all(out.values[name][i] is None for name in names)]
+        if unscored and not any(out.row_errors.values()):
+            log.warning(
+                "%d of %d completion(s) got None from every reward function and score 0 (first: row %d); "
+                "make sure at least one function applies to every row",
+                len(unscored), n, unscored[0],
+            )  # fmt: skip
         total = [0.0] * n
         for name, _, weight in self.functions:
             for i, v in enumerate(out.values[name]):
