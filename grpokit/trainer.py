@@ -133,12 +133,17 @@ def concat_batches(batches: list[ScoredBatch], pad_token_id: int) -> ScoredBatch
 def batch_reward_metrics(batch: ScoredBatch, rounds: list[dict[str, float]]) -> dict[str, float]:
     """reward/<name>/{mean,std,applicable} and reward/total/{mean,std} over the rows that are trained
     on (under dynamic sampling: the kept groups only), std with ddof 0 everywhere; the cost and failure
-    counters (seconds, failed, timeouts...) summed over every sampling round ``rounds``, kept or not."""
+    counters (seconds, failed, timeouts...) summed over every sampling round ``rounds``, kept or not, and
+    what reward functions logged themselves (log_metric) averaged over the rounds."""
     out: dict[str, float] = {}
+    logged: dict[str, list[float]] = {}
     for metrics in rounds:
         for key, value in metrics.items():
-            if not key.endswith(("/mean", "/std", "/applicable")):
-                out[key] = out.get(key, 0.0) + value
+            if key.endswith(("/failed", "/failed_rows", "/timeouts", "/seconds")):
+                out[key] = out.get(key, 0.0) + value  # counters and costs add up over rounds
+            elif not key.endswith(("/mean", "/std", "/applicable")):
+                logged.setdefault(key, []).append(value)  # a reward's own log_metric values: averaged
+    out.update({key: sum(values) / len(values) for key, values in logged.items()})
     for name, values in batch.per_function.items():
         applicable = torch.tensor([v for v in values if v is not None], dtype=torch.float64)
         if applicable.numel():

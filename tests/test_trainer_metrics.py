@@ -56,3 +56,20 @@ def test_dynamic_sampling_metrics_come_from_the_kept_groups(tmp_path):
     assert m["reward/half_flat/seconds"] > 0
     metrics = trainer._step_metrics(batch, torch.zeros(len(batch.texts)), {}, sampling)
     assert metrics["reward/total/std"] == 0.5  # not recomputed with another ddof
+
+
+def test_round_metrics_counters_add_up_and_logged_values_average():
+    from types import SimpleNamespace
+
+    from grpokit.trainer import batch_reward_metrics
+
+    kept = SimpleNamespace(per_function={"f": [1.0, None, 0.0, 1.0]}, rewards=torch.tensor([1.0, 0.0, 0.0, 1.0]))
+    rounds = [
+        {"reward/f/mean": 0.0, "reward/f/seconds": 0.5, "reward/f/failed_rows": 1.0, "reward/f/my_metric": 2.0},
+        {"reward/f/mean": 0.9, "reward/f/seconds": 0.25, "reward/f/failed_rows": 0.0, "reward/f/my_metric": 4.0},
+    ]
+    m = batch_reward_metrics(kept, rounds)
+    assert m["reward/f/seconds"] == 0.75 and m["reward/f/failed_rows"] == 1.0  # summed over rounds
+    assert m["reward/f/my_metric"] == 3.0  # a log_metric value: the mean over rounds
+    assert m["reward/f/mean"] == 2 / 3 and m["reward/f/applicable"] == 0.75  # from the kept rows only
+    assert m["reward/total/mean"] == 0.5 and m["reward/total/std"] == 0.5
