@@ -83,6 +83,7 @@ class ScoredBatch:
     rewards: torch.Tensor  # (N,) weighted total reward
     per_function: dict[str, list]  # name -> (N,) values (None = not applicable)
     reward_metrics: dict[str, float]
+    extra: dict[str, list] = dataclasses.field(default_factory=dict)  # log_extra column -> (N,) values
 
     def select_groups(self, groups: list[int], group_size: int) -> ScoredBatch:
         idx = [g * group_size + j for g in groups for j in range(group_size)]
@@ -94,6 +95,7 @@ class ScoredBatch:
             rewards=self.rewards[t],
             per_function={k: [v[i] for i in idx] for k, v in self.per_function.items()},
             reward_metrics=self.reward_metrics,
+            extra={k: [v[i] for i in idx] for k, v in self.extra.items()},
         )
 
 
@@ -127,6 +129,10 @@ def concat_batches(batches: list[ScoredBatch], pad_token_id: int) -> ScoredBatch
         rewards=torch.cat([b.rewards for b in batches]),
         per_function={k: [v for b in batches for v in b.per_function[k]] for k in names},
         reward_metrics={},  # set by the caller from the kept rows (batch_reward_metrics)
+        extra={
+            k: [v for b in batches for v in b.extra.get(k, [None] * len(b.texts))]
+            for k in dict.fromkeys(k for b in batches for k in b.extra)
+        },
     )
 
 
@@ -699,6 +705,8 @@ class GRPOTrainer:
             rewards=torch.tensor(result.total, dtype=torch.float32),
             per_function=result.per_function,
             reward_metrics=result.metrics(),
+            # log_extra columns with one value per completion (others cannot be lined up with rows)
+            extra={k: v for k, v in result.extra.items() if len(v) == len(texts)},
         )
 
     # ----------------------------------------------------------------------------- the update
@@ -1113,6 +1121,7 @@ class GRPOTrainer:
                     "completion": batch.texts[i],
                     "reward": float(batch.rewards[i]),
                     **{f"reward/{k}": v[i] for k, v in batch.per_function.items()},
+                    **{k: v[i] for k, v in batch.extra.items()},  # reward functions' log_extra columns
                 }
             )
         self.log.log_samples(self.step, rows)

@@ -73,3 +73,32 @@ def test_round_metrics_counters_add_up_and_logged_values_average():
     assert m["reward/f/my_metric"] == 3.0  # a log_metric value: the mean over rounds
     assert m["reward/f/mean"] == 2 / 3 and m["reward/f/applicable"] == 0.75  # from the kept rows only
     assert m["reward/total/mean"] == 0.5 and m["reward/total/std"] == 0.5
+
+
+def test_log_extra_columns_reach_the_saved_samples(tmp_path):
+    def noted(prompts, completions, log_extra=None, **kw):
+        log_extra("length_note", [f"len={len(c)}" for c in completions])
+        return [float(i % 2) for i in range(len(completions))]
+
+    model, tok = make_tiny_model("qwen2", seed=0)
+    cfg = load_config(
+        None,
+        [
+            f"train.output_dir={tmp_path / 'run'}",
+            "train.steps=1",
+            "train.samples_every=1",
+            "train.tensorboard=false",
+            f"rollout.group_size={G}",
+            "rollout.prompts_per_step=2",
+            "rollout.max_new_tokens=3",
+            "data.template=plain",
+            "model.device=cpu",
+            "eval.enabled=false",
+        ],
+    )
+    trainer = GRPOTrainer(cfg, model=model, tokenizer=tok, train_rows=ROWS, reward_functions=[("noted", noted, 1.0)])
+    trainer.train()
+    import json
+
+    rows = [json.loads(line) for line in (tmp_path / "run" / "samples" / "step_000001.jsonl").open()]
+    assert rows and all(r["length_note"] == f"len={len(r['completion'])}" for r in rows)
