@@ -124,7 +124,9 @@ def _build_root(cfg, sources):
         elif os.path.isdir(d):
             os.mkdir(ROOT + d)
             _bind_ro(d, ROOT + d, sources)
-    for p in _readonly_paths(cfg["site_packages"]):
+    # The interpreter's paths as _open_sources resolved them, before /tmp was covered: resolving them
+    # again here would fail for an interpreter or venv that lives under /tmp (its symlinks are hidden).
+    for p in sorted(p for p in sources if p not in HOST_DIRS and not p.startswith(("/dev/", "/etc/"))):
         os.makedirs(ROOT + p, exist_ok=True)
         _bind_ro(p, ROOT + p, sources)
     os.makedirs(ROOT + "/etc")
