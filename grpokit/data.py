@@ -50,6 +50,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from grpokit.config import ConfigError, DataConfig
+
 Prompt = str | list[dict[str, Any]]
 
 MESSAGE_ROLES = ("system", "developer", "user", "assistant", "tool")
@@ -129,6 +131,30 @@ def load_prompts(
         rows = rows[:limit]
     _check_rows(rows, prompt_column, source)
     return [row for _, row in rows]
+
+
+def load_train_eval(
+    data_cfg: DataConfig, train_rows: list[dict] | None, eval_rows: list[dict] | None
+) -> tuple[list[dict], list[dict]]:
+    """The training rows and the held-out rows (none without data.eval) of ``data_cfg``; rows given are kept."""
+    if train_rows is None:
+        if not data_cfg.train:
+            raise ConfigError(
+                "data.train is empty: give a JSONL/JSON/CSV/Parquet file or a save_to_disk folder"
+            )
+        train_rows = load_prompts(
+            data_cfg.train, prompt_column=data_cfg.prompt_column, split=data_cfg.split, config=data_cfg.config
+        )
+    if eval_rows is None and data_cfg.eval:
+        eval_rows = load_prompts(
+            data_cfg.eval,
+            prompt_column=data_cfg.prompt_column,
+            limit=data_cfg.eval_limit,
+            split=data_cfg.eval_split,
+            default_split="test",
+            config=data_cfg.config if data_cfg.eval == data_cfg.train else None,
+        )
+    return train_rows, eval_rows or []
 
 
 def reward_columns(rows: Sequence[Mapping[str, Any]], prompt_column: str) -> dict[str, list[Any]]:

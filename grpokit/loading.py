@@ -66,6 +66,21 @@ def check_tokenizer_fits(model, tokenizer, where: str) -> None:
         )
 
 
+def eos_token_ids(tokenizer, model) -> list[int]:
+    """The ids that end a completion: the tokenizer's eos token and the model's generation_config ones."""
+    ids = set()
+    if tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    gen_cfg = getattr(model, "generation_config", None)
+    eos = getattr(gen_cfg, "eos_token_id", None)
+    for e in eos if isinstance(eos, list) else [eos]:
+        if e is not None:
+            ids.add(int(e))
+    if not ids:
+        raise ConfigError("the tokenizer has no eos token: completions could never end")
+    return sorted(ids)
+
+
 def save_local_tokenizer(tokenizer, directory: str | Path) -> None:
     """save_pretrained, then pin tokenizer_class to PreTrainedTokenizerFast so that
     load_tokenizer (and AutoTokenizer on non-Qwen2 architectures) rebuilds this exact tokenizer."""

@@ -4,274 +4,64 @@
             -> mu passes of mini-batched, gradient-accumulated clipped updates -> metrics
             -> evaluation -> checkpoint
 
-The maths lives in ``grpokit.algos``; this file only moves tensors between the pieces.
+The maths lives in ``grpokit.algos``; this file only moves tensors between the pieces. Around the loop:
+``grpokit.batch`` (the scored batch and its metrics), ``grpokit.update`` (micro-batches, the optimizer
+step) and ``grpokit.run_state`` (checkpoints, resume, signals, what a run writes).
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import math
-import random
-import resource
-import signal
 import sys
-import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from grpokit.algos import compute_advantages, get_loss, kl_estimate
-from grpokit.checkpoint import (
-    CheckpointError,
-    find_resumable,
-    list_checkpoints,
-    load_trainer_state,
-    load_weights_into,
-    prune_checkpoints,
-    remove_partial,
-    save_checkpoint,
-    set_rng_state,
-    verify_checkpoint,
+from grpokit.algos import compute_advantages, kl_estimate
+
+# noqa F401: some of these names are only re-exported (length_sorted, AUTO_MICRO_TOKENS...): they were
+# defined in this file, and code and tests import them from grpokit.trainer
+from grpokit.batch import (  # noqa: F401
+    PromptStream,
+    ScoredBatch,
+    batch_reward_metrics,
+    concat_batches,
+    flat_rewards_message,
+    length_sorted,
+    step_metrics,
 )
-from grpokit.config import Config, ConfigError, resolve_algo, save_config
-from grpokit.data import load_prompts, reward_columns
+from grpokit.config import Config, ConfigError, resolve_algo
+from grpokit.data import load_train_eval, reward_columns
+from grpokit.errors import FlatRewardsError, TrainingError  # noqa: F401
 from grpokit.evaluate import evaluate
 from grpokit.generation import FastGenerator, HFGenerator, Rollout
 from grpokit.loading import (
     check_tokenizer_fits,
+    eos_token_ids,
     frozen_reference,
     load_policy,
     pick_device,
     prepare_policy,
     read_model_config,
 )
-from grpokit.modeling import completion_logprobs
 from grpokit.precision import make_grad_scaler, make_optimizer, resolve_precision
 from grpokit.rewards import RewardRunner, resolve_reward, resolve_reward_specs
 from grpokit.rewards._text import as_completions
 from grpokit.rewards.runner import TrainerState
-from grpokit.runlog import RunLogger, clear_run, reward_metric_names
+from grpokit.run_state import RunStateMixin, StopOnSignals  # noqa: F401
+from grpokit.runlog import RunLogger, reward_metric_names
 from grpokit.templates import encode_prompts
+from grpokit.update import AUTO_MICRO_TOKENS, MicroBatchMixin, peak_memory_mb  # noqa: F401
 from grpokit.update_stats import UpdateStats
-from grpokit.validate import check_output_dir, check_positions, config_changes
-
-AUTO_MICRO_TOKENS = 4096
-"""optim.micro_batch_size=auto off CUDA: rows per micro-batch x longest row <= this many tokens."""
+from grpokit.validate import check_output_dir, check_positions
 
 
-class TrainingError(RuntimeError):
-    """The run cannot go on; the message says why and what to change."""
-
-
-class FlatRewardsError(TrainingError):
-    """No group had any reward spread for train.stop_after_flat_steps steps: nothing can be learnt."""
-
-
-@dataclass
-class ScoredBatch:
-    """One step's samples: rows are prompt-major, each group of G rows contiguous."""
-
-    rollout: Rollout
-    rows: list[dict]  # (N,) dataset row of each completion's prompt
-    texts: list[str]  # (N,) decoded completions
-    rewards: torch.Tensor  # (N,) weighted total reward
-    per_function: dict[str, list]  # name -> (N,) values (None = not applicable)
-    reward_metrics: dict[str, float]
-    extra: dict[str, list] = dataclasses.field(default_factory=dict)  # log_extra column -> (N,) values
-
-    def select_groups(self, groups: list[int], group_size: int) -> ScoredBatch:
-        idx = [g * group_size + j for g in groups for j in range(group_size)]
-        t = torch.tensor(idx, dtype=torch.long)
-        return ScoredBatch(
-            rollout=self.rollout.select(t),
-            rows=[self.rows[i] for i in idx],
-            texts=[self.texts[i] for i in idx],
-            rewards=self.rewards[t],
-            per_function={k: [v[i] for i in idx] for k, v in self.per_function.items()},
-            reward_metrics=self.reward_metrics,
-            extra={k: [v[i] for i in idx] for k, v in self.extra.items()},
-        )
-
-
-def concat_batches(batches: list[ScoredBatch], pad_token_id: int) -> ScoredBatch:
-    """Stack batches whose prompts/completions may differ in padded length."""
-    if len(batches) == 1:
-        return batches[0]
-
-    def cat(tensors: list[torch.Tensor], left: bool, value: float) -> torch.Tensor:
-        width = max(t.shape[1] for t in tensors)
-        out = []
-        for t in tensors:
-            pad = width - t.shape[1]
-            out.append(torch.nn.functional.pad(t, (pad, 0) if left else (0, pad), value=value))
-        return torch.cat(out)
-
-    rs = [b.rollout for b in batches]
-    rollout = Rollout(
-        prompt_ids=cat([r.prompt_ids for r in rs], True, pad_token_id),
-        prompt_mask=cat([r.prompt_mask for r in rs], True, 0),
-        completion_ids=cat([r.completion_ids for r in rs], False, pad_token_id),
-        completion_mask=cat([r.completion_mask for r in rs], False, 0),
-        logprobs=cat([r.logprobs for r in rs], False, 0.0),
-        truncated=torch.cat([r.truncated for r in rs]),
-    )
-    names = batches[0].per_function.keys()
-    return ScoredBatch(
-        rollout=rollout,
-        rows=[row for b in batches for row in b.rows],
-        texts=[t for b in batches for t in b.texts],
-        rewards=torch.cat([b.rewards for b in batches]),
-        per_function={k: [v for b in batches for v in b.per_function[k]] for k in names},
-        reward_metrics={},  # set by the caller from the kept rows (batch_reward_metrics)
-        extra={
-            k: [v for b in batches for v in b.extra.get(k, [None] * len(b.texts))]
-            for k in dict.fromkeys(k for b in batches for k in b.extra)
-        },
-    )
-
-
-def batch_reward_metrics(batch: ScoredBatch, rounds: list[dict[str, float]]) -> dict[str, float]:
-    """reward/<name>/{mean,std,applicable} and reward/total/{mean,std} over the rows that are trained
-    on (under dynamic sampling: the kept groups only), std with ddof 0 everywhere; the cost and failure
-    counters (seconds, failed, timeouts...) summed over every sampling round ``rounds``, kept or not, and
-    what reward functions logged themselves (log_metric) averaged over the rounds."""
-    out: dict[str, float] = {}
-    logged: dict[str, list[float]] = {}
-    for metrics in rounds:
-        for key, value in metrics.items():
-            if key.endswith(("/failed", "/failed_rows", "/timeouts", "/seconds")):
-                out[key] = out.get(key, 0.0) + value  # counters and costs add up over rounds
-            elif not key.endswith(("/mean", "/std", "/applicable")):
-                logged.setdefault(key, []).append(value)  # a reward's own log_metric values: averaged
-    out.update({key: sum(values) / len(values) for key, values in logged.items()})
-    for name, values in batch.per_function.items():
-        applicable = torch.tensor([v for v in values if v is not None], dtype=torch.float64)
-        if applicable.numel():
-            out[f"reward/{name}/mean"] = float(applicable.mean())
-            out[f"reward/{name}/std"] = float(applicable.std(correction=0))
-        out[f"reward/{name}/applicable"] = applicable.numel() / max(len(values), 1)
-    total = batch.rewards.double()
-    out["reward/total/mean"] = float(total.mean())
-    out["reward/total/std"] = float(total.std(correction=0))
-    return out
-
-
-def flat_rewards_message(batch: ScoredBatch, prompt_column: str, reward_names: list[str]) -> str:
-    """The likely cause of a batch whose groups all have equal rewards, with one sample and its scores."""
-    values = batch.rewards
-    failed = [
-        name for name in reward_names if batch.reward_metrics.get(f"reward/{name}/failed", 0) > 0
-    ]
-    if failed:
-        cause = f"Reward function(s) {failed} failed (see the warnings above) and count as 0."
-    elif bool((values == values[0]).all()):
-        v = float(values[0])
-        cause = f"Every completion scored {v:g}: the rewards are constant. "
-        if v <= 0:
-            cause += (
-                "Either the verifier cannot read the answers (math_accuracy reads \\boxed{...}, '#### 42' or "
-                "'the answer is 42'; a bare number scores 0: set a template or system prompt that asks for "
-                "that format, or a reward that reads yours), or the prompts are too hard for this model."
-            )
-        else:
-            cause += "If that is the best score, the prompts are too easy for this model."
-    else:
-        cause = (
-            "Each prompt's completions all score alike, though prompts differ: the reward depends on the "
-            "prompt only, or sampling is too narrow (raise rollout.temperature, top_p, top_k)."
-        )
-    i = 0
-    prompt = batch.rows[i][prompt_column]
-    scores = ", ".join(f"{k}={v[i]}" for k, v in batch.per_function.items())
-    return (
-        f"{cause} Sample: prompt {str(prompt)[:200]!r} -> completion {batch.texts[i][:300]!r}, "
-        f"scores: {scores}."
-    )
-
-
-class PromptStream:
-    """Endless, seeded, reshuffled-each-pass stream of dataset rows; its position is resumable."""
-
-    def __init__(self, rows: list[dict], seed: int, shuffle: bool):
-        self.rows, self.seed, self.shuffle = rows, seed, shuffle
-        self.epoch, self.index = 0, 0
-        self._order = self._permutation()
-
-    def _permutation(self) -> list[int]:
-        order = list(range(len(self.rows)))
-        if self.shuffle:
-            random.Random(self.seed * 1_000_003 + self.epoch).shuffle(order)
-        return order
-
-    def take(self, n: int) -> list[dict]:
-        out = []
-        while len(out) < n:
-            if self.index == len(self._order):
-                self.epoch, self.index = self.epoch + 1, 0
-                self._order = self._permutation()
-            out.append(self.rows[self._order[self.index]])
-            self.index += 1
-        return out
-
-    def state(self) -> dict[str, int]:
-        return {"epoch": self.epoch, "index": self.index}
-
-    def load_state(self, state: dict[str, int]) -> None:
-        self.epoch, self.index = state["epoch"], state["index"]
-        self._order = self._permutation()
-
-
-class StopOnSignals:
-    """Inside ``with``: the first SIGINT or SIGTERM only records its name (``signal_name``), so the
-    training loop can stop at the end of the step and save; a second SIGINT stops at once
-    (KeyboardInterrupt). Outside the main thread (where handlers cannot be set) it does nothing."""
-
-    def __init__(self) -> None:
-        self.signal_name: str | None = None
-        self._previous: dict[int, Any] = {}
-
-    def __enter__(self) -> StopOnSignals:
-        if threading.current_thread() is threading.main_thread():
-            for signum in (signal.SIGINT, signal.SIGTERM):
-                self._previous[signum] = signal.signal(signum, self._handle)
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        for signum, handler in self._previous.items():
-            signal.signal(signum, handler)
-
-    def _handle(self, signum: int, frame: object) -> None:
-        if self.signal_name is not None and signum == signal.SIGINT:
-            raise KeyboardInterrupt
-        self.signal_name = signal.Signals(signum).name
-        print(
-            f"\ngrpokit: {self.signal_name}: stopping after this step with a checkpoint "
-            "(Ctrl-C again stops at once, without one)",
-            file=sys.stderr,
-            flush=True,
-        )
-
-
-def _peak_memory_mb(device: torch.device) -> float:
-    if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device) / 2**20
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
-
-
-def length_sorted(index: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-    """``index`` (M,) reordered by ``lengths[index]`` (stable), so that consecutive micro-batches hold
-    rows of similar length and each, trimmed to its own longest row, carries little padding. The loss
-    uses the whole mini-batch's normaliser, so grouping rows differently never changes the gradient."""
-    return index[lengths[index].argsort(stable=True)]
-
-
-class GRPOTrainer:
+class GRPOTrainer(RunStateMixin, MicroBatchMixin):
     """Trains ``cfg.model`` on ``cfg.data`` with the algorithm ``cfg.algo`` names.
 
     model/tokenizer/rows/reward_functions may be passed in directly (tests, notebooks);
@@ -314,24 +104,7 @@ class GRPOTrainer:
         torch.manual_seed(cfg.train.seed)
 
         # data
-        if train_rows is None:
-            if not cfg.data.train:
-                raise ConfigError(
-                    "data.train is empty: give a JSONL/JSON/CSV/Parquet file or a save_to_disk folder"
-                )
-            train_rows = load_prompts(
-                cfg.data.train, prompt_column=cfg.data.prompt_column, split=cfg.data.split, config=cfg.data.config
-            )
-        if eval_rows is None and cfg.data.eval:
-            eval_rows = load_prompts(
-                cfg.data.eval,
-                prompt_column=cfg.data.prompt_column,
-                limit=cfg.data.eval_limit,
-                split=cfg.data.eval_split,
-                default_split="test",
-                config=cfg.data.config if cfg.data.eval == cfg.data.train else None,
-            )
-        self.train_rows, self.eval_rows = train_rows, eval_rows or []
+        self.train_rows, self.eval_rows = load_train_eval(cfg.data, train_rows, eval_rows)
 
         # rewards, resolved before the model loads: a bad reward fails in a second
         if reward_functions is None:
@@ -388,7 +161,7 @@ class GRPOTrainer:
         # a reference for a KL in the loss or in the reward (with LoRA: the base, adapter disabled)
         self.uses_reference = self.algo.uses_reference
         self.ref_model = frozen_reference(model, cfg.lora.enabled) if self.uses_reference else None
-        self.eos_ids = self._eos_ids()
+        self.eos_ids = eos_token_ids(self.tokenizer, self.model)
 
         # prompts are checked for length up front, so a bad row fails before any training
         self.encoded = self._encode_all(self.train_rows)
@@ -415,19 +188,6 @@ class GRPOTrainer:
             self._resume()
 
     # ----------------------------------------------------------------------------- set-up helpers
-
-    def _eos_ids(self) -> list[int]:
-        ids = set()
-        if self.tokenizer.eos_token_id is not None:
-            ids.add(int(self.tokenizer.eos_token_id))
-        gen_cfg = getattr(self.model, "generation_config", None)
-        eos = getattr(gen_cfg, "eos_token_id", None)
-        for e in eos if isinstance(eos, list) else [eos]:
-            if e is not None:
-                ids.add(int(e))
-        if not ids:
-            raise ConfigError("the tokenizer has no eos token: completions could never end")
-        return sorted(ids)
 
     def _encode_all(self, rows: list[dict]) -> list[list[int]]:
         return encode_prompts(
@@ -549,7 +309,7 @@ class GRPOTrainer:
         metrics["time/step"] = step_seconds
         generated = float(batch.rollout.completion_mask.sum())
         metrics["tokens_per_s"] = generated / step_seconds
-        metrics["peak_memory_mb"] = _peak_memory_mb(self.device)
+        metrics["peak_memory_mb"] = peak_memory_mb(self.device)
         if self.cfg.train.samples_every and self.step % self.cfg.train.samples_every == 0:
             self._save_samples(batch)
         return metrics
@@ -802,197 +562,10 @@ class GRPOTrainer:
         metrics["micro_batch_size"] = float(self.last_micro_rows)  # rows per micro-batch in the update
         return metrics, ref_seconds
 
-    def _mini_batch_gradients(
-        self, r, mb, rows, advantages, loss_mask, lengths, old_logprobs, ref_logprobs, first
-    ) -> tuple[UpdateStats, bool]:
-        """Accumulate the gradient of mini-batch ``mb`` (M,) over micro-batches of ``rows`` rows, sorted by
-        length. Returns its UpdateStats (loss metrics; sampler-vs-trainer log-prob differences and entropy
-        on the first mini-batch) and whether every loss was finite (a NaN/inf loss stops the accumulation).
-        Nothing outside changes but the parameters' .grad."""
-        cfg, algo = self.cfg, self.algo
-        loss_fn = get_loss(algo.loss.name)
-        num_tokens = loss_mask[mb].sum().clamp(min=1).to(self.device)
-        stats = UpdateStats()
-        for micro in length_sorted(mb, lengths).split(rows):
-            tensors = self._micro_tensors(r, micro, loss_mask)
-            with self.precision.autocast(self.device):
-                logprobs, entropy = completion_logprobs(
-                    self.model,
-                    tensors["prompt_ids"],
-                    tensors["prompt_mask"],
-                    tensors["completion_ids"],
-                    tensors["completion_mask"],
-                    temperature=cfg.rollout.temperature,
-                    chunk_size=cfg.optim.logprob_chunk_size,
-                    with_entropy=first,
-                )  # (n, L), float32
-            mask = tensors["loss_mask"]
-            width = logprobs.shape[1]
-            old = old_logprobs[micro][:, :width].to(self.device) if old_logprobs is not None else logprobs.detach()
-            ref = ref_logprobs[micro][:, :width].to(self.device) if ref_logprobs is not None else None
-            adv = advantages[micro.to(self.device)]  # (n,) or (n, Lc)
-            adv = adv[:, :width] if adv.dim() == 2 else adv  # (n,) or (n, L)
-            loss, loss_stats = loss_fn(
-                logprobs,
-                old,
-                adv,
-                mask,
-                ref_logprobs=ref,
-                **algo.loss_kwargs(),
-                num_sequences=len(mb),
-                num_tokens=num_tokens,
-            )
-            if not torch.isfinite(loss):
-                return stats, False
-            (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
-            stats.add_loss(loss, loss_stats, float(mask.sum()))
-            if first:
-                generated = tensors["completion_mask"].bool()  # (n, L)
-                stats.add_sampler_diff(logprobs, tensors["sample_logprobs"], generated)
-                stats.add_entropy(entropy, generated)
-        return stats, True
-
-    def _micro_rows(self, lengths: torch.Tensor) -> int:
-        """Rows per micro-batch for rows of ``lengths`` (real tokens each). A number in
-        optim.micro_batch_size is used as given. auto: on CUDA every row at once until an out-of-memory
-        error halves it (remembered for the rest of the run); elsewhere as many rows as fit
-        AUTO_MICRO_TOKENS tokens (a CPU process cannot survive running out of memory to learn from it)."""
-        setting = self.cfg.optim.micro_batch_size
-        n = max(1, len(lengths))
-        if setting != "auto":
-            return int(setting)
-        if self.device.type == "cuda":
-            return min(n, self.auto_micro_rows or n)
-        longest = int(lengths.max()) if len(lengths) else 1
-        return max(1, min(n, AUTO_MICRO_TOKENS // max(1, longest)))
-
-    def _with_micro_retry(self, fn, lengths: torch.Tensor):
-        """``fn(rows)`` with rows = _micro_rows(lengths); under micro_batch_size=auto an out-of-memory
-        error drops the partial gradient and retries with half the rows. The loss normaliser is the
-        mini-batch's, so the retried gradient is the one the first try would have given."""
-        while True:
-            rows = self._micro_rows(lengths)
-            try:
-                result = fn(rows)
-                self.last_micro_rows = rows
-                return result
-            except torch.cuda.OutOfMemoryError as e:
-                self.optimizer.zero_grad(set_to_none=True)
-                if self.cfg.optim.micro_batch_size != "auto" or rows == 1:
-                    raise TrainingError(
-                        f"out of GPU memory with {rows} completions per micro-batch: lower "
-                        "optim.micro_batch_size, set it to auto, or turn on model.gradient_checkpointing"
-                    ) from e
-                torch.cuda.empty_cache()
-                self.auto_micro_rows = rows // 2
-                message = f"out of GPU memory at {rows} rows per micro-batch: retrying with {rows // 2} (auto)"
-                self.log.print(message) if self.log else print(message, file=sys.stderr)
-
-    def _clip_and_step(self, finite: bool) -> float | None:
-        """Unscale (float16), clip, check, step. A NaN/inf loss or gradient skips the update instead of
-        corrupting the weights; under loss scaling it also lowers the scale (GradScaler's own rule)."""
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        scaler = self.scaler
-        if finite:
-            if scaler is not None:
-                scaler.unscale_(self.optimizer)
-            max_norm = self.cfg.optim.max_grad_norm if self.cfg.optim.max_grad_norm > 0 else float("inf")
-            norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
-            finite = bool(torch.isfinite(norm))
-            if scaler is not None:
-                if finite:
-                    scaler.step(self.optimizer)
-                scaler.update()  # halves the scale after an overflow, grows it after a quiet stretch
-        if not finite:
-            self.optimizer.zero_grad(set_to_none=True)
-            if scaler is None:  # under loss scaling an overflow is routine: counted, not printed
-                message = f"step {self.step + 1}: non-finite loss or gradient, update skipped"
-                self.log.print(message) if self.log else print(message)
-            return None
-        if scaler is None:
-            self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        return float(norm)
-
-    def _micro_tensors(
-        self, r: Rollout, idx: torch.Tensor, loss_mask: torch.Tensor
-    ) -> dict[str, torch.Tensor]:
-        """Rows ``idx`` of the batch, trimmed to their own longest prompt/completion, on device."""
-        pm = r.prompt_mask[idx]
-        cm = r.completion_mask[idx]
-        p_start = int((pm.sum(0) > 0).nonzero().min()) if pm.any() else 0
-        c_len = max(1, int((cm.sum(0) > 0).nonzero().max()) + 1) if cm.any() else 1
-        d = self.device
-        return {
-            "prompt_ids": r.prompt_ids[idx][:, p_start:].to(d),
-            "prompt_mask": pm[:, p_start:].to(d),
-            "completion_ids": r.completion_ids[idx][:, :c_len].to(d),
-            "completion_mask": cm[:, :c_len].to(d),
-            "loss_mask": loss_mask[idx][:, :c_len].to(d),
-            "sample_logprobs": r.logprobs[idx][:, :c_len].to(d),
-        }
-
-    @torch.no_grad()
-    def _logprobs_no_grad(self, model, r: Rollout, reference: bool = False) -> torch.Tensor:
-        """(N, Lc) log-probs of the batch's completions under ``model`` (the reference when asked:
-        with LoRA that is the base model with the adapter disabled)."""
-        N, Lc = r.completion_ids.shape
-        out = torch.zeros(N, Lc)
-        if reference and model is None:
-            ctx = self.model.disable_adapter()
-            model = self.model
-        else:
-            ctx = contextlib.nullcontext()
-        was_training = self.model.training
-        model.eval()
-        def run(rows: int) -> None:
-            for micro in length_sorted(torch.arange(N), lengths).split(rows):
-                t = self._micro_tensors(r, micro, r.completion_mask)
-                with self.precision.autocast(self.device):  # the same numerics as the update
-                    lp, _ = completion_logprobs(
-                        model,
-                        t["prompt_ids"],
-                        t["prompt_mask"],
-                        t["completion_ids"],
-                        t["completion_mask"],
-                        temperature=self.cfg.rollout.temperature,
-                        chunk_size=self.cfg.optim.logprob_chunk_size,
-                    )
-                out[micro, : lp.shape[1]] = lp.float().cpu()
-
-        lengths = r.prompt_mask.sum(-1) + r.completion_mask.sum(-1)  # (N,)
-        with ctx:
-            self._with_micro_retry(run, lengths)
-        self.model.train(was_training)
-        return out
-
     # ----------------------------------------------------------------------------- metrics, eval, io
 
     def _step_metrics(self, batch: ScoredBatch, advantages, update_metrics, sampling) -> dict[str, float]:
-        r = batch.rollout
-        lengths = r.completion_mask.sum(1).float()  # (N,)
-        acc_values = batch.per_function[self.accuracy_name]
-        correct = torch.tensor([v is not None and v >= 1.0 - 1e-6 for v in acc_values])
-        metrics: dict[str, float] = dict(batch.reward_metrics)
-        metrics["accuracy"] = float(correct.float().mean())
-        metrics["completion_len/mean"] = float(lengths.mean())
-        metrics["completion_len/min"] = float(lengths.min())
-        metrics["completion_len/max"] = float(lengths.max())
-        metrics["completion_len/correct"] = float(lengths[correct].mean()) if correct.any() else float("nan")
-        metrics["completion_len/incorrect"] = (
-            float(lengths[~correct].mean()) if (~correct).any() else float("nan")
-        )
-        metrics["truncated_frac"] = float(r.truncated.float().mean())
-        if advantages.dim() == 2:  # per token: the mean over generated tokens
-            gen = r.completion_mask.to(advantages.device).bool()  # (N, Lc)
-            metrics["advantage/abs_mean"] = float(advantages[gen].abs().mean()) if gen.any() else 0.0
-        else:
-            metrics["advantage/abs_mean"] = float(advantages.abs().mean())
-        metrics.update(sampling)
-        metrics.update(update_metrics)
-        if "kl_mean" in metrics:
-            metrics["kl"] = metrics.pop("kl_mean")
-        return metrics
+        return step_metrics(batch, advantages, update_metrics, sampling, self.accuracy_name)
 
     def evaluate(self, examples: list[dict] | None = None) -> dict[str, float]:
         was = self.model.training
@@ -1012,126 +585,3 @@ class GRPOTrainer:
         )
         self.model.train(was)
         return result
-
-    def trainer_state(self) -> dict[str, Any]:
-        return {
-            "step": self.step,
-            "optimizer": self.optimizer.state_dict(),
-            "scheduler": self.scheduler.state_dict(),
-            "scaler": self.scaler.state_dict() if self.scaler is not None else None,
-            "precision": self.precision.name,
-            "stream": self.stream.state(),
-            "config": dataclasses.asdict(self.cfg),
-        }
-
-    def save(self) -> Path:
-        """Checkpoint this step (once: a second call at the same step returns the same folder), then prune
-        every step_N folder but the newest train.keep_checkpoints complete ones up to this step."""
-        if self._saved is not None and self._saved[0] == self.step:
-            return self._saved[1]
-        root = self.out / "checkpoints"
-        path = save_checkpoint(
-            root / f"step_{self.step:06d}", self.model, self.tokenizer, self.trainer_state()
-        )
-        self._saved = (self.step, path)
-        prune_checkpoints(root, self.cfg.train.keep_checkpoints, current_step=self.step)
-        return path
-
-    def _start_run(self) -> None:
-        """The run starts: only now is the output folder touched. A run being replaced (overwrite) is
-        deleted, checkpoints left half-written by a kill are removed, the resolved config is saved."""
-        if self.overwrite:
-            clear_run(self.out)
-            self.overwrite = False  # a second train() call continues this run
-        self.out.mkdir(parents=True, exist_ok=True)
-        for partial in remove_partial(self.out / "checkpoints"):
-            print(f"grpokit: removed {partial}, a checkpoint left half-written", file=sys.stderr)
-        save_config(self.cfg, self.out / "config.yaml", resolved_algo=self.algo)
-
-    def _pick_checkpoint(self, resume: bool | str | Path, allow_changed_config: bool) -> Path:
-        """The checkpoint to resume from, verified without loading it: the one named, or the newest
-        complete one (damaged newer ones are reported and skipped). Raises ConfigError when there is
-        none, or when the run's settings changed and allow_changed_config is False."""
-        root = self.out / "checkpoints"
-        if resume is True:
-            try:
-                path, damaged = find_resumable(root)
-            except CheckpointError as e:
-                raise ConfigError(str(e)) from None
-            for bad, problem in damaged:
-                warning = f"grpokit: warning: {bad} is damaged ({problem}); resuming from {path.name}"
-                print(warning, file=sys.stderr)
-        else:
-            path = Path(resume) if Path(resume).is_dir() else root / str(resume)
-            problem = verify_checkpoint(path) if path.is_dir() else "no such checkpoint folder"
-            if problem:
-                present = ", ".join(p.name for p in list_checkpoints(root)) or "none"
-                raise ConfigError(f"--resume-from {resume}: {problem} (checkpoints in {root}: {present}).")
-        changes = config_changes(load_trainer_state(path, mmap=True).get("config"), self.cfg)
-        if changes and not allow_changed_config:
-            raise ConfigError(
-                f"--resume: settings differ from the run in {path} ({'; '.join(changes)}); set them back, "
-                "or pass --allow-changed-config to continue with the new ones."
-            )
-        if changes:
-            print(f"grpokit: resuming with changed settings: {'; '.join(changes)}", file=sys.stderr)
-        return path
-
-    def _resume(self) -> None:
-        latest = self.resume_from
-        load_weights_into(self.model, latest)
-        state = load_trainer_state(latest)
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
-        if self.scaler is not None and state.get("scaler"):
-            self.scaler.load_state_dict(state["scaler"])
-        self.stream.load_state(state["stream"])
-        set_rng_state(state["rng"])
-        self.step = state["step"]
-        self._saved = (self.step, latest)
-
-    def _previous_summary(self, summary: dict[str, Any]) -> dict[str, Any]:
-        """On resume, keep the before-training accuracy of the first leg of the run."""
-        path = self.out / "summary.json"
-        if "eval_accuracy_before" in summary or not path.is_file():
-            return {}
-        old = json.loads(path.read_text())
-        return {"eval_accuracy_before": old["eval_accuracy_before"]} if "eval_accuracy_before" in old else {}
-
-    def _run_callbacks(self, metrics: dict[str, float]) -> None:
-        for callback in self.callbacks:
-            try:
-                callback(self.step, metrics, self)
-            except Exception as e:
-                name = getattr(callback, "__qualname__", repr(callback))
-                raise TrainingError(
-                    f"callback {name} stopped the run at step {self.step}: {type(e).__name__}: {e} "
-                    f"(checkpoint of step {self.step}: {self.save()})."
-                ) from e
-
-    def _save_samples(self, batch: ScoredBatch) -> None:
-        rows = []
-        G = self.cfg.rollout.group_size
-        for i in range(0, len(batch.texts), G):  # first completion of each group, up to 8 groups
-            if len(rows) >= 8:
-                break
-            rows.append(
-                {
-                    "prompt": batch.rows[i][self.cfg.data.prompt_column],
-                    "completion": batch.texts[i],
-                    "reward": float(batch.rewards[i]),
-                    **{f"reward/{k}": v[i] for k, v in batch.per_function.items()},
-                    **{k: v[i] for k, v in batch.extra.items()},  # reward functions' log_extra columns
-                }
-            )
-        self.log.log_samples(self.step, rows)
-
-    def _plot(self) -> None:
-        from grpokit.plots import plot_training_curves
-
-        eval_path = self.out / "eval.jsonl"
-        plot_training_curves(
-            self.out / "metrics.jsonl",
-            self.out / "curves.png",
-            eval_path=eval_path if eval_path.is_file() else None,
-        )

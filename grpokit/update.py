@@ -1,0 +1,197 @@
+"""The update's micro-batch machinery: a mini-batch's gradient accumulated over micro-batches sized to
+fit memory (retried smaller after an out-of-memory error), the optimizer step, and no-grad log-probs.
+
+``MicroBatchMixin`` holds these GRPOTrainer methods; ``GRPOTrainer.update`` drives them."""
+
+from __future__ import annotations
+
+import contextlib
+import resource
+import sys
+
+import torch
+
+from grpokit.algos import get_loss
+from grpokit.batch import length_sorted
+from grpokit.errors import TrainingError
+from grpokit.generation import Rollout
+from grpokit.modeling import completion_logprobs
+from grpokit.update_stats import UpdateStats
+
+AUTO_MICRO_TOKENS = 4096
+"""optim.micro_batch_size=auto off CUDA: rows per micro-batch x longest row <= this many tokens."""
+
+
+def peak_memory_mb(device: torch.device) -> float:
+    """Peak memory of the run so far in MiB: allocated on the GPU, or the process's resident set."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
+
+
+class MicroBatchMixin:
+    """GRPOTrainer's gradient accumulation, optimizer step and batched no-grad log-probs."""
+
+    def _mini_batch_gradients(
+        self, r, mb, rows, advantages, loss_mask, lengths, old_logprobs, ref_logprobs, first
+    ) -> tuple[UpdateStats, bool]:
+        """Accumulate the gradient of mini-batch ``mb`` (M,) over micro-batches of ``rows`` rows, sorted by
+        length. Returns its UpdateStats (loss metrics; sampler-vs-trainer log-prob differences and entropy
+        on the first mini-batch) and whether every loss was finite (a NaN/inf loss stops the accumulation).
+        Nothing outside changes but the parameters' .grad."""
+        cfg, algo = self.cfg, self.algo
+        loss_fn = get_loss(algo.loss.name)
+        num_tokens = loss_mask[mb].sum().clamp(min=1).to(self.device)
+        stats = UpdateStats()
+        for micro in length_sorted(mb, lengths).split(rows):
+            tensors = self._micro_tensors(r, micro, loss_mask)
+            with self.precision.autocast(self.device):
+                logprobs, entropy = completion_logprobs(
+                    self.model,
+                    tensors["prompt_ids"],
+                    tensors["prompt_mask"],
+                    tensors["completion_ids"],
+                    tensors["completion_mask"],
+                    temperature=cfg.rollout.temperature,
+                    chunk_size=cfg.optim.logprob_chunk_size,
+                    with_entropy=first,
+                )  # (n, L), float32
+            mask = tensors["loss_mask"]
+            width = logprobs.shape[1]
+            old = old_logprobs[micro][:, :width].to(self.device) if old_logprobs is not None else logprobs.detach()
+            ref = ref_logprobs[micro][:, :width].to(self.device) if ref_logprobs is not None else None
+            adv = advantages[micro.to(self.device)]  # (n,) or (n, Lc)
+            adv = adv[:, :width] if adv.dim() == 2 else adv  # (n,) or (n, L)
+            loss, loss_stats = loss_fn(
+                logprobs,
+                old,
+                adv,
+                mask,
+                ref_logprobs=ref,
+                **algo.loss_kwargs(),
+                num_sequences=len(mb),
+                num_tokens=num_tokens,
+            )
+            if not torch.isfinite(loss):
+                return stats, False
+            (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
+            stats.add_loss(loss, loss_stats, float(mask.sum()))
+            if first:
+                generated = tensors["completion_mask"].bool()  # (n, L)
+                stats.add_sampler_diff(logprobs, tensors["sample_logprobs"], generated)
+                stats.add_entropy(entropy, generated)
+        return stats, True
+
+    def _micro_rows(self, lengths: torch.Tensor) -> int:
+        """Rows per micro-batch for rows of ``lengths`` (real tokens each). A number in
+        optim.micro_batch_size is used as given. auto: on CUDA every row at once until an out-of-memory
+        error halves it (remembered for the rest of the run); elsewhere as many rows as fit
+        AUTO_MICRO_TOKENS tokens (a CPU process cannot survive running out of memory to learn from it)."""
+        setting = self.cfg.optim.micro_batch_size
+        n = max(1, len(lengths))
+        if setting != "auto":
+            return int(setting)
+        if self.device.type == "cuda":
+            return min(n, self.auto_micro_rows or n)
+        longest = int(lengths.max()) if len(lengths) else 1
+        return max(1, min(n, AUTO_MICRO_TOKENS // max(1, longest)))
+
+    def _with_micro_retry(self, fn, lengths: torch.Tensor):
+        """``fn(rows)`` with rows = _micro_rows(lengths); under micro_batch_size=auto an out-of-memory
+        error drops the partial gradient and retries with half the rows. The loss normaliser is the
+        mini-batch's, so the retried gradient is the one the first try would have given."""
+        while True:
+            rows = self._micro_rows(lengths)
+            try:
+                result = fn(rows)
+                self.last_micro_rows = rows
+                return result
+            except torch.cuda.OutOfMemoryError as e:
+                self.optimizer.zero_grad(set_to_none=True)
+                if self.cfg.optim.micro_batch_size != "auto" or rows == 1:
+                    raise TrainingError(
+                        f"out of GPU memory with {rows} completions per micro-batch: lower "
+                        "optim.micro_batch_size, set it to auto, or turn on model.gradient_checkpointing"
+                    ) from e
+                torch.cuda.empty_cache()
+                self.auto_micro_rows = rows // 2
+                message = f"out of GPU memory at {rows} rows per micro-batch: retrying with {rows // 2} (auto)"
+                self.log.print(message) if self.log else print(message, file=sys.stderr)
+
+    def _clip_and_step(self, finite: bool) -> float | None:
+        """Unscale (float16), clip, check, step. A NaN/inf loss or gradient skips the update instead of
+        corrupting the weights; under loss scaling it also lowers the scale (GradScaler's own rule)."""
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        scaler = self.scaler
+        if finite:
+            if scaler is not None:
+                scaler.unscale_(self.optimizer)
+            max_norm = self.cfg.optim.max_grad_norm if self.cfg.optim.max_grad_norm > 0 else float("inf")
+            norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+            finite = bool(torch.isfinite(norm))
+            if scaler is not None:
+                if finite:
+                    scaler.step(self.optimizer)
+                scaler.update()  # halves the scale after an overflow, grows it after a quiet stretch
+        if not finite:
+            self.optimizer.zero_grad(set_to_none=True)
+            if scaler is None:  # under loss scaling an overflow is routine: counted, not printed
+                message = f"step {self.step + 1}: non-finite loss or gradient, update skipped"
+                self.log.print(message) if self.log else print(message)
+            return None
+        if scaler is None:
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return float(norm)
+
+    def _micro_tensors(
+        self, r: Rollout, idx: torch.Tensor, loss_mask: torch.Tensor
+    ) -> dict[str, torch.Tensor]:
+        """Rows ``idx`` of the batch, trimmed to their own longest prompt/completion, on device."""
+        pm = r.prompt_mask[idx]
+        cm = r.completion_mask[idx]
+        p_start = int((pm.sum(0) > 0).nonzero().min()) if pm.any() else 0
+        c_len = max(1, int((cm.sum(0) > 0).nonzero().max()) + 1) if cm.any() else 1
+        d = self.device
+        return {
+            "prompt_ids": r.prompt_ids[idx][:, p_start:].to(d),
+            "prompt_mask": pm[:, p_start:].to(d),
+            "completion_ids": r.completion_ids[idx][:, :c_len].to(d),
+            "completion_mask": cm[:, :c_len].to(d),
+            "loss_mask": loss_mask[idx][:, :c_len].to(d),
+            "sample_logprobs": r.logprobs[idx][:, :c_len].to(d),
+        }
+
+    @torch.no_grad()
+    def _logprobs_no_grad(self, model, r: Rollout, reference: bool = False) -> torch.Tensor:
+        """(N, Lc) log-probs of the batch's completions under ``model`` (the reference when asked:
+        with LoRA that is the base model with the adapter disabled)."""
+        N, Lc = r.completion_ids.shape
+        out = torch.zeros(N, Lc)
+        if reference and model is None:
+            ctx = self.model.disable_adapter()
+            model = self.model
+        else:
+            ctx = contextlib.nullcontext()
+        was_training = self.model.training
+        model.eval()
+        def run(rows: int) -> None:
+            for micro in length_sorted(torch.arange(N), lengths).split(rows):
+                t = self._micro_tensors(r, micro, r.completion_mask)
+                with self.precision.autocast(self.device):  # the same numerics as the update
+                    lp, _ = completion_logprobs(
+                        model,
+                        t["prompt_ids"],
+                        t["prompt_mask"],
+                        t["completion_ids"],
+                        t["completion_mask"],
+                        temperature=self.cfg.rollout.temperature,
+                        chunk_size=self.cfg.optim.logprob_chunk_size,
+                    )
+                out[micro, : lp.shape[1]] = lp.float().cpu()
+
+        lengths = r.prompt_mask.sum(-1) + r.completion_mask.sum(-1)  # (N,)
+        with ctx:
+            self._with_micro_retry(run, lengths)
+        self.model.train(was_training)
+        return out
