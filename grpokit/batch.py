@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import torch
 
 from grpokit.generation import Rollout
+from grpokit.rewards.runner import RewardResult
 
 
 @dataclass
@@ -84,7 +85,7 @@ def batch_reward_metrics(batch: ScoredBatch, rounds: list[dict[str, float]]) -> 
     logged: dict[str, list[float]] = {}
     for metrics in rounds:
         for key, value in metrics.items():
-            if key.endswith(("/failed", "/failed_rows", "/timeouts", "/seconds")):
+            if key.endswith(tuple(f"/{c}" for c in RewardResult.COUNTERS)):
                 out[key] = out.get(key, 0.0) + value  # counters and costs add up over rounds
             elif not key.endswith(("/mean", "/std", "/applicable")):
                 logged.setdefault(key, []).append(value)  # a reward's own log_metric values: averaged
@@ -101,6 +102,19 @@ def batch_reward_metrics(batch: ScoredBatch, rounds: list[dict[str, float]]) -> 
     return out
 
 
+ANSWER_FORMAT_HINT = (
+    "math_accuracy reads \\boxed{...}, '#### 42' or 'the answer is 42'; a bare number scores 0"
+)
+"""Why a verifier may score every completion 0: said by the flat-rewards stop and the evaluation warning."""
+
+
+def flat_groups(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
+    """(P,) True for each group of ``rewards`` (N,) (prompt-major, G contiguous) whose rewards all match:
+    its advantages are all 0, so it teaches nothing."""
+    grouped = rewards.view(-1, group_size)  # (P, G)
+    return (grouped.max(dim=1).values - grouped.min(dim=1).values) == 0
+
+
 def flat_rewards_message(batch: ScoredBatch, prompt_column: str, reward_names: list[str]) -> str:
     """The likely cause of a batch whose groups all have equal rewards, with one sample and its scores."""
     values = batch.rewards
@@ -114,9 +128,9 @@ def flat_rewards_message(batch: ScoredBatch, prompt_column: str, reward_names: l
         cause = f"Every completion scored {v:g}: the rewards are constant. "
         if v <= 0:
             cause += (
-                "Either the verifier cannot read the answers (math_accuracy reads \\boxed{...}, '#### 42' or "
-                "'the answer is 42'; a bare number scores 0: set a template or system prompt that asks for "
-                "that format, or a reward that reads yours), or the prompts are too hard for this model."
+                f"Either the verifier cannot read the answers ({ANSWER_FORMAT_HINT}: set a template or "
+                "system prompt that asks for that format, or a reward that reads yours), or the prompts "
+                "are too hard for this model."
             )
         else:
             cause += "If that is the best score, the prompts are too easy for this model."

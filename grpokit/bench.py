@@ -39,7 +39,6 @@ import json
 import os
 import random
 import re
-import resource
 import shutil
 import statistics
 import subprocess
@@ -303,11 +302,10 @@ def _device_name(device) -> str:
 
 
 def _peak_memory_gib(device) -> tuple[float, str]:
-    import torch
+    from grpokit.update import peak_memory_mb  # the trainer's own peak_memory_mb metric
 
-    if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device) / 2**30, "cuda max_memory_allocated"
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, "process peak RSS (ru_maxrss)"
+    kind = "cuda max_memory_allocated" if device.type == "cuda" else "process peak RSS (ru_maxrss)"
+    return peak_memory_mb(device) / 1024, kind
 
 
 def _median(values: list[float]) -> float:

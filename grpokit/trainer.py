@@ -27,10 +27,12 @@ from grpokit.algos import compute_advantages, kl_estimate
 # noqa F401: some of these names are only re-exported (length_sorted, AUTO_MICRO_TOKENS...): they were
 # defined in this file, and code and tests import them from grpokit.trainer
 from grpokit.batch import (  # noqa: F401
+    ANSWER_FORMAT_HINT,
     PromptStream,
     ScoredBatch,
     batch_reward_metrics,
     concat_batches,
+    flat_groups,
     flat_rewards_message,
     length_sorted,
     step_metrics,
@@ -239,8 +241,7 @@ class GRPOTrainer(RunStateMixin, MicroBatchMixin):
                     log.print(
                         f"WARNING evaluation before training: every held-out row scored 0 with "
                         f"'{self.accuracy_name}'. The verifier may not read this model's answer format "
-                        "(math_accuracy reads \\boxed{...}, '#### 42' or 'the answer is 42'; a bare number "
-                        f"scores 0), or the task is too hard. Sample: {str(ex['prompt'])[:200]!r} -> "
+                        f"({ANSWER_FORMAT_HINT}), or the task is too hard. Sample: {str(ex['prompt'])[:200]!r} -> "
                         f"{ex['completion'][:300]!r}, score {ex['score']}."
                     )
                 summary["eval_accuracy_before"] = before["accuracy"]
@@ -335,7 +336,7 @@ class GRPOTrainer(RunStateMixin, MicroBatchMixin):
             timing["scoring"] += time.perf_counter() - t
             round_metrics.append(scored.reward_metrics)
             spread = scored.rewards.view(P, G)
-            flat = (spread.max(dim=1).values - spread.min(dim=1).values) == 0  # (P,)
+            flat = flat_groups(scored.rewards, G)  # (P,)
             zero_var_groups += int(flat.sum())
             total_groups += P
             if not self.algo.batch.dynamic_sampling:
@@ -370,11 +371,9 @@ class GRPOTrainer(RunStateMixin, MicroBatchMixin):
     def _check_reward_spread(self, batch: ScoredBatch) -> None:
         """Warn at the first step in which no group has any reward spread (every advantage is 0, so the
         step teaches nothing) and stop after train.stop_after_flat_steps of them in a row."""
-        G = self.cfg.rollout.group_size
-        grouped = batch.rewards.view(-1, G)  # (P, G)
         best_before = self.best_reward
         self.best_reward = max(self.best_reward, float(batch.rewards.max()))
-        if bool(((grouped.max(1).values - grouped.min(1).values) > 0).any()):
+        if not bool(flat_groups(batch.rewards, self.cfg.rollout.group_size).all()):
             self.flat_steps = 0
             self.had_spread = True
             return
@@ -539,11 +538,7 @@ class GRPOTrainer(RunStateMixin, MicroBatchMixin):
         order_gen = torch.Generator().manual_seed(self._seed(0))
         self.model.train()
         for epoch in range(cfg.optim.epochs):
-            order = (
-                torch.randperm(N, generator=order_gen)
-                if (cfg.optim.epochs > 1 or cfg.optim.mini_batches > 1)
-                else torch.arange(N)
-            )
+            order = torch.randperm(N, generator=order_gen) if self._several_passes() else torch.arange(N)
             for m in range(cfg.optim.mini_batches):
                 mb = order[m * mini : (m + 1) * mini]  # (M,)
                 part, finite = self._with_micro_retry(

@@ -108,6 +108,10 @@ class RewardResult:
     extra: dict[str, list] = field(default_factory=dict)
     """log_extra(column, values) calls, concatenated per column."""
 
+    COUNTERS = ("failed", "failed_rows", "timeouts", "seconds")
+    """reward/<name>/<counter> metrics that count or cost per call: they add up over several calls
+    (the trainer's dynamic-sampling rounds), where means and logged values are averaged."""
+
     def metrics(self) -> dict[str, float]:
         """reward/<name>/{mean,std,applicable,failed,failed_rows,timeouts,seconds}, reward/total/{mean,std}
         and reward/<name>/<metric> for each metric the function logged with log_metric. mean and std are over applicable (non-None) values and
