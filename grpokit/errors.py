@@ -1,6 +1,10 @@
 """The errors a training run stops with; each message says why and what to change."""
 
 
+class ConfigError(ValueError):
+    """A configuration key or value is wrong; the message says which and what to do."""
+
+
 class TrainingError(RuntimeError):
     """The run cannot go on; the message says why and what to change."""
 

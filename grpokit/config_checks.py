@@ -1,0 +1,244 @@
+"""Building a Config from nested mappings and checking it: types, unknown keys (with the nearest valid
+one), numeric ranges (RANGES, plus the algo.* ranges read from grpokit.algos.AlgoSettings) and choices.
+``grpokit.config`` holds the config's sections; this module holds the rules their values must follow."""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from typing import TYPE_CHECKING, Any
+
+from grpokit.errors import ConfigError
+
+if TYPE_CHECKING:
+    from grpokit.config import AlgoConfig, Config
+
+
+def _nearest(name: str, options: list[str]) -> str:
+    match = difflib.get_close_matches(name, options, n=1, cutoff=0.5)
+    return f" Did you mean '{match[0]}'?" if match else f" Valid keys: {', '.join(options)}."
+
+
+def _coerce(value: Any, tp: Any, key: str) -> Any:
+    """Check ``value`` against the annotation ``tp``; ints are accepted where floats are."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _coerce(value, arg, key)
+            except ConfigError as e:
+                errors.append(str(e))
+        raise ConfigError(errors[0] if errors else f"{key}: bad value {value!r}")
+    if tp is Any:
+        return value
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key}: expected a mapping of {tp.__name__} fields, got {value!r}")
+        return _build(tp, value, key)
+    if origin is list:
+        if not isinstance(value, list):
+            raise ConfigError(f"{key}: expected a list, got {value!r}")
+        (item_tp,) = typing.get_args(tp)
+        return [_coerce(v, item_tp, f"{key}[{i}]") for i, v in enumerate(value)]
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key}: expected a mapping, got {value!r}")
+        return dict(value)
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(f"{key}: expected true or false, got {value!r}")
+    if tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise ConfigError(f"{key}: expected an integer, got {value!r}")
+    if tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        raise ConfigError(f"{key}: expected a number, got {value!r}")
+    if tp is str:
+        if isinstance(value, str):
+            return value
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return str(value)
+        raise ConfigError(f"{key}: expected a string, got {value!r}")
+    raise ConfigError(f"{key}: unsupported type {tp}")
+
+
+def _build(cls: type, values: dict[str, Any], prefix: str = "") -> Any:
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    kwargs = {}
+    for key, value in values.items():
+        full = f"{prefix}.{key}" if prefix else str(key)
+        if key not in names:
+            raise ConfigError(f"unknown config key '{full}'.{_nearest(str(key), names)}")
+        kwargs[key] = _coerce(value, hints[key], full)
+    return cls(**kwargs)
+
+
+# Allowed ranges of numeric settings, checked before anything loads. Interval notation: "[" includes
+# the bound, "(" excludes it. An unset optional knob (None) is always allowed. The algo.* ranges are
+# read from grpokit.algos.AlgoSettings (see _algo_ranges).
+#   key                            allowed      example  meaning of the edge value
+RANGES: dict[str, tuple[str, Any, str]] = {
+    "lora.r":                      ("[1, inf)", 16, ""),
+    "lora.alpha":                  ("(0, inf)", 32, ""),
+    "lora.dropout":                ("[0, 1)", 0.05, ""),
+    "data.max_prompt_tokens":      ("[1, inf)", 512, ""),
+    "data.eval_limit":             ("[1, inf)", 200, ""),
+    "rollout.prompts_per_step":    ("[1, inf)", 8, ""),
+    "rollout.max_new_tokens":      ("[1, inf)", 256, ""),
+    "rollout.temperature":         ("(0, inf)", 1.0, "log-probs are taken at it"),
+    "rollout.top_p":               ("(0, 1]", 1.0, "1 = off"),
+    "rollout.top_k":               ("[0, inf)", 50, "0 = off"),
+    "optim.lr":                    ("(0, 1]", "1e-6", ""),
+    "optim.weight_decay":          ("[0, inf)", 0.01, ""),
+    "optim.adam_beta1":            ("[0, 1)", 0.9, ""),
+    "optim.adam_beta2":            ("[0, 1)", 0.99, ""),
+    "optim.warmup_steps":          ("[0, inf)", 10, ""),
+    "optim.max_grad_norm":         ("[0, inf)", 1.0, "0 = no clipping"),
+    "optim.epochs":                ("[1, inf)", 1, ""),
+    "optim.mini_batches":          ("[1, inf)", 1, ""),
+    "optim.logprob_chunk_size":    ("[1, inf)", 1024, ""),
+    "eval.every":                  ("[0, inf)", 50, "0 = only before and after training"),
+    "eval.num_samples":            ("[1, inf)", 4, ""),
+    "eval.temperature":            ("[0, inf)", 1.0, ""),
+    "eval.max_new_tokens":         ("[1, inf)", 256, ""),
+    "train.steps":                 ("[1, inf)", 200, ""),
+    "train.save_every":            ("[0, inf)", 50, "0 = only at the end"),
+    "train.keep_checkpoints":      ("[0, inf)", 2, "0 = keep all"),
+    "train.samples_every":         ("[0, inf)", 10, "0 = never"),
+    "train.reward_timeout_s":      ("(0, inf)", 120, ""),
+    "train.max_reward_failure_frac": ("[0, 1]", 0.05, "0 = any failure stops the run"),
+    "train.stop_after_flat_steps": ("[0, inf)", 5, "0 = never stop"),
+    "rewards[].weight":            ("(-inf, inf)", 1.0, ""),
+}  # fmt: skip
+
+
+def _in_interval(value: float, interval: str) -> bool:
+    """``_in_interval(0, "[1, inf)")`` -> False. NaN is in no interval (the algo settings' own rule)."""
+    from grpokit.algos.settings import in_interval
+
+    return in_interval(value, interval)
+
+
+def _describe_interval(interval: str) -> str:
+    """Words for an interval: "[1, inf)" -> ">= 1"; "(0, 1]" -> "> 0 and <= 1"."""
+    lo_text, hi_text = (t.strip() for t in interval[1:-1].split(","))
+    parts = []
+    if lo_text != "-inf":
+        parts.append(f"{'>=' if interval[0] == '[' else '>'} {lo_text}")
+    if hi_text != "inf":
+        parts.append(f"{'<=' if interval[-1] == ']' else '<'} {hi_text}")
+    return " and ".join(parts) or "a finite number"
+
+
+def _check_ranges(cfg: Config) -> None:
+    """Every numeric setting in RANGES within its interval; the message names key, value, range, example."""
+    for key, (interval, example, meaning) in {**RANGES, **_algo_ranges()}.items():
+        if key.startswith("rewards[]."):
+            field_name = key.split(".", 1)[1]
+            values = {f"rewards[{i}].{field_name}": getattr(r, field_name) for i, r in enumerate(cfg.rewards)}
+        else:
+            section, name = key.split(".")
+            values = {key: getattr(getattr(cfg, section), name)}
+        for shown, value in values.items():
+            if value is None or _in_interval(value, interval):
+                continue
+            note = f"; {meaning}" if meaning else ""
+            raise ConfigError(
+                f"{shown}={value!r} is out of range: it must be {_describe_interval(interval)}{note} "
+                f"(e.g. {shown}={example})."
+            )
+
+
+def _algo_ranges() -> dict[str, tuple[str, Any, str]]:
+    """RANGES entries of the algo.* knobs, from the settings object (one place for the schema)."""
+    from grpokit.algos import KNOBS
+
+    return {f"algo.{k.key}": (k.interval, k.example, k.meaning) for k in KNOBS.values() if k.interval}
+
+
+def _algo_choices(algo: AlgoConfig) -> dict[str, tuple[Any, list[Any]]]:
+    """Choice checks of the algo.* knobs, from the settings object; a 'package.module:function' name
+    (your own estimator) is accepted here and imported when the run starts."""
+    from grpokit.algos import KNOBS
+
+    out = {}
+    for k in KNOBS.values():
+        if k.choices is not None:
+            value = getattr(algo, k.key)
+            own = [value] if k.user_defined and isinstance(value, str) and ":" in value else []
+            out[f"algo.{k.key}"] = (value, [None, *k.choices(), *own])
+    return out
+
+
+def check_config(cfg: Config) -> None:
+    """Ranges, choices and the cross-setting rules; the first problem raises ConfigError."""
+    from grpokit.config import KV_CACHES
+
+    _check_ranges(cfg)
+    choices = {
+        "model.dtype": (cfg.model.dtype, ["auto", "float32", "bfloat16", "float16"]),
+        "data.template": (cfg.data.template, ["auto", "chat", "plain", "r1_zero"]),
+        "rollout.engine": (cfg.rollout.engine, ["fast", "hf"]),
+        "rollout.kv_cache": (cfg.rollout.kv_cache, list(KV_CACHES)),
+        "optim.schedule": (cfg.optim.schedule, ["constant", "cosine"]),
+        "optim.precision": (
+            cfg.optim.precision,
+            ["auto", "fp32", "bf16_mixed", "fp16_mixed", "bf16_kahan", "bf16_pure"],
+        ),
+        **_algo_choices(cfg.algo),
+    }
+    for key, (value, valid) in choices.items():
+        if value not in valid:
+            shown = [v for v in valid if v is not None]
+            hint = difflib.get_close_matches(str(value), shown, n=1, cutoff=0.3)
+            near = f" Did you mean '{hint[0]}'?" if hint else ""
+            raise ConfigError(f"{key}={value!r} is not one of {shown}.{near}")
+    from grpokit.algos import PRESETS
+
+    if cfg.algo.preset not in PRESETS:
+        raise ConfigError(
+            f"algo.preset={cfg.algo.preset!r} is not a known preset.{_nearest(cfg.algo.preset, list(PRESETS))}"
+        )
+    if cfg.optim.micro_batch_size != "auto" and (
+        not isinstance(cfg.optim.micro_batch_size, int) or cfg.optim.micro_batch_size < 1
+    ):
+        raise ConfigError(
+            f"optim.micro_batch_size={cfg.optim.micro_batch_size} must be at least 1 "
+            "or auto (e.g. optim.micro_batch_size=8, or auto: as many as fit)."
+        )
+    if cfg.rollout.group_size < 2:
+        raise ConfigError(
+            f"rollout.group_size={cfg.rollout.group_size}: GRPO needs at least 2 completions per prompt "
+            "to compare them (a group of 1 has no relative advantage). Use 2 or more, e.g. 8."
+        )
+    batch = cfg.rollout.prompts_per_step * cfg.rollout.group_size
+    if batch % cfg.optim.mini_batches:
+        raise ConfigError(
+            f"optim.mini_batches={cfg.optim.mini_batches} must divide the rollout batch "
+            f"(rollout.prompts_per_step * rollout.group_size = {batch})."
+        )
+    if not cfg.rewards:
+        raise ConfigError("rewards: at least one reward function is needed.")
+    from grpokit.runlog import check_report_to
+
+    try:
+        check_report_to(cfg.train.report_to)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+
+
+def build_config(cls: type, values: dict[str, Any]) -> Any:
+    """``cls`` (a config dataclass) from a nested mapping, every value type-checked."""
+    return _build(cls, values)
