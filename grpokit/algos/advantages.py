@@ -221,6 +221,11 @@ class AdvantageInputs:
     """(N, L) log-probs of the sampling policy, when the trainer has them."""
     ref_logprobs: Tensor | None = None
     """(N, L) log-probs of the reference, when there is one."""
+    values: Tensor | None = None
+    """(N, L) a critic's value V(s_t) at each completion position (PPO's GAE), None without a critic."""
+    step_rewards: list[list[tuple[int, float]]] | None = None
+    """Process rewards: for each completion its steps in order, as (t_end, score) with t_end the index in
+    the completion of the step's last token (0-based, ascending); None when rewards are per completion."""
     std_ddof: int = 1
     """Std convention of the std-scaled estimators (1 = unbiased)."""
     eps: float = 1e-6
@@ -338,6 +343,8 @@ def compute_advantages(
     kl_coef: float = 0.0,
     old_logprobs: Tensor | None = None,
     ref_logprobs: Tensor | None = None,
+    values: Tensor | None = None,
+    step_rewards: list[list[tuple[int, float]]] | None = None,
     std_ddof: int | None = None,
     eps: float = 1e-6,
 ) -> Tensor:
@@ -374,6 +381,8 @@ def compute_advantages(
         kl_coef=kl_coef,
         old_logprobs=old_logprobs,
         ref_logprobs=ref_logprobs,
+        values=values,
+        step_rewards=step_rewards,
         std_ddof=ddof,
         eps=eps,
     )
