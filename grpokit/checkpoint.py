@@ -50,10 +50,14 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def save_checkpoint(directory: Path, model, tokenizer, trainer_state: dict[str, Any]) -> Path:
-    """Write model + tokenizer + trainer state atomically to ``directory``. Refuses non-finite weights."""
-    for name, param in model.named_parameters():
-        if param.requires_grad and not torch.isfinite(param).all():
+def save_checkpoint(
+    directory: Path, model, tokenizer, trainer_state: dict[str, Any], state_dict: dict | None = None
+) -> Path:
+    """Write model + tokenizer + trainer state atomically to ``directory``. Refuses non-finite weights.
+    ``state_dict``: the weights to write instead of the model's own (consolidated from FSDP shards)."""
+    given = state_dict is not None
+    for name, param in state_dict.items() if given else model.named_parameters():
+        if param.is_floating_point() and (given or param.requires_grad) and not torch.isfinite(param).all():
             raise CheckpointError(f"refusing to save: parameter {name} holds NaN/inf")
     directory = Path(directory)
     tmp = directory.with_name(directory.name + ".tmp")
@@ -61,7 +65,8 @@ def save_checkpoint(directory: Path, model, tokenizer, trainer_state: dict[str, 
         shutil.rmtree(tmp)
     try:
         tmp.mkdir(parents=True)
-        model.save_pretrained(tmp, safe_serialization=True)
+        weights = {"state_dict": state_dict} if state_dict else {}
+        model.save_pretrained(tmp, safe_serialization=True, **weights)
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
         torch.save({**trainer_state, "rng": rng_state()}, tmp / STATE_FILE)

@@ -203,6 +203,8 @@ def _run(cfg, args: argparse.Namespace) -> int:
         return _fail(args, str(e), 2)
     except CheckpointError as e:
         return _fail(args, str(e), 1)
+    if int(os.environ.get("RANK", "0")) > 0:
+        return 0  # under torchrun rank 0 alone reports
     if summary.get("stopped_by"):
         name = summary["stopped_by"]
         saved = (

@@ -238,6 +238,8 @@ class TrainConfig:
     stop_after_flat_steps: int = 5
     """Stop (with the likely cause) after this many consecutive steps in which no group has any reward
     spread: every advantage is 0 and nothing is learnt. A warning comes at the first such step. 0 = never."""
+    distributed: str = "auto"
+    """Under torchrun (WORLD_SIZE > 1): fsdp (shard with FSDP2) | ddp | auto (ddp with LoRA, else fsdp)."""
 
 
 @dataclass

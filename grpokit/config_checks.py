@@ -193,6 +193,7 @@ def check_config(cfg: Config) -> None:
         "rollout.engine": (cfg.rollout.engine, ["fast", "hf"]),
         "rollout.kv_cache": (cfg.rollout.kv_cache, list(KV_CACHES)),
         "optim.schedule": (cfg.optim.schedule, ["constant", "cosine"]),
+        "train.distributed": (cfg.train.distributed, ["auto", "fsdp", "ddp"]),
         "optim.precision": (
             cfg.optim.precision,
             ["auto", "fp32", "bf16_mixed", "fp16_mixed", "bf16_kahan", "bf16_pure"],

@@ -82,12 +82,16 @@ def evaluate(
     seed: int = 0,
     batch_prompts: int = 64,
     examples: list[dict] | None = None,
+    split=None,
 ) -> dict[str, float]:
     """accuracy = greedy pass@1 (share of prompts whose greedy completion scores 1). With k =
     ``num_samples`` sampled completions per prompt (0 = skipped): mean_at_k = their mean score,
     pass_at_k = share of prompts with at least one scoring 1, maj_at_k = share whose majority answer
     scores 1 (module docstring), maj_at_k/no_answer = share of completions with no answer to vote.
-    ``examples``, when given, receives the first greedy {prompt, completion, score}."""
+    ``examples``, when given, receives the first greedy {prompt, completion, score}. ``split`` (under
+    torchrun, a grpokit.distributed.Distributed): each rank runs a contiguous block of the chunks of
+    ``batch_prompts`` rows, with the chunks' own seeds, and the results are gathered: the same numbers
+    as one process."""
     if not rows:
         raise ValueError("evaluate: no rows to evaluate on")
     model.eval()
@@ -103,7 +107,11 @@ def evaluate(
 
     def run(group_size: int, temp: float) -> tuple[list[float], list[int], list[str]]:
         scores, lengths, all_texts = [], [], []
-        for start in range(0, len(rows), batch_prompts):
+        starts = list(range(0, len(rows), batch_prompts))
+        if split is not None:  # a contiguous block of chunks per rank, gathered in rank order below
+            per_rank = -(-len(starts) // split.world)
+            starts = starts[split.rank * per_rank : (split.rank + 1) * per_rank]
+        for start in starts:
             chunk = list(range(start, min(start + batch_prompts, len(rows))))
             out = generator.generate(
                 model,
@@ -135,6 +143,9 @@ def evaluate(
             scores += [float(v) if v is not None else 0.0 for v in result.per_function["accuracy"]]
             lengths += out.completion_mask.sum(1).tolist()
             all_texts += [t if isinstance(t, str) else str(t) for t in texts]
+        if split is not None:
+            parts = split.gather((scores, lengths, all_texts))
+            scores, lengths, all_texts = ([x for p in parts for x in p[i]] for i in range(3))
         return scores, lengths, all_texts
 
     greedy, greedy_len, _ = run(1, 0.0)

@@ -69,12 +69,14 @@ class RunStateMixin:
     def trainer_state(self) -> dict[str, Any]:
         return {
             "step": self.step,
-            "optimizer": self.optimizer.state_dict(),
+            "optimizer": self.dist.optimizer_state(self.model, self.optimizer),  # torchrun: consolidated
             "scheduler": self.scheduler.state_dict(),
             "scaler": self.scaler.state_dict() if self.scaler is not None else None,
             "precision": self.precision.name,
             "stream": self.stream.state(),
             "config": dataclasses.asdict(self.cfg),
+            "world_size": self.dist.world,  # a run resumes at the same number of processes
+            "rng_ranks": self.dist.rng_states(),  # torchrun: every rank's RNG state, else None
         }
 
     def save(self) -> Path:
@@ -83,11 +85,13 @@ class RunStateMixin:
         if self._saved is not None and self._saved[0] == self.step:
             return self._saved[1]
         root = self.out / "checkpoints"
-        path = save_checkpoint(
-            root / f"step_{self.step:06d}", self.model, self.tokenizer, self.trainer_state()
-        )
+        path = root / f"step_{self.step:06d}"
+        weights, state = self.dist.full_state(self.model), self.trainer_state()  # every rank gathers
+        if self.dist.is_main:  # under torchrun rank 0 alone writes the consolidated checkpoint
+            save_checkpoint(path, self.model, self.tokenizer, state, state_dict=weights)
+            prune_checkpoints(root, self.cfg.train.keep_checkpoints, current_step=self.step)
+        self.dist.barrier()
         self._saved = (self.step, path)
-        prune_checkpoints(root, self.cfg.train.keep_checkpoints, current_step=self.step)
         return path
 
     def _start_run(self) -> None:
@@ -132,14 +136,16 @@ class RunStateMixin:
 
     def _resume(self) -> None:
         latest = self.resume_from
-        load_weights_into(self.model, latest)
         state = load_trainer_state(latest)
-        self.optimizer.load_state_dict(state["optimizer"])
+        self.dist.check_resume(state, latest)  # the same world size, or a clear refusal
+        if not self.dist.active:  # under torchrun the weights were loaded before sharding (dist.wrap)
+            load_weights_into(self.model, latest)
+        self.dist.load_optimizer(self.model, self.optimizer, state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         if self.scaler is not None and state.get("scaler"):
             self.scaler.load_state_dict(state["scaler"])
         self.stream.load_state(state["stream"])
-        set_rng_state(state["rng"])
+        set_rng_state(self.dist.my_rng(state))
         self.step = state["step"]
         self._saved = (self.step, latest)
 

@@ -39,6 +39,7 @@ from grpokit.batch import (  # noqa: F401
 )
 from grpokit.config import Config, ConfigError, resolve_algo
 from grpokit.data import load_train_eval, reward_columns
+from grpokit.distributed import Distributed
 from grpokit.errors import FlatRewardsError, TrainingError  # noqa: F401
 from grpokit.evaluate import evaluate
 from grpokit.generation import FastGenerator, HFGenerator, Rollout
@@ -104,6 +105,7 @@ class GRPOTrainer(RunStateMixin, MicroBatchMixin):
         self.overwrite = overwrite
         self.callbacks = list(callbacks)
         torch.manual_seed(cfg.train.seed)
+        self.dist = Distributed.from_env(cfg)  # torchrun: the process group (grpokit.distributed)
 
         # data
         self.train_rows, self.eval_rows = load_train_eval(cfg.data, train_rows, eval_rows)
@@ -163,6 +165,7 @@ class GRPOTrainer(RunStateMixin, MicroBatchMixin):
         # a reference for a KL in the loss or in the reward (with LoRA: the base, adapter disabled)
         self.uses_reference = self.algo.uses_reference
         self.ref_model = frozen_reference(model, cfg.lora.enabled) if self.uses_reference else None
+        self.dist.wrap(self.model, self.ref_model, self.resume_from)  # torchrun: FSDP2 / DDP
         self.eos_ids = eos_token_ids(self.tokenizer, self.model)
 
         # prompts are checked for length up front, so a bad row fails before any training
@@ -219,9 +222,9 @@ class GRPOTrainer(RunStateMixin, MicroBatchMixin):
         holds ``stopped_by`` (the signal's name) and is not written (a second Ctrl-C stops at once)."""
         cfg = self.cfg
         summary: dict[str, Any] = {}
-        self._start_run()
+        self.dist.on_main(self._start_run)
         with (
-            RunLogger(
+            self.dist.main_only(RunLogger)(
                 self.out,
                 total_steps=cfg.train.steps,
                 tensorboard=cfg.train.tensorboard,
@@ -256,6 +259,7 @@ class GRPOTrainer(RunStateMixin, MicroBatchMixin):
                     break  # the step was not taken: the prompts are solved
                 log.log_step(self.step, metrics)
                 self._run_callbacks(metrics)
+                stop.signal_name = self.dist.agree(stop.signal_name)  # every rank stops at the same step
                 if stop.signal_name:
                     break  # the safe point: this step is done and logged
                 if (
@@ -286,8 +290,9 @@ class GRPOTrainer(RunStateMixin, MicroBatchMixin):
             final = self.save()
             summary.update(steps=self.step, checkpoint=str(final), output_dir=str(self.out))
             summary.update(self._previous_summary(summary))
-            (self.out / "summary.json").write_text(json.dumps(summary, indent=2))
-            self._plot()
+            if self.dist.is_main:
+                (self.out / "summary.json").write_text(json.dumps(summary, indent=2))
+                self._plot()
         return summary
 
     def train_step(self) -> dict[str, float]:
@@ -311,6 +316,7 @@ class GRPOTrainer(RunStateMixin, MicroBatchMixin):
         generated = float(batch.rollout.completion_mask.sum())
         metrics["tokens_per_s"] = generated / step_seconds
         metrics["peak_memory_mb"] = peak_memory_mb(self.device)
+        self.dist.finish_metrics(metrics)
         if self.cfg.train.samples_every and self.step % self.cfg.train.samples_every == 0:
             self._save_samples(batch)
         return metrics
@@ -320,16 +326,17 @@ class GRPOTrainer(RunStateMixin, MicroBatchMixin):
     def sample_batch(self) -> tuple[ScoredBatch, dict[str, float], dict[str, float]]:
         """P groups of G scored completions. With DAPO's dynamic sampling, groups whose rewards
         all match are dropped and more prompts are sampled until P groups remain."""
-        P, G = self.cfg.rollout.prompts_per_step, self.cfg.rollout.group_size
+        P, G = self.cfg.rollout.prompts_per_step // self.dist.world, self.cfg.rollout.group_size  # per rank
         timing = {"generation": 0.0, "scoring": 0.0}
         kept: list[ScoredBatch] = []
         round_metrics: list[dict[str, float]] = []
         discarded_rewards: list[torch.Tensor] = []
         n_kept, rounds, zero_var_groups, total_groups = 0, 0, 0, 0
         while True:
-            row_ids = self.stream.take(P)
+            row_ids = self.dist.my_share(self.stream.take(P * self.dist.world))  # whole groups per rank
             t = time.perf_counter()
-            rollout = self.rollout([self.encoded[i] for i in row_ids], seed=self._seed(rounds))
+            seed = self.dist.rank_seed(self._seed(rounds))  # torchrun: ranks draw independent samples
+            rollout = self.rollout([self.encoded[i] for i in row_ids], seed=seed)
             timing["generation"] += time.perf_counter() - t
             t = time.perf_counter()
             scored = self.score(rollout, [self.train_rows[i] for i in row_ids])
@@ -347,7 +354,7 @@ class GRPOTrainer(RunStateMixin, MicroBatchMixin):
             if useful:
                 kept.append(scored.select_groups(useful, G))
                 n_kept += len(useful)
-            if n_kept == P:
+            if self.dist.all_true(n_kept == P):
                 break
             rounds += 1
             if rounds > self.algo.batch.max_sampling_rounds:
@@ -371,6 +378,7 @@ class GRPOTrainer(RunStateMixin, MicroBatchMixin):
     def _check_reward_spread(self, batch: ScoredBatch) -> None:
         """Warn at the first step in which no group has any reward spread (every advantage is 0, so the
         step teaches nothing) and stop after train.stop_after_flat_steps of them in a row."""
+        batch = self.dist.global_view(batch)  # torchrun: every rank's groups, so all ranks decide alike
         best_before = self.best_reward
         self.best_reward = max(self.best_reward, float(batch.rewards.max()))
         if not bool(flat_groups(batch.rewards, self.cfg.rollout.group_size).all()):
@@ -421,7 +429,7 @@ class GRPOTrainer(RunStateMixin, MicroBatchMixin):
         r = self.cfg.rollout
         self.model.eval()
         out = self.generator.generate(
-            self.model,
+            self.dist.generation_model(self.model, self.step),
             prompt_ids,
             group_size=group_size or r.group_size,
             max_new_tokens=max_new_tokens or r.max_new_tokens,
@@ -550,6 +558,7 @@ class GRPOTrainer(RunStateMixin, MicroBatchMixin):
                 stats.merge(part)
                 stats.add_step(self._clip_and_step(finite))
 
+        self.dist.reduce_update_stats(stats)  # torchrun: the global batch's sums
         metrics = stats.metrics(n_updates=cfg.optim.epochs * cfg.optim.mini_batches)
         metrics["lr"] = self.scheduler.get_last_lr()[0]
         if self.scaler is not None:
@@ -560,12 +569,12 @@ class GRPOTrainer(RunStateMixin, MicroBatchMixin):
     # ----------------------------------------------------------------------------- metrics, eval, io
 
     def _step_metrics(self, batch: ScoredBatch, advantages, update_metrics, sampling) -> dict[str, float]:
-        return step_metrics(batch, advantages, update_metrics, sampling, self.accuracy_name)
+        return self.dist.step_metrics(batch, advantages, update_metrics, sampling, self.accuracy_name)
 
     def evaluate(self, examples: list[dict] | None = None) -> dict[str, float]:
         was = self.model.training
         result = evaluate(
-            self.model,
+            self.dist.generation_model(self.model, self.step),
             self.tokenizer,
             self.eval_rows,
             accuracy_fn=self.accuracy_fn,
@@ -577,6 +586,7 @@ class GRPOTrainer(RunStateMixin, MicroBatchMixin):
             max_new_tokens=self.cfg.eval.max_new_tokens or self.cfg.rollout.max_new_tokens,
             seed=self.cfg.train.seed,
             examples=examples,
+            split=self.dist if self.dist.active else None,
         )
         self.model.train(was)
         return result

@@ -15,7 +15,6 @@ from grpokit.algos import get_loss
 from grpokit.batch import length_sorted
 from grpokit.errors import TrainingError
 from grpokit.generation import Rollout
-from grpokit.modeling import completion_logprobs
 from grpokit.update_stats import UpdateStats
 
 AUTO_MICRO_TOKENS = 4096
@@ -41,13 +40,13 @@ class MicroBatchMixin:
         Nothing outside changes but the parameters' .grad."""
         cfg, algo = self.cfg, self.algo
         loss_fn = get_loss(algo.loss.name)
-        num_tokens = loss_mask[mb].sum().clamp(min=1).to(self.device)
+        # the whole mini-batch's normaliser, over every rank under torchrun (grpokit.distributed)
+        num_tokens = self.dist.sum(loss_mask[mb].sum()).clamp(min=1).to(self.device)
         stats = UpdateStats()
         for micro in length_sorted(mb, lengths).split(rows):
             tensors = self._micro_tensors(r, micro, loss_mask)
             with self.precision.autocast(self.device):
-                logprobs, entropy = completion_logprobs(
-                    self.model,
+                logprobs, entropy = self.dist.logprobs_fn(self.model)(
                     tensors["prompt_ids"],
                     tensors["prompt_mask"],
                     tensors["completion_ids"],
@@ -69,12 +68,13 @@ class MicroBatchMixin:
                 mask,
                 ref_logprobs=ref,
                 **algo.loss_kwargs(),
-                num_sequences=len(mb),
+                num_sequences=len(mb) * self.dist.world,
                 num_tokens=num_tokens,
             )
-            if not torch.isfinite(loss):
+            if not torch.isfinite(loss) and not self.dist.active:  # ranks: the global norm is NaN, all skip
                 return stats, False
-            (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
+            scaled = loss * self.dist.world  # DDP/FSDP average gradients over ranks: N * mean = the sum
+            (self.scaler.scale(scaled) if self.scaler is not None else scaled).backward()
             stats.add_loss(loss, loss_stats, float(mask.sum()))
             if first:
                 generated = tensors["completion_mask"].bool()  # (n, L)
@@ -93,7 +93,7 @@ class MicroBatchMixin:
             return int(setting)
         if self.device.type == "cuda":
             return min(n, self.auto_micro_rows or n)
-        longest = int(lengths.max()) if len(lengths) else 1
+        longest = self.dist.max_int(int(lengths.max()) if len(lengths) else 1)  # equal micro counts on ranks
         return max(1, min(n, AUTO_MICRO_TOKENS // max(1, longest)))
 
     def _with_micro_retry(self, fn, lengths: torch.Tensor):
@@ -108,7 +108,7 @@ class MicroBatchMixin:
                 return result
             except torch.cuda.OutOfMemoryError as e:
                 self.optimizer.zero_grad(set_to_none=True)
-                if self.cfg.optim.micro_batch_size != "auto" or rows == 1:
+                if self.cfg.optim.micro_batch_size != "auto" or rows == 1 or self.dist.active:
                     raise TrainingError(
                         f"out of GPU memory with {rows} completions per micro-batch: lower "
                         "optim.micro_batch_size, set it to auto, or turn on model.gradient_checkpointing"
@@ -127,7 +127,8 @@ class MicroBatchMixin:
             if scaler is not None:
                 scaler.unscale_(self.optimizer)
             max_norm = self.cfg.optim.max_grad_norm if self.cfg.optim.max_grad_norm > 0 else float("inf")
-            norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+            norm = torch.nn.utils.clip_grad_norm_(params, max_norm)  # FSDP2: a DTensor, the global norm
+            norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
             finite = bool(torch.isfinite(norm))
             if scaler is not None:
                 if finite:
@@ -179,8 +180,7 @@ class MicroBatchMixin:
             for micro in length_sorted(torch.arange(N), lengths).split(rows):
                 t = self._micro_tensors(r, micro, r.completion_mask)
                 with self.precision.autocast(self.device):  # the same numerics as the update
-                    lp, _ = completion_logprobs(
-                        model,
+                    lp, _ = self.dist.logprobs_fn(model)(
                         t["prompt_ids"],
                         t["prompt_mask"],
                         t["completion_ids"],

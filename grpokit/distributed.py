@@ -1,0 +1,445 @@
+"""Data-parallel training under ``torchrun``: one process per device, ``torch.distributed`` between them.
+
+    torchrun --nproc_per_node=N -m grpokit train cfg.yaml
+
+Without torchrun (WORLD_SIZE unset or 1) ``Distributed()`` is a no-op whose helpers return their input,
+so the trainer calls them unconditionally. Under torchrun:
+
+- backend: NCCL when CUDA is available (device ``cuda:LOCAL_RANK``), gloo on CPU.
+- each rank samples ``rollout.prompts_per_step / N`` prompts: its contiguous slice of the step's global
+  take from the (seeded, identical on every rank) PromptStream, whole groups only, with its own sampling
+  seed (``rank_seed``); under dynamic sampling every rank fills its own share and the rounds end when all
+  ranks are full (``all_true``), so all ranks run the same number of rounds.
+- the loss normaliser (num_sequences, num_tokens) is the global mini-batch's: num_tokens is all-reduced,
+  num_sequences is local rows x N. DDP and FSDP *average* gradients over ranks, so each rank's loss is
+  multiplied by N before backward: sum_r(N * L_r) / N = sum_r L_r, the single-process loss of the global
+  batch. Micro-batch counts are equal on all ranks (the longest row is all-reduced), so every rank runs
+  the same collectives. Clipping uses the global norm; a non-finite loss still runs its backward so the
+  global norm is NaN on every rank and the step is skipped everywhere.
+- strategy (train.distributed): ``fsdp`` shards the policy (each decoder layer, then the rest) and the
+  reference with FSDP2 ``fully_shard``; ``ddp`` replicates them (DistributedDataParallel). ``auto``: ddp
+  with LoRA (the adapter is tiny and the base must be whole for generation anyway), fsdp otherwise.
+  The trainer's log-prob function (grpokit.modeling.completion_logprobs) calls the decoder and LM head
+  directly, so it runs inside a root module (``PolicyForward``) that FSDP/DDP wrap: their hooks fire.
+- generation under fsdp: a full, unsharded copy of the policy is kept for sampling and evaluation; its
+  trainable parameters are gathered from the shards once per optimizer step (``generation_model``), so
+  decoding runs with no collective at all (ranks may stop at different lengths). Cost: one extra full
+  copy of the weights per rank, and one all-gather of the trainable weights per step.
+- rank 0 alone writes (``main_only``, ``on_main``); checkpoints are consolidated on rank 0 (full model
+  state dict -> ``save_pretrained``; full optimizer state dict) with every rank's RNG state, and can be
+  resumed at the same world size only (refused otherwise, naming both sizes).
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import inspect
+import os
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from grpokit.errors import ConfigError
+
+STRATEGIES = ("auto", "fsdp", "ddp")
+_SEED_STRIDE = 506_952_113  # rank r samples with seed + r * this (mod 2**31): far apart, rank 0 unchanged
+
+
+class PolicyForward(nn.Module):
+    """A root module whose forward is ``completion_logprobs(policy, ...)``: FSDP/DDP hook into it."""
+
+    def __init__(self, policy: nn.Module):
+        super().__init__()
+        self.policy = policy
+
+    def forward(self, *args, **kwargs):
+        from grpokit.modeling import completion_logprobs
+
+        out = completion_logprobs(self.policy, *args, **kwargs)
+        # FSDP2 hooks the backward onto the outputs: give it tensors of their own, not views
+        return tuple(t.clone() if t is not None and t._is_view() else t for t in out)
+
+
+class NullLogger:
+    """RunLogger's stand-in on ranks other than 0: every call does nothing."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def __enter__(self) -> NullLogger:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+    def __getattr__(self, name: str) -> Callable[..., None]:
+        return lambda *args, **kwargs: None
+
+
+def resolve_strategy(setting: str, lora: bool) -> str:
+    """auto -> ddp with LoRA, fsdp otherwise; fsdp and ddp as given."""
+    if setting not in STRATEGIES:
+        raise ConfigError(f"train.distributed={setting!r} is not one of {list(STRATEGIES)}")
+    if setting == "auto":
+        return "ddp" if lora else "fsdp"
+    return setting
+
+
+def check_launch(world: int, prompts_per_step: int) -> None:
+    """A clear error for a world size the step's prompts cannot be split over (whole groups per rank)."""
+    if world > prompts_per_step:
+        raise ConfigError(
+            f"torchrun started {world} processes but rollout.prompts_per_step={prompts_per_step}: each rank "
+            f"needs at least one prompt (group). Raise rollout.prompts_per_step to a multiple of {world} or "
+            f"start fewer processes (--nproc_per_node)."
+        )
+    if prompts_per_step % world:
+        raise ConfigError(
+            f"rollout.prompts_per_step={prompts_per_step} is not divisible by the world size {world}: each "
+            f"rank samples whole groups, the same number each. Use a multiple of {world} (e.g. "
+            f"{(prompts_per_step // world + 1) * world}) or another number of processes."
+        )
+
+
+class Distributed:
+    """The trainer's view of the process group; ``Distributed()`` (one process) makes every helper a no-op."""
+
+    def __init__(
+        self, world: int = 1, rank: int = 0, device: torch.device | None = None, strategy: str = "none"
+    ):
+        self.world, self.rank, self.strategy = world, rank, strategy
+        self.device = device or torch.device("cpu")  # where collectives' tensors live (NCCL: the GPU)
+        self._forward: dict[int, nn.Module] = {}  # id(model) -> its FSDP/DDP root (PolicyForward)
+        self._gen: nn.Module | None = None  # fsdp: the unsharded copy used for sampling
+        self._gen_version: Any = None
+        self._view: tuple[Any, Any] | None = None  # (local batch, its global view), see global_view
+
+    @classmethod
+    def from_env(cls, cfg) -> Distributed:
+        """Join the process group torchrun describes (WORLD_SIZE, RANK, LOCAL_RANK, MASTER_ADDR/PORT);
+        ``Distributed()`` when there is none. NCCL on CUDA (device cuda:LOCAL_RANK), gloo otherwise."""
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        if world <= 1:
+            return cls()
+        check_launch(world, cfg.rollout.prompts_per_step)
+        strategy = resolve_strategy(cfg.train.distributed, cfg.lora.enabled)
+        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        cuda = torch.cuda.is_available() and cfg.model.device != "cpu"
+        if cuda:
+            torch.cuda.set_device(local_rank)  # "cuda" means this rank's GPU from here on
+        if not dist.is_initialized():
+            dist.init_process_group("nccl" if cuda else "gloo")
+        if dist.get_world_size() != world:
+            raise ConfigError(f"WORLD_SIZE={world} but the process group has {dist.get_world_size()} ranks")
+        device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
+        return cls(world, dist.get_rank(), device, strategy)
+
+    @property
+    def active(self) -> bool:
+        return self.world > 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    # ------------------------------------------------------------------ collectives (no-ops alone)
+
+    def sum(self, t: torch.Tensor) -> torch.Tensor:
+        """``t`` summed over ranks (a new tensor on the collective device)."""
+        if not self.active:
+            return t
+        t = t.detach().to(self.device, copy=True)
+        dist.all_reduce(t)
+        return t
+
+    def max_int(self, value: int) -> int:
+        if not self.active:
+            return value
+        t = torch.tensor([value], device=self.device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return int(t)
+
+    def all_true(self, flag: bool) -> bool:
+        if not self.active:
+            return flag
+        t = torch.tensor([int(flag)], device=self.device)
+        dist.all_reduce(t, op=dist.ReduceOp.MIN)
+        return bool(t)
+
+    def gather(self, obj: Any) -> list[Any]:
+        """Every rank's ``obj`` (picklable), in rank order, on every rank."""
+        if not self.active:
+            return [obj]
+        out: list[Any] = [None] * self.world
+        dist.all_gather_object(out, obj)
+        return out
+
+    def agree(self, value: Any) -> Any:
+        """The first non-None ``value`` over ranks (e.g. a signal one rank caught), the same on all."""
+        if not self.active:
+            return value
+        return next((v for v in self.gather(value) if v is not None), None)
+
+    def barrier(self) -> None:
+        if self.active:
+            dist.barrier()
+
+    def on_main(self, fn: Callable[[], Any]) -> None:
+        """Run ``fn`` on rank 0 only; the others wait for it."""
+        if self.is_main:
+            fn()
+        self.barrier()
+
+    def main_only(self, cls: type) -> type:
+        """``cls`` on rank 0, NullLogger elsewhere: only rank 0 writes logs and metrics."""
+        return cls if self.is_main else NullLogger
+
+    # ------------------------------------------------------------------ splitting the work
+
+    def my_share(self, items: list) -> list:
+        """This rank's contiguous slice of ``items`` (len divisible by the world size)."""
+        n = len(items) // self.world
+        return items[self.rank * n : (self.rank + 1) * n]
+
+    def rank_seed(self, seed: int) -> int:
+        """This rank's sampling seed: ranks draw independent samples (rank 0 keeps ``seed``)."""
+        return (seed + self.rank * _SEED_STRIDE) % 2**31
+
+    def shard_batch(self, batch, group_size: int):
+        """This rank's share of a global ScoredBatch (whole groups, the same slice as ``my_share``)."""
+        groups = list(range(batch.rewards.numel() // group_size))
+        return batch.select_groups(self.my_share(groups), group_size) if self.active else batch
+
+    # ------------------------------------------------------------------ wrapping the models
+
+    def wrap(self, model: nn.Module, ref_model: nn.Module | None, resume_from=None) -> None:
+        """Shard (fsdp) or replicate (ddp) the policy and the reference. A checkpoint to resume from is
+        loaded into the whole model first (consolidated weights, any strategy)."""
+        if not self.active:
+            return
+        if resume_from is not None:
+            from grpokit.checkpoint import load_weights_into
+
+            load_weights_into(model, resume_from)
+        if self.strategy == "fsdp":
+            self._gen = copy.deepcopy(model).requires_grad_(False).eval()
+            self._forward[id(model)] = self._fully_shard(model)
+            if ref_model is not None:
+                self._forward[id(ref_model)] = self._fully_shard(ref_model)
+        else:
+            from torch.nn.parallel import DistributedDataParallel
+
+            ids = [self.device.index] if self.device.type == "cuda" else None
+            # buffers (RoPE's inv_freq) are the same on every rank: no broadcast before each forward
+            quiet = "forward_sync_buffers" in inspect.signature(DistributedDataParallel).parameters
+            sync = {"forward_sync_buffers": False} if quiet else {"broadcast_buffers": False}
+            self._forward[id(model)] = DistributedDataParallel(PolicyForward(model), device_ids=ids, **sync)
+        self.barrier()  # no rank starts writing before every rank has checked the output folder
+
+    @staticmethod
+    def _fully_shard(model: nn.Module) -> nn.Module:
+        try:
+            from torch.distributed.fsdp import fully_shard
+        except ImportError:  # torch < 2.6
+            from torch.distributed._composable.fsdp import fully_shard
+
+        from grpokit.modeling import base_model
+
+        layers = getattr(base_model(model).get_decoder(), "layers", None) or []
+        for layer in layers:
+            fully_shard(layer)
+        return fully_shard(PolicyForward(model))  # embeddings, final norm, (tied) LM head: the root group
+
+    def logprobs_fn(self, model: nn.Module) -> Callable[..., Any]:
+        """``completion_logprobs`` bound to ``model``, through its FSDP/DDP root when it has one."""
+        wrapped = self._forward.get(id(model))
+        if wrapped is not None:
+            return wrapped
+        from grpokit.modeling import completion_logprobs
+
+        return functools.partial(completion_logprobs, model)
+
+    @torch.no_grad()
+    def generation_model(self, model: nn.Module, version: Any) -> nn.Module:
+        """The model to sample from: ``model`` itself, or under fsdp the unsharded copy, its trainable
+        weights gathered from the shards when ``version`` (the trainer's step) changed."""
+        if self._gen is None:
+            return model
+        if version != self._gen_version:
+            for (name, p), (gen_name, g) in zip(model.named_parameters(), self._gen.named_parameters()):
+                if p.requires_grad:  # frozen weights never change: copied once, at wrap()
+                    assert name == gen_name, (name, gen_name)
+                    g.copy_(p.full_tensor() if hasattr(p, "full_tensor") else p)
+            self._gen_version = version
+        return self._gen
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def full_state(self, model: nn.Module) -> dict[str, torch.Tensor] | None:
+        """Consolidated weights for ``save_pretrained`` on rank 0 (every rank must call); None alone."""
+        if not self.active:
+            return None
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        if self.strategy == "ddp":
+            return {k: v.detach().cpu() for k, v in model.state_dict().items()} if self.is_main else {}
+        return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+    def optimizer_state(self, model: nn.Module, optimizer) -> dict[str, Any]:
+        """The optimizer's state dict: consolidated on rank 0 under torchrun (every rank must call)."""
+        if not self.active:
+            return optimizer.state_dict()
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        return get_optimizer_state_dict(model, optimizer, options=options)
+
+    def load_optimizer(self, model: nn.Module, optimizer, state: dict[str, Any]) -> None:
+        if not self.active:
+            optimizer.load_state_dict(state)
+            return
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+        set_optimizer_state_dict(model, optimizer, state, options=StateDictOptions(full_state_dict=True))
+
+    def rng_states(self) -> list[dict[str, Any]] | None:
+        """Every rank's RNG state (saved by rank 0), None alone."""
+        if not self.active:
+            return None
+        from grpokit.checkpoint import rng_state
+
+        return self.gather(rng_state())
+
+    def my_rng(self, state: dict[str, Any]) -> dict[str, Any]:
+        ranks = state.get("rng_ranks")
+        return ranks[self.rank] if ranks else state["rng"]
+
+    def check_resume(self, state: dict[str, Any], path) -> None:
+        """Refuse a checkpoint written at another world size, naming both."""
+        saved = int(state.get("world_size") or 1)
+        if saved != self.world:
+            raise ConfigError(
+                f"--resume: {path} was written by a run of {saved} process(es) and this run has "
+                f"{self.world}. Resume with the same number (torchrun --nproc_per_node={saved}, or no "
+                "torchrun for 1): each rank's sampling seed and share of the prompts depend on it. To go "
+                "on at another size, start a new run from the checkpoint's weights "
+                f"(model.name_or_path={path})."
+            )
+
+    # ------------------------------------------------------------------ global metrics
+
+    def global_view(self, batch):
+        """The step's batch as one process would see it, for metrics and the reward-spread checks: every
+        rank's rows, texts, rewards and completion lengths (prompt and token tensors are left out)."""
+        if not self.active:
+            return batch
+        if self._view is not None and self._view[0] is batch:
+            return self._view[1]
+        from grpokit.batch import ScoredBatch, batch_reward_metrics
+        from grpokit.generation import Rollout
+
+        r = batch.rollout
+        parts = self.gather(
+            {
+                "rows": batch.rows,
+                "texts": batch.texts,
+                "rewards": batch.rewards.cpu(),
+                "per_function": batch.per_function,
+                "reward_metrics": batch.reward_metrics,
+                "lengths": r.completion_mask.sum(1).cpu(),
+                "truncated": r.truncated.cpu(),
+            }
+        )
+        lengths = torch.cat([p["lengths"] for p in parts])  # (N,)
+        N, L = len(lengths), max(1, int(lengths.max()))
+        mask = (torch.arange(L)[None, :] < lengths[:, None]).long()  # (N, L): the mask is a prefix
+        zeros = torch.zeros(N, 1, dtype=torch.long)
+        view = ScoredBatch(
+            rollout=Rollout(
+                prompt_ids=zeros,
+                prompt_mask=zeros,
+                completion_ids=torch.zeros(N, L, dtype=torch.long),
+                completion_mask=mask,
+                logprobs=torch.zeros(N, L),
+                truncated=torch.cat([p["truncated"] for p in parts]),
+            ),
+            rows=[row for p in parts for row in p["rows"]],
+            texts=[t for p in parts for t in p["texts"]],
+            rewards=torch.cat([p["rewards"] for p in parts]),
+            per_function={k: [v for p in parts for v in p["per_function"][k]] for k in batch.per_function},
+            reward_metrics={},
+        )
+        # counters add up over ranks, means and stds are recomputed over the global rows
+        view.reward_metrics = batch_reward_metrics(view, [p["reward_metrics"] for p in parts])
+        self._view = (batch, view)
+        return view
+
+    def step_metrics(
+        self, batch, advantages, update_metrics, sampling, accuracy_name: str
+    ) -> dict[str, float]:
+        """grpokit.batch.step_metrics over the global batch (every rank gets the same numbers)."""
+        from grpokit.batch import step_metrics
+
+        if not self.active:
+            return step_metrics(batch, advantages, update_metrics, sampling, accuracy_name)
+        view = self.global_view(batch)
+        if advantages.dim() == 2:  # per token: over generated tokens
+            gen = batch.rollout.completion_mask.to(advantages.device).bool()
+            local = [float(advantages[gen].abs().sum()), float(gen.sum())]
+        else:
+            local = [float(advantages.abs().sum()), float(advantages.numel())]
+        parts = self.gather((local, sampling))
+        abs_sum, count = sum(p[0][0] for p in parts), sum(p[0][1] for p in parts)
+        samplings = [p[1] for p in parts]
+        merged = dict(sampling)
+        merged["zero_variance_frac"] = sum(s["zero_variance_frac"] for s in samplings) / self.world
+        if "dynamic_sampling/discarded_groups" in sampling:
+            counts = [s["dynamic_sampling/discarded_groups"] for s in samplings]
+            merged["dynamic_sampling/discarded_groups"] = float(sum(counts))
+            means = [(s["dynamic_sampling/discarded_reward_mean"], c) for s, c in zip(samplings, counts) if c]
+            merged.pop("dynamic_sampling/discarded_reward_mean", None)
+            if means:
+                merged["dynamic_sampling/discarded_reward_mean"] = sum(m * c for m, c in means) / sum(counts)
+        flat_adv = torch.full((1,), abs_sum / max(count, 1.0))  # its abs().mean() is the global mean
+        return step_metrics(view, flat_adv, update_metrics, merged, accuracy_name)
+
+    def reduce_update_stats(self, stats) -> None:
+        """Sum an UpdateStats' sums over ranks (in place): its metrics() are then the global batch's."""
+        if not self.active:
+            return
+        parts = self.gather(
+            (
+                stats.weighted,
+                stats.weight,
+                stats.loss_sum,
+                stats.sample_diff_sum,
+                stats.sample_diff_max,
+                stats.sample_tokens,
+                stats.entropy_sum,
+                stats.entropy_tokens,
+            )
+        )
+        stats.weighted = {k: sum(p[0].get(k, 0.0) for p in parts) for k in stats.weighted}
+        stats.weight, stats.loss_sum = sum(p[1] for p in parts), sum(p[2] for p in parts)
+        stats.sample_diff_sum, stats.sample_diff_max = sum(p[3] for p in parts), max(p[4] for p in parts)
+        stats.sample_tokens = sum(p[5] for p in parts)
+        stats.entropy_sum, stats.entropy_tokens = sum(p[6] for p in parts), sum(p[7] for p in parts)
+
+    def finish_metrics(self, metrics: dict[str, float]) -> None:
+        """Throughput summed over ranks, peak memory and times the largest rank's (in place)."""
+        if not self.active:
+            return
+        parts = self.gather(
+            {
+                k: v
+                for k, v in metrics.items()
+                if k in ("tokens_per_s", "peak_memory_mb") or k.startswith("time/")
+            }
+        )
+        for key in parts[0]:
+            values = [p[key] for p in parts]
+            metrics[key] = sum(values) if key == "tokens_per_s" else max(values)

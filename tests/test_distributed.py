@@ -1,0 +1,329 @@
+"""Data-parallel training under torchrun (grpokit.distributed), on CPU with gloo, as real subprocesses.
+
+The proof of "same result as one process": every rank builds the same global batch (the same prompts,
+the same sampling seed, the same weights), takes its share of whole groups, and updates. The gradient
+the optimizer sees must equal the one-process gradient of the whole batch. It would not if the loss
+normaliser were per rank (token-mean: each rank divides by its own tokens, ~half the global count, so
+the gradient doubles), or if DDP/FSDP's averaging over ranks were not undone (the gradient halves).
+Adam's first step is nearly scale-free, so the gradients themselves are compared, not only weights.
+
+This file is also the worker: ``python tests/test_distributed.py equivalence OUT`` (under torchrun or
+alone).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+TESTS = Path(__file__).resolve().parent
+REPO = TESTS.parent
+ROWS = [{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a in range(5) for b in range(5)]
+P, G = 4, 4  # global prompts per step and group size: 2 groups per rank on 2 ranks
+
+BASE = [
+    f"rollout.group_size={G}",
+    f"rollout.prompts_per_step={P}",
+    "rollout.max_new_tokens=6",
+    "optim.lr=1e-3",
+    "data.template=plain",
+    "model.device=cpu",
+    "eval.enabled=false",
+    "train.tensorboard=false",
+    "train.samples_every=0",
+]
+# name -> overrides; each case is run by one process and by two ranks on the same global batch
+CASES = {
+    # token-mean: the token count must be all-reduced; beta > 0: the reference is sharded too;
+    # 2 epochs: old log-probs through FSDP in no_grad and a second optimizer step; 3-row micro-batches
+    "fsdp": [
+        "train.distributed=fsdp",
+        "algo.agg=token-mean",
+        "algo.beta=0.04",
+        "optim.epochs=2",
+        "optim.micro_batch_size=3",
+    ],
+    # seq-mean-token-mean: num_sequences must be the global one
+    "ddp": ["train.distributed=ddp", "optim.micro_batch_size=2"],
+    # LoRA, sharded with FSDP; the reference is the base with the adapter off
+    "fsdp_lora": ["train.distributed=fsdp", "lora.enabled=true", "lora.r=4", "algo.beta=0.04"],
+}
+
+
+def distinct_chars(prompts, completions, **kw):
+    """Rewards that differ within a group for a random tiny model: distinct characters / 6."""
+    return [len(set(c)) / 6 for c in completions]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch(
+    args: list[str], nproc: int, timeout: float = 240, module: bool = False
+) -> subprocess.CompletedProcess:
+    """``python -m torch.distributed.run --nproc_per_node=nproc ...`` (or plain python for nproc=0)."""
+    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{TESTS}", "OMP_NUM_THREADS": "1"}
+    env.pop("WORLD_SIZE", None)
+    runner = [sys.executable]
+    if nproc:
+        runner += ["-m", "torch.distributed.run", f"--nproc_per_node={nproc}", f"--master_port={free_port()}"]
+    if module:
+        runner.append("-m")
+    proc = subprocess.run([*runner, *args], env=env, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return proc
+
+
+# ----------------------------------------------------------------------------- the worker
+
+
+def _full(t: torch.Tensor) -> torch.Tensor:
+    return (t.full_tensor() if hasattr(t, "full_tensor") else t).detach().clone()
+
+
+def equivalence_worker(out: str) -> None:
+    """For each case: one update on the same global batch; rank 0 saves the first optimizer step's
+    gradients, the final trainable weights and the loss to ``out``."""
+    from tiny_model import make_tiny_model
+
+    from grpokit.config import load_config
+    from grpokit.trainer import GRPOTrainer
+
+    results = {}
+    for name, extra in CASES.items():
+        torch.manual_seed(0)
+        model, tok = make_tiny_model("qwen2", seed=0)
+        cfg = load_config(None, [*BASE, *extra, f"train.output_dir={out}.{name}"])
+        trainer = GRPOTrainer(
+            cfg,
+            model=model,
+            tokenizer=tok,
+            train_rows=ROWS,
+            reward_functions=[("distinct_chars", distinct_chars, 1.0)],
+        )
+        if name == "fsdp":  # evaluation split over ranks in chunks of 2 prompts: the one-process numbers
+            from grpokit.evaluate import evaluate
+
+            results["eval"] = evaluate(
+                trainer.dist.generation_model(trainer.model, 0),
+                tok,
+                ROWS[:5],
+                accuracy_fn=distinct_chars,
+                generator=trainer.generator,
+                data_cfg=cfg.data,
+                eos_token_ids=trainer.eos_ids,
+                num_samples=2,
+                max_new_tokens=6,
+                batch_prompts=2,
+                split=trainer.dist if trainer.dist.active else None,
+            )
+        # the global batch, the same on every rank: prompts 0..P-1, one seed, the full weights
+        rollout = trainer.rollout([trainer.encoded[i] for i in range(P)], seed=123)
+        batch = trainer.score(rollout, ROWS[:P])
+        assert len(set(batch.rewards.tolist())) > 1, "the rewards need some spread"
+        local = trainer.dist.shard_batch(batch, G)  # this rank's whole groups
+        old, ref, _ = trainer.rollout_logprobs(local.rollout)
+        advantages = trainer.advantages(local, old, ref)
+        grads: dict[str, torch.Tensor] = {}
+        step = trainer._clip_and_step
+
+        def capture(finite: bool, grads=grads, step=step, trainer=trainer):
+            if not grads:  # the first optimizer step's gradient, before clipping
+                grads.update(
+                    {n: _full(p.grad) for n, p in trainer.model.named_parameters() if p.grad is not None}
+                )
+            return step(finite)
+
+        trainer._clip_and_step = capture
+        metrics, _ = trainer.update(local, advantages, old, ref)
+        trainable = {n for n, p in trainer.model.named_parameters() if p.requires_grad}
+        weights = {n: _full(p) for n, p in trainer.model.named_parameters() if n in trainable}
+        results[name] = {
+            "grads": grads,
+            "weights": weights,
+            "loss": metrics["loss"],
+            "rows": len(local.texts),
+        }
+    if trainer.dist.is_main:
+        torch.save(results, out)
+
+
+# ----------------------------------------------------------------------------- the tests
+
+
+def test_a_bad_launch_is_refused_clearly():
+    from grpokit.config import ConfigError
+    from grpokit.distributed import check_launch, resolve_strategy
+
+    check_launch(2, 4)
+    with pytest.raises(
+        ConfigError, match=r"prompts_per_step=3 is not divisible by the world size 2.*e\.g\. 4"
+    ):
+        check_launch(2, 3)
+    with pytest.raises(ConfigError, match="started 8 processes but rollout.prompts_per_step=4"):
+        check_launch(8, 4)
+    assert resolve_strategy("auto", lora=False) == "fsdp" and resolve_strategy("auto", lora=True) == "ddp"
+
+
+@pytest.fixture(scope="module")
+def equivalence(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("equivalence")
+    launch([__file__, "equivalence", str(folder / "one.pt")], nproc=0)
+    launch([__file__, "equivalence", str(folder / "two.pt")], nproc=2)
+    return torch.load(folder / "one.pt"), torch.load(folder / "two.pt")
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_two_ranks_give_the_one_process_gradient_and_weights(equivalence, case):
+    one, two = equivalence[0][case], equivalence[1][case]
+    assert one["rows"] == P * G and two["rows"] == P * G // 2  # each rank trained on half the groups
+    assert one["grads"].keys() == two["grads"].keys() and one["grads"]
+    for name, g in one["grads"].items():
+        assert g.abs().max() > 0 or "lora_A" in name  # a real gradient (LoRA's B starts at 0: A gets none)
+        # float32 sums in another order: ~1e-7 relative. A per-rank normaliser would be off by ~2x.
+        torch.testing.assert_close(two["grads"][name], g, rtol=1e-4, atol=1e-6, msg=f"{case}: grad {name}")
+    for name, w in one["weights"].items():
+        torch.testing.assert_close(two["weights"][name], w, rtol=1e-4, atol=1e-6, msg=f"{case}: {name}")
+    assert two["loss"] == pytest.approx(one["loss"], rel=1e-4, abs=1e-7)  # the global loss, all-reduced
+
+
+def test_evaluation_split_over_ranks_gives_the_one_process_numbers(equivalence):
+    one, two = equivalence[0]["eval"], equivalence[1]["eval"]
+    assert one["num_examples"] == 5.0 and set(one) == set(two)  # 3 chunks of <= 2 prompts: ranks 0 and 1
+    assert two == one  # exactly: the same chunks with the same seeds and the same (unsharded) weights
+
+
+if __name__ == "__main__":
+    mode, out = sys.argv[1], sys.argv[2]
+    if mode == "equivalence":
+        equivalence_worker(out)
+    else:
+        raise SystemExit(f"unknown mode {mode}")
+
+
+# ----------------------------------------------------------------------------- a real torchrun run
+
+SCORING_FILE = """import json, os
+from pathlib import Path
+
+
+def distinct_chars(prompts, completions, trainer_state=None, **kw):
+    scores = [len(set(c)) / 6 for c in completions]
+    with open(Path(__file__).parent / f"scores.rank{os.environ.get('RANK', '0')}.jsonl", "a") as f:
+        f.write(json.dumps({"step": trainer_state.global_step, "scores": scores}) + "\\n")
+    return scores
+"""
+STEPS = 3
+
+
+@pytest.fixture(scope="module")
+def two_rank_run(tmp_path_factory):
+    """`torchrun --nproc_per_node=2 -m grpokit train cfg.yaml`: 3 steps, a checkpoint after each; the
+    reward function records every score it gives, per rank."""
+    from tiny_model import save_tiny_model
+
+    folder = tmp_path_factory.mktemp("two_rank")
+    model = save_tiny_model(folder / "model")
+    data = folder / "prompts.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in ROWS))
+    (folder / "rewards.py").write_text(SCORING_FILE)
+    settings = {
+        "model": {"name_or_path": str(model), "device": "cpu"},
+        "data": {"train": str(data), "template": "plain", "max_prompt_tokens": 16},
+        "rollout": {"group_size": G, "prompts_per_step": P, "max_new_tokens": 6},
+        "optim": {"lr": 1e-3, "micro_batch_size": 4},
+        "algo": {"beta": 0.04},
+        "rewards": [{"name": f"{folder / 'rewards.py'}:distinct_chars"}],
+        "eval": {"enabled": False},
+        "train": {
+            "tensorboard": False,
+            "samples_every": 1,
+            "steps": STEPS,
+            "save_every": 1,
+            "keep_checkpoints": 0,
+            "output_dir": str(folder / "run"),
+        },
+    }
+    cfg = folder / "cfg.yaml"
+    cfg.write_text(json.dumps(settings))  # JSON is YAML
+    launch(["grpokit", "train", str(cfg)], nproc=2, module=True)
+    return folder, cfg
+
+
+def _lines(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_rank_0_logs_one_line_per_step_with_global_numbers(two_rank_run):
+    folder, _ = two_rank_run
+    metrics = _lines(folder / "run" / "metrics.jsonl")
+    assert [m["step"] for m in metrics] == [1, 2, 3]  # one writer: no doubled or torn lines
+    scored = {r: _lines(folder / f"scores.rank{r}.jsonl") for r in (0, 1)}
+    for m in metrics:
+        per_rank = [
+            [s for line in scored[r] if line["step"] == m["step"] - 1 for s in line["scores"]] for r in (0, 1)
+        ]
+        assert [len(x) for x in per_rank] == [P * G // 2] * 2  # each rank scored its 2 groups of 4
+        everything = per_rank[0] + per_rank[1]
+        # the logged mean is over both ranks' 16 completions (float32 rewards), not rank 0's 8
+        assert m["reward/total/mean"] == pytest.approx(sum(everything) / len(everything), abs=1e-6)
+        if abs(sum(per_rank[0]) - sum(per_rank[1])) > 1e-3:
+            assert m["reward/total/mean"] != pytest.approx(sum(per_rank[0]) / len(per_rank[0]), abs=1e-6)
+    samples = sorted((folder / "run" / "samples").iterdir())
+    assert [p.name for p in samples] == [f"step_00000{i}.jsonl" for i in (1, 2, 3)]
+
+
+def test_checkpoints_are_plain_transformers_models(two_rank_run):
+    from transformers import AutoModelForCausalLM
+
+    folder, _ = two_rank_run
+    start = AutoModelForCausalLM.from_pretrained(folder / "model")
+    trained = AutoModelForCausalLM.from_pretrained(folder / "run" / "checkpoints" / "step_000003")
+    before, after = start.state_dict(), trained.state_dict()
+    assert before.keys() == after.keys()
+    moved = max(float((after[k] - before[k]).abs().max()) for k in before)
+    assert 1e-4 < moved < 0.1  # 3 Adam steps of lr 1e-3 moved the weights, consolidated from the shards
+    state = torch.load(
+        folder / "run" / "checkpoints" / "step_000003" / "trainer_state.pt", weights_only=False
+    )
+    assert state["world_size"] == 2 and len(state["rng_ranks"]) == 2 and state["optimizer"]["state"]
+
+
+def test_resume_continues_like_the_uninterrupted_run(two_rank_run, tmp_path):
+    import shutil
+
+    folder, cfg = two_rank_run
+    resumed = Path(shutil.copytree(folder / "run", tmp_path / "resumed"))
+    launch(
+        ["grpokit", "train", str(cfg), "--output-dir", str(resumed), "--resume-from", "step_000002"],
+        nproc=2,
+        module=True,
+    )
+    full, again = _lines(folder / "run" / "metrics.jsonl"), _lines(resumed / "metrics.jsonl")
+    assert [m["step"] for m in again] == [1, 2, 3, 3]  # the resumed step 3 is appended
+    volatile = ("time/", "tokens_per_s", "peak_memory_mb", "seconds")
+    for key, value in full[2].items():
+        if not any(v in key for v in volatile):
+            assert again[3][key] == pytest.approx(value, rel=1e-5, abs=1e-7, nan_ok=True), key
+
+
+def test_resume_at_another_world_size_is_refused(two_rank_run, tmp_path, capsys):
+    import shutil
+
+    from grpokit.cli import main
+
+    folder, cfg = two_rank_run
+    run = Path(shutil.copytree(folder / "run", tmp_path / "run"))
+    assert main(["train", str(cfg), "--output-dir", str(run), "--resume"]) == 2
+    err = capsys.readouterr().err
+    assert "written by a run of 2 process(es) and this run has 1" in err and "--nproc_per_node=2" in err
