@@ -174,13 +174,15 @@ def _demo_config(overrides: list[str], build: bool = True):
     overrides are checked first: building the model takes minutes the first time. build=False: the
     config with placeholders for the demo's model and data paths, nothing built."""
     from grpokit.config import apply_overrides, config_from_dict
-    from grpokit.demo import demo_overrides, prepare_demo
+    from grpokit.demo import cache_root, demo_overrides, prepare_demo
+    from grpokit.distributed import node_lock
 
     placeholders = {name: Path(f"<demo {name}>") for name in ("model", "train", "eval")}
     checked = config_from_dict(apply_overrides(demo_overrides(placeholders), overrides))
     if not build:
         return checked
-    values = demo_overrides(prepare_demo(log=lambda m: print(m, file=sys.stderr)))
+    with node_lock(cache_root() / "demo.lock"):  # torchrun: one rank builds the warm start, the rest reuse it
+        values = demo_overrides(prepare_demo(log=lambda m: print(m, file=sys.stderr)))
     return config_from_dict(apply_overrides(values, overrides))
 
 

@@ -32,11 +32,13 @@ so the trainer calls them unconditionally. Under torchrun:
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import inspect
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -105,6 +107,24 @@ def check_launch(world: int, prompts_per_step: int) -> None:
         )
 
 
+@contextlib.contextmanager
+def node_lock(path: Path) -> Iterator[None]:
+    """Under torchrun the processes of a node run the block one at a time (an flock on ``path``), so that
+    one builds a cached file (the demo's warm start) and the others find it; alone, no lock."""
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        yield
+        return
+    import fcntl
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
 class Distributed:
     """The trainer's view of the process group; ``Distributed()`` (one process) makes every helper a no-op."""
 
@@ -127,6 +147,15 @@ class Distributed:
             return cls()
         check_launch(world, cfg.rollout.prompts_per_step)
         strategy = resolve_strategy(cfg.train.distributed, cfg.lora.enabled)
+        fp16 = cfg.optim.precision == "fp16_mixed" or (
+            cfg.optim.precision == "auto" and cfg.model.dtype == "float16"
+        )
+        if strategy == "fsdp" and fp16:
+            raise ConfigError(
+                "float16 loss scaling (optim.precision=fp16_mixed, or model.dtype=float16) is not supported "
+                "with train.distributed=fsdp: use optim.precision=bf16_mixed or bf16_kahan, or "
+                "train.distributed=ddp."
+            )
         local_rank = int(os.environ.get("LOCAL_RANK", "0"))
         cuda = torch.cuda.is_available() and cfg.model.device != "cpu"
         if cuda:

@@ -146,6 +146,8 @@ def evaluate(
         if split is not None:
             parts = split.gather((scores, lengths, all_texts))
             scores, lengths, all_texts = ([x for p in parts for x in p[i]] for i in range(3))
+            if examples is not None and not examples and scores:  # the first row ran on another rank
+                examples.append({"prompt": prompts[0], "completion": all_texts[0], "score": scores[0]})
         return scores, lengths, all_texts
 
     greedy, greedy_len, _ = run(1, 0.0)
