@@ -1,0 +1,308 @@
+"""Calling one reward function, never raising (the TRL calling convention; see `grpokit.rewards.runner`),
+and the forked worker processes that run the calls: the pickled frames on their pipes, the worker's
+loop, starting and killing a worker. Used by `RewardRunner`; nothing here is public."""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import inspect
+import math
+import os
+import pickle
+import signal
+import struct
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from numbers import Real
+
+
+def _check(values: object, n: int) -> tuple[list[float | None], list[str | None]]:
+    """(values, per-row errors) from a reward function's return value. A value that is not a number
+    or None, or not finite, fails its row; a return value of the wrong shape raises ValueError."""
+    if isinstance(values, (str, bytes, dict)) or not hasattr(values, "__len__"):
+        raise ValueError(f"returned {type(values).__name__}, expected a list of {n} floats or None")
+    values = list(values.tolist() if hasattr(values, "tolist") else values)
+    if len(values) != n:
+        raise ValueError(f"returned {len(values)} values for {n} completions")
+    out: list[float | None] = []
+    errors: list[str | None] = []
+    for v in values:
+        if v is None or (isinstance(v, Real) and math.isfinite(float(v))):
+            out.append(None if v is None else float(v))
+            errors.append(None)
+            continue
+        out.append(None)
+        if not isinstance(v, Real):
+            errors.append(f"returned {type(v).__name__} {str(v)[:40]!r}, not a number or None")
+        else:
+            errors.append(f"returned {float(v)}")
+    return out, errors
+
+
+class _Logs:
+    """What a function passes to log_metric / log_extra during one call."""
+
+    def __init__(self) -> None:
+        self.metrics: dict[str, list[float]] = {}
+        self.extra: dict[str, list] = {}
+
+    def log_metric(self, name: str, value: float) -> None:
+        self.metrics.setdefault(str(name), []).append(float(value))
+
+    def log_extra(self, column: str, values: list) -> None:
+        self.extra.setdefault(str(column), []).extend(list(values))
+
+    def picklable(self) -> tuple[dict, dict]:
+        try:
+            pickle.dumps(self.extra)
+            return self.metrics, self.extra
+        except Exception:  # noqa: BLE001 - extra columns that cannot cross the pipe become text
+            return self.metrics, {k: [str(v) for v in vs] for k, vs in self.extra.items()}
+
+
+def _describe(e: BaseException) -> str:
+    return f"raised {type(e).__name__}: {str(e)[:500]}"
+
+
+async def _await(awaitable: object) -> object:
+    return await awaitable
+
+
+def _invoke(fn: Callable, prompts: list, completions: list, kwargs: dict) -> object:
+    """fn's return value; an async function's (or a returned awaitable) awaited to its end."""
+    out = fn(prompts=prompts, completions=completions, **kwargs)
+    if inspect.isawaitable(out):
+        out = asyncio.run(_await(out))
+    return out
+
+
+def _call_rows(
+    fn: Callable, prompts: list, completions: list, kwargs: dict, row_keys: frozenset
+) -> tuple[list[float | None], list[str | None], tuple[dict, dict]]:
+    """(values, per-row errors, (metrics, extra) logged) of one call, never raising. A call that raises
+    is retried one row at a time (concurrently for an async function), so a bad row costs that row."""
+    n = len(completions)  # before the call: a function may mutate its arguments
+    logs = _Logs()
+    logging_kwargs = {"log_metric": logs.log_metric, "log_extra": logs.log_extra}
+    rows = [
+        ([prompts[i]], [completions[i]], {k: [v[i]] if k in row_keys else v for k, v in kwargs.items()})
+        for i in range(n)
+    ]  # sliced before the call, which may mutate the columns
+    try:
+        values = _invoke(fn, prompts, completions, {**kwargs, **logging_kwargs})
+    except BaseException as e:  # noqa: BLE001 - reported by the runner, never swallowed
+        error = _describe(e)
+        if n <= 1:
+            return [None] * n, [error] * n, logs.picklable()
+        out: list[float | None] = []
+        errors: list[str | None] = []
+        for value, row_error in _rows_alone(fn, rows):
+            out.append(value)
+            errors.append(row_error)
+        return out, errors, logs.picklable()
+    try:
+        out, errors = _check(values, n)
+    except Exception as e:  # noqa: BLE001
+        return [None] * n, [str(e)] * n, logs.picklable()
+    return out, errors, logs.picklable()
+
+
+def _rows_alone(fn: Callable, rows: list) -> list[tuple[float | None, str | None]]:
+    """Each row scored alone (after the whole call raised): (value, None) or (None, why it failed)."""
+    ignore = {"log_metric": lambda *a: None, "log_extra": lambda *a: None}  # logged by the batch call only
+
+    def outcome(result: object) -> tuple[float | None, str | None]:
+        if isinstance(result, BaseException):
+            return None, _describe(result)
+        try:
+            values, errors = _check(result, 1)
+        except Exception as e:  # noqa: BLE001
+            return None, str(e)
+        return values[0], errors[0]
+
+    if inspect.iscoroutinefunction(fn):
+
+        async def gather() -> list:
+            async def one(p, c, kw):
+                return await fn(prompts=p, completions=c, **kw, **ignore)
+
+            return await asyncio.gather(*(one(p, c, kw) for p, c, kw in rows), return_exceptions=True)
+
+        try:
+            return [outcome(r) for r in asyncio.run(gather())]
+        except BaseException as e:  # noqa: BLE001
+            return [(None, _describe(e))] * len(rows)
+    results = []
+    for p, c, kw in rows:
+        try:
+            results.append(outcome(_invoke(fn, p, c, {**kw, **ignore})))
+        except BaseException as e:  # noqa: BLE001
+            results.append((None, _describe(e)))
+    return results
+
+
+def _is_async(fn: Callable) -> bool:
+    call = type(fn).__call__ if not inspect.isfunction(fn) and not inspect.ismethod(fn) else None
+    return inspect.iscoroutinefunction(fn) or (call is not None and inspect.iscoroutinefunction(call))
+
+
+# --- worker processes -------------------------------------------------------------------------------
+_HEADER = struct.Struct("<Q")
+_WORKER_FDS: set[int] = set()
+"""Parent-side pipe ends of every live worker of every runner: a new child closes them, so that
+no worker holds another's pipe open."""
+_PR_SET_PDEATHSIG = 1
+
+
+def _frame(obj: object) -> bytes:
+    data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    return _HEADER.pack(len(data)) + data
+
+
+def _write_frame(fd: int, obj: object) -> None:
+    _write_all(fd, _frame(obj))
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def _read_exact(fd: int, n: int) -> bytes | None:
+    chunks, left = [], n
+    while left:
+        chunk = os.read(fd, min(left, 1 << 20))
+        if not chunk:
+            return None
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)
+
+
+def _serve(functions: list[Callable], requests: int, replies: int) -> None:
+    """The worker's loop: a task is (function index, mode, prompts, completions, kwargs, the keys of
+    the per-row columns); "batch" answers once, "items" calls the function on each completion alone
+    (with its row of each per-row column) and answers after each."""
+    while True:
+        header = _read_exact(requests, _HEADER.size)
+        if header is None:
+            return
+        task = pickle.loads(_read_exact(requests, _HEADER.unpack(header)[0]))
+        fn_index, mode, prompts, completions, kwargs, row_keys = task
+        fn = functions[fn_index]
+        if mode == "batch":
+            _write_frame(replies, _call_rows(fn, prompts, completions, kwargs, row_keys))
+            continue
+        for i in range(len(completions)):
+            one = {k: [v[i]] if k in row_keys else v for k, v in kwargs.items()}
+            _write_frame(replies, _call_rows(fn, [prompts[i]], [completions[i]], one, row_keys))
+
+
+def _per_row(value: object, n: int) -> bool:
+    return isinstance(value, (list, tuple)) and len(value) == n
+
+
+class _Worker:
+    """One forked worker process and its two pipes (parent side)."""
+
+    def __init__(self, functions: list[Callable]):
+        req_r, req_w = os.pipe()
+        rep_r, rep_w = os.pipe()
+        parent = os.getpid()
+        with warnings.catch_warnings():  # Python >= 3.12 warns on fork with threads (torch has some):
+            # the child runs only the reward code and never the trainer's threads' work.
+            warnings.filterwarnings("ignore", message=".*fork", category=DeprecationWarning)
+            pid = os.fork()
+        if pid == 0:  # the child: never returns
+            status = 0
+            try:
+                os.setpgid(0, 0)  # its own group: killpg reaches what it starts; Ctrl-C does not reach it
+                try:
+                    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+                except (OSError, AttributeError):
+                    pass
+                if os.getppid() != parent:
+                    os._exit(0)
+                for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGPIPE):
+                    signal.signal(sig, signal.SIG_DFL)
+                for fd in (*_WORKER_FDS, req_w, rep_r):
+                    try:
+                        os.close(fd)
+                    except OSError:
+                        pass
+                _serve(functions, req_r, rep_w)
+            except BaseException:  # noqa: BLE001 - the parent sees the closed pipe and reports it
+                status = 1
+            finally:
+                os._exit(status)
+        try:
+            os.setpgid(pid, pid)  # also here, so killpg works even before the child has run
+        except OSError:
+            pass
+        os.close(req_r)
+        os.close(rep_w)
+        self.pid, self.to_child, self.from_child = pid, req_w, rep_r
+        _WORKER_FDS.update((req_w, rep_r))
+        self.buffer = bytearray()
+        self.task: _Task | None = None
+        self.item_started = 0.0
+
+    def send(self, frame: bytes) -> None:
+        _write_all(self.to_child, frame)
+
+    def read_replies(self) -> list | None:
+        """The complete replies that have arrived (call when readable); None when the worker died."""
+        chunk = os.read(self.from_child, 1 << 20)
+        if not chunk:
+            return None
+        self.buffer += chunk
+        out = []
+        while len(self.buffer) >= _HEADER.size:
+            size = _HEADER.unpack_from(self.buffer)[0]
+            if len(self.buffer) < _HEADER.size + size:
+                break
+            out.append(pickle.loads(bytes(self.buffer[_HEADER.size : _HEADER.size + size])))
+            del self.buffer[: _HEADER.size + size]
+        return out
+
+    def kill(self) -> None:
+        """SIGKILL the worker's process group (the worker and whatever it started), reap it, close pipes."""
+        for target in (
+            lambda: os.killpg(self.pid, signal.SIGKILL),
+            lambda: os.kill(self.pid, signal.SIGKILL),
+        ):
+            try:
+                target()
+            except OSError:
+                pass
+        try:
+            os.waitpid(self.pid, 0)
+        except ChildProcessError:
+            pass
+        for fd in (self.to_child, self.from_child):
+            _WORKER_FDS.discard(fd)
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+
+def _kill_all(workers: list[_Worker], owner: int) -> None:
+    if os.getpid() != owner:  # a fork of the owner: those workers are not its own
+        return
+    for w in workers:
+        w.kill()
+    workers.clear()
+
+
+@dataclass
+class _Task:
+    fn_index: int
+    mode: str  # "batch" | "items"
+    rows: list[int]  # indices into the batch
+    started: float = 0.0
+    done: int = 0  # replies received ("items")
+    attempts: int = 0  # workers found dead when it was sent
