@@ -1,4 +1,4 @@
-"""Throughput of the verifiers: `python -m grpokit.rewards.bench [--programs N] [--math N]`.
+"""Throughput of the verifiers: `python -m grpokit.rewards.throughput [--programs N] [--math N]`.
 
 Prints the code sandbox's programs per second (assert-style runs and stdin/stdout runs, each a
 fresh sandboxed interpreter) and the math_accuracy rate on a GSM8K-like mix with 10% symbolic
