@@ -105,6 +105,8 @@ class RolloutConfig:
     """fast engine's cache: auto (static where the model supports it) | static | dynamic."""
     cuda_graphs: bool = True
     """fast engine with the static cache on CUDA: record each decode step once, then replay it."""
+    ignore_eos: bool = False
+    """Training rollouts: an EOS sampled ends nothing; every completion runs to max_new_tokens (benchmarks)."""
 
 
 @dataclass

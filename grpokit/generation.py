@@ -19,6 +19,8 @@ Conventions shared by both (and by ``grpokit.modeling.completion_logprobs``):
   ratios compare like with like; with filtering the sampler's true probabilities are slightly higher
   (the kept mass is renormalised). With ``temperature == 0`` (greedy) they are ``log_softmax(logits)``
   of the argmax token, i.e. at T = 1.
+- ``ignore_eos=True`` (``rollout.ignore_eos``): an EOS drawn is an ordinary token and ends nothing, so
+  every completion has exactly ``max_new_tokens`` tokens and is flagged ``truncated`` (benchmarks).
 """
 
 from __future__ import annotations
@@ -77,6 +79,7 @@ class Generator(Protocol):
         eos_token_ids: list[int],
         pad_token_id: int,
         seed: int | None = None,
+        ignore_eos: bool = False,
     ) -> Rollout: ...
 
 
@@ -181,6 +184,16 @@ def sample_tokens(
     return tokens, logprobs
 
 
+def rollout_metrics(generator) -> dict[str, float]:
+    """How the last rollout was decoded, as step metrics: ``rollout/cuda_graphs`` (1 when its decode
+    steps replayed CUDA graphs) and ``rollout/static_kv_cache`` (1 when it ran over the static KV cache)."""
+    stats = getattr(generator, "stats", {})
+    return {
+        "rollout/cuda_graphs": float(bool(stats.get("cuda_graphs", False))),
+        "rollout/static_kv_cache": float(stats.get("engine") == "static"),
+    }
+
+
 class FastGenerator:
     """Own sampling loop over a decode engine (:mod:`grpokit.decode`): one prefill per prompt, its KV
     cache repeated G times, finished rows dropped.
@@ -238,6 +251,7 @@ class FastGenerator:
         eos_token_ids: list[int],
         pad_token_id: int,
         seed: int | None = None,
+        ignore_eos: bool = False,
     ) -> Rollout:
         _validate(group_size, max_new_tokens, temperature, top_p, top_k, eos_token_ids)
         device = _model_device(model)
@@ -274,7 +288,8 @@ class FastGenerator:
                 out_ids[rows, t] = tokens
                 out_mask[rows, t] = (~done).long()
                 out_lp[rows, t] = lp.masked_fill(done, 0.0)
-                done = done | torch.isin(tokens, eos)
+                if not ignore_eos:
+                    done = done | torch.isin(tokens, eos)
                 if t == max_new_tokens - 1:
                     break
                 if (t + 1) % check_every == 0:  # reading `done` waits for the device: not every step
@@ -291,9 +306,17 @@ class FastGenerator:
 
         # Columns after the last row's EOS (all done before the check noticed) hold padding only.
         steps = max(1, int(out_mask.sum(-1).max()))
-        self.stats = {"engine": engine.name, "decode_steps": decode_steps, "compactions": compactions}
+        self.stats = {
+            "engine": engine.name,
+            "cuda_graphs": bool(getattr(engine, "use_graphs", False)),
+            "decode_steps": decode_steps,
+            "compactions": compactions,
+        }
         completion_ids = out_ids[:, :steps]  # (N, Lc)
-        _, truncated = completion_mask_from_ids(completion_ids, eos_token_ids)
+        if ignore_eos:  # an EOS drawn is an ordinary token: every row ran to max_new_tokens
+            truncated = torch.ones(N, dtype=torch.bool, device=device)
+        else:
+            _, truncated = completion_mask_from_ids(completion_ids, eos_token_ids)
         return Rollout(
             prompt_ids=p_ids.repeat_interleave(G, dim=0),
             prompt_mask=p_mask.repeat_interleave(G, dim=0),
@@ -326,6 +349,7 @@ class HFGenerator:
         eos_token_ids: list[int],
         pad_token_id: int,
         seed: int | None = None,
+        ignore_eos: bool = False,
     ) -> Rollout:
         from transformers import GenerationConfig
 
@@ -335,13 +359,17 @@ class HFGenerator:
         p_ids = p_ids.repeat_interleave(group_size, dim=0)  # (N, Lp)
         p_mask = p_mask.repeat_interleave(group_size, dim=0)  # (N, Lp)
         do_sample = temperature > 0
+        stop_ids = list(eos_token_ids)
+        if ignore_eos:  # generate() stops on an eos id: give it one no token has (the logits' width)
+            head = model.get_output_embeddings()
+            stop_ids = [int(head.weight.shape[0]) if head is not None else int(model.config.vocab_size)]
         config = GenerationConfig(
             max_new_tokens=max_new_tokens,
             do_sample=do_sample,
             temperature=temperature if do_sample else None,
             top_k=top_k if do_sample and top_k > 0 else None,
             top_p=top_p if do_sample and top_p < 1 else None,
-            eos_token_id=list(eos_token_ids),
+            eos_token_id=stop_ids,
             pad_token_id=pad_token_id,
             return_dict_in_generate=True,
             output_logits=True,
@@ -357,7 +385,7 @@ class HFGenerator:
         logits = torch.stack(out.logits, dim=1).float()  # (N, Lc, V) raw model logits
         logits = logits / temperature if do_sample else logits
         logprobs = logits.log_softmax(-1).gather(-1, completion_ids[..., None]).squeeze(-1)  # (N, Lc)
-        mask, truncated = completion_mask_from_ids(completion_ids, eos_token_ids)  # (N, Lc), (N,)
+        mask, truncated = completion_mask_from_ids(completion_ids, stop_ids)  # (N, Lc), (N,)
         completion_ids = completion_ids.masked_fill(mask == 0, pad_token_id)
         return Rollout(
             prompt_ids=p_ids,
@@ -367,4 +395,3 @@ class HFGenerator:
             logprobs=logprobs * mask,
             truncated=truncated,
         )
-

@@ -42,7 +42,7 @@ from grpokit.data import load_train_eval, reward_columns
 from grpokit.distributed import Distributed
 from grpokit.errors import FlatRewardsError, TrainingError  # noqa: F401
 from grpokit.evaluate import evaluate
-from grpokit.generation import FastGenerator, HFGenerator, Rollout
+from grpokit.generation import FastGenerator, HFGenerator, Rollout, rollout_metrics
 from grpokit.loading import (
     check_tokenizer_fits,
     eos_token_ids,
@@ -316,6 +316,7 @@ class GRPOTrainer(RunStateMixin, MicroBatchMixin):
         generated = float(batch.rollout.completion_mask.sum())
         metrics["tokens_per_s"] = generated / step_seconds
         metrics["peak_memory_mb"] = peak_memory_mb(self.device)
+        metrics.update(rollout_metrics(self.generator))  # rollout/cuda_graphs, rollout/static_kv_cache
         self.dist.finish_metrics(metrics)
         if self.cfg.train.samples_every and self.step % self.cfg.train.samples_every == 0:
             self._save_samples(batch)
@@ -439,6 +440,7 @@ class GRPOTrainer(RunStateMixin, MicroBatchMixin):
             eos_token_ids=self.eos_ids,
             pad_token_id=self.tokenizer.pad_token_id,
             seed=seed,
+            ignore_eos=r.ignore_eos,
         )
         return out
 
