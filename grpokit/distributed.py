@@ -32,6 +32,7 @@ so the trainer calls them unconditionally. Under torchrun:
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import copy
 import functools
@@ -162,6 +163,7 @@ class Distributed:
             torch.cuda.set_device(local_rank)  # "cuda" means this rank's GPU from here on
         if not dist.is_initialized():
             dist.init_process_group("nccl" if cuda else "gloo")
+            atexit.register(lambda: dist.is_initialized() and dist.destroy_process_group())
         if dist.get_world_size() != world:
             raise ConfigError(f"WORLD_SIZE={world} but the process group has {dist.get_world_size()} ranks")
         device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")

@@ -154,6 +154,15 @@ def equivalence_worker(out: str) -> None:
             "loss": metrics["loss"],
             "rows": len(local.texts),
         }
+        # a NaN on the last rank only: every rank must skip (the global gradient norm is NaN everywhere)
+        poisoned = advantages.clone()
+        if trainer.dist.rank == trainer.dist.world - 1:
+            poisoned[0] = float("nan")
+        nan_metrics, _ = trainer.update(local, poisoned, old, ref)
+        kept = all(
+            torch.equal(_full(p), weights[n]) for n, p in trainer.model.named_parameters() if n in trainable
+        )
+        results[name]["nan"] = trainer.dist.gather((nan_metrics["skipped_updates"], kept))
     if trainer.dist.is_main:
         torch.save(results, out)
 
@@ -178,7 +187,7 @@ def test_a_bad_launch_is_refused_clearly():
 @pytest.fixture(scope="module")
 def equivalence(tmp_path_factory):
     folder = tmp_path_factory.mktemp("equivalence")
-    launch([__file__, "equivalence", str(folder / "one.pt")], nproc=0)
+    equivalence_worker(str(folder / "one.pt"))  # one process: this one (WORLD_SIZE unset)
     launch([__file__, "equivalence", str(folder / "two.pt")], nproc=2)
     return torch.load(folder / "one.pt"), torch.load(folder / "two.pt")
 
@@ -195,6 +204,13 @@ def test_two_ranks_give_the_one_process_gradient_and_weights(equivalence, case):
     for name, w in one["weights"].items():
         torch.testing.assert_close(two["weights"][name], w, rtol=1e-4, atol=1e-6, msg=f"{case}: {name}")
     assert two["loss"] == pytest.approx(one["loss"], rel=1e-4, abs=1e-7)  # the global loss, all-reduced
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_a_nan_on_one_rank_skips_the_step_on_every_rank(equivalence, case):
+    epochs = 2 if "optim.epochs=2" in CASES[case] else 1
+    assert equivalence[0][case]["nan"] == [(epochs, True)]  # one process: skipped, weights kept
+    assert equivalence[1][case]["nan"] == [(epochs, True)] * 2  # rank 0 had no NaN and skipped too
 
 
 def test_evaluation_split_over_ranks_gives_the_one_process_numbers(equivalence):
@@ -311,11 +327,8 @@ def test_resume_continues_like_the_uninterrupted_run(two_rank_run, tmp_path):
 
     folder, cfg = two_rank_run
     resumed = Path(shutil.copytree(folder / "run", tmp_path / "resumed"))
-    launch(
-        ["grpokit", "train", str(cfg), "--output-dir", str(resumed), "--resume-from", "step_000002"],
-        nproc=2,
-        module=True,
-    )
+    args = ["--output-dir", str(resumed), "--resume-from", "step_000002", "eval.enabled=false"]
+    launch(["grpokit", "train", str(cfg), *args], nproc=2, module=True)
     full, again = _lines(folder / "run" / "metrics.jsonl"), _lines(resumed / "metrics.jsonl")
     assert [m["step"] for m in again] == [1, 2, 3, 3]  # the resumed step 3 is appended
     volatile = ("time/", "tokens_per_s", "peak_memory_mb", "seconds")
