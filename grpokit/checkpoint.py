@@ -51,10 +51,16 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 
 def save_checkpoint(
-    directory: Path, model, tokenizer, trainer_state: dict[str, Any], state_dict: dict | None = None
+    directory: Path,
+    model,
+    tokenizer,
+    trainer_state: dict[str, Any],
+    state_dict: dict | None = None,
+    subfolders: dict[str, Any] | None = None,
 ) -> Path:
     """Write model + tokenizer + trainer state atomically to ``directory``. Refuses non-finite weights.
-    ``state_dict``: the weights to write instead of the model's own (consolidated from FSDP shards)."""
+    ``state_dict``: the weights to write instead of the model's own (consolidated from FSDP shards).
+    ``subfolders``: more models, each saved as a Hugging Face folder of that name (PPO's ``critic/``)."""
     given = state_dict is not None
     for name, param in state_dict.items() if given else model.named_parameters():
         if param.is_floating_point() and (given or param.requires_grad) and not torch.isfinite(param).all():
@@ -69,6 +75,8 @@ def save_checkpoint(
         model.save_pretrained(tmp, safe_serialization=True, **weights)
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
+        for name, extra in (subfolders or {}).items():
+            extra.save_pretrained(tmp / name, safe_serialization=True)
         torch.save({**trainer_state, "rng": rng_state()}, tmp / STATE_FILE)
     except (OSError, RuntimeError) as e:
         shutil.rmtree(tmp, ignore_errors=True)

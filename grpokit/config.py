@@ -149,6 +149,26 @@ class AlgoConfig:
     """L_cache of DAPO's overlong shaping, in tokens (default: a quarter of max_new_tokens)."""
     mask_truncated: bool | None = None
     """DAPO overlong filtering: no loss on truncated completions."""
+    gamma: float | None = None
+    """GAE discount of the critic-based estimators (gae; preset ppo: 1.0)."""
+    lam: float | None = None
+    """GAE lambda of the critic-based estimators (gae; preset ppo: 0.95)."""
+
+
+@dataclass
+class CriticConfig:
+    path: str | None = None
+    """Critic weights (an AutoModelForTokenClassification folder, num_labels=1, or a causal LM whose backbone
+    is used); None: a copy of the policy's backbone with a zero-initialised value head. Needs a critic-based
+    estimator (algo.preset=ppo or algo.advantage=gae); otherwise every critic.* setting must stay default."""
+    lr: float = 1e-5
+    """AdamW learning rate of the critic (follows optim.warmup_steps / optim.schedule like the policy's)."""
+    value_coef: float = 0.1
+    """Coefficient of the value loss (TRL's vf_coef); with AdamW it matters through optim.max_grad_norm."""
+    cliprange_value: float | None = 0.2
+    """Value clipping c: V within V_old +- c in the clipped value loss (null = unclipped squared error)."""
+    warmup_steps: int = 0
+    """For the first this many steps only the critic is updated; the policy's weights stay as they are."""
 
 
 @dataclass
@@ -251,6 +271,7 @@ class Config:
     data: DataConfig = field(default_factory=DataConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     algo: AlgoConfig = field(default_factory=AlgoConfig)
+    critic: CriticConfig = field(default_factory=CriticConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     rewards: list[RewardSpec] = field(default_factory=lambda: [RewardSpec()])
     eval: EvalConfig = field(default_factory=EvalConfig)

@@ -109,6 +109,10 @@ RANGES: dict[str, tuple[str, Any, str]] = {
     "optim.epochs":                ("[1, inf)", 1, ""),
     "optim.mini_batches":          ("[1, inf)", 1, ""),
     "optim.logprob_chunk_size":    ("[1, inf)", 1024, ""),
+    "critic.lr":                   ("(0, 1]", "1e-5", ""),
+    "critic.value_coef":           ("(0, inf)", 0.1, ""),
+    "critic.cliprange_value":      ("(0, inf)", 0.2, "null = no value clipping"),
+    "critic.warmup_steps":         ("[0, inf)", 5, "0 = the policy trains from the first step"),
     "eval.every":                  ("[0, inf)", 50, "0 = only before and after training"),
     "eval.num_samples":            ("[1, inf)", 4, ""),
     "eval.temperature":            ("[0, inf)", 1.0, ""),
@@ -212,6 +216,9 @@ def check_config(cfg: Config) -> None:
         raise ConfigError(
             f"algo.preset={cfg.algo.preset!r} is not a known preset.{_nearest(cfg.algo.preset, list(PRESETS))}"
         )
+    from grpokit.critic import check_critic_config
+
+    check_critic_config(cfg)  # critic.* settings need an algorithm that trains a critic
     if cfg.optim.micro_batch_size != "auto" and (
         not isinstance(cfg.optim.micro_batch_size, int) or cfg.optim.micro_batch_size < 1
     ):

@@ -77,6 +77,7 @@ class RunStateMixin:
             "config": dataclasses.asdict(self.cfg),
             "world_size": self.dist.world,  # a run resumes at the same number of processes
             "rng_ranks": self.dist.rng_states(),  # torchrun: every rank's RNG state, else None
+            "critic": self.critic_state(),  # PPO's critic optimizer/scheduler (grpokit.critic), else None
         }
 
     def save(self) -> Path:
@@ -88,7 +89,9 @@ class RunStateMixin:
         path = root / f"step_{self.step:06d}"
         weights, state = self.dist.full_state(self.model), self.trainer_state()  # every rank gathers
         if self.dist.is_main:  # under torchrun rank 0 alone writes the consolidated checkpoint
-            save_checkpoint(path, self.model, self.tokenizer, state, state_dict=weights)
+            save_checkpoint(
+                path, self.model, self.tokenizer, state, state_dict=weights, subfolders=self.critic_folders()
+            )
             prune_checkpoints(root, self.cfg.train.keep_checkpoints, current_step=self.step)
         self.dist.barrier()
         self._saved = (self.step, path)
@@ -144,6 +147,7 @@ class RunStateMixin:
         self.scheduler.load_state_dict(state["scheduler"])
         if self.scaler is not None and state.get("scaler"):
             self.scaler.load_state_dict(state["scaler"])
+        self.resume_critic(state, latest)  # PPO's critic/ folder and optimizer (grpokit.critic)
         self.stream.load_state(state["stream"])
         set_rng_state(self.dist.my_rng(state))
         self.step = state["step"]

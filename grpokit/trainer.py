@@ -38,6 +38,7 @@ from grpokit.batch import (  # noqa: F401
     step_metrics,
 )
 from grpokit.config import Config, ConfigError, resolve_algo
+from grpokit.critic import CriticMixin
 from grpokit.data import load_train_eval, reward_columns
 from grpokit.distributed import Distributed
 from grpokit.errors import FlatRewardsError, TrainingError  # noqa: F401
@@ -64,7 +65,7 @@ from grpokit.update_stats import UpdateStats
 from grpokit.validate import check_output_dir, check_positions
 
 
-class GRPOTrainer(RunStateMixin, MicroBatchMixin):
+class GRPOTrainer(RunStateMixin, MicroBatchMixin, CriticMixin):
     """Trains ``cfg.model`` on ``cfg.data`` with the algorithm ``cfg.algo`` names.
 
     model/tokenizer/rows/reward_functions may be passed in directly (tests, notebooks);
@@ -177,6 +178,7 @@ class GRPOTrainer(RunStateMixin, MicroBatchMixin):
         self.optimizer = make_optimizer(params, self.precision, cfg.optim, self.device)
         self.scaler = make_grad_scaler(self.precision, self.device)  # float16 loss scaling, else None
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_factor)
+        self._setup_critic()  # PPO: self.critic, self.critic_optimizer (grpokit.critic); else both None
         if cfg.rollout.engine == "fast":
             self.generator = FastGenerator(kv_cache=cfg.rollout.kv_cache, cuda_graphs=cfg.rollout.cuda_graphs)
         else:
@@ -304,8 +306,10 @@ class GRPOTrainer(RunStateMixin, MicroBatchMixin):
             return {}
         t_update = time.perf_counter()
         old_logprobs, ref_logprobs, timing["reference"] = self.rollout_logprobs(batch.rollout)  # (N, Lc) | None
-        advantages = self.advantages(batch, old_logprobs, ref_logprobs)  # (N,) or (N, Lc)
-        update_metrics, _ = self.update(batch, advantages, old_logprobs, ref_logprobs)
+        values = self.critic_values(batch.rollout)  # (N, Lc) PPO's critic before the update, else None
+        advantages = self.advantages(batch, old_logprobs, ref_logprobs, values)  # (N,) or (N, Lc)
+        update_metrics, _ = self.update(batch, advantages, old_logprobs, ref_logprobs) if self.policy_trains() else ({}, 0)
+        update_metrics.update(self.critic_update(batch, values, old_logprobs, ref_logprobs))  # critic/*
         timing["update"] = time.perf_counter() - t_update - timing["reference"]
         self.step += 1
         self.scheduler.step()
@@ -498,7 +502,7 @@ class GRPOTrainer(RunStateMixin, MicroBatchMixin):
         return self.cfg.optim.epochs > 1 or self.cfg.optim.mini_batches > 1
 
     def advantages(
-        self, batch: ScoredBatch, old_logprobs: torch.Tensor | None, ref_logprobs: torch.Tensor | None
+        self, batch: ScoredBatch, old_logprobs: torch.Tensor | None, ref_logprobs: torch.Tensor | None, values=None
     ) -> torch.Tensor:
         """(N,) or (N, Lc) advantages from the preset's estimator. With a KL in the reward (kl_reward_coef
         > 0) the estimator also gets k1 = old - ref per token, the sampling policy's KL to the reference."""
@@ -516,6 +520,7 @@ class GRPOTrainer(RunStateMixin, MicroBatchMixin):
             kl_coef=kl_coef,
             old_logprobs=old_logprobs.to(d) if old_logprobs is not None else None,
             ref_logprobs=ref_logprobs.to(d) if ref_logprobs is not None else None,
+            values=values.to(d) if values is not None else None,
         )
 
     def update(

@@ -310,7 +310,7 @@ def test_compute_advantages_dispatch():
         compute_advantages(r, 4, "gspo", std_ddof=0, eps=0.0), group_advantages(r, 4, std_ddof=0, eps=0.0)
     )
     with pytest.raises(ValueError, match="'grpo'"):
-        compute_advantages(r, 4, "ppo")
+        compute_advantages(r, 4, "no_such_estimator")  # ("ppo" is a preset since issue 15)
     with pytest.raises(TypeError, match="scale"):
         compute_advantages(r, 4, "grpo", scale="none")
 

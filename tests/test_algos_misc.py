@@ -190,6 +190,7 @@ ARXIV = {
     "rloo": "2402.14740",
     "reinforce_pp": "2501.03262",
     "reinforce_pp_baseline": "2501.03262",
+    "ppo": "2203.02155",
 }
 
 
@@ -213,6 +214,8 @@ def test_every_preset_is_complete_and_cites_its_paper():
         "overlong_shaping",
         "overlong_buffer",
         "mask_truncated",
+        "gamma",
+        "lam",
     }
     assert set(SETTING_KEYS) == expected_keys
     source = inspect.getsource(presets_module)
@@ -241,7 +244,10 @@ def test_every_preset_runs_policy_loss_and_advantages(name):
     ref = logp.detach() + 0.1 * torch.randn(B, T, generator=gen, dtype=F64)
     mask = torch.ones(B, T)
     kl = kl_estimate(old, ref, "k1")  # (B, T) the KL-in-reward's k1 at the sampling policy
-    adv = compute_advantages(rewards, G, name, completion_mask=mask, kl=kl, kl_coef=s["kl_reward_coef"])
+    adv = compute_advantages(
+        rewards, G, name, completion_mask=mask, kl=kl, kl_coef=s["kl_reward_coef"],
+        values=0.1 * torch.randn(B, T, generator=gen, dtype=F64),  # a critic's (ppo)
+    )
     assert adv.shape in ((B,), (B, T))
     norm_len = T if s["norm_len"] == "max_completion_length" else s["norm_len"]
     loss, metrics = policy_loss(

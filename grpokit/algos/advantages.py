@@ -13,6 +13,7 @@ calls them with AdvantageInputs (rewards, mask, per-token KL, log-probs) through
 | "batch_whiten"              | A_i = (r_i - mean_batch) / (std_batch + eps)              | (sequence-level simplification) |
 | "token_whiten"              | A_{i,t} = whiten_tokens(sum_{s>=t} r_{i,s})               | reinforce_pp, arXiv 2501.03262  |
 | "group_centre_token_whiten" | the same with r_i - mean_g as the score                   | reinforce_pp_baseline, ditto    |
+| "gae"                       | A_{i,t} = whiten_tokens(GAE(r_{i,t}, V_{i,t}; gamma, lam)) | ppo, arXiv 2203.02155 (critic)  |
 
 With a KL in the reward (kl_coef > 0), the token-level estimators put -kl_coef * k1_{i,t} on every token
 and the score on the last; the per-completion ones use r_i - kl_coef * sum_t k1_{i,t}.
@@ -230,6 +231,10 @@ class AdvantageInputs:
     """Std convention of the std-scaled estimators (1 = unbiased)."""
     eps: float = 1e-6
     """Added to every std before dividing."""
+    gamma: float = 1.0
+    """GAE discount (the critic-based estimators, grpokit.algos.ppo)."""
+    lam: float = 0.95
+    """GAE lambda (the critic-based estimators, grpokit.algos.ppo)."""
 
     def sequence_rewards(self) -> Tensor:
         """r_i - kl_coef * sum_t m_{i,t} kl_{i,t}: the KL-in-reward folded into one scalar per completion,
@@ -298,6 +303,13 @@ def _group_centre_token_whiten(a: AdvantageInputs) -> Tensor:
     )
 
 
+def _gae(a: AdvantageInputs) -> Tensor:
+    """GAE with a critic's values, whitened per token over the batch"""
+    from .ppo import whitened_gae
+
+    return whitened_gae(a)
+
+
 # Advantage estimators by what they do; the paper names are presets (presets.py). Add your own with
 # `register_advantage`, or name one in YAML as "package.module:function".
 ADVANTAGES: dict[str, Callable[[AdvantageInputs], Tensor]] = {
@@ -308,7 +320,10 @@ ADVANTAGES: dict[str, Callable[[AdvantageInputs], Tensor]] = {
     "batch_whiten": _batch_whiten,  # (r - mean_B) / std_B, one per completion
     "token_whiten": _token_whiten,  # returns-to-go whitened per token       REINFORCE++
     "group_centre_token_whiten": _group_centre_token_whiten,  # same, r - mean_g first   REINFORCE++-baseline
+    "gae": _gae,  # GAE(gamma, lam) with a critic's values, whitened per token   PPO
 }
+CRITIC_ADVANTAGES = ("gae",)
+"""Estimators that read AdvantageInputs.values: choosing one makes the trainer build a critic."""
 # Names from before the estimators were named by what they do; still accepted.
 ADVANTAGE_ALIASES = {
     "grpo": "group_std",
@@ -365,8 +380,10 @@ def compute_advantages(
 
     if isinstance(preset_or_kind, str) and preset_or_kind in PRESETS:
         preset_or_kind = PRESETS[preset_or_kind]
+    gae_kw = {}
     if isinstance(preset_or_kind, AlgoSettings):
         kind, ddof = preset_or_kind.advantage.estimator, preset_or_kind.advantage.std_ddof
+        gae_kw = {"gamma": preset_or_kind.gae.gamma, "lam": preset_or_kind.gae.lam}
     elif isinstance(preset_or_kind, Mapping):
         kind, ddof = str(preset_or_kind["advantage"]), int(preset_or_kind.get("std_ddof", 1))  # type: ignore[arg-type]
     else:
@@ -385,6 +402,7 @@ def compute_advantages(
         step_rewards=step_rewards,
         std_ddof=ddof,
         eps=eps,
+        **gae_kw,
     )
     out = estimator(inputs)
     n = rewards.shape[0]

@@ -7,8 +7,13 @@ positions are skipped by the recursions (the next masked-in token is "t+1"), so 
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import Tensor
+
+if TYPE_CHECKING:
+    from .advantages import AdvantageInputs
 
 
 def token_level_rewards(rewards: Tensor, kl: Tensor, completion_mask: Tensor, *, beta: float) -> Tensor:
@@ -107,3 +112,48 @@ def value_loss(
         "num_tokens": n_local.detach(),
     }
     return loss, metrics
+
+
+def gae_targets(inputs: AdvantageInputs) -> tuple[Tensor, Tensor]:
+    """PPO-RLHF's advantages and critic targets from the estimator inputs (Ouyang et al. arXiv 2203.02155):
+
+      r_{i,t} = -kl_coef * k1_{i,t}  (+ the score r_i at the last masked-in token)   `token_level_rewards`
+      A, R    = gae(r, V, mask, gamma, lam)                                          R = A + V, the returns
+
+    Worked example, one completion of 2 tokens, score 1, no KL, V = [0.5, 0.8], gamma = 1, lam = 0.5:
+    delta = [0 + 0.8 - 0.5, 1 + 0 - 0.8] = [0.3, 0.2]; A = [0.3 + 0.5 * 0.2, 0.2] = [0.4, 0.2];
+    R = A + V = [0.9, 1.0].
+
+    Returns: advantages (N, L) (not whitened) and returns (N, L), 0 at masked-out positions.
+    Raises: ValueError without values (the estimator needs a critic).
+    """
+    if inputs.values is None:
+        raise ValueError(
+            "advantage 'gae' needs a critic's values (N, L) in AdvantageInputs.values; the trainer builds a "
+            "critic for it (algo.preset=ppo or algo.advantage=gae)"
+        )
+    mask = inputs.mask()  # (N, L)
+    token_rewards = inputs.token_rewards()  # (N, L)
+    return gae(token_rewards, inputs.values.to(token_rewards.dtype), mask, inputs.gamma, inputs.lam)
+
+
+def whitened_gae(inputs: AdvantageInputs) -> Tensor:
+    """GAE advantages whitened per token over the batch (`whiten_tokens`: masked mean and population std),
+    as TRL's PPOTrainer and OpenRLHF do before the clipped policy loss. (N, L)"""
+    from .advantages import whiten_tokens
+
+    advantages, _ = gae_targets(inputs)  # (N, L)
+    return whiten_tokens(advantages, inputs.mask(), eps=inputs.eps)  # (N, L)
+
+
+def explained_variance(values: Tensor, returns: Tensor, mask: Tensor) -> Tensor:
+    """1 - Var(R - V) / Var(R) over the masked-in tokens (population variances): 1 for a perfect critic,
+    0 for one no better than the mean return, negative for a worse one; NaN when Var(R) = 0.
+
+    Worked example: R = [1, 0, 1, 0], V = [0.5] * 4: Var(R) = 0.25, R - V = [0.5, -0.5, 0.5, -0.5] with
+    Var 0.25, so 0; V = [0.9, 0.1, 0.9, 0.1]: Var(R - V) = 0.01, so 1 - 0.01 / 0.25 = 0.96. () float64"""
+    m = mask.to(torch.bool)  # (N, L)
+    r = returns[m].double()  # (K,)
+    v = values[m].double()  # (K,)
+    var_r = r.var(correction=0) if r.numel() else r.new_tensor(float("nan"))
+    return 1 - (r - v).var(correction=0) / var_r if var_r > 0 else r.new_tensor(float("nan"))

@@ -21,6 +21,10 @@ The formulas, per preset:
   reinforce_pp_baseline  REINFORCE++-baseline, arXiv 2501.03262. Score r_i - mean_g, then the same
                per-token whitening; token-mean; the paper uses a k2 KL loss instead of a KL in the
                reward: set beta > 0 (its value is task-specific).
+  ppo          PPO-RLHF, Ouyang et al. arXiv 2203.02155. A critic V (grpokit.critic); r_t = -0.05 * k1_t
+               (+ score at EOS); A = GAE(gamma 1, lambda 0.95) whitened per token over the batch; token
+               ratio clip 0.2; token-mean; clipped value loss R = A + V (critic.* settings). TRL's PPOConfig
+               defaults (kl_coef 0.05, k1, gamma 1.0, lam 0.95).
 """
 
 from __future__ import annotations
@@ -62,6 +66,12 @@ PRESETS: dict[str, AlgoSettings] = {
     "reinforce_pp_baseline": AlgoSettings.of(
         advantage="group_centre_token_whiten", agg="token-mean", kl_kind="k2"
     ),
+    # PPO-RLHF, Ouyang et al. arXiv 2203.02155 (ALGORITHMS.md sec. 8): a critic (grpokit.critic), r_t = score
+    # at EOS - 0.05 * k1_t, GAE gamma 1 / lambda 0.95, whitened advantages, clip 0.2, token-mean. The numbers
+    # are TRL's PPOConfig defaults (kl_coef 0.05 with k1, gamma 1.0, lam 0.95, cliprange 0.2).
+    "ppo": AlgoSettings.of(
+        advantage="gae", agg="token-mean", kl_kind="k1", kl_reward_coef=0.05, gamma=1.0, lam=0.95
+    ),
 }
 
 SETTING_KEYS = tuple(KNOBS)
@@ -74,6 +84,7 @@ PAPERS = {
     "rloo": "arXiv 2402.14740",
     "reinforce_pp": "arXiv 2501.03262",
     "reinforce_pp_baseline": "arXiv 2501.03262",
+    "ppo": "arXiv 2203.02155",
 }
 
 
@@ -87,6 +98,8 @@ def preset_table() -> str:
     ]
     for name, s in PRESETS.items():
         advantage = (get_advantage(s.advantage.estimator).__doc__ or s.advantage.estimator).strip()
+        if s.uses_critic:
+            advantage += f" (gamma {s.gae.gamma:g}, lambda {s.gae.lam:g})"
         clip = _num(s.ratio.eps_low) + (
             f" / {_num(s.ratio.eps_high)}" if s.ratio.eps_high != s.ratio.eps_low else ""
         )

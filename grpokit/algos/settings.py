@@ -6,6 +6,7 @@
       kl         KLSettings         KL in the loss (beta, estimator), KL in the reward (k1 coefficient)
       loss       LossSettings       aggregation of the per-token loss into one scalar, its constant
       batch      BatchSettings      DAPO's batch-level pieces: dynamic sampling, overlong shaping/filtering
+      gae        GAESettings        PPO's GAE discount and lambda (estimators that read a critic's values)
 
 Presets (presets.py) are AlgoSettings instances. Every leaf has one flat name, the one used in YAML and
 on the command line (`algo.eps_high=0.28`), given by `knob(key=...)` or else the field name; the config's
@@ -163,12 +164,27 @@ class BatchSettings:
     mask_truncated: bool = knob(False, "DAPO overlong filtering: no loss on completions cut off without EOS")
 
 
+@dataclass(frozen=True)
+class GAESettings:
+    gamma: float = knob(
+        1.0, "GAE discount gamma of the critic-based estimators (gae)", interval="[0, 1]", example=1.0
+    )
+    lam: float = knob(
+        0.95,
+        "GAE lambda of the critic-based estimators (gae)",
+        interval="[0, 1]",
+        example=0.95,
+        meaning="0 = one-step TD, 1 = Monte Carlo returns minus V",
+    )
+
+
 PARTS = {
     "advantage": AdvantageSettings,
     "ratio": RatioSettings,
     "kl": KLSettings,
     "loss": LossSettings,
     "batch": BatchSettings,
+    "gae": GAESettings,
 }
 
 
@@ -223,6 +239,7 @@ class AlgoSettings:
     kl: KLSettings = KLSettings()
     loss: LossSettings = LossSettings()
     batch: BatchSettings = BatchSettings()
+    gae: GAESettings = GAESettings()
 
     def __post_init__(self) -> None:
         for key, value in self.flat().items():
@@ -259,6 +276,14 @@ class AlgoSettings:
     def uses_reference(self) -> bool:
         """A KL in the loss or in the reward needs the frozen reference's log-probs."""
         return self.kl.beta > 0 or self.kl.reward_coef > 0
+
+    @property
+    def uses_critic(self) -> bool:
+        """The advantage estimator reads a critic's values (PPO's GAE): the trainer builds a critic."""
+        from .advantages import ADVANTAGE_ALIASES, CRITIC_ADVANTAGES
+
+        estimator = self.advantage.estimator
+        return ADVANTAGE_ALIASES.get(estimator, estimator) in CRITIC_ADVANTAGES
 
     def loss_kwargs(self) -> dict[str, Any]:
         """The keyword arguments of `policy_loss` these settings choose (norm_len must be resolved)."""
