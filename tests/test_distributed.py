@@ -62,6 +62,11 @@ def distinct_chars(prompts, completions, **kw):
     return [len(set(c)) / 6 for c in completions]
 
 
+def zero_for_a_zero(prompts, completions, **kw):
+    """0 for every completion of a prompt starting with 0 (a flat group, dropped by dynamic sampling)."""
+    return [0.0 if p.startswith("0") else len(set(c)) / 6 for p, c in zip(prompts, completions)]
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -163,8 +168,40 @@ def equivalence_worker(out: str) -> None:
             torch.equal(_full(p), weights[n]) for n, p in trainer.model.named_parameters() if n in trainable
         )
         results[name]["nan"] = trainer.dist.gather((nan_metrics["skipped_updates"], kept))
+    results["dynamic"] = dynamic_sampling_rounds(out)
     if trainer.dist.is_main:
         torch.save(results, out)
+
+
+def dynamic_sampling_rounds(out: str) -> list:
+    """Three sampling steps under dynamic sampling with some flat groups: per step, every rank's
+    (sampling rounds, local groups, any flat group kept, stream position)."""
+    from tiny_model import make_tiny_model
+
+    from grpokit.batch import flat_groups
+    from grpokit.config import load_config
+    from grpokit.trainer import GRPOTrainer
+
+    model, tok = make_tiny_model("qwen2", seed=0)
+    extra = ["algo.dynamic_sampling=true", "algo.max_sampling_rounds=8", f"train.output_dir={out}.dyn"]
+    trainer = GRPOTrainer(
+        load_config(None, [*BASE, *extra]),
+        model=model,
+        tokenizer=tok,
+        train_rows=ROWS,
+        reward_functions=[("zero_for_a_zero", zero_for_a_zero, 1.0)],
+    )
+    steps = []
+    for _ in range(3):
+        batch, _, sampling = trainer.sample_batch()
+        mine = (
+            sampling["sampling_rounds"],
+            batch.rewards.numel() // G,
+            bool(flat_groups(batch.rewards, G).any()),
+            trainer.stream.state(),
+        )
+        steps.append(trainer.dist.gather(mine))
+    return steps
 
 
 # ----------------------------------------------------------------------------- the tests
@@ -211,6 +248,17 @@ def test_a_nan_on_one_rank_skips_the_step_on_every_rank(equivalence, case):
     epochs = 2 if "optim.epochs=2" in CASES[case] else 1
     assert equivalence[0][case]["nan"] == [(epochs, True)]  # one process: skipped, weights kept
     assert equivalence[1][case]["nan"] == [(epochs, True)] * 2  # rank 0 had no NaN and skipped too
+
+
+def test_dynamic_sampling_stays_in_step_on_every_rank(equivalence):
+    one, two = equivalence[0]["dynamic"], equivalence[1]["dynamic"]
+    for ranks in two:
+        assert len(ranks) == 2
+        for _, groups, flat, _ in ranks:
+            assert groups == P // 2 and not flat  # each rank filled its share with groups that teach
+        assert ranks[0][0] == ranks[1][0] and ranks[0][3] == ranks[1][3]  # same rounds, same stream position
+    assert max(r[0][0] for r in two) > 1  # some step needed more rounds: the flat groups were replaced
+    assert all(r[0][1:3] == (P, False) for r in one)  # one process: the same rule over all P groups
 
 
 def test_evaluation_split_over_ranks_gives_the_one_process_numbers(equivalence):
