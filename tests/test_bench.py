@@ -165,7 +165,7 @@ def test_run_trl_passes_the_shape_and_parses_result(tiny_model, tmp_path, monkey
             """
         )
     )
-    monkeypatch.setattr(bench, "check_trl", lambda python=None: None)
+    monkeypatch.setattr(bench.trl, "check_trl", lambda python=None: None)
     trl = bench.run_trl(tiny_model, "tiny", steps=3, script=fake)
     assert trl["args"] == {
         "model": str(tiny_model),
@@ -195,7 +195,7 @@ def test_trl_out_of_memory_is_a_result_not_a_failure(tiny_model, tmp_path, monke
         "print('torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 40.00 GiB', file=sys.stderr)\n"
         "sys.exit(1)\n"
     )
-    monkeypatch.setattr(bench, "check_trl", lambda python=None: None)
+    monkeypatch.setattr(bench.trl, "check_trl", lambda python=None: None)
     trl = bench.run_trl(tiny_model, "tiny", steps=2, script=fake)
     assert trl["out_of_memory"] is True and trl["median_step_s"] is None
     assert "40.00 GiB" in trl["error_tail"]

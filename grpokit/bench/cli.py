@@ -1,0 +1,175 @@
+"""``grpokit bench`` / ``python -m grpokit.bench``: the command line of the training bench."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from grpokit.bench.model import build_random_model
+from grpokit.bench.report import print_algos_table, print_table
+from grpokit.bench.run import compare_algos, run_bench
+from grpokit.bench.shapes import BENCH_SHAPES, MODEL_SHAPES, BenchError, cache_root
+from grpokit.bench.trl import check_trl, compare, run_trl
+from grpokit.config import KV_CACHES
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    def fail(message: str, code: int = 2) -> int:
+        print(f"grpokit bench: {message}", file=sys.stderr)
+        return code
+
+    if args.steps < 1:
+        return fail(f"--steps must be >= 1, got {args.steps}")
+    algos = [a.strip() for a in args.algos.split(",") if a.strip()]
+    problem = _check_algos(algos, args.compare)
+    if problem:
+        return fail(problem)
+    try:
+        if args.compare == "trl":
+            check_trl(args.trl_python)  # before spending minutes on our side
+            if args.trl_script is not None and not Path(args.trl_script).is_file():
+                return fail(f"--trl-script {args.trl_script}: no such file")
+        if args.model_dir:
+            model_dir = Path(args.model_dir)
+            if not (model_dir / "config.json").is_file():
+                return fail(f"--model-dir {model_dir}: no config.json there")
+        else:
+            size = args.model_size or ("tiny" if args.shape == "tiny" else "0.5b")
+            print(f"grpokit bench: random {size} model in {args.cache_dir or cache_root()}", file=sys.stderr)
+            model_dir = build_random_model(size, args.cache_dir)
+        results = {}
+        for algo in algos:
+            if len(algos) > 1:
+                print(f"grpokit bench: algo.preset={algo}", file=sys.stderr)
+            results[algo] = run_bench(
+                model_dir,
+                args.shape,
+                steps=args.steps,
+                algo=algo,
+                beta=args.beta,
+                gradient_checkpointing=args.gradient_checkpointing,
+                dtype=args.dtype,
+                precision=args.precision,
+                engine=args.engine,
+                kv_cache=args.kv_cache,
+                cuda_graphs=args.cuda_graphs,
+                output_dir=Path(args.output_dir) / algo
+                if args.output_dir and len(algos) > 1
+                else args.output_dir,
+                device=args.device,
+            )
+        if args.compare == "trl":
+            print("grpokit bench: running TRL's GRPOTrainer on the same shape (subprocess)", file=sys.stderr)
+            ours = results["grpo"]
+            trl = run_trl(
+                model_dir,
+                args.shape,
+                steps=args.steps,
+                beta=ours["beta"],
+                script=args.trl_script,
+                python=args.trl_python,
+            )
+            ours["compare"] = compare(ours, trl)
+    except BenchError as e:
+        return fail(str(e))
+    except ValueError as e:
+        return fail(str(e))
+    if len(algos) == 1:
+        result = results[algos[0]]
+        print_table(result)
+    else:
+        ratios = compare_algos(results)
+        result = {"system": "grpokit", "algos": results, "ratios": ratios}
+        for r in results.values():
+            print_table(r)
+        print_algos_table(results, ratios)
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=2))
+    print("RESULT " + json.dumps(result), flush=True)
+    return 0
+
+
+def _check_algos(algos: list[str], compare_with: str | None) -> str | None:
+    """Why the --algos list cannot run, or None."""
+    from grpokit.algos import PRESETS
+
+    if not algos:
+        return "--algos needs at least one preset name, e.g. --algos grpo,ppo"
+    unknown = [a for a in algos if a not in PRESETS]
+    if unknown:
+        return f"--algos: unknown preset(s) {', '.join(unknown)}; choose from {', '.join(PRESETS)}"
+    if len(set(algos)) != len(algos):
+        return f"--algos names a preset twice: {','.join(algos)}"
+    if compare_with == "trl" and "grpo" not in algos:
+        return "--compare trl compares TRL's GRPOTrainer with the grpo preset: include grpo in --algos"
+    return None
+
+
+def add_bench_parser(subparsers) -> None:
+    """Register ``grpokit bench`` on an ``argparse`` subparsers object."""
+    p = subparsers.add_parser(
+        "bench",
+        help="seconds per training step and memory by role on a fixed shape (beside TRL, or per algorithm)",
+        description=(
+            "Time GRPO training steps of a randomly initialised Qwen2 model on a fixed shape "
+            f"({', '.join(f'{k}: {v.prompts}x{v.group_size}, prompt {v.prompt_len}, completion {v.completion_len}' for k, v in BENCH_SHAPES.items())}). "
+            "Completions always run to the full length. Prints a table and one 'RESULT {json}' line."
+        ),
+    )
+    p.add_argument("--shape", choices=list(BENCH_SHAPES), default="standard")
+    which = p.add_mutually_exclusive_group()
+    which.add_argument(
+        "--model-size",
+        choices=list(MODEL_SHAPES),
+        help="random model to build/reuse (default: tiny for --shape tiny, else 0.5b)",
+    )
+    which.add_argument(
+        "--model-dir",
+        help="a model directory with a word-level w0 w1 ... tokenizer (e.g. from make_model.py)",
+    )
+    p.add_argument(
+        "--steps", type=int, default=4, help="steps to run; the median is over steps 2..N (default 4)"
+    )
+    p.add_argument(
+        "--compare", choices=["trl"], help="also run TRL's GRPOTrainer on the same model and shape"
+    )
+    p.add_argument(
+        "--trl-script",
+        help="TRL script printing 'RESULT {json}' (default: shared/bench/trl_bench.py if found, else built in)",
+    )
+    p.add_argument("--trl-python", help="Python interpreter for the TRL run (default: this one)")
+    p.add_argument("--json", help="also write the result to this JSON file")
+    p.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"], default="auto")
+    p.add_argument(
+        "--precision",
+        choices=["auto", "fp32", "bf16_mixed", "fp16_mixed", "bf16_kahan", "bf16_pure"],
+        default="auto",
+        help="optim.precision (grpokit.precision); bf16_mixed is what TRL's bf16=True does",
+    )
+    p.add_argument("--engine", choices=["fast", "hf"], default="fast")
+    p.add_argument("--kv-cache", choices=KV_CACHES, default="auto", help="fast engine's KV cache")
+    p.add_argument("--no-cuda-graphs", dest="cuda_graphs", action="store_false")
+    p.add_argument("--device", default="auto")
+    p.add_argument(
+        "--algos",
+        default="grpo",
+        help="comma list of algo presets to run on the same model and shape, e.g. grpo,ppo: step time, "
+        "peak memory and memory by role for each, and the ratios to the first (default grpo)",
+    )
+    p.add_argument("--beta", type=float, help="algo.beta of every run (default: each preset's; grpo 0.04)")
+    p.add_argument("--no-gradient-checkpointing", dest="gradient_checkpointing", action="store_false")
+    p.add_argument(
+        "--cache-dir", help="where random models are built and kept (default $GRPOKIT_CACHE/bench)"
+    )
+    p.add_argument("--output-dir", help="trainer output directory (default: a temporary one)")
+    p.set_defaults(func=cmd_bench)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m grpokit.bench ARGS`` is ``grpokit bench ARGS``."""
+    parser = argparse.ArgumentParser(prog="grpokit")
+    add_bench_parser(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["bench", *(sys.argv[1:] if argv is None else argv)])
+    return args.func(args)

@@ -1,0 +1,111 @@
+"""The bench's tables: one run (beside TRL's when compared), and several algorithms side by side with
+their memory by role."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from typing import Any
+
+from grpokit.bench.memory import ROLES
+from grpokit.bench.shapes import TIME_KEYS
+
+
+def _fmt(value: float | None, unit: str = "", digits: int = 3) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.{digits}g}{unit}"
+
+
+def print_table(result: dict[str, Any], file=None) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    med = result["median"]
+    cmp = result.get("compare")
+    trl = cmp["trl"] if cmp else None
+    caption = (
+        f"{result['completions_per_step']} completions/step, prompt {result['prompt_len']}, completion "
+        f"{result['completion_len']} tokens; {result['n_params'] / 1e6:.1f}M params, "
+        f"precision {result.get('precision', '?')} ({result['dtype']} weights, "
+        f"{result.get('bytes_per_param', '?')} bytes/param for weights+grads+AdamW), "
+        f"{result['device']}; decode: {result.get('decode_engine', '?')} KV cache"
+        f"{' + CUDA graphs' if result.get('cuda_graphs_used') else ''}"
+        f"; median of steps 2..{result['steps']}"
+        + (f"; memory: {memory['peak_kind']}, gradients computed" if (memory := result.get("memory")) else "")
+    )
+    table = Table(
+        title=f"grpokit bench: {result.get('algo', 'grpo')}, shape {result['shape']}", caption=caption
+    )
+    table.add_column("")
+    table.add_column("grpokit", justify="right")
+    if trl:
+        table.add_column(f"TRL {trl.get('trl_version', '')}", justify="right")
+        table.add_column("grpokit / TRL", justify="right")
+    rows = [("s/step", med["step_s"], trl and trl.get("median_step_s"), cmp and cmp["step_s_ratio"])]
+    for k in TIME_KEYS + ("other",):
+        rows.append((f"  {k} s", med[f"{k}_s"], None, None))
+    rows.append(("completion tokens/s", med["tokens_per_s"], None, None))
+    rows.append(("  during generation", med["generation_tokens_per_s"], None, None))
+    peak = result["peak_memory_gib"]
+    rows.append(
+        (
+            f"peak memory GiB ({result['peak_memory_kind']})",
+            peak,
+            trl and trl.get("peak_alloc_gib"),
+            cmp and cmp["peak_memory_ratio"],
+        )
+    )
+    memory = result.get("memory")
+    if memory:
+        rows.append(("memory GiB: peak increase, by role", memory["peak_bytes"] / 2**30, None, None))
+        for role, size in memory["roles"].items():
+            if size:
+                rows.append((f"  {role.replace('_', ' ')}", size / 2**30, None, None))
+        rows.append(("  activations/other", memory["activations_other_bytes"] / 2**30, None, None))
+    roof = result["roofline_h100"]
+    rows.append(("H100 decode bound s", roof["seconds"], None, None))
+    oom = bool(trl and trl.get("out_of_memory"))
+    for name, ours, theirs, ratio in rows:
+        cells = [name, _fmt(ours)]
+        if trl:
+            headline = name == "s/step" or name.startswith("peak")
+            shown = "out of memory" if oom and headline else _fmt(theirs)
+            cells += [shown, _fmt(ratio, "x")]
+        table.add_row(*cells)
+    Console(file=file or sys.stdout, width=max(100, shutil.get_terminal_size().columns)).print(table)
+
+
+def print_algos_table(results: dict[str, dict[str, Any]], ratios: dict[str, dict], file=None) -> None:
+    """Step time, measured peak and memory by role (GiB) for each algorithm, and the ratios to the first."""
+    from rich.console import Console
+    from rich.table import Table
+
+    first = next(iter(results.values()))
+    caption = (
+        f"shape {first['shape']}: {first['completions_per_step']} completions/step, prompt {first['prompt_len']}, "
+        f"completion {first['completion_len']} tokens; {first['n_params'] / 1e6:.1f}M params, precision "
+        f"{first['precision']}, {first['device']}; peak = {first['memory']['peak_kind']}; "
+        "gradients computed from the trainable parameters"
+    )
+    table = Table(title="grpokit bench: algorithms", caption=caption)
+    table.add_column("")
+    for name in results:
+        table.add_column(name, justify="right")
+    for pair in ratios:
+        table.add_column(pair, justify="right")
+    gib = 2**30
+
+    def row(label: str, values: list[float | None], ratio_key: str | None = None) -> None:
+        cells = [_fmt(v) for v in values]
+        cells += [_fmt(r.get(ratio_key), "x") if ratio_key else "" for r in ratios.values()]
+        table.add_row(label, *cells)
+
+    row("s/step", [r["median_step_s"] for r in results.values()], "step_s")
+    row("peak memory GiB", [r["memory"]["peak_bytes"] / gib for r in results.values()], "peak_memory")
+    for role in ROLES:
+        values = [r["memory"]["roles"][role] / gib for r in results.values()]
+        if any(values):
+            row(f"  {role.replace('_', ' ')}", values)
+    row("  activations/other", [r["memory"]["activations_other_bytes"] / gib for r in results.values()])
+    Console(file=file or sys.stdout, width=max(100, shutil.get_terminal_size().columns)).print(table)
