@@ -24,6 +24,7 @@ class ScoredBatch:
     per_function: dict[str, list]  # name -> (N,) values (None = not applicable)
     reward_metrics: dict[str, float]
     extra: dict[str, list] = dataclasses.field(default_factory=dict)  # log_extra column -> (N,) values
+    step_rewards: list[list[tuple[int, float]]] | None = None  # (N,) [(t_end, score)]: process rewards
 
     def select_groups(self, groups: list[int], group_size: int) -> ScoredBatch:
         idx = [g * group_size + j for g in groups for j in range(group_size)]
@@ -36,6 +37,7 @@ class ScoredBatch:
             per_function={k: [v[i] for i in idx] for k, v in self.per_function.items()},
             reward_metrics=self.reward_metrics,
             extra={k: [v[i] for i in idx] for k, v in self.extra.items()},
+            step_rewards=None if self.step_rewards is None else [self.step_rewards[i] for i in idx],
         )
 
 
@@ -73,6 +75,7 @@ def concat_batches(batches: list[ScoredBatch], pad_token_id: int) -> ScoredBatch
             k: [v for b in batches for v in b.extra.get(k, [None] * len(b.texts))]
             for k in dict.fromkeys(k for b in batches for k in b.extra)
         },
+        step_rewards=[s for b in batches for s in b.step_rewards] if batches[0].step_rewards else None,
     )
 
 

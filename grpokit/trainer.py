@@ -54,9 +54,8 @@ from grpokit.loading import (
     read_model_config,
 )
 from grpokit.precision import make_grad_scaler, make_optimizer, resolve_precision
-from grpokit.rewards import RewardRunner, resolve_reward, resolve_reward_specs
-from grpokit.rewards._text import as_completions
-from grpokit.rewards.runner import TrainerState
+from grpokit.rewards import RewardRunner, TrainerState, as_completions, resolve_reward, resolve_reward_specs
+from grpokit.rewards.process import step_rewards_of
 from grpokit.run_state import RunStateMixin, StopOnSignals  # noqa: F401
 from grpokit.runlog import RunLogger, reward_metric_names
 from grpokit.templates import encode_prompts
@@ -480,6 +479,7 @@ class GRPOTrainer(RunStateMixin, MicroBatchMixin, CriticMixin):
             reward_metrics=result.metrics(),
             # log_extra columns with one value per completion (others cannot be lined up with rows)
             extra={k: v for k, v in result.extra.items() if len(v) == len(texts)},
+            step_rewards=step_rewards_of(self.algo, self.rewards.functions, result, self.tokenizer, rollout),
         )
 
     # ----------------------------------------------------------------------------- the update
@@ -521,6 +521,7 @@ class GRPOTrainer(RunStateMixin, MicroBatchMixin, CriticMixin):
             old_logprobs=old_logprobs.to(d) if old_logprobs is not None else None,
             ref_logprobs=ref_logprobs.to(d) if ref_logprobs is not None else None,
             values=values.to(d) if values is not None else None,
+            step_rewards=batch.step_rewards,
         )
 
     def update(

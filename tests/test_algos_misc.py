@@ -184,6 +184,7 @@ def test_value_loss_hand_values():
 
 ARXIV = {
     "grpo": "2402.03300",
+    "grpo_process": "2402.03300",
     "dr_grpo": "2503.20783",
     "dapo": "2503.14476",
     "gspo": "2507.18071",
@@ -244,8 +245,9 @@ def test_every_preset_runs_policy_loss_and_advantages(name):
     ref = logp.detach() + 0.1 * torch.randn(B, T, generator=gen, dtype=F64)
     mask = torch.ones(B, T)
     kl = kl_estimate(old, ref, "k1")  # (B, T) the KL-in-reward's k1 at the sampling policy
+    steps = [[(1, float(r)), (T - 1, float(r))] for r in rewards]  # process rewards: two steps each
     adv = compute_advantages(
-        rewards, G, name, completion_mask=mask, kl=kl, kl_coef=s["kl_reward_coef"],
+        rewards, G, name, completion_mask=mask, kl=kl, kl_coef=s["kl_reward_coef"], step_rewards=steps,
         values=0.1 * torch.randn(B, T, generator=gen, dtype=F64),  # a critic's (ppo)
     )
     assert adv.shape in ((B,), (B, T))

@@ -13,6 +13,7 @@ calls them with AdvantageInputs (rewards, mask, per-token KL, log-probs) through
 | "batch_whiten"              | A_i = (r_i - mean_batch) / (std_batch + eps)              | (sequence-level simplification) |
 | "token_whiten"              | A_{i,t} = whiten_tokens(sum_{s>=t} r_{i,s})               | reinforce_pp, arXiv 2501.03262  |
 | "group_centre_token_whiten" | the same with r_i - mean_g as the score                   | reinforce_pp_baseline, ditto    |
+| "process_group"             | A_{i,t} = sum of the group-normalised step rewards ending at or after t | grpo_process, 2402.03300 4.1.3 (process.py) |
 | "gae"                       | A_{i,t} = whiten_tokens(GAE(r_{i,t}, V_{i,t}; gamma, lam)) | ppo, arXiv 2203.02155 (critic)  |
 
 With a KL in the reward (kl_coef > 0), the token-level estimators put -kl_coef * k1_{i,t} on every token
@@ -303,6 +304,22 @@ def _group_centre_token_whiten(a: AdvantageInputs) -> Tensor:
     )
 
 
+def _process_group(a: AdvantageInputs) -> Tensor:
+    """group-normalised step rewards, summed over the steps ending at or after each token"""
+    from .process import process_group_advantages
+
+    if a.kl_coef:
+        raise ValueError(
+            "advantage 'process_group' takes no KL in the reward (algo.kl_reward_coef); use a KL loss (algo.beta)"
+        )
+    if a.step_rewards is None:
+        raise ValueError(
+            "advantage 'process_group' needs step rewards (AdvantageInputs.step_rewards): configure a process "
+            "reward, e.g. rewards: [{name: process_reward_model, kwargs: {path: DIR}}] (see grpokit.rewards.process)"
+        )
+    return process_group_advantages(a.step_rewards, a.group_size, a.mask(), std_ddof=a.std_ddof, eps=a.eps)
+
+
 def _gae(a: AdvantageInputs) -> Tensor:
     """GAE with a critic's values, whitened per token over the batch"""
     from .ppo import whitened_gae
@@ -320,6 +337,7 @@ ADVANTAGES: dict[str, Callable[[AdvantageInputs], Tensor]] = {
     "batch_whiten": _batch_whiten,  # (r - mean_B) / std_B, one per completion
     "token_whiten": _token_whiten,  # returns-to-go whitened per token       REINFORCE++
     "group_centre_token_whiten": _group_centre_token_whiten,  # same, r - mean_g first   REINFORCE++-baseline
+    "process_group": _process_group,  # sum of group-normalised step rewards at or after t   GRPO process supervision
     "gae": _gae,  # GAE(gamma, lam) with a critic's values, whitened per token   PPO
 }
 CRITIC_ADVANTAGES = ("gae",)

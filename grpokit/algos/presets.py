@@ -6,6 +6,9 @@ values live); the config's `algo.*` keys override it.
 The formulas, per preset:
   grpo         DeepSeekMath, arXiv 2402.03300. A_i = (r_i - mean_g)/std_g; token ratio, clip 0.2;
                loss (1/B) sum_i (1/|o_i|) sum_t [l_{i,t} + 0.04 * k3_{i,t}].
+  grpo_process DeepSeekMath's GRPO with process supervision, arXiv 2402.03300 sec. 4.1.3. Step rewards
+               (a process reward) normalised over all steps of the group's G outputs, A_{i,t} = sum of
+               those of the steps ending at or after t (algos/process.py); otherwise as grpo.
   dr_grpo      Dr. GRPO, arXiv 2503.20783. A_i = r_i - mean_g (no std); loss sum_{i,t} l / (B * L_max);
                no KL. Removes the length and question-difficulty biases.
   dapo         DAPO, arXiv 2503.14476. GRPO advantage; clip-higher [0.8, 1.28]; loss sum m l / sum m;
@@ -34,6 +37,10 @@ from .settings import KNOBS, AlgoSettings
 PRESETS: dict[str, AlgoSettings] = {
     # DeepSeekMath, arXiv 2402.03300 (sec. 4.1): std-scaled group advantage, KL k3 in the loss, beta 0.04.
     "grpo": AlgoSettings.of(advantage="group_std", agg="seq-mean-token-mean", beta=0.04, kl_kind="k3"),
+    # DeepSeekMath, arXiv 2402.03300 (sec. 4.1.3): the same with process supervision (per-step rewards, token-level advantages).
+    "grpo_process": AlgoSettings.of(
+        advantage="process_group", agg="seq-mean-token-mean", beta=0.04, kl_kind="k3"
+    ),
     # Dr. GRPO, arXiv 2503.20783: no std division, constant normaliser L = max completion length, no KL.
     "dr_grpo": AlgoSettings.of(
         advantage="group_centre", agg="seq-sum-norm", norm_len="max_completion_length"
@@ -78,6 +85,7 @@ SETTING_KEYS = tuple(KNOBS)
 
 PAPERS = {
     "grpo": "arXiv 2402.03300",
+    "grpo_process": "arXiv 2402.03300 (4.1.3)",
     "dr_grpo": "arXiv 2503.20783",
     "dapo": "arXiv 2503.14476",
     "gspo": "arXiv 2507.18071",

@@ -17,10 +17,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from numbers import Real
 
+from grpokit.rewards._text import to_text
+from grpokit.rewards.process import check_char_steps
 
-def _check(values: object, n: int) -> tuple[list[float | None], list[str | None]]:
+
+def _check(values: object, n: int, texts: list[str] | None = None) -> tuple[list, list[str | None]]:
     """(values, per-row errors) from a reward function's return value. A value that is not a number
-    or None, or not finite, fails its row; a return value of the wrong shape raises ValueError."""
+    or None, or not finite, fails its row; a return value of the wrong shape raises ValueError.
+    texts: the completions' texts when the function returns process rewards (`step_rewards = True`,
+    see grpokit.rewards.process): each value is then a list of (char_end, score), checked against them."""
     if isinstance(values, (str, bytes, dict)) or not hasattr(values, "__len__"):
         raise ValueError(f"returned {type(values).__name__}, expected a list of {n} floats or None")
     values = list(values.tolist() if hasattr(values, "tolist") else values)
@@ -28,7 +33,15 @@ def _check(values: object, n: int) -> tuple[list[float | None], list[str | None]
         raise ValueError(f"returned {len(values)} values for {n} completions")
     out: list[float | None] = []
     errors: list[str | None] = []
-    for v in values:
+    for k, v in enumerate(values):
+        if texts is not None and v is not None:  # process rewards: steps, checked against the text
+            try:
+                out.append(check_char_steps(v, len(texts[k])))
+                errors.append(None)
+            except ValueError as e:
+                out.append(None)
+                errors.append(str(e))
+            continue
         if v is None or (isinstance(v, Real) and math.isfinite(float(v))):
             out.append(None if v is None else float(v))
             errors.append(None)
@@ -84,6 +97,7 @@ def _call_rows(
     """(values, per-row errors, (metrics, extra) logged) of one call, never raising. A call that raises
     is retried one row at a time (concurrently for an async function), so a bad row costs that row."""
     n = len(completions)  # before the call: a function may mutate its arguments
+    texts = [to_text(c) for c in completions] if getattr(fn, "step_rewards", False) else None
     logs = _Logs()
     logging_kwargs = {"log_metric": logs.log_metric, "log_extra": logs.log_extra}
     rows = [
@@ -98,26 +112,26 @@ def _call_rows(
             return [None] * n, [error] * n, logs.picklable()
         out: list[float | None] = []
         errors: list[str | None] = []
-        for value, row_error in _rows_alone(fn, rows):
+        for value, row_error in _rows_alone(fn, rows, texts):
             out.append(value)
             errors.append(row_error)
         return out, errors, logs.picklable()
     try:
-        out, errors = _check(values, n)
+        out, errors = _check(values, n, texts)
     except Exception as e:  # noqa: BLE001
         return [None] * n, [str(e)] * n, logs.picklable()
     return out, errors, logs.picklable()
 
 
-def _rows_alone(fn: Callable, rows: list) -> list[tuple[float | None, str | None]]:
+def _rows_alone(fn: Callable, rows: list, texts: list[str] | None = None) -> list[tuple[object, str | None]]:
     """Each row scored alone (after the whole call raised): (value, None) or (None, why it failed)."""
     ignore = {"log_metric": lambda *a: None, "log_extra": lambda *a: None}  # logged by the batch call only
 
-    def outcome(result: object) -> tuple[float | None, str | None]:
+    def outcome(result: object, row: int) -> tuple[object, str | None]:
         if isinstance(result, BaseException):
             return None, _describe(result)
         try:
-            values, errors = _check(result, 1)
+            values, errors = _check(result, 1, None if texts is None else [texts[row]])
         except Exception as e:  # noqa: BLE001
             return None, str(e)
         return values[0], errors[0]
@@ -131,13 +145,13 @@ def _rows_alone(fn: Callable, rows: list) -> list[tuple[float | None, str | None
             return await asyncio.gather(*(one(p, c, kw) for p, c, kw in rows), return_exceptions=True)
 
         try:
-            return [outcome(r) for r in asyncio.run(gather())]
+            return [outcome(r, i) for i, r in enumerate(asyncio.run(gather()))]
         except BaseException as e:  # noqa: BLE001
             return [(None, _describe(e))] * len(rows)
     results = []
-    for p, c, kw in rows:
+    for i, (p, c, kw) in enumerate(rows):
         try:
-            results.append(outcome(_invoke(fn, p, c, {**kw, **ignore})))
+            results.append(outcome(_invoke(fn, p, c, {**kw, **ignore}), i))
         except BaseException as e:  # noqa: BLE001
             results.append((None, _describe(e)))
     return results

@@ -25,6 +25,7 @@ from grpokit.rewards.code import code_tests, make_code_tests
 from grpokit.rewards.format import format_lenient, format_strict
 from grpokit.rewards.language import language_consistency, make_language_consistency
 from grpokit.rewards.length import length_penalty, overlong_penalty
+from grpokit.rewards.reward_model import make_process_reward_model, make_reward_model
 
 BUILTINS: dict[str, Callable] = {
     "math_accuracy": math_accuracy,
@@ -35,6 +36,8 @@ BUILTINS: dict[str, Callable] = {
     "language_consistency": language_consistency,
     "overlong_penalty": overlong_penalty,  # factory: overlong_penalty(max_len, buffer_len)
     "length_penalty": length_penalty,  # factory: length_penalty(max_len, min_len=0, scale=1.0)
+    "reward_model": make_reward_model,  # factory: reward_model(path, batch_size=8, ...)   (reward_model.py)
+    "process_reward_model": make_process_reward_model,  # factory: (path, step_separator="\n", ...)
 }
 """name -> reward function, or factory (marked `_grpokit_factory`) that builds one from parameters."""
 
@@ -107,6 +110,12 @@ def _resolve(spec: object, kwargs: dict, where: str, params: str) -> Callable:
         if spec not in _CONFIGURABLE:
             raise RewardConfigError(f"{params}={kwargs!r}: {spec} takes no parameters; remove them")
         return _call_factory(_CONFIGURABLE[spec], spec, kwargs, where, params)
+    if ":" not in spec and (Path(spec).expanduser() / "config.json").is_file():
+        raise RewardConfigError(
+            f"{where}: a model folder; name the kind of reward it gives, with the folder as its path: "
+            f"{{name: reward_model, kwargs: {{path: {spec}}}}} (a sequence-classification reward model) or "
+            f"{{name: process_reward_model, kwargs: {{path: {spec}}}}} (a process reward model)"
+        )
     if ":" not in spec:
         near = difflib.get_close_matches(spec, list(BUILTINS), n=1, cutoff=0.6)
         hint = f"did you mean {near[0]!r}? " if near else ""

@@ -40,6 +40,9 @@ class RewardResult:
     """log_metric(name, value) calls as reward/<function>/<name>, averaged over the batch's calls."""
     extra: dict[str, list] = field(default_factory=dict)
     """log_extra(column, values) calls, concatenated per column."""
+    steps: dict[str, list] = field(default_factory=dict)
+    """Process rewards (functions with step_rewards = True, grpokit.rewards.process): per function, per
+    completion its steps [(char_end, score)] or None; `per_function` holds the last step's score."""
 
     COUNTERS = ("failed", "failed_rows", "timeouts", "seconds")
     """reward/<name>/<counter> metrics that count or cost per call: they add up over several calls

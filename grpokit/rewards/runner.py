@@ -65,6 +65,7 @@ from dataclasses import dataclass
 from numbers import Real
 
 from grpokit.rewards._workers import _call_rows, _frame, _is_async, _kill_all, _per_row, _Task, _Worker
+from grpokit.rewards.process import is_process_reward, step_outcome
 from grpokit.rewards.result import RewardResult, TrainerState, _mean
 
 __all__ = ["RewardResult", "RewardRunner", "TrainerState"]
@@ -143,6 +144,12 @@ class RewardRunner:
             self._run_threads(prompts, completions, columns, out)
         else:
             self._run_processes(prompts, completions, columns, out)
+        self._run_in_process(prompts, completions, columns, out)
+        steps = {}  # process rewards: their steps aside, the last step's score as their value
+        for name, fn, _ in self.functions:
+            if is_process_reward(fn):
+                steps[name] = [v if isinstance(v, list) else None for v in out.values[name]]
+                out.values[name] = [step_outcome(v) for v in out.values[name]]
         errors: dict[str, str | None] = dict.fromkeys(names)
         for name in names:
             bad = out.row_errors[name]
@@ -193,7 +200,26 @@ class RewardRunner:
             row_errors=out.row_errors,
             logged={k: _mean(vs) for k, vs in logged.items() if vs},
             extra=extra,
+            steps=steps,
         )
+
+    def _run_in_process(self, prompts, completions, columns, out: _Outcome) -> None:
+        """The functions marked `in_process = True` (a model on the GPU: CUDA cannot be used in a forked
+        child, and the model would load again there), called here, one after the other, in the calling
+        thread: no time limit applies to them (nothing can stop them safely)."""
+        row_keys = frozenset(k for k, v in columns.items() if _per_row(v, len(completions)))
+        for name, fn, _ in self.functions:
+            if not _in_process(fn):
+                continue
+            start = time.monotonic()
+            kwargs = {k: list(v) if isinstance(v, (list, tuple)) else v for k, v in columns.items()}
+            row_values, row_errors, logged = _call_rows(
+                fn, list(prompts), list(completions), kwargs, row_keys
+            )
+            out.values[name] = row_values
+            out.row_errors[name] = {i: e for i, e in enumerate(row_errors) if e is not None}
+            out.logs[name].append(logged)
+            out.seconds[name] = time.monotonic() - start
 
     # --- processes ------------------------------------------------------------------------------
     def _run_processes(self, prompts, completions, columns, out: _Outcome) -> None:
@@ -207,6 +233,8 @@ class RewardRunner:
         tasks: collections.deque[_Task] = collections.deque()
         is_async = [_is_async(fn) for _, fn, _ in self.functions]
         for k, (_, fn, _) in enumerate(self.functions):
+            if _in_process(fn):
+                continue  # run by _run_in_process
             if getattr(fn, "per_completion", False):
                 size = max(1, min(32, math.ceil(n / (4 * self.workers))))
                 tasks.extend(_Task(k, "items", list(range(a, min(n, a + size)))) for a in range(0, n, size))
@@ -367,8 +395,9 @@ class RewardRunner:
                     values[name][i] = 0.0
                 timeouts[name] += len(task.rows)
         end = time.monotonic()
-        for k, (name, _, _) in enumerate(self.functions):
-            out.seconds[name] = (last.get(k, end) - first[k]) if k in first else 0.0
+        for k, (name, fn, _) in enumerate(self.functions):
+            if not _in_process(fn):
+                out.seconds[name] = (last.get(k, end) - first[k]) if k in first else 0.0
 
     # --- threads --------------------------------------------------------------------------------
     def _run_threads(self, prompts, completions, columns, out: _Outcome) -> None:
@@ -379,6 +408,8 @@ class RewardRunner:
         boxes, threads = {}, {}
         start = time.monotonic()
         for name, fn, _ in self.functions:
+            if _in_process(fn):
+                continue  # run by _run_in_process
             box: dict = {}
             # Copies: a function that mutates its inputs must not change what the next one sees.
             kwargs = {k: list(v) if isinstance(v, (list, tuple)) else v for k, v in columns.items()}
@@ -387,6 +418,8 @@ class RewardRunner:
             t.start()
             boxes[name], threads[name] = box, t
         for name, _, _ in self.functions:
+            if name not in threads:
+                continue
             threads[name].join(max(0.0, start + self.timeout_s - time.monotonic()))
             box = boxes[name]
             if threads[name].is_alive():
@@ -399,6 +432,10 @@ class RewardRunner:
             out.values[name] = row_values
             out.row_errors[name] = {i: e for i, e in enumerate(row_errors) if e is not None}
             out.logs[name].append(logged)
+
+
+def _in_process(fn: Callable) -> bool:
+    return bool(getattr(fn, "in_process", False))
 
 
 @dataclass
