@@ -7,8 +7,10 @@ normaliser were per rank (token-mean: each rank divides by its own tokens, ~half
 the gradient doubles), or if DDP/FSDP's averaging over ranks were not undone (the gradient halves).
 Adam's first step is nearly scale-free, so the gradients themselves are compared, not only weights.
 
-This file is also the worker: ``python tests/test_distributed.py equivalence OUT`` (under torchrun or
-alone).
+This file is also the worker: one torchrun launch (``python -m torch.distributed.run --nproc_per_node=2
+tests/test_distributed.py all FOLDER CFG``) runs the equivalence cases, then ``grpokit train CFG``
+through the CLI's own code and a resume of it, in one process group: a launch costs ~8 s of start-up
+on two cores, so the tests share it. The one-process reference runs in the test process itself.
 """
 
 from __future__ import annotations
@@ -222,11 +224,20 @@ def test_a_bad_launch_is_refused_clearly():
 
 
 @pytest.fixture(scope="module")
-def equivalence(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("equivalence")
-    equivalence_worker(str(folder / "one.pt"))  # one process: this one (WORLD_SIZE unset)
-    launch([__file__, "equivalence", str(folder / "two.pt")], nproc=2)
-    return torch.load(folder / "one.pt"), torch.load(folder / "two.pt")
+def two_ranks(tmp_path_factory):
+    """One torchrun launch of 2 ranks (``all_worker``): the equivalence cases, then the CLI run and its
+    resume. Returns (folder, config path)."""
+    folder = tmp_path_factory.mktemp("two_ranks")
+    cfg = write_run_config(folder)
+    launch([__file__, "all", str(folder), str(cfg)], nproc=2)
+    return folder, cfg
+
+
+@pytest.fixture(scope="module")
+def equivalence(two_ranks, tmp_path_factory):
+    one = tmp_path_factory.mktemp("one_process") / "one.pt"
+    equivalence_worker(str(one))  # one process: this one (WORLD_SIZE unset)
+    return torch.load(one), torch.load(two_ranks[0] / "two.pt")
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -267,14 +278,6 @@ def test_evaluation_split_over_ranks_gives_the_one_process_numbers(equivalence):
     assert two == one  # exactly: the same chunks with the same seeds and the same (unsharded) weights
 
 
-if __name__ == "__main__":
-    mode, out = sys.argv[1], sys.argv[2]
-    if mode == "equivalence":
-        equivalence_worker(out)
-    else:
-        raise SystemExit(f"unknown mode {mode}")
-
-
 # ----------------------------------------------------------------------------- a real torchrun run
 
 SCORING_FILE = """import json, os
@@ -290,13 +293,11 @@ def distinct_chars(prompts, completions, trainer_state=None, **kw):
 STEPS = 3
 
 
-@pytest.fixture(scope="module")
-def two_rank_run(tmp_path_factory):
-    """`torchrun --nproc_per_node=2 -m grpokit train cfg.yaml`: 3 steps, a checkpoint after each; the
-    reward function records every score it gives, per rank."""
+def write_run_config(folder: Path) -> Path:
+    """The CLI run's config: 3 steps, a checkpoint after each; the reward function records every score
+    it gives, per rank."""
     from tiny_model import save_tiny_model
 
-    folder = tmp_path_factory.mktemp("two_rank")
     model = save_tiny_model(folder / "model")
     data = folder / "prompts.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in ROWS))
@@ -325,19 +326,38 @@ def two_rank_run(tmp_path_factory):
     }
     cfg = folder / "cfg.yaml"
     cfg.write_text(json.dumps(settings))  # JSON is YAML
-    launch(["grpokit", "train", str(cfg)], nproc=2, module=True)
-    return folder, cfg
+    return cfg
+
+
+def all_worker(folder: Path, cfg: Path) -> None:
+    """Under torchrun: the equivalence cases, then `grpokit train cfg.yaml` (the CLI's own code path in
+    the same process group), then a resume from its step 2 into a copy of the run."""
+    import shutil
+
+    import torch.distributed as dist
+
+    from grpokit.cli import main
+
+    equivalence_worker(str(folder / "two.pt"))
+    assert main(["train", str(cfg)]) == 0
+    rank = dist.get_rank()
+    (folder / f"scores.rank{rank}.jsonl").rename(folder / f"scores.rank{rank}.first.jsonl")
+    if rank == 0:
+        shutil.copytree(folder / "run", folder / "resumed")
+    dist.barrier()
+    args = ["--output-dir", str(folder / "resumed"), "--resume-from", "step_000002", "eval.enabled=false"]
+    assert main(["train", str(cfg), *args]) == 0
 
 
 def _lines(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-def test_rank_0_logs_one_line_per_step_with_global_numbers(two_rank_run):
-    folder, _ = two_rank_run
+def test_rank_0_logs_one_line_per_step_with_global_numbers(two_ranks):
+    folder, _ = two_ranks
     metrics = _lines(folder / "run" / "metrics.jsonl")
     assert [m["step"] for m in metrics] == [1, 2, 3]  # one writer: no doubled or torn lines
-    scored = {r: _lines(folder / f"scores.rank{r}.jsonl") for r in (0, 1)}
+    scored = {r: _lines(folder / f"scores.rank{r}.first.jsonl") for r in (0, 1)}
     for m in metrics:
         per_rank = [
             [s for line in scored[r] if line["step"] == m["step"] - 1 for s in line["scores"]] for r in (0, 1)
@@ -354,10 +374,10 @@ def test_rank_0_logs_one_line_per_step_with_global_numbers(two_rank_run):
     assert [p.name for p in samples] == [f"step_00000{i}.jsonl" for i in (1, 2, 3)]
 
 
-def test_checkpoints_are_plain_transformers_models(two_rank_run):
+def test_checkpoints_are_plain_transformers_models(two_ranks):
     from transformers import AutoModelForCausalLM
 
-    folder, _ = two_rank_run
+    folder, _ = two_ranks
     start = AutoModelForCausalLM.from_pretrained(folder / "model")
     trained = AutoModelForCausalLM.from_pretrained(folder / "run" / "checkpoints" / "step_000003")
     before, after = start.state_dict(), trained.state_dict()
@@ -370,13 +390,9 @@ def test_checkpoints_are_plain_transformers_models(two_rank_run):
     assert state["world_size"] == 2 and len(state["rng_ranks"]) == 2 and state["optimizer"]["state"]
 
 
-def test_resume_continues_like_the_uninterrupted_run(two_rank_run, tmp_path):
-    import shutil
-
-    folder, cfg = two_rank_run
-    resumed = Path(shutil.copytree(folder / "run", tmp_path / "resumed"))
-    args = ["--output-dir", str(resumed), "--resume-from", "step_000002", "eval.enabled=false"]
-    launch(["grpokit", "train", str(cfg), *args], nproc=2, module=True)
+def test_resume_continues_like_the_uninterrupted_run(two_ranks):
+    folder, _ = two_ranks
+    resumed = folder / "resumed"  # a copy of the run, resumed from step 2 by the same 2 ranks
     full, again = _lines(folder / "run" / "metrics.jsonl"), _lines(resumed / "metrics.jsonl")
     assert [m["step"] for m in again] == [1, 2, 3, 3]  # the resumed step 3 is appended
     volatile = ("time/", "tokens_per_s", "peak_memory_mb", "seconds")
@@ -387,12 +403,12 @@ def test_resume_continues_like_the_uninterrupted_run(two_rank_run, tmp_path):
             assert again[3][key] == pytest.approx(value, rel=1e-5, abs=1e-7), key
 
 
-def test_resume_at_another_world_size_is_refused(two_rank_run, tmp_path, capsys):
+def test_resume_at_another_world_size_is_refused(two_ranks, tmp_path, capsys):
     import shutil
 
     from grpokit.cli import main
 
-    folder, cfg = two_rank_run
+    folder, cfg = two_ranks
     run = Path(shutil.copytree(folder / "run", tmp_path / "run"))
     assert main(["train", str(cfg), "--output-dir", str(run), "--resume"]) == 2
     err = capsys.readouterr().err
@@ -412,3 +428,13 @@ def test_the_demo_still_learns_on_two_ranks(tmp_path):
     assert summary["eval_accuracy_before"] <= 0.4
     assert summary["eval_accuracy_after"] >= 0.8
     assert len((out / "metrics.jsonl").read_text().splitlines()) == 40 and (out / "curves.png").is_file()
+
+
+if __name__ == "__main__":
+    mode = sys.argv[1]
+    if mode == "equivalence":
+        equivalence_worker(sys.argv[2])
+    elif mode == "all":
+        all_worker(Path(sys.argv[2]), Path(sys.argv[3]))
+    else:
+        raise SystemExit(f"unknown mode {mode}")
