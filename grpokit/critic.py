@@ -84,17 +84,18 @@ def _zero_head(critic: torch.nn.Module) -> None:
 def build_critic(policy: torch.nn.Module, cfg, dtype: torch.dtype, device: torch.device) -> torch.nn.Module:
     """The critic for ``policy``: from critic.path, or the policy's backbone weights and a zero head;
     dropout off (values at sampling and in the update must agree); LoRA-wrapped when lora.enabled."""
-    from transformers import AutoModelForTokenClassification
+    from transformers import AutoConfig, AutoModelForTokenClassification
 
     path = cfg.critic.path
     if path:
         if not Path(path).is_dir():
             raise ConfigError(f"critic.path={path!r}: no such folder (give a Hugging Face model folder)")
         try:
+            config = AutoConfig.from_pretrained(path, trust_remote_code=cfg.model.trust_remote_code)
+            config.num_labels, config.classifier_dropout = 1, 0.0
             critic, info = AutoModelForTokenClassification.from_pretrained(
                 path,
-                num_labels=1,
-                classifier_dropout=0.0,
+                config=config,
                 dtype=dtype,
                 trust_remote_code=cfg.model.trust_remote_code,
                 output_loading_info=True,
