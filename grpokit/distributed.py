@@ -157,6 +157,11 @@ class Distributed:
                 "with train.distributed=fsdp: use optim.precision=bf16_mixed or bf16_kahan, or "
                 "train.distributed=ddp."
             )
+        if cfg.model.device.startswith("cuda:"):
+            raise ConfigError(
+                f"model.device={cfg.model.device!r} under torchrun would put every rank on one GPU: each rank "
+                "uses cuda:LOCAL_RANK, so set model.device=auto (or cuda); pick GPUs with CUDA_VISIBLE_DEVICES."
+            )
         local_rank = int(os.environ.get("LOCAL_RANK", "0"))
         cuda = torch.cuda.is_available() and cfg.model.device != "cpu"
         if cuda:

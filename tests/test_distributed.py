@@ -223,6 +223,25 @@ def test_a_bad_launch_is_refused_clearly():
     assert resolve_strategy("auto", lora=False) == "fsdp" and resolve_strategy("auto", lora=True) == "ddp"
 
 
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("rollout.prompts_per_step=3", "prompts_per_step=3 is not divisible by the world size 2"),
+        ("model.device=cuda:1", "would put every rank on one GPU"),
+        ("optim.precision=fp16_mixed", "float16 loss scaling"),
+    ],
+)
+def test_a_bad_torchrun_setting_is_refused_before_joining(monkeypatch, override, message):
+    """Checked from torchrun's environment before the process group is joined (so no rank waits)."""
+    from grpokit.config import ConfigError, load_config
+    from grpokit.distributed import Distributed
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    cfg = load_config(None, [*BASE, override])
+    with pytest.raises(ConfigError, match=message):
+        Distributed.from_env(cfg)
+
+
 @pytest.fixture(scope="module")
 def two_ranks(tmp_path_factory):
     """One torchrun launch of 2 ranks (``all_worker``): the equivalence cases, then the CLI run and its
