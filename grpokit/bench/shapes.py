@@ -17,6 +17,15 @@ MODEL_SHAPES: dict[str, dict[str, Any]] = {
         num_attention_heads=4,
         num_key_value_heads=2,
     ),
+    "30m": dict(  # 32M parameters, small vocabulary: weights, gradients, AdamW states and the reference
+        # are ~90% of a CPU step's memory on the tiny shape (tests/test_bench_memory.py); quick to build
+        vocab_size=4096,
+        hidden_size=512,
+        intermediate_size=1536,
+        num_hidden_layers=10,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+    ),
     "60m": dict(  # 63M parameters: weights and optimizer states dominate a CPU step's memory, quickly
         vocab_size=32768,
         hidden_size=768,
