@@ -140,6 +140,7 @@ def make_reward_model(
         return scores
 
     reward_model.in_process = True
+    reward_model.model, reward_model.tokenizer = model, tokenizer
     return reward_model
 
 
@@ -221,6 +222,7 @@ def make_process_reward_model(
 
     process_reward_model.in_process = True
     process_reward_model.step_rewards = True
+    process_reward_model.model, process_reward_model.tokenizer = model, tokenizer
     return process_reward_model
 
 
