@@ -39,26 +39,32 @@ def cmd_bench(args: argparse.Namespace) -> int:
             size = args.model_size or ("tiny" if args.shape == "tiny" else "0.5b")
             print(f"grpokit bench: random {size} model in {args.cache_dir or cache_root()}", file=sys.stderr)
             model_dir = build_random_model(size, args.cache_dir)
+        common = dict(
+            gradient_checkpointing=args.gradient_checkpointing,
+            dtype=args.dtype,
+            precision=args.precision,
+            engine=args.engine,
+            kv_cache=args.kv_cache,
+            cuda_graphs=args.cuda_graphs,
+            device=args.device,
+        )
+        # One step of the tiny model first: the first run in a process would otherwise also count the
+        # process's one-time costs (modules imported, thread pools, library workspaces) as its memory.
+        run_bench(build_random_model("tiny", args.cache_dir), "tiny", steps=1, algo=algos[0], **common)
         results = {}
         for algo in algos:
             if len(algos) > 1:
                 print(f"grpokit bench: algo.preset={algo}", file=sys.stderr)
+            several = args.output_dir and len(algos) > 1
+            out_dir = Path(args.output_dir) / algo if several else args.output_dir
             results[algo] = run_bench(
                 model_dir,
                 args.shape,
                 steps=args.steps,
                 algo=algo,
                 beta=args.beta,
-                gradient_checkpointing=args.gradient_checkpointing,
-                dtype=args.dtype,
-                precision=args.precision,
-                engine=args.engine,
-                kv_cache=args.kv_cache,
-                cuda_graphs=args.cuda_graphs,
-                output_dir=Path(args.output_dir) / algo
-                if args.output_dir and len(algos) > 1
-                else args.output_dir,
-                device=args.device,
+                output_dir=out_dir,
+                **common,
             )
         if args.compare == "trl":
             print("grpokit bench: running TRL's GRPOTrainer on the same shape (subprocess)", file=sys.stderr)
