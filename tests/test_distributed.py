@@ -56,6 +56,8 @@ CASES = {
     "ddp": ["train.distributed=ddp", "optim.micro_batch_size=2"],
     # LoRA, sharded with FSDP; the reference is the base with the adapter off
     "fsdp_lora": ["train.distributed=fsdp", "lora.enabled=true", "lora.r=4", "algo.beta=0.04"],
+    # LoRA under auto: DDP
+    "ddp_lora": ["lora.enabled=true", "lora.r=4", "algo.agg=token-mean"],
 }
 
 
