@@ -13,7 +13,9 @@ so the trainer calls them unconditionally. Under torchrun:
 - the loss normaliser (num_sequences, num_tokens) is the global mini-batch's: num_tokens is all-reduced,
   num_sequences is local rows x N. DDP and FSDP *average* gradients over ranks, so each rank's loss is
   multiplied by N before backward: sum_r(N * L_r) / N = sum_r L_r, the single-process loss of the global
-  batch. Micro-batch counts are equal on all ranks (the longest row is all-reduced), so every rank runs
+  batch. Example, token-mean on 2 ranks: rank 0 holds 30 loss tokens whose losses sum to 6, rank 1 holds
+  20 summing to 4; one process: (6 + 4) / 50 = 0.2. Each rank divides by the all-reduced 50: 0.12 and
+  0.08, times N = 2: 0.24 and 0.16, averaged by DDP/FSDP: 0.2. Micro-batch counts are equal on all ranks (the longest row is all-reduced), so every rank runs
   the same collectives. Clipping uses the global norm; a non-finite loss still runs its backward so the
   global norm is NaN on every rank and the step is skipped everywhere.
 - strategy (train.distributed): ``fsdp`` shards the policy (each decoder layer, then the rest) and the
@@ -28,6 +30,8 @@ so the trainer calls them unconditionally. Under torchrun:
 - rank 0 alone writes (``main_only``, ``on_main``); checkpoints are consolidated on rank 0 (full model
   state dict -> ``save_pretrained``; full optimizer state dict) with every rank's RNG state, and can be
   resumed at the same world size only (refused otherwise, naming both sizes).
+- refused before joining, with the numbers: prompts_per_step not divisible by N or smaller than N,
+  model.device=cuda:K (each rank takes cuda:LOCAL_RANK), float16 loss scaling under fsdp.
 """
 
 from __future__ import annotations
