@@ -53,6 +53,9 @@ from torch import nn
 from grpokit.errors import ConfigError
 
 STRATEGIES = ("auto", "fsdp", "ddp")
+GROUP_LOCAL_ADVANTAGES = ("group_std", "group_centre", "leave_one_out", "process_group")
+"""Estimators that read one group at a time: exact on each rank's whole groups. Any other (batch std,
+whitening over the batch, your own) is computed on the gathered global batch (``advantages``)."""
 _SEED_STRIDE = 506_952_113  # rank r samples with seed + r * this (mod 2**31): far apart, rank 0 unchanged
 
 
@@ -369,6 +372,35 @@ class Distributed:
                 "on at another size, start a new run from the checkpoint's weights "
                 f"(model.name_or_path={path})."
             )
+
+    def advantages(self, fn: Callable[..., torch.Tensor], rewards, group_size: int, algo, **inputs):
+        """``fn(rewards, group_size, algo, **inputs)`` (compute_advantages) as one process would compute
+        it: a group-local estimator on this rank's groups; any other on every rank's rows gathered (the
+        (N, L) inputs padded to the longest), returning this rank's rows. (N,) or (N, L)."""
+        from grpokit.algos import ADVANTAGE_ALIASES
+
+        name = algo.advantage.estimator
+        if not self.active or ADVANTAGE_ALIASES.get(name, name) in GROUP_LOCAL_ADVANTAGES:
+            return fn(rewards, group_size, algo, **inputs)
+        n, device = rewards.shape[0], rewards.device
+        rowwise = {k: v for k, v in inputs.items() if isinstance(v, (torch.Tensor, list)) and len(v) == n}
+        parts = self.gather(
+            {k: v.cpu() if isinstance(v, torch.Tensor) else v for k, v in {**rowwise, "r": rewards}.items()}
+        )
+
+        def joined(key: str):
+            values = [p[key] for p in parts]
+            if not isinstance(values[0], torch.Tensor):
+                return [x for v in values for x in v]
+            if values[0].dim() == 2:
+                width = max(v.shape[1] for v in values)
+                values = [torch.nn.functional.pad(v, (0, width - v.shape[1])) for v in values]
+            return torch.cat(values).to(device)
+
+        full = fn(joined("r"), group_size, algo, **{**inputs, **{k: joined(k) for k in rowwise}})
+        mine = full[self.rank * n : (self.rank + 1) * n]  # (n,) or (n, L_global)
+        width = inputs["completion_mask"].shape[1] if inputs.get("completion_mask") is not None else None
+        return mine[:, :width] if mine.dim() == 2 and width is not None else mine
 
     # ------------------------------------------------------------------ global metrics
 

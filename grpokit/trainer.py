@@ -511,8 +511,8 @@ class GRPOTrainer(RunStateMixin, MicroBatchMixin, CriticMixin):
         if kl_coef > 0:
             kl = kl_estimate(old_logprobs, ref_logprobs, "k1").to(self.device)  # (N, Lc)
         d = self.device
-        return compute_advantages(
-            batch.rewards.to(d),
+        return self.dist.advantages(  # torchrun: batch-wide estimators see every rank's rows
+            compute_advantages, batch.rewards.to(d),
             self.cfg.rollout.group_size,
             self.algo,
             completion_mask=batch.rollout.completion_mask.to(d),

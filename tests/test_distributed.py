@@ -58,6 +58,13 @@ CASES = {
     "fsdp_lora": ["train.distributed=fsdp", "lora.enabled=true", "lora.r=4", "algo.beta=0.04"],
     # LoRA under auto: DDP
     "ddp_lora": ["lora.enabled=true", "lora.r=4", "algo.agg=token-mean"],
+    # estimators with batch-wide statistics: computed on every rank's rows gathered
+    "fsdp_batch_std": ["train.distributed=fsdp", "algo.advantage=group_centre_batch_std"],
+    "ddp_token_whiten": [
+        "train.distributed=ddp",
+        "algo.advantage=group_centre_token_whiten",
+        "algo.kl_reward_coef=0.05",
+    ],
 }
 
 
