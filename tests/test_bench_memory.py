@@ -124,3 +124,25 @@ def test_python_dash_m_grpokit_bench():
         [sys.executable, "-m", "grpokit.bench", "--help"], capture_output=True, text=True, check=True
     ).stdout
     assert "--algos" in out and "--shape" in out
+
+
+def _has_ppo() -> bool:
+    from grpokit.algos import PRESETS
+
+    return "ppo" in PRESETS
+
+
+@pytest.mark.skipif(not _has_ppo(), reason="algo.preset=ppo is not there yet (issue 15)")
+def test_algos_grpo_ppo_counts_the_critic(cache_dir, tmp_path, one_thread):
+    """PPO's trainer has a critic and its optimizer: their roles are counted; GRPO has none."""
+    tiny = bench.build_random_model("tiny", cache_dir)
+    results = {
+        algo: bench.run_bench(tiny, "tiny", steps=2, algo=algo, output_dir=tmp_path / algo, device="cpu")
+        for algo in ("grpo", "ppo")
+    }
+    grpo, ppo = (results[a]["memory"]["roles"] for a in ("grpo", "ppo"))
+    assert grpo["critic_weights"] == grpo["critic_gradients"] == grpo["critic_optimizer"] == 0
+    assert ppo["critic_weights"] > 0 and ppo["critic_gradients"] > 0 and ppo["critic_optimizer"] > 0
+    assert ppo["critic_optimizer"] >= 2 * ppo["critic_gradients"]  # AdamW: two moments per trainable value
+    ratios = bench.compare_algos(results)["grpo/ppo"]
+    assert ratios["peak_memory"] > 0 and ratios["step_s"] > 0
