@@ -174,15 +174,16 @@ def _demo_config(overrides: list[str], build: bool = True):
     overrides are checked first: building the model takes minutes the first time. build=False: the
     config with placeholders for the demo's model and data paths, nothing built."""
     from grpokit.config import apply_overrides, config_from_dict
-    from grpokit.demo import cache_root, demo_overrides, prepare_demo
+    from grpokit.demo import cache_root, demo_overrides, demo_variant, prepare_variant
     from grpokit.distributed import node_lock
 
+    variant, overrides = demo_variant(overrides)  # data.train=demo_steps: the process-reward variant
     placeholders = {name: Path(f"<demo {name}>") for name in ("model", "train", "eval")}
-    checked = config_from_dict(apply_overrides(demo_overrides(placeholders), overrides))
+    checked = config_from_dict(apply_overrides(demo_overrides(placeholders, variant), overrides))
     if not build:
         return checked
     with node_lock(cache_root() / "demo.lock"):  # torchrun: one rank builds the warm start, the rest reuse it
-        values = demo_overrides(prepare_demo(log=lambda m: print(m, file=sys.stderr)))
+        values = demo_overrides(prepare_variant(variant, log=lambda m: print(m, file=sys.stderr)), variant)
     return config_from_dict(apply_overrides(values, overrides))
 
 

@@ -11,6 +11,10 @@ Its samples still contain the right answer often enough for GRPO to find it, and
 
 The warm-started model is cached (``$GRPOKIT_CACHE`` or ``~/.cache/grpokit``), so a second run
 skips that phase.
+
+The process-reward variant (``grpokit train data.train=demo_steps``, in ``grpokit.demo_steps``):
+three-number addition written in steps, ``"3+14+9="`` -> ``"17 26 <answer>26</answer>"``, each
+step checked by rule (``step_checks``) and trained with GRPO process supervision (``grpo_process``).
 """
 
 from __future__ import annotations
@@ -111,8 +115,9 @@ def completion_text(value: int | str) -> str:
     return f"<answer>{value}</answer>"
 
 
-def warm_start(model, tokenizer, rows: list[dict], spec: DemoSpec, progress=None) -> None:
-    """Supervised warm start on the noisy teacher; loss on the completion tokens (and EOS) only."""
+def warm_start(model, tokenizer, rows: list[dict], spec: DemoSpec, progress=None, teacher=None) -> None:
+    """Supervised warm start on the noisy teacher; loss on the completion tokens (and EOS) only.
+    teacher(row, rng) -> completion text; default: `teacher_answer` in `completion_text`."""
     rng = random.Random(spec.seed + 1)
     gen = torch.Generator().manual_seed(spec.seed + 2)
     opt = torch.optim.AdamW(model.parameters(), lr=spec.sft_lr, weight_decay=0.0)
@@ -126,8 +131,11 @@ def warm_start(model, tokenizer, rows: list[dict], spec: DemoSpec, progress=None
         idx = torch.randint(len(rows), (spec.sft_batch,), generator=gen).tolist()
         seqs, labels = [], []
         for i in idx:
-            target = teacher_answer(int(rows[i]["answer"]), rng, spec)
-            comp = tokenizer(completion_text(target), add_special_tokens=False).input_ids + [eos]
+            if teacher is None:
+                text = completion_text(teacher_answer(int(rows[i]["answer"]), rng, spec))
+            else:
+                text = teacher(rows[i], rng)
+            comp = tokenizer(text, add_special_tokens=False).input_ids + [eos]
             seqs.append(prompt_ids[i] + comp)
             labels.append([-100] * len(prompt_ids[i]) + comp)
         width = max(map(len, seqs))
@@ -152,11 +160,20 @@ def spec_key(spec: DemoSpec) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
-def prepare_demo(spec: DemoSpec = DemoSpec(), *, cache: Path | None = None, log=print) -> dict[str, Path]:
+def prepare_demo(
+    spec: DemoSpec = DemoSpec(),
+    *,
+    cache: Path | None = None,
+    log=print,
+    problems=make_problems,
+    teacher=None,
+    prefix: str = "demo",
+) -> dict[str, Path]:
     """Build (or reuse from the cache) the warm-started model and the train/eval JSONL files.
+    problems(spec) -> (train rows, eval rows) and teacher (see warm_start) make a variant of the task.
 
     Returns {"model": dir, "train": jsonl, "eval": jsonl}."""
-    root = (cache or cache_root()) / f"demo-{spec_key(spec)}"
+    root = (cache or cache_root()) / f"{prefix}-{spec_key(spec)}"
     model_dir, train_path, eval_path = root / "model", root / "train.jsonl", root / "eval.jsonl"
     if (model_dir / "config.json").is_file() and train_path.is_file() and eval_path.is_file():
         log(f"demo: using the cached warm-start model in {model_dir}")
@@ -164,7 +181,7 @@ def prepare_demo(spec: DemoSpec = DemoSpec(), *, cache: Path | None = None, log=
     from grpokit.loading import save_local_tokenizer
 
     root.mkdir(parents=True, exist_ok=True)
-    train_rows, eval_rows = make_problems(spec)
+    train_rows, eval_rows = problems(spec)
     tokenizer = build_tokenizer()
     model = build_model(tokenizer, spec)
     log(
@@ -176,7 +193,7 @@ def prepare_demo(spec: DemoSpec = DemoSpec(), *, cache: Path | None = None, log=
     def progress(step: int, total: int, loss: float) -> None:
         log(f"  warm start {step}/{total}  loss {loss:.3f}  ({time.perf_counter() - start:.0f}s)")
 
-    warm_start(model, tokenizer, train_rows, spec, progress)
+    warm_start(model, tokenizer, train_rows, spec, progress, teacher)
     tmp = root / "model.tmp"
     model.save_pretrained(tmp)
     save_local_tokenizer(tokenizer, tmp)
@@ -190,8 +207,33 @@ def prepare_demo(spec: DemoSpec = DemoSpec(), *, cache: Path | None = None, log=
     return {"model": model_dir, "train": train_path, "eval": eval_path}
 
 
-def demo_overrides(paths: dict[str, Path]) -> dict:
-    """The demo run's config: GRPO on the warm-started model, scored by math_accuracy."""
+def demo_variant(overrides: list[str]) -> tuple[str | None, list[str]]:
+    """("demo_steps", the other overrides) when the command line asks for the process-reward variant
+    (`data.train=demo_steps`), else (None, overrides)."""
+    from grpokit import demo_steps
+
+    asked = f"data.train={demo_steps.NAME}"
+    if asked not in overrides:
+        return None, overrides
+    return demo_steps.NAME, [o for o in overrides if o != asked]
+
+
+def prepare_variant(variant: str | None, log=print) -> dict[str, Path]:
+    """prepare_demo() for the default demo (variant None), else for the named variant."""
+    if variant is None:
+        return prepare_demo(log=log)
+    from grpokit import demo_steps
+
+    return demo_steps.prepare(log=log)
+
+
+def demo_overrides(paths: dict[str, Path], variant: str | None = None) -> dict:
+    """The demo run's config: GRPO on the warm-started model, scored by math_accuracy (variant None),
+    or the variant's (grpokit.demo_steps.overrides)."""
+    if variant is not None:
+        from grpokit import demo_steps
+
+        return demo_steps.overrides(paths)
     return {
         "model": {"name_or_path": str(paths["model"]), "dtype": "float32", "device": "cpu"},
         "data": {

@@ -19,6 +19,13 @@ buffer_len) and length_penalty(max_len, ...). `resolve_reward("name" | "module:f
 (problems are `RewardConfigError`s naming the `rewards[i]` entry); `RewardRunner` runs them with
 weights and timeouts in killable worker processes (see `grpokit.rewards.runner`). The isolation of
 the code sandbox is described in `grpokit.rewards.sandbox`.
+
+Learned and process rewards: `reward_model` (a sequence-classification reward model) and
+`process_reward_model` (a Math-Shepherd-style PRM) are factories taking the model folder as `path`
+(`grpokit.rewards.reward_model`); they run in the trainer's process (`in_process = True`, honoured
+by the runner). A function marked `step_rewards = True` returns per completion its steps
+[(char_end, score)] (`grpokit.rewards.process`: the contract, and how the trainer maps the steps to
+tokens for the grpo_process preset).
 """
 
 from grpokit.rewards._text import as_completions
@@ -27,6 +34,7 @@ from grpokit.rewards.code import code_tests, extract_code, make_code_tests
 from grpokit.rewards.format import format_lenient, format_strict
 from grpokit.rewards.language import language_consistency, make_language_consistency
 from grpokit.rewards.length import length_penalty, overlong_penalty
+from grpokit.rewards.process import step_ends
 from grpokit.rewards.registry import (
     BUILTINS,
     RewardConfigError,
@@ -34,6 +42,7 @@ from grpokit.rewards.registry import (
     resolve_reward,
     resolve_reward_specs,
 )
+from grpokit.rewards.reward_model import make_process_reward_model, make_reward_model
 from grpokit.rewards.runner import RewardResult, RewardRunner, TrainerState
 from grpokit.rewards.sandbox import SandboxLimits, isolation_report
 
@@ -57,8 +66,11 @@ __all__ = [
     "make_code_tests",
     "make_language_consistency",
     "make_math_accuracy",
+    "make_process_reward_model",
+    "make_reward_model",
     "math_accuracy",
     "overlong_penalty",
     "resolve_reward",
     "resolve_reward_specs",
+    "step_ends",
 ]

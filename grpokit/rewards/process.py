@@ -26,7 +26,8 @@ completion token that holds the step's last character, found by decoding prefixe
 token ids (binary search, then checked: the decoded prefix must start with the text up to char_end,
 so the mapping is exact for any tokenizer; steps ending inside the same token get the same index).
 Scores are multiplied by the entry's weight. The weighted total of the other (outcome) reward
-functions, when there are any, is one more step ending at the completion's last token (its EOS).
+functions of non-zero weight, when there are any, is one more step ending at the completion's last
+token (its EOS); a weight-0 function (e.g. one kept for train.accuracy_reward) adds no step.
 The result, per completion [(t_end, score)], travels in `ScoredBatch.step_rewards` to
 `compute_advantages(step_rewards=...)`; the `grpo_process` preset's estimator (process_group,
 grpokit.algos.process) needs it, and asking for it without a process reward is a ConfigError.
@@ -151,7 +152,7 @@ def step_rewards_of(algo, functions: list[tuple[str, Callable, float]], result, 
     process = [(name, w) for name, fn, w in functions if is_process_reward(fn)]
     if not process:
         return None
-    outcome = [(name, w) for name, fn, w in functions if not is_process_reward(fn)]
+    outcome = [(name, w) for name, fn, w in functions if not is_process_reward(fn) and w != 0]
     texts = rollout.decode(tokenizer)
     out = []
     for i, (ids, text) in enumerate(zip(rollout.completion_token_ids(), texts)):

@@ -14,8 +14,10 @@ completions, columns) and the values cross the pipe, pickled. Consequences:
     (PR_SET_PDEATHSIG) and ignores Ctrl-C (its own process group), which the trainer handles;
   - if CUDA is initialised in the trainer the fork is still safe, as for PyTorch's DataLoader
     workers: the child never touches the inherited CUDA context. A reward function that needs the
-    GPU itself cannot run in a forked child: use `isolation="thread"` (the functions then run in
-    threads and a timed-out one is abandoned, still running, as before).
+    GPU itself cannot run in a forked child: mark it `in_process = True` (the built-in reward models
+    are): it is then called in the runner's own process and thread, after the workers' functions,
+    with no time limit (nothing could stop it safely); or use `isolation="thread"` for all (the
+    functions then run in threads and a timed-out one is abandoned, still running, as before).
 The cost is ~1 ms per call and batch (pickling and pipes), plus one fork (a few ms) at start and
 after each kill; see BENCHMARKS.md.
 
@@ -39,6 +41,11 @@ in the worker and sent back with the values. A function may be `async def` (or r
 awaitable): it is awaited in its worker; async functions do not count against `workers` (they wait
 on I/O), so all of them run at the same time, as TRL's asyncio.gather does. None means "does not
 apply to this completion" and contributes 0.
+
+Process rewards. A function marked `step_rewards = True` returns per completion a list of
+(char_end, score) (see `grpokit.rewards.process`); each list is checked against its completion's
+text in the worker (a bad one fails that completion, with the step named), the lists are kept in
+`RewardResult.steps`, and the function's value (`per_function`, the total) is its last step's score.
 
 Failures, per completion. A value that is not a number or None, or is NaN or inf, fails that
 completion only. A call that raises is retried one completion at a time (async ones concurrently),
