@@ -161,10 +161,16 @@ def verify_checkpoint(directory: Path) -> str | None:
     )
     if not weights:
         return "no model*.safetensors / adapter_model.safetensors"
+    critic = directory / "critic"  # PPO's critic (grpokit.critic), a Hugging Face folder of its own
+    if critic.is_dir():
+        critic_weights = sorted(critic.glob("adapter_model.safetensors")) or sorted(critic.glob("model*.safetensors"))
+        if not critic_weights:
+            return "critic/: no model*.safetensors / adapter_model.safetensors"
+        weights += critic_weights
     for f in weights:
         problem = _safetensors_problem(f)
         if problem:
-            return f"{f.name}: {problem}"
+            return f"{f.relative_to(directory)}: {problem}"
     state = directory / STATE_FILE
     if not state.is_file():
         return f"no {STATE_FILE}"

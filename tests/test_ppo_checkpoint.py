@@ -10,6 +10,7 @@ from tiny_model import save_tiny_model
 from transformers import AutoModelForTokenClassification
 
 from grpokit.algos import compute_advantages
+from grpokit.checkpoint import verify_checkpoint
 from grpokit.config import ConfigError, load_config
 from grpokit.critic import completion_values
 
@@ -122,3 +123,18 @@ def test_bad_critic_settings_are_refused(tmp_path):
     # the estimator itself, called without a critic's values
     with pytest.raises(ValueError, match="'gae' needs a critic's values"):
         compute_advantages(torch.tensor([1.0, 0.0]), 2, "ppo", completion_mask=torch.ones(2, 3))
+
+
+def test_a_damaged_critic_makes_resume_skip_that_checkpoint(tmp_path, capsys):
+    trainer = make_trainer(tmp_path, *PPO, "train.steps=3", "optim.mini_batches=1")
+    trainer.train_step()
+    first = trainer.save()
+    trainer.train_step()
+    second = trainer.save()
+    critic_file = second / "critic" / "model.safetensors"
+    critic_file.write_bytes(critic_file.read_bytes()[:-100])  # truncated
+    assert verify_checkpoint(first) is None
+    assert verify_checkpoint(second).startswith("critic/model.safetensors: ")
+    resumed = make_trainer(tmp_path, *PPO, "train.steps=3", "optim.mini_batches=1", resume=True)
+    assert resumed.step == 1 and resumed.resume_from == first
+    assert "step_000002 is damaged (critic/model.safetensors" in capsys.readouterr().err
