@@ -147,11 +147,14 @@ def step_rewards_of(algo, functions: list[tuple[str, Callable, float]], result, 
     in characters, its `per_function`); `rollout`: the completions' token ids (decoded with `tokenizer`
     as the trainer does). The other functions' weighted total is one more step at the last token (see
     the module docstring). ConfigError when the algorithm's estimator reads step rewards and no function
-    gives them."""
+    gives them. Mapped only when the estimator may read them (a process one, or your own)."""
+    from grpokit.algos.advantages import ADVANTAGE_ALIASES, ADVANTAGES
+
     check_process_setup(algo, functions)
     process = [(name, w) for name, fn, w in functions if is_process_reward(fn)]
-    if not process:
-        return None
+    estimator = ADVANTAGE_ALIASES.get(algo.advantage.estimator, algo.advantage.estimator)
+    if not process or (estimator in ADVANTAGES and estimator not in PROCESS_ADVANTAGES):
+        return None  # a built-in outcome estimator reads no steps: no need to map them
     outcome = [(name, w) for name, fn, w in functions if not is_process_reward(fn) and w != 0]
     texts = rollout.decode(tokenizer)
     out = []
