@@ -111,11 +111,20 @@ ANSWER_FORMAT_HINT = (
 """Why a verifier may score every completion 0: said by the flat-rewards stop and the evaluation warning."""
 
 
-def flat_groups(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
+def flat_groups(
+    rewards: torch.Tensor, group_size: int, step_rewards: list[list[tuple[int, float]]] | None = None
+) -> torch.Tensor:
     """(P,) True for each group of ``rewards`` (N,) (prompt-major, G contiguous) whose rewards all match:
-    its advantages are all 0, so it teaches nothing."""
+    its advantages are all 0, so it teaches nothing. With process rewards (``step_rewards``, per completion
+    [(t_end, score)]) a group is flat only when every step score of its G completions matches too: equal
+    outcomes reached by steps scored differently still get non-zero process advantages."""
     grouped = rewards.view(-1, group_size)  # (P, G)
-    return (grouped.max(dim=1).values - grouped.min(dim=1).values) == 0
+    flat = (grouped.max(dim=1).values - grouped.min(dim=1).values) == 0  # (P,)
+    if step_rewards is not None:
+        for g in range(flat.shape[0]):
+            scores = {score for steps in step_rewards[g * group_size : (g + 1) * group_size] for _, score in steps}
+            flat[g] = flat[g] and len(scores) <= 1
+    return flat
 
 
 def flat_rewards_message(batch: ScoredBatch, prompt_column: str, reward_names: list[str]) -> str:

@@ -424,6 +424,7 @@ class Distributed:
                 "reward_metrics": batch.reward_metrics,
                 "lengths": r.completion_mask.sum(1).cpu(),
                 "truncated": r.truncated.cpu(),
+                "step_rewards": batch.step_rewards,
             }
         )
         lengths = torch.cat([p["lengths"] for p in parts])  # (N,)
@@ -444,6 +445,7 @@ class Distributed:
             rewards=torch.cat([p["rewards"] for p in parts]),
             per_function={k: [v for p in parts for v in p["per_function"][k]] for k in batch.per_function},
             reward_metrics={},
+            step_rewards=None if batch.step_rewards is None else [s for p in parts for s in p["step_rewards"]],
         )
         # counters add up over ranks, means and stds are recomputed over the global rows
         view.reward_metrics = batch_reward_metrics(view, [p["reward_metrics"] for p in parts])

@@ -175,3 +175,28 @@ def test_tokenizer_larger_than_the_embedding_is_refused():
     tok.add_tokens(["<extra>"])  # id 64: no embedding row
     with pytest.raises(ConfigError, match=r"65 tokens but the model's embedding has 64 rows.*<extra>"):
         check_tokenizer_fits(model, tok, "the tokenizer")
+
+
+def test_flat_groups_counts_step_scores_under_process_rewards():
+    from grpokit.batch import flat_groups
+
+    rewards = torch.tensor([1.0, 1.0, 0.0, 0.0])  # two groups of G=2, each with equal outcomes
+    assert flat_groups(rewards, 2).tolist() == [True, True]
+    # group 0: the same final score, reached by steps scored 1, 0 vs 1, 1 -> process advantages differ
+    # group 1: every step of both completions scored 0 -> still flat
+    steps = [[(2, 1.0), (5, 0.0)], [(1, 1.0), (4, 1.0)], [(3, 0.0)], [(2, 0.0), (6, 0.0)]]
+    assert flat_groups(rewards, 2, steps).tolist() == [False, True]
+    # an outcome spread stays a spread whatever the steps say
+    assert flat_groups(torch.tensor([1.0, 0.0]), 2, [[(1, 0.0)], [(1, 0.0)]]).tolist() == [False]
+
+
+def test_flat_rewards_under_ppo_say_the_rewards_carry_no_signal(tmp_path, capfd):
+    # PPO's critic and KL make advantages non-zero even when the verifier scores everything alike: the
+    # stop still comes (the task teaches nothing), and the message does not claim every advantage was 0
+    reward = ("math_accuracy", resolve_reward("math_accuracy"), 1.0)
+    trainer = make_trainer(tmp_path, reward, "algo.preset=ppo")
+    with pytest.raises(TrainingError) as err:
+        trainer.train()
+    assert "no group had any reward spread for 3 steps" in str(err.value)
+    assert "PPO's advantages came from its critic and KL alone" in str(err.value)
+    assert "every advantage was 0" not in str(err.value) + capfd.readouterr().err

@@ -177,9 +177,9 @@ def test_micro_batch_split_leaves_the_gradient_unchanged_with_process_advantages
 
 
 def test_grpo_process_without_a_process_reward_and_bad_step_lists_stop_with_the_reason(tmp_path):
-    no_steps = make_process_trainer(tmp_path / "a", functions=[("has_seven", has_seven, 1.0)])
+    # refused when the trainer is built, before the model is used
     with pytest.raises(ConfigError, match=r"needs step rewards, and none of the rewards \['has_seven'\]"):
-        no_steps.train_step()
+        make_process_trainer(tmp_path / "a", functions=[("has_seven", has_seven, 1.0)])
 
     def past_the_end(prompts, completions, **kw):
         return [[(len(c) + 1, 1.0)] for c in completions]
