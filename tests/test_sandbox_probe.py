@@ -47,3 +47,16 @@ def test_probe_works_for_an_interpreter_in_a_venv_under_tmp(tmp_path):
     assert out.returncode == 0, out.stderr[-2000:]
     report = json.loads(out.stdout.strip().splitlines()[-1])
     assert report["namespaces"], report["reason"]
+
+
+def test_the_code_verifier_imports_without_torch():
+    # The hostile-program suite runs as user nobody on a system interpreter that may have no torch, and
+    # the sandbox's driver stays light: importing the code verifier (and grpokit.rewards with it) must
+    # not pull in torch or transformers (a reward model's module imports them when it scores, not at import).
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    code = "import sys; import grpokit.rewards.code; print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))"
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=root, env={**os.environ, "PYTHONPATH": root}
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "[]"

@@ -42,8 +42,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-import torch
-
 from grpokit.rewards._text import is_conversational, to_text
 from grpokit.rewards.process import step_ends
 
@@ -123,6 +121,8 @@ def make_reward_model(
         return to_text(prompt) + answer
 
     def reward_model(prompts, completions, **kwargs) -> list[float]:
+        import torch  # here, not at the top: grpokit.rewards imports without torch (the sandbox)
+
         texts = [text_of(p, c) for p, c in zip(prompts, completions)]
         scores: list[float] = []
         for rows in _batches(len(texts), batch_size):
@@ -192,6 +192,8 @@ def make_process_reward_model(
         return text, at, ends
 
     def process_reward_model(prompts, completions, **kwargs) -> list[list[tuple[int, float]]]:
+        import torch  # here, not at the top: grpokit.rewards imports without torch (the sandbox)
+
         encoded = [encode(p, c) for p, c in zip(prompts, completions)]
         out: list[list[tuple[int, float]]] = []
         for rows in _batches(len(encoded), batch_size):
