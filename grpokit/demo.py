@@ -33,7 +33,20 @@ DEMO_VERSION = 1
 
 
 @dataclass(frozen=True)
-class DemoSpec:
+class WarmStartSpec:
+    """The tiny Llama of a demo task and its warm start on a noisy teacher (shared by the variants)."""
+
+    hidden_size: int = 128
+    num_layers: int = 2
+    num_heads: int = 4
+    sft_steps: int = 1500
+    sft_batch: int = 128
+    sft_lr: float = 3e-3
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class DemoSpec(WarmStartSpec):
     max_operand: int = 49
     """Operands are drawn from 0..max_operand."""
     eval_size: int = 200
@@ -42,13 +55,6 @@ class DemoSpec:
     """Probability the warm-start teacher writes the true sum ..."""
     teacher_plus_one: float = 0.5
     """... sum + 1 (the rest: sum - 1)."""
-    hidden_size: int = 128
-    num_layers: int = 2
-    num_heads: int = 4
-    sft_steps: int = 1500
-    sft_batch: int = 128
-    sft_lr: float = 3e-3
-    seed: int = 0
 
 
 def cache_root() -> Path:
@@ -74,7 +80,7 @@ def build_tokenizer():
     return tok
 
 
-def build_model(tokenizer, spec: DemoSpec):
+def build_model(tokenizer, spec: WarmStartSpec):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     cfg = LlamaConfig(
@@ -115,7 +121,7 @@ def completion_text(value: int | str) -> str:
     return f"<answer>{value}</answer>"
 
 
-def warm_start(model, tokenizer, rows: list[dict], spec: DemoSpec, progress=None, teacher=None) -> None:
+def warm_start(model, tokenizer, rows: list[dict], spec: WarmStartSpec, progress=None, teacher=None) -> None:
     """Supervised warm start on the noisy teacher; loss on the completion tokens (and EOS) only.
     teacher(row, rng) -> completion text; default: `teacher_answer` in `completion_text`."""
     rng = random.Random(spec.seed + 1)
@@ -153,7 +159,7 @@ def warm_start(model, tokenizer, rows: list[dict], spec: DemoSpec, progress=None
     model.eval()
 
 
-def spec_key(spec: DemoSpec) -> str:
+def spec_key(spec: WarmStartSpec) -> str:
     import transformers
 
     blob = json.dumps({"spec": asdict(spec), "v": DEMO_VERSION, "tf": transformers.__version__.split(".")[0]})

@@ -25,6 +25,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from grpokit.demo import WarmStartSpec
 from grpokit.rewards._text import to_text
 from grpokit.rewards.process import step_ends
 
@@ -35,7 +36,7 @@ _ANSWER = re.compile(r"<answer>(\d+)</answer>")
 
 
 @dataclass(frozen=True)
-class StepsSpec:
+class StepsSpec(WarmStartSpec):
     max_operand: int = 29
     """Operands are drawn from 0..max_operand."""
     operands: int = 3
@@ -46,13 +47,6 @@ class StepsSpec:
     """Probability that a teacher's step adds correctly ..."""
     step_plus_one: float = 0.45
     """... adds one too many (the rest: one too few)."""
-    hidden_size: int = 128
-    num_layers: int = 2
-    num_heads: int = 4
-    sft_steps: int = 1500
-    sft_batch: int = 128
-    sft_lr: float = 3e-3
-    seed: int = 0
 
 
 def make_problems(spec: StepsSpec) -> tuple[list[dict], list[dict]]:
