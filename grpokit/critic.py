@@ -208,22 +208,13 @@ class CriticMixin:
         """(N, Lc) V(s_t) of the rollout ``r`` under the critic before any update (on the CPU), or None."""
         if self.critic is None:
             return None
-        N, Lc = r.completion_ids.shape
-        out = torch.zeros(N, Lc)
-        lengths = r.prompt_mask.sum(-1) + r.completion_mask.sum(-1)  # (N,)
         self.critic.eval()
-
-        def run(rows: int) -> None:
-            for micro in length_sorted(torch.arange(N), lengths).split(rows):
-                t = self._micro_tensors(r, micro, r.completion_mask)
-                with self.precision.autocast(self.device):  # the numerics of the update
-                    v = completion_values(
-                        self.critic, t["prompt_ids"], t["prompt_mask"], t["completion_ids"], t["completion_mask"]
-                    )
-                out[micro, : v.shape[1]] = v.cpu()
-
-        self._with_micro_retry(run, lengths)
-        return out
+        return self._rows_no_grad(  # (N, Lc)
+            r,
+            lambda t: completion_values(
+                self.critic, t["prompt_ids"], t["prompt_mask"], t["completion_ids"], t["completion_mask"]
+            ),
+        )
 
     def critic_returns(self, batch, values: Tensor, old_logprobs, ref_logprobs) -> Tensor:
         """(N, Lc) the critic's targets R = A + V, GAE over the per-token rewards the advantages used."""
@@ -248,30 +239,22 @@ class CriticMixin:
         if self.critic is None:
             return {}
         cfg, r = self.cfg, batch.rollout
-        N = r.completion_ids.shape[0]
         returns = self.critic_returns(batch, values, old_logprobs, ref_logprobs)  # (N, Lc)
-        loss_mask = r.completion_mask.clone()  # (N, Lc)
-        if self.algo.batch.mask_truncated:
-            loss_mask[r.truncated] = 0
-        lengths = r.prompt_mask.sum(-1) + r.completion_mask.sum(-1)  # (N,)
-        mini = N // cfg.optim.mini_batches
-        order_gen = torch.Generator().manual_seed(self._seed(0))  # the policy update's order
+        loss_mask = self._loss_mask(r)  # (N, Lc): the tokens the policy's loss trains on
+        lengths = r.row_lengths  # (N,)
         sums = {"loss": 0.0, "clipped": 0.0, "tokens": 0.0}
         norms: list[float] = []
         self.critic.train()
-        for _ in range(cfg.optim.epochs):
-            order = torch.randperm(N, generator=order_gen) if self._several_passes() else torch.arange(N)
-            for m in range(cfg.optim.mini_batches):
-                mb = order[m * mini : (m + 1) * mini]  # (M,)
-                part, finite = self._with_micro_retry(
-                    lambda rows, mb=mb: self._critic_gradients(r, mb, rows, values, returns, loss_mask, lengths),
-                    lengths[mb],
-                )
-                norm = self._critic_step(finite)
-                if norm is not None:
-                    norms.append(norm)
-                for k in sums:
-                    sums[k] += part[k]
+        for mb in self._mini_batch_order(r.completion_ids.shape[0]):  # the policy update's rows and order
+            part, finite = self._with_micro_retry(
+                lambda rows, mb=mb: self._critic_gradients(r, mb, rows, values, returns, loss_mask, lengths),
+                lengths[mb],
+            )
+            norm = self._critic_step(finite)
+            if norm is not None:
+                norms.append(norm)
+            for k in sums:
+                sums[k] += part[k]
         mask = loss_mask.bool()
         metrics = {
             "critic/value_loss": sums["loss"] / (cfg.optim.epochs * cfg.optim.mini_batches),

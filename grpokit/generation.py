@@ -52,6 +52,11 @@ class Rollout:
         """(N,) number of generated tokens per row, EOS included."""
         return self.completion_mask.sum(-1)
 
+    @property
+    def row_lengths(self) -> Tensor:
+        """(N,) real tokens per row: prompt plus completion (what a micro-batch of the row costs)."""
+        return self.prompt_mask.sum(-1) + self.completion_mask.sum(-1)
+
     def select(self, index: Tensor) -> Rollout:
         """The rows ``index`` (a (M,) long tensor) of every field."""
         return Rollout(**{f.name: getattr(self, f.name)[index] for f in fields(self)})

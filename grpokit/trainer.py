@@ -380,12 +380,9 @@ class GRPOTrainer(SamplingMixin, RunStateMixin, MicroBatchMixin, CriticMixin):
         whole mini-batch's (num_sequences / num_tokens), so the split never changes the objective.
         advantages: (N,) or (N, Lc). old/ref log-probs as from `rollout_logprobs` (computed here when
         both are None). Returns the metrics and the seconds spent on the reference here."""
-        cfg, algo = self.cfg, self.algo
+        cfg = self.cfg
         r = batch.rollout
-        N = r.completion_ids.shape[0]
-        loss_mask = r.completion_mask.clone()  # (N, Lc)
-        if algo.batch.mask_truncated:
-            loss_mask[r.truncated] = 0  # DAPO overlong filtering
+        loss_mask = self._loss_mask(r)  # (N, Lc), without truncated completions under DAPO
         ref_seconds = 0.0
         if old_logprobs is None and ref_logprobs is None:
             old_logprobs, ref_logprobs, ref_seconds = self.rollout_logprobs(r)
@@ -393,22 +390,17 @@ class GRPOTrainer(SamplingMixin, RunStateMixin, MicroBatchMixin, CriticMixin):
             old_logprobs = None  # one pass: the ratio's denominator is logprobs.detach(), ratio exactly 1
 
         stats = UpdateStats()  # what the update reports, kept out of the gradient loop
-        lengths = r.prompt_mask.sum(-1) + r.completion_mask.sum(-1)  # (N,) real tokens per row
-        mini = N // cfg.optim.mini_batches
-        order_gen = torch.Generator().manual_seed(self._seed(0))
+        lengths = r.row_lengths  # (N,) real tokens per row
         self.model.train()
-        for epoch in range(cfg.optim.epochs):
-            order = torch.randperm(N, generator=order_gen) if self._several_passes() else torch.arange(N)
-            for m in range(cfg.optim.mini_batches):
-                mb = order[m * mini : (m + 1) * mini]  # (M,)
-                part, finite = self._with_micro_retry(
-                    lambda rows, mb=mb, first=(epoch == 0 and m == 0): self._mini_batch_gradients(
-                        r, mb, rows, advantages, loss_mask, lengths, old_logprobs, ref_logprobs, first
-                    ),
-                    lengths[mb],
-                )
-                stats.merge(part)
-                stats.add_step(self._clip_and_step(finite))
+        for k, mb in enumerate(self._mini_batch_order(r.completion_ids.shape[0])):  # (M,) rows each
+            part, finite = self._with_micro_retry(
+                lambda rows, mb=mb, first=(k == 0): self._mini_batch_gradients(
+                    r, mb, rows, advantages, loss_mask, lengths, old_logprobs, ref_logprobs, first
+                ),
+                lengths[mb],
+            )
+            stats.merge(part)
+            stats.add_step(self._clip_and_step(finite))
 
         self.dist.reduce_update_stats(stats)  # torchrun: the global batch's sums
         metrics = stats.metrics(n_updates=cfg.optim.epochs * cfg.optim.mini_batches)

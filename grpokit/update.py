@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import resource
 import sys
+from collections.abc import Callable, Iterator
 
 import torch
 
@@ -30,6 +31,25 @@ def peak_memory_mb(device: torch.device) -> float:
 
 class MicroBatchMixin:
     """GRPOTrainer's gradient accumulation, optimizer step and batched no-grad log-probs."""
+
+    def _loss_mask(self, r: Rollout) -> torch.Tensor:
+        """(N, Lc) the tokens the losses train on: the completion mask, with truncated completions left out
+        under DAPO's overlong filtering (algo.mask_truncated)."""
+        loss_mask = r.completion_mask.clone()  # (N, Lc)
+        if self.algo.batch.mask_truncated:
+            loss_mask[r.truncated] = 0
+        return loss_mask
+
+    def _mini_batch_order(self, n: int) -> Iterator[torch.Tensor]:
+        """The update's mini-batches, each (M,) row indices: optim.epochs passes over the n rows, each split
+        into optim.mini_batches. Several passes shuffle each pass with a generator seeded from the step, so
+        the policy's update and the critic's (grpokit.critic) see the same rows in the same order."""
+        mini = n // self.cfg.optim.mini_batches
+        order_gen = torch.Generator().manual_seed(self._seed(0))
+        for _ in range(self.cfg.optim.epochs):
+            order = torch.randperm(n, generator=order_gen) if self._several_passes() else torch.arange(n)
+            for m in range(self.cfg.optim.mini_batches):
+                yield order[m * mini : (m + 1) * mini]  # (M,)
 
     def _mini_batch_gradients(
         self, r, mb, rows, advantages, loss_mask, lengths, old_logprobs, ref_logprobs, first
@@ -164,11 +184,26 @@ class MicroBatchMixin:
         }
 
     @torch.no_grad()
+    def _rows_no_grad(self, r: Rollout, forward: Callable[[dict[str, torch.Tensor]], torch.Tensor]) -> torch.Tensor:
+        """(N, Lc) on the CPU: ``forward(tensors)`` -> (n, L) over micro-batches of length-sorted rows (tensors
+        as from _micro_tensors), under the update's autocast, sized and retried as the update's are."""
+        N, Lc = r.completion_ids.shape
+        out = torch.zeros(N, Lc)
+        lengths = r.row_lengths  # (N,)
+
+        def run(rows: int) -> None:
+            for micro in length_sorted(torch.arange(N), lengths).split(rows):
+                t = self._micro_tensors(r, micro, r.completion_mask)
+                with self.precision.autocast(self.device):  # the same numerics as the update
+                    values = forward(t)  # (n, L)
+                out[micro, : values.shape[1]] = values.float().cpu()
+
+        self._with_micro_retry(run, lengths)
+        return out
+
     def _logprobs_no_grad(self, model, r: Rollout, reference: bool = False) -> torch.Tensor:
         """(N, Lc) log-probs of the batch's completions under ``model`` (the reference when asked:
         with LoRA that is the base model with the adapter disabled)."""
-        N, Lc = r.completion_ids.shape
-        out = torch.zeros(N, Lc)
         if reference and model is None:
             ctx = self.model.disable_adapter()
             model = self.model
@@ -176,22 +211,20 @@ class MicroBatchMixin:
             ctx = contextlib.nullcontext()
         was_training = self.model.training
         model.eval()
-        def run(rows: int) -> None:
-            for micro in length_sorted(torch.arange(N), lengths).split(rows):
-                t = self._micro_tensors(r, micro, r.completion_mask)
-                with self.precision.autocast(self.device):  # the same numerics as the update
-                    lp, _ = self.dist.logprobs_fn(model)(
-                        t["prompt_ids"],
-                        t["prompt_mask"],
-                        t["completion_ids"],
-                        t["completion_mask"],
-                        temperature=self.cfg.rollout.temperature,
-                        chunk_size=self.cfg.optim.logprob_chunk_size,
-                    )
-                out[micro, : lp.shape[1]] = lp.float().cpu()
+        logprobs_fn = self.dist.logprobs_fn(model)  # torchrun: through FSDP/DDP's root module
 
-        lengths = r.prompt_mask.sum(-1) + r.completion_mask.sum(-1)  # (N,)
+        def forward(t: dict[str, torch.Tensor]) -> torch.Tensor:
+            logprobs, _ = logprobs_fn(
+                t["prompt_ids"],
+                t["prompt_mask"],
+                t["completion_ids"],
+                t["completion_mask"],
+                temperature=self.cfg.rollout.temperature,
+                chunk_size=self.cfg.optim.logprob_chunk_size,
+            )
+            return logprobs  # (n, L)
+
         with ctx:
-            self._with_micro_retry(run, lengths)
+            out = self._rows_no_grad(r, forward)
         self.model.train(was_training)
         return out
