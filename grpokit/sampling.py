@@ -157,9 +157,10 @@ class SamplingMixin:
         """Run the reward functions on each completion; the group's prompt row gives the columns."""
         G = rollout.completion_ids.shape[0] // len(rows)
         per_completion_rows = [row for row in rows for _ in range(G)]
-        texts = rollout.decode(self.tokenizer)
+        completion_ids = rollout.completion_token_ids()  # (N,) lists, EOS included, no padding
+        texts = rollout.decode(self.tokenizer)  # (N,) what the reward functions read
         columns = reward_columns(per_completion_rows, self.cfg.data.prompt_column)
-        columns["completion_ids"] = rollout.completion_token_ids()
+        columns["completion_ids"] = completion_ids
         P = self.cfg.rollout.prompts_per_step
         columns["trainer_state"] = TrainerState(
             global_step=self.step,
@@ -185,5 +186,7 @@ class SamplingMixin:
             reward_metrics=result.metrics(),
             # log_extra columns with one value per completion (others cannot be lined up with rows)
             extra={k: v for k, v in result.extra.items() if len(v) == len(texts)},
-            step_rewards=step_rewards_of(self.algo, self.rewards.functions, result, self.tokenizer, rollout),
+            step_rewards=step_rewards_of(
+                self.algo, self.rewards.functions, result, self.tokenizer, completion_ids, texts
+            ),
         )

@@ -141,24 +141,29 @@ def token_step_ends(
     return out
 
 
-def step_rewards_of(algo, functions: list[tuple[str, Callable, float]], result, tokenizer, rollout):
+def step_rewards_of(
+    algo,
+    functions: list[tuple[str, Callable, float]],
+    result,
+    tokenizer,
+    completion_ids: list[list[int]],
+    texts: list[str],
+):
     """Per completion its steps [(t_end, weighted score)] sorted by t_end, for the trainer's ScoredBatch,
     or None when no function is a process reward. `result`: the RewardRunner's RewardResult (its `steps`
-    in characters, its `per_function`); `rollout`: the completions' token ids (decoded with `tokenizer`
-    as the trainer does). The other functions' weighted total is one more step at the last token (see
-    the module docstring). ConfigError when the algorithm's estimator reads step rewards and no function
-    gives them. Mapped only when the estimator may read them (a process one, or your own)."""
+    in characters, its `per_function`); `completion_ids` / `texts`: each completion's token ids and its
+    text as `tokenizer` decoded them for the reward functions. The other functions' weighted total is one
+    more step at the last token (see the module docstring). Mapped only when the estimator may read them
+    (a process one, or your own); the trainer has checked the setup (check_process_setup) when built."""
     from grpokit.algos.advantages import ADVANTAGE_ALIASES, ADVANTAGES
 
-    check_process_setup(algo, functions)
     process = [(name, w) for name, fn, w in functions if is_process_reward(fn)]
     estimator = ADVANTAGE_ALIASES.get(algo.advantage.estimator, algo.advantage.estimator)
     if not process or (estimator in ADVANTAGES and estimator not in PROCESS_ADVANTAGES):
         return None  # a built-in outcome estimator reads no steps: no need to map them
     outcome = [(name, w) for name, fn, w in functions if not is_process_reward(fn) and w != 0]
-    texts = rollout.decode(tokenizer)
     out = []
-    for i, (ids, text) in enumerate(zip(rollout.completion_token_ids(), texts)):
+    for i, (ids, text) in enumerate(zip(completion_ids, texts)):
         steps: list[tuple[int, float]] = []
         for name, weight in process:
             char_steps = result.steps.get(name, [None] * len(texts))[i] or []
