@@ -252,11 +252,6 @@ class Distributed:
         """This rank's sampling seed: ranks draw independent samples (rank 0 keeps ``seed``)."""
         return (seed + self.rank * _SEED_STRIDE) % 2**31
 
-    def shard_batch(self, batch, group_size: int):
-        """This rank's share of a global ScoredBatch (whole groups, the same slice as ``my_share``)."""
-        groups = list(range(batch.rewards.numel() // group_size))
-        return batch.select_groups(self.my_share(groups), group_size) if self.active else batch
-
     # ------------------------------------------------------------------ wrapping the models
 
     def wrap(self, model: nn.Module, ref_model: nn.Module | None, resume_from=None) -> None:

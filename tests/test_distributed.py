@@ -147,7 +147,7 @@ def equivalence_worker(out: str) -> None:
         rollout = trainer.rollout([trainer.encoded[i] for i in range(P)], seed=123)
         batch = trainer.score(rollout, ROWS[:P])
         assert len(set(batch.rewards.tolist())) > 1, "the rewards need some spread"
-        local = trainer.dist.shard_batch(batch, G)  # this rank's whole groups
+        local = batch.select_groups(trainer.dist.my_share(list(range(P))), G)  # this rank's whole groups
         old, ref, _ = trainer.rollout_logprobs(local.rollout)
         advantages = trainer.advantages(local, old, ref)
         grads: dict[str, torch.Tensor] = {}
