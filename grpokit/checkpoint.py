@@ -156,14 +156,12 @@ def verify_checkpoint(directory: Path) -> str | None:
     zip records must match their CRC32 and hold the trainer's keys.
     """
     directory = Path(directory)
-    weights = sorted(directory.glob("adapter_model.safetensors")) or sorted(
-        directory.glob("model*.safetensors")
-    )
+    weights = _weight_files(directory)
     if not weights:
         return "no model*.safetensors / adapter_model.safetensors"
     critic = directory / "critic"  # PPO's critic (grpokit.critic), a Hugging Face folder of its own
     if critic.is_dir():
-        critic_weights = sorted(critic.glob("adapter_model.safetensors")) or sorted(critic.glob("model*.safetensors"))
+        critic_weights = _weight_files(critic)
         if not critic_weights:
             return "critic/: no model*.safetensors / adapter_model.safetensors"
         weights += critic_weights
@@ -209,6 +207,11 @@ def _safetensors_problem(path: Path) -> str | None:
     if 8 + header_len + end != size:
         return f"{size} bytes but the header describes {8 + header_len + end}: truncated or corrupt"
     return None
+
+
+def _weight_files(folder: Path) -> list[Path]:
+    """A saved model's weight files: its LoRA adapter, or its (possibly sharded) full weights."""
+    return sorted(folder.glob("adapter_model.safetensors")) or sorted(folder.glob("model*.safetensors"))
 
 
 def find_resumable(root: Path) -> tuple[Path, list[tuple[Path, str]]]:
