@@ -250,7 +250,9 @@ class CriticMixin:
                 lambda rows, mb=mb: self._critic_gradients(r, mb, rows, values, returns, loss_mask, lengths),
                 lengths[mb],
             )
-            norm = self._critic_step(finite)
+            norm = self._clip_and_step(
+                finite, self.critic, self.critic_optimizer, self.critic_scaler, label="critic update"
+            )
             if norm is not None:
                 norms.append(norm)
             for k in sums:
@@ -304,25 +306,6 @@ class CriticMixin:
             part["clipped"] += float(stats["vf_clip_frac"]) * float(stats["num_tokens"])
             part["tokens"] += float(stats["num_tokens"])
         return part, True
-
-    def _critic_step(self, finite: bool) -> float | None:
-        """Unscale (float16), clip to optim.max_grad_norm, step; a non-finite loss or gradient skips it."""
-        opt, scaler = self.critic_optimizer, self.critic_scaler
-        params = [p for p in self.critic.parameters() if p.requires_grad]
-        if finite:
-            if scaler is not None:
-                scaler.unscale_(opt)
-            max_norm = self.cfg.optim.max_grad_norm if self.cfg.optim.max_grad_norm > 0 else float("inf")
-            norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
-            finite = bool(torch.isfinite(norm))
-            if scaler is not None:
-                if finite:
-                    scaler.step(opt)
-                scaler.update()
-        if finite and scaler is None:
-            opt.step()
-        opt.zero_grad(set_to_none=True)
-        return float(norm) if finite else None
 
     # ----------------------------------------------------------------------------- checkpoints
 

@@ -138,31 +138,35 @@ class MicroBatchMixin:
                 message = f"out of GPU memory at {rows} rows per micro-batch: retrying with {rows // 2} (auto)"
                 self.log.print(message) if self.log else print(message, file=sys.stderr)
 
-    def _clip_and_step(self, finite: bool) -> float | None:
-        """Unscale (float16), clip, check, step. A NaN/inf loss or gradient skips the update instead of
-        corrupting the weights; under loss scaling it also lowers the scale (GradScaler's own rule)."""
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        scaler = self.scaler
+    def _clip_and_step(
+        self, finite: bool, model=None, optimizer=None, scaler=None, label="update"
+    ) -> float | None:
+        """Unscale (float16), clip, check, step the policy (default) or the given model (PPO's critic, with
+        its optimizer and scaler). A NaN/inf loss or gradient skips the update instead of corrupting the
+        weights; under loss scaling it also lowers the scale (GradScaler's own rule). Returns the norm."""
+        if model is None:
+            model, optimizer, scaler = self.model, self.optimizer, self.scaler
+        params = [p for p in model.parameters() if p.requires_grad]
         if finite:
             if scaler is not None:
-                scaler.unscale_(self.optimizer)
+                scaler.unscale_(optimizer)
             max_norm = self.cfg.optim.max_grad_norm if self.cfg.optim.max_grad_norm > 0 else float("inf")
             norm = torch.nn.utils.clip_grad_norm_(params, max_norm)  # FSDP2: a DTensor, the global norm
             norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
             finite = bool(torch.isfinite(norm))
             if scaler is not None:
                 if finite:
-                    scaler.step(self.optimizer)
+                    scaler.step(optimizer)
                 scaler.update()  # halves the scale after an overflow, grows it after a quiet stretch
         if not finite:
-            self.optimizer.zero_grad(set_to_none=True)
+            optimizer.zero_grad(set_to_none=True)
             if scaler is None:  # under loss scaling an overflow is routine: counted, not printed
-                message = f"step {self.step + 1}: non-finite loss or gradient, update skipped"
+                message = f"step {self.step + 1}: non-finite loss or gradient, {label} skipped"
                 self.log.print(message) if self.log else print(message)
             return None
         if scaler is None:
-            self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+            optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
         return float(norm)
 
     def _micro_tensors(
@@ -184,7 +188,9 @@ class MicroBatchMixin:
         }
 
     @torch.no_grad()
-    def _rows_no_grad(self, r: Rollout, forward: Callable[[dict[str, torch.Tensor]], torch.Tensor]) -> torch.Tensor:
+    def _rows_no_grad(
+        self, r: Rollout, forward: Callable[[dict[str, torch.Tensor]], torch.Tensor]
+    ) -> torch.Tensor:
         """(N, Lc) on the CPU: ``forward(tensors)`` -> (n, L) over micro-batches of length-sorted rows (tensors
         as from _micro_tensors), under the update's autocast, sized and retried as the update's are."""
         N, Lc = r.completion_ids.shape
