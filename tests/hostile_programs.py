@@ -30,11 +30,42 @@ MBPP_TESTS = ["assert add(2, 3) == 5", "assert add(10, -4) == 6", "assert add(1,
 FUNC_TESTS = "def test_a():\n    assert add(1, 1) == 2\n\ndef test_b():\n    assert add(2, 2) == 4\n"
 CATCH_TESTS = "try:\n    assert add(2, 3) == 5\nexcept Exception:\n    raise\n"
 STDIO_TESTS = [{"input": "2 3\n", "output": "5\n"}, {"input": "10 -4", "output": "6"}]
+MAP_TESTS = "assert all(map(lambda x: add(x, 1) == x + 1, [1, 2, 3]))\nfor a, b in zip([2, 3], map(add, [1, 2], [1, 1])):\n    assert a == b\n"
+TOL_TESTS = "for got, want in [(add(1, 2), 3), (add(0.5, 0.25), 0.75)]:\n    if abs(got - want) > 1e-9:\n        raise AssertionError\n"
+SORT_TESTS = "data = [3, 1, 2]\nassert sort_list(data) == sorted(data)\n"
+POLY_PROMPT = (  # HumanEval/32: the tests call the prompt's poly
+    "import math\n\n\ndef poly(xs: list, x: float):\n    return sum([coeff * math.pow(x, i) for i, coeff in enumerate(xs)])\n\n\n"
+    'def find_zero(xs: list):\n    """ xs are coefficients of a polynomial; find x such that poly(x) = 0."""\n'
+)
+POLY_TESTS = (
+    "def check(candidate):\n    import math, random\n    rng = random.Random(42)\n    for _ in range(20):\n"
+    "        coeffs = [rng.randint(1, 10) * rng.choice([-1, 1]) for _ in range(2 * rng.randint(1, 3))]\n"
+    "        solution = candidate(list(coeffs))\n        assert math.fabs(poly(coeffs, solution)) < 1e-4\n\ncheck(find_zero)\n"
+)
+POLY_SOLUTION = (
+    "import math\ndef find_zero(xs):\n    f = lambda x: sum(c * math.pow(x, i) for i, c in enumerate(xs))\n    lo, hi = -1.0, 1.0\n"
+    "    while f(lo) * f(hi) > 0:\n        lo, hi = lo * 2, hi * 2\n    while hi - lo > 1e-10:\n        mid = (lo + hi) / 2\n"
+    "        if f(mid) * f(lo) > 0: lo = mid\n        else: hi = mid\n    return lo\n"
+)
+CYCLIC_PROMPT = (  # HumanEval/38: the tests call the prompt's encode_cyclic
+    "```python\ndef encode_cyclic(s: str):\n    groups = [s[(3 * i):min((3 * i + 3), len(s))] for i in range((len(s) + 2) // 3)]\n"
+    '    groups = [(group[1:] + group[0]) if len(group) == 3 else group for group in groups]\n    return "".join(groups)\n\n\n'
+    'def decode_cyclic(s: str):\n    """ takes as input string encoded with encode_cyclic function. Returns decoded string."""\n```\n'
+)
+CYCLIC_TESTS = (
+    "def check(candidate):\n    import random, string\n    rng = random.Random(7)\n    for _ in range(30):\n"
+    "        s = ''.join(rng.choice(string.ascii_lowercase) for _ in range(rng.randint(5, 20)))\n"
+    "        assert candidate(encode_cyclic(s)) == s\n\ncheck(decode_cyclic)\n"
+)
+CYCLIC_SOLUTION = (
+    "def decode_cyclic(s):\n    groups = [s[3 * i:min(3 * i + 3, len(s))] for i in range((len(s) + 2) // 3)]\n"
+    "    return ''.join(g[-1] + g[:-1] if len(g) == 3 else g for g in groups)\n"
+)
 NAME = "import ctypes\nctypes.CDLL(None).prctl(15, {token!r}.encode(), 0, 0, 0)\n"  # PR_SET_NAME
 
 
-def programs(token: str, port: int, caller_pid: int) -> list[tuple[str, str, object]]:
-    """(name, code, tests). `token` names leftover processes and marker files."""
+def programs(token: str, port: int, caller_pid: int) -> list[tuple]:
+    """(name, code, tests[, prompt]). `token` names leftover processes and marker files."""
     name = NAME.format(token=token)
     marks = [
         f"/tmp/{token}",
@@ -186,6 +217,52 @@ def programs(token: str, port: int, caller_pid: int) -> list[tuple[str, str, obj
         ),
         ("float nan", "def add(a, b): return float('nan')\n", "assert not (add(1, 2) != 3)\n"),
         ("generator", "def add(a, b):\n    yield a + b\n", ADD_TESTS),
+        # --- what crosses from the candidate to the driver
+        ("raises StopIteration inside map", "def add(a, b):\n    raise StopIteration\n", MAP_TESTS),
+        (
+            "its own class named StopIteration",
+            "class StopIteration(Exception): pass\ndef add(a, b):\n    raise StopIteration('x')\n",
+            MAP_TESTS,
+        ),
+        (
+            "raises GeneratorExit and StopAsyncIteration",
+            "n = [0]\ndef add(a, b):\n    n[0] += 1\n    raise (GeneratorExit if n[0] % 2 else StopAsyncIteration)\n",
+            MAP_TESTS,
+        ),
+        (
+            "redefines the prompt's poly",
+            "def poly(xs, x):\n    return 0.0\ndef find_zero(xs):\n    return 0.0\n",
+            POLY_TESTS,
+            POLY_PROMPT,
+        ),
+        (
+            "redefines the prompt's encode_cyclic",
+            "def encode_cyclic(s):\n    return s\ndef decode_cyclic(s):\n    return s\n",
+            CYCLIC_TESTS,
+            CYCLIC_PROMPT,
+        ),
+        ("empties its argument", "def sort_list(xs):\n    xs.clear()\n    return []\n", SORT_TESTS),
+        ("returns NaN to a tolerance test", "def add(a, b):\n    return float('nan')\n", TOL_TESTS),
+        (
+            "NaN inside a structure",
+            "def add(a, b):\n    return [float('nan'), complex(float('nan'), 0)]\n",
+            "for g in add(1, 2):\n    if abs(g - 3) > 1e-9:\n        raise AssertionError\n",
+        ),
+        (
+            "Decimal NaN",
+            "from decimal import Decimal\ndef add(a, b):\n    return Decimal('NaN')\n",
+            "try:\n    assert not (add(1, 2) != 3)\nexcept Exception:\n    pass\n",
+        ),
+        (
+            "set built to collide in hash",
+            "def add(a, b):\n    return {k * (2 ** 61 - 1) for k in range(1, 30000)}\n",
+            "assert 5 not in add(2, 3)\n",
+        ),
+        (
+            "huge Decimal for int()",
+            "from decimal import Decimal\ndef add(a, b):\n    return Decimal('1e999999999')\n",
+            "assert int(add(2, 3)) != 5 or True\nassert int(add(2, 3)) == 5\n",
+        ),
         # --- signals and processes
         (
             "kills its parent",
@@ -275,6 +352,23 @@ CONTROLS = [  # honest programs in the same batch: the suite's zeros are not a b
     ("mbpp", "def add(a, b):\n    return a + b\n", MBPP_TESTS),
     ("secret", f"def solve():\n    return {SECRET!r}\n", SECRET_TESTS),
     ("stdio", "a, b = map(int, input().split())\nprint(a + b)\n", STDIO_TESTS),
+    ("map", "def add(a, b):\n    return a + b\n", MAP_TESTS),
+    ("tolerance", "def add(a, b):\n    return a + b\n", TOL_TESTS),
+    ("sort", "def sort_list(xs):\n    return sorted(xs)\n", SORT_TESTS),
+    ("poly", POLY_SOLUTION, POLY_TESTS, POLY_PROMPT),
+    (
+        "poly, with the prompt's helper copied",
+        POLY_PROMPT + "    return 0.0\n" + POLY_SOLUTION,
+        POLY_TESTS,
+        POLY_PROMPT,
+    ),
+    ("cyclic", CYCLIC_SOLUTION, CYCLIC_TESTS, CYCLIC_PROMPT),
+    (
+        "raises, caught by except Exception",
+        "def div(a, b):\n    return a / b\n",
+        "try:\n    div(1, 0)\nexcept Exception:\n    pass\nelse:\n    raise AssertionError\nassert div(1, 4) == 0.25\n",
+    ),
+    ("returns inf", "def add(a, b):\n    return float('inf')\n", "assert add(1, 2) == float('inf')\n"),
 ]
 
 
@@ -304,7 +398,8 @@ def run_suite(token: str, timeout_s: float = 1.5, workers: int = 4) -> dict:
         timeout_s=timeout_s, memory_mb=256, max_processes=8, max_output_bytes=64_000, workers=workers
     )
     start = time.monotonic()
-    scores = reward([None] * len(rows), [code for _, code, _ in rows], tests=[t for _, _, t in rows])
+    prompts = [row[3] if len(row) > 3 else None for row in rows]  # the prompt, where the tests use it
+    scores = reward(prompts, [row[1] for row in rows], tests=[row[2] for row in rows])
     elapsed = time.monotonic() - start
     time.sleep(0.3)  # a leftover would have had time to act
     connections = 0
@@ -317,8 +412,8 @@ def run_suite(token: str, timeout_s: float = 1.5, workers: int = 4) -> dict:
     listener.close()
     return {
         "uid": os.geteuid(),
-        "scores": {name: score for (name, _, _), score in zip(rows[: -len(CONTROLS)], scores)},
-        "controls": dict(zip([name for name, _, _ in CONTROLS], scores[-len(CONTROLS) :])),
+        "scores": {row[0]: score for row, score in zip(rows[: -len(CONTROLS)], scores)},
+        "controls": dict(zip([row[0] for row in CONTROLS], scores[-len(CONTROLS) :])),
         "files_left": [p for p in marks(token) if os.path.exists(p)],
         "processes_left": leftover_processes(token),
         "connections": connections,

@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+import time
 import uuid
 
 import pytest
@@ -410,16 +411,22 @@ def test_humaneval_canonical_solutions_pass_and_none_fails():
 @needs_isolation
 def test_plain_data_semantics():
     rows = [  # (code, tests, expected)
-        (
+        (  # arguments are copied in, nothing flows back: an in-place change is not seen
             "def sort_in_place(xs):\n    xs.sort()\n",
             "l = [3, 1, 2]\nsort_in_place(l)\nassert l == [1, 2, 3]\n",
-            1.0,
+            0.0,
         ),
-        (
+        (  # whatever the candidate raises is one opaque error: except Exception sees it...
             "def div(a, b):\n    return a / b\n",
-            "try:\n    div(1, 0)\nexcept ZeroDivisionError:\n    pass\nelse:\n    raise AssertionError\n",
+            "try:\n    div(1, 0)\nexcept Exception:\n    pass\nelse:\n    raise AssertionError\n",
             1.0,
         ),
+        (  # ... a built-in class does not
+            "def div(a, b):\n    return a / b\n",
+            "try:\n    div(1, 0)\nexcept ZeroDivisionError:\n    pass\n",
+            0.0,
+        ),
+        ("def big():\n    return float('inf')\n", "assert big() == float('inf')\n", 1.0),  # inf is a value
         (
             "import math\ndef area(r):\n    return math.pi * r * r\n",
             ["assert math.isclose(area(2), 12.566, rel_tol=0.001)"],
@@ -525,3 +532,52 @@ def test_many_threads_are_limited():
         "    except RuntimeError: break\ndef count(): return n\n"
     )
     assert reward([None], [code], tests=["assert count() < 100"]) == [1.0]
+
+
+@needs_isolation
+def test_one_looping_completion_costs_one_budget_and_no_other_score():
+    """8 stdin/stdout cases and 4 completions, one looping: the loop costs one budget (not 8), scores 0,
+    is counted as timed out, and the honest completions keep 1.0 through the runner; the run goes on."""
+    from grpokit.rewards.runner import RewardRunner
+
+    cases = [{"input": f"{i} {i}\n", "output": f"{2 * i}\n"} for i in range(8)]
+    honest = fenced("a, b = map(int, input().split())\nprint(a + b)\n")
+    looping = fenced("while True:\n    pass\n")
+    budget = make_code_tests(timeout_s=2.5, memory_mb=256, workers=2)
+    start = time.monotonic()
+    assert budget([None], [looping], tests=[cases]) == [0.0]
+    assert time.monotonic() - start < 2.5 + 1.5  # one budget, not 8 x 2.5 s
+    runner = RewardRunner([("code", budget, 1.0)], timeout_s=20.0, completion_timeout_s=8.0, workers=2)
+    res = runner([None] * 4, [honest, looping, honest, honest], {"tests": [cases] * 4})
+    runner.close()
+    assert res.per_function["code"] == [1.0, 0.0, 1.0, 1.0]
+    assert res.failure(0.0, None, [honest] * 4) is None
+    assert res.logged["reward/code/timed_out"] == pytest.approx(0.25)  # one of four, one call each
+
+
+def test_the_driver_refuses_answers_built_to_cost_it_cpu_or_to_fool_comparisons():
+    """decode(strict=True), as the driver reads answers: 30,000 ints that all hash to 0 would take it
+    ~20 s to put in a set; a Decimal of 1e999999999 would take int() forever; NaN passes `abs(g - w) > tol`."""
+    from grpokit.rewards import _plain
+
+    collide = {"s": [k * (2**61 - 1) for k in range(1, 30000)]}
+    start = time.monotonic()
+    with pytest.raises(_plain.Refused):
+        _plain.decode(collide, strict=True)
+    with pytest.raises(_plain.Refused):
+        _plain.decode({"d": [[k * (2**61 - 1), 0] for k in range(1, 30000)]}, strict=True)
+    assert time.monotonic() - start < 1.0
+    for value in (
+        {"f": "nan"},
+        [1.0, {"t": [{"f": "nan"}]}],
+        {"c": [0.0, {"f": "nan"}]},
+        {"dec": "NaN"},
+        {"dec": "1e999999999"},
+    ):
+        with pytest.raises(_plain.Refused):
+            _plain.decode(value, strict=True)
+        _plain.decode(value)  # the sandbox side reads the tests' arguments as they are
+    # honest values pass: -1 and -2 share a hash, so do a few ints; inf is a value
+    assert _plain.decode({"s": [-1, -2, 2**61 - 1, 0]}, strict=True) == {-1, -2, 2**61 - 1, 0}
+    assert _plain.decode([{"f": "inf"}, {"dec": "1e100"}], strict=True)[0] == float("inf")
+    assert len(_plain.decode({"s": list(range(100_000))}, strict=True)) == 100_000

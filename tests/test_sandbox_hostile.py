@@ -22,7 +22,8 @@ pytestmark = pytest.mark.skipif(
 
 def check(result: dict, token: str) -> None:
     scores = result["scores"]
-    assert result["controls"] == {"add": 1.0, "check": 1.0, "mbpp": 1.0, "secret": 1.0, "stdio": 1.0}
+    assert result["controls"] == {row[0]: 1.0 for row in hp.CONTROLS}
+    assert len(result["controls"]) >= 13
     assert len(scores) >= 40
     assert {name: s for name, s in scores.items() if s != 0.0} == {}
     assert result["files_left"] == []

@@ -1,13 +1,29 @@
 """Test driver of `code_tests`: runs one completion's tests in a clean process of its own, outside
 the sandbox. A script started by `code.py`, never imported.
 
-stdin: one JSON job {"code", "tests", "limits", "isolate", "site_packages", "slot"}; stdout: one
-JSON verdict {"passed": [bool, ...], "unsupported": null | message}. The tests never leave this
-process: the candidate's code runs in a sandbox started from here (`sandbox.Sandbox`, serve mode),
-and each name the tests use but do not define (the candidate's functions) is a `CandidateFunction`
-whose call sends plain-data arguments to the sandbox and returns the plain data it answers,
-rebuilt here as new built-in objects (`_plain.decode`). Comparisons, `assert`, `abs`, `len`, ...
-are this interpreter's own; nothing the candidate defines runs here.
+stdin: one JSON job {"code", "tests", "limits", "isolate", "site_packages", "slot", "prompt_defs",
+"entry_point"}; stdout: one JSON verdict {"passed": [bool, ...], "unsupported": null | message,
+"timed_out": bool}. The tests never leave this process: the candidate's code runs in a sandbox started from here
+(`sandbox.Sandbox`, serve mode), and each name the tests use but do not define (the candidate's
+functions) is a `CandidateFunction` whose call sends plain-data arguments to the sandbox and returns
+the plain data it answers, rebuilt here as new built-in objects (`_plain.decode`). Comparisons,
+`assert`, `abs`, `len`, ... are this interpreter's own; nothing the candidate defines runs here.
+
+What the verdict may rest on (plain data only):
+  - a call's value; the arguments are copied into the sandbox and nothing flows back (a change the
+    candidate makes to them in place is not seen: tests that expect one fail);
+  - an exception in the candidate is one opaque `CandidateRaised` (an Exception, never a built-in
+    one): `except Exception` sees it, `except ValueError` does not, and it cannot end a `map`,
+    `zip` or `for` loop early as a `StopIteration` would;
+  - NaN (a float, a complex part or a Decimal, at any depth) fails the case: no comparison with it
+    is true, so `if abs(got - want) > tol: raise` would pass. +-inf is a value like any other;
+  - anything that is not plain data fails the case; so does an answer whose sets or dict keys
+    collide in hash (built to make this process spend its CPU), or a Decimal beyond 1e+-10000;
+  - names the tests use that the prompt defines completely (HumanEval's `poly`, `encode_cyclic`)
+    are the prompt's own definitions, run here (`prompt_defs`); only the others, and at most the
+    `entry_point` when it is known, reach the candidate.
+The run has one budget, `wall_s`: past it the running case and all later ones fail (an interval
+timer here; the caller kills this process 2 s later, whatever it is doing).
 """
 
 import ast
@@ -17,6 +33,7 @@ import json
 import os
 import resource
 import select
+import signal
 import sys
 import time
 from importlib.util import module_from_spec, spec_from_file_location
@@ -49,19 +66,18 @@ class Unsupported(BaseException):
     """The tests pass the candidate something that cannot travel as plain data."""
 
 
-class CandidateError(Exception):
-    """The candidate raised an exception that is not one of Python's built-in ones."""
+class CandidateRaised(Exception):
+    """The candidate raised: one opaque error whatever it raised (never a built-in the tests catch)."""
 
 
-_BUILTIN_ERRORS = {
-    name: obj for name, obj in vars(builtins).items() if isinstance(obj, type) and issubclass(obj, Exception)
-}
+class Overtime(BaseException):
+    """The completion's budget is spent: the running case and every later one fail."""
 
 
 class Channel:
     def __init__(self, box, limits, deadline):
         self.box, self.limit, self.deadline = box, limits["max_output_bytes"], deadline
-        self.lost = self.case_failed = False
+        self.lost = self.case_failed = self.timed_out = False
         self.unsupported = None
 
     def _fail(self, why):
@@ -76,6 +92,7 @@ class Channel:
         while view:
             left = self.deadline - time.monotonic()
             if left <= 0 or not select.select([], [fd], [], left)[1]:
+                self.timed_out = True
                 self._fail("timed out")
             try:
                 view = view[os.write(fd, view) :]
@@ -89,6 +106,7 @@ class Channel:
         while len(out) < n:
             left = self.deadline - time.monotonic()
             if left <= 0 or not select.select([fd], [], [], left)[0]:
+                self.timed_out = True
                 self._fail("timed out")
             chunk = os.read(fd, min(n - len(out), 1 << 20))
             if not chunk:
@@ -105,7 +123,7 @@ class Channel:
             self._fail(f"answer of {n} bytes")
         try:
             answer = json.loads(self._read(n))
-            if type(answer) is not dict or len(answer) not in (1, 2, 3):
+            if type(answer) is not dict or len(answer) != 1:
                 raise ValueError("bad answer")
             return answer
         except (ValueError, RecursionError):
@@ -121,41 +139,18 @@ class Channel:
             )
             raise Unsupported(self.unsupported) from None
         answer = self.exchange(message)
+        if "raise" in answer:
+            raise CandidateRaised(f"{name} raised")
+        if "ok" not in answer:
+            self.case_failed = True
+            raise NotPlainResult(f"{name}: not plain data")
         try:
-            if "ok" in answer:
-                value = plain.decode(answer["ok"])
-                new_args, new_kwargs = plain.decode(answer["args"]), plain.decode(answer["kwargs"])
-                if type(new_args) is not list or len(new_args) != len(args) or type(new_kwargs) is not dict:
-                    raise ValueError("bad arguments echo")
-            elif "raise" in answer:
-                kind, msg = answer["raise"], answer.get("msg")
-                if type(kind) is not str or type(msg) is not str:
-                    raise ValueError("bad exception")
-            elif "error" in answer:
-                self.case_failed = True
-                raise NotPlainResult(f"{name}: {str(answer['error'])[:200]}")
-            else:
-                raise ValueError("bad answer")
+            return plain.decode(answer["ok"], strict=True)
+        except plain.Refused as e:
+            self.case_failed = True
+            raise NotPlainResult(f"{name}: {e}") from None
         except (ValueError, TypeError, RecursionError, OverflowError, ArithmeticError):
             self._fail("malformed answer")
-        if "raise" in answer:
-            raise _BUILTIN_ERRORS.get(kind, CandidateError)(
-                msg if kind in _BUILTIN_ERRORS else f"{kind}: {msg}"
-            )
-        for old, new in [*zip(args, new_args), *((kwargs[k], new_kwargs.get(k)) for k in kwargs)]:
-            _update_in_place(old, new)
-        return value
-
-
-def _update_in_place(old, new):
-    """The candidate changed an argument in place: show the change on the test's own object."""
-    if type(old) is list and type(new) is list:
-        old[:] = new
-    elif type(old) in (dict, set) and type(new) is type(old):
-        old.clear()
-        old.update(new)
-    elif type(old) is bytearray and type(new) is bytearray:
-        old[:] = new
 
 
 class CandidateFunction:
@@ -186,10 +181,20 @@ def free_names(trees):
     return sorted(n for n in loaded if not hasattr(builtins, n)), called
 
 
-def namespace(channel, trees):
+def namespace(channel, trees, prompt_defs=None, entry_point=None):
+    """The tests' globals: the prompt's own definitions, stdlib modules, and a stub per other name."""
     ns = {"__name__": "__tests__", "__builtins__": builtins}
+    if prompt_defs:
+        try:
+            exec(compile(prompt_defs, "<prompt>", "exec", dont_inherit=True), ns)
+        except BaseException:  # noqa: BLE001 - the prompt's code is not runnable here: stubs only
+            ns = {"__name__": "__tests__", "__builtins__": builtins}
     names, called = free_names(trees)
     for name in names:
+        if name in ns:
+            continue  # the prompt defines it
+        if entry_point and name != entry_point and name not in sys.stdlib_module_names:
+            continue  # only the entry point is the candidate's: a NameError fails the case
         if name in sys.stdlib_module_names and name not in called:
             try:
                 ns[name] = importlib.import_module(name)
@@ -200,12 +205,12 @@ def namespace(channel, trees):
     return ns
 
 
-def run_cases(channel, tests):
+def run_cases(channel, tests, prompt_defs=None, entry_point=None):
     """One bool per case: the case ran to its end here, every call it made was answered with
     plain data, and the sandbox was still alive."""
     if tests["kind"] == "functions":
         tree = ast.parse(tests["cases"][0])
-        ns = namespace(channel, [tree])
+        ns = namespace(channel, [tree], prompt_defs, entry_point)
         try:
             exec(compile(tree, "<tests>", "exec"), ns)
             functions = [ns[f] for f in tests["functions"]]
@@ -219,7 +224,7 @@ def run_cases(channel, tests):
                 trees.append(ast.parse(src))
             except SyntaxError:
                 trees.append(None)
-        ns = namespace(channel, [t for t in trees if t is not None])
+        ns = namespace(channel, [t for t in trees if t is not None], prompt_defs, entry_point)
         cases = [(None, t) for t in trees]
     passed = []
     for fn, tree in cases:
@@ -231,6 +236,8 @@ def run_cases(channel, tests):
                 ok = True
             except Unsupported:
                 break
+            except Overtime:
+                channel.lost = channel.timed_out = True
             except BaseException:  # noqa: BLE001 - a failed assert, an error, a lost sandbox
                 ok = False
         passed.append(ok and not channel.case_failed and not channel.lost)
@@ -238,6 +245,7 @@ def run_cases(channel, tests):
 
 
 def main():
+    started = time.monotonic()
     job = json.loads(sys.stdin.buffer.read())
     verdict_fd = os.dup(1)
     devnull = os.open(os.devnull, os.O_RDWR)
@@ -245,24 +253,38 @@ def main():
         os.dup2(devnull, fd)  # what the tests print goes nowhere
     limits = sandbox.SandboxLimits(**job["limits"])
     resource.setrlimit(resource.RLIMIT_AS, ((2048 + limits.memory_mb) << 20,) * 2)
+    cpu = int(limits.wall_s) + 3  # the caller kills this process at wall_s + 2 s anyway
+    resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu))
     tests = job["tests"]
     n = len(tests["functions"]) if tests["kind"] == "functions" else len(tests["cases"])
     passed, unsupported = [False] * n, None
     box = sandbox.Sandbox("serve", limits, job["isolate"], job["site_packages"], job["slot"])
+    deadline = started + limits.wall_s
+    channel = Channel(box, job["limits"], deadline)
+
+    def overtime(signum, frame):
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        channel.lost = True
+        raise Overtime
+
+    signal.signal(signal.SIGALRM, overtime)
+    signal.setitimer(signal.ITIMER_REAL, max(0.001, deadline - time.monotonic()))
     try:
-        channel = Channel(box, job["limits"], time.monotonic() + limits.wall_s)
         loaded = False
         try:
             loaded = "ok" in channel.exchange(job["code"])
         except SandboxLost:
             pass
         if loaded:
-            got = run_cases(channel, tests)
+            got = run_cases(channel, tests, job.get("prompt_defs"), job.get("entry_point"))
             passed[: len(got)] = got
             unsupported = channel.unsupported
+    except Overtime:
+        channel.timed_out = True
     finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
         box.close(grace_s=2.0)
-    os.write(verdict_fd, json.dumps({"passed": passed, "unsupported": unsupported}).encode())
+    os.write(verdict_fd, json.dumps({"passed": passed, "unsupported": unsupported, "timed_out": channel.timed_out}).encode())
 
 
 if __name__ == "__main__":

@@ -73,44 +73,78 @@ def _int(x):
     return x
 
 
-def decode(x, depth=0):
-    """Rebuild a value from `json.loads` output; ValueError on anything outside the grammar."""
+class Refused(ValueError):
+    """Well-formed, but refused by `decode(..., strict=True)` (NaN, hash collisions, a huge Decimal)."""
+
+
+MAX_COLLISIONS = 64
+"""Distinct elements of one set (or keys of one dict) that may share a hash with another."""
+MAX_DECIMAL_EXPONENT = 10_000
+
+
+def _hashed(items: list, strict: bool) -> list:
+    """`items` unchanged, after checking (strict) that they do not collide in hash: n distinct items
+    that share one hash cost n**2 / 2 comparisons to put in a set (ints k * (2**61 - 1) all hash
+    to 0). The items of an encoded set or of a dict's keys are distinct, so equal hashes are collisions."""
+    if strict and len(items) > MAX_COLLISIONS:
+        hashes = [hash(v) for v in items]  # TypeError for an unhashable item: malformed
+        if len(hashes) - len(set(hashes)) > MAX_COLLISIONS:
+            raise Refused("elements built to collide in hash")
+    return items
+
+
+def decode(x, depth=0, strict=False):
+    """Rebuild a value from `json.loads` output; ValueError on anything outside the grammar.
+    strict (the driver reading an answer): Refused for NaN (float, complex part, Decimal), for a
+    Decimal beyond 1e+-10000 and for sets/dict keys that collide in hash."""
     if depth > MAX_DEPTH:
         raise ValueError("nested too deep")
     d = depth + 1
     t = type(x)
-    if x is None or t in (bool, int, float, str):
+    if x is None or t in (bool, int, str):
+        return x
+    if t is float:
+        if strict and x != x:
+            raise Refused("NaN")
         return x
     if t is list:
-        return [decode(v, d) for v in x]
+        return [decode(v, d, strict) for v in x]
     if t is not dict or len(x) != 1:
         raise ValueError(f"not plain data on the wire: {t.__name__}")
     ((tag, body),) = x.items()
     if tag == "f" and body in ("nan", "inf", "-inf"):
+        if strict and body == "nan":
+            raise Refused("NaN")
         return float(body)
     if tag in ("b", "ba") and type(body) is str:
         return bytes.fromhex(body) if tag == "b" else bytearray.fromhex(body)
     if tag == "dec" and type(body) is str and len(body) < 10_000:
         from decimal import Decimal
 
-        return Decimal(body)
+        value = Decimal(body)
+        if strict and (
+            value.is_nan() or (value.is_finite() and abs(value.adjusted()) > MAX_DECIMAL_EXPONENT)
+        ):
+            raise Refused("a NaN or huge Decimal")
+        return value
     if type(body) is not list:
         raise ValueError(f"bad {tag!r} value")
     if tag == "t":
-        return tuple(decode(v, d) for v in body)
+        return tuple(decode(v, d, strict) for v in body)
     if tag == "s":
-        return {decode(v, d) for v in body}
+        return set(_hashed([decode(v, d, strict) for v in body], strict))
     if tag == "fs":
-        return frozenset(decode(v, d) for v in body)
+        return frozenset(_hashed([decode(v, d, strict) for v in body], strict))
     if tag == "d":
-        out = {}
+        keys, values = [], []
         for pair in body:
             if type(pair) is not list or len(pair) != 2:
                 raise ValueError("bad dict item")
-            out[decode(pair[0], d)] = decode(pair[1], d)
-        return out
+            keys.append(decode(pair[0], d, strict))
+            values.append(decode(pair[1], d, strict))
+        return dict(zip(_hashed(keys, strict), values))
     if tag == "c" and len(body) == 2:
-        re_, im = decode(body[0], d), decode(body[1], d)
+        re_, im = decode(body[0], d, strict), decode(body[1], d, strict)
         if type(re_) is not float or type(im) is not float:
             raise ValueError("bad complex")
         return complex(re_, im)

@@ -13,8 +13,13 @@ The tests are the `tests` column, in one of these forms:
     passes when the program exits normally (status 0, in time) and its stdout equals the expected
     output after normalising whitespace (each line's runs of blanks collapsed, ends trimmed,
     trailing blank lines dropped).
-Reward = passed cases / cases. None when the row's tests are None or empty. Runs are spread over
-`workers` parallel sandboxes (default: the number of CPU cores). See `sandbox.py` for isolation.
+Reward = passed cases / cases. None when the row's tests are None or empty. One budget per
+completion (`timeout_s`, wall clock) covers all its cases, assert-style or stdin/stdout (the cases
+left when it runs out fail unrun), so a looping completion costs timeout_s, not cases x timeout_s,
+and never another completion's score; the function is `per_completion` for `RewardRunner`.
+Completions are spread over `workers` parallel sandboxes (default: the number of CPU cores). See
+`sandbox.py` for isolation. An optional `entry_point` column (HumanEval's) names the one function
+the candidate supplies.
 
 Why no program can fake a pass: the verdict is decided where the candidate cannot reach.
   - stdin/stdout: the expected output never leaves this process; the sandbox gets the code and
@@ -34,8 +39,9 @@ Why no program can fake a pass: the verdict is decided where the candidate canno
     arguments of the current call and nothing else: no test source, no expected value, no nonce,
     no verdict, before, while or after it runs (its pipes carry only code, calls and answers; its
     argv and environment only limits and fd numbers).
-What the tests can do through a stub is call a function with plain data and get plain data back;
-changes the call makes in place to a list/dict/set argument are copied back. Tests that need
+What the tests can do through a stub is call a function with plain data and get plain data back
+(see `_driver.py` for the rules: arguments are copied in and nothing flows back, whatever the
+candidate raises is one opaque error, NaN fails, helpers the prompt defines are the prompt's). Tests that need
 anything else of the candidate's (a class and its instances, a generator, a constant, passing a
 function to the candidate) are not supported: passing non-plain arguments raises ValueError
 naming the row; other uses fail the case.
@@ -49,14 +55,17 @@ import os
 import re
 import subprocess
 import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 from grpokit.rewards._text import to_text
 from grpokit.rewards.sandbox import SandboxLimits, give_slot, resolve_isolation, run_program, take_slot
 
 DRIVER = str(Path(__file__).with_name("_driver.py"))
+START_S = 3.0
+"""Allowance for starting the driver and its sandbox, on top of a completion's budget."""
 
 _FENCE_RE = re.compile(r"```[^\n`]*\n(.*?)```", re.DOTALL)
 
@@ -108,6 +117,35 @@ def parse_tests(tests: object) -> tuple[str, object] | None:
     raise ValueError(f"unrecognised tests: {type(tests).__name__} {str(tests)[:80]!r}")
 
 
+def prompt_definitions(prompt: object) -> str | None:
+    """The source of the functions, classes and imports the prompt's Python code defines in full
+    (HumanEval/32's `poly`, /38's `encode_cyclic`): the tests use these, never the candidate's. A
+    function whose body is only a docstring, `pass` or `...` is a stub for the candidate to write.
+    The code is the prompt's fenced blocks, else the whole prompt when it parses as Python."""
+    text = to_text(prompt)
+    if "def " not in text and "import " not in text:
+        return None
+    kept = []
+    for source in _FENCE_RE.findall(text) or [text]:
+        try:
+            tree = ast.parse(source)
+        except (SyntaxError, ValueError):
+            continue
+        for node in tree.body:
+            if isinstance(node, (ast.Import, ast.ImportFrom, ast.ClassDef)) or (
+                isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and not _is_stub(node)
+            ):
+                kept.append(ast.get_source_segment(source, node) or "")
+    return "\n\n".join(k for k in kept if k) or None
+
+
+def _is_stub(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
+    return all(
+        isinstance(n, ast.Pass) or (isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant))
+        for n in fn.body
+    )
+
+
 def run_tests(
     code: str,
     tests: dict,
@@ -115,16 +153,23 @@ def run_tests(
     limits: SandboxLimits | None = None,
     isolation: str = "auto",
     site_packages: bool = False,
+    prompt_defs: str | None = None,
+    entry_point: str | None = None,
 ) -> list[bool]:
     """Run `tests` (a `parse_tests` "assert" spec) against `code`: the tests in a fresh driver
-    process, the code in a sandbox. One bool per case. ValueError when the tests pass the
-    candidate something other than plain data."""
+    process, the code in a sandbox, all within `limits.wall_s`. One bool per case. ValueError when
+    the tests pass the candidate something other than plain data."""
+    return _run_tests(code, tests, limits, isolation, site_packages, prompt_defs, entry_point)[0]
+
+
+def _run_tests(code, tests, limits, isolation, site_packages, prompt_defs, entry_point):
+    """(one bool per case, whether the budget ran out)."""
     isolate = resolve_isolation(isolation)
     limits = limits or SandboxLimits()
     n = len(tests["functions"]) if tests["kind"] == "functions" else len(tests["cases"])
     slot = take_slot()
     job = {"code": code, "tests": tests, "limits": asdict(limits), "isolate": isolate}
-    job.update(site_packages=site_packages, slot=slot)
+    job.update(site_packages=site_packages, slot=slot, prompt_defs=prompt_defs, entry_point=entry_point)
     env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8"}
     try:
         proc = subprocess.run(
@@ -133,22 +178,61 @@ def run_tests(
             capture_output=True,
             env=env,
             cwd="/",
-            timeout=limits.wall_s + 30,  # the driver enforces wall_s itself; this is for a hung test
+            timeout=limits.wall_s + 2 + START_S,  # the driver stops itself at wall_s
             start_new_session=True,
         )
     except subprocess.TimeoutExpired:
-        return [False] * n
+        return [False] * n, True
     finally:
         give_slot(slot)
     try:
         verdict = json.loads(proc.stdout)
     except ValueError:
+        if proc.returncode is not None and proc.returncode < 0:  # killed: out of CPU or memory
+            return [False] * n, True
         raise RuntimeError(
             f"code_tests: the test driver failed: {proc.stderr.decode(errors='replace')[-2000:]}"
         ) from None
     if verdict["unsupported"]:
         raise ValueError(f"code_tests: unsupported tests: {verdict['unsupported']}")
-    return [bool(p) for p in verdict["passed"]]
+    return [bool(p) for p in verdict["passed"]], bool(verdict.get("timed_out"))
+
+
+def run_io_cases(
+    code: str,
+    cases: list[tuple[str, str]],
+    *,
+    limits: SandboxLimits | None = None,
+    isolation: str = "auto",
+    site_packages: bool = False,
+) -> list[bool]:
+    """Run `code` on each (stdin, expected stdout) case in turn, one sandbox per case, all cases
+    within one budget of `limits.wall_s`: once it is spent the remaining cases fail unrun."""
+    return _run_io_cases(code, cases, limits or SandboxLimits(), isolation, site_packages)[0]
+
+
+def _run_io_cases(code, cases, limits, isolation, site_packages):
+    """(one bool per case, whether the budget ran out)."""
+    timed_out = False
+    deadline = time.monotonic() + limits.wall_s
+    passed = []
+    for stdin, expected in cases:
+        left = deadline - time.monotonic()
+        if left <= 0.01:
+            passed.append(False)
+            timed_out = True
+            continue
+        result = run_program(
+            code, stdin, limits=replace(limits, wall_s=left), isolation=isolation, site_packages=site_packages
+        )
+        timed_out = timed_out or result.timed_out
+        passed.append(
+            result.returncode == 0
+            and not result.timed_out
+            and not result.output_exceeded
+            and normalize_output(result.stdout) == normalize_output(expected)
+        )
+    return passed, timed_out
 
 
 def _as_text(x: object) -> str:
@@ -177,8 +261,9 @@ def make_code_tests(
     isolation: str = "auto",
     site_packages: bool = False,
 ):
-    """A `code_tests` reward reading tests from `tests_column`. timeout_s is the wall and CPU limit
-    of one sandboxed run (all assert cases of a completion share one run; each stdin case has its own)."""
+    """A `code_tests` reward reading tests from `tests_column`. timeout_s is the budget of one
+    completion: the wall-clock limit of all its cases together (assert-style or stdin/stdout), and
+    the CPU limit of each of its processes."""
     limits = SandboxLimits(
         wall_s=timeout_s,
         cpu_s=timeout_s,
@@ -187,7 +272,6 @@ def make_code_tests(
         max_output_bytes=max_output_bytes,
     )
     n_workers = workers or os.cpu_count() or 1
-    opts = {"limits": limits, "isolation": isolation, "site_packages": site_packages}
     if isolation not in ("auto", "namespaces", "none"):
         raise ValueError(f"isolation must be 'auto', 'namespaces' or 'none', got {isolation!r}")
 
@@ -195,50 +279,38 @@ def make_code_tests(
         if tests_column not in columns:
             raise KeyError(f"code_tests needs the tests in column {tests_column!r}; got {sorted(columns)}")
         resolve_isolation(isolation)  # refuse before anything runs when no isolation is available
-        jobs, slots = [], []  # one job per sandboxed run; slots[i] = number of cases of row i
-        for i, (completion, tests) in enumerate(zip(completions, columns[tests_column])):
+        entry_points = columns.get("entry_point") or [None] * len(completions)
+        jobs = []  # one per completion that has tests: all its cases share one budget
+        for i, (prompt, completion, tests) in enumerate(zip(prompts, completions, columns[tests_column])):
             try:
                 parsed = parse_tests(tests)
             except (ValueError, SyntaxError) as e:
                 raise ValueError(f"code_tests: row {i} of column {tests_column!r}: {e}") from e
-            slots.append(None if parsed is None else parsed)
-            if parsed is None:
-                continue
-            code = extract_code(to_text(completion))
-            if parsed[0] == "assert":
-                jobs.append((i, "assert", code, parsed[1]))
-            else:
-                jobs.extend((i, "io", code, case) for case in parsed[1])
+            if parsed is not None:
+                entry = entry_points[i] if isinstance(entry_points[i], str) else None
+                jobs.append((i, parsed, extract_code(to_text(completion)), prompt, entry))
 
         def run(job):
-            i, kind, code, spec = job
-            if kind == "assert":
-                try:
-                    return i, run_tests(code, spec, **opts)
-                except ValueError as e:
-                    raise ValueError(f"code_tests: row {i} of column {tests_column!r}: {e}") from e
-            result = run_program(code, spec[0], **opts)
-            ok = (
-                result.returncode == 0
-                and not result.timed_out
-                and not result.output_exceeded
-                and normalize_output(result.stdout) == normalize_output(spec[1])
-            )
-            return i, [ok]
+            i, (kind, spec), code, prompt, entry = job
+            if kind == "io":
+                return i, _run_io_cases(code, spec, limits, isolation, site_packages)
+            try:
+                defs = prompt_definitions(prompt)
+                return i, _run_tests(code, spec, limits, isolation, site_packages, defs, entry)
+            except ValueError as e:
+                raise ValueError(f"code_tests: row {i} of column {tests_column!r}: {e}") from e
 
-        passed: dict[int, list[bool]] = {}
+        out: list[float | None] = [None] * len(completions)
+        timed_out = 0
         with ThreadPoolExecutor(max_workers=n_workers) as pool:
-            for i, oks in pool.map(run, jobs):
-                passed.setdefault(i, []).extend(oks)
-        out: list[float | None] = []
-        for i, parsed in enumerate(slots):
-            if parsed is None:
-                out.append(None)
-            else:
-                oks = passed.get(i, [])
-                out.append(sum(oks) / len(oks) if oks else 0.0)
+            for i, (oks, late) in pool.map(run, jobs):
+                out[i] = sum(oks) / len(oks) if oks else 0.0
+                timed_out += late
+        if jobs and callable(columns.get("log_metric")):  # reward/code_tests/timed_out: share of completions
+            columns["log_metric"]("timed_out", timed_out / len(jobs))
         return out
 
+    code_tests.per_completion = True  # RewardRunner: one budget per completion, not one per batch
     return code_tests
 
 

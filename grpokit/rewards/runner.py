@@ -21,13 +21,14 @@ completions, columns) and the values cross the pipe, pickled. Consequences:
 The cost is ~1 ms per call and batch (pickling and pipes), plus one fork (a few ms) at start and
 after each kill; see BENCHMARKS.md.
 
-Time limits. `timeout_s` bounds the whole batch. A function marked `per_completion = True` (the
-built-in math_accuracy; set the attribute on your own element-wise function to opt in) is called
-on one completion at a time, spread over the workers, and each completion has its own budget,
-`completion_timeout_s`: a completion that runs past it scores 0, is counted in
-`reward/<name>/timeouts`, and its worker is killed and replaced; the other completions keep their
-values. Any other function is called once on the whole batch (so functions that compare the
-completions of a batch keep their meaning) and fails as a whole when it runs past `timeout_s`.
+Time limits. A function marked `per_completion = True` (the built-in math_accuracy and code_tests;
+set the attribute on your own element-wise function to opt in) is called on one completion at a
+time, spread over the workers, and each completion has its own budget, `completion_timeout_s`: a
+completion that runs past it scores 0, is counted in `reward/<name>/timeouts`, and its worker is
+killed and replaced; the other completions keep their values, and `timeout_s` never cuts them
+(such a function takes at most ceil(n / workers) x completion_timeout_s). Any other function is
+called once on the whole batch (so functions that compare the completions of a batch keep their
+meaning) and fails as a whole when it runs past `timeout_s`.
 
 The calling convention (TRL's GRPOTrainer, checked against its `_calculate_rewards`). Each
 function is called as fn(prompts=..., completions=..., **columns, log_metric=..., log_extra=...):
@@ -289,10 +290,21 @@ class RewardRunner:
                     return t
             return None
 
+        past_deadline = False
         try:
             while tasks or busy:
                 now = time.monotonic()
-                while tasks and now < deadline:
+                if now >= deadline and not past_deadline:  # only batch calls stop here
+                    past_deadline = True
+                    for w in list(busy.values()):
+                        if w.task.mode == "batch":
+                            fail(
+                                w.task.fn_index,
+                                f"timed out after {self.timeout_s:g} s (worker process killed)",
+                            )
+                    for t in [t for t in tasks if t.mode == "batch"]:
+                        fail(t.fn_index, f"timed out after {self.timeout_s:g} s (worker process killed)")
+                while tasks:
                     task = next_task()
                     if task is None:
                         break
@@ -331,7 +343,7 @@ class RewardRunner:
                 if not busy:
                     break  # only tasks left after the deadline: reported below
                 now = time.monotonic()
-                wake = deadline
+                wake = math.inf if past_deadline else deadline
                 for w in busy.values():
                     if w.task.mode == "items":
                         wake = min(wake, w.item_started + self.completion_timeout_s)
@@ -378,8 +390,6 @@ class RewardRunner:
                         retire(fd, w)
                         if rest:
                             tasks.appendleft(_Task(task.fn_index, "items", rest))
-                if now >= deadline:
-                    break
         except BaseException:  # KeyboardInterrupt (a second Ctrl-C) and the like: stop the work
             for fd, w in list(busy.items()):
                 retire(fd, w)
