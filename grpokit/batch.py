@@ -62,6 +62,9 @@ def concat_batches(batches: list[ScoredBatch], pad_token_id: int) -> ScoredBatch
         completion_mask=cat([r.completion_mask for r in rs], False, 0),
         logprobs=cat([r.logprobs for r in rs], False, 0.0),
         truncated=torch.cat([r.truncated for r in rs]),
+        context_mask=None
+        if all(r.context_mask is None for r in rs)
+        else cat([r.attention_mask for r in rs], False, 0),
     )
     names = batches[0].per_function.keys()
     return ScoredBatch(

@@ -152,14 +152,17 @@ def completion_values(
     prompt_mask: Tensor,
     completion_ids: Tensor,
     completion_mask: Tensor,
+    context_mask: Tensor | None = None,
 ) -> Tensor:
     """V(s_t) for every completion token t: the head's output at the position that predicts token t.
 
-    prompt_ids/mask (N, Lp) left-padded, completion_ids/mask (N, Lc) right-padded (as completion_logprobs,
-    with the same position ids). Returns (N, Lc) float32, 0 where completion_mask is 0."""
+    prompt_ids/mask (N, Lp) left-padded, completion_ids/mask (N, Lc) right-padded, context_mask as
+    completion_logprobs' (multi-turn), with the same position ids. Returns (N, Lc) float32, 0 where
+    completion_mask is 0."""
     Lp = prompt_ids.shape[1]
     input_ids = torch.cat([prompt_ids, completion_ids], dim=1)  # (N, Lp + Lc)
-    attention_mask = torch.cat([prompt_mask, completion_mask], dim=1).long()  # (N, Lp + Lc)
+    attended = completion_mask if context_mask is None else context_mask  # (N, Lc)
+    attention_mask = torch.cat([prompt_mask, attended], dim=1).long()  # (N, Lp + Lc)
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)  # (N, Lp + Lc)
     out = critic(
         input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
@@ -212,7 +215,8 @@ class CriticMixin:
         return self._rows_no_grad(  # (N, Lc)
             r,
             lambda t: completion_values(
-                self.critic, t["prompt_ids"], t["prompt_mask"], t["completion_ids"], t["completion_mask"]
+                self.critic, t["prompt_ids"], t["prompt_mask"], t["completion_ids"], t["completion_mask"],
+                t.get("context_mask"),
             ),
         )
 
@@ -287,7 +291,8 @@ class CriticMixin:
             t = self._micro_tensors(r, micro, loss_mask)
             with self.precision.autocast(d):
                 v = completion_values(
-                    self.critic, t["prompt_ids"], t["prompt_mask"], t["completion_ids"], t["completion_mask"]
+                    self.critic, t["prompt_ids"], t["prompt_mask"], t["completion_ids"], t["completion_mask"],
+                    t.get("context_mask"),
                 )  # (n, L)
             width = v.shape[1]
             loss, stats = value_loss(

@@ -46,6 +46,15 @@ class Rollout:
     completion_mask: Tensor  # (N, Lc) long, 1 for generated tokens up to and including the EOS
     logprobs: Tensor  # (N, Lc) float32, log_softmax(logits / T) at the sampled token, 0 at padding
     truncated: Tensor  # (N,) bool, True when no EOS was produced within max_new_tokens
+    context_mask: Tensor | None = None
+    """(N, Lc) long, multi-turn rollouts (grpokit.multiturn) only: 1 for every real token after the prompt,
+    the model's and the tool/environment's, all attended to; completion_mask then marks the model's own
+    tokens only (the ones that carry loss, KL and entropy). None: the same as completion_mask."""
+
+    @property
+    def attention_mask(self) -> Tensor:
+        """(N, Lc) the completion-side tokens attended to: context_mask, or completion_mask when there is none."""
+        return self.completion_mask if self.context_mask is None else self.context_mask
 
     @property
     def completion_lengths(self) -> Tensor:
@@ -55,11 +64,11 @@ class Rollout:
     @property
     def row_lengths(self) -> Tensor:
         """(N,) real tokens per row: prompt plus completion (what a micro-batch of the row costs)."""
-        return self.prompt_mask.sum(-1) + self.completion_mask.sum(-1)
+        return self.prompt_mask.sum(-1) + self.attention_mask.sum(-1)
 
     def select(self, index: Tensor) -> Rollout:
         """The rows ``index`` (a (M,) long tensor) of every field."""
-        return Rollout(**{f.name: getattr(self, f.name)[index] for f in fields(self)})
+        return Rollout(**{f.name: _rows(getattr(self, f.name), index) for f in fields(self)})
 
     def completion_token_ids(self) -> list[list[int]]:
         """(N,) generated token ids of each row, EOS included, padding removed."""
@@ -68,6 +77,10 @@ class Rollout:
     def decode(self, tokenizer) -> list[str]:
         """(N,) completion texts (special tokens such as EOS skipped)."""
         return [tokenizer.decode(ids, skip_special_tokens=True) for ids in self.completion_token_ids()]
+
+
+def _rows(t: Tensor | None, index: Tensor) -> Tensor | None:
+    return None if t is None else t[index]
 
 
 class Generator(Protocol):

@@ -70,6 +70,7 @@ def completion_logprobs(
     temperature: float = 1.0,
     chunk_size: int = 1024,
     with_entropy: bool = False,
+    context_mask: Tensor | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """Per-token log-probs ``log softmax(logits / T)[o_t]`` of the completion tokens, and optionally entropy.
 
@@ -83,6 +84,9 @@ def completion_logprobs(
         temperature: the sampling temperature T; 0 (greedy rollouts) means T = 1, as in grpokit.generation.
         chunk_size: completion tokens per LM-head chunk; peak logits memory is chunk_size * V fp32.
         with_entropy: also return the entropy of softmax(z / T) per token, computed without gradient.
+        context_mask: (N, Lc) multi-turn rollouts: 1 for every real completion-side token (the model's and
+            the tools'), all attended to; completion_mask then picks the model's tokens that are scored.
+            None: completion_mask is both (grpokit.generation.Rollout.context_mask).
 
     Returns:
         logprobs: (N, Lc) float32, 0 where completion_mask is 0; differentiable w.r.t. the model.
@@ -107,7 +111,8 @@ def completion_logprobs(
 
     Lp = prompt_ids.shape[1]
     input_ids = torch.cat([prompt_ids, completion_ids], dim=1)  # (N, Lp + Lc)
-    attention_mask = torch.cat([prompt_mask, completion_mask], dim=1).long()  # (N, Lp + Lc)
+    attended = completion_mask if context_mask is None else context_mask  # (N, Lc)
+    attention_mask = torch.cat([prompt_mask, attended], dim=1).long()  # (N, Lp + Lc)
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)  # (N, Lp + Lc)
     hidden = decoder(
         input_ids=input_ids,

@@ -74,6 +74,7 @@ class MicroBatchMixin:
                     temperature=cfg.rollout.temperature,
                     chunk_size=cfg.optim.logprob_chunk_size,
                     with_entropy=first,
+                    context_mask=tensors.get("context_mask"),
                 )  # (n, L), float32
             mask = tensors["loss_mask"]
             width = logprobs.shape[1]
@@ -172,17 +173,19 @@ class MicroBatchMixin:
     def _micro_tensors(
         self, r: Rollout, idx: torch.Tensor, loss_mask: torch.Tensor
     ) -> dict[str, torch.Tensor]:
-        """Rows ``idx`` of the batch, trimmed to their own longest prompt/completion, on device."""
+        """Rows ``idx`` of the batch, trimmed to their own longest prompt/completion, on device; with
+        "context_mask" for multi-turn rollouts (the tool tokens attended to, see Rollout.context_mask)."""
         pm = r.prompt_mask[idx]
-        cm = r.completion_mask[idx]
+        cm = r.attention_mask[idx]
         p_start = int((pm.sum(0) > 0).nonzero().min()) if pm.any() else 0
         c_len = max(1, int((cm.sum(0) > 0).nonzero().max()) + 1) if cm.any() else 1
         d = self.device
-        return {
+        extra = {} if r.context_mask is None else {"context_mask": cm[:, :c_len].to(d)}
+        return extra | {
             "prompt_ids": r.prompt_ids[idx][:, p_start:].to(d),
             "prompt_mask": pm[:, p_start:].to(d),
             "completion_ids": r.completion_ids[idx][:, :c_len].to(d),
-            "completion_mask": cm[:, :c_len].to(d),
+            "completion_mask": r.completion_mask[idx][:, :c_len].to(d),
             "loss_mask": loss_mask[idx][:, :c_len].to(d),
             "sample_logprobs": r.logprobs[idx][:, :c_len].to(d),
         }
@@ -227,6 +230,7 @@ class MicroBatchMixin:
                 t["completion_mask"],
                 temperature=self.cfg.rollout.temperature,
                 chunk_size=self.cfg.optim.logprob_chunk_size,
+                context_mask=t.get("context_mask"),
             )
             return logprobs  # (n, L)
 

@@ -75,7 +75,8 @@ def process_group_advantages(
     Args:
         step_rewards: (N,) lists of (t_end, score), groups contiguous (rows [g*G:(g+1)*G] are prompt g).
         group_size: G >= 2, dividing N.
-        completion_mask: (N, L) 1 for generated tokens up to and including EOS; t_end < sum_t m_{i,t}.
+        completion_mask: (N, L) 1 for generated tokens up to and including EOS; t_end < sum_t m_{i,t}
+            (multi-turn: t_end a column up to the last 1, the tool tokens between turns 0).
     Returns:
         (N, L) float32 advantages, 0 at masked-out positions and after each completion's last step.
     Raises:
@@ -84,7 +85,10 @@ def process_group_advantages(
     n, width = completion_mask.shape
     check_groups(n, group_size)
     mask = completion_mask.to(torch.bool)  # (N, L)
-    check_step_rewards(step_rewards, mask.sum(-1).tolist())
+    # a step may end at any column up to the last generated token: the mask has gaps in multi-turn
+    # rollouts (tool tokens are 0 between the model's turns), else this is the token count
+    last = torch.where(mask.any(-1), width - mask.flip(-1).to(torch.long).argmax(-1), 0)  # (N,)
+    check_step_rewards(step_rewards, last.tolist())
     delta = torch.zeros(n, width, dtype=torch.float64)  # (N, L) normalised score at each step's last token
     for g in range(n // group_size):
         rows = range(g * group_size, (g + 1) * group_size)
