@@ -18,6 +18,7 @@ import yaml
 
 from grpokit.config_checks import build_config, check_config
 from grpokit.errors import ConfigError
+from grpokit.yaml_io import parse_value, read_yaml_file
 
 if TYPE_CHECKING:
     from grpokit.algos import AlgoSettings
@@ -287,18 +288,24 @@ def config_from_dict(values: dict[str, Any]) -> Config:
     return cfg
 
 
+def validated(cfg: Config) -> Config:
+    """The one validation path of the CLI and the Python API: a Config built in code (``GRPOTrainer(cfg)``)
+    is rebuilt from its values with the same type checks, ranges and rules as a YAML file's. Returns the
+    rebuilt copy; raises ConfigError naming the key."""
+    if not isinstance(cfg, Config):
+        raise ConfigError(
+            f"expected a grpokit.config.Config, got {type(cfg).__name__} (load_config builds one)"
+        )
+    return config_from_dict(config_to_dict(cfg))
+
+
 def parse_override(text: str) -> tuple[list[str], Any]:
-    """``a.b.c=value`` -> (["a", "b", "c"], value parsed as YAML: numbers, bools, lists, null)."""
+    """``a.b.c=value`` -> (["a", "b", "c"], value parsed as YAML: numbers, bools, lists, null; numbers keep
+    their text for keys that hold text, see grpokit.yaml_io)."""
     if "=" not in text:
         raise ConfigError(f"override {text!r} must look like section.key=value (e.g. optim.lr=1e-6)")
     key, raw = text.split("=", 1)
-    try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
-    except yaml.YAMLError:
-        value = raw
-    if isinstance(value, str) and _looks_like_float(raw):
-        value = float(raw)  # YAML 1.1 reads "1e-6" as a string
-    return key.strip().split("."), value
+    return key.strip().split("."), parse_value(raw, f"override {text!r}")
 
 
 def apply_overrides(values: dict[str, Any], overrides: list[str] | tuple[str, ...]) -> dict[str, Any]:
@@ -314,47 +321,20 @@ def apply_overrides(values: dict[str, Any], overrides: list[str] | tuple[str, ..
     return values
 
 
-def _looks_like_float(raw: str) -> bool:
-    try:
-        float(raw)
-    except ValueError:
-        return False
-    return True
-
-
 def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
     """Read a YAML file (optional), apply dotted overrides, validate, return the Config."""
     values: dict[str, Any] = {}
     if path is not None:
         p = Path(path)
-        if not p.is_file():
-            raise ConfigError(f"config file {p} does not exist")
-        try:
-            values = yaml.safe_load(p.read_text()) or {}
-        except yaml.YAMLError as e:
-            raise ConfigError(f"{p}: not valid YAML: {e}") from e
+        values = read_yaml_file(p) or {}  # refuses a missing or non-UTF-8 file, bad YAML, a key given twice
         if not isinstance(values, dict):
             raise ConfigError(f"{p}: the top level must be a mapping of sections (model:, data:, ...)")
-        _fix_yaml_floats(values)
     apply_overrides(values, overrides)
     try:
         return config_from_dict(values)
     except ConfigError as e:
         where = f"{path}: " if path is not None else ""
         raise ConfigError(f"{where}{e}") from None
-
-
-def _fix_yaml_floats(node: Any) -> None:
-    """PyYAML reads 1e-6 (no dot) as a string; turn such strings back into floats."""
-    if isinstance(node, dict):
-        for k, v in node.items():
-            if isinstance(v, str) and _looks_like_float(v) and not v.strip().isalpha():
-                node[k] = float(v)
-            else:
-                _fix_yaml_floats(v)
-    elif isinstance(node, list):
-        for v in node:
-            _fix_yaml_floats(v)
 
 
 def config_to_dict(cfg: Config) -> dict[str, Any]:

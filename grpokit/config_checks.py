@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import os
 import types
 import typing
 from typing import TYPE_CHECKING, Any
 
 from grpokit.errors import ConfigError
+from grpokit.yaml_io import plain
 
 if TYPE_CHECKING:
     from grpokit.config import AlgoConfig, Config
@@ -38,7 +40,7 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
                 errors.append(str(e))
         raise ConfigError(errors[0] if errors else f"{key}: bad value {value!r}")
     if tp is Any:
-        return value
+        return plain(value)
     if dataclasses.is_dataclass(tp):
         if not isinstance(value, dict):
             raise ConfigError(f"{key}: expected a mapping of {tp.__name__} fields, got {value!r}")
@@ -51,14 +53,14 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
     if origin is dict:
         if not isinstance(value, dict):
             raise ConfigError(f"{key}: expected a mapping, got {value!r}")
-        return dict(value)
+        return plain(dict(value))
     if tp is bool:
         if isinstance(value, bool):
             return value
         raise ConfigError(f"{key}: expected true or false, got {value!r}")
     if tp is int:
         if isinstance(value, int) and not isinstance(value, bool):
-            return value
+            return int(value)
         raise ConfigError(f"{key}: expected an integer, got {value!r}")
     if tp is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -66,9 +68,11 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
         raise ConfigError(f"{key}: expected a number, got {value!r}")
     if tp is str:
         if isinstance(value, str):
-            return value
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
             return str(value)
+        if isinstance(value, os.PathLike):  # the Python API: a Path where a path is asked for
+            return os.fspath(value)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return getattr(value, "text", str(value))  # a path or name as written: 007, 1e3 (grpokit.yaml_io)
         raise ConfigError(f"{key}: expected a string, got {value!r}")
     raise ConfigError(f"{key}: unsupported type {tp}")
 

@@ -27,7 +27,7 @@ from grpokit.checkpoint import (
 )
 from grpokit.config import ConfigError, save_config
 from grpokit.errors import TrainingError
-from grpokit.runlog import clear_run
+from grpokit.output_lock import set_aside
 from grpokit.validate import config_changes
 
 
@@ -98,10 +98,11 @@ class RunStateMixin:
         return path
 
     def _start_run(self) -> None:
-        """The run starts: only now is the output folder touched. A run being replaced (overwrite) is
-        deleted, checkpoints left half-written by a kill are removed, the resolved config is saved."""
+        """The run starts: only now are run files written. A run being replaced (overwrite) is moved
+        aside (deleted after this run's first step, put back if it fails before), checkpoints left
+        half-written by a kill are removed, the resolved config is saved."""
         if self.overwrite:
-            clear_run(self.out)
+            set_aside(self.out)  # deleted once this run logs its first step (grpokit.output_lock)
             self.overwrite = False  # a second train() call continues this run
         self.out.mkdir(parents=True, exist_ok=True)
         for partial in remove_partial(self.out / "checkpoints"):

@@ -36,7 +36,7 @@ from grpokit.batch import (  # noqa: F401
     length_sorted,
     step_metrics,
 )
-from grpokit.config import Config, ConfigError, resolve_algo
+from grpokit.config import Config, ConfigError, resolve_algo, validated
 from grpokit.critic import CriticMixin
 from grpokit.data import load_train_eval
 from grpokit.distributed import Distributed
@@ -52,6 +52,13 @@ from grpokit.loading import (
     prepare_policy,
     read_model_config,
 )
+from grpokit.output_lock import (
+    claim_output_dir,
+    discard_aside,
+    is_main_rank,
+    releases_output_lock_on_error,
+    run_holding_lock,
+)
 from grpokit.precision import make_grad_scaler, make_optimizer, resolve_precision
 from grpokit.rewards import RewardRunner, resolve_reward, resolve_reward_specs
 from grpokit.rewards.process import check_process_setup
@@ -61,7 +68,7 @@ from grpokit.sampling import SamplingMixin
 from grpokit.templates import encode_prompts
 from grpokit.update import AUTO_MICRO_TOKENS, MicroBatchMixin, peak_memory_mb  # noqa: F401
 from grpokit.update_stats import UpdateStats
-from grpokit.validate import check_output_dir, check_positions
+from grpokit.validate import check_positions
 
 
 class GRPOTrainer(SamplingMixin, RunStateMixin, MicroBatchMixin, CriticMixin):
@@ -82,6 +89,7 @@ class GRPOTrainer(SamplingMixin, RunStateMixin, MicroBatchMixin, CriticMixin):
     checkpoint of the step is saved and TrainingError carries the callback's name and message.
     """
 
+    @releases_output_lock_on_error
     def __init__(
         self,
         cfg: Config,
@@ -96,12 +104,16 @@ class GRPOTrainer(SamplingMixin, RunStateMixin, MicroBatchMixin, CriticMixin):
         allow_changed_config: bool = False,
         callbacks: Sequence[Callable[[int, dict[str, float], GRPOTrainer], Any]] = (),
     ):
+        validated(cfg)  # the CLI's checks, for a Config built in code too
         self.cfg = cfg
         self.algo = resolve_algo(cfg)
         if cfg.rollout.temperature <= 0:
             raise ConfigError("rollout.temperature must be > 0 for training (log-probs are taken at it)")
         self.out = Path(cfg.train.output_dir)
-        check_output_dir(self.out, resume=resume is not False, overwrite=overwrite)
+        # locked for this run until train() ends (grpokit.output_lock); released if __init__ fails
+        self.output_lock = claim_output_dir(
+            self.out, resume=resume is not False, overwrite=overwrite, main=is_main_rank()
+        )
         self.overwrite = overwrite
         self.callbacks = list(callbacks)
         torch.manual_seed(cfg.train.seed)
@@ -217,6 +229,7 @@ class GRPOTrainer(SamplingMixin, RunStateMixin, MicroBatchMixin, CriticMixin):
 
     # ----------------------------------------------------------------------------- the loop
 
+    @run_holding_lock
     def train(self) -> dict[str, Any]:
         """Run cfg.train.steps steps; returns the summary also written to OUTPUT/summary.json.
 
@@ -260,6 +273,8 @@ class GRPOTrainer(SamplingMixin, RunStateMixin, MicroBatchMixin, CriticMixin):
                 if self.stopped_early:
                     break  # the step was not taken: the prompts are solved
                 log.log_step(self.step, metrics)
+                if self.dist.is_main:
+                    discard_aside(self.out)  # --overwrite: the run replaced goes once this one has a step
                 self._run_callbacks(metrics)
                 stop.signal_name = self.dist.agree(stop.signal_name)  # every rank stops at the same step
                 if stop.signal_name:

@@ -57,6 +57,11 @@ def check_output_dir(out: Path, *, resume: bool, overwrite: bool) -> None:
         raise ConfigError(
             "--resume continues the run in train.output_dir and --overwrite replaces it: give one."
         )
+    if out.is_symlink() and not out.exists():
+        raise ConfigError(
+            f"{key} is a symbolic link to {os.readlink(out)}, which does not exist; make the folder it points "
+            "to, remove the link, or choose another path."
+        )
     if out.exists() and not out.is_dir():
         raise ConfigError(
             f"{key} is a file, not a folder; choose another path (e.g. train.output_dir=runs/my_run)."

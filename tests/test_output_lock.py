@@ -1,0 +1,195 @@
+"""One output folder, one run (grpokit.output_lock): the lock, stale locks, concurrent starts, and
+``--overwrite`` that keeps the old run until the new one has a step and touches nothing else."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from tiny_model import make_tiny_model, save_tiny_model
+
+from grpokit import GRPOTrainer, load_config
+from grpokit.cli import main
+from grpokit.config import ConfigError
+from grpokit.output_lock import LOCK_FILE, REPLACED, OutputLock
+
+ROWS = [{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a in range(4) for b in range(4)]
+SETTINGS = [
+    "train.report_to=none",
+    "rollout.group_size=2",
+    "rollout.prompts_per_step=2",
+    "rollout.max_new_tokens=4",
+    "data.template=plain",
+    "data.max_prompt_tokens=32",
+    "model.device=cpu",
+    "eval.enabled=false",
+    "train.stop_after_flat_steps=0",
+    "train.samples_every=0",
+]
+
+
+def has_seven(prompts, completions, **kw):
+    return [float("7" in c) for c in completions]
+
+
+def api_trainer(out: Path, steps: int = 1, **kwargs) -> GRPOTrainer:
+    model, tok = make_tiny_model("qwen2", seed=0)
+    cfg = load_config(None, [f"train.output_dir={out}", f"train.steps={steps}", *SETTINGS])
+    return GRPOTrainer(
+        cfg, model=model, tokenizer=tok, train_rows=ROWS, reward_functions=[("has_seven", has_seven, 1.0)], **kwargs
+    )
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    w = tmp_path_factory.mktemp("lock")
+    model = save_tiny_model(w / "model")
+    (w / "data.jsonl").write_text("".join(json.dumps(r) + "\n" for r in ROWS))
+    (w / "slow.py").write_text(
+        "import time\n\ndef score(prompts, completions, **kw):\n    time.sleep(1.5)\n"
+        "    return [float('7' in c) for c in completions]\n"
+    )
+    (w / "fails.py").write_text("def score(prompts, completions, **kw):\n    raise ValueError('broken verifier')\n")
+    return w
+
+
+def cli_args(world: Path, out: Path, *extra: str) -> list[str]:
+    return [
+        "train",
+        f"model.name_or_path={world / 'model'}",
+        f"data.train={world / 'data.jsonl'}",
+        f"train.output_dir={out}",
+        *SETTINGS,
+        *extra,
+    ]
+
+
+def test_a_second_trainer_in_the_same_folder_is_refused_until_the_first_ends(tmp_path):
+    first = api_trainer(tmp_path / "run")
+    assert (tmp_path / "run" / LOCK_FILE).is_file()  # locked from construction on
+    with pytest.raises(ConfigError, match=rf"in use by another grpokit run \(pid {os.getpid()}"):
+        api_trainer(tmp_path / "run")
+    first.train()
+    assert not first.output_lock.held  # released when train() ends
+    with pytest.raises(ConfigError, match="already holds a run"):  # free now, but it holds a run
+        api_trainer(tmp_path / "run")
+    api_trainer(tmp_path / "run", steps=2, resume=True).train()  # the same folder, continued
+    steps = [json.loads(line)["step"] for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [1, 2]
+
+
+def test_a_run_that_fails_to_start_leaves_no_folder_and_no_lock(tmp_path):
+    cfg = load_config(None, [f"train.output_dir={tmp_path / 'other'}", *SETTINGS, "train.accuracy_reward=nope"])
+    model, tok = make_tiny_model("qwen2", seed=0)
+    with pytest.raises(ConfigError, match="train.accuracy_reward='nope'"):
+        GRPOTrainer(cfg, model=model, tokenizer=tok, train_rows=ROWS, reward_functions=[("has_seven", has_seven, 1)])
+    assert not (tmp_path / "other").exists()  # the folder the lock made is gone again
+
+
+def test_a_stale_lock_of_a_killed_process_is_taken_over(tmp_path):
+    out = tmp_path / "run"
+    code = (
+        "import sys, time; from grpokit.output_lock import OutputLock; "
+        f"lock = OutputLock({str(out)!r}); lock.acquire(); print('locked', flush=True); time.sleep(60)"
+    )
+    holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "locked"
+    with pytest.raises(ConfigError, match=f"pid {holder.pid}"):
+        OutputLock(out).acquire()
+    holder.send_signal(signal.SIGKILL)
+    holder.wait()
+    assert f"pid {holder.pid}" in (out / LOCK_FILE).read_text()  # the file stays, its lock does not
+    lock = OutputLock(out)
+    lock.acquire()
+    assert f"pid {os.getpid()}" in (out / LOCK_FILE).read_text()
+    lock.release()
+
+
+def test_two_cli_runs_started_together_one_runs_one_is_refused(world, tmp_path):
+    out = tmp_path / "run"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    argv = cli_args(world, out, "train.steps=2")
+    procs = [
+        subprocess.Popen([sys.executable, "-m", "grpokit", *argv], env=env, stderr=subprocess.PIPE, text=True)
+        for _ in range(2)
+    ]
+    results = [(p.wait(timeout=240), p.stderr.read()) for p in procs]
+    codes = sorted(code for code, _ in results)
+    assert codes == [0, 2], results
+    refused = next(err for code, err in results if code == 2)
+    assert "in use by another grpokit run" in refused and "train.output_dir" in refused
+    steps = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [1, 2]  # one run's results, whole
+
+
+def make_old_run(out: Path) -> dict[str, bytes]:
+    """A previous run's files, and files of the user's that are no run's; returns name -> content."""
+    files = {
+        "metrics.jsonl": b'{"step": 1, "loss": 0.5}\n',
+        "config.yaml": b"train:\n  steps: 1\n",
+        "checkpoints/step_000001/trainer_state.pt": b"old state",
+        "samples/step_000001.jsonl": b"{}\n",
+        "notes.md": b"my notes, not a run's\n",
+        "data/mine.jsonl": b'{"prompt": "mine"}\n',
+    }
+    for name, data in files.items():
+        (out / name).parent.mkdir(parents=True, exist_ok=True)
+        (out / name).write_bytes(data)
+    return files
+
+
+def contents(out: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(out)): p.read_bytes() for p in out.rglob("*") if p.is_file() and p.name != LOCK_FILE}
+
+
+def test_overwrite_then_fail_keeps_the_old_run_and_overwrite_then_succeed_replaces_it(world, tmp_path, capsys):
+    out = tmp_path / "run"
+    old = make_old_run(out)
+    failing = cli_args(world, out, f"rewards=[{{name: '{world / 'fails.py'}:score'}}]", "--overwrite")
+    assert main(failing) == 2
+    err = capsys.readouterr().err
+    assert "broken verifier" in err and "back in place" in err
+    assert contents(out) == old  # every file of the old run, byte for byte; nothing of the failed one
+    assert not (out / REPLACED).exists()
+    assert main(cli_args(world, out, "train.steps=1", "--overwrite")) == 0
+    now = contents(out)
+    assert now["notes.md"] == old["notes.md"] and now["data/mine.jsonl"] == old["data/mine.jsonl"]
+    assert "samples/step_000001.jsonl" not in now  # the old run's (this run writes no samples)
+    assert now["checkpoints/step_000001/trainer_state.pt"] != old["checkpoints/step_000001/trainer_state.pt"]
+    assert "reward/total/mean" in json.loads(now["metrics.jsonl"].splitlines()[0])  # the new run's line
+    assert not (out / REPLACED).exists()
+
+
+def test_overwrite_of_a_folder_without_a_run_touches_none_of_its_files(tmp_path):
+    out = tmp_path / "run"
+    (out / "tensorboard").mkdir(parents=True)
+    (out / "tensorboard" / "mine.txt").write_text("my own tensorboard notes")
+    (out / "samples").mkdir()
+    (out / "samples" / "mine.txt").write_text("my samples")
+    (out / "curves.png").write_bytes(b"my picture")
+    api_trainer(out, overwrite=True).train()
+    assert (out / "tensorboard" / "mine.txt").read_text() == "my own tensorboard notes"
+    assert (out / "samples" / "mine.txt").read_text() == "my samples"
+    assert (out / "metrics.jsonl").is_file()
+
+
+def test_an_overwrite_killed_before_its_first_step_gives_the_old_run_back(world, tmp_path):
+    """SIGKILL while the new run is still before its first step: the next start puts the old run back."""
+    out = tmp_path / "run"
+    old = make_old_run(out)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    argv = cli_args(world, out, f"rewards=[{{name: '{world / 'slow.py'}:score'}}]", "--overwrite")
+    proc = subprocess.Popen([sys.executable, "-m", "grpokit", *argv], env=env, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while not (out / REPLACED).is_dir() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert (out / REPLACED).is_dir()
+    proc.send_signal(signal.SIGKILL)  # during the slow reward of step 1
+    proc.wait()
+    with pytest.raises(ConfigError, match="step_000001"):  # the old run's (fake) checkpoint is back
+        api_trainer(out, resume=True)
+    assert contents(out) == old
