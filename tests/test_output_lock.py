@@ -47,7 +47,7 @@ def api_trainer(out: Path, steps: int = 1, **kwargs) -> GRPOTrainer:
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
     w = tmp_path_factory.mktemp("lock")
-    model = save_tiny_model(w / "model")
+    save_tiny_model(w / "model")
     (w / "data.jsonl").write_text("".join(json.dumps(r) + "\n" for r in ROWS))
     (w / "slow.py").write_text(
         "import time\n\ndef score(prompts, completions, **kw):\n    time.sleep(1.5)\n"
