@@ -26,6 +26,13 @@ class ScoredBatch:
     extra: dict[str, list] = dataclasses.field(default_factory=dict)  # log_extra column -> (N,) values
     step_rewards: list[list[tuple[int, float]]] | None = None  # (N,) [(t_end, score)]: process rewards
 
+    @property
+    def scored(self) -> torch.Tensor:
+        """(N,) bool: False where no reward function gave a value (every one said None, "does not apply",
+        or failed): such a completion stays out of its group's statistics and gets advantage 0 (TRL)."""
+        per = list(self.per_function.values())
+        return torch.tensor([any(v[i] is not None for v in per) for i in range(len(self.texts))], dtype=torch.bool)
+
     def select_groups(self, groups: list[int], group_size: int) -> ScoredBatch:
         idx = [g * group_size + j for g in groups for j in range(group_size)]
         t = torch.tensor(idx, dtype=torch.long)
@@ -102,9 +109,10 @@ def batch_reward_metrics(batch: ScoredBatch, rounds: list[dict[str, float]]) -> 
             out[f"reward/{name}/mean"] = float(applicable.mean())
             out[f"reward/{name}/std"] = float(applicable.std(correction=0))
         out[f"reward/{name}/applicable"] = applicable.numel() / max(len(values), 1)
-    total = batch.rewards.double()
-    out["reward/total/mean"] = float(total.mean())
-    out["reward/total/std"] = float(total.std(correction=0))
+    total = batch.rewards.double()[batch.scored]  # unscored rows left out, as TRL's logged reward
+    if total.numel():
+        out["reward/total/mean"] = float(total.mean())
+        out["reward/total/std"] = float(total.std(correction=0))
     return out
 
 
@@ -115,14 +123,21 @@ ANSWER_FORMAT_HINT = (
 
 
 def flat_groups(
-    rewards: torch.Tensor, group_size: int, step_rewards: list[list[tuple[int, float]]] | None = None
+    rewards: torch.Tensor,
+    group_size: int,
+    step_rewards: list[list[tuple[int, float]]] | None = None,
+    scored: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """(P,) True for each group of ``rewards`` (N,) (prompt-major, G contiguous) whose rewards all match:
+    """(P,) True for each group of ``rewards`` (N,) (prompt-major, G contiguous) whose rewards all match
+    (over its ``scored`` rows, (N,) bool, when given; fewer than two scored rows is flat too):
     its advantages are all 0, so it teaches nothing. With process rewards (``step_rewards``, per completion
     [(t_end, score)]) a group is flat only when every step score of its G completions matches too: equal
     outcomes reached by steps scored differently still get non-zero process advantages."""
     grouped = rewards.view(-1, group_size)  # (P, G)
-    flat = (grouped.max(dim=1).values - grouped.min(dim=1).values) == 0  # (P,)
+    ok = torch.ones_like(grouped, dtype=torch.bool) if scored is None else scored.view(-1, group_size)
+    high = torch.where(ok, grouped, -torch.inf).max(dim=1).values  # (P,)
+    low = torch.where(ok, grouped, torch.inf).min(dim=1).values  # (P,)
+    flat = (high == low) | (ok.sum(dim=1) <= 1)  # (P,)
     if step_rewards is not None:
         for g in range(flat.shape[0]):
             scores = {score for steps in step_rewards[g * group_size : (g + 1) * group_size] for _, score in steps}

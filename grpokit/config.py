@@ -120,6 +120,8 @@ class AlgoConfig:
     or your own as package.module:function."""
     std_ddof: int | None = None
     """Degrees of freedom of the group std (1 = unbiased, as TRL/verl)."""
+    std_eps: float | None = None
+    """Added to the std before dividing (preset: 1e-6; TRL: 1e-4)."""
     eps_low: float | None = None
     """Lower clip range: ratio >= 1 - eps_low."""
     eps_high: float | None = None

@@ -47,7 +47,7 @@ class SamplingMixin:
             timing["scoring"] += time.perf_counter() - t
             round_metrics.append(scored.reward_metrics)
             spread = scored.rewards.view(P, G)
-            flat = flat_groups(scored.rewards, G, scored.step_rewards)  # (P,)
+            flat = flat_groups(scored.rewards, G, scored.step_rewards, scored.scored)  # (P,)
             zero_var_groups += int(flat.sum())
             total_groups += P
             if not self.algo.batch.dynamic_sampling:
@@ -85,7 +85,7 @@ class SamplingMixin:
         batch = self.dist.global_view(batch)  # torchrun: every rank's groups, so all ranks decide alike
         best_before = self.best_reward
         self.best_reward = max(self.best_reward, float(batch.rewards.max()))
-        if not bool(flat_groups(batch.rewards, self.cfg.rollout.group_size, batch.step_rewards).all()):
+        if not bool(flat_groups(batch.rewards, self.cfg.rollout.group_size, batch.step_rewards, batch.scored).all()):
             self.flat_steps = 0
             self.had_spread = True
             return

@@ -381,6 +381,7 @@ class GRPOTrainer(SamplingMixin, RunStateMixin, MicroBatchMixin, CriticMixin):
             ref_logprobs=ref_logprobs.to(d) if ref_logprobs is not None else None,
             values=values.to(d) if values is not None else None,
             step_rewards=batch.step_rewards,
+            scored=batch.scored.to(d),  # rows no reward function scored: out of the statistics, advantage 0
         )
 
     def update(

@@ -321,7 +321,7 @@ def test_errors_name_the_values():
         group_advantages(r, 1)
     with pytest.raises(ValueError, match="6 rewards.*group_size=4"):
         group_advantages(r, 4)
-    with pytest.raises(ValueError, match="'group', 'batch', 'none'"):
+    with pytest.raises(ValueError, match="'group', 'batch', 'batch_reward', 'none'"):
         group_advantages(r, 3, scale="std")
     with pytest.raises(ValueError, match="group_size=1"):
         rloo_advantages(r, 1)

@@ -52,7 +52,8 @@ def test_rows_no_function_applies_to_are_warned_about(caplog):
     with caplog.at_level(logging.WARNING, logger="grpokit.rewards"):
         assert runner(["p", "q"], ["x", "y"], {}).total == [0.5, 0.0]
     assert (
-        "1 of 2 completion(s) got None from every reward function and score 0 (first: row 1)" in caplog.text
+        "1 of 2 completion(s) got None from every reward function: they are left out of their group's "
+        "statistics and get advantage 0, as in TRL (first: row 1)" in caplog.text
     )
 
 

@@ -9,6 +9,7 @@ calls them with AdvantageInputs (rewards, mask, per-token KL, log-probs) through
 | "group_std"                 | A_i = (r_i - mean_g) / (std_g + eps)                      | grpo, arXiv 2402.03300          |
 | "group_centre"              | A_i = r_i - mean_g                                        | dr_grpo, arXiv 2503.20783       |
 | "group_centre_batch_std"    | A_i = (r_i - mean_g) / (std_batch(r - mean_g) + eps)      | "Lite PPO"                      |
+| "group_centre_reward_std"   | A_i = (r_i - mean_g) / (std_batch(r) + eps)               | TRL's scale_rewards="batch"     |
 | "leave_one_out"             | A_i = r_i - mean_{j != i} r_j = G/(G-1) (r_i - mean_g)    | rloo, arXiv 2402.14740          |
 | "batch_whiten"              | A_i = (r_i - mean_batch) / (std_batch + eps)              | (sequence-level simplification) |
 | "token_whiten"              | A_{i,t} = whiten_tokens(sum_{s>=t} r_{i,s})               | reinforce_pp, arXiv 2501.03262  |
@@ -22,6 +23,12 @@ and the score on the last; the per-completion ones use r_i - kl_coef * sum_t k1_
 A group whose rewards are all equal gets advantage exactly 0 in every estimator (not 0/eps noise):
 the centred rewards of such groups are forced to 0 explicitly, because floating-point centring alone
 does not guarantee it (e.g. float32 mean of [0.1, 0.1, 0.1] is not exactly 0.1).
+
+Unscored completions (`scored` False: every reward function said None, "does not apply") carry no
+signal, as in TRL's GRPOTrainer (its rewards are NaN there, and nanmean / nanstd leave them out): they
+are left out of every mean and std and get advantage exactly 0. Worked example, G=3, rewards [1, 0, -]
+with the third unscored: mean 0.5 over the two scored, unbiased std 0.7071, A = [0.7071, -0.7071, 0]
+(counting the third as 0 would give mean 1/3, std 0.5774 and A = [1.1547, -0.5774, -0.5774]).
 """
 
 from __future__ import annotations
@@ -38,18 +45,43 @@ from ._checks import check_choice, check_groups, lookup
 if TYPE_CHECKING:
     from .settings import AlgoSettings
 
-GROUP_SCALES = ("group", "batch", "none")
+GROUP_SCALES = ("group", "batch", "batch_reward", "none")
 
 
-def _centred(rewards: Tensor, group_size: int) -> Tensor:
-    """r - mean_g, with exact zeros for groups of identical rewards. (N,) -> (num_groups, G)."""
+def _centred(rewards: Tensor, group_size: int, scored: Tensor | None = None) -> Tensor:
+    """r - mean_g over the scored rows, exactly 0 for groups whose scored rewards are all equal and at
+    every unscored row. (N,) -> (num_groups, G)."""
     check_groups(rewards.shape[0], group_size)
     if not rewards.is_floating_point():
         rewards = rewards.float()
     r = rewards.reshape(-1, group_size)  # (P, G)
-    centred = r - r.mean(dim=1, keepdim=True)  # (P, G)
-    flat = r.amax(dim=1, keepdim=True) == r.amin(dim=1, keepdim=True)  # (P, 1) all rewards equal
+    ok = torch.ones_like(r, dtype=torch.bool) if scored is None else scored.reshape(-1, group_size).bool()
+    n = ok.sum(dim=1, keepdim=True)  # (P, 1) scored rows per group
+    mean = torch.where(ok, r, 0).sum(dim=1, keepdim=True) / n.clamp(min=1)  # (P, 1)
+    centred = torch.where(ok, r - mean, 0)  # (P, G)
+    high = torch.where(ok, r, -torch.inf).amax(dim=1, keepdim=True)  # (P, 1)
+    low = torch.where(ok, r, torch.inf).amin(dim=1, keepdim=True)  # (P, 1)
+    flat = (high == low) | (n <= 1)  # (P, 1) no spread among the scored rewards
     return torch.where(flat, torch.zeros_like(centred), centred)  # (P, G)
+
+
+def _group_mean(rewards: Tensor, group_size: int, scored: Tensor) -> Tensor:
+    """Each row's group mean over the group's scored rows (0 for a group with none). (N,) -> (N,)"""
+    r = rewards.float().reshape(-1, group_size)  # (P, G)
+    ok = scored.reshape(r.shape)  # (P, G)
+    mean = torch.where(ok, r, 0).sum(dim=1, keepdim=True) / ok.sum(dim=1, keepdim=True).clamp(min=1)
+    return mean.expand_as(r).reshape(-1).to(rewards.dtype if rewards.is_floating_point() else torch.float32)
+
+
+def _masked_std(x: Tensor, ok: Tensor, ddof: int, dim: int | None = None) -> Tensor:
+    """std of ``x`` over the entries where ``ok``, dividing by (count - ddof); 0 where count <= ddof."""
+    n = ok.sum() if dim is None else ok.sum(dim=dim, keepdim=True)
+    mean = torch.where(ok, x, 0).sum() / n.clamp(min=1) if dim is None else (
+        torch.where(ok, x, 0).sum(dim=dim, keepdim=True) / n.clamp(min=1)
+    )
+    sq = torch.where(ok, (x - mean).square(), 0)
+    ss = sq.sum() if dim is None else sq.sum(dim=dim, keepdim=True)
+    return (ss / (n - ddof).clamp(min=1)).sqrt()
 
 
 def group_advantages(
@@ -59,6 +91,7 @@ def group_advantages(
     scale: str = "group",
     std_ddof: int = 1,
     eps: float = 1e-6,
+    scored: Tensor | None = None,
 ) -> Tensor:
     """Group-relative advantages (GRPO outcome supervision and its rescalings).
 
@@ -67,6 +100,9 @@ def group_advantages(
       scale="batch": A_i = (r_i - mean_g) / (std_B + eps)        "Lite PPO", a per-completion simplification of
                      REINFORCE++-baseline (arXiv 2501.03262; the paper whitens per token, see reinforce_pp_advantages);
                      std_B is the std of the centred rewards over the whole batch of N rows
+      scale="batch_reward": A_i = (r_i - mean_g) / (std_B(r) + eps)   TRL's scale_rewards="batch": std_B of the
+                     rewards themselves over the batch (larger than that of the centred rewards when the
+                     group means differ)
       scale="none":  A_i = r_i - mean_g                          Dr. GRPO, arXiv 2503.20783 (no std division)
     std uses `std_ddof` (1: unbiased, divide by n-1, what TRL/verl/OpenRLHF use; 0: population).
 
@@ -76,39 +112,52 @@ def group_advantages(
     Args:
         rewards: (N,) scalar reward per completion, groups contiguous.
         group_size: G >= 2, must divide N.
+        scored: (N,) bool, False for completions no reward function scored: left out of every mean and
+            std, advantage 0 (None = all scored).
     Returns:
         (N,) advantages; exactly 0 for every member of a group whose rewards are all equal.
     Raises:
         ValueError: group_size < 2, N not a multiple of group_size, or unknown `scale`.
     """
     check_choice("scale", scale, GROUP_SCALES)
-    centred = _centred(rewards, group_size)  # (P, G)
+    centred = _centred(rewards, group_size, scored)  # (P, G)
     if scale == "none":
         return centred.reshape(-1)  # (N,)
+    ok = torch.ones_like(centred, dtype=torch.bool) if scored is None else scored.reshape(centred.shape).bool()
     if scale == "group":
-        std = centred.std(dim=1, correction=std_ddof, keepdim=True)  # (P, 1)
+        std = _masked_std(centred, ok, std_ddof, dim=1)  # (P, 1)
+    elif scale == "batch":
+        std = _masked_std(centred, ok, std_ddof)  # () over the batch's centred rewards
     else:
-        std = centred.std(correction=std_ddof)  # () over all N centred rewards
+        r = rewards.reshape(centred.shape).to(centred.dtype)  # (P, G)
+        std = _masked_std(r, ok, std_ddof)  # () over the batch's rewards themselves (TRL)
     return (centred / (std + eps)).reshape(-1)  # (N,)
 
 
-def rloo_advantages(rewards: Tensor, group_size: int) -> Tensor:
+def rloo_advantages(rewards: Tensor, group_size: int, scored: Tensor | None = None) -> Tensor:
     """REINFORCE Leave-One-Out advantages (Ahmadian et al., "Back to Basics", arXiv 2402.14740).
 
     A_i = r_i - (1/(G-1)) sum_{j != i} r_j  =  G/(G-1) * (r_i - mean_g).
 
     Worked example, G=3, rewards [1, 0, 0]: A_0 = 1 - (0+0)/2 = 1, A_1 = 0 - (1+0)/2 = -0.5, A_2 = -0.5.
 
+    With unscored rows the others are the scored ones: n/(n-1) (r_i - mean_g), n scored in the group.
+
     Args:
-        rewards: (N,) groups contiguous; group_size: G >= 2 dividing N.
+        rewards: (N,) groups contiguous; group_size: G >= 2 dividing N; scored: (N,) bool or None.
     Returns:
-        (N,) advantages (exactly 0 for groups of equal rewards).
+        (N,) advantages (exactly 0 for groups of equal rewards and at unscored rows).
     """
-    centred = _centred(rewards, group_size)  # (P, G)
-    return (centred * (group_size / (group_size - 1))).reshape(-1)  # (N,)
+    centred = _centred(rewards, group_size, scored)  # (P, G)
+    n = centred.new_full((centred.shape[0], 1), group_size) if scored is None else (
+        scored.reshape(centred.shape).sum(dim=1, keepdim=True).to(centred.dtype)
+    )  # (P, 1) scored rows per group
+    return (centred * (n / (n - 1).clamp(min=1))).reshape(-1)  # (N,)
 
 
-def batch_whitened_advantages(rewards: Tensor, *, eps: float = 1e-6, std_ddof: int = 1) -> Tensor:
+def batch_whitened_advantages(
+    rewards: Tensor, *, eps: float = 1e-6, std_ddof: int = 1, scored: Tensor | None = None
+) -> Tensor:
     """One scalar per completion, whitened over the whole batch (no groups).
 
       A_i = (r_i - mean_B(r)) / (std_B(r) + eps)
@@ -123,10 +172,9 @@ def batch_whitened_advantages(rewards: Tensor, *, eps: float = 1e-6, std_ddof: i
     """
     if rewards.shape[0] < 2:
         raise ValueError(f"batch whitening needs at least 2 rewards, got {rewards.shape[0]}")
-    centred = rewards - rewards.mean()  # (N,)
-    flat = rewards.amax() == rewards.amin()  # () every reward equal: no signal
-    centred = torch.where(flat, torch.zeros_like(centred), centred)  # (N,)
-    return centred / (centred.std(correction=std_ddof) + eps)  # (N,)
+    centred = _centred(rewards, rewards.shape[0], scored).reshape(-1)  # (N,) one group: the batch
+    ok = torch.ones_like(centred, dtype=torch.bool) if scored is None else scored.bool()
+    return centred / (_masked_std(centred, ok, std_ddof) + eps)  # (N,)
 
 
 def whiten_tokens(values: Tensor, completion_mask: Tensor, *, eps: float = 1e-6) -> Tensor:
@@ -230,6 +278,9 @@ class AdvantageInputs:
     the completion of the step's last token (0-based, ascending); None when rewards are per completion."""
     std_ddof: int = 1
     """Std convention of the std-scaled estimators (1 = unbiased)."""
+    scored: Tensor | None = None
+    """(N,) bool: False where every reward function said None; such rows stay out of the statistics and
+    get advantage 0 (None = all scored)."""
     eps: float = 1e-6
     """Added to every std before dividing."""
     gamma: float = 1.0
@@ -267,29 +318,29 @@ class AdvantageInputs:
         return self.completion_mask
 
 
-def _group_std(a: AdvantageInputs) -> Tensor:
-    """(r - mean_g) / std_g"""
-    return group_advantages(a.sequence_rewards(), a.group_size, scale="group", std_ddof=a.std_ddof, eps=a.eps)
+def _group_scaled(scale: str, doc: str) -> Callable[[AdvantageInputs], Tensor]:
+    def estimator(a: AdvantageInputs) -> Tensor:
+        r = a.sequence_rewards()
+        return group_advantages(r, a.group_size, scale=scale, std_ddof=a.std_ddof, eps=a.eps, scored=a.scored)
+
+    estimator.__doc__ = doc  # the preset table (presets.preset_table) prints it
+    return estimator
 
 
-def _group_centre(a: AdvantageInputs) -> Tensor:
-    """r - mean_g"""
-    return group_advantages(a.sequence_rewards(), a.group_size, scale="none")
-
-
-def _group_centre_batch_std(a: AdvantageInputs) -> Tensor:
-    """(r - mean_g) / std_batch(r - mean_g)"""
-    return group_advantages(a.sequence_rewards(), a.group_size, scale="batch", std_ddof=a.std_ddof, eps=a.eps)
+_group_std = _group_scaled("group", "(r - mean_g) / std_g")
+_group_centre = _group_scaled("none", "r - mean_g")
+_group_centre_batch_std = _group_scaled("batch", "(r - mean_g) / std_batch(r - mean_g)")
+_group_centre_reward_std = _group_scaled("batch_reward", "(r - mean_g) / std_batch(r)")
 
 
 def _leave_one_out(a: AdvantageInputs) -> Tensor:
     """r - mean of the others"""
-    return rloo_advantages(a.sequence_rewards(), a.group_size)
+    return rloo_advantages(a.sequence_rewards(), a.group_size, a.scored)
 
 
 def _batch_whiten(a: AdvantageInputs) -> Tensor:
     """(r - mean_batch) / std_batch"""
-    return batch_whitened_advantages(a.sequence_rewards(), std_ddof=a.std_ddof, eps=a.eps)
+    return batch_whitened_advantages(a.sequence_rewards(), std_ddof=a.std_ddof, eps=a.eps, scored=a.scored)
 
 
 def _token_whiten(a: AdvantageInputs) -> Tensor:
@@ -333,6 +384,7 @@ ADVANTAGES: dict[str, Callable[[AdvantageInputs], Tensor]] = {
     "group_std": _group_std,  # (r - mean_g) / std_g                        GRPO
     "group_centre": _group_centre,  # r - mean_g                            Dr. GRPO
     "group_centre_batch_std": _group_centre_batch_std,  # (r - mean_g) / std_B(r - mean_g)   "Lite PPO"
+    "group_centre_reward_std": _group_centre_reward_std,  # (r - mean_g) / std_B(r)   TRL scale_rewards="batch"
     "leave_one_out": _leave_one_out,  # r - mean of the others               RLOO
     "batch_whiten": _batch_whiten,  # (r - mean_B) / std_B, one per completion
     "token_whiten": _token_whiten,  # returns-to-go whitened per token       REINFORCE++
@@ -341,6 +393,11 @@ ADVANTAGES: dict[str, Callable[[AdvantageInputs], Tensor]] = {
     "gae": _gae,  # GAE(gamma, lam) with a critic's values, whitened per token   PPO
 }
 CRITIC_ADVANTAGES = ("gae",)
+SCORED_AWARE = ("group_std", "group_centre", "group_centre_batch_std", "group_centre_reward_std",
+                "leave_one_out", "batch_whiten")
+"""Estimators that leave unscored rows out of their statistics themselves (AdvantageInputs.scored); the
+others get each unscored row's reward set to its group's scored mean first (neutral in the group), and
+every estimator's output is 0 at unscored rows."""
 """Estimators that read AdvantageInputs.values: choosing one makes the trainer build a critic."""
 # Names from before the estimators were named by what they do; still accepted.
 ADVANTAGE_ALIASES = {
@@ -379,7 +436,8 @@ def compute_advantages(
     values: Tensor | None = None,
     step_rewards: list[list[tuple[int, float]]] | None = None,
     std_ddof: int | None = None,
-    eps: float = 1e-6,
+    eps: float | None = None,
+    scored: Tensor | None = None,
 ) -> Tensor:
     """One entry point for the trainer: build AdvantageInputs and run the named estimator.
 
@@ -387,9 +445,10 @@ def compute_advantages(
     with an "advantage" key (and optionally "std_ddof"), or an estimator name (a key of ADVANTAGES, an alias, or "module:function").
 
     Args:
-        rewards: (N,) groups contiguous; group_size: G; the rest as in AdvantageInputs.
+        rewards: (N,) groups contiguous; group_size: G; the rest as in AdvantageInputs. eps: added to
+            every std (None: the AlgoSettings' std_eps, else 1e-6).
     Returns:
-        (N,) or (N, L) advantages.
+        (N,) or (N, L) advantages, exactly 0 at unscored rows (`scored` False).
     Raises:
         ValueError: unknown estimator, or an estimator output of any other shape.
     """
@@ -399,8 +458,10 @@ def compute_advantages(
     if isinstance(preset_or_kind, str) and preset_or_kind in PRESETS:
         preset_or_kind = PRESETS[preset_or_kind]
     gae_kw = {}
+    std_eps = 1e-6
     if isinstance(preset_or_kind, AlgoSettings):
         kind, ddof = preset_or_kind.advantage.estimator, preset_or_kind.advantage.std_ddof
+        std_eps = preset_or_kind.advantage.std_eps
         gae_kw = {"gamma": preset_or_kind.gae.gamma, "lam": preset_or_kind.gae.lam}
     elif isinstance(preset_or_kind, Mapping):
         kind, ddof = str(preset_or_kind["advantage"]), int(preset_or_kind.get("std_ddof", 1))  # type: ignore[arg-type]
@@ -408,6 +469,12 @@ def compute_advantages(
         kind, ddof = preset_or_kind, 1
     ddof = ddof if std_ddof is None else std_ddof
     estimator = get_advantage(kind)
+    if scored is not None:
+        scored = scored.to(device=rewards.device, dtype=torch.bool)
+        if bool(scored.all()):
+            scored = None
+        elif ADVANTAGE_ALIASES.get(kind, kind) not in SCORED_AWARE:
+            rewards = torch.where(scored, rewards, _group_mean(rewards, group_size, scored))  # (N,)
     inputs = AdvantageInputs(
         rewards=rewards,
         group_size=group_size,
@@ -419,7 +486,8 @@ def compute_advantages(
         values=values,
         step_rewards=step_rewards,
         std_ddof=ddof,
-        eps=eps,
+        scored=scored,
+        eps=std_eps if eps is None else eps,
         **gae_kw,
     )
     out = estimator(inputs)
@@ -431,4 +499,7 @@ def compute_advantages(
             f"advantage {kind!r} returned {got}; an estimator must return (N,) or (N, L), here "
             f"{' or '.join(map(str, allowed))}"
         )
+    if scored is not None:  # unscored rows carry no signal, whatever the estimator
+        keep = scored if out.dim() == 1 else scored[:, None]
+        out = torch.where(keep, out, torch.zeros_like(out))
     return out

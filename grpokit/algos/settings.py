@@ -81,6 +81,9 @@ class AdvantageSettings:
     std_ddof: int = knob(
         1, "std convention of the std-scaled estimators (1 = unbiased)", interval="[0, 1]", example=1
     )
+    std_eps: float = knob(
+        1e-6, "added to the std before dividing (TRL: 1e-4)", interval="[0, inf)", example=1e-4
+    )
 
 
 @dataclass(frozen=True)

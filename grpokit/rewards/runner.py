@@ -41,7 +41,8 @@ calls of the batch, in `RewardResult.logged`; logged as reward/<function>/<name>
 in the worker and sent back with the values. A function may be `async def` (or return an
 awaitable): it is awaited in its worker; async functions do not count against `workers` (they wait
 on I/O), so all of them run at the same time, as TRL's asyncio.gather does. None means "does not
-apply to this completion" and contributes 0.
+apply to this completion": it adds 0 to the total, and a completion no function scored is left out
+of its group's statistics with advantage 0 (TRL's rule; `ScoredBatch.scored`, grpokit.algos.advantages).
 
 Process rewards. A function marked `step_rewards = True` returns per completion a list of
 (char_end, score) (see `grpokit.rewards.process`); each list is checked against its completion's
@@ -180,8 +181,9 @@ class RewardRunner:
         unscored = [i for i in range(n) if all(out.values[name][i] is None for name in names)]
         if unscored and not any(out.row_errors.values()):
             log.warning(
-                "%d of %d completion(s) got None from every reward function and score 0 (first: row %d); "
-                "make sure at least one function applies to every row",
+                "%d of %d completion(s) got None from every reward function: they are left out of their "
+                "group's statistics and get advantage 0, as in TRL (first: row %d); make sure at least one "
+                "function applies to every row",
                 len(unscored), n, unscored[0],
             )  # fmt: skip
         total = [0.0] * n

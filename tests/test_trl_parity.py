@@ -1,0 +1,89 @@
+"""TRL parity, item by item (issue 30): what a TRL 1.16 user moving over gets. TRL-dependent checks
+skip without `trl` (CI installs it: .ci/run)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from grpokit.algos import PRESETS, compute_advantages
+from grpokit.algos.advantages import group_advantages, rloo_advantages
+from grpokit.batch import flat_groups
+
+
+def trl_advantages(rewards: torch.Tensor, G: int, scale: str) -> torch.Tensor:
+    """TRL 1.16's sum_then_normalize path (grpo_trainer.py, _generate_and_score_completions), rewards NaN
+    where every function said None: nanmean / nanstd (unbiased), 1e-4, NaN advantages set to 0."""
+    from trl.trainer.utils import nanstd
+
+    mean = torch.nanmean(rewards.view(-1, G), dim=1).repeat_interleave(G)
+    if scale == "batch":
+        std = nanstd(rewards).expand_as(rewards)
+    else:
+        std = nanstd(rewards.view(-1, G), dim=1).repeat_interleave(G)
+    adv = rewards - mean
+    if scale != "none":
+        adv = adv / (std + 1e-4)
+    return torch.nan_to_num(adv, nan=0.0)
+
+
+# ------------------------------------------------------------------ item 2: None semantics
+
+
+def test_unscored_rows_are_left_out_of_the_group_statistics():
+    # G=3, rewards [1, 0, -]: mean 0.5 over the two scored, unbiased std 0.7071 -> +-0.7071, and 0.
+    # Counting the unscored row as 0 would give mean 1/3, std 0.5774: [1.1547, -0.5774, -0.5774].
+    rewards = torch.tensor([1.0, 0.0, 0.0])
+    scored = torch.tensor([True, True, False])
+    adv = group_advantages(rewards, 3, scored=scored, eps=0.0)
+    torch.testing.assert_close(adv, torch.tensor([0.70710678, -0.70710678, 0.0]))
+    adv_all = group_advantages(rewards, 3, eps=0.0)
+    torch.testing.assert_close(adv_all, torch.tensor([1.1547005, -0.5773503, -0.5773503]))
+    # Dr. GRPO: centred only, 0.5 / -0.5 / 0; RLOO: n=2 scored, so 2 * centred
+    torch.testing.assert_close(group_advantages(rewards, 3, scale="none", scored=scored), torch.tensor([0.5, -0.5, 0.0]))
+    torch.testing.assert_close(rloo_advantages(rewards, 3, scored), torch.tensor([1.0, -1.0, 0.0]))
+
+
+def test_a_group_with_one_scored_row_or_none_is_flat():
+    rewards = torch.tensor([1.0, 0.0, 0.0, 0.0, 2.0, 3.0])
+    scored = torch.tensor([True, False, False, False, False, False])
+    assert group_advantages(rewards, 3, scored=scored).abs().max() == 0
+    assert flat_groups(rewards, 3, scored=scored).tolist() == [True, True]
+    assert flat_groups(rewards, 3).tolist() == [False, False]
+
+
+@pytest.mark.parametrize("estimator", ["group_std", "group_centre", "group_centre_reward_std", "token_whiten", "gae"])
+def test_every_estimator_gives_unscored_rows_exactly_zero(estimator):
+    torch.manual_seed(0)
+    N, L = 8, 5
+    rewards = torch.rand(N)
+    scored = torch.tensor([True, False, True, True, True, True, False, True])
+    mask = torch.ones(N, L)
+    settings = PRESETS["grpo"].override(advantage=estimator)
+    adv = compute_advantages(rewards, 4, settings, completion_mask=mask, scored=scored, values=torch.zeros(N, L))
+    rows = adv if adv.dim() == 1 else adv.abs().sum(1)
+    assert rows[~scored].abs().max() == 0 and rows[scored].abs().min() > 0
+
+
+@pytest.mark.parametrize("scale", ["group", "batch", "none"])
+def test_none_semantics_and_scales_match_trls_formula(scale):
+    pytest.importorskip("trl")
+    from grpokit.trl_config import SCALE_REWARDS
+
+    torch.manual_seed(1)
+    rewards = torch.randint(0, 4, (12,)).float() / 2
+    rewards[[2, 7, 8]] = float("nan")  # every function said None there
+    scored = ~rewards.isnan()
+    settings = PRESETS["grpo"].override(advantage=SCALE_REWARDS[scale], std_eps=1e-4)
+    ours = compute_advantages(rewards.nan_to_num(0.0), 4, settings, scored=scored)
+    torch.testing.assert_close(ours, trl_advantages(rewards, 4, scale), rtol=1e-5, atol=1e-6)
+
+
+def test_trls_batch_scale_is_the_std_of_the_rewards_not_of_the_centred_ones():
+    # two groups [0, 1] and [2, 3]: centred +-0.5 each; std of the centred (unbiased) 0.5774, of the
+    # rewards themselves 1.2910: TRL's scale_rewards="batch" divides by the second.
+    rewards = torch.tensor([0.0, 1.0, 2.0, 3.0])
+    lite = group_advantages(rewards, 2, scale="batch", eps=0.0)
+    trl = group_advantages(rewards, 2, scale="batch_reward", eps=0.0)
+    torch.testing.assert_close(lite, torch.tensor([-0.8660254, 0.8660254, -0.8660254, 0.8660254]))
+    torch.testing.assert_close(trl, torch.tensor([-0.3872983, 0.3872983, -0.3872983, 0.3872983]))
