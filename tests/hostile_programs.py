@@ -337,6 +337,44 @@ def programs(token: str, port: int, caller_pid: int) -> list[tuple]:
             ADD_TESTS,
         ),
         (
+            "vsock to the host",
+            "import socket\ndef add(a, b):\n    s = socket.socket(socket.AF_VSOCK, socket.SOCK_STREAM)\n    return a + b\n",
+            ADD_TESTS,
+        ),
+        (
+            "reads the session keyring",
+            "import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+            "def add(a, b):\n    assert libc.syscall(250, 0, -3, 0) > 0  # KEYCTL_GET_KEYRING_ID\n    return a + b\n",
+            ADD_TESTS,
+        ),
+        (
+            "leaves a key for the next run",
+            f"import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\ndef add(a, b):\n"
+            f"    assert libc.syscall(248, b'user', b'{token}', b'x', 1, -3) > 0  # add_key to the session keyring\n"
+            "    return a + b\n",
+            ADD_TESTS,
+        ),
+        (
+            "locks a file shared with the host",
+            "import fcntl, sys\ndef add(a, b):\n    ok = 0\n    for f in (sys.executable, '/etc/ld.so.cache', '/dev/null'):\n"
+            "        for lock in (lambda fd: fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB), lambda fd: fcntl.lockf(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)):\n"
+            "            try:\n                lock(open(f, 'rb'))\n                ok += 1\n            except OSError: pass\n"
+            "    return a + b if ok else 0\n",
+            ADD_TESTS,
+        ),
+        (
+            "uses up inotify instances",
+            "import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\nfds = [libc.inotify_init1(0) for _ in range(60)]\n"
+            "def add(a, b):\n    return a + b if max(fds) >= 0 else 0\n",
+            ADD_TESTS,
+        ),
+        (
+            "memory spread over processes",
+            "import os, time\nfor _ in range(4):\n    if os.fork() == 0:\n        x = bytearray(120 << 20)\n        time.sleep(3)\n        os._exit(0)\n"
+            "time.sleep(0.8)\ndef add(a, b): return a + b\n",
+            ADD_TESTS,
+        ),
+        (
             "nested namespaces and mounts",
             "import os, ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\nr1 = libc.unshare(0x10000000 | 0x00020000)\n"
             "r2 = libc.mount(b'tmpfs', b'/tmp', b'tmpfs', 0, b'size=4g')\nr3 = libc.umount2(b'/tmp', 2)\n"

@@ -284,7 +284,10 @@ def main():
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         box.close(grace_s=2.0)
-    os.write(verdict_fd, json.dumps({"passed": passed, "unsupported": unsupported, "timed_out": channel.timed_out}).encode())
+    os.write(
+        verdict_fd,
+        json.dumps({"passed": passed, "unsupported": unsupported, "timed_out": channel.timed_out}).encode(),
+    )
 
 
 if __name__ == "__main__":

@@ -16,7 +16,9 @@ Processes (isolate=True, root or not):
     full,random,urandom}, its own /proc, and a writable tmpfs of `tmpfs_mb` MiB at /tmp (cwd, HOME,
     TMPDIR); pivot_root into it and detach the host's root; the new root is remounted read-only;
     max_user_namespaces = 0 in its user namespace (no nested namespaces, hence no new mounts);
-    all capabilities dropped, no_new_privs, rlimits, a new session; then it runs the candidate.
+    all capabilities dropped, no_new_privs, rlimits, a new session, the seccomp filter of
+    `_confine.py`; then it forks the candidate (pid 2) and stays as its guard: it reaps, bounds
+    the memory of all the sandbox's processes together, and exits with the candidate's status.
   The outer process waits for init or for end of file on ctl, whichever comes first, and then
   SIGKILLs init, which takes every process of the pid namespace with it (the kernel kills them
   all when pid 1 dies). The candidate cannot see or signal the outer process, its parent's
@@ -59,11 +61,17 @@ ROOT = "/tmp"  # mount point of the new root's tmpfs, inside the private mount n
 HOST_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib64", "/lib32", "/libx32")
 DEVICES = ("null", "zero", "full", "random", "urandom")
 
-_spec = spec_from_file_location(
-    "_grpokit_plain", os.path.join(os.path.dirname(os.path.abspath(__file__)), "_plain.py")
-)
-plain = module_from_spec(_spec)
-_spec.loader.exec_module(plain)
+
+def _load(name):
+    spec = spec_from_file_location(
+        f"_grpokit{name}", os.path.join(os.path.dirname(os.path.abspath(__file__)), f"{name}.py")
+    )
+    module = module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+plain, confine = _load("_plain"), _load("_confine")
 libc = ctypes.CDLL(None, use_errno=True)
 libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
 libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
@@ -243,11 +251,23 @@ def _candidate(cfg, fds, sources):
         workdir = "/tmp"
     else:
         workdir = cfg["workdir"]
+        _check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
     os.setsid()
     os.chdir(workdir)
     os.environ.clear()
     os.environ.update(PATH="/usr/local/bin:/usr/bin:/bin", LANG="C.UTF-8", HOME=workdir, TMPDIR=workdir)
     _limit(cfg)
+    confine.apply_seccomp(libc)
+    if cfg["isolate"]:  # pid 1 stays as the guard of the sandbox's memory; the candidate is pid 2
+        child = os.fork()
+        if child != 0:
+            null = os.open("/dev/null", os.O_RDWR)
+            for fd in (0, 1, 2):
+                os.dup2(null, fd)  # only the candidate holds the pipes: their end of file is its end
+            for fd in (fds["req"], fds["resp"]):
+                if fd is not None:
+                    os.close(fd)
+            confine.guard(child, int(cfg["memory_mb"]), libc)
     sys.setrecursionlimit(10_000)
     if cfg["mode"] == "serve":
         _serve(cfg, fds["req"], fds["resp"])

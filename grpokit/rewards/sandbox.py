@@ -16,14 +16,18 @@ the same guarantees:
     writable place is /tmp (cwd, HOME, TMPDIR), a tmpfs of `tmpfs_mb` MiB that vanishes with the run.
   - network: a network namespace with no interface up; connecting to anything, the host's
     loopback included, fails.
-  - processes and signals: the code is pid 1 of its own PID namespace, in a session of its own;
-    nothing outside is visible, so nothing outside can be signalled (os.kill(os.getppid(), 9)
-    signals pid 0, i.e. its own group). When the run ends, or the parent or the trainer dies, the
+  - processes and signals: the code is pid 2 of its own PID namespace (pid 1 is the sandbox's
+    guard, which it can neither signal nor trace), in a session of its own; nothing outside is
+    visible, so nothing outside can be signalled. When the run ends, or the parent or the trainer dies, the
     harness kills pid 1 and the kernel kills every process of the namespace: no fork, daemon or
     setsid escape outlives the call.
-  - resources: RLIMIT_CPU (cpu_s), RLIMIT_AS (memory_mb, per process), RLIMIT_NPROC
-    (max_processes, counted per sandbox), RLIMIT_FSIZE, RLIMIT_NOFILE, no core dumps; the wall
-    clock is enforced by the parent; output beyond max_output_bytes fails the run.
+  - resources: memory_mb for all the sandbox's processes together (RLIMIT_AS per process, and pid 1
+    kills the sandbox when their resident memory adds up to more: see `_confine.py`), RLIMIT_CPU
+    (cpu_s), RLIMIT_NPROC (max_processes, counted per sandbox), RLIMIT_FSIZE, RLIMIT_NOFILE, no
+    core dumps; the wall clock is enforced by the parent; output beyond max_output_bytes fails the run.
+  - system calls (seccomp, `_confine.py`): no kernel keyrings (the inherited session keyring can be
+    neither read nor written), no AF_VSOCK sockets, no file locks (a lock on a file bound from the
+    host would be a channel between sandboxes), no inotify/fanotify, io_uring, bpf, userfaultfd.
   - environment: PATH, LANG, HOME, TMPDIR only; `python -I` (no user site, PYTHON* ignored).
 Kernel exploits and side channels are out of scope: use a VM or gVisor for hostile code at scale.
 
@@ -70,7 +74,7 @@ class SandboxLimits:
     cpu_s: float = 10.0
     """CPU-time limit per process (RLIMIT_CPU, rounded up to whole seconds)."""
     memory_mb: int = 512
-    """Address-space limit per process (RLIMIT_AS) in MiB."""
+    """MiB for the whole sandbox: RLIMIT_AS per process, and the sum of its processes' resident memory."""
     max_processes: int = 16
     """Tasks (processes and threads) per sandbox (RLIMIT_NPROC)."""
     max_output_bytes: int = 1 << 20
