@@ -1,4 +1,4 @@
-"""Command line: ``grpokit train | demo | eval``.
+"""Command line: ``grpokit train | demo | eval | sample | pipeline``.
 
 grpokit train                                   # the embedded demo (no download)
 grpokit train cfg.yaml algo.preset=dapo rollout.group_size=16
@@ -354,8 +354,12 @@ def build_parser() -> argparse.ArgumentParser:
     ev.set_defaults(func=cmd_eval)
 
     from grpokit.bench import add_bench_parser
+    from grpokit.pipeline_cli import add_pipeline_parser
+    from grpokit.rejection import add_sample_parser
 
     add_bench_parser(sub)
+    add_sample_parser(sub, [common])
+    add_pipeline_parser(sub, [common])
     return p
 
 

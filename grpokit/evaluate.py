@@ -18,7 +18,7 @@ the majority answer 12 scores 1, so the prompt counts as solved; no_answer adds 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 
 import torch
 
@@ -83,6 +83,7 @@ def evaluate(
     batch_prompts: int = 64,
     examples: list[dict] | None = None,
     split=None,
+    extra_rewards: Sequence[tuple[str, Callable]] = (),
 ) -> dict[str, float]:
     """accuracy = greedy pass@1 (share of prompts whose greedy completion scores 1). With k =
     ``num_samples`` sampled completions per prompt (0 = skipped): mean_at_k = their mean score,
@@ -91,7 +92,8 @@ def evaluate(
     ``examples``, when given, receives the first greedy {prompt, completion, score}. ``split`` (under
     torchrun, a grpokit.distributed.Distributed): each rank runs a contiguous block of the chunks of
     ``batch_prompts`` rows, with the chunks' own seeds, and the results are gathered: the same numbers
-    as one process."""
+    as one process. ``extra_rewards`` [(name, fn)] also score the greedy completions (R1's format and
+    language scores beside accuracy): ``greedy/<name>`` is the mean of the values that apply (not None)."""
     if not rows:
         raise ValueError("evaluate: no rows to evaluate on")
     model.eval()
@@ -103,7 +105,8 @@ def evaluate(
         system_prompt=data_cfg.system_prompt,
         max_prompt_tokens=data_cfg.max_prompt_tokens,
     )
-    runner = RewardRunner([("accuracy", accuracy_fn, 1.0)])
+    runner = RewardRunner([("accuracy", accuracy_fn, 1.0), *((name, fn, 0.0) for name, fn in extra_rewards)])
+    extra: dict[str, list] = {name: [] for name, _ in extra_rewards}  # greedy values per extra reward
 
     def run(group_size: int, temp: float) -> tuple[list[float], list[int], list[str]]:
         scores, lengths, all_texts = [], [], []
@@ -141,6 +144,9 @@ def evaluate(
                     {"prompt": expanded[0][data_cfg.prompt_column], "completion": texts[0], "score": score}
                 )
             scores += [float(v) if v is not None else 0.0 for v in result.per_function["accuracy"]]
+            if temp == 0:
+                for name in extra:
+                    extra[name] += result.per_function[name]
             lengths += out.completion_mask.sum(1).tolist()
             all_texts += [t if isinstance(t, str) else str(t) for t in texts]
         if split is not None:
@@ -157,6 +163,10 @@ def evaluate(
         "completion_len/mean": sum(greedy_len) / len(greedy_len),
         "num_examples": float(len(rows)),
     }
+    for name, values in extra.items():  # under torchrun rank 0's share (the pipeline runs one process)
+        applicable = [float(v) for v in values if v is not None]
+        if applicable:
+            metrics[f"greedy/{name}"] = sum(applicable) / len(applicable)
     if num_samples > 0:
         k = num_samples
         sampled, _, texts = run(k, temperature)
