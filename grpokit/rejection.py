@@ -395,10 +395,7 @@ def _sample_all(cfg, model, tokenizer, rows, encoded, runner, out: Path, log) ->
             done_prompts += len(chunk)
             sampled_here += len(chunk)
             rate = sampled_here / max(time.perf_counter() - started, 1e-9)
-            passing = sum(
-                passes(c, thresholds, cfg.keep.drop_truncated)
-                for c in candidates
-            )
+            passing = sum(passes(c, thresholds, cfg.keep.drop_truncated) for c in candidates)
             eta = (len(rows) - done_prompts) / rate if rate > 0 else 0.0
             log(
                 f"sample: {done_prompts}/{len(rows)} prompts  {len(candidates)} completions  "
