@@ -335,11 +335,13 @@ def _check_sample(config: str | None, overrides: list[str]) -> None:
 
 
 def _check_sft(config: str | None, overrides: list[str]) -> None:
-    """The SFT trainer's own config loader when it is installed (grpokit.sft), else nothing here: the
-    stage's command checks its config before its model loads."""
+    """The SFT trainer's own config loader (``grpokit.load_sft_config``) when it is there, else nothing
+    here: the stage's command checks its config before its model loads."""
+    import grpokit
+
     try:
-        from grpokit.sft import load_sft_config  # type: ignore[attr-defined]
-    except ImportError:
+        load_sft_config = grpokit.load_sft_config
+    except (AttributeError, ImportError):
         return
     load_sft_config(config, overrides)
 
