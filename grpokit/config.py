@@ -71,7 +71,10 @@ class DataConfig:
     prompt_column: str = "prompt"
     """Column holding the prompt: plain text or chat messages."""
     template: str = "auto"
-    """Prompt template: auto | chat | plain | r1_zero."""
+    """Prompt template: auto (TRL's: chat for message lists, strings as they are) | chat | plain | r1_zero."""
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Extra arguments of the tokenizer's apply_chat_template (TRL's chat_template_kwargs), e.g.
+    {enable_thinking: false}."""
     system_prompt: str | None = None
     """System message prepended for chat templates."""
     max_prompt_tokens: int = 512

@@ -104,6 +104,7 @@ def evaluate(
         template=data_cfg.template,
         system_prompt=data_cfg.system_prompt,
         max_prompt_tokens=data_cfg.max_prompt_tokens,
+        chat_template_kwargs=getattr(data_cfg, "chat_template_kwargs", None),
     )
     runner = RewardRunner([("accuracy", accuracy_fn, 1.0), *((name, fn, 0.0) for name, fn in extra_rewards)])
     extra: dict[str, list] = {name: [] for name, _ in extra_rewards}  # greedy values per extra reward

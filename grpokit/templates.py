@@ -8,8 +8,13 @@
     r1_zero  DeepSeek-R1-Zero's template (DeepSeek-AI 2025, Table 1), ending in " <think>" as
              in understand-r1-zero, so the model starts inside its reasoning.
 
-``"auto"`` (the default) picks chat when the prompt is a list of messages or the tokenizer has a
-chat template, and plain otherwise.
+``"auto"`` (the default) is TRL's convention: chat for a prompt that is a list of messages, plain
+(the text as is) for a string, whether or not the tokenizer has a chat template. (Before issue 30
+auto wrapped strings in the chat template too; TRL feeds them as is, and on the same model the two
+gave completions of 11 and 46-51 tokens. Say template=chat to wrap strings.)
+
+``chat_template_kwargs`` (TRL's GRPOConfig field of that name, e.g. ``{"enable_thinking": False}``)
+are passed to ``apply_chat_template`` under chat.
 
 Messages under plain and r1_zero: a conversation of only system/developer/user messages is
 rendered as their contents joined by a blank line; one with assistant or tool turns is refused
@@ -36,7 +41,9 @@ R1_ZERO_TEMPLATE = (
 )
 
 
-def render_chat(prompt: Prompt, tokenizer: Any, system_prompt: str | None = None) -> str:
+def render_chat(
+    prompt: Prompt, tokenizer: Any, system_prompt: str | None = None, **chat_template_kwargs: Any
+) -> str:
     """Apply the tokenizer's chat template and open the assistant's turn.
 
     A conversation that ends with an assistant message is continued instead (TRL's convention for
@@ -57,6 +64,7 @@ def render_chat(prompt: Prompt, tokenizer: Any, system_prompt: str | None = None
         tokenize=False,
         add_generation_prompt=not prefilled,
         continue_final_message=prefilled,
+        **chat_template_kwargs,
     )
 
 
@@ -86,9 +94,8 @@ TEMPLATE_NAMES = ("auto", *TEMPLATES)
 
 def resolve_template(prompt: Prompt, tokenizer: Any, template: str = "auto") -> str:
     """The concrete template name ("chat", "plain" or "r1_zero") used for ``prompt``."""
-    if template == "auto":
-        is_messages = isinstance(prompt, list)
-        return "chat" if is_messages or getattr(tokenizer, "chat_template", None) else "plain"
+    if template == "auto":  # TRL's convention: messages get the chat template, strings go as they are
+        return "chat" if isinstance(prompt, list) else "plain"
     if template not in TEMPLATES:
         raise ValueError(f"unknown template {template!r}; choose one of {list(TEMPLATE_NAMES)}.")
     return template
@@ -100,6 +107,7 @@ def render_prompt(
     *,
     template: str = "auto",
     system_prompt: str | None = None,
+    chat_template_kwargs: dict[str, Any] | None = None,
 ) -> str:
     """Render one prompt (a string or chat messages) to the text the policy continues.
 
@@ -110,6 +118,8 @@ def render_prompt(
     if problem is not None:
         raise DataError(f"the prompt {problem}.")
     name = resolve_template(prompt, tokenizer, template)
+    if name == "chat":
+        return render_chat(prompt, tokenizer, system_prompt, **(chat_template_kwargs or {}))
     return TEMPLATES[name](prompt, tokenizer, system_prompt)
 
 
@@ -121,6 +131,7 @@ def encode_prompts(
     system_prompt: str | None = None,
     max_prompt_tokens: int | None = None,
     source: str | None = None,
+    chat_template_kwargs: dict[str, Any] | None = None,
 ) -> list[list[int]]:
     """Render and tokenize each prompt; returns one list of token ids per prompt.
 
@@ -140,7 +151,12 @@ def encode_prompts(
     for index, prompt in enumerate(prompts):
         try:
             name = resolve_template(prompt, tokenizer, template)
-            texts.append(render_prompt(prompt, tokenizer, template=name, system_prompt=system_prompt))
+            texts.append(
+                render_prompt(
+                    prompt, tokenizer, template=name, system_prompt=system_prompt,
+                    chat_template_kwargs=chat_template_kwargs,
+                )
+            )
         except ValueError as e:  # DataError too: say which prompt
             raise DataError(f"{where}row index {index}: {e}") from e
         adds_bos.append(name != "chat")
@@ -185,3 +201,16 @@ def _prompt_text(prompt: Prompt, template: str) -> str:
             "who said what; use template 'chat' or give the prompt as a string."
         )
     return "\n\n".join(m["content"] for m in prompt)
+
+
+def describe_templates(prompts: Sequence[Prompt], template: str = "auto") -> str:
+    """What the run does with its prompts, printed at start: e.g. "template auto: 200 string prompt(s)
+    fed as is (plain), 0 message list(s) through the chat template"."""
+    n_msgs = sum(isinstance(p, list) for p in prompts)
+    n_str = len(prompts) - n_msgs
+    if template != "auto":
+        return f"template {template}: every prompt ({n_str} string(s), {n_msgs} message list(s))"
+    return (
+        f"template auto (TRL's convention): {n_str} string prompt(s) fed as is (plain), {n_msgs} message "
+        "list(s) through the tokenizer's chat template; data.template=chat wraps strings too"
+    )

@@ -65,7 +65,7 @@ from grpokit.rewards.process import check_process_setup
 from grpokit.run_state import RunStateMixin, StopOnSignals  # noqa: F401
 from grpokit.runlog import RunLogger, reward_metric_names
 from grpokit.sampling import SamplingMixin
-from grpokit.templates import encode_prompts
+from grpokit.templates import describe_templates, encode_prompts
 from grpokit.update import AUTO_MICRO_TOKENS, MicroBatchMixin, peak_memory_mb  # noqa: F401
 from grpokit.update_stats import UpdateStats
 from grpokit.validate import check_positions
@@ -216,6 +216,7 @@ class GRPOTrainer(SamplingMixin, RunStateMixin, MicroBatchMixin, CriticMixin):
             system_prompt=self.cfg.data.system_prompt,
             max_prompt_tokens=self.cfg.data.max_prompt_tokens,
             source=self.cfg.data.train or None,
+            chat_template_kwargs=self.cfg.data.chat_template_kwargs,
         )
 
     def _lr_factor(self, step: int) -> float:
@@ -250,6 +251,8 @@ class GRPOTrainer(SamplingMixin, RunStateMixin, MicroBatchMixin, CriticMixin):
             StopOnSignals() as stop,
         ):
             self.log = log
+            prompts = [row[cfg.data.prompt_column] for row in self.train_rows]
+            log.print(f"prompts: {describe_templates(prompts, cfg.data.template)}")  # TRL's convention or not
             if self.eval_rows and cfg.eval.enabled and self.step == 0:
                 examples: list[dict] = []
                 before = self.evaluate(examples)

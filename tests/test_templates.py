@@ -110,8 +110,11 @@ def test_chat_without_chat_template_says_what_to_pick(base):
         render_prompt(QUESTION, base, template="chat")
 
 
-def test_auto_picks_chat_when_the_tokenizer_has_one(qwen_chat):
-    assert render_prompt(QUESTION, qwen_chat) == render_prompt(QUESTION, qwen_chat, template="chat")
+def test_auto_feeds_a_string_as_is_even_when_the_tokenizer_has_a_chat_template(qwen_chat):
+    # TRL's convention (issue 30): only message lists go through the chat template
+    assert render_prompt(QUESTION, qwen_chat) == QUESTION
+    messages = [{"role": "user", "content": QUESTION}]
+    assert render_prompt(messages, qwen_chat) == render_prompt(QUESTION, qwen_chat, template="chat")
 
 
 def test_auto_picks_plain_for_a_string_without_chat_template(base):
@@ -180,13 +183,13 @@ def test_bad_prompt(base):
 
 
 def test_encode_chat_adds_no_special_tokens_beyond_the_template(qwen_chat):
-    (ids,) = encode_prompts([QUESTION], qwen_chat)
+    (ids,) = encode_prompts([QUESTION], qwen_chat, template="chat")
     # <|im_start|> user What is 2 + 2 ? <|im_end|> <|im_start|> assistant
     assert ids == [3, 6, *QUESTION_IDS, 4, 3, 7]
 
 
 def test_encode_chat_keeps_a_single_bos(llama_chat):
-    (ids,) = encode_prompts([QUESTION], llama_chat)
+    (ids,) = encode_prompts([QUESTION], llama_chat, template="chat")
     assert ids == [1, 3, 6, *QUESTION_IDS, 4, 3, 7]  # the template's BOS, not a second one
 
 
@@ -210,7 +213,8 @@ def test_encode_r1_zero_matches_tokenizing_the_rendered_text(llama_chat):
 
 def test_encode_mixed_prompts_with_auto(base, qwen_chat):
     prompts = [QUESTION, [{"role": "user", "content": QUESTION}]]
-    assert encode_prompts(prompts, qwen_chat) == [[3, 6, *QUESTION_IDS, 4, 3, 7]] * 2
+    assert encode_prompts(prompts, qwen_chat) == [QUESTION_IDS, [3, 6, *QUESTION_IDS, 4, 3, 7]]
+    assert encode_prompts(prompts, qwen_chat, template="chat") == [[3, 6, *QUESTION_IDS, 4, 3, 7]] * 2
     with pytest.raises(DataError, match=r"d\.jsonl, row index 1: template 'chat' needs a tokenizer"):
         encode_prompts(prompts, base, source="d.jsonl")
 
@@ -233,3 +237,19 @@ def test_encode_rejects_bad_max_prompt_tokens(base):
 
 def test_encode_empty_list(base):
     assert encode_prompts([], base) == []
+
+
+def test_chat_template_kwargs_reach_the_template(qwen_chat):
+    messages = [{"role": "user", "content": QUESTION}]
+    kept, qwen_chat.chat_template = qwen_chat.chat_template, "{{ flag }}|{{ messages[0]['content'] }}"
+    try:
+        assert render_prompt(messages, qwen_chat, chat_template_kwargs={"flag": "no-think"}) == "no-think|" + QUESTION
+    finally:
+        qwen_chat.chat_template = kept
+
+
+def test_the_template_used_is_said():
+    from grpokit.templates import describe_templates
+
+    said = describe_templates([QUESTION, QUESTION, [{"role": "user", "content": QUESTION}]])
+    assert "2 string prompt(s) fed as is (plain), 1 message list(s) through the tokenizer's chat template" in said
