@@ -326,8 +326,11 @@ def apply_overrides(values: dict[str, Any], overrides: list[str] | tuple[str, ..
     return values
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
-    """Read a YAML file (optional), apply dotted overrides, validate, return the Config."""
+def load_config(
+    path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = (), *, build=None
+) -> Config:
+    """Read a YAML file (optional), apply dotted overrides, validate, return the Config. ``build``: another
+    config tree's builder (grpokit.sft_config.sft_config_from_dict) instead of config_from_dict."""
     values: dict[str, Any] = {}
     if path is not None:
         p = Path(path)
@@ -336,7 +339,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
             raise ConfigError(f"{p}: the top level must be a mapping of sections (model:, data:, ...)")
     apply_overrides(values, overrides)
     try:
-        return config_from_dict(values)
+        return (build or config_from_dict)(values)
     except ConfigError as e:
         where = f"{path}: " if path is not None else ""
         raise ConfigError(f"{where}{e}") from None

@@ -76,7 +76,7 @@ class DataError(ValueError):
 def load_prompts(
     path: str | Path,
     *,
-    prompt_column: str = "prompt",
+    prompt_column: str | None = "prompt",
     split: str | None = None,
     limit: int | None = None,
     config: str | None = None,
@@ -87,7 +87,8 @@ def load_prompts(
     Args:
         path: a data file, a ``save_to_disk`` folder, a folder in hub layout, a glob of data
             files or a hub id (formats in the module docstring).
-        prompt_column: the column holding each row's prompt (string or chat messages).
+        prompt_column: the column holding each row's prompt (string or chat messages); None: rows are
+            only checked to be objects (SFT rows, whose columns grpokit.sft_data checks).
         split: the split to read from a source with splits: a DatasetDict folder, a
             ``{split: [...]}`` JSON file, a hub-layout folder or a hub dataset (default
             ``default_split``, or the only split there is). A single-table source has no
@@ -520,13 +521,13 @@ def _located(rows: list[Any]) -> _Located:
 # Checking.
 
 
-def _check_rows(rows: _Located, prompt_column: str, source: Path) -> None:
+def _check_rows(rows: _Located, prompt_column: str | None, source: Path) -> None:
     for where, row in rows:
         if not isinstance(row, dict):
-            raise DataError(
-                f"{source}, {where}: expected an object with a {prompt_column!r} field, got a "
-                f"{type(row).__name__}: {_short(row)}."
-            )
+            what = f"an object with a {prompt_column!r} field" if prompt_column else "an object (a row)"
+            raise DataError(f"{source}, {where}: expected {what}, got a {type(row).__name__}: {_short(row)}.")
+    if prompt_column is None:
+        return
     columns = _columns([row for _, row in rows])
     if prompt_column not in columns:
         raise DataError(

@@ -60,17 +60,21 @@ _SEED_STRIDE = 506_952_113  # rank r samples with seed + r * this (mod 2**31): f
 
 
 class PolicyForward(nn.Module):
-    """A root module whose forward is ``completion_logprobs(policy, ...)``: FSDP/DDP hook into it."""
+    """A root module whose forward is ``fn(policy, ...)``: FSDP/DDP hook into it. fn: the log-prob function
+    of the trainer (default grpokit.modeling.completion_logprobs; SFT's token_logprobs)."""
 
-    def __init__(self, policy: nn.Module):
+    def __init__(self, policy: nn.Module, fn: Callable[..., Any] | None = None):
         super().__init__()
         self.policy = policy
+        self.fn = fn
 
     def forward(self, *args, **kwargs):
         from grpokit.modeling import completion_logprobs
 
-        out = completion_logprobs(self.policy, *args, **kwargs)
+        out = (self.fn or completion_logprobs)(self.policy, *args, **kwargs)
         # FSDP2 hooks the backward onto the outputs: give it tensors of their own, not views
+        if isinstance(out, torch.Tensor):
+            return out.clone() if out._is_view() else out
         return tuple(t.clone() if t is not None and t._is_view() else t for t in out)
 
 
@@ -99,18 +103,19 @@ def resolve_strategy(setting: str, lora: bool) -> str:
     return setting
 
 
-def check_launch(world: int, prompts_per_step: int) -> None:
-    """A clear error for a world size the step's prompts cannot be split over (whole groups per rank)."""
+def check_launch(world: int, prompts_per_step: int, key: str = "rollout.prompts_per_step") -> None:
+    """A clear error for a world size the step's prompts (``key``: SFT's sft.batch_size examples) cannot be
+    split over (whole groups per rank)."""
     if world > prompts_per_step:
         raise ConfigError(
-            f"torchrun started {world} processes but rollout.prompts_per_step={prompts_per_step}: each rank "
-            f"needs at least one prompt (group). Raise rollout.prompts_per_step to a multiple of {world} or "
+            f"torchrun started {world} processes but {key}={prompts_per_step}: each rank "
+            f"needs at least one prompt (group). Raise {key} to a multiple of {world} or "
             f"start fewer processes (--nproc_per_node)."
         )
     if prompts_per_step % world:
         raise ConfigError(
-            f"rollout.prompts_per_step={prompts_per_step} is not divisible by the world size {world}: each "
-            f"rank samples whole groups, the same number each. Use a multiple of {world} (e.g. "
+            f"{key}={prompts_per_step} is not divisible by the world size {world}: each "
+            f"rank takes whole groups, the same number each. Use a multiple of {world} (e.g. "
             f"{(prompts_per_step // world + 1) * world}) or another number of processes."
         )
 
@@ -147,13 +152,17 @@ class Distributed:
         self._view: tuple[Any, Any] | None = None  # (local batch, its global view), see global_view
 
     @classmethod
-    def from_env(cls, cfg) -> Distributed:
+    def from_env(cls, cfg, batch_size: int | None = None) -> Distributed:
         """Join the process group torchrun describes (WORLD_SIZE, RANK, LOCAL_RANK, MASTER_ADDR/PORT);
-        ``Distributed()`` when there is none. NCCL on CUDA (device cuda:LOCAL_RANK), gloo otherwise."""
+        ``Distributed()`` when there is none. NCCL on CUDA (device cuda:LOCAL_RANK), gloo otherwise.
+        batch_size: the step's examples split over ranks (SFT's sft.batch_size), else the step's prompts."""
         world = int(os.environ.get("WORLD_SIZE", "1"))
         if world <= 1:
             return cls()
-        check_launch(world, cfg.rollout.prompts_per_step)
+        if batch_size is None:
+            check_launch(world, cfg.rollout.prompts_per_step)
+        else:
+            check_launch(world, batch_size, "sft.batch_size")
         strategy = resolve_strategy(cfg.train.distributed, cfg.lora.enabled)
         fp16 = cfg.optim.precision == "fp16_mixed" or (
             cfg.optim.precision == "auto" and cfg.model.dtype == "float16"
@@ -254,9 +263,10 @@ class Distributed:
 
     # ------------------------------------------------------------------ wrapping the models
 
-    def wrap(self, model: nn.Module, ref_model: nn.Module | None, resume_from=None) -> None:
+    def wrap(self, model: nn.Module, ref_model: nn.Module | None, resume_from=None, forward=None) -> None:
         """Shard (fsdp) or replicate (ddp) the policy and the reference. A checkpoint to resume from is
-        loaded into the whole model first (consolidated weights, any strategy)."""
+        loaded into the whole model first (consolidated weights, any strategy). ``forward``: the log-prob
+        function the root module runs (default completion_logprobs)."""
         if not self.active:
             return
         if resume_from is not None:
@@ -265,9 +275,9 @@ class Distributed:
             load_weights_into(model, resume_from)
         if self.strategy == "fsdp":
             self._gen = copy.deepcopy(model).requires_grad_(False).eval()
-            self._forward[id(model)] = self._fully_shard(model)
+            self._forward[id(model)] = self._fully_shard(model, forward)
             if ref_model is not None:
-                self._forward[id(ref_model)] = self._fully_shard(ref_model)
+                self._forward[id(ref_model)] = self._fully_shard(ref_model, forward)
         else:
             from torch.nn.parallel import DistributedDataParallel
 
@@ -275,11 +285,12 @@ class Distributed:
             # buffers (RoPE's inv_freq) are the same on every rank: no broadcast before each forward
             quiet = "forward_sync_buffers" in inspect.signature(DistributedDataParallel).parameters
             sync = {"forward_sync_buffers": False} if quiet else {"broadcast_buffers": False}
-            self._forward[id(model)] = DistributedDataParallel(PolicyForward(model), device_ids=ids, **sync)
+            root = PolicyForward(model, forward)
+            self._forward[id(model)] = DistributedDataParallel(root, device_ids=ids, **sync)
         self.barrier()  # no rank starts writing before every rank has checked the output folder
 
     @staticmethod
-    def _fully_shard(model: nn.Module) -> nn.Module:
+    def _fully_shard(model: nn.Module, forward=None) -> nn.Module:
         try:
             from torch.distributed.fsdp import fully_shard
         except ImportError:  # torch < 2.6
@@ -290,16 +301,17 @@ class Distributed:
         layers = getattr(base_model(model).get_decoder(), "layers", None) or []
         for layer in layers:
             fully_shard(layer)
-        return fully_shard(PolicyForward(model))  # embeddings, final norm, (tied) LM head: the root group
+        return fully_shard(PolicyForward(model, forward))  # embeddings, final norm, (tied) LM head: the root group
 
-    def logprobs_fn(self, model: nn.Module) -> Callable[..., Any]:
-        """``completion_logprobs`` bound to ``model``, through its FSDP/DDP root when it has one."""
+    def logprobs_fn(self, model: nn.Module, fn: Callable[..., Any] | None = None) -> Callable[..., Any]:
+        """``fn`` (default completion_logprobs; the one given to wrap) bound to ``model``, through its
+        FSDP/DDP root when it has one."""
         wrapped = self._forward.get(id(model))
         if wrapped is not None:
             return wrapped
         from grpokit.modeling import completion_logprobs
 
-        return functools.partial(completion_logprobs, model)
+        return functools.partial(fn or completion_logprobs, model)
 
     @torch.no_grad()
     def generation_model(self, model: nn.Module, version: Any) -> nn.Module:

@@ -125,7 +125,27 @@ def completion_logprobs(
     keep = completion_mask.reshape(-1).bool()  # (N*Lc,)
     hidden = hidden.reshape(-1, hidden.shape[-1])[keep]  # (K, H) only real completion tokens
     targets = completion_ids.reshape(-1)[keep]  # (K,)
+    lp_chunks, ent_chunks = _chunked(lm_head, hidden, targets, temperature, softcap, with_entropy, chunk_size)
 
+    N, Lc = completion_ids.shape
+    flat = hidden.new_zeros(N * Lc, dtype=torch.float32)  # (N*Lc,)
+    if lp_chunks:
+        flat = flat.masked_scatter(keep, torch.cat(lp_chunks))
+    logprobs = flat.view(N, Lc)  # (N, Lc)
+    entropy = None
+    if with_entropy:
+        entropy = torch.zeros(N * Lc, dtype=torch.float32, device=flat.device)
+        if ent_chunks:
+            entropy[keep] = torch.cat(ent_chunks).detach()
+        entropy = entropy.view(N, Lc)  # (N, Lc)
+    return logprobs, entropy
+
+
+def _chunked(
+    lm_head, hidden: Tensor, targets: Tensor, temperature: float, softcap, with_entropy: bool, chunk_size: int
+) -> tuple[list[Tensor], list[Tensor]]:
+    """_chunk_logprobs over ``chunk_size`` rows of hidden (K, H) / targets (K,) at a time, each chunk's
+    logits recomputed in the backward pass (checkpointed) when gradients are on."""
     use_checkpoint = torch.is_grad_enabled()
     lp_chunks, ent_chunks = [], []
     for start in range(0, hidden.shape[0], chunk_size):
@@ -143,16 +163,42 @@ def completion_logprobs(
             lp, ent = _chunk_logprobs(*args)
         lp_chunks.append(lp)
         ent_chunks.append(ent)
+    return lp_chunks, ent_chunks
 
-    N, Lc = completion_ids.shape
-    flat = hidden.new_zeros(N * Lc, dtype=torch.float32)  # (N*Lc,)
-    if lp_chunks:
-        flat = flat.masked_scatter(keep, torch.cat(lp_chunks))
-    logprobs = flat.view(N, Lc)  # (N, Lc)
-    entropy = None
-    if with_entropy:
-        entropy = torch.zeros(N * Lc, dtype=torch.float32, device=flat.device)
-        if ent_chunks:
-            entropy[keep] = torch.cat(ent_chunks).detach()
-        entropy = entropy.view(N, Lc)  # (N, Lc)
-    return logprobs, entropy
+
+def token_logprobs(
+    model: torch.nn.Module,
+    input_ids: Tensor,
+    loss_mask: Tensor,
+    *,
+    attention_mask: Tensor | None = None,
+    position_ids: Tensor | None = None,
+    chunk_size: int = 1024,
+) -> Tensor:
+    """(K,) log p(x_t | x_<t) of the K tokens where ``loss_mask`` is 1, in row-major order (SFT).
+
+    input_ids, loss_mask: (N, L); loss_mask[:, 0] must be 0 (nothing predicts a row's first token).
+    Padded rows: attention_mask (N, L), right padding, positions from its cumulative sum. Packed rows
+    (padding-free): attention_mask None and position_ids (N, L) restarting at 0 at each example, from
+    which transformers' attention keeps every token inside its own example; the mask must then be 0 at
+    each example's first token, whose hidden state comes from the previous example. Only the K trained
+    positions reach the LM head, ``chunk_size`` at a time (no full-vocabulary logits), as in
+    completion_logprobs."""
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+    if bool(loss_mask[:, :1].any()):
+        raise ValueError("loss_mask[:, 0] must be 0: a row's first token has nothing to be predicted from")
+    base = base_model(model)
+    if position_ids is None:
+        if attention_mask is None:
+            attention_mask = torch.ones_like(input_ids)
+        position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)  # (N, L)
+    hidden = base.get_decoder()(
+        input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
+    ).last_hidden_state  # (N, L, H)
+    keep = loss_mask[:, 1:].bool()  # (N, L-1): token t+1 is predicted from position t
+    selected = hidden[:, :-1][keep]  # (K, H)
+    targets = input_ids[:, 1:][keep]  # (K,)
+    softcap = _final_logit_softcap(base.config)
+    lp_chunks, _ = _chunked(base.get_output_embeddings(), selected, targets, 1.0, softcap, False, chunk_size)
+    return torch.cat(lp_chunks) if lp_chunks else hidden.new_zeros(0, dtype=torch.float32)  # (K,)

@@ -1,0 +1,188 @@
+"""The config tree of ``grpokit sft``: supervised fine-tuning on TRL-style SFT rows.
+
+    grpokit sft sft.yaml data.train=cold_start.jsonl optim.lr=2e-5 --output-dir runs/sft
+
+The sections the SFT stage shares with ``grpokit train`` are the RL config's own classes (``model``,
+``lora``, ``optim``, ``rewards``, ``eval``, ``train``), so a key means the same in both; only ``data``
+(SFT rows instead of prompts) and ``sft`` (what the loss trains on, packing, batch size) are new. The few
+shared keys that mean nothing to SFT (NOT_FOR_SFT) are refused when set, never silently ignored.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from grpokit.config import (
+    DataConfig,
+    EvalConfig,
+    LoraConfig,
+    ModelConfig,
+    OptimConfig,
+    RewardSpec,
+    TrainConfig,
+    load_config,
+)
+from grpokit.config_checks import RANGES, _describe_interval, _in_interval, build_config
+from grpokit.errors import ConfigError
+
+SFT_FORMATS = ("auto", "messages", "prompt_completion", "text")
+LOSS_ON = ("auto", "completion", "all")
+
+
+@dataclass
+class SFTDataConfig:
+    train: str = ""
+    """SFT rows: JSONL, JSON, CSV, Parquet, a save_to_disk folder, a hub-layout folder, a glob or a hub id."""
+    eval: str | None = None
+    """Held-out SFT rows: their loss, and with a reward the verifier's accuracy on their prompts."""
+    config: str | None = None
+    """Configuration (subset) of a dataset read through datasets.load_dataset."""
+    split: str | None = None
+    """Split of data.train to read (default: train, or the only split there is)."""
+    eval_split: str | None = None
+    """Split of data.eval to read (default: test, or the only split there is)."""
+    format: str = "auto"
+    """auto | messages | prompt_completion | text (TRL's SFT conventions); auto picks by the columns."""
+    messages_column: str = "messages"
+    """Column of a conversation: a list of {role, content} messages."""
+    prompt_column: str = "prompt"
+    """Column of the prompt of prompt/completion rows: a string or messages."""
+    completion_column: str = "completion"
+    """Column of the completion of prompt/completion rows: a string or assistant messages."""
+    text_column: str = "text"
+    """Column of plain text rows (language modelling)."""
+    template: str = "auto"
+    """How a string prompt is rendered, as grpokit train renders it: auto | chat | plain | r1_zero."""
+    system_prompt: str | None = None
+    """System message prepended for chat templates (as grpokit train)."""
+    max_length: int = 1024
+    """Tokens per example; a longer example is refused with its row named (or cut, with data.truncate)."""
+    truncate: bool = False
+    """Cut examples longer than data.max_length on the right (TRL's default) instead of refusing them."""
+    shuffle: bool = True
+    """Shuffle the training rows each pass (seeded)."""
+    eval_limit: int | None = None
+    """Evaluate on at most this many held-out rows."""
+
+
+@dataclass
+class SFTSettings:
+    loss_on: str = "auto"
+    """auto (the completion of prompt/completion rows, every assistant turn of messages, all of text) |
+    completion (the same, refusing text rows) | all (every token but the first)."""
+    packing: bool = False
+    """Padding-free packing: a micro-batch's examples in one row, positions restarting at each, attention
+    kept inside each example (the same gradient as unpacked; needs a model whose attention reads packed
+    position_ids, checked when the trainer is built)."""
+    batch_size: int = 8
+    """Examples per optimizer step (over all ranks under torchrun)."""
+
+
+@dataclass
+class SFTConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    data: SFTDataConfig = field(default_factory=SFTDataConfig)
+    sft: SFTSettings = field(default_factory=SFTSettings)
+    optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=2e-5))
+    rewards: list[RewardSpec] = field(default_factory=list)
+    eval: EvalConfig = field(default_factory=lambda: EvalConfig(max_new_tokens=256))
+    train: TrainConfig = field(default_factory=lambda: TrainConfig(output_dir="runs/sft"))
+
+
+# Keys of the shared sections that do not apply to SFT, with the value they must keep.
+NOT_FOR_SFT: dict[str, tuple[Any, str]] = {
+    "optim.epochs": (1, "each SFT example is seen once per pass over data.train"),
+    "optim.mini_batches": (1, "one optimizer step per sft.batch_size examples"),
+    "train.samples_every": (10, "SFT samples nothing while training"),
+    "train.stop_after_flat_steps": (5, "SFT has no rewards while training"),
+    "train.max_reward_failure_frac": (0.0, "SFT has no rewards while training"),
+}
+
+SFT_RANGES: dict[str, tuple[str, Any, str]] = {
+    "data.max_length": ("[2, inf)", 1024, "an example needs a token to predict and one to predict from"),
+    "data.eval_limit": ("[1, inf)", 200, ""),
+    "sft.batch_size": ("[1, inf)", 8, ""),
+}
+
+
+def check_sft_config(cfg: SFTConfig) -> None:
+    """Ranges (the shared sections' from grpokit.config_checks.RANGES, and SFT_RANGES), choices, the keys
+    that do not apply; the first problem raises ConfigError naming the key, the value and the fix."""
+    for key, (keep, why) in NOT_FOR_SFT.items():
+        section, name = key.split(".")
+        value = getattr(getattr(cfg, section), name)
+        if value != keep:
+            raise ConfigError(f"{key}={value!r} does not apply to grpokit sft ({why}); remove it.")
+    sections = {f.name for f in dataclasses.fields(cfg)}
+    ranges = {k: v for k, v in RANGES.items() if k.split(".")[0] in sections and k.split(".")[0] != "data"}
+    for key, (interval, example, meaning) in {**ranges, **SFT_RANGES}.items():
+        if key.startswith("rewards[]."):
+            name = key.split(".", 1)[1]
+            values = {f"rewards[{i}].{name}": getattr(r, name) for i, r in enumerate(cfg.rewards)}
+        else:
+            section, name = key.split(".")
+            values = {key: getattr(getattr(cfg, section), name)}
+        for shown, value in values.items():
+            if value is not None and not _in_interval(value, interval):
+                note = f"; {meaning}" if meaning else ""
+                raise ConfigError(
+                    f"{shown}={value!r} is out of range: it must be {_describe_interval(interval)}{note} "
+                    f"(e.g. {shown}={example})."
+                )
+    choices = {
+        "model.dtype": (cfg.model.dtype, ["auto", "float32", "bfloat16", "float16"]),
+        "data.format": (cfg.data.format, list(SFT_FORMATS)),
+        "data.template": (cfg.data.template, ["auto", "chat", "plain", "r1_zero"]),
+        "sft.loss_on": (cfg.sft.loss_on, list(LOSS_ON)),
+        "optim.schedule": (cfg.optim.schedule, ["constant", "cosine"]),
+        "train.distributed": (cfg.train.distributed, ["auto", "fsdp", "ddp"]),
+        "optim.precision": (
+            cfg.optim.precision,
+            ["auto", "fp32", "bf16_mixed", "fp16_mixed", "bf16_kahan", "bf16_pure"],
+        ),
+    }
+    for key, (value, valid) in choices.items():
+        if value not in valid:
+            hint = difflib.get_close_matches(str(value), valid, n=1, cutoff=0.3)
+            near = f" Did you mean '{hint[0]}'?" if hint else ""
+            raise ConfigError(f"{key}={value!r} is not one of {valid}.{near}")
+    micro = cfg.optim.micro_batch_size
+    if micro != "auto" and (not isinstance(micro, int) or micro < 1):
+        raise ConfigError(
+            f"optim.micro_batch_size={micro} must be at least 1 or auto (e.g. optim.micro_batch_size=8)."
+        )
+    from grpokit.runlog import check_report_to
+
+    try:
+        check_report_to(cfg.train.report_to)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+
+
+def sft_config_from_dict(values: dict[str, Any]) -> SFTConfig:
+    """Build and validate an SFTConfig from a nested mapping (as read from YAML)."""
+    if not isinstance(values, dict):
+        raise ConfigError(f"a config must be a mapping of sections, got {type(values).__name__}")
+    cfg = build_config(SFTConfig, values)
+    check_sft_config(cfg)
+    return cfg
+
+
+def load_sft_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> SFTConfig:
+    """Read a YAML file (optional), apply dotted overrides, validate, return the SFTConfig."""
+    return load_config(path, overrides, build=sft_config_from_dict)
+
+
+def prompt_data_config(data: SFTDataConfig) -> DataConfig:
+    """The RL data settings that render a prompt the way ``grpokit train`` does (for grpokit.evaluate)."""
+    return DataConfig(
+        prompt_column="prompt",
+        template=data.template,
+        system_prompt=data.system_prompt,
+        max_prompt_tokens=data.max_length,
+    )
