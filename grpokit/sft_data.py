@@ -93,6 +93,8 @@ def encode_examples(
     rows: Sequence[dict], tokenizer: Any, data: SFTDataConfig, loss_on: str, source: str
 ) -> list[SFTExample]:
     """Every row tokenized with its loss mask; a row that cannot be used raises DataError naming it."""
+    if not rows:
+        return []
     fmt = detect_format(rows, data, source)
     out = []
     for index, row in enumerate(rows):
