@@ -30,6 +30,8 @@ _EXPORTS = {
     "load_prompts": "grpokit.data",
     "evaluate": "grpokit.evaluate",
     "plot_training_curves": "grpokit.plots",
+    "SFTConfig": "grpokit.sft_config",
+    "load_sft_config": "grpokit.sft_config",
 }
 
 __all__ = [
@@ -43,7 +45,9 @@ __all__ = [
     "evaluate",
     "load_config",
     "load_prompts",
+    "load_sft_config",
     "plot_training_curves",
+    "SFTConfig",
 ]
 
 if TYPE_CHECKING:
@@ -51,6 +55,7 @@ if TYPE_CHECKING:
     from grpokit.data import DataError, load_prompts
     from grpokit.evaluate import evaluate
     from grpokit.plots import plot_training_curves
+    from grpokit.sft_config import SFTConfig, load_sft_config
     from grpokit.trainer import GRPOTrainer, TrainingError
 
 
