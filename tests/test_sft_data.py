@@ -51,7 +51,7 @@ def test_r1_zero_prompt_is_rendered_as_grpokit_train_renders_it():
 
 
 def test_chat_prompt_completion_counts_the_assistant_turn_with_its_end_token():
-    pairs = tokens({"prompt": "1+2", "completion": "3"}, "prompt_completion")  # auto: the tokenizer has a template
+    pairs = tokens({"prompt": "1+2", "completion": "3"}, "prompt_completion", template="chat")
     assert pairs == [("<bos>", 0), ("<|user|>", 0), ("1", 0), ("+", 0), ("2", 0), ("<|assistant|>", 0), ("3", 1), ("<eos>", 1)]
 
 
@@ -90,6 +90,13 @@ def test_text_counts_every_token_but_the_first():
 def test_loss_on_all_counts_the_prompt_too():
     pairs = tokens({"prompt": "1+2=", "completion": "3"}, "prompt_completion", loss_on="all", template="plain")
     assert [m for _, m in pairs] == [0, 1, 1, 1, 1, 1]
+
+
+def test_template_auto_renders_string_prompts_as_they_are_and_messages_through_the_chat_template():
+    assert trained(tokens({"prompt": "1+2", "completion": "3"}, "prompt_completion")) == "3<eos>"
+    assert tokens({"prompt": "1+2", "completion": "3"}, "prompt_completion")[0] == ("1", 0)  # as grpokit train
+    messages = {"prompt": [{"role": "user", "content": "1+2"}], "completion": "3"}
+    assert tokens(messages, "prompt_completion")[:2] == [("<bos>", 0), ("<|user|>", 0)]
 
 
 def test_format_is_detected_from_the_columns():
