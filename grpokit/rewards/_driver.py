@@ -1,9 +1,11 @@
 """Test driver of `code_tests`: runs one completion's tests in a clean process of its own, outside
-the sandbox. A script started by `code.py`, never imported.
+the sandbox: a child of the fork server (`_zygote.py`, which loads this file by path; grpokit never
+imports it), one per completion.
 
-stdin: one JSON job {"code", "tests", "limits", "isolate", "site_packages", "slot", "prompt_defs",
-"entry_point"}; stdout: one JSON verdict {"passed": [bool, ...], "unsupported": null | message,
-"timed_out": bool}. The tests never leave this process: the candidate's code runs in a sandbox started from here
+The header {"limits", "isolate", "site_packages", "slot"} comes with the fork; the job {"code",
+"tests", "prompt_defs", "entry_point"} is read from a pipe once the sandbox is started, so the
+sandbox (forked from here) never holds it; the verdict is {"passed": [bool, ...], "unsupported":
+null | message, "timed_out": bool}. The tests never leave this process: the candidate's code runs in a sandbox started from here
 (`sandbox.Sandbox`, serve mode), and each name the tests use but do not define (the candidate's
 functions) is a `CandidateFunction` whose call sends plain-data arguments to the sandbox and returns
 the plain data it answers, rebuilt here as new built-in objects (`_plain.decode`). Comparisons,
@@ -244,23 +246,20 @@ def run_cases(channel, tests, prompt_defs=None, entry_point=None):
     return passed
 
 
-def main():
+def main(header, job_fd, verdict_fd):
+    """In a child of the fork server: start the sandbox first (forked from this process, which has
+    not read the tests yet), then read the job from `job_fd`, run it, write the verdict to `verdict_fd`."""
     started = time.monotonic()
-    job = json.loads(sys.stdin.buffer.read())
-    verdict_fd = os.dup(1)
     devnull = os.open(os.devnull, os.O_RDWR)
-    for fd in (0, 1):
+    for fd in (0, 1, 2):
         os.dup2(devnull, fd)  # what the tests print goes nowhere
-    limits = sandbox.SandboxLimits(**job["limits"])
+    limits = sandbox.SandboxLimits(**header["limits"])
     resource.setrlimit(resource.RLIMIT_AS, ((2048 + limits.memory_mb) << 20,) * 2)
     cpu = int(limits.wall_s) + 3  # the caller kills this process at wall_s + 2 s anyway
     resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu))
-    tests = job["tests"]
-    n = len(tests["functions"]) if tests["kind"] == "functions" else len(tests["cases"])
-    passed, unsupported = [False] * n, None
-    box = sandbox.Sandbox("serve", limits, job["isolate"], job["site_packages"], job["slot"])
+    box = sandbox.Sandbox("serve", limits, header["isolate"], header["site_packages"], header["slot"])
     deadline = started + limits.wall_s
-    channel = Channel(box, job["limits"], deadline)
+    channel = Channel(box, header["limits"], deadline)
 
     def overtime(signum, frame):
         signal.setitimer(signal.ITIMER_REAL, 0)
@@ -269,7 +268,13 @@ def main():
 
     signal.signal(signal.SIGALRM, overtime)
     signal.setitimer(signal.ITIMER_REAL, max(0.001, deadline - time.monotonic()))
+    passed, unsupported = [], None
     try:
+        with os.fdopen(job_fd, "rb") as f:
+            job = json.loads(f.read())
+        tests = job["tests"]
+        n = len(tests["functions"]) if tests["kind"] == "functions" else len(tests["cases"])
+        passed = [False] * n
         loaded = False
         try:
             loaded = "ok" in channel.exchange(job["code"])
@@ -284,11 +289,4 @@ def main():
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         box.close(grace_s=2.0)
-    os.write(
-        verdict_fd,
-        json.dumps({"passed": passed, "unsupported": unsupported, "timed_out": channel.timed_out}).encode(),
-    )
-
-
-if __name__ == "__main__":
-    main()
+    return {"passed": passed, "unsupported": unsupported, "timed_out": channel.timed_out}

@@ -293,8 +293,9 @@ def _unshare(cfg, fds):
     return sources
 
 
-def main():
-    cfg = json.loads(sys.argv[1])
+def main(cfg=None):
+    """The harness's outer process (never returns): `cfg` as `sandbox.Sandbox` makes it."""
+    cfg = cfg if cfg is not None else json.loads(sys.argv[1])
     fds = cfg["fds"]
     sources = {}
     if cfg["isolate"]:

@@ -24,9 +24,9 @@ the candidate supplies.
 Why no program can fake a pass: the verdict is decided where the candidate cannot reach.
   - stdin/stdout: the expected output never leaves this process; the sandbox gets the code and
     the input, returns bytes, and this process compares them.
-  - Python tests run in a driver process of their own (`_driver.py`), started fresh for each
-    completion, which never runs a line of the candidate's code. The candidate runs in a sandbox
-    started by the driver. The driver executes the tests with its own builtins; every name the
+  - Python tests run in a driver process of their own (`_driver.py`), forked fresh for each
+    completion from a clean fork server (`_zygote.py`), which never runs a line of the
+    candidate's code. The candidate runs in a sandbox started by the driver. The driver executes the tests with its own builtins; every name the
     tests use but do not define (`add`, or `candidate` via `check(add)`) is a stub whose call sends
     the arguments to the sandbox as plain data (JSON: numbers, strings, lists, tuples, dicts, sets,
     None, bools, bytes, Fraction, Decimal) and returns the plain data the sandbox answers, rebuilt
@@ -53,19 +53,13 @@ import ast
 import json
 import os
 import re
-import subprocess
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, replace
-from pathlib import Path
 
 from grpokit.rewards._text import to_text
+from grpokit.rewards._zygote import fork_server
 from grpokit.rewards.sandbox import SandboxLimits, give_slot, resolve_isolation, run_program, take_slot
-
-DRIVER = str(Path(__file__).with_name("_driver.py"))
-START_S = 3.0
-"""Allowance for starting the driver and its sandbox, on top of a completion's budget."""
 
 _FENCE_RE = re.compile(r"```[^\n`]*\n(.*?)```", re.DOTALL)
 
@@ -168,34 +162,19 @@ def _run_tests(code, tests, limits, isolation, site_packages, prompt_defs, entry
     limits = limits or SandboxLimits()
     n = len(tests["functions"]) if tests["kind"] == "functions" else len(tests["cases"])
     slot = take_slot()
-    job = {"code": code, "tests": tests, "limits": asdict(limits), "isolate": isolate}
-    job.update(site_packages=site_packages, slot=slot, prompt_defs=prompt_defs, entry_point=entry_point)
-    env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8"}
-    try:
-        proc = subprocess.run(
-            [sys.executable, "-I", "-B", *([] if site_packages else ["-S"]), DRIVER],
-            input=json.dumps(job).encode(),
-            capture_output=True,
-            env=env,
-            cwd="/",
-            timeout=limits.wall_s + 2 + START_S,  # the driver stops itself at wall_s
-            start_new_session=True,
+    header = {"limits": asdict(limits), "isolate": isolate, "site_packages": site_packages, "slot": slot}
+    job = {"code": code, "tests": tests, "prompt_defs": prompt_defs, "entry_point": entry_point}
+    try:  # the driver stops itself at wall_s; it is killed 2 s later
+        verdict = fork_server(site_packages).run(
+            "driver", header, json.dumps(job).encode(), limits.wall_s + 2
         )
-    except subprocess.TimeoutExpired:
-        return [False] * n, True
     finally:
         give_slot(slot)
-    try:
-        verdict = json.loads(proc.stdout)
-    except ValueError:
-        if proc.returncode is not None and proc.returncode < 0:  # killed: out of CPU or memory
-            return [False] * n, True
-        raise RuntimeError(
-            f"code_tests: the test driver failed: {proc.stderr.decode(errors='replace')[-2000:]}"
-        ) from None
+    if verdict is None:  # killed: past its time, or out of CPU or memory
+        return [False] * n, True
     if verdict["unsupported"]:
         raise ValueError(f"code_tests: unsupported tests: {verdict['unsupported']}")
-    return [bool(p) for p in verdict["passed"]], bool(verdict.get("timed_out"))
+    return [bool(p) for p in verdict["passed"]], bool(verdict["timed_out"])
 
 
 def run_io_cases(

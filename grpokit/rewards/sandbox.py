@@ -28,7 +28,8 @@ the same guarantees:
   - system calls (seccomp, `_confine.py`): no kernel keyrings (the inherited session keyring can be
     neither read nor written), no AF_VSOCK sockets, no file locks (a lock on a file bound from the
     host would be a channel between sandboxes), no inotify/fanotify, io_uring, bpf, userfaultfd.
-  - environment: PATH, LANG, HOME, TMPDIR only; `python -I` (no user site, PYTHON* ignored).
+  - environment: PATH, LANG, HOME, TMPDIR only; the interpreter is the fork server's (`_zygote.py`:
+    `python -I -B -S`, no user site, PYTHON* ignored), forked, never a new interpreter start.
 Kernel exploits and side channels are out of scope: use a VM or gVisor for hostile code at scale.
 
 Without isolation (`isolation="none"`, which must be asked for; `auto` refuses to run model-written
@@ -55,6 +56,7 @@ import tempfile
 import threading
 import time
 from dataclasses import asdict, dataclass
+from importlib.util import module_from_spec, spec_from_file_location
 from pathlib import Path
 
 log = logging.getLogger("grpokit.rewards")
@@ -62,6 +64,8 @@ HARNESS = str(Path(__file__).with_name("_harness.py"))
 SANDBOX_ID = 1000  # uid and gid of the code inside its namespace
 UID_BASE = 60000  # as root: outside uid/gid of slot i is UID_BASE + i
 ISOLATIONS = ("auto", "namespaces", "none")
+START_S = 3.0
+"""Allowance for starting a sandbox (namespaces, mounts) on top of its wall-clock limit."""
 _SLOTS: queue.SimpleQueue[int] = queue.SimpleQueue()
 for _slot in range(64):
     _SLOTS.put(_slot)
@@ -98,9 +102,70 @@ class ProgramRun:
     output_exceeded: bool
 
 
+class _Forked:
+    """The harness (`_harness.main`) forked from this process, which is a child of the fork server
+    (`_zygote.py`) and has never held a test: the part of subprocess.Popen that Sandbox uses."""
+
+    def __init__(self, cfg: dict, keep: list[int], stdio: bool):
+        pipes = [os.pipe() for _ in range(3)] if stdio else []
+        harness = _harness()
+        self.pid = os.fork()
+        if self.pid == 0:  # the harness: never returns
+            try:
+                null = os.open(os.devnull, os.O_RDWR)
+                ends = (pipes[0][0], pipes[1][1], pipes[2][1]) if stdio else (null, null, null)
+                for fd, end in enumerate(ends):
+                    os.dup2(end, fd)
+                keep = sorted({0, 1, 2, *keep})
+                for low, high in zip(keep, [*keep[1:], 1 << 16]):
+                    os.closerange(low + 1, high)
+                os.setsid()
+                for sig in (signal.SIGALRM, signal.SIGCHLD, signal.SIGPIPE, signal.SIGINT, signal.SIGTERM):
+                    signal.signal(sig, signal.SIG_DFL)
+                harness.main(cfg)
+            finally:
+                os._exit(125)
+        self.returncode = None
+        self.stdin = self.stdout = self.stderr = None
+        if stdio:
+            for r, w in pipes:
+                os.close(r if r == pipes[0][0] else w)
+            self.stdin = os.fdopen(pipes[0][1], "wb")
+            self.stdout, self.stderr = os.fdopen(pipes[1][0], "rb"), os.fdopen(pipes[2][0], "rb")
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise subprocess.TimeoutExpired("harness", timeout)
+            time.sleep(0.002)
+        return self.returncode
+
+
+_HARNESS = None
+
+
+def _harness():
+    """`_harness.py`, loaded by path once per process (in the fork server and its children only)."""
+    global _HARNESS
+    if _HARNESS is None:
+        spec = spec_from_file_location("_grpokit_harness", HARNESS)
+        _HARNESS = module_from_spec(spec)
+        spec.loader.exec_module(_HARNESS)
+    return _HARNESS
+
+
 class Sandbox:
     """One started sandbox: `start` it, talk over `req_w`/`resp_r` (serve mode) or its stdio
-    (stdio mode), then `close` it, which kills everything it started."""
+    (stdio mode), then `close` it, which kills everything it started. Made only in a child of the
+    fork server (`_zygote.py`): the harness is forked from it, not started as a new interpreter."""
 
     def __init__(self, mode: str, limits: SandboxLimits, isolate: bool, site_packages: bool, slot: int):
         self.mode, self.isolate, self.workdir = mode, isolate, None
@@ -115,18 +180,8 @@ class Sandbox:
             asdict(limits), mode=mode, isolate=isolate, site_packages=site_packages, workdir=self.workdir
         )
         cfg.update(fds=fds, max_message_bytes=limits.max_output_bytes)
-        stdio = subprocess.PIPE if mode == "stdio" else subprocess.DEVNULL
         try:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-I", "-B", *([] if site_packages else ["-S"]), HARNESS, json.dumps(cfg)],
-                stdin=stdio,
-                stdout=stdio,
-                stderr=stdio,
-                pass_fds=[fd for fd in fds.values() if fd is not None],
-                env={"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8"},
-                cwd="/",
-                start_new_session=True,
-            )
+            self.proc = _Forked(cfg, [fd for fd in fds.values() if fd is not None], stdio=mode == "stdio")
         except BaseException:
             self._close_fds(ctl_r, status_w, req_r, resp_w)
             self.close()
@@ -263,15 +318,30 @@ def run_program(
 
 
 def _run_program(code, stdin, limits, isolate, site_packages) -> ProgramRun:
+    from grpokit.rewards._zygote import fork_server  # noqa: PLC0415 - _zygote.py loads this file by path
+
     slot = take_slot()
-    box = None
     try:
-        box = Sandbox("stdio", limits, isolate, site_packages, slot)
-        return _collect(box, code, stdin or "", limits)
+        body = json.dumps({"code": code, "stdin": stdin or ""}).encode()
+        header = {"limits": asdict(limits), "isolate": isolate, "site_packages": site_packages, "slot": slot}
+        out = fork_server(site_packages).run("stdio", header, body, limits.wall_s + START_S)
     finally:
-        if box is not None:
-            box.close()
         give_slot(slot)
+    if out is None:
+        return ProgramRun("", "", None, True, False)
+    return ProgramRun(**out)
+
+
+def run_stdio(header: dict, job_fd: int) -> dict:
+    """In a child of the fork server: start the sandbox, then read the code and stdin, run them."""
+    limits = SandboxLimits(**header["limits"])
+    box = Sandbox("stdio", limits, header["isolate"], header["site_packages"], header["slot"])
+    try:
+        with os.fdopen(job_fd, "rb") as f:
+            job = json.loads(f.read())
+        return asdict(_collect(box, job["code"], job["stdin"], limits))
+    finally:
+        box.close()
 
 
 def _feed(fd: int, data: bytes) -> None:
