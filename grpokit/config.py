@@ -111,6 +111,23 @@ class RolloutConfig:
     """fast engine with the static cache on CUDA: record each decode step once, then replay it."""
     ignore_eos: bool = False
     """Training rollouts: an EOS sampled ends nothing; every completion runs to max_new_tokens (benchmarks)."""
+    tools: list[str] = field(default_factory=list)
+    """Multi-turn rollouts with tools (grpokit.episodes): python (the sandboxed interpreter), package.module:function
+    or file.py:function, each a typed function with a docstring; results reach the model as tool messages."""
+    environment: str | None = None
+    """Multi-turn rollouts in an environment (grpokit.envs): a factory as package.module:Env or file.py:Env."""
+    tool_parser: str = "hermes"
+    """How tool calls are read from a model turn: hermes (<tool_call>{json}</tool_call>) or package.module:function."""
+    max_turns: int = 4
+    """Multi-turn: model turns per episode at most (max_new_tokens caps each turn)."""
+    max_episode_tokens: int = 0
+    """Multi-turn: tokens after the prompt per episode, the model's and the tools' (0: max_turns x max_new_tokens)."""
+    tool_timeout_s: float = 10.0
+    """Multi-turn: wall-clock budget of one tool call; past it the worker is killed and the model reads an error."""
+    tool_workers: int = 2
+    """Multi-turn: tool calls (and environment steps) run at the same time."""
+    max_tool_result_chars: int = 2000
+    """Multi-turn: a tool result longer than this is cut, with a note saying so."""
 
 
 @dataclass

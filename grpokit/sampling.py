@@ -40,10 +40,19 @@ class SamplingMixin:
             row_ids = self.dist.my_share(self.stream.take(P * self.dist.world))  # whole groups per rank
             t = time.perf_counter()
             seed = self.dist.rank_seed(self._seed(rounds))  # torchrun: ranks draw independent samples
-            rollout = self.rollout([self.encoded[i] for i in row_ids], seed=seed)
+            rows = [self.train_rows[i] for i in row_ids]
+            if self.episodes is not None:  # multi-turn (grpokit.episodes): episodes, scored whole
+                model = self.dist.generation_model(self.model, self.step)
+                self.model.eval()
+                episodes = self.episodes.rollout(self.generator, model, self.tokenizer, rows, seed=seed, eos_token_ids=self.eos_ids)
+            else:
+                rollout = self.rollout([self.encoded[i] for i in row_ids], seed=seed)
             timing["generation"] += time.perf_counter() - t
             t = time.perf_counter()
-            scored = self.score(rollout, [self.train_rows[i] for i in row_ids])
+            if self.episodes is not None:
+                scored = self.episodes.score(episodes, rows, self.rewards, self.tokenizer, self._trainer_state(), self.step)
+            else:
+                scored = self.score(rollout, rows)
             timing["scoring"] += time.perf_counter() - t
             round_metrics.append(scored.reward_metrics)
             spread = scored.rewards.view(P, G)
@@ -153,6 +162,12 @@ class SamplingMixin:
         )
         return out
 
+    def _trainer_state(self) -> TrainerState:
+        P = self.cfg.rollout.prompts_per_step
+        return TrainerState(
+            global_step=self.step, max_steps=self.cfg.train.steps, epoch=self.step * P / max(len(self.train_rows), 1)
+        )
+
     def score(self, rollout: Rollout, rows: list[dict]) -> ScoredBatch:
         """Run the reward functions on each completion; the group's prompt row gives the columns."""
         G = rollout.completion_ids.shape[0] // len(rows)
@@ -161,12 +176,7 @@ class SamplingMixin:
         texts = rollout.decode(self.tokenizer)  # (N,) what the reward functions read
         columns = reward_columns(per_completion_rows, self.cfg.data.prompt_column)
         columns["completion_ids"] = completion_ids
-        P = self.cfg.rollout.prompts_per_step
-        columns["trainer_state"] = TrainerState(
-            global_step=self.step,
-            max_steps=self.cfg.train.steps,
-            epoch=self.step * P / max(len(self.train_rows), 1),
-        )
+        columns["trainer_state"] = self._trainer_state()
         prompts = [row[self.cfg.data.prompt_column] for row in per_completion_rows]
         completions = as_completions(prompts, texts)  # TRL's shapes: messages for chat prompts, else text
         result = self.rewards(prompts, completions, columns)

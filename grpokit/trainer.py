@@ -40,6 +40,7 @@ from grpokit.config import Config, ConfigError, resolve_algo, validated
 from grpokit.critic import CriticMixin
 from grpokit.data import load_train_eval
 from grpokit.distributed import Distributed
+from grpokit.episodes import EpisodeSampler, multi_turn
 from grpokit.errors import FlatRewardsError, TrainingError  # noqa: F401
 from grpokit.evaluate import evaluate
 from grpokit.generation import FastGenerator, HFGenerator, Rollout, rollout_metrics
@@ -137,7 +138,10 @@ class GRPOTrainer(SamplingMixin, RunStateMixin, MicroBatchMixin, CriticMixin):
         renamed = dict(zip(given_names, reward_metric_names(given_names)))
         reward_functions = [(renamed[name], fn, weight) for name, fn, weight in reward_functions]
         self.reward_names = [name for name, _, _ in reward_functions]
-        check_process_setup(self.algo, reward_functions)  # grpo_process needs a reward that scores steps
+        # grpo_process needs a reward that scores steps (or an environment's per-turn rewards)
+        check_process_setup(self.algo, reward_functions, turn_rewards=bool(cfg.rollout.environment))
+        # multi-turn rollouts (rollout.tools / rollout.environment): bad tools fail before the model loads
+        self.episodes = EpisodeSampler(cfg, reward_functions, self.algo) if multi_turn(cfg.rollout) else None
         self.rewards = RewardRunner(reward_functions, timeout_s=cfg.train.reward_timeout_s)
         accuracy = cfg.train.accuracy_reward
         self.accuracy_name = renamed.get(accuracy, accuracy) if accuracy else self.reward_names[0]
@@ -180,6 +184,8 @@ class GRPOTrainer(SamplingMixin, RunStateMixin, MicroBatchMixin, CriticMixin):
         self.ref_model = frozen_reference(model, cfg.lora.enabled) if self.uses_reference else None
         self.dist.wrap(self.model, self.ref_model, self.resume_from)  # torchrun: FSDP2 / DDP
         self.eos_ids = eos_token_ids(self.tokenizer, self.model)
+        if self.episodes is not None:
+            self.episodes.check_tokenizer(self.tokenizer)  # a template that cannot render tools or turns
 
         # prompts are checked for length up front, so a bad row fails before any training
         self.encoded = self._encode_all(self.train_rows)
@@ -339,6 +345,8 @@ class GRPOTrainer(SamplingMixin, RunStateMixin, MicroBatchMixin, CriticMixin):
         metrics["tokens_per_s"] = generated / step_seconds
         metrics["peak_memory_mb"] = peak_memory_mb(self.device)
         metrics.update(rollout_metrics(self.generator))  # rollout/cuda_graphs, rollout/static_kv_cache
+        if self.episodes is not None:  # episode/turns_mean, tools/calls, tools/errors, masked_token_frac...
+            metrics.update(self.episodes.take_metrics())
         self.dist.finish_metrics(metrics)
         if self.cfg.train.samples_every and self.step % self.cfg.train.samples_every == 0:
             self._save_samples(batch)

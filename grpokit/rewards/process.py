@@ -175,13 +175,14 @@ def step_rewards_of(
     return out
 
 
-def check_process_setup(algo, functions: list[tuple[str, Callable, float]]) -> None:
-    """ConfigError when the algorithm's estimator reads step rewards and no reward function gives them."""
+def check_process_setup(algo, functions: list[tuple[str, Callable, float]], turn_rewards: bool = False) -> None:
+    """ConfigError when the algorithm's estimator reads step rewards and no reward function gives them
+    (``turn_rewards``: an environment's per-turn rewards give them, grpokit.episodes)."""
     from grpokit.algos.advantages import ADVANTAGE_ALIASES
     from grpokit.config import ConfigError
 
     estimator = algo.advantage.estimator
-    if ADVANTAGE_ALIASES.get(estimator, estimator) not in PROCESS_ADVANTAGES:
+    if ADVANTAGE_ALIASES.get(estimator, estimator) not in PROCESS_ADVANTAGES or turn_rewards:
         return
     if not any(is_process_reward(fn) for _, fn, _ in functions):
         names = [name for name, _, _ in functions]

@@ -1,0 +1,212 @@
+"""Multi-turn sampling for the trainer: when ``rollout.tools`` or ``rollout.environment`` is set, a step's
+rollout is a batch of episodes (grpokit.multiturn) instead of single completions, scored whole.
+
+    rollout:
+      tools: [python, my_tools.py:multiply]    # or environment: my_env.py:make_env (grpokit.envs protocol)
+      max_turns: 4                             # model turns per episode
+      max_new_tokens: 128                      # per model turn
+      max_episode_tokens: 0                    # everything after the prompt, tool tokens too (0: max_turns x max_new_tokens)
+
+What changes for the rest of the trainer: nothing but the Rollout it gets, whose ``completion_mask`` holds
+the model's own tokens only (loss, KL, entropy, advantages, metrics) and ``context_mask`` every token
+attended to. Group advantages are over whole episodes (one reward per episode); with ``grpo_process``
+each turn the environment rewards is a step (grpokit.multiturn.episode_step_rewards), plus the reward
+functions' total at the last model token.
+
+Reward functions get TRL's message-list convention: ``prompts[i]`` the first messages, ``completions[i]``
+every message after them (assistant turns, tool results, environment replies), and the columns
+``turn_rewards`` (per episode, per model turn: the environment's reward or None) and ``completion_ids``
+(the model's own token ids).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from grpokit.algos.advantages import ADVANTAGE_ALIASES
+from grpokit.batch import ScoredBatch
+from grpokit.data import reward_columns
+from grpokit.envs import Environment, ToolEnvironment
+from grpokit.errors import ConfigError, TrainingError
+from grpokit.multiturn import ChatDelta, EpisodeBatch, episode_step_rewards, run_episodes
+from grpokit.rewards.process import PROCESS_ADVANTAGES, is_process_reward
+from grpokit.tools import ToolDefinitionError, ToolRunner, get_parser, load_tools
+
+SUMMED = ("tools/calls", "tools/errors", "tools/timeouts", "time/turn_generation", "time/tools")
+"""Episode metrics that add up over a step's sampling rounds; the others are averaged."""
+
+
+def multi_turn(rollout_cfg) -> bool:
+    """Whether the config asks for multi-turn rollouts (tools or an environment)."""
+    return bool(rollout_cfg.tools or rollout_cfg.environment)
+
+
+def load_environment(spec: str) -> Callable[[], Environment]:
+    """The factory named 'module:attr' or 'file.py:attr' (a class or a function with no arguments)."""
+    target, sep, attr = spec.rpartition(":")
+    if not sep or not target or not attr:
+        raise ConfigError(
+            f"rollout.environment={spec!r}: name a factory as 'package.module:Env' or 'file.py:Env'"
+        )
+    try:
+        if target.endswith(".py"):
+            path = Path(target).expanduser()
+            module_spec = importlib.util.spec_from_file_location(f"grpokit_user_env_{path.stem}", path)
+            if module_spec is None or not path.is_file():
+                raise FileNotFoundError(f"{path} not found (relative to {Path.cwd()})")
+            module = importlib.util.module_from_spec(module_spec)
+            module_spec.loader.exec_module(module)
+        else:
+            module = importlib.import_module(target)
+        factory = getattr(module, attr)
+    except (Exception, SystemExit) as e:
+        raise ConfigError(f"rollout.environment={spec!r}: loading it failed: {type(e).__name__}: {e}") from e
+    if not callable(factory):
+        raise ConfigError(
+            f"rollout.environment={spec!r} is a {type(factory).__name__}, not a class or function"
+        )
+    return factory
+
+
+class EpisodeSampler:
+    """The trainer's multi-turn rollouts and their scoring. Owns the tool runner (its worker processes),
+    the parser, the environment factory and the chat-template delta; built before the model loads, so a
+    bad tool or environment fails at once."""
+
+    def __init__(self, cfg, reward_functions: list[tuple[str, Callable, float]], algo):
+        r = cfg.rollout
+        if r.tools and r.environment:
+            raise ConfigError(
+                "set rollout.tools or rollout.environment, not both: an environment runs its own tools"
+            )
+        for key in ("max_turns", "tool_workers", "max_tool_result_chars"):
+            if getattr(r, key) < 1:
+                raise ConfigError(f"rollout.{key}={getattr(r, key)} must be >= 1")
+        if r.max_episode_tokens < 0 or r.tool_timeout_s <= 0:
+            raise ConfigError(
+                "rollout.max_episode_tokens must be >= 0 (0: max_turns x max_new_tokens) and "
+                "rollout.tool_timeout_s > 0"
+            )
+        if r.ignore_eos:
+            raise ConfigError(
+                "rollout.ignore_eos cannot end a model turn; turn it off for multi-turn rollouts"
+            )
+        process_fns = [name for name, fn, _ in reward_functions if is_process_reward(fn)]
+        if process_fns:
+            raise ConfigError(
+                f"the process rewards {process_fns} score steps of one completion's text; in multi-turn rollouts "
+                "the steps are the turns: return per-turn rewards from the environment (EnvStep.reward) instead"
+            )
+        self.cfg, self.algo, self.reward_functions = cfg, algo, reward_functions
+        self.tools = load_tools(list(r.tools))  # ToolDefinitionError before the model loads
+        self.parser = get_parser(r.tool_parser)
+        self.factory = load_environment(r.environment) if r.environment else None
+        self.runner = (
+            ToolRunner(
+                self.tools,
+                timeout_s=r.tool_timeout_s,
+                max_result_chars=r.max_tool_result_chars,
+                workers=r.tool_workers,
+            )
+            if self.tools
+            else None
+        )
+        self.max_episode_tokens = r.max_episode_tokens or r.max_turns * r.max_new_tokens
+        self.delta: ChatDelta | None = None
+        self._rounds: list[dict[str, float]] = []
+
+    def new_environment(self) -> Environment:
+        if self.factory is None:
+            return ToolEnvironment(
+                self.runner, self.parser, self.cfg.data.prompt_column, self.cfg.data.system_prompt
+            )
+        env = self.factory()
+        if not (callable(getattr(env, "reset", None)) and callable(getattr(env, "step", None))):
+            raise ConfigError(
+                f"rollout.environment={self.cfg.rollout.environment!r} made a {type(env).__name__} without "
+                "reset(row) and step(text) (grpokit.envs.Environment)"
+            )
+        return env
+
+    def check_tokenizer(self, tokenizer) -> None:
+        """Builds the chat-template delta: a template that cannot render the tools or turns is a ConfigError."""
+        if self.delta is None or self.delta.tokenizer is not tokenizer:
+            self.delta = ChatDelta(tokenizer, [t.schema for t in self.tools])
+
+    def rollout(
+        self, generator, model, tokenizer, rows: list[dict], *, seed: int, eos_token_ids: list[int]
+    ) -> EpisodeBatch:
+        """G episodes for each of ``rows`` (the per-rank share of the step's prompts)."""
+        r = self.cfg.rollout
+        self.check_tokenizer(tokenizer)
+        envs = [self.new_environment() for _ in range(len(rows) * r.group_size)]
+        batch = run_episodes(
+            generator, model, tokenizer, self.delta, envs, rows,
+            group_size=r.group_size, max_turns=r.max_turns, max_new_tokens=r.max_new_tokens,
+            max_episode_tokens=self.max_episode_tokens, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
+            eos_token_ids=eos_token_ids, pad_token_id=tokenizer.pad_token_id, seed=seed, threads=r.tool_workers,
+        )  # fmt: skip
+        self._rounds.append(batch.metrics)
+        return batch
+
+    def score(
+        self, batch: EpisodeBatch, rows: list[dict], rewards, tokenizer, trainer_state, step: int
+    ) -> ScoredBatch:
+        """Reward functions over whole transcripts (see the module docstring) -> the step's ScoredBatch."""
+        cfg = self.cfg
+        episodes = batch.episodes
+        per_episode_rows = [row for row in rows for _ in range(len(episodes) // len(rows))]
+        columns = reward_columns(per_episode_rows, cfg.data.prompt_column)
+        columns["completion_ids"] = batch.rollout.completion_token_ids()  # the model's own ids
+        columns["turn_rewards"] = [list(ep.turn_rewards) for ep in episodes]
+        columns["trainer_state"] = trainer_state
+        prompts = [ep.messages[: ep.n_first] for ep in episodes]
+        completions = [ep.completion for ep in episodes]
+        result = rewards(prompts, completions, columns)
+        problem = result.failure(cfg.train.max_reward_failure_frac, prompts, completions)
+        if problem:
+            raise TrainingError(
+                f"step {step + 1}: {problem}\nFix the reward function (or the data it reads). "
+                f"train.max_reward_failure_frac={cfg.train.max_reward_failure_frac:g} is the share of "
+                "a step's completions a function may fail on and still count 0 there."
+            )
+        r = batch.rollout
+        texts = [  # what logs and sample files show: the whole transcript after the prompt, markers included
+            tokenizer.decode(ids[mask.bool()].tolist(), skip_special_tokens=False)
+            for ids, mask in zip(r.completion_ids.cpu(), r.attention_mask.cpu())
+        ]
+        step_rewards = None
+        estimator = ADVANTAGE_ALIASES.get(self.algo.advantage.estimator, self.algo.advantage.estimator)
+        if estimator in PROCESS_ADVANTAGES:
+            outcome = result.total if any(w != 0 for _, _, w in self.reward_functions) else None
+            step_rewards = episode_step_rewards(episodes, outcome)
+        return ScoredBatch(
+            rollout=r,
+            rows=per_episode_rows,
+            texts=texts,
+            rewards=torch.tensor(result.total, dtype=torch.float32),
+            per_function=result.per_function,
+            reward_metrics=result.metrics(),
+            extra={k: v for k, v in result.extra.items() if len(v) == len(texts)},
+            step_rewards=step_rewards,
+        )
+
+    def take_metrics(self) -> dict[str, float]:
+        """The episode metrics of the rollouts since the last call: counts and seconds summed over the
+        sampling rounds, the rest averaged."""
+        rounds, self._rounds = self._rounds, []
+        if not rounds:
+            return {}
+        return {key: sum(m[key] for m in rounds) / (1 if key in SUMMED else len(rounds)) for key in rounds[0]}
+
+    def close(self) -> None:
+        if self.runner is not None:
+            self.runner.close()
+
+
+__all__ = ["EpisodeSampler", "ToolDefinitionError", "load_environment", "multi_turn"]
