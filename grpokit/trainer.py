@@ -63,6 +63,7 @@ from grpokit.output_lock import (
 from grpokit.precision import make_grad_scaler, make_optimizer, resolve_precision
 from grpokit.rewards import RewardRunner, resolve_reward, resolve_reward_specs
 from grpokit.rewards.process import check_process_setup
+from grpokit.rewards.which_accuracy import choose_accuracy_reward
 from grpokit.run_state import RunStateMixin, StopOnSignals  # noqa: F401
 from grpokit.runlog import RunLogger, reward_metric_names
 from grpokit.sampling import SamplingMixin
@@ -143,12 +144,8 @@ class GRPOTrainer(SamplingMixin, RunStateMixin, MicroBatchMixin, CriticMixin):
         # multi-turn rollouts (rollout.tools / rollout.environment): bad tools fail before the model loads
         self.episodes = EpisodeSampler(cfg, reward_functions, self.algo) if multi_turn(cfg.rollout) else None
         self.rewards = RewardRunner(reward_functions, timeout_s=cfg.train.reward_timeout_s)
-        accuracy = cfg.train.accuracy_reward
-        self.accuracy_name = renamed.get(accuracy, accuracy) if accuracy else self.reward_names[0]
-        if self.accuracy_name not in self.reward_names:
-            raise ConfigError(
-                f"train.accuracy_reward={self.accuracy_name!r} is not one of the rewards {self.reward_names}"
-            )
+        shaped = [n for n in self.reward_names if n != "overlong_penalty" or not self.algo.batch.overlong_shaping]
+        self.accuracy_name = choose_accuracy_reward(shaped, cfg.train.accuracy_reward, renamed)  # the rule
         self.accuracy_fn = dict((n, f) for n, f, _ in reward_functions)[self.accuracy_name]
 
         # the model's config.json and the checkpoint to resume from, checked before either loads

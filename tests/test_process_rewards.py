@@ -117,6 +117,7 @@ def test_grpo_process_end_to_end_with_a_rule_based_step_reward_and_an_outcome_re
         "train.steps=2",
         "rollout.max_new_tokens=10",
         "eval.enabled=false",
+        "train.accuracy_reward=digit_steps",  # two rewards, neither a known verifier: say which
         functions=[("digit_steps", digit_steps, 1.0), ("has_seven", has_seven, 0.5)],
     )
     trainer.eos_ids = [1, *range(30, 36)]  # completions of many lengths

@@ -87,3 +87,27 @@ def test_trls_batch_scale_is_the_std_of_the_rewards_not_of_the_centred_ones():
     trl = group_advantages(rewards, 2, scale="batch_reward", eps=0.0)
     torch.testing.assert_close(lite, torch.tensor([-0.8660254, 0.8660254, -0.8660254, 0.8660254]))
     torch.testing.assert_close(trl, torch.tensor([-0.3872983, 0.3872983, -0.3872983, 0.3872983]))
+
+
+# ------------------------------------------------------------------ item 3: which reward is accuracy
+
+
+def test_accuracy_is_the_verifier_never_a_format_reward_listed_first():
+    from grpokit.errors import ConfigError
+    from grpokit.rewards.which_accuracy import choose_accuracy_reward as choose
+
+    # the case: TRL's think_format_reward listed first, accuracy_reward second
+    assert choose(["think_format_reward", "accuracy_reward"], None) == "accuracy_reward"
+    assert choose(["format_strict", "math_accuracy"], None) == "math_accuracy"
+    assert choose(["format_strict", "code_tests", "overlong_penalty"], None) == "code_tests"
+    assert choose(["has_seven"], None) == "has_seven"  # the only reward, not a shaping one
+    assert choose(["a", "b"], "b") == "b"
+    assert choose(["brevity"], "my_rewards.py:brevity", {"my_rewards.py:brevity": "brevity"}) == "brevity"
+    with pytest.raises(ConfigError, match=r"Of the rewards \['think_format_reward'\], none is a known verifier"):
+        choose(["think_format_reward"], None)
+    with pytest.raises(ConfigError, match="set train.accuracy_reward to the one whose 1 means correct"):
+        choose(["digit_steps", "has_seven"], None)
+    with pytest.raises(ConfigError, match="2 look like verifiers"):
+        choose(["math_accuracy", "accuracy_reward"], None)
+    with pytest.raises(ConfigError, match="train.accuracy_reward='nope' is not one of the rewards"):
+        choose(["a"], "nope")

@@ -1,0 +1,53 @@
+"""Which reward is "accuracy" (the console's accuracy, the plots, evaluation's pass@1 / maj@k and the
+flat-reward check): one documented rule, never a format or length reward picked silently.
+
+  1. `train.accuracy_reward` when set (a reward's name, as in the config or the metrics).
+  2. else the one verifier among the rewards: a built-in that checks correctness (math_accuracy,
+     code_tests) or a function whose name says accuracy / correct (TRL's
+     `accuracy_reward`, `reasoning_accuracy_reward`);
+  3. else the only reward when there is just one and its name does not say format / length / overlong;
+  4. else an error that lists the rewards and asks for `train.accuracy_reward`.
+
+Before issue 30 the first reward listed was taken: with TRL's `think_format_reward` first, "accuracy"
+read 1.0 while the accuracy reward was 0.19.
+"""
+
+from __future__ import annotations
+
+from grpokit.errors import ConfigError
+
+VERIFIERS = ("math_accuracy", "code_tests")
+"""Built-in rewards whose 1 means correct (a reward model's score does not: name it to use it)."""
+ACCURACY_WORDS = ("accuracy", "correct")
+SHAPING_WORDS = ("format", "length", "overlong", "len_", "_len", "brevity", "language")
+
+
+def _words(name: str) -> str:
+    return name.rsplit(":", 1)[-1].lower()
+
+
+def choose_accuracy_reward(names: list[str], explicit: str | None, aliases: dict[str, str] | None = None) -> str:
+    """The name (as in `names`, the metrics' names) of the reward that accuracy reads; see the module doc.
+
+    `aliases` maps the config's names to the metric names (my_rewards.py:brevity -> brevity)."""
+    aliases = aliases or {}
+    if explicit:
+        name = aliases.get(explicit, explicit)
+        if name not in names:
+            raise ConfigError(f"train.accuracy_reward={explicit!r} is not one of the rewards {names}")
+        return name
+    original = {aliases.get(k, k): k for k in aliases} | {n: n for n in names if n not in aliases.values()}
+    verifiers = [
+        n for n in names
+        if original.get(n, n) in VERIFIERS or any(w in _words(original.get(n, n)) for w in ACCURACY_WORDS)
+    ]
+    if len(verifiers) == 1:
+        return verifiers[0]
+    if len(names) == 1 and not any(w in _words(original.get(names[0], names[0])) for w in SHAPING_WORDS):
+        return names[0]
+    why = f"{len(verifiers)} look like verifiers ({verifiers})" if verifiers else "none is a known verifier"
+    raise ConfigError(
+        f"which reward is accuracy? Of the rewards {names}, {why}; set train.accuracy_reward to the one whose "
+        "1 means correct (it drives the accuracy metric, evaluation's pass@1 and maj@k, and the flat-reward "
+        "check), e.g. train.accuracy_reward=" + (verifiers or names)[0]
+    )
