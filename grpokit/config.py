@@ -204,10 +204,14 @@ class OptimConfig:
     """AdamW beta1."""
     adam_beta2: float = 0.99
     """AdamW beta2."""
+    adam_epsilon: float = 1e-8
+    """AdamW epsilon (TRL's adam_epsilon)."""
     warmup_steps: int = 0
-    """Linear warm-up steps."""
+    """Linear warm-up, in training steps (rollouts; grpokit.schedules)."""
+    warmup_ratio: float = 0.0
+    """Warm-up as a share of train.steps, ceil(ratio * steps) (TRL's warmup_ratio); overrides warmup_steps."""
     schedule: str = "constant"
-    """constant | cosine (after warm-up)."""
+    """constant | cosine | linear (transformers' linear decay to 0, TRL's default), after warm-up."""
     max_grad_norm: float = 1.0
     """Gradient clipping by global norm (0 = off)."""
     epochs: int = 1
@@ -253,7 +257,10 @@ class EvalConfig:
 @dataclass
 class TrainConfig:
     steps: int = 100
-    """Optimizer rollouts (training steps)."""
+    """Training steps, each one rollout (optim.mini_batches x optim.epochs optimizer steps)."""
+    num_train_epochs: float | None = None
+    """Passes over the training prompts (TRL's num_train_epochs); when set, train.steps becomes
+    ceil(num_train_epochs * prompts / rollout.prompts_per_step)."""
     seed: int = 0
     """Seed of data order, sampling and initialisation."""
     output_dir: str = "runs/grpokit"

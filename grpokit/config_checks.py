@@ -109,6 +109,9 @@ RANGES: dict[str, tuple[str, Any, str]] = {
     "optim.adam_beta1":            ("[0, 1)", 0.9, ""),
     "optim.adam_beta2":            ("[0, 1)", 0.99, ""),
     "optim.warmup_steps":          ("[0, inf)", 10, ""),
+    "optim.warmup_ratio":          ("[0, 1]", 0.1, "0 = use optim.warmup_steps"),
+    "optim.adam_epsilon":          ("(0, 1)", "1e-8", ""),
+    "train.num_train_epochs":      ("(0, inf)", 3, "null = train.steps"),
     "optim.max_grad_norm":         ("[0, inf)", 1.0, "0 = no clipping"),
     "optim.epochs":                ("[1, inf)", 1, ""),
     "optim.mini_batches":          ("[1, inf)", 1, ""),
@@ -200,7 +203,7 @@ def check_config(cfg: Config) -> None:
         "data.template": (cfg.data.template, ["auto", "chat", "plain", "r1_zero"]),
         "rollout.engine": (cfg.rollout.engine, ["fast", "hf"]),
         "rollout.kv_cache": (cfg.rollout.kv_cache, list(KV_CACHES)),
-        "optim.schedule": (cfg.optim.schedule, ["constant", "cosine"]),
+        "optim.schedule": (cfg.optim.schedule, ["constant", "cosine", "linear"]),
         "train.distributed": (cfg.train.distributed, ["auto", "fsdp", "ddp"]),
         "optim.precision": (
             cfg.optim.precision,

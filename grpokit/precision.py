@@ -122,11 +122,11 @@ def make_optimizer(params: list[torch.Tensor], precision: Precision, optim_cfg, 
             ) from e
         # torch-optimi's weight decay is lr-coupled (p *= 1 - lr*wd) unless decouple_lr, as torch's.
         return optimi.AdamW(
-            params, lr=optim_cfg.lr, betas=betas, weight_decay=optim_cfg.weight_decay, eps=1e-8,
+            params, lr=optim_cfg.lr, betas=betas, weight_decay=optim_cfg.weight_decay, eps=optim_cfg.adam_epsilon,
             kahan_sum=True,
         )
     return torch.optim.AdamW(
-        params, lr=optim_cfg.lr, betas=betas, weight_decay=optim_cfg.weight_decay,
+        params, lr=optim_cfg.lr, betas=betas, weight_decay=optim_cfg.weight_decay, eps=optim_cfg.adam_epsilon,
         fused=device.type == "cuda",
     )
 

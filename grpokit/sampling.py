@@ -164,8 +164,12 @@ class SamplingMixin:
 
     def _trainer_state(self) -> TrainerState:
         P = self.cfg.rollout.prompts_per_step
+        n = max(len(self.train_rows), 1)
         return TrainerState(
-            global_step=self.step, max_steps=self.cfg.train.steps, epoch=self.step * P / max(len(self.train_rows), 1)
+            global_step=self.step,
+            max_steps=self.cfg.train.steps,
+            epoch=self.step * P / n,
+            num_train_epochs=self.cfg.train.steps * P / n,
         )
 
     def score(self, rollout: Rollout, rows: list[dict]) -> ScoredBatch:

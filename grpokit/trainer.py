@@ -67,6 +67,7 @@ from grpokit.rewards.which_accuracy import choose_accuracy_reward
 from grpokit.run_state import RunStateMixin, StopOnSignals  # noqa: F401
 from grpokit.runlog import RunLogger, reward_metric_names
 from grpokit.sampling import SamplingMixin
+from grpokit.schedules import lr_factor, warmup_steps
 from grpokit.templates import describe_templates, encode_prompts
 from grpokit.update import AUTO_MICRO_TOKENS, MicroBatchMixin, peak_memory_mb  # noqa: F401
 from grpokit.update_stats import UpdateStats
@@ -123,6 +124,8 @@ class GRPOTrainer(SamplingMixin, RunStateMixin, MicroBatchMixin, CriticMixin):
 
         # data
         self.train_rows, self.eval_rows = load_train_eval(cfg.data, train_rows, eval_rows)
+        if cfg.train.num_train_epochs:  # TRL's epochs: passes over the prompts, one rollout of P prompts a step
+            cfg.train.steps = math.ceil(cfg.train.num_train_epochs * len(self.train_rows) / cfg.rollout.prompts_per_step)
 
         # rewards, resolved before the model loads: a bad reward fails in a second
         if reward_functions is None:
@@ -223,13 +226,8 @@ class GRPOTrainer(SamplingMixin, RunStateMixin, MicroBatchMixin, CriticMixin):
         )
 
     def _lr_factor(self, step: int) -> float:
-        warm = self.cfg.optim.warmup_steps
-        if step < warm:
-            return (step + 1) / (warm + 1)
-        if self.cfg.optim.schedule == "cosine":
-            span = max(1, self.cfg.train.steps - warm)
-            return 0.5 * (1 + math.cos(math.pi * min(1.0, (step - warm) / span)))
-        return 1.0
+        o, total = self.cfg.optim, self.cfg.train.steps
+        return lr_factor(step, o.schedule, warmup_steps(total, o.warmup_steps, o.warmup_ratio), total)
 
     # ----------------------------------------------------------------------------- the loop
 

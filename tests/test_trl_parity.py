@@ -111,3 +111,40 @@ def test_accuracy_is_the_verifier_never_a_format_reward_listed_first():
         choose(["math_accuracy", "accuracy_reward"], None)
     with pytest.raises(ConfigError, match="train.accuracy_reward='nope' is not one of the rewards"):
         choose(["a"], "nope")
+
+
+# ------------------------------------------------------------------ item 5: schedules and knobs
+
+
+def test_linear_schedule_is_transformers_linear_with_warmup():
+    from transformers import get_linear_schedule_with_warmup
+
+    from grpokit.schedules import lr_factor, warmup_steps
+
+    for total, warm in [(4, 0), (10, 3), (7, 7)]:
+        opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+        sched = get_linear_schedule_with_warmup(opt, warm, total)
+        theirs = []
+        for _ in range(total):
+            theirs.append(opt.param_groups[0]["lr"])
+            opt.step()
+            sched.step()
+        assert [lr_factor(s, "linear", warm, total) for s in range(total)] == pytest.approx(theirs)
+    assert [lr_factor(s, "linear", 0, 4) for s in range(4)] == [1.0, 0.75, 0.5, 0.25]
+    assert warmup_steps(100, 5, 0.0) == 5 and warmup_steps(100, 5, 0.03) == 3 and warmup_steps(10, 0, 0.25) == 3
+
+
+def test_adam_epsilon_and_warmup_ratio_reach_the_optimizer(tmp_path):
+    from grpokit import GRPOTrainer, load_config
+    from tests.tiny_model import make_tiny_model
+
+    model, tok = make_tiny_model("qwen2", seed=0)
+    cfg = load_config(None, [f"train.output_dir={tmp_path}", "optim.adam_epsilon=1e-5", "optim.schedule=linear",
+                             "optim.warmup_ratio=0.5", "train.num_train_epochs=2", "rollout.prompts_per_step=2",
+                             "model.device=cpu", "eval.enabled=false", "optim.lr=1e-3", "rollout.max_new_tokens=8"])
+    rows = [{"prompt": f"{i}+1=", "answer": str(i + 1)} for i in range(3)]
+    trainer = GRPOTrainer(cfg, model=model, tokenizer=tok, train_rows=rows, reward_functions=[("r", lambda completions, **k: [0.0] * len(completions), 1.0)])
+    assert trainer.optimizer.param_groups[0]["eps"] == 1e-5
+    assert trainer.cfg.train.steps == 3  # ceil(2 epochs * 3 prompts / 2 per step)
+    # warm-up ceil(0.5 * 3) = 2 steps: lr 0, then 1e-3 / 2, then the linear decay (3 - 2) / (3 - 2)
+    assert [trainer._lr_factor(s) for s in range(3)] == [0.0, 0.5, 1.0]

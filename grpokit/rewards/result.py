@@ -18,6 +18,8 @@ class TrainerState:
     """Steps the run is set to do (train.steps)."""
     epoch: float = 0.0
     """Passes over the training prompts so far (fractional)."""
+    num_train_epochs: float = 0.0
+    """Passes over the training prompts the whole run makes (train.steps x prompts per step / prompts)."""
 
 
 @dataclass
