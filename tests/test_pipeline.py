@@ -172,3 +172,31 @@ def test_killed_mid_stage_continues_that_stage_and_reruns_none_before_it(files, 
     err = capsys.readouterr().err
     assert "stage 01-sample changed since it finished" in err and "--rerun-changed" in err
     assert {p: (p.stat().st_mtime_ns, p.read_bytes()) for p in first} == first
+
+
+def test_demo_pipeline_file_checks_and_its_chains_score_full_marks(tmp_path, monkeypatch):
+    """The demo's pipeline file passes every check; its cold-start chains are what the rewards want."""
+    import grpokit.demo_r1 as demo_r1
+    from grpokit.pipeline import check_stage_configs, load_pipeline
+    from grpokit.rewards import format_lenient, math_accuracy
+
+    assert demo_r1.chain("27+45=") == "<think>2+4=6 7+5=12</think><answer>72</answer>"
+    prompts = ["7+45=", "49+49=", "0+0="]
+    chains = [demo_r1.chain(p) for p in prompts]
+    assert math_accuracy(prompts, chains, answer=["52", "98", "0"]) == [1.0, 1.0, 1.0]
+    assert format_lenient(prompts, chains) == [1.0, 1.0, 1.0]
+    paths = {name: tmp_path / f"{name}.jsonl" for name in ("cold_start", "train", "eval")}
+    paths["base"] = tmp_path / "base"
+    for path in paths.values():
+        path.write_text(json.dumps({"prompt": "1+2=", "answer": "3"}) + "\n")
+    monkeypatch.setattr(demo_r1, "prepare_r1_demo", lambda log=print: paths)
+    pipe = load_pipeline(demo_r1.write_demo_pipeline(tmp_path / "out"))
+    check_stage_configs(pipe)
+    assert [(s.name, s.kind) for s in pipe.stages] == [
+        ("cold_start", "sft"),
+        ("reason", "rl"),
+        ("rejection", "sample"),
+        ("distill", "sft"),
+        ("final", "rl"),
+        ("rl_alone", "rl"),
+    ]
