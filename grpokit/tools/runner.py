@@ -21,6 +21,7 @@ import struct
 import threading
 import time
 import warnings
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from grpokit.tools.parsers import ToolCall
@@ -188,6 +189,9 @@ class ToolRunner:
             self._idle.put(None)  # started on first use
         self._lock = threading.Lock()
         self._all: list[_Worker] = []
+        # Workers are forked from this one long-lived thread: PR_SET_PDEATHSIG fires when the *thread* that
+        # forked a child exits, and calls come from the engine's short-lived step threads.
+        self._spawner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grpokit-tools")
         self.owner = os.getpid()
         self.counts = {"calls": 0, "errors": 0, "timeouts": 0, "seconds": 0.0}
 
@@ -217,7 +221,7 @@ class ToolRunner:
             return self._count(ToolResult(f"Error: {problem}", error=True))
         worker = self._idle.get()
         if worker is None:
-            worker = _Worker(self.tools, self.max_chars)
+            worker = self._spawner.submit(_Worker, self.tools, self.max_chars).result()
             with self._lock:
                 self._all.append(worker)
         try:
@@ -264,6 +268,7 @@ class ToolRunner:
             workers, self._all = self._all, []
         for w in workers:
             w.kill()
+        self._spawner.shutdown(wait=False)
 
     def __del__(self) -> None:
         try:
