@@ -360,6 +360,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_bench_parser(sub)
     add_sample_parser(sub, [common])
     add_pipeline_parser(sub, [common])
+    from grpokit.view.cli import add_view_parser
+
+    add_view_parser(sub)
     return p
 
 

@@ -4,7 +4,8 @@ Everything lands in one ``output_dir``::
 
     metrics.jsonl                one JSON object per training step: {"step": 12, "reward/total/mean": 0.5, ...}
     eval.jsonl                   the same, one object per evaluation
-    samples/step_000012.jsonl    a few rows (prompt, completion, rewards) of one step
+    samples/step_000012.jsonl    every completion of a sampled step: prompt, completion, rewards, advantage
+    rollouts/step_000012.parquet the same with per-token numbers, for ``grpokit view`` (grpokit.rollout_record)
     tensorboard/                 event files; the tag is the metric key ("reward/math_accuracy/mean"),
                                  evaluations get the prefix "eval/"
     wandb/                       with report_to wandb: the W&B run (offline runs too: WANDB_MODE=offline)
@@ -213,6 +214,8 @@ class RunLogger:
         with open(path, "w", encoding="utf-8") as f:
             for row in rows:
                 f.write(json.dumps(_json_safe(row), ensure_ascii=False, allow_nan=False, default=str) + "\n")
+        for tracker in self._trackers:
+            tracker.log_table(step, "completions", rows)
         return path
 
     def print(self, msg: object) -> None:
@@ -338,7 +341,7 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
 
 # What a run writes into its output folder; the first five mark a folder as holding a run.
 RUN_FILES = ("metrics.jsonl", "eval.jsonl", "checkpoints", "config.yaml", "summary.json")
-RUN_OUTPUTS = (*RUN_FILES, "samples", "tensorboard", "curves.png")
+RUN_OUTPUTS = (*RUN_FILES, "samples", "rollouts", "view.html", "tensorboard", "curves.png")
 
 
 def holds_run(output_dir: str | Path) -> list[str]:
@@ -411,6 +414,9 @@ class _Tracker:
     def log(self, step: int, values: dict[str, float | int]) -> None:
         raise NotImplementedError
 
+    def log_table(self, step: int, key: str, rows: list[dict[str, Any]]) -> None:
+        """A table of rows (the step's completions); trackers without tables ignore it."""
+
     def close(self) -> None:
         raise NotImplementedError
 
@@ -435,6 +441,15 @@ class _WandbTracker(_Tracker):
     def log(self, step: int, values: dict[str, float | int]) -> None:
         if values:
             self._run.log(values, step=step)
+
+    def log_table(self, step: int, key: str, rows: list[dict[str, Any]]) -> None:
+        """``wandb.Table`` under ``key`` (TRL logs its completions as "completions"); values W&B cannot
+        type are written as their str."""
+        import wandb
+
+        columns = list(dict.fromkeys(k for row in rows for k in row))
+        data = [[_table_value(row.get(c)) for c in columns] for row in rows]
+        self._run.log({key: wandb.Table(columns=columns, data=data)}, step=step)
 
     def close(self) -> None:
         self._run.finish()
@@ -527,6 +542,11 @@ def _json_safe(value: Any) -> Any:
     if isinstance(value, list | tuple):
         return [_json_safe(v) for v in value]
     return value  # json.dumps(default=str) deals with the rest
+
+
+def _table_value(value: Any) -> Any:
+    value = _json_safe(value)
+    return value if value is None or isinstance(value, bool | int | float | str) else json.dumps(value, default=str)
 
 
 def _write_jsonl_line(f: TextIO, record: dict[str, Any]) -> None:

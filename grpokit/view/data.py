@@ -1,0 +1,237 @@
+"""What the run explorer shows, read from a run's folder: ``metrics.jsonl``, ``eval.jsonl`` and the saved
+rollouts (``grpokit.rollout_record``), turned into one JSON-able dict per run.
+
+Every number the page shows is computed here, with grpokit's own maths (``grpokit.algos``): the page's
+JavaScript only formats and colours. Per sampled step and group: the rewards, their mean and std, the
+advantages the update used, and the objective worked through (ratios, clipped tokens, KL, the group's loss).
+Per token: eleven float32 quantities, packed little-endian and base64-encoded (``TOKEN_FIELDS``), so a token
+costs 44 bytes + its id, about 64 bytes of page.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from grpokit.algos.token_terms import aggregate, token_terms
+from grpokit.rollout_record import read_rollouts, rollout_files
+from grpokit.runlog import read_metrics
+
+TOKEN_FIELDS = (
+    "logprobs", "old_logprobs", "ref_logprobs", "entropy", "advantages", "ratio", "adv_x_ratio",
+    "clip", "kl", "loss", "step_rewards",
+)  # fmt: skip
+"""The per-token arrays of a step, in this order; NaN where a quantity does not exist (no reference...)."""
+
+ADVANTAGE_FORMULAS = {
+    "group_std": "A_i = (r_i - mean) / (std + eps)",
+    "group_centre": "A_i = r_i - mean",
+    "leave_one_out": "A_i = G/(G-1) (r_i - mean)",
+}
+"""Estimators whose advantage the page recomputes from the group's rewards alone (others: shown as saved)."""
+
+
+class RunReadError(ValueError):
+    """A folder that is not a run, or a run file that cannot be read: the message names it."""
+
+
+def read_run(run_dir: str | Path, *, max_groups: int | None = None) -> dict[str, Any]:
+    """The page's data for one run folder; ``max_groups`` caps the groups kept per sampled step."""
+    folder = Path(run_dir)
+    metrics_path = folder / "metrics.jsonl"
+    if not metrics_path.is_file():
+        raise RunReadError(
+            f"{folder}: no metrics.jsonl, so not a grpokit run folder (give the train.output_dir of a run)"
+        )
+    try:
+        metrics = read_metrics(metrics_path)
+        evals = read_metrics(folder / "eval.jsonl") if (folder / "eval.jsonl").is_file() else []
+    except json.JSONDecodeError as e:
+        raise RunReadError(f"{metrics_path.parent}: a line of its metrics does not parse ({e})") from e
+    vocab: dict[int, str] = {}
+    steps = []
+    for path in rollout_files(folder):
+        try:
+            steps.append(step_view(path, vocab, max_groups=max_groups))
+        except ValueError as e:
+            raise RunReadError(str(e)) from e
+    return {
+        "name": folder.resolve().name,
+        "path": str(folder.resolve()),
+        "metrics": _columns(metrics),
+        "eval": _columns(evals),
+        "steps": steps,
+        "vocab": {str(k): v for k, v in vocab.items()},
+    }
+
+
+def step_view(path: Path, vocab: dict[int, str], *, max_groups: int | None = None) -> dict[str, Any]:
+    """One saved step: rows (texts, rewards, advantages), groups (stats and the worked objective) and the
+    packed per-token arrays. Adds the step's token texts to ``vocab``."""
+    table, meta = read_rollouts(path)
+    G = int(meta["group_size"])
+    if max_groups is not None:
+        table = table.slice(0, max_groups * G)
+    cols = table.to_pydict()
+    N = table.num_rows
+    lengths = cols["length"]
+    T = max(lengths) if lengths else 1
+    mask = torch.zeros(N, T)  # (N, T) generated tokens
+
+    def padded(key: str, default: float = float("nan")) -> torch.Tensor:
+        out = torch.full((N, T), default)
+        for i, values in enumerate(cols[key]):
+            if values is not None:
+                out[i, : len(values)] = torch.tensor([math.nan if v is None else v for v in values])
+        return out  # (N, T)
+
+    for i, n in enumerate(lengths):
+        mask[i, :n] = 1
+    logp, old, adv = padded("logprobs", 0.0), padded("old_logprobs", 0.0), padded("advantages", 0.0)
+    has_ref = any(v is not None for v in cols["ref_logprobs"])
+    ref = padded("ref_logprobs", 0.0) if has_ref else None
+    loss_mask = padded("loss_mask", 0.0) * mask  # (N, T)
+    kw = meta["loss_kwargs"]
+    terms = token_terms(logp, old, adv, mask, ref_logprobs=ref, **kw)  # each (N, T)
+    per_token = {
+        "logprobs": logp, "old_logprobs": old,
+        "ref_logprobs": ref if ref is not None else torch.full((N, T), math.nan),
+        "entropy": padded("entropy"), "advantages": adv, "ratio": terms["ratio"],
+        "adv_x_ratio": adv * terms["ratio"], "clip": terms["clip"], "kl": terms["kl"],
+        "loss": terms["loss"], "step_rewards": padded("step_rewards"), "pg": terms["pg"],
+    }  # fmt: skip
+    for ids, texts in zip(cols["token_ids"], cols["tokens"]):
+        vocab.update(zip(ids, texts))
+    reward_names = meta["reward_names"]
+    rows = {
+        "group": cols["group"], "index": cols["index"], "prompt": cols["prompt"],
+        "completion": cols["completion"], "reward": cols["reward"], "advantage": cols["advantage"],
+        "length": lengths, "truncated": cols["truncated"],
+        "rewards": {name: cols[f"reward/{name}"] for name in reward_names},
+        "row_loss": [float(aggregate(terms["loss"][i : i + 1], loss_mask[i : i + 1], **kw)) for i in range(N)]
+        if kw["agg"] != "seq-sum-norm" or kw.get("norm_len") else [math.nan] * N,
+    }  # fmt: skip
+    groups = [_group_view(g, G, cols, per_token, loss_mask, meta, reward_names) for g in range(N // G)]
+    return {
+        "step": int(meta["step"]),
+        "group_size": G,
+        "algo": meta["algo"],
+        "reward_names": reward_names,
+        "rows": rows,
+        "groups": groups,
+        "totals": _step_totals(per_token, loss_mask, kw, N // G, G, cols["reward"]),
+        "tokens": _pack(cols["token_ids"], lengths, per_token, loss_mask),
+    }
+
+
+def _group_view(g, G, cols, per_token, loss_mask, meta, reward_names) -> dict[str, Any]:
+    """A group's statistics and its objective worked through, each value computed from the saved data."""
+    algo, kw = meta["algo"], meta["loss_kwargs"]
+    sl = slice(g * G, (g + 1) * G)
+    r = torch.tensor(cols["reward"][sl], dtype=torch.float64)  # (G,)
+    ddof = int(algo.get("std_ddof", 1))
+    mean = float(r.mean())
+    std = float(r.std(correction=ddof)) if G > ddof else 0.0
+    m = loss_mask[sl]  # (G, T)
+    tokens = m.sum(1).clamp(min=1)  # (G,)
+
+    def token_mean(t: torch.Tensor) -> list[float]:
+        return (torch.where(m.bool(), t[sl], 0).sum(1) / tokens).tolist()  # (G,)
+
+    estimator = algo.get("advantage")
+    recomputed = None
+    if estimator in ADVANTAGE_FORMULAS and algo.get("kl_reward_coef", 0) == 0:
+        centred = (r - r.mean()) if float(r.max() - r.min()) != 0 else torch.zeros_like(r)
+        if estimator == "group_std":
+            recomputed = (centred / (std + 1e-6)).tolist()
+        elif estimator == "group_centre":
+            recomputed = centred.tolist()
+        else:
+            recomputed = (centred * G / (G - 1)).tolist()
+    loss = None
+    if kw["agg"] != "seq-sum-norm" or kw.get("norm_len"):
+        loss = float(aggregate(per_token["loss"][sl], m, **kw))
+    nones = sum(any(cols[f"reward/{n}"][i] is None for n in reward_names) for i in range(sl.start, sl.stop))
+    return {
+        "group": g,
+        "prompt": cols["prompt"][sl.start],
+        "mean": mean,
+        "std": std,
+        "std_ddof": ddof,
+        "flat": bool(float(r.max() - r.min()) == 0),
+        "truncated": int(sum(cols["truncated"][sl])),
+        "failed": int(nones),
+        "advantage_formula": ADVANTAGE_FORMULAS.get(estimator, f"estimator {estimator} (saved values)"),
+        "advantages_recomputed": recomputed,
+        "ratio_mean": token_mean(per_token["ratio"]),
+        "ratio_min": [float(x) for x in torch.where(m.bool(), per_token["ratio"][sl], math.inf).amin(1)],
+        "ratio_max": [float(x) for x in torch.where(m.bool(), per_token["ratio"][sl], -math.inf).amax(1)],
+        "clipped": (per_token["clip"][sl].abs() * m).sum(1).int().tolist(),
+        "tokens": m.sum(1).int().tolist(),
+        "pg_mean": token_mean(per_token["pg"]),
+        "kl_mean": token_mean(per_token["kl"]) if not torch.isnan(per_token["kl"][sl]).all() else None,
+        "loss_mean": token_mean(per_token["loss"]),
+        "loss": loss,
+    }
+
+
+def _step_totals(per_token, loss_mask, kw, P, G, rewards) -> dict[str, float | None]:
+    """The step's numbers recomputed from the saved tokens, to set beside metrics.jsonl's: the loss (every
+    group's loss averaged: equal to the logged loss when mini-batches hold whole, equal-sized groups), the
+    clip fraction and KL over loss tokens, and the mean total reward."""
+    m = loss_mask.bool()
+    n = max(int(m.sum()), 1)
+    loss = None
+    if kw["agg"] != "seq-sum-norm" or kw.get("norm_len"):
+        loss = float(aggregate(per_token["loss"], loss_mask, **kw))
+    kl = per_token["kl"][m]
+    return {
+        "loss": loss,
+        "clip_frac": float(per_token["clip"][m].abs().sum()) / n,
+        "kl": None if torch.isnan(kl).all() else float(kl.sum()) / n,
+        "reward_mean": sum(rewards) / len(rewards) if rewards else None,
+    }
+
+
+def _pack(token_ids, lengths, per_token, loss_mask) -> dict[str, Any]:
+    """The step's tokens, rows concatenated: ids (int32) and each TOKEN_FIELDS array and the loss mask
+    (float32), base64 of their little-endian bytes; ``offsets`` (N+1,) where each row starts."""
+    offsets = np.cumsum([0, *lengths]).tolist()
+    ids = np.concatenate([np.asarray(row, dtype="<i4") for row in token_ids]) if token_ids else np.zeros(0, "<i4")
+
+    def flat(t: torch.Tensor) -> str:
+        values = np.concatenate([t[i, :n].numpy() for i, n in enumerate(lengths)]).astype("<f4")
+        return base64.b64encode(values.tobytes()).decode()
+
+    fields = {key: flat(per_token[key]) for key in TOKEN_FIELDS}
+    fields["loss_mask"] = flat(loss_mask)
+    return {"offsets": offsets, "ids": base64.b64encode(ids.tobytes()).decode(), "fields": fields}
+
+
+def _columns(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """metrics.jsonl lines -> {"step": [...], "cols": {key: [...]}}; a step logged twice (resumed run) keeps
+    its last line; numbers rounded to 6 significant digits (the page's precision), null for NaN/missing."""
+    by_step: dict[int, dict[str, Any]] = {}
+    for record in records:
+        if isinstance(record.get("step"), int):
+            by_step[record["step"]] = record
+    steps = sorted(by_step)
+    keys = sorted({k for r in by_step.values() for k, v in r.items() if k != "step" and _is_number(v)})
+    cols = {k: [_round(by_step[s].get(k)) for s in steps] for k in keys}
+    return {"step": steps, "cols": cols}
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool) or v is None
+
+
+def _round(v: Any) -> float | None:
+    if not isinstance(v, int | float) or isinstance(v, bool) or not math.isfinite(v):
+        return None
+    return float(f"{v:.6g}")
