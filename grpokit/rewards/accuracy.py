@@ -1,24 +1,26 @@
 """`math_accuracy`: is the completion's final answer mathematically equal to the ground truth?
 
-Which answer is graded (the reasoning never is):
-  1. reasoning is removed first: everything up to the last </think> (whether <think> is in the
-     completion or was opened by the chat template), and an unclosed <think> to the end;
-  2. code is removed next: fenced blocks (```...```, an unclosed fence to the end) and inline
-     `...` spans, so an <answer> or \\boxed{} written inside code never counts;
-  3. if <answer>...</answer> blocks remain, only they are graded (a \\boxed{} inside one wins over
-     its bare text); answer tags that nest or do not pair up score 0;
-  4. else every \\boxed{} / \\fbox{}; else every GSM8K "#### n"; else the last "the answer is ...".
-Every candidate found at the chosen level must be correct: \\boxed{17} ... \\boxed{18} scores 0.
-More than 8 distinct candidates, or one longer than 1,000 characters, scores 0. An equation is
-graded by its right-hand side only when its left-hand side is a variable name (`x = 18`,
-`a_1 = 18`, `f(2) = 18`); any other equation (`17 = 18`, `2+3 = 5`) scores 0 unless the ground
-truth is itself an equation.
+Which answer is graded: the visible final answer, never the reasoning, code or hidden text (see
+`_answers.py`: <answer> blocks, else \\boxed{}, else "#### n", else the last answer marker such as
+"The final answer is 18" or "**Answer:** 18"). Every candidate found at the chosen level must be
+correct: \\boxed{17} ... \\boxed{18} scores 0. More than 8 distinct candidates, or one longer than
+1,000 characters, scores 0. An equation is graded by its right-hand side only when its left-hand
+side is a variable name (`x = 18`, `a_1 = 18`, `f(2) = 18`); any other equation (`17 = 18`,
+`2+3 = 5`) scores 0 unless the ground truth is itself an equation. So does any other relation
+(`18 \\approx 17`, `x \\le 18`, `17 \\to 18`) unless the ground truth has one, and a number with a
+subscript or a prime mark (`18_8`, `18'`) the ground truth lacks: they state another value.
+
+Words after a number: with the prompt (the trainer always gives it), a number may be followed only
+by words its question uses, singular or plural ("18 apples"), currency words when the question has
+a currency sign, and "in total"/"altogether"/"overall"/"each"; any other word ("18 doubled", "18
+thousandths", "18 dozen") scores 0. Without a prompt, any word but those of _NOT_UNITS.
 
 Equivalence: an exact match after light normalisation (done once), then an exact rational
 comparison when both sides are plain numbers (thousands separators, decimals, a/b and
 \\frac{a}{b}, %, a currency sign, trailing words such as "dollars" or "in total"; "18 million" or
 "18 or 19" are not plain numbers), and otherwise math-verify (LaTeX, matrices, sets, intervals,
-symbolic equality) in worker processes with a per-item time limit.
+symbolic equality) in worker processes, with one budget per completion for all its answers
+together (`budget_s`): a completion past it scores 0, and no other completion waits for it.
 
 Decimals are exact numbers, never approximations, on every path: a decimal answer equals the gold
 only if it is the same rational number (0.5 = \\frac{1}{2}, 18.0 = 18), so 0.333 is not 1/3 and
@@ -49,105 +51,18 @@ from fractions import Fraction
 from functools import lru_cache
 from pathlib import Path
 
-from grpokit.rewards._text import tag_blocks, to_text
+from grpokit.rewards._answers import MALFORMED, MAX_ANSWER_CHARS, extract_answers, gold_answer
+from grpokit.rewards._text import to_text
 
-MAX_ANSWER_CHARS = 1000
+__all__ = [
+    "MALFORMED",
+    "extract_answers",
+    "gold_answer",
+    "make_math_accuracy",
+    "math_accuracy",
+    "score_answers",
+]
 MAX_CANDIDATES = 8
-_HASH_RE = re.compile(r"####[ \t]*([^\n]*)")
-_PHRASE_RE = re.compile(r"answer\s*(?:is|:)\s*:?", re.IGNORECASE)
-_BOX_RE = re.compile(r"\\(?:boxed|fbox)\s*")
-
-
-# --- extraction -----------------------------------------------------------------------------------
-def _boxed(text: str) -> list[str]:
-    out = []
-    for m in _BOX_RE.finditer(text):
-        i = m.end()
-        if i < len(text) and text[i] == "{":
-            depth, j, end = 0, i, min(len(text), i + MAX_ANSWER_CHARS + 2)
-            while j < end:
-                c = text[j]
-                if c == "{":
-                    depth += 1
-                elif c == "}":
-                    depth -= 1
-                    if depth == 0:
-                        break
-                j += 1
-            out.append(text[i + 1 : j] if depth == 0 and j < end else "\x00unbalanced")
-        else:  # "\boxed 5"
-            token = re.match(r"[^\s$]+", text[i : i + 100])
-            out.append(token.group(0) if token else "")
-        if len(out) > 4 * MAX_CANDIDATES:
-            break
-    return out
-
-
-def _phrase(text: str) -> str | None:
-    matches = list(_PHRASE_RE.finditer(text))
-    if not matches:
-        return None
-    last = matches[-1]
-    if last is None:
-        return None
-    rest = text[last.end() : last.end() + 300].strip().split("\n", 1)[0]
-    rest = re.split(r"\.\s", rest, maxsplit=1)[0]
-    return rest.strip().rstrip(".").strip()
-
-
-_INLINE_CODE_RE = re.compile(r"`[^`\n]*`")
-MALFORMED = "\x00malformed"
-"""The candidate returned for a completion whose answer cannot be graded (scores 0)."""
-
-
-def _without_code(text: str) -> str:
-    """`text` without fenced code blocks (an unclosed fence runs to the end) and inline code spans."""
-    kept, i = [], 0
-    while True:
-        start = text.find("```", i)
-        if start < 0:
-            kept.append(text[i:])
-            break
-        kept.append(text[i:start])
-        end = text.find("```", start + 3)
-        if end < 0:
-            break
-        i = end + 3
-    return _INLINE_CODE_RE.sub(" ", "".join(kept))
-
-
-def _graded_region(text: str) -> str:
-    if "</think>" in text:  # everything up to the last </think> is reasoning (maybe opened by the template)
-        text = text.rsplit("</think>", 1)[1]
-    if "<think>" in text:  # unclosed: everything after it is reasoning
-        text = text.split("<think>", 1)[0]
-    return _without_code(text)
-
-
-def extract_answers(completion: str) -> list[str]:
-    """Every final-answer candidate of the completion at the highest level present (see module doc);
-    [MALFORMED] when its answer tags nest or do not pair up."""
-    region = _graded_region(completion)
-    tags = tag_blocks(region, "answer")
-    if tags is None:
-        return [MALFORMED]
-    if tags:
-        out = []
-        for tag in tags:
-            out.extend(_boxed(tag) or [_phrase(tag) or tag.strip()])
-        return out
-    return (
-        _boxed(region) or [h.strip() for h in _HASH_RE.findall(region)] or [p for p in [_phrase(region)] if p]
-    )
-
-
-def gold_answer(gold: object) -> str:
-    """The final answer inside a ground-truth cell: after the last '####', the last \\boxed{}, or all."""
-    text = str(gold).strip()
-    if "####" in text:
-        return text.rsplit("####", 1)[1].strip()
-    boxed = _boxed(text)
-    return boxed[-1] if boxed else text
 
 
 # --- normalisation and the exact fast path --------------------------------------------------------
@@ -157,13 +72,14 @@ _WRAPPERS = re.compile(r"\\(?:text|textbf|mathrm|mathbf|textup|operatorname)\s*\
 _SPACES = re.compile(r"\\\\|\\[,!;: ]|\\q?quad|~")
 _NUMBER_RE = re.compile(
     r"^(?P<sign>[-+]?)\s*(?:\\?\$|€|£)?\s*(?P<sign2>[-+]?)"
-    r"(?P<num>\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?|\.\d+|\d+\s*/\s*\d+|\\[dt]?frac\{\d+\}\{\d+\})"
+    r"(?P<num>\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d{1,3}(?: \d{3})+(?:\.\d+)?|\d+(?:\.\d+)?|\.\d+|\d+\s*/\s*\d+|\\[dt]?frac\{\d+\}\{\d+\})"
     r"\s*(?P<pct>%|percent)?(?P<words>(?:\s+[a-z]{2,}){0,4})$",
     re.ASCII | re.IGNORECASE,
 )
 _NOT_UNITS = frozenset(
     "or and nor not to plus minus times over divided mod hundred hundreds thousand thousands million "
     "millions billion billions trillion dozen dozens squared cubed half halves thirds quarters pi sqrt "
+    "doubled tripled quadrupled halved tenths hundredths thousandths millionths score scores "
     "factorial percent more less fewer than about approximately roughly nearly almost around least "
     "most at is are was were if".split()
 )
@@ -181,7 +97,7 @@ def normalize(s: str) -> str:
             s = s[len(left) : -len(right)].strip()
     s = _WRAPPERS.sub(r"\1", s)
     s = (
-        _SPACES.sub(lambda m: m.group(0) if m.group(0) == "\\\\" else " ", s)
+        _SPACES.sub(lambda m: m.group(0) if m.group(0) == "\\\\" else " ", s.replace(",\\!", ","))
         .replace("{,}", ",")
         .replace("\\%", "%")
         .replace("\\left", "")
@@ -210,7 +126,7 @@ def _plain_number(s: str) -> tuple[Fraction, bool] | None:
         return None
     if m.group("sign") and m.group("sign2"):
         return None
-    num = m.group("num").replace(",", "")
+    num = m.group("num").replace(",", "").replace(" ", "") if "/" not in m.group("num") else m.group("num")
     frac = re.match(r"\\[dt]?frac\{(\d+)\}\{(\d+)\}$|(\d+)\s*/\s*(\d+)$", num)
     if frac:
         a, b = (frac.group(1), frac.group(2)) if frac.group(1) else (frac.group(3), frac.group(4))
@@ -236,11 +152,22 @@ def numbers_equal(pred: tuple[Fraction, bool], gold: tuple[Fraction, bool]) -> b
 
 
 _VARIABLE_RE = re.compile(r"(?:[A-Za-z]+|\\[A-Za-z]+)(?:_\{?[A-Za-z0-9]+\}?)?(?:\([^()=]*\))?")
+_RELATION_RE = re.compile(
+    r"\\(?:approx|neq|ne|leq?|geq?|leqslant|geqslant|lt|gt|sim|simeq|cong|equiv|propto|to|rightarrow|"
+    r"Rightarrow|implies|iff|mapsto|in|notin|subset|subseteq|supset|supseteq)(?![A-Za-z])|[<>≈≠≤≥∼≅≡→⇒∈]|!="
+)
+_MARKED_NUMBER_RE = re.compile(r"[0-9}]\s*(?:_|'|′|″|\^\s*\{?\s*\\prime)")
+"""A number with a subscript (a base: 18_8, 18_{10}) or a prime mark (18', 18^\\prime): another value."""
 
 
 def answer_side(pred: str, gold: str) -> str | None:
-    """`pred` (normalised) without a leading "name =", or None when it is an equation of another kind
-    ("17 = 18"). Left unchanged when the gold (normalised) is itself an equation."""
+    """`pred` (normalised) without a leading "name =", or None when it cannot be the gold's kind of
+    answer: an equation of another kind ("17 = 18"), a relation other than "=" (≈, <, \\le, \\to,
+    ...) unless the gold has one too, or a number with a subscript or prime mark the gold lacks."""
+    if _RELATION_RE.search(pred) and not _RELATION_RE.search(gold):
+        return None
+    if _MARKED_NUMBER_RE.search(pred) and not _MARKED_NUMBER_RE.search(gold):
+        return None
     if "=" not in pred or "=" in gold:
         return pred
     *lhs, rhs = pred.split("=")
@@ -249,16 +176,52 @@ def answer_side(pred: str, gold: str) -> str | None:
     return None
 
 
-def quick_verdict(pred: str, gold: str) -> bool | None:
-    """True/False when decidable without math-verify, None to ask it. Both already normalised."""
+def quick_verdict(pred: str, gold: str, units: frozenset[str] | None = None) -> bool | None:
+    """True/False when decidable without math-verify, None to ask it. Both already normalised.
+    `units`: the words a plain number may be followed by (the question's words); None: any word but
+    those that change a value (_NOT_UNITS)."""
     if _has_foreign_digits(pred):
         return False
     if pred == gold and gold:
         return True
+    if not _words_allowed(pred, units):  # "18 doubled", "18 thousandths": another value
+        return False
     p, g = _plain_number(pred), _plain_number(gold)
     if p is not None and g is not None:
         return numbers_equal(p, g)
     return None
+
+
+_WORD_RE = re.compile(r"[a-z]+")
+
+
+def _words_allowed(pred: str, units: frozenset[str] | None) -> bool:
+    """False when `pred` is a number followed by a word that may change its value: with a question,
+    any word it does not use (singular or plural); without one, the words of _NOT_UNITS."""
+    m = _NUMBER_RE.match(pred)
+    if m is None or not m.group("words").strip():
+        return True
+    words = _WORD_RE.findall(m.group("words").lower())
+    if units is None:
+        return not any(w in _NOT_UNITS for w in words)
+    return all(w in units or w.rstrip("s") in units or w + "s" in units or w in _ANY_QUESTION for w in words)
+
+
+_ANY_QUESTION = frozenset("in total altogether all together overall each".split())
+"""Trailing words that never change a value, whatever the question."""
+_CURRENCY_WORDS = frozenset("dollar dollars cent cents euro euros pound pounds".split())
+
+
+def question_units(prompt: object) -> frozenset[str] | None:
+    """The words a number may be followed by in an answer to `prompt`: its own words, and currency
+    words when it has a currency sign; minus the words that change a value. None without a prompt."""
+    text = to_text(prompt).lower()
+    if not text:
+        return None
+    words = set(_WORD_RE.findall(text)) - _NOT_UNITS
+    if any(c in text for c in "$€£"):
+        words |= _CURRENCY_WORDS
+    return frozenset(words)
 
 
 def _exact_values(pred: str, gold: str) -> tuple | None:
@@ -334,46 +297,54 @@ class VerifierPool:
                 if line.startswith("@"):
                     return line.strip()
 
-    def verify(self, pairs: list[tuple[str, str, tuple | None]], timeout_s: float) -> list[bool]:
-        """verify(gold, pred) for each (gold, pred, exact) item, in parallel over the workers; `exact`
-        is None or _exact_values(): compare the other side exactly with those rational values."""
-        results = [False] * len(pairs)
-        todo = iter(range(len(pairs)))
+    def verify(self, groups: list[list[tuple[str, str, tuple | None]]], timeout_s: float) -> list[bool]:
+        """For each group (one completion's items), whether verify(gold, pred) holds for all its
+        (gold, pred, exact) items; `exact` is None or _exact_values(): compare the other side exactly
+        with those rational values. Groups run in parallel over the workers, the items of a group one
+        after the other within ONE budget for the group, budget_s(timeout_s): past it the group is
+        False (counted in `timeouts`) and its worker is replaced. A group stops at its first False."""
+        results = [False] * len(groups)
+        todo = iter(range(len(groups)))
         lock = threading.Lock()
         errors: list[BaseException] = []
-        deadline = 2 * max(1, math.ceil(timeout_s)) + 2.0  # gold parse + pred parse + verify
+        budget = budget_s(timeout_s)
 
         def work() -> None:
             proc = None
             try:
                 while True:
                     with lock:
-                        i = next(todo, None)
-                    if i is None:
+                        g = next(todo, None)
+                    if g is None:
                         return
-                    if proc is None:
-                        proc = self._checkout()
-                    gold, pred, exact = pairs[i]
-                    request = {"gold": gold, "pred": pred, "timeout_s": timeout_s, "exact": exact}
-                    proc.stdin.write(json.dumps(request) + "\n")
-                    proc.stdin.flush()
-                    reply = self._readline(proc, deadline)
-                    if reply is None:  # stuck or dead: replace it
-                        self.timeouts += 1
-                        proc.kill()
-                        proc.wait()
-                        proc = None
-                        with self._lock:
-                            self._live -= 1
-                    else:
-                        results[i] = reply == "@1"
+                    left, ok = budget, True  # time spent waiting for answers (not starting workers)
+                    for gold, pred, exact in groups[g]:
+                        if proc is None:
+                            proc = self._checkout()
+                        request = {"gold": gold, "pred": pred, "timeout_s": timeout_s, "exact": exact}
+                        proc.stdin.write(json.dumps(request) + "\n")
+                        proc.stdin.flush()
+                        asked = time.monotonic()
+                        reply = self._readline(proc, left)
+                        left -= time.monotonic() - asked
+                        if reply is None:  # stuck or dead: replace it
+                            self.timeouts += 1
+                            proc.kill()
+                            proc.wait()
+                            proc = None
+                            with self._lock:
+                                self._live -= 1
+                        if reply != "@1":
+                            ok = False
+                            break
+                    results[g] = ok
             except BaseException as e:
                 errors.append(e)
             finally:
                 if proc is not None:
                     self._idle.put(proc)
 
-        threads = [threading.Thread(target=work, daemon=True) for _ in range(min(self.workers, len(pairs)))]
+        threads = [threading.Thread(target=work, daemon=True) for _ in range(min(self.workers, len(groups)))]
         for t in threads:
             t.start()
         for t in threads:
@@ -381,6 +352,11 @@ class VerifierPool:
         if errors:
             raise errors[0]
         return results
+
+
+def budget_s(timeout_s: float) -> float:
+    """math-verify's time for one completion, all its answers together (gold parse + pred parse + verify)."""
+    return 2 * max(1, math.ceil(timeout_s)) + 2.0
 
 
 _POOL: VerifierPool | None = None
@@ -409,11 +385,15 @@ def _latex_gold(gold: str) -> str:
     return gold if "$" in gold or "\\boxed" in gold else f"${gold}$"
 
 
-def score_answers(completions: list[str], golds: list[object], timeout_s: float = 2.0) -> list[float | None]:
-    """1.0/0.0 per completion (None where the ground truth is missing). Never raises on odd input."""
+def score_answers(
+    completions: list[str], golds: list[object], timeout_s: float = 2.0, prompts: list | None = None
+) -> list[float | None]:
+    """1.0/0.0 per completion (None where the ground truth is missing). Never raises on odd input.
+    With `prompts`, a plain number may be followed only by words of its question ("18 apples")."""
     scores: list[float | None] = [None] * len(completions)
-    pending: dict[tuple[str, str, tuple | None], list[int]] = {}
-    verdicts: list[list[bool | None]] = [[] for _ in completions]
+    groups: dict[
+        tuple, list[int]
+    ] = {}  # one completion's math-verify items -> the completions that have them
     for i, (completion, gold) in enumerate(zip(completions, golds)):
         if gold is None or (isinstance(gold, float) and math.isnan(gold)) or not str(gold).strip():
             continue
@@ -421,6 +401,7 @@ def score_answers(completions: list[str], golds: list[object], timeout_s: float 
             raw_gold = gold_answer(gold)  # math-verify reads it raw: it knows \\text{} units, for one
             g = normalize(raw_gold)
             cands = list(dict.fromkeys(normalize(c) for c in extract_answers(completion)))
+            units = question_units(prompts[i]) if prompts is not None else None
         except Exception:
             scores[i] = 0.0
             continue
@@ -434,35 +415,36 @@ def score_answers(completions: list[str], golds: list[object], timeout_s: float 
         keys = []
         for c in cands:
             c = answer_side(c, g)
-            v = False if c is None else quick_verdict(c, g)
-            verdicts[i].append(v)
+            v = False if c is None else quick_verdict(c, g, units)
             if v is False:  # already wrong: math-verify need not see its other candidates
-                keys = []
+                scores[i] = 0.0
                 break
             if v is None:
                 keys.append((_latex_gold(raw_gold), "\\boxed{" + c + "}", _exact_values(c, g)))
-        for key in keys:
-            pending.setdefault(key, []).append(i)
-    slow = {}
-    if pending:
-        keys = list(pending)
-        slow = dict(zip(keys, _pool().verify(keys, timeout_s)))
-    failed_slow = {i for key, rows in pending.items() if not slow.get(key, False) for i in rows}
-    for i, vs in enumerate(verdicts):
-        if scores[i] is None and vs:
-            scores[i] = 1.0 if all(v is not False for v in vs) and i not in failed_slow else 0.0
+        if scores[i] is None:
+            if keys:
+                groups.setdefault(tuple(keys), []).append(i)
+            else:
+                scores[i] = 1.0
+    if groups:
+        keys = list(groups)
+        for key, ok in zip(keys, _pool().verify([list(k) for k in keys], timeout_s)):
+            for i in groups[key]:
+                scores[i] = 1.0 if ok else 0.0
     return scores
 
 
 def make_math_accuracy(answer_column: str = "answer", timeout_s: float = 2.0):
-    """A `math_accuracy` reading the ground truth from `answer_column`, with a per-item time limit."""
+    """A `math_accuracy` reading the ground truth from `answer_column`; math-verify's limit per step is
+    timeout_s, and one completion's answers together get budget_s(timeout_s)."""
 
     def math_accuracy(prompts: list, completions: list, **columns) -> list[float | None]:
         if answer_column not in columns:
             raise KeyError(
                 f"math_accuracy needs the ground truth in column {answer_column!r}; got {sorted(columns)}"
             )
-        return score_answers([to_text(c) for c in completions], list(columns[answer_column]), timeout_s)
+        texts = [to_text(c) for c in completions]
+        return score_answers(texts, list(columns[answer_column]), timeout_s, prompts)
 
     math_accuracy.per_completion = True  # RewardRunner: one time budget per completion, not per batch
     return math_accuracy
