@@ -159,9 +159,17 @@ def field_docs(cls: type) -> dict[str, str]:
 
 
 def cmd_config(args: argparse.Namespace) -> int:
-    from grpokit.config import ConfigError, load_config
+    from grpokit.config import ConfigError, apply_overrides, load_config
 
     try:
+        if getattr(args, "from_trl", None):  # grpokit.trl_config: TRL's fields mapped, the rest refused
+            from grpokit.config import config_from_dict, read_yaml_file
+            from grpokit.trl_config import from_trl, grpokit_yaml
+
+            values, notes = from_trl(read_yaml_file(Path(args.from_trl)) or {})
+            config_from_dict(apply_overrides(values, list(args.overrides)))  # it must load as it is printed
+            print(grpokit_yaml(values, notes, args.from_trl), end="")
+            return 0
         config_path, overrides = _config_args(args)
         print(describe_config(load_config(config_path, overrides)), end="")
     except ConfigError as e:
@@ -327,6 +335,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     config.add_argument("overrides", nargs="*", help="[CONFIG.yaml] then section.key=value overrides")
     config.add_argument("--config", metavar="PATH", help="the YAML config (or give it as the first argument)")
+    config.add_argument(
+        "--from-trl", metavar="FILE", help="convert a TRL GRPOConfig YAML (flat keys) to a grpokit config and print it"
+    )
     config.set_defaults(func=cmd_config)
 
     demo = sub.add_parser(

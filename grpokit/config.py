@@ -364,12 +364,30 @@ def load_config(
         values = read_yaml_file(p) or {}  # refuses a missing or non-UTF-8 file, bad YAML, a key given twice
         if not isinstance(values, dict):
             raise ConfigError(f"{p}: the top level must be a mapping of sections (model:, data:, ...)")
+        values = _from_trl_if_flat(values, p) if build is None else values
     apply_overrides(values, overrides)
     try:
         return (build or config_from_dict)(values)
     except ConfigError as e:
         where = f"{path}: " if path is not None else ""
         raise ConfigError(f"{where}{e}") from None
+
+
+def _from_trl_if_flat(values: dict[str, Any], path: Path) -> dict[str, Any]:
+    """A flat TRL GRPOConfig file is converted (grpokit.trl_config), its notes printed once."""
+    import sys
+
+    from grpokit.trl_config import from_trl, looks_like_trl
+
+    if not looks_like_trl(values):
+        return values
+    try:
+        converted, notes = from_trl(values)
+    except ConfigError as e:
+        raise ConfigError(f"{path} (a TRL GRPOConfig): {e}") from None
+    print(f"grpokit: {path} holds TRL GRPOConfig fields; converted (grpokit config --from-trl {path} shows the "
+          "result):\n" + "\n".join(f"  - {n}" for n in notes), file=sys.stderr)
+    return converted
 
 
 def config_to_dict(cfg: Config) -> dict[str, Any]:

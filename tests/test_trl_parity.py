@@ -148,3 +148,101 @@ def test_adam_epsilon_and_warmup_ratio_reach_the_optimizer(tmp_path):
     assert trainer.cfg.train.steps == 3  # ceil(2 epochs * 3 prompts / 2 per step)
     # warm-up ceil(0.5 * 3) = 2 steps: lr 0, then 1e-3 / 2, then the linear decay (3 - 2) / (3 - 2)
     assert [trainer._lr_factor(s) for s in range(3)] == [0.0, 0.5, 1.0]
+
+
+# ------------------------------------------------------------------ item 4: TRL's config, mapped or refused
+
+
+def test_trl_defaults_table_is_trls():
+    pytest.importorskip("trl")
+    import dataclasses
+
+    from trl import GRPOConfig
+
+    from grpokit.trl_config import TRL_DEFAULTS
+
+    fields = {f.name: f for f in dataclasses.fields(GRPOConfig)}
+    for key, ours in TRL_DEFAULTS.items():
+        if key == "output_dir":  # None in the dataclass, "trainer_output" when the trainer runs
+            continue
+        f = fields[key]
+        theirs = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        theirs = {"linear": "linear", "no": "no"}.get(str(getattr(theirs, "value", theirs)), theirs)
+        assert ours == theirs or (key == "report_to" and theirs in ("none", None)), key
+
+
+def test_the_issues_geometry_four_optimizer_steps_of_sixteen():
+    from grpokit.trl_config import from_trl
+
+    values, notes = from_trl({"num_generations": 4, "per_device_train_batch_size": 8, "gradient_accumulation_steps": 2, "loss_type": "grpo",
+                              "steps_per_generation": 8, "max_steps": 400, "warmup_steps": 40, "save_steps": 100})
+    assert values["rollout"]["prompts_per_step"] * values["rollout"]["group_size"] == 64  # one generation batch
+    assert values["optim"]["mini_batches"] == 4 and values["optim"]["micro_batch_size"] == 8  # 4 steps of 16
+    assert values["train"]["steps"] == 100 and values["optim"]["warmup_steps"] == 10 and values["train"]["save_every"] == 25
+    assert "k=4 TRL optimizer step(s) of 16 completions" in notes[0]
+
+
+def test_trl_algorithm_fields_map_to_the_same_algorithm():
+    from grpokit.trl_config import from_trl
+
+    algo = from_trl({"loss_type": "dr_grpo", "scale_rewards": "none", "epsilon": 0.3, "max_completion_length": 64})[0]["algo"]
+    assert (algo["agg"], algo["norm_len"], algo["advantage"]) == ("seq-sum-norm", 64, "group_centre")
+    assert (algo["eps_low"], algo["eps_high"]) == (0.3, 0.3)  # TRL's epsilon_high follows epsilon
+    assert from_trl({"epsilon_high": 0.28})[0]["algo"]["eps_high"] == 0.28
+    defaults = from_trl({})[0]  # TRL's defaults, not grpokit's
+    assert defaults["algo"]["agg"] == "token-mean" and defaults["algo"]["beta"] == 0.0
+    assert defaults["optim"]["adam_beta2"] == 0.999 and defaults["optim"]["schedule"] == "linear"
+    assert defaults["train"]["seed"] == 42 and defaults["model"]["gradient_checkpointing"] is True
+    assert defaults["train"]["num_train_epochs"] == 3.0
+    assert from_trl({"warmup_steps": 0.1})[0]["optim"]["warmup_ratio"] == 0.1  # transformers 5's ratio form
+
+
+@pytest.mark.parametrize(
+    "fields,message",
+    [
+        ({"loss_type": "bnpo", "gradient_accumulation_steps": 2}, "loss_type='bnpo' with gradient_accumulation_steps > 1"),
+        ({"loss_type": "dapo", "steps_per_generation": 2}, "steps_per_generation = gradient_accumulation_steps"),
+        ({"loss_type": "cispo"}, "loss_type='cispo' is not supported"),
+        ({"beta": 0.04}, "use_bias_correction_kl"),
+        ({"max_steps": 10, "steps_per_generation": 4, "loss_type": "grpo"}, "use a multiple of 4"),
+        ({"min_p": 0.1}, "min_p=0.1 is not supported: not implemented"),
+        ({"repetition_penalty": 1.1}, "repetition_penalty=1.1 is not supported"),
+        ({"use_vllm": True}, "use_vllm=True is not supported"),
+        ({"multi_objective_aggregation": "normalize_then_sum"}, "sum_then_normalize"),
+        ({"reward_weights": [1, 2]}, "reward_weights needs the rewards"),
+        ({"frobnicate": 1}, r"\['frobnicate'\] have no grpokit equivalent"),
+        ({"model_init_kwargs": {"device_map": "auto"}}, r"model_init_kwargs \['device_map'\]"),
+    ],
+)
+def test_what_grpokit_cannot_honour_is_refused_by_name(fields, message):
+    from grpokit.errors import ConfigError
+    from grpokit.trl_config import from_trl
+
+    with pytest.raises(ConfigError, match=message):
+        from_trl(fields)
+
+
+def test_a_flat_trl_yaml_trains_and_converts_from_the_cli(tmp_path):
+    import subprocess
+    import sys
+
+    from grpokit.config import load_config
+
+    path = tmp_path / "trl.yaml"
+    path.write_text("num_generations: 4\nlearning_rate: 3.0e-6\nloss_type: grpo\nmax_steps: 6\nbeta: 0.04\n"
+                    "use_bias_correction_kl: false\nchat_template_kwargs: {enable_thinking: false}\n")
+    cfg = load_config(path, ["train.output_dir=x"])
+    assert (cfg.rollout.group_size, cfg.optim.lr, cfg.algo.agg, cfg.train.steps, cfg.algo.beta) == (
+        4, 3e-6, "seq-mean-token-mean", 6, 0.04)
+    assert cfg.data.chat_template_kwargs == {"enable_thinking": False}
+    out = subprocess.run([sys.executable, "-m", "grpokit", "config", "--from-trl", str(path)],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "# converted from TRL's GRPOConfig" in out.stdout and "agg: seq-mean-token-mean" in out.stdout
+    converted = tmp_path / "cfg.yaml"
+    converted.write_text(out.stdout)
+    assert load_config(converted).rollout.group_size == 4  # what it prints loads back
+    path.write_text("num_generations: 4\nmin_p: 0.05\n")
+    bad = subprocess.run([sys.executable, "-m", "grpokit", "config", "--from-trl", str(path)],
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "min_p=0.05 is not supported" in bad.stderr
