@@ -196,6 +196,61 @@ class EpisodeSampler:
             step_rewards=step_rewards,
         )
 
+    def evaluate(
+        self, generator, model, tokenizer, rows: list[dict], accuracy_fn, *, eos_token_ids: list[int],
+        seed: int = 0, examples: list[dict] | None = None, batch_prompts: int = 64,
+    ) -> dict[str, float]:  # fmt: skip
+        """Held-out greedy episodes (one per row) scored by ``accuracy_fn`` on the transcript: accuracy (share
+        scoring 1), greedy_score, completion_len/mean (the model's tokens), turns and tool calls per episode.
+        Sampled mean/pass/maj@k are single-turn only (grpokit.evaluate) and not computed here."""
+        from grpokit.rewards import RewardRunner, TrainerState
+
+        runner = RewardRunner([("accuracy", accuracy_fn, 1.0)])
+        r = self.cfg.rollout
+        self.check_tokenizer(tokenizer)
+        scores, lengths, turns, calls = [], [], [], []
+        for start in range(0, len(rows), batch_prompts):
+            part = rows[start : start + batch_prompts]
+            batch = run_episodes(
+                generator, model, tokenizer, self.delta, [self.new_environment() for _ in part], part,
+                group_size=1, max_turns=r.max_turns, max_new_tokens=r.max_new_tokens,
+                max_episode_tokens=self.max_episode_tokens, temperature=0.0, eos_token_ids=eos_token_ids,
+                pad_token_id=tokenizer.pad_token_id, seed=seed + start,
+            )  # fmt: skip
+            columns = reward_columns(part, self.cfg.data.prompt_column)
+            columns["completion_ids"] = batch.rollout.completion_token_ids()
+            columns["turn_rewards"] = [list(ep.turn_rewards) for ep in batch.episodes]
+            columns["trainer_state"] = TrainerState()
+            prompts = [ep.messages[: ep.n_first] for ep in batch.episodes]
+            completions = [ep.completion for ep in batch.episodes]
+            result = runner(prompts, completions, columns)
+            problem = result.failure(1.0, prompts, completions)
+            if problem:
+                raise ValueError(f"evaluation: {problem}")
+            values = [float(v) if v is not None else 0.0 for v in result.per_function["accuracy"]]
+            if examples is not None and not examples:
+                examples.append(
+                    {
+                        "prompt": part[0][self.cfg.data.prompt_column],
+                        "completion": str(completions[0]),
+                        "score": values[0],
+                    }
+                )
+            scores += values
+            lengths += batch.rollout.completion_lengths.tolist()
+            turns += [len(ep.turn_ends) for ep in batch.episodes]
+            calls += [ep.tool_calls for ep in batch.episodes]
+        runner.close()
+        n = max(1, len(scores))
+        return {
+            "accuracy": sum(s >= 1.0 - 1e-6 for s in scores) / n,
+            "greedy_score": sum(scores) / n,
+            "completion_len/mean": sum(lengths) / n,
+            "num_examples": float(len(rows)),
+            "episode/turns_mean": sum(turns) / n,
+            "tools/calls_per_episode": sum(calls) / n,
+        }
+
     def take_metrics(self) -> dict[str, float]:
         """The episode metrics of the rollouts since the last call: counts and seconds summed over the
         sampling rounds, the rest averaged."""

@@ -439,6 +439,13 @@ class GRPOTrainer(SamplingMixin, RunStateMixin, MicroBatchMixin, CriticMixin):
 
     def evaluate(self, examples: list[dict] | None = None) -> dict[str, float]:
         was = self.model.training
+        if self.episodes is not None:  # multi-turn: greedy episodes scored on their transcripts
+            result = self.episodes.evaluate(
+                self.generator, self.dist.generation_model(self.model, self.step), self.tokenizer, self.eval_rows,
+                self.accuracy_fn, eos_token_ids=self.eos_ids, seed=self.cfg.train.seed, examples=examples,
+            )
+            self.model.train(was)
+            return result
         result = evaluate(
             self.dist.generation_model(self.model, self.step),
             self.tokenizer,

@@ -197,3 +197,17 @@ def test_a_template_without_tools_is_a_named_error(tmp_path):
             train_rows=ROWS,
             reward_functions=[("u", used_tool, 1.0)],
         )
+
+
+def test_evaluation_runs_greedy_episodes(tmp_path):
+    model, tok = tool_model()
+    trainer = GRPOTrainer(
+        make_cfg(tmp_path), model=model, tokenizer=tok, train_rows=ROWS, eval_rows=ROWS[:6],
+        reward_functions=[("used_tool", used_tool, 1.0)],
+    )  # fmt: skip
+    examples = []
+    result = trainer.evaluate(examples)
+    assert result["num_examples"] == 6 and result["episode/turns_mean"] >= 1
+    # the accuracy reward is "called a tool": its share and the calls per episode agree
+    assert (result["accuracy"] > 0) == (result["tools/calls_per_episode"] > 0)
+    assert examples and isinstance(examples[0]["completion"], str)
