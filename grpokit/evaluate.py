@@ -2,8 +2,10 @@
 scored by the accuracy reward.
 
 maj@k (majority voting, "self-consistency", Wang et al. 2022, arXiv 2203.11171): each of the k sampled
-completions votes for its final answer, read by the math verifier's extraction
-(``grpokit.rewards.accuracy.extract_answers``: <answer> tags, \\boxed{}, "#### n", "the answer is ...").
+completions votes for its final answer as the accuracy reward reads it (``voted_answers``: the function's
+``answer_of``, else the ``answer_parsed`` column it logs, as TRL's accuracy_reward does, else the math
+verifier's extraction ``grpokit.rewards.accuracy.extract_answers``: <answer> tags, \\boxed{}, "#### n",
+"the answer is ...").
 Answers that are the same number count as one ("0.5", "1/2" and "\\frac{1}{2}"); others must match once
 normalised. The most common answer wins, a tie going to the answer given first; the prompt counts as
 solved when a completion giving that answer scores 1. A completion with no extractable answer (or
@@ -51,6 +53,25 @@ def final_answer(completion: str) -> Hashable | None:
     if not keys:
         return None
     return keys[0] if len(keys) == 1 else tuple(keys)
+
+
+UNPARSEABLE = ("", "[unparseable]", "[]")
+"""What TRL's accuracy_reward logs as answer_parsed when it found no answer."""
+
+
+def voted_answers(accuracy_fn: Callable, texts: Sequence[str], logged: dict[str, list]) -> list[Hashable | None]:
+    """What each completion votes for in maj@k: what the accuracy reward extracts, never another reader.
+
+    In order: the function's own ``answer_of(text)`` when it has one; else the ``answer_parsed`` column it
+    logs with log_extra (TRL's accuracy_reward does, "[unparseable]" when none); else the math verifier's
+    extraction (``final_answer``, what grpokit's math_accuracy reads)."""
+    answer_of = getattr(accuracy_fn, "answer_of", None)
+    if callable(answer_of):
+        return [answer_of(t) for t in texts]
+    parsed = logged.get("answer_parsed")
+    if parsed is not None and len(parsed) == len(texts):
+        return [None if a is None or str(a) in UNPARSEABLE else str(a) for a in parsed]
+    return [final_answer(t if isinstance(t, str) else str(t)) for t in texts]
 
 
 def majority_vote(answers: Sequence[Hashable | None], scores: Sequence[float]) -> float:
@@ -109,8 +130,8 @@ def evaluate(
     runner = RewardRunner([("accuracy", accuracy_fn, 1.0), *((name, fn, 0.0) for name, fn in extra_rewards)])
     extra: dict[str, list] = {name: [] for name, _ in extra_rewards}  # greedy values per extra reward
 
-    def run(group_size: int, temp: float) -> tuple[list[float], list[int], list[str]]:
-        scores, lengths, all_texts = [], [], []
+    def run(group_size: int, temp: float) -> tuple[list[float], list[int], list[str], list]:
+        scores, lengths, all_texts, answers = [], [], [], []
         starts = list(range(0, len(rows), batch_prompts))
         if split is not None:  # a contiguous block of chunks per rank, gathered in rank order below
             per_rank = -(-len(starts) // split.world)
@@ -150,14 +171,15 @@ def evaluate(
                     extra[name] += result.per_function[name]
             lengths += out.completion_mask.sum(1).tolist()
             all_texts += [t if isinstance(t, str) else str(t) for t in texts]
+            answers += voted_answers(accuracy_fn, texts, result.extra) if temp > 0 else [None] * len(texts)
         if split is not None:
-            parts = split.gather((scores, lengths, all_texts))
-            scores, lengths, all_texts = ([x for p in parts for x in p[i]] for i in range(3))
+            parts = split.gather((scores, lengths, all_texts, answers))
+            scores, lengths, all_texts, answers = ([x for p in parts for x in p[i]] for i in range(4))
             if examples is not None and not examples and scores:  # the first row ran on another rank
                 examples.append({"prompt": prompts[0], "completion": all_texts[0], "score": scores[0]})
-        return scores, lengths, all_texts
+        return scores, lengths, all_texts, answers
 
-    greedy, greedy_len, _ = run(1, 0.0)
+    greedy, greedy_len, _, _ = run(1, 0.0)
     metrics = {
         "accuracy": sum(s >= 1.0 - 1e-6 for s in greedy) / len(greedy),
         "greedy_score": sum(greedy) / len(greedy),
@@ -170,11 +192,10 @@ def evaluate(
             metrics[f"greedy/{name}"] = sum(applicable) / len(applicable)
     if num_samples > 0:
         k = num_samples
-        sampled, _, texts = run(k, temperature)
+        sampled, _, texts, answers = run(k, temperature)
         metrics[f"mean_at_{k}"] = sum(sampled) / len(sampled)
         per_prompt = [sampled[i : i + k] for i in range(0, len(sampled), k)]
         metrics[f"pass_at_{k}"] = sum(any(s >= 1.0 - 1e-6 for s in p) for p in per_prompt) / len(per_prompt)
-        answers = [final_answer(t) for t in texts]  # (P * k,), grouped by prompt
         majority = [majority_vote(answers[i : i + k], sampled[i : i + k]) for i in range(0, len(sampled), k)]
         metrics[f"maj_at_{k}"] = sum(m >= 1.0 - 1e-6 for m in majority) / len(majority)
         metrics[f"maj_at_{k}/no_answer"] = sum(a is None for a in answers) / len(answers)

@@ -460,7 +460,10 @@ _MLFLOW_NAME_OK = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ01234
 
 
 def _mlflow_name(key: str) -> str:
-    return "".join(ch if ch in _MLFLOW_NAME_OK else "_" for ch in key)
+    """MLflow's name for ``key``: "/" written as "." and characters MLflow refuses as "_". MLflow's file
+    store makes a folder of each "/", so "eval/maj_at_4" (a file) and "eval/maj_at_4/no_answer" (inside a
+    folder of the same name) could not both be written; with no "/" no name can be another's folder."""
+    return "".join(ch if ch in _MLFLOW_NAME_OK else "_" for ch in key.replace("/", "."))
 
 
 class _MlflowTracker(_Tracker):

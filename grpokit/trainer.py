@@ -69,6 +69,7 @@ from grpokit.runlog import RunLogger, reward_metric_names
 from grpokit.sampling import SamplingMixin
 from grpokit.schedules import lr_factor, warmup_steps
 from grpokit.templates import describe_templates, encode_prompts
+from grpokit.trl_names import with_trl_names
 from grpokit.update import AUTO_MICRO_TOKENS, MicroBatchMixin, peak_memory_mb  # noqa: F401
 from grpokit.update_stats import UpdateStats
 from grpokit.validate import check_positions
@@ -343,6 +344,7 @@ class GRPOTrainer(SamplingMixin, RunStateMixin, MicroBatchMixin, CriticMixin):
         if self.episodes is not None:  # episode/turns_mean, tools/calls, tools/errors, masked_token_frac...
             metrics.update(self.episodes.take_metrics())
         self.dist.finish_metrics(metrics)
+        with_trl_names(metrics)  # TRL's names beside ours where they mean the same (grpokit.trl_names)
         if self.cfg.train.samples_every and self.step % self.cfg.train.samples_every == 0:
             self._save_samples(batch)
         return metrics

@@ -75,13 +75,15 @@ def test_mlflow_file_store(tmp_path, monkeypatch):
     ) as log:
         log.log_step(1, {"reward/total/mean": 0.25, "reward/my.py:fn/mean": 1.0})
         log.log_step(2, {"reward/total/mean": 0.75})
-        log.log_eval(2, {"accuracy": 0.5})
+        log.log_eval(2, {"accuracy": 0.5, "maj_at_4": 0.25, "maj_at_4/no_answer": 0.5})  # a name and its "folder"
     assert (out / "tensorboard").is_dir()
     client = MlflowClient(uri)
     (run,) = client.search_runs([client.get_experiment_by_name("grpokit-test").experiment_id])
     assert run.info.run_name == "run1"
     assert run.data.params["optim.lr"] == "1e-06"
-    history = client.get_metric_history(run.info.run_id, "reward/total/mean")
+    history = client.get_metric_history(run.info.run_id, "reward.total.mean")  # "/" is "." in MLflow
     assert [(m.step, m.value) for m in history] == [(1, 0.25), (2, 0.75)]
-    assert client.get_metric_history(run.info.run_id, "eval/accuracy")[0].value == 0.5
-    assert client.get_metric_history(run.info.run_id, "reward/my.py_fn/mean")[0].value == 1.0
+    assert client.get_metric_history(run.info.run_id, "eval.accuracy")[0].value == 0.5
+    assert client.get_metric_history(run.info.run_id, "reward.my.py_fn.mean")[0].value == 1.0
+    assert client.get_metric_history(run.info.run_id, "eval.maj_at_4")[0].value == 0.25
+    assert client.get_metric_history(run.info.run_id, "eval.maj_at_4.no_answer")[0].value == 0.5

@@ -246,3 +246,58 @@ def test_a_flat_trl_yaml_trains_and_converts_from_the_cli(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "grpokit", "config", "--from-trl", str(path)],
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "min_p=0.05 is not supported" in bad.stderr
+
+
+# ------------------------------------------------------------------ item 7: maj@k votes on what accuracy reads
+
+
+def test_maj_at_k_votes_on_what_the_accuracy_reward_extracts():
+    from grpokit.evaluate import majority_vote, voted_answers
+
+    texts = ["I think 12", "12 for sure", "maybe 13", "dunno"]  # no tags, no \boxed: the verifier reads nothing
+    assert voted_answers(lambda **k: None, texts, {}) == [None] * 4
+
+    def last_number(completions, **kw):
+        return [1.0 if t.split()[-1] == "12" else 0.0 for t in completions]
+
+    last_number.answer_of = lambda t: t.split()[-1] if t.split()[-1].isdigit() else None
+    answers = voted_answers(last_number, texts, {})
+    assert answers == ["12", None, "13", None] and majority_vote(answers, [1, 0, 0, 0]) == 1.0
+    # TRL's accuracy_reward logs what it parsed (log_extra "answer_parsed"), "[unparseable]" when nothing
+    logged = {"answer_parsed": ["[12, '12']", "[12, '12']", "[13, '13']", "[unparseable]"]}
+    answers = voted_answers(lambda **k: None, texts, logged)
+    assert answers == ["[12, '12']", "[12, '12']", "[13, '13']", None]
+    assert majority_vote(answers, [1.0, 1.0, 0.0, 0.0]) == 1.0
+
+
+def test_evaluate_votes_with_the_accuracy_rewards_reader(tmp_path):
+    from grpokit.config import DataConfig
+    from grpokit.evaluate import evaluate
+    from grpokit.generation import FastGenerator
+    from tests.tiny_model import make_tiny_model
+
+    model, tok = make_tiny_model("qwen2", seed=0)
+
+    def first_char(completions, **kw):  # "correct" when the completion starts with a digit
+        return [1.0 if c[:1].isdigit() else 0.0 for c in completions]
+
+    first_char.answer_of = lambda t: t[:1] or None
+    rows = [{"prompt": "1+2="}, {"prompt": "3+4="}]
+    metrics = evaluate(model, tok, rows, accuracy_fn=first_char, generator=FastGenerator(), data_cfg=DataConfig(),
+                       eos_token_ids=[tok.eos_token_id], num_samples=4, max_new_tokens=4)
+    assert metrics["maj_at_4/no_answer"] < 1.0  # every non-empty completion votes with answer_of
+
+
+# ------------------------------------------------------------------ item 6: TRL's metric names
+
+
+def test_trl_metric_names_are_added_where_they_mean_the_same():
+    from grpokit.trl_names import with_trl_names
+
+    m = with_trl_names({"reward/total/mean": 0.5, "reward/total/std": 0.1, "reward/acc/mean": 0.25,
+                        "reward/acc/std": 0.2, "zero_variance_frac": 0.125, "completion_len/mean": 11.0,
+                        "truncated_frac": 0.0, "lr": 1e-6, "kl": 0.01})
+    assert (m["reward"], m["rewards/acc/mean"], m["frac_reward_zero_std"]) == (0.5, 0.25, 0.125)
+    assert (m["completions/mean_length"], m["completions/clipped_ratio"], m["learning_rate"]) == (11.0, 0.0, 1e-6)
+    assert "reward_std" not in m and "rewards/acc/std" not in m  # unbiased in TRL: not the same number
+    assert m["reward/total/mean"] == 0.5 and m["kl"] == 0.01  # ours stay
