@@ -15,18 +15,24 @@ damaged one is skipped for the newest complete one (``find_resumable``).
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
 import random
 import re
 import shutil
 import struct
+import sys
 import zipfile
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from grpokit.errors import ConfigError
+
 STATE_FILE = "trainer_state.pt"
+CHECKSUM_FILE = "checksums.json"
+"""SHA-256 of every weight file and the state file, written last at save time (``write_checksums``)."""
 STATE_KEYS = ("step", "optimizer", "scheduler", "stream", "rng")
 _STEP_DIR = re.compile(r"^step_(\d+)$")
 _PARTIAL_DIR = re.compile(r"^step_(\d+)\.tmp$")
@@ -78,28 +84,56 @@ def save_checkpoint(
         for name, extra in (subfolders or {}).items():
             extra.save_pretrained(tmp / name, safe_serialization=True)
         torch.save({**trainer_state, "rng": rng_state()}, tmp / STATE_FILE)
-    except (OSError, RuntimeError) as e:
+        write_checksums(tmp)
+    except BaseException as e:  # every writer (safetensors, tokenizers, torch) raises its own types
         shutil.rmtree(tmp, ignore_errors=True)
-        if _disk_full(e, directory.parent):
-            free = shutil.disk_usage(directory.parent).free / 2**20
-            raise CheckpointError(
-                f"disk full: no space left on the device of {directory.parent} while writing checkpoint "
-                f"{directory.name} ({free:.0f} MiB free). Free some space (or set train.output_dir to "
-                "another disk) and continue with --resume; earlier checkpoints are intact."
-            ) from e
-        raise
+        if not isinstance(e, Exception):
+            raise  # KeyboardInterrupt, SystemExit: the half checkpoint is gone, the stop goes on
+        raise CheckpointError(_write_failed(directory, e)) from e
     if directory.exists():
         shutil.rmtree(directory)
     tmp.rename(directory)
     return directory
 
 
+def _write_failed(directory: Path, error: BaseException) -> str:
+    """The one-line message of a checkpoint that could not be written: the folder, the free space, why."""
+    parent = directory.parent
+    try:
+        free = _size(shutil.disk_usage(parent).free)
+    except OSError:
+        free = "unknown"
+    first = str(error).strip().splitlines()[0][:200] if str(error).strip() else ""
+    cause = f"{type(error).__name__}: {first}" if first else type(error).__name__
+    if _disk_full(error, parent):
+        return (
+            f"disk full: writing checkpoint {directory} failed ({cause}); {free} free on the disk of {parent}. "
+            "Free some space (or set train.output_dir to another disk) and continue with --resume; earlier "
+            "checkpoints are intact and the partial one was removed."
+        )
+    return (
+        f"writing checkpoint {directory} failed ({cause}; {free} free on the disk of {parent}); the partial "
+        "checkpoint was removed and earlier ones are intact: fix the cause and continue with --resume."
+    )
+
+
+def _size(n: float) -> str:
+    for unit in ("bytes", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "bytes" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GiB"
+
+
 def _disk_full(error: BaseException, where: Path) -> bool:
-    """ENOSPC anywhere in the exception chain, or torch's stream writer failing ("unexpected pos",
-    "file write failed") on a device with less than 64 MiB left."""
+    """ENOSPC anywhere in the exception chain or its text (safetensors and tokenizers raise their own
+    types, with "No space left on device (os error 28)" in the message), or a device with less than
+    64 MiB left (torch's stream writer says only "unexpected pos" / "file write failed")."""
     e: BaseException | None = error
     while e is not None:
         if isinstance(e, OSError) and e.errno == errno.ENOSPC:
+            return True
+        if "no space left on device" in str(e).lower() or "os error 28" in str(e):
             return True
         e = e.__cause__ or e.__context__
     try:
@@ -169,6 +203,9 @@ def verify_checkpoint(directory: Path) -> str | None:
         problem = _safetensors_problem(f)
         if problem:
             return f"{f.relative_to(directory)}: {problem}"
+    problem = checksum_problem(directory)  # bytes changed inside a tensor: sizes and headers still agree
+    if problem:
+        return problem
     state = directory / STATE_FILE
     if not state.is_file():
         return f"no {STATE_FILE}"
@@ -266,3 +303,111 @@ def load_weights_into(model, directory: Path) -> None:
         )
     if tied and hasattr(model, "tie_weights"):
         model.tie_weights()
+
+
+# --- checksums and shapes ---------------------------------------------------------------------------
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 22):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def write_checksums(folder: Path) -> None:
+    """``folder/checksums.json``: {"sha256": {relative path: hex digest}} of every *.safetensors file
+    (the critic's too) and the state file, read back from disk as written."""
+    folder = Path(folder)
+    files = sorted(folder.rglob("*.safetensors")) + [p for p in [folder / STATE_FILE] if p.is_file()]
+    sums = {str(p.relative_to(folder)): _sha256(p) for p in files}
+    (folder / CHECKSUM_FILE).write_text(json.dumps({"sha256": sums}, indent=1) + "\n")
+
+
+def checksum_problem(directory: Path) -> str | None:
+    """A file whose bytes differ from the checksum written at save time (None: all match, or a checkpoint
+    from before checksums, which is verified by its structure alone)."""
+    path = Path(directory) / CHECKSUM_FILE
+    if not path.is_file():
+        return None
+    try:
+        listed = json.loads(path.read_text())["sha256"]
+        items = list(listed.items())
+    except (ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError):
+        return f"{CHECKSUM_FILE}: unreadable"
+    for name, digest in items:
+        f = Path(directory) / name
+        if not f.is_file():
+            return f"{name}: missing (listed in {CHECKSUM_FILE})"
+        if _sha256(f) != digest:
+            return f"{name}: SHA-256 differs from the one written at save time (bytes torn or corrupted)"
+    return None
+
+
+def _header_shapes(path: Path) -> dict[str, tuple[int, ...]]:
+    with open(path, "rb") as f:
+        (size,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(size))
+    return {k: tuple(v["shape"]) for k, v in header.items() if k != "__metadata__"}
+
+
+def shape_problem(directory: Path, model) -> str | None:
+    """How a checkpoint's policy weights fail to fit ``model`` (tensor names and shapes, read from the
+    safetensors headers; nothing is loaded), or None. Another architecture or size fails here."""
+    directory = Path(directory)
+    adapter = directory / "adapter_model.safetensors"
+    if adapter.is_file():
+        from peft import get_peft_model_state_dict
+
+        expected = {k: tuple(v.shape) for k, v in get_peft_model_state_dict(model).items()}
+        files = [adapter]
+    else:
+        expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+        files = sorted(directory.glob("model*.safetensors"))
+    saved: dict[str, tuple[int, ...]] = {}
+    for f in files:
+        saved.update(_header_shapes(f))
+    common = [k for k in saved if k in expected]
+    if not common:
+        some = ", ".join(sorted(saved)[:3])
+        return f"none of its {len(saved)} tensors ({some}, ...) is one of the model's: another architecture"
+    for k in common:
+        if saved[k] != expected[k]:
+            return (
+                f"tensor {k} has shape {list(saved[k])}, the model's is {list(expected[k])}: another "
+                "architecture or size"
+            )
+    missing = sorted(k for k in set(expected) - set(saved) if not k.endswith("lm_head.weight"))
+    if missing:
+        return f"lacks {len(missing)} of the model's tensors ({', '.join(missing[:3])})"
+    unexpected = sorted(set(saved) - set(expected))
+    if unexpected:
+        return f"holds {len(unexpected)} tensors the model has not ({', '.join(unexpected[:3])})"
+    return None
+
+
+def resumable_for_model(chosen: Path, model, *, auto: bool) -> Path:
+    """``chosen`` when its weights fit ``model``. Otherwise, when the checkpoint was picked automatically
+    (--resume), the newest older one that verifies and fits, with a warning for each skipped; a checkpoint
+    named with --resume-from, or none that fits, is a ConfigError."""
+    chosen = Path(chosen)
+    problem = shape_problem(chosen, model)
+    if problem is None:
+        return chosen
+    if not auto:
+        raise ConfigError(f"--resume-from {chosen}: its weights do not fit the model: {problem}.")
+    skipped = [(chosen, problem)]
+    match = _STEP_DIR.match(chosen.name)
+    for step, path in reversed(step_dirs(chosen.parent)):
+        if match is None or step >= int(match.group(1)):
+            continue
+        problem = verify_checkpoint(path) or shape_problem(path, model)
+        if problem is None:
+            for bad, why in skipped:
+                warning = f"grpokit: warning: {bad} does not fit the model ({why}); resuming from {path.name}"
+                print(warning, file=sys.stderr)
+            return path
+        skipped.append((path, problem))
+    listed = "; ".join(f"{p.name}: {why}" for p, why in skipped)
+    raise ConfigError(f"--resume: no checkpoint under {chosen.parent} fits the model ({listed}).")

@@ -36,6 +36,7 @@ from grpokit.batch import (  # noqa: F401
     length_sorted,
     step_metrics,
 )
+from grpokit.checkpoint import resumable_for_model
 from grpokit.config import Config, ConfigError, resolve_algo, validated
 from grpokit.critic import CriticMixin
 from grpokit.data import load_train_eval
@@ -179,6 +180,8 @@ class GRPOTrainer(SamplingMixin, RunStateMixin, MicroBatchMixin, CriticMixin):
                     p.data = p.data.to(self.precision.weight_dtype)
             model = prepare_policy(model, cfg.model, cfg.lora)
         self.model, self.tokenizer = model, tokenizer
+        if self.resume_from is not None:  # weights of another architecture: skipped like a damaged checkpoint
+            self.resume_from = resumable_for_model(self.resume_from, model, auto=resume is True)
         check_tokenizer_fits(model, tokenizer, "the tokenizer")
         # a reference for a KL in the loss or in the reward (with LoRA: the base, adapter disabled)
         self.uses_reference = self.algo.uses_reference

@@ -1,0 +1,151 @@
+"""Checkpoints that cannot be written or cannot be trusted: a full disk (a real small tmpfs), torn
+tensor bytes (checksums written at save time) and weights of another architecture (shapes)."""
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+from tiny_model import make_tiny_model, save_tiny_model
+
+from grpokit import GRPOTrainer, load_config
+from grpokit.checkpoint import CHECKSUM_FILE, CheckpointError, save_checkpoint, verify_checkpoint
+from grpokit.cli import main
+from grpokit.config import ConfigError
+
+ROWS = [{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a in range(4) for b in range(4)]
+SETTINGS = [
+    "train.report_to=none",
+    "rollout.group_size=2",
+    "rollout.prompts_per_step=2",
+    "rollout.max_new_tokens=4",
+    "data.template=plain",
+    "data.max_prompt_tokens=32",
+    "model.device=cpu",
+    "eval.enabled=false",
+    "train.stop_after_flat_steps=0",
+    "train.samples_every=0",
+]
+
+
+def has_seven(prompts, completions, **kw):
+    return [float("7" in c) for c in completions]
+
+
+def trainer(out: Path, steps: int, **kwargs) -> GRPOTrainer:
+    model, tok = make_tiny_model("qwen2", seed=0)
+    cfg = load_config(
+        None,
+        [f"train.output_dir={out}", f"train.steps={steps}", "train.save_every=1", "train.keep_checkpoints=0", *SETTINGS],
+    )
+    return GRPOTrainer(
+        cfg, model=model, tokenizer=tok, train_rows=ROWS, reward_functions=[("has_seven", has_seven, 1.0)], **kwargs
+    )
+
+
+@pytest.fixture
+def tmpfs(tmp_path):
+    """Mount small tmpfs file systems under tmp_path (root only); unmounted afterwards."""
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        pytest.skip("a full-disk test needs root to mount a small tmpfs")
+    mounted = []
+
+    def mount(kib: int) -> Path:
+        where = tmp_path / f"disk_{kib}k_{len(mounted)}"
+        where.mkdir()
+        done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={kib}k", "tmpfs", str(where)], capture_output=True)
+        if done.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode().strip()}")
+        mounted.append(where)
+        return where
+
+    yield mount
+    for where in mounted:
+        subprocess.run(["umount", str(where)], check=False)
+
+
+def test_any_writer_failing_on_a_full_disk_is_one_named_error_and_leaves_no_tmp(tmpfs):
+    """Three disk sizes make three different writers fail: safetensors (SafetensorError), the tokenizers
+    library (a bare Exception) and torch.save (RuntimeError); each is the same named error."""
+    model, tok = make_tiny_model("qwen2", seed=0)
+    state = {"step": 1, "optimizer": {"m": torch.zeros(50_000)}, "scheduler": {}, "stream": {}}
+    causes = set()
+    for kib in (40, 108, 300):
+        disk = tmpfs(kib)
+        target = disk / "checkpoints" / "step_000001"
+        with pytest.raises(CheckpointError) as e:
+            save_checkpoint(target, model, tok, state)
+        message = str(e.value)
+        assert message.startswith(f"disk full: writing checkpoint {target} failed"), message
+        assert "free on the disk of" in message and "--resume" in message
+        assert sorted(p.name for p in (disk / "checkpoints").iterdir()) == []  # no step_000001.tmp, no step
+        causes.add(type(e.value.__cause__).__name__)
+    assert len(causes) >= 2, causes  # not one exception type: the rule covers every writer
+
+
+def test_a_full_disk_during_training_is_one_line_through_the_cli(tmpfs, tmp_path, capsys):
+    model = save_tiny_model(tmp_path / "model")
+    (tmp_path / "data.jsonl").write_text("".join(json.dumps(r) + "\n" for r in ROWS))
+    out = tmpfs(200) / "run"  # room for the config and metrics, not for a checkpoint with its optimizer
+    code = main(
+        ["train", f"model.name_or_path={model}", f"data.train={tmp_path / 'data.jsonl'}", f"train.output_dir={out}"]
+        + SETTINGS
+        + ["train.steps=1"]
+    )
+    err = capsys.readouterr().err
+    assert code == 1, err
+    line = [x for x in err.splitlines() if x.startswith("grpokit:")]
+    assert len(line) == 1 and "disk full" in line[0] and str(out / "checkpoints") in line[0], err
+    assert "Traceback" not in err
+    assert not list((out / "checkpoints").glob("*.tmp"))
+
+
+@pytest.fixture(scope="module")
+def two_steps(tmp_path_factory):
+    """A run of two steps with a checkpoint after each."""
+    out = tmp_path_factory.mktemp("integrity") / "run"
+    trainer(out, steps=2).train()
+    return out
+
+
+def copy_run(src: Path, dst: Path) -> Path:
+    shutil.copytree(src, dst)
+    return dst
+
+
+def test_a_torn_tensor_is_caught_by_its_checksum_and_the_previous_checkpoint_is_used(two_steps, tmp_path, capsys):
+    out = copy_run(two_steps, tmp_path / "run")
+    step2 = out / "checkpoints" / "step_000002"
+    assert set(json.loads((step2 / CHECKSUM_FILE).read_text())["sha256"]) == {"model.safetensors", "trainer_state.pt"}
+    weights = step2 / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # one byte inside a tensor: header and size unchanged
+    weights.write_bytes(bytes(data))
+    problem = verify_checkpoint(step2)
+    assert problem and "model.safetensors" in problem and "SHA-256" in problem
+    resumed = trainer(out, steps=3, resume=True)
+    assert resumed.step == 1 and resumed.resume_from.name == "step_000001"
+    assert "step_000002 is damaged (model.safetensors: SHA-256" in capsys.readouterr().err
+    resumed.output_lock.release()
+    with pytest.raises(ConfigError, match="--resume-from step_000002: model.safetensors: SHA-256"):
+        trainer(out, steps=3, resume="step_000002")
+
+
+def test_weights_of_another_architecture_are_skipped_like_a_damaged_checkpoint(two_steps, tmp_path, capsys):
+    out = copy_run(two_steps, tmp_path / "run")
+    step2 = out / "checkpoints" / "step_000002"
+    other, _ = make_tiny_model("qwen2", seed=0, hidden_size=48, num_heads=4, intermediate_size=96)
+    other.save_pretrained(tmp_path / "other")
+    shutil.copy(tmp_path / "other" / "model.safetensors", step2 / "model.safetensors")
+    (step2 / CHECKSUM_FILE).unlink()  # structure intact, no checksum: only the shapes can tell
+    assert verify_checkpoint(step2) is None
+    resumed = trainer(out, steps=3, resume=True)
+    assert resumed.step == 1
+    err = capsys.readouterr().err
+    assert "step_000002 does not fit the model (tensor" in err and "another architecture" in err
+    resumed.output_lock.release()
+    with pytest.raises(ConfigError, match="--resume-from .*step_000002: its weights do not fit the model"):
+        trainer(out, steps=3, resume="step_000002")
