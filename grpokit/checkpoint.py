@@ -107,7 +107,8 @@ def _write_failed(directory: Path, error: BaseException) -> str:
     cause = f"{type(error).__name__}: {first}" if first else type(error).__name__
     if _disk_full(error, parent):
         return (
-            f"disk full: writing checkpoint {directory} failed ({cause}); {free} free on the disk of {parent}. "
+            f"disk full: no space left on the disk of {parent} while writing checkpoint {directory} ({cause}); "
+            f"{free} free there. "
             "Free some space (or set train.output_dir to another disk) and continue with --resume; earlier "
             "checkpoints are intact and the partial one was removed."
         )

@@ -1,6 +1,8 @@
-"""Checkpoints that cannot be written or cannot be trusted: a full disk (a real small tmpfs), torn
+"""Checkpoints that cannot be written or cannot be trusted: a full disk (a real small tmpfs; through the
+CLI: test_resume.test_disk_full_is_named_as_such), torn
 tensor bytes (checksums written at save time) and weights of another architecture (shapes)."""
 
+import gc
 import json
 import os
 import shutil
@@ -9,11 +11,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from tiny_model import make_tiny_model, save_tiny_model
+from tiny_model import make_tiny_model
 
 from grpokit import GRPOTrainer, load_config
 from grpokit.checkpoint import CHECKSUM_FILE, CheckpointError, save_checkpoint, verify_checkpoint
-from grpokit.cli import main
 from grpokit.config import ConfigError
 
 ROWS = [{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a in range(4) for b in range(4)]
@@ -63,8 +64,9 @@ def tmpfs(tmp_path):
         return where
 
     yield mount
+    gc.collect()  # a failed writer's file may stay open until its exception is collected
     for where in mounted:
-        subprocess.run(["umount", str(where)], check=False)
+        subprocess.run(["umount", "--lazy", str(where)], check=False)  # detached now, freed when unused
 
 
 def test_any_writer_failing_on_a_full_disk_is_one_named_error_and_leaves_no_tmp(tmpfs):
@@ -79,28 +81,11 @@ def test_any_writer_failing_on_a_full_disk_is_one_named_error_and_leaves_no_tmp(
         with pytest.raises(CheckpointError) as e:
             save_checkpoint(target, model, tok, state)
         message = str(e.value)
-        assert message.startswith(f"disk full: writing checkpoint {target} failed"), message
-        assert "free on the disk of" in message and "--resume" in message
+        assert message.startswith(f"disk full: no space left on the disk of {disk / 'checkpoints'}"), message
+        assert f"while writing checkpoint {target}" in message and "free there" in message and "--resume" in message
         assert sorted(p.name for p in (disk / "checkpoints").iterdir()) == []  # no step_000001.tmp, no step
         causes.add(type(e.value.__cause__).__name__)
     assert len(causes) >= 2, causes  # not one exception type: the rule covers every writer
-
-
-def test_a_full_disk_during_training_is_one_line_through_the_cli(tmpfs, tmp_path, capsys):
-    model = save_tiny_model(tmp_path / "model")
-    (tmp_path / "data.jsonl").write_text("".join(json.dumps(r) + "\n" for r in ROWS))
-    out = tmpfs(200) / "run"  # room for the config and metrics, not for a checkpoint with its optimizer
-    code = main(
-        ["train", f"model.name_or_path={model}", f"data.train={tmp_path / 'data.jsonl'}", f"train.output_dir={out}"]
-        + SETTINGS
-        + ["train.steps=1"]
-    )
-    err = capsys.readouterr().err
-    assert code == 1, err
-    line = [x for x in err.splitlines() if x.startswith("grpokit:")]
-    assert len(line) == 1 and "disk full" in line[0] and str(out / "checkpoints") in line[0], err
-    assert "Traceback" not in err
-    assert not list((out / "checkpoints").glob("*.tmp"))
 
 
 @pytest.fixture(scope="module")
