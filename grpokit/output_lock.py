@@ -1,11 +1,12 @@
-"""One output folder, one run: an exclusive lock held for the run's life, and ``--overwrite`` that loses
-nothing until the new run has written its first step.
+"""One output folder, one run: an exclusive lock held while the run trains, and ``--overwrite`` that
+loses nothing until the new run has written its first step.
 
 The lock is ``flock`` on ``OUTPUT/.grpokit.lock`` (the kernel drops it when its process dies, however
 it dies, so a lock left by a killed run is stale by construction; the file only records who held it,
-for the message). The folder's check (``validate.check_output_dir``) runs after the lock is taken, so
-two trainers started into one folder cannot both pass it: the second gets a ConfigError naming the
-first one's process.
+for the message). The trainer tries it before anything loads (``claim_output_dir``: a folder in use
+fails in a second) and takes it for the whole of ``train()`` (``run_holding_lock``), checking the
+folder again under it, so two trainers started into one folder cannot both pass: the second gets a
+ConfigError naming the first one's process.
 
 ``--overwrite`` moves the previous run's files (``runlog.RUN_OUTPUTS``, and only when the folder holds
 a run) into ``OUTPUT/.replaced/``; they are deleted once the new run has logged its first step, and put
@@ -57,6 +58,9 @@ class OutputLock:
         self.folder = Path(folder)
         self.fd: int | None = None
         self.made_folder = False
+        self.resume = self.overwrite = False  # what the run asked for (claim_output_dir)
+        self.main = True  # rank 0 (under torchrun only rank 0 locks)
+        self.started = False  # train() has checked the folder under the lock once
 
     @property
     def held(self) -> bool:
@@ -132,59 +136,48 @@ def is_main_rank() -> bool:
 
 
 def claim_output_dir(folder: Path, *, resume: bool, overwrite: bool, main: bool = True) -> OutputLock:
-    """Lock ``folder`` for this run, then check it can take the run (``validate.check_output_dir``, made
-    once before the lock too, so that a refused folder is not created). Under torchrun only rank 0
-    (``main``) locks; the others only check. The returned lock is held until released."""
+    """Check that ``folder`` can take this run (``validate.check_output_dir``) and is not in use by another
+    run now (its lock is tried and let go; an ``--overwrite`` killed before its first step has its old
+    run put back), creating nothing. Returns the lock that ``train()`` takes (``run_holding_lock``)
+    and keeps until it ends. Under torchrun only rank 0 (``main``) locks; the others only check."""
     from grpokit.validate import check_output_dir
 
-    check_output_dir(folder, resume=resume, overwrite=overwrite)
     lock = OutputLock(folder)
-    if main:
-        lock.acquire()
+    lock.resume, lock.overwrite, lock.main = resume, overwrite, main
+    if main and (Path(folder) / LOCK_FILE).is_file():
+        lock.acquire()  # fails now, before anything loads, when another run holds the folder
         try:
-            if not overwrite:
-                restore_aside(folder)  # an --overwrite killed before its first step: the old run is back
-            check_output_dir(folder, resume=resume, overwrite=overwrite)  # now no other run can start here
-        except BaseException:
+            if not overwrite and not (resume and overwrite):
+                restore_aside(folder)
+        finally:
             lock.release()
-            raise
+    check_output_dir(folder, resume=resume, overwrite=overwrite)
     return lock
 
 
-def releases_output_lock_on_error(init: Callable) -> Callable:
-    """Decorates a trainer's ``__init__``: when it raises, the ``output_lock`` it took is released (and a
-    folder the lock made is removed), so a run that fails to start leaves nothing behind."""
-
-    @functools.wraps(init)
-    def wrapper(self, *args: Any, **kwargs: Any) -> None:
-        try:
-            init(self, *args, **kwargs)
-        except BaseException:
-            lock = getattr(self, "output_lock", None)
-            if lock is not None:
-                lock.release()
-            raise
-
-    return wrapper
-
-
 def run_holding_lock(train: Callable) -> Callable:
-    """Decorates a trainer's ``train``: the output folder stays locked while it runs (taken again if an
-    earlier call released it) and is released when it returns or raises. A run it was replacing
-    (``--overwrite``, see set_aside) is put back when no step of the new run was logged."""
+    """Decorates a trainer's ``train``: the output folder is locked while it runs and released when it
+    returns or raises. The first call checks the folder again under the lock (two runs started together
+    cannot both pass); a later call continues the run. A run being replaced (``--overwrite``, see
+    set_aside) is put back when no step of the new run was logged."""
 
     @functools.wraps(train)
     def wrapper(self, *args: Any, **kwargs: Any) -> Any:
         lock = getattr(self, "output_lock", None)
-        if lock is None:
+        if lock is None or not lock.main:
             return train(self, *args, **kwargs)
-        if is_main_rank():
-            lock.acquire()
+        from grpokit.validate import check_output_dir
+
+        lock.acquire()
         try:
+            if not lock.started:
+                if not lock.overwrite:
+                    restore_aside(lock.folder)  # an --overwrite killed before its first step
+                check_output_dir(lock.folder, resume=lock.resume, overwrite=lock.overwrite)
+                lock.started = True
             return train(self, *args, **kwargs)
         finally:
-            if is_main_rank():
-                restore_aside(Path(lock.folder))
+            restore_aside(lock.folder)
             lock.release()
 
     return wrapper

@@ -58,7 +58,6 @@ from grpokit.output_lock import (
     claim_output_dir,
     discard_aside,
     is_main_rank,
-    releases_output_lock_on_error,
     run_holding_lock,
 )
 from grpokit.precision import make_grad_scaler, make_optimizer, resolve_precision
@@ -94,7 +93,6 @@ class GRPOTrainer(SamplingMixin, RunStateMixin, MicroBatchMixin, CriticMixin):
     checkpoint of the step is saved and TrainingError carries the callback's name and message.
     """
 
-    @releases_output_lock_on_error
     def __init__(
         self,
         cfg: Config,
@@ -115,7 +113,7 @@ class GRPOTrainer(SamplingMixin, RunStateMixin, MicroBatchMixin, CriticMixin):
         if cfg.rollout.temperature <= 0:
             raise ConfigError("rollout.temperature must be > 0 for training (log-probs are taken at it)")
         self.out = Path(cfg.train.output_dir)
-        # locked for this run until train() ends (grpokit.output_lock); released if __init__ fails
+        # not in use by another run; train() locks it until it ends (grpokit.output_lock)
         self.output_lock = claim_output_dir(
             self.out, resume=resume is not False, overwrite=overwrite, main=is_main_rank()
         )

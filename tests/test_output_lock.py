@@ -68,17 +68,28 @@ def cli_args(world: Path, out: Path, *extra: str) -> list[str]:
     ]
 
 
-def test_a_second_trainer_in_the_same_folder_is_refused_until_the_first_ends(tmp_path):
-    first = api_trainer(tmp_path / "run")
-    assert (tmp_path / "run" / LOCK_FILE).is_file()  # locked from construction on
-    with pytest.raises(ConfigError, match=rf"in use by another grpokit run \(pid {os.getpid()}"):
-        api_trainer(tmp_path / "run")
+def test_two_trainers_built_for_one_folder_only_one_trains(tmp_path):
+    """Both pass the check made when they are built (nothing is there yet); the lock that train() holds and
+    the check made again under it let only the first run: the second is refused, not silently mixed in."""
+    out = tmp_path / "run"
+    refused = []
+
+    def start_another(step, metrics, trainer):
+        assert (out / LOCK_FILE).read_text().startswith(f"pid {os.getpid()} on ")
+        try:
+            api_trainer(out)
+        except ConfigError as e:
+            refused.append(str(e))
+
+    first = api_trainer(out, callbacks=[start_another])
+    second = api_trainer(out)
     first.train()
+    assert len(refused) == 1 and f"in use by another grpokit run (pid {os.getpid()}" in refused[0]
     assert not first.output_lock.held  # released when train() ends
-    with pytest.raises(ConfigError, match="already holds a run"):  # free now, but it holds a run
-        api_trainer(tmp_path / "run")
-    api_trainer(tmp_path / "run", steps=2, resume=True).train()  # the same folder, continued
-    steps = [json.loads(line)["step"] for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    with pytest.raises(ConfigError, match="already holds a run"):
+        second.train()
+    api_trainer(out, steps=2, resume=True).train()  # the same folder, continued
+    steps = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert steps == [1, 2]
 
 
