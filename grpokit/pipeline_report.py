@@ -48,7 +48,7 @@ def evaluate_model(model_path: str, eval_spec: dict[str, Any]) -> dict[str, floa
     specs = [(key, _as_spec(value)) for key, value in named.items() if value]
     functions = resolve_reward_specs([spec for _, spec in specs])
     fns = {key: fn for (key, _), (_, fn, _) in zip(specs, functions)}
-    model, tokenizer, _ = load_policy(ModelConfig(name_or_path=str(model_path), device="cpu"), LoraConfig())
+    model, tokenizer, _ = load_policy(ModelConfig(name_or_path=str(model_path)), LoraConfig())
     metrics = evaluate(
         model,
         tokenizer,

@@ -8,7 +8,8 @@ The model is any checkpoint (the RL stage's, or a teacher's for distillation). F
 prompts per generation call, through the trainer's generators), scored by every entry of ``rewards``
 with the trainer's RewardRunner. A completion *passes* when
 
-    it ended with EOS (``keep.drop_truncated``) and, for every reward with a threshold ``min``,
+    it ended with EOS (``keep.drop_truncated``), has some text (``keep.drop_empty``) and, for every
+    reward with a threshold ``min``,
     its value is >= min, or None (the reward does not apply to it; a *failed* row does not pass).
 
 Of one prompt's passing completions, ``keep.dedupe`` drops repeats of the same text (stripped),
@@ -88,6 +89,8 @@ class KeepConfig:
     """Drop a completion whose text (stripped) repeats an earlier one of the same prompt."""
     drop_truncated: bool = True
     """Drop completions that hit sample.max_new_tokens without EOS."""
+    drop_empty: bool = True
+    """Drop completions with no text but whitespace (EOS at once): SFT refuses an empty completion."""
 
 
 @dataclass
@@ -189,10 +192,12 @@ def check_sample_config(cfg: SampleConfig) -> None:
 # ----------------------------------------------------------------------------- selection (pure)
 
 
-def passes(candidate: dict, thresholds: dict[str, float | None], drop_truncated: bool) -> bool:
-    """Whether one scored completion passes: EOS reached (when asked) and every threshold met; a
-    None score (not applicable) passes, a failed one (named in ``candidate["failed"]``) does not."""
-    if drop_truncated and candidate["truncated"]:
+def passes(candidate: dict, thresholds: dict[str, float | None], keep: KeepConfig) -> bool:
+    """Whether one scored completion passes: EOS reached and some text (as ``keep`` asks), every threshold
+    met; a None score (not applicable) passes, a failed one (named in ``candidate["failed"]``) does not."""
+    if keep.drop_truncated and candidate["truncated"]:
+        return False
+    if keep.drop_empty and not _text(candidate["completion"]).strip():
         return False
     failed = set(candidate.get("failed", ()))
     for name, low in thresholds.items():
@@ -219,7 +224,7 @@ def select(
     stats: dict[int, dict] = {}
     for index in sorted(by_prompt):
         group = sorted(by_prompt[index], key=lambda c: c["sample_index"])
-        passing = [c for c in group if passes(c, thresholds, keep.drop_truncated)]
+        passing = [c for c in group if passes(c, thresholds, keep)]
         chosen = passing
         if keep.dedupe:
             seen: set[str] = set()
@@ -395,7 +400,7 @@ def _sample_all(cfg, model, tokenizer, rows, encoded, runner, out: Path, log) ->
             done_prompts += len(chunk)
             sampled_here += len(chunk)
             rate = sampled_here / max(time.perf_counter() - started, 1e-9)
-            passing = sum(passes(c, thresholds, cfg.keep.drop_truncated) for c in candidates)
+            passing = sum(passes(c, thresholds, cfg.keep) for c in candidates)
             eta = (len(rows) - done_prompts) / rate if rate > 0 else 0.0
             log(
                 f"sample: {done_prompts}/{len(rows)} prompts  {len(candidates)} completions  "

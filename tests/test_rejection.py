@@ -172,7 +172,7 @@ def test_sample_command_output_is_sft_data_and_resumes_to_the_same_result(setup,
         passing = sorted(
             (c["completion_tokens"], c["sample_index"], c["completion"])
             for c in candidates
-            if c["prompt_index"] == i and len(c["completion"]) % 2 == 0
+            if c["prompt_index"] == i and len(c["completion"]) % 2 == 0 and c["completion"].strip()
         )
         texts = []
         for _, s, text in passing:
@@ -189,12 +189,21 @@ def test_sample_command_output_is_sft_data_and_resumes_to_the_same_result(setup,
         assert r["scores"] == {"even_length": 1.0} and r["source_model"].endswith("model")
     rates = [json.loads(line) for line in (out / "pass_rates.jsonl").read_text().splitlines()]
     assert [r["prompt"] for r in rates] == [r["prompt"] for r in rows]
-    assert rates[0]["pass_rate"] == sum(len(c["completion"]) % 2 == 0 for c in candidates[:6]) / 6
-    # SFT-ready: prompt + completion rows that grpokit's loaders read
-    from grpokit.data import load_prompts
+    assert (
+        rates[0]["pass_rate"]
+        == sum(len(c["completion"]) % 2 == 0 and c["completion"].strip() != "" for c in candidates[:6]) / 6
+    )
+    # SFT-ready: grpokit sft's own loader reads the rows as prompt + completion and trains on each
+    from grpokit.loading import load_tokenizer
+    from grpokit.sft_config import load_sft_config
+    from grpokit.sft_data import detect_format, encode_examples, load_sft_rows
 
-    loaded = load_prompts(out / "samples.jsonl")
-    assert all(isinstance(r["prompt"], str) and isinstance(r["completion"], str) for r in loaded)
+    sft = load_sft_config(None, [f"data.train={out / 'samples.jsonl'}", "data.template=plain"])
+    loaded, _ = load_sft_rows(sft.data)
+    assert detect_format(loaded, sft.data, "samples") == "prompt_completion"
+    tokenizer = load_tokenizer(str(root / "model"))
+    examples = encode_examples(loaded, tokenizer, sft.data, sft.sft.loss_on, "samples")
+    assert len(examples) == len(kept) and all(e.num_loss_tokens > 0 for e in examples)
 
     # a run killed after its first batch: the resumed run samples only the rest, with the same result
     first = (out / "candidates" / "00000000.jsonl").read_text()
