@@ -2,10 +2,10 @@
 (arXiv 2501.12948) on a tiny model, on the CPU, with no download, and RL alone from the cold start beside
 them at about the same training time.
 
-Task: the demo's two-number addition (``grpokit.demo``) with a *required output format*: the reasoning in
-think tags, then the answer, ``"27+45="`` -> ``"<think>2+4=6 7+5=12</think><answer>72</answer>"`` (tens
-digits, then units digits, then the sum). Scored by ``math_accuracy`` (the answer) and ``format_lenient``
-(think block, then answer block).
+Task: the demo's two-number addition (``grpokit.demo``) with a *required output format*: a think block,
+then the answer, ``"27+45="`` -> ``"<think>27+45</think><answer>72</answer>"`` (the cold-start chains
+restate the problem: a model of 0.33M parameters learns no longer chain from a few dozen examples).
+Scored by ``math_accuracy`` (the answer) and ``format_lenient`` (think block, then answer block).
 
 Base model: the embedded demo's warm-started tiny Llama (it answers ``<answer>N</answer>`` with no
 reasoning, mostly off by one), with ``<think>`` and ``</think>`` added to its tokenizer (embedding rows
@@ -31,23 +31,23 @@ from pathlib import Path
 
 import yaml
 
-R1_DEMO_VERSION = 1
+R1_DEMO_VERSION = 2
 THINK_TAGS = ["<think>", "</think>"]
 COLD_START_EXAMPLES = 48
 """Chains of the cold-start data ("a few thousand" in R1; a few dozen for a model of 0.4M parameters)."""
-MAX_NEW_TOKENS = 24
-"""The longest chain, "<think>4+4=8 9+9=18</think><answer>98</answer>" and EOS, is 21 tokens."""
+MAX_NEW_TOKENS = 16
+"""The longest chain, "<think>49+49</think><answer>98</answer>" and EOS, is 13 tokens."""
 
 
 def chain(prompt: str) -> str:
-    """The cold-start teacher's completion of ``"a+b="``: tens, then units, then the answer.
+    """The cold-start teacher's completion of ``"a+b="``: the problem restated in the think block, then
+    the answer.
 
     >>> chain("27+45=")
-    '<think>2+4=6 7+5=12</think><answer>72</answer>'
+    '<think>27+45</think><answer>72</answer>'
     """
     a, b = (int(x) for x in prompt.rstrip("=").split("+"))
-    tens, units = f"{a // 10}+{b // 10}={a // 10 + b // 10}", f"{a % 10}+{b % 10}={a % 10 + b % 10}"
-    return f"<think>{tens} {units}</think><answer>{a + b}</answer>"
+    return f"<think>{a}+{b}</think><answer>{a + b}</answer>"
 
 
 def prepare_r1_demo(cache: Path | None = None, log=print) -> dict[str, Path]:
@@ -144,7 +144,7 @@ def demo_pipeline(paths: dict[str, Path]) -> dict:
     }
     sample.pop("train.tensorboard")
     stages = [
-        {"name": "cold_start", "kind": "sft", "data": str(paths["cold_start"]), "set": sft(60, 16, 1e-3)},
+        {"name": "cold_start", "kind": "sft", "data": str(paths["cold_start"]), "set": sft(100, 16, 2e-3)},
         {"name": "reason", "kind": "rl", "set": rl(30)},
         {"name": "rejection", "kind": "sample", "set": sample},
         {"name": "distill", "kind": "sft", "model": "base", "data": "rejection", "set": sft(150, 32, 1e-3)},

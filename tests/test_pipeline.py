@@ -180,7 +180,7 @@ def test_demo_pipeline_file_checks_and_its_chains_score_full_marks(tmp_path, mon
     from grpokit.pipeline import check_stage_configs, load_pipeline
     from grpokit.rewards import format_lenient, math_accuracy
 
-    assert demo_r1.chain("27+45=") == "<think>2+4=6 7+5=12</think><answer>72</answer>"
+    assert demo_r1.chain("27+45=") == "<think>27+45</think><answer>72</answer>"
     prompts = ["7+45=", "49+49=", "0+0="]
     chains = [demo_r1.chain(p) for p in prompts]
     assert math_accuracy(prompts, chains, answer=["52", "98", "0"]) == [1.0, 1.0, 1.0]
