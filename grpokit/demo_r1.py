@@ -98,7 +98,12 @@ def _add_think_tags(source: Path, target: Path) -> None:
 
 def demo_pipeline(paths: dict[str, Path]) -> dict:
     """The pipeline file's content for the prepared paths."""
-    common = {"model.device": "cpu", "model.dtype": "float32", "data.template": "plain", "train.tensorboard": False}
+    common = {
+        "model.device": "cpu",
+        "model.dtype": "float32",
+        "data.template": "plain",
+        "train.tensorboard": False,
+    }
     rewards = [{"name": "math_accuracy", "weight": 1.0}, {"name": "format_lenient", "weight": 0.5}]
 
     def sft(steps: int, batch: int, lr: float) -> dict:
