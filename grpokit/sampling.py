@@ -170,6 +170,7 @@ class SamplingMixin:
             max_steps=self.cfg.train.steps,
             epoch=self.step * P / n,
             num_train_epochs=self.cfg.train.steps * P / n,
+            log_history=list(getattr(self, "log_history", [])),
         )
 
     def score(self, rollout: Rollout, rows: list[dict]) -> ScoredBatch:

@@ -69,6 +69,7 @@ from grpokit.runlog import RunLogger, reward_metric_names
 from grpokit.sampling import SamplingMixin
 from grpokit.schedules import lr_factor, warmup_steps
 from grpokit.templates import describe_templates, encode_prompts
+from grpokit.trl_api import fire, trl_arguments
 from grpokit.trl_names import with_trl_names
 from grpokit.update import AUTO_MICRO_TOKENS, MicroBatchMixin, peak_memory_mb  # noqa: F401
 from grpokit.update_stats import UpdateStats
@@ -90,7 +91,10 @@ class GRPOTrainer(SamplingMixin, RunStateMixin, MicroBatchMixin, CriticMixin):
 
     callbacks: functions ``fn(step, metrics, trainer)`` called after each step is logged, in order, with
     the step's metrics dict (the line written to metrics.jsonl). One that raises stops the run: a
-    checkpoint of the step is saved and TrainingError carries the callback's name and message.
+    checkpoint of the step is saved and TrainingError carries the callback's name and message;
+    ``trainer.stop(reason)`` ends it cleanly instead. TRL's forms are taken too (grpokit.trl_api): model as a
+    path or id, processing_class, reward_funcs as bare functions or names, peft_config (a peft.LoraConfig),
+    transformers.TrainerCallback objects with their events and control.should_training_stop.
     """
 
     def __init__(
@@ -106,7 +110,20 @@ class GRPOTrainer(SamplingMixin, RunStateMixin, MicroBatchMixin, CriticMixin):
         overwrite: bool = False,
         allow_changed_config: bool = False,
         callbacks: Sequence[Callable[[int, dict[str, float], GRPOTrainer], Any]] = (),
+        peft_config=None,
+        processing_class=None,
+        reward_funcs=None,
+        **unexpected: Any,
     ):
+        if unexpected:  # e.g. TRL's args=GRPOConfig(...)
+            raise ConfigError(
+                f"GRPOTrainer got {sorted(unexpected)}: grpokit takes a Config (load_config); a TRL GRPOConfig "
+                "converts with grpokit.trl_config.from_trl or `grpokit config --from-trl FILE`"
+            )
+        cfg, model, tokenizer, reward_functions, callbacks = trl_arguments(  # TRL's argument forms
+            cfg, model, tokenizer if tokenizer is not None else processing_class,
+            reward_functions if reward_functions is not None else reward_funcs, callbacks, peft_config,
+        )  # fmt: skip
         validated(cfg)  # the CLI's checks, for a Config built in code too
         self.cfg = cfg
         self.algo = resolve_algo(cfg)
@@ -119,6 +136,7 @@ class GRPOTrainer(SamplingMixin, RunStateMixin, MicroBatchMixin, CriticMixin):
         )
         self.overwrite = overwrite
         self.callbacks = list(callbacks)
+        self.log_history: list[dict[str, float]] = []  # every step's metrics, as TRL's state.log_history
         torch.manual_seed(cfg.train.seed)
         self.dist = Distributed.from_env(cfg)  # torchrun: the process group (grpokit.distributed)
 
@@ -256,10 +274,12 @@ class GRPOTrainer(SamplingMixin, RunStateMixin, MicroBatchMixin, CriticMixin):
             self.log = log
             prompts = [row[cfg.data.prompt_column] for row in self.train_rows]
             log.print(f"prompts: {describe_templates(prompts, cfg.data.template)}")  # TRL's convention or not
+            fire(self.callbacks, "on_train_begin", self)
             if self.eval_rows and cfg.eval.enabled and self.step == 0:
                 examples: list[dict] = []
                 before = self.evaluate(examples)
                 log.log_eval(0, before)
+                fire(self.callbacks, "on_evaluate", self, before)
                 if before.get("greedy_score", 1) == 0 and before.get(f"mean_at_{cfg.eval.num_samples}", 0) == 0:
                     ex = examples[0]
                     log.print(
@@ -281,6 +301,7 @@ class GRPOTrainer(SamplingMixin, RunStateMixin, MicroBatchMixin, CriticMixin):
                 log.log_step(self.step, metrics)
                 if self.dist.is_main:
                     discard_aside(self.out)  # --overwrite: the run replaced goes once this one has a step
+                self.log_history.append({"step": self.step, **metrics})
                 self._run_callbacks(metrics)
                 stop.signal_name = self.dist.agree(stop.signal_name)  # every rank stops at the same step
                 if stop.signal_name:
@@ -291,9 +312,11 @@ class GRPOTrainer(SamplingMixin, RunStateMixin, MicroBatchMixin, CriticMixin):
                     and self.step % cfg.eval.every == 0
                     and self.step < cfg.train.steps
                 ):
-                    log.log_eval(self.step, self.evaluate())
+                    during = self.evaluate()
+                    log.log_eval(self.step, during)
+                    fire(self.callbacks, "on_evaluate", self, during)
                 if cfg.train.save_every and self.step % cfg.train.save_every == 0:
-                    self.save()
+                    fire(self.callbacks, "on_save", self, self.save())
             if stop.signal_name:
                 checkpoint = self.save() if self.step > 0 else None
                 return {
@@ -308,15 +331,23 @@ class GRPOTrainer(SamplingMixin, RunStateMixin, MicroBatchMixin, CriticMixin):
             if self.eval_rows and cfg.eval.enabled:
                 after = self.evaluate()
                 log.log_eval(self.step, after)
+                fire(self.callbacks, "on_evaluate", self, after)
                 summary["eval_accuracy_after"] = after["accuracy"]
                 summary["eval_after"] = after
             final = self.save()
+            fire(self.callbacks, "on_save", self, final)
             summary.update(steps=self.step, checkpoint=str(final), output_dir=str(self.out))
             summary.update(self._previous_summary(summary))
             if self.dist.is_main:
                 (self.out / "summary.json").write_text(json.dumps(summary, indent=2))
                 self._plot()
+            fire(self.callbacks, "on_train_end", self, summary)
         return summary
+
+    def stop(self, reason: str) -> None:
+        """End the run after the current step as a finished one (final evaluation, checkpoint, summary with
+        ``stopped_early``): for callbacks (a TrainerCallback's control.should_training_stop calls it)."""
+        self.stopped_early = reason
 
     def train_step(self) -> dict[str, float]:
         """One rollout and its updates: sample -> score -> advantages -> update -> metrics."""

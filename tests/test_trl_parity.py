@@ -301,3 +301,73 @@ def test_trl_metric_names_are_added_where_they_mean_the_same():
     assert (m["completions/mean_length"], m["completions/clipped_ratio"], m["learning_rate"]) == (11.0, 0.0, 1e-6)
     assert "reward_std" not in m and "rewards/acc/std" not in m  # unbiased in TRL: not the same number
     assert m["reward/total/mean"] == 0.5 and m["kl"] == 0.01  # ours stay
+
+
+# ------------------------------------------------------------------ item 8: TRL's argument forms
+
+
+ROWS = [{"prompt": f"{i}+1=", "answer": str(i + 1)} for i in range(4)]
+QUICK = ["rollout.group_size=2", "rollout.prompts_per_step=2", "rollout.max_new_tokens=4", "model.device=cpu",
+         "eval.enabled=false", "train.samples_every=0", "train.stop_after_flat_steps=0"]
+
+
+def correct_reward(completions, answer, **kwargs):
+    return [1.0 if c.strip().startswith(a) else 0.0 for c, a in zip(completions, answer)]
+
+
+def test_trl_argument_forms_are_taken(tmp_path):
+    from peft import LoraConfig
+    from transformers import TrainerCallback
+
+    from grpokit import GRPOTrainer, load_config
+    from tests.tiny_model import save_tiny_model
+
+    path = save_tiny_model(tmp_path / "tiny")
+    seen = []
+
+    class Watch(TrainerCallback):
+        def on_train_begin(self, args, state, control, **kw):
+            seen.append(("begin", state.global_step, args.output_dir == str(tmp_path / "run")))
+
+        def on_step_end(self, args, state, control, **kw):
+            seen.append(("step", state.global_step, state.num_train_epochs))
+            if state.global_step == 2:
+                control.should_training_stop = True
+
+        def on_log(self, args, state, control, logs=None, **kw):
+            seen.append(("log", "reward" in logs, len(state.log_history)))
+
+        def on_save(self, args, state, control, **kw):
+            seen.append(("save", state.global_step))
+
+        def on_train_end(self, args, state, control, **kw):
+            seen.append(("end", state.global_step))
+
+    cfg = load_config(None, [f"train.output_dir={tmp_path / 'run'}", "train.steps=5", *QUICK])
+    peft = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"])
+    trainer = GRPOTrainer(cfg, model=str(path), train_rows=ROWS, reward_funcs=[correct_reward],
+                          peft_config=peft, callbacks=[Watch])
+    assert trainer.cfg.lora.enabled and (trainer.cfg.lora.r, trainer.cfg.lora.alpha) == (4, 8)
+    assert trainer.cfg.model.name_or_path == str(path) and trainer.reward_names == ["correct_reward"]
+    summary = trainer.train()
+    assert summary["steps"] == 2 and "control.should_training_stop" in summary["stopped_early"]
+    assert seen[0] == ("begin", 0, True)
+    assert ("step", 1, 2.5) in seen and ("log", True, 2) in seen  # 5 steps x 2 prompts / 4 prompts
+    assert seen[-2:] == [("save", 2), ("end", 2)]
+
+
+def test_trl_argument_forms_refused_in_one_line(tmp_path):
+    from grpokit import GRPOTrainer, load_config
+    from grpokit.errors import ConfigError
+    from tests.tiny_model import make_tiny_model
+
+    cfg = load_config(None, [f"train.output_dir={tmp_path / 'run'}", *QUICK])
+    model, tok = make_tiny_model("qwen2", seed=0)
+    with pytest.raises(ConfigError, match="needs its tokenizer too: pass tokenizer="):
+        GRPOTrainer(cfg, model=model, train_rows=ROWS, reward_funcs=correct_reward)
+    with pytest.raises(ConfigError, match=r"got \['args'\]: grpokit takes a Config"):
+        GRPOTrainer(cfg, model=model, tokenizer=tok, args={"learning_rate": 1e-6})
+    with pytest.raises(ConfigError, match=r"reward_functions\[0\]: got a model"):
+        GRPOTrainer(cfg, model=model, tokenizer=tok, train_rows=ROWS, reward_funcs=[model])
+    with pytest.raises(ConfigError, match="neither a function fn"):
+        GRPOTrainer(cfg, model=model, tokenizer=tok, train_rows=ROWS, reward_funcs=correct_reward, callbacks=[3])

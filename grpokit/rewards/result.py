@@ -20,6 +20,8 @@ class TrainerState:
     """Passes over the training prompts so far (fractional)."""
     num_train_epochs: float = 0.0
     """Passes over the training prompts the whole run makes (train.steps x prompts per step / prompts)."""
+    log_history: list = field(default_factory=list)
+    """Every finished step's metrics ({"step": n, ...}), as transformers' TrainerState.log_history."""
 
 
 @dataclass
