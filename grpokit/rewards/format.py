@@ -3,7 +3,8 @@
 strict:  the whole completion is "<think>\\n...\\n</think>\\n<answer>\\n...\\n</answer>" (open-r1's pattern)
 lenient: "<think>...</think> <answer>...</answer>" with any whitespace around and between the blocks
 Both: each tag exactly once (no nesting, no second answer), think and answer bodies with at least one
-visible character (whitespace, zero-width and other invisible characters alone score 0). If the
+visible character (whitespace, zero-width and other invisible characters alone score 0: see
+has_visible_text). Windows line ends (CRLF) count as newlines. If the
 prompt (a string) ends with "<think>" -- chat templates that open the reasoning for the model --
 the completion is read as if it started with "<think>\\n".
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import re
 import unicodedata
+from functools import lru_cache
 
 from grpokit.rewards._text import to_text
 
@@ -26,12 +28,23 @@ _INVISIBLE_CATEGORIES = frozenset({"Zs", "Zl", "Zp", "Cc", "Cf", "Co", "Cn", "Cs
 _BLANK_CHARS = frozenset("\u115f\u1160\u3164\uffa0\u2800\u180e")
 
 
+# Characters whose Unicode name says they draw nothing (fillers, blanks, null glyphs, spaces,
+# separators, joiners, selectors, tags), whatever their category: the Hangul and Khitan fillers, the
+# blank Braille pattern, MUSICAL SYMBOL NULL NOTEHEAD, ...
+_BLANK_NAME = re.compile(r"\b(?:FILLER|BLANK|NULL|SPACE|SEPARATOR|JOINER|SELECTOR|INVISIBLE|TAG|ZERO WIDTH)\b")
+
+
+@lru_cache(maxsize=65536)
+def _draws(c: str) -> bool:
+    if c.isspace() or c in _BLANK_CHARS or unicodedata.category(c) in _INVISIBLE_CATEGORIES:
+        return False
+    return c.isascii() or _BLANK_NAME.search(unicodedata.name(c, "")) is None
+
+
 def has_visible_text(text: str) -> bool:
-    """True when `text` has a character that draws something (not whitespace or an invisible one)."""
-    return any(
-        not c.isspace() and c not in _BLANK_CHARS and unicodedata.category(c) not in _INVISIBLE_CATEGORIES
-        for c in text
-    )
+    """True when `text` has a character that draws something: not whitespace, not of a category that
+    draws nothing, and not named as drawing nothing (a filler, a blank, a null glyph, a space ...)."""
+    return any(_draws(c) for c in text)
 
 
 def _with_opened_think(prompt: object, text: str) -> str:
@@ -41,7 +54,7 @@ def _with_opened_think(prompt: object, text: str) -> str:
 
 
 def _format_score(pattern: re.Pattern, prompt: object, completion: object) -> float:
-    text = _with_opened_think(prompt, to_text(completion))
+    text = _with_opened_think(prompt, to_text(completion).replace("\r\n", "\n"))  # line ends are not format
     if any(text.count(tag) != 1 for tag in _TAGS):
         return 0.0
     m = pattern.fullmatch(text)
