@@ -125,6 +125,14 @@ def test_tool_episodes_train_under_each_preset(tmp_path, extra):
     assert lines[0]["sampler_logprob_diff/max"] < 1e-4
     if "lora.enabled=true" in extra:
         assert last["kl"] >= 0
+    if extra == ("algo.preset=grpo",):  # resume from the final checkpoint and take one more step
+        model, tok = tool_model()
+        resumed = GRPOTrainer(
+            make_cfg(tmp_path, *extra, "train.steps=3"), model=model, tokenizer=tok, train_rows=ROWS,
+            reward_functions=[("used_tool", used_tool, 1.0)], resume=True,
+        )  # fmt: skip
+        assert resumed.step == 2
+        assert resumed.train()["steps"] == 3
 
 
 def test_environment_turn_rewards_drive_grpo_process(tmp_path):
