@@ -60,6 +60,7 @@ class ToolDemoSpec(WarmStartSpec):
     sft_steps: int = 1000
     sft_batch: int = 32
     max_positions: int = 96
+    """The prompt (22 tokens) plus an episode's budget (rollout.max_episode_tokens = 72) fit."""
 
 
 def build_tokenizer():
@@ -224,11 +225,11 @@ def overrides(paths: dict[str, Path], steps: int = 30) -> dict:
         "rollout": {
             "group_size": 8,
             "prompts_per_step": 8,
-            "max_new_tokens": 64,
+            "max_new_tokens": 40,
             "temperature": 1.0,
             "tools": ["grpokit.demo_tools:multiply"],
             "max_turns": 3,
-            "max_episode_tokens": 128,
+            "max_episode_tokens": 72,
         },  # fmt: skip
         "algo": {"preset": "grpo"},
         "optim": {"lr": 3e-4, "mini_batches": 1, "warmup_steps": 2, "max_grad_norm": 1.0},
@@ -259,7 +260,7 @@ def accuracy(model, tokenizer, rows: list[dict], *, with_tool: bool, batch: int 
             part = rows[start : start + batch]
             out = run_episodes(
                 FastGenerator(), model, tokenizer, delta, [ToolEnvironment(runner, hermes) for _ in part], part,
-                group_size=1, max_turns=3, max_new_tokens=64, max_episode_tokens=128, temperature=0.0,
+                group_size=1, max_turns=3, max_new_tokens=40, max_episode_tokens=72, temperature=0.0,
                 eos_token_ids=[tokenizer.eos_token_id], pad_token_id=tokenizer.pad_token_id,
             )  # fmt: skip
             scores = tool_answer(None, [ep.completion for ep in out.episodes], [r["answer"] for r in part])
@@ -322,7 +323,7 @@ def rollout_speed(
     delta = ChatDelta(tokenizer, [t.schema for t in tools])
     gen = FastGenerator() if generator == "fast" else HFGenerator()
     settings = dict(
-        max_turns=3, max_new_tokens=64, max_episode_tokens=128, temperature=1.0,
+        max_turns=3, max_new_tokens=40, max_episode_tokens=72, temperature=1.0,
         eos_token_ids=[tokenizer.eos_token_id], pad_token_id=tokenizer.pad_token_id,
     )  # fmt: skip
     try:

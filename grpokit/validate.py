@@ -101,9 +101,12 @@ def check_positions(cfg: Config, model_config: dict[str, Any] | None, source: st
     if found is None:
         return
     name, limit = found
+    r = cfg.rollout
+    episode = (r.max_episode_tokens or r.max_turns * r.max_new_tokens) if (r.tools or r.environment) else None
     for key, value in (
         ("rollout.max_new_tokens", cfg.rollout.max_new_tokens),
         ("eval.max_new_tokens", cfg.eval.max_new_tokens),
+        ("rollout.max_episode_tokens", episode),  # multi-turn: every turn and tool answer after the prompt
     ):
         if value is not None and value >= limit:
             raise ConfigError(

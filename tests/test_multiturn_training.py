@@ -219,3 +219,12 @@ def test_evaluation_runs_greedy_episodes(tmp_path):
     # the accuracy reward is "called a tool": its share and the calls per episode agree
     assert (result["accuracy"] > 0) == (result["tools/calls_per_episode"] > 0)
     assert examples and isinstance(examples[0]["completion"], str)
+
+
+def test_the_episode_budget_must_fit_the_models_positions(tmp_path):
+    from grpokit.validate import check_positions
+
+    cfg = make_cfg(tmp_path, "rollout.max_turns=4", "rollout.max_new_tokens=64")  # budget 4 x 64 = 256
+    with pytest.raises(ConfigError, match="rollout.max_episode_tokens=256 is beyond the model's 200 positions"):
+        check_positions(cfg, {"max_position_embeddings": 200}, "m")
+    check_positions(make_cfg(tmp_path, "rollout.max_episode_tokens=150"), {"max_position_embeddings": 200}, "m")
