@@ -1,7 +1,7 @@
 """Throughput of the verifiers: `python -m grpokit.rewards.throughput [--programs N] [--math N]`.
 
 Prints the code sandbox's programs per second (assert-style runs and stdin/stdout runs, each a
-fresh sandboxed interpreter) and the math_accuracy rate on a GSM8K-like mix with 10% symbolic
+sandbox forked from the fork server, `_zygote.py`) and the math_accuracy rate on a GSM8K-like mix with 10% symbolic
 answers that go to math-verify. Results for BENCHMARKS.md ("Verifiers").
 """
 
@@ -15,16 +15,22 @@ from grpokit.rewards.accuracy import math_accuracy
 from grpokit.rewards.code import make_code_tests
 from grpokit.rewards.sandbox import isolation_report
 
+HUMANEVAL_STYLE = (
+    "def check(candidate):\n    assert candidate(1, 2) == 3\n    assert candidate(2, 2) == 4\n"
+    "    assert candidate(-1, 1) == 0\n    assert candidate(0, 0) == 0\n\ncheck(add)\n"
+)
+
 
 def bench_code(n: int, workers: int) -> dict[str, float]:
     reward = make_code_tests(timeout_s=5.0, workers=workers)
     code = "```python\ndef add(a, b):\n    return a + b\n```"
     out = {}
     for kind, tests in (
-        ("assert", "assert add(1, 2) == 3\nassert add(2, 2) == 4\n"),
+        ("assert", HUMANEVAL_STYLE),
         ("stdio", [{"input": "1 2", "output": "3"}]),
     ):
         completions = [code if kind == "assert" else "a, b = map(int, input().split())\nprint(a + b)"] * n
+        reward([None], completions[:1], tests=[tests])  # warm-up: the fork server starts
         start = time.perf_counter()
         scores = reward([None] * n, completions, tests=[tests] * n)
         elapsed = time.perf_counter() - start
