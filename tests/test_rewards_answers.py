@@ -98,6 +98,8 @@ CASES = [
     ("the question's unit", "The answer is 18 apples.", "18", QUESTION, 1.0),
     ("the question's unit, singular", r"\boxed{18 \text{ apple}}", "18", QUESTION, 1.0),
     ("dollars when the question has $", "The answer is 19 dollars.", "19", "A pen costs $2. Total?", 1.0),
+    ("a unit of time", "The answer is 18 years.", "18", "How old is Tom now?", 1.0),
+    ("a unit of length", r"\boxed{18 \text{ km}}", "18", "How far did she walk?", 1.0),
     # marks that make another number
     ("base subscript", r"\boxed{18_8}", "18", None, 0.0),
     ("base subscript in braces", r"\boxed{18_{10}}", "18", None, 0.0),

@@ -12,8 +12,8 @@ subscript or a prime mark (`18_8`, `18'`) the ground truth lacks: they state ano
 
 Words after a number: with the prompt (the trainer always gives it), a number may be followed only
 by words its question uses, singular or plural ("18 apples"), currency words when the question has
-a currency sign, and "in total"/"altogether"/"overall"/"each"; any other word ("18 doubled", "18
-thousandths", "18 dozen") scores 0. Without a prompt, any word but those of _NOT_UNITS.
+a currency sign, units of time, length, mass, volume and angle ("18 years"), and "in total" /
+"altogether" / "each"; any other word ("18 doubled", "18 thousandths", "18 dozen") scores 0. Without a prompt, any word but those of _NOT_UNITS.
 
 Equivalence: an exact match after light normalisation (done once), then an exact rational
 comparison when both sides are plain numbers (thousands separators, decimals, a/b and
@@ -204,11 +204,17 @@ def _words_allowed(pred: str, units: frozenset[str] | None) -> bool:
     words = _WORD_RE.findall(m.group("words").lower())
     if units is None:
         return not any(w in _NOT_UNITS for w in words)
-    return all(w in units or w.rstrip("s") in units or w + "s" in units or w in _ANY_QUESTION for w in words)
+    allowed = units | _UNITS
+    return all(w in allowed or w.rstrip("s") in allowed or w + "s" in allowed for w in words)
 
 
-_ANY_QUESTION = frozenset("in total altogether all together overall each".split())
-"""Trailing words that never change a value, whatever the question."""
+_UNITS = frozenset(
+    """in total altogether all together overall each year month week day hour minute second
+    mile foot feet inch yard meter metre centimeter millimeter kilometer km cm mm m kilogram gram
+    kg g pound lb ounce oz ton liter litre milliliter ml gallon quart pint cup degree""".split()
+)
+"""Trailing words that never change a value, whatever the question: units of time, length, mass,
+volume and angle (singular; plurals are matched too), and "in total", "each"..."""
 _CURRENCY_WORDS = frozenset("dollar dollars cent cents euro euros pound pounds".split())
 
 
