@@ -17,6 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from numbers import Real
 
+from grpokit.rewards._keeper import become_keeper
+from grpokit.rewards._keeper import stop as stop_keeper
 from grpokit.rewards._text import to_text
 from grpokit.rewards.process import check_char_steps
 
@@ -247,6 +249,7 @@ class _Worker:
                         os.close(fd)
                     except OSError:
                         pass
+                become_keeper(parent, (req_r, rep_w))  # this process stays as the keeper; its child serves
                 _serve(functions, req_r, rep_w)
             except BaseException:  # noqa: BLE001 - the parent sees the closed pipe and reports it
                 status = 1
@@ -283,19 +286,9 @@ class _Worker:
         return out
 
     def kill(self) -> None:
-        """SIGKILL the worker's process group (the worker and whatever it started), reap it, close pipes."""
-        for target in (
-            lambda: os.killpg(self.pid, signal.SIGKILL),
-            lambda: os.kill(self.pid, signal.SIGKILL),
-        ):
-            try:
-                target()
-            except OSError:
-                pass
-        try:
-            os.waitpid(self.pid, 0)
-        except ChildProcessError:
-            pass
+        """Stop the worker and everything it started, at any depth (its keeper kills the tree, see
+        grpokit.rewards._keeper), reap the keeper, close the pipes."""
+        stop_keeper(self.pid)
         for fd in (self.to_child, self.from_child):
             _WORKER_FDS.discard(fd)
             try:

@@ -14,12 +14,14 @@ import importlib
 import importlib.util
 import inspect
 import math
+import sys
 from collections.abc import Callable, Iterable
 from numbers import Real
 from pathlib import Path
 from typing import Any
 
 from grpokit.config import ConfigError
+from grpokit.rewards._import_probe import probe_import
 from grpokit.rewards.accuracy import make_math_accuracy, math_accuracy
 from grpokit.rewards.code import code_tests, make_code_tests
 from grpokit.rewards.format import format_lenient, format_strict
@@ -155,11 +157,21 @@ def _load(target: str, attr: str, where: str):
             )
         module_spec = importlib.util.spec_from_file_location(f"grpokit_user_reward_{path.stem}", path)
         module = importlib.util.module_from_spec(module_spec)
+        problem = probe_import(lambda: module_spec.loader.exec_module(module))  # a crash or hang ends a child
+        if problem is not None:
+            raise RewardConfigError(f"{where}: running {target} failed: {problem}; fix the file")
         try:
             module_spec.loader.exec_module(module)
         except (Exception, SystemExit) as e:
             raise RewardConfigError(f"{where}: running {target} failed: {_describe(e)}; fix the file") from e
         return module
+    if target not in sys.modules:
+        problem = probe_import(lambda: importlib.import_module(target))
+        if problem is not None:
+            raise RewardConfigError(
+                f"{where}: importing module {target!r} failed: {problem}; fix it, or name a file instead "
+                f"('path/to/{target.rsplit('.', 1)[-1]}.py:{attr}')"
+            )
     try:
         return importlib.import_module(target)
     except (Exception, SystemExit) as e:
