@@ -407,6 +407,12 @@ CONTROLS = [  # honest programs in the same batch: the suite's zeros are not a b
         "try:\n    div(1, 0)\nexcept Exception:\n    pass\nelse:\n    raise AssertionError\nassert div(1, 4) == 0.25\n",
     ),
     ("returns inf", "def add(a, b):\n    return float('inf')\n", "assert add(1, 2) == float('inf')\n"),
+    (  # the function the prompt asks to fix is the candidate's, not the prompt's
+        "fixes the prompt's function",
+        "def add(a, b):\n    return a + b\n",
+        ADD_TESTS,
+        "Fix this function:\n```python\ndef add(a, b):\n    return a - b\n```\n",
+    ),
 ]
 
 

@@ -581,3 +581,27 @@ def test_the_driver_refuses_answers_built_to_cost_it_cpu_or_to_fool_comparisons(
     assert _plain.decode({"s": [-1, -2, 2**61 - 1, 0]}, strict=True) == {-1, -2, 2**61 - 1, 0}
     assert _plain.decode([{"f": "inf"}, {"dec": "1e100"}], strict=True)[0] == float("inf")
     assert len(_plain.decode({"s": list(range(100_000))}, strict=True)) == 100_000
+
+
+def test_prompt_definitions_are_the_prompts_helpers_not_the_function_asked_for():
+    from grpokit.rewards.code import prompt_definitions
+
+    humaneval_32 = (
+        "import math\n\n\ndef poly(xs: list, x: float):\n    return sum(c * math.pow(x, i) for i, c in enumerate(xs))\n\n\n"
+        'def find_zero(xs: list):\n    """ find x such that poly(x) = 0 """\n'
+    )
+    defs = prompt_definitions(humaneval_32)
+    assert "import math" in defs and "def poly" in defs and "find_zero" not in defs
+    fix_this = "Fix it:\n```python\ndef helper(x):\n    return 2 * x\n\ndef add(a, b):\n    return a - b\n```"
+    assert prompt_definitions(fix_this).startswith("def helper") and "def add" not in prompt_definitions(
+        fix_this
+    )
+    assert "def add" not in prompt_definitions(fix_this, entry_point="add")
+    assert "def add" in prompt_definitions(
+        fix_this, entry_point="helper"
+    )  # the entry point is the one left out
+    assert prompt_definitions("Write a function that adds two numbers.") is None
+    chat = [
+        {"role": "user", "content": "```python\ndef sq(x):\n    return x * x\n\ndef f(x):\n    pass\n```"}
+    ]
+    assert prompt_definitions(chat) == "def sq(x):\n    return x * x"

@@ -111,25 +111,35 @@ def parse_tests(tests: object) -> tuple[str, object] | None:
     raise ValueError(f"unrecognised tests: {type(tests).__name__} {str(tests)[:80]!r}")
 
 
-def prompt_definitions(prompt: object) -> str | None:
+def prompt_definitions(prompt: object, entry_point: str | None = None) -> str | None:
     """The source of the functions, classes and imports the prompt's Python code defines in full
-    (HumanEval/32's `poly`, /38's `encode_cyclic`): the tests use these, never the candidate's. A
-    function whose body is only a docstring, `pass` or `...` is a stub for the candidate to write.
-    The code is the prompt's fenced blocks, else the whole prompt when it parses as Python."""
+    (HumanEval/32's `poly`, /38's `encode_cyclic`): the tests use these, never the candidate's. Left
+    out: the function the candidate is asked for (`entry_point`, else the last function the prompt
+    defines, HumanEval's layout, even when it is complete, as in "fix this function"), and stubs
+    (a body of only a docstring, `pass` or `...`). The code is the prompt's fenced blocks, else the
+    whole prompt when it parses as Python."""
     text = to_text(prompt)
     if "def " not in text and "import " not in text:
         return None
-    kept = []
+    nodes = []
     for source in _FENCE_RE.findall(text) or [text]:
         try:
             tree = ast.parse(source)
         except (SyntaxError, ValueError):
             continue
-        for node in tree.body:
-            if isinstance(node, (ast.Import, ast.ImportFrom, ast.ClassDef)) or (
-                isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and not _is_stub(node)
-            ):
-                kept.append(ast.get_source_segment(source, node) or "")
+        nodes += [(source, node) for node in tree.body]
+    functions = [n for _, n in nodes if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    asked = entry_point or (functions[-1].name if functions else None)
+    kept = [
+        ast.get_source_segment(source, node) or ""
+        for source, node in nodes
+        if isinstance(node, (ast.Import, ast.ImportFrom, ast.ClassDef))
+        or (
+            isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+            and node.name != asked
+            and not _is_stub(node)
+        )
+    ]
     return "\n\n".join(k for k in kept if k) or None
 
 
@@ -274,7 +284,7 @@ def make_code_tests(
             if kind == "io":
                 return i, _run_io_cases(code, spec, limits, isolation, site_packages)
             try:
-                defs = prompt_definitions(prompt)
+                defs = prompt_definitions(prompt, entry)
                 return i, _run_tests(code, spec, limits, isolation, site_packages, defs, entry)
             except ValueError as e:
                 raise ValueError(f"code_tests: row {i} of column {tests_column!r}: {e}") from e
