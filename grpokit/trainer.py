@@ -149,9 +149,13 @@ class GRPOTrainer(SamplingMixin, RunStateMixin, MicroBatchMixin, CriticMixin):
         if reward_functions is None:
             reward_functions = resolve_reward_specs(cfg.rewards)  # problems name their rewards[i] entry
         if self.algo.batch.overlong_shaping:
+            r = cfg.rollout
+            budget = r.max_new_tokens
+            if multi_turn(r):  # the model's tokens of a whole episode against the episode's budget
+                budget = r.max_episode_tokens or r.max_turns * r.max_new_tokens
             shaping = resolve_reward(
                 "overlong_penalty",
-                max_len=cfg.rollout.max_new_tokens,
+                max_len=budget,
                 buffer_len=self.algo.batch.overlong_buffer,
             )
             reward_functions = [*reward_functions, ("overlong_penalty", shaping, 1.0)]
