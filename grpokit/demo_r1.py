@@ -154,7 +154,7 @@ def demo_pipeline(paths: dict[str, Path]) -> dict:
         {"name": "rejection", "kind": "sample", "set": sample},
         {"name": "distill", "kind": "sft", "model": "base", "data": "rejection", "set": sft(150, 32, 1e-3)},
         {"name": "final", "kind": "rl", "set": rl(20)},
-        {"name": "rl_alone", "kind": "rl", "model": "cold_start", "set": rl(80)},
+        {"name": "rl_alone", "kind": "rl", "model": "cold_start", "set": rl(100)},
     ]
     return {
         "name": "r1-demo",
