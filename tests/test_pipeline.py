@@ -195,7 +195,7 @@ def test_demo_pipeline_file_checks_and_its_chains_score_full_marks(tmp_path, mon
         check_stage_configs(pipe)
     else:  # until `grpokit sft` is there, the demo says so before anything runs
         with pytest.raises(
-            PipelineError, match=r"stages\[0\] \(cold_start\) is a sft stage, but this grpokit has no"
+            PipelineError, match=r"stages\[0\] \(cold_start\) is of kind sft, but this grpokit has no"
         ):
             check_stage_configs(pipe)
     assert [(s.name, s.kind) for s in pipe.stages] == [
