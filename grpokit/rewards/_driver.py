@@ -188,13 +188,23 @@ def namespace(channel, trees, prompt_defs=None, entry_point=None):
     ns = {"__name__": "__tests__", "__builtins__": builtins}
     if prompt_defs:
         try:
-            exec(compile(prompt_defs, "<prompt>", "exec", dont_inherit=True), ns)
-        except BaseException:  # noqa: BLE001 - the prompt's code is not runnable here: stubs only
-            ns = {"__name__": "__tests__", "__builtins__": builtins}
+            nodes = ast.parse(prompt_defs).body
+        except (SyntaxError, ValueError):
+            nodes = []
+        for node in nodes:  # one by one: an import this interpreter lacks costs only its own names
+            try:
+                exec(compile(ast.Module([node], []), "<prompt>", "exec", dont_inherit=True), ns)
+            except Exception:  # noqa: BLE001 - a name left undefined: the case that uses it fails
+                pass
+        prompts_own = {
+            n.name for n in nodes if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+        }
+    else:
+        prompts_own = set()
     names, called = free_names(trees)
     for name in names:
-        if name in ns:
-            continue  # the prompt defines it
+        if name in ns or name in prompts_own:
+            continue  # the prompt defines it (if that failed here, a NameError fails the case)
         if entry_point and name != entry_point and name not in sys.stdlib_module_names:
             continue  # only the entry point is the candidate's: a NameError fails the case
         if name in sys.stdlib_module_names and name not in called:
