@@ -605,3 +605,41 @@ def test_prompt_definitions_are_the_prompts_helpers_not_the_function_asked_for()
         {"role": "user", "content": "```python\ndef sq(x):\n    return x * x\n\ndef f(x):\n    pass\n```"}
     ]
     assert prompt_definitions(chat) == "def sq(x):\n    return x * x"
+
+
+@needs_isolation
+def test_the_fork_server_dies_with_the_process_that_scores():
+    """A scoring process killed with SIGKILL leaves no fork server (nor any run of it) behind."""
+    script = "from grpokit.rewards.sandbox import run_program\nimport time\nprint(run_program('print(1)').stdout, flush=True)\ntime.sleep(60)\n"
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "1"
+
+    def servers():
+        found = []
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    if ppid == proc.pid and b"_zygote.py" in f.read():
+                        found.append(int(pid))
+            except (OSError, ValueError, IndexError):
+                pass
+        return found
+
+    server = servers()
+    assert len(server) == 1
+    proc.kill()
+    proc.wait()
+
+    def alive(pid):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                return f.read().rsplit(")", 1)[1].split()[0] != "Z"  # a zombie has ended
+        except OSError:
+            return False
+
+    deadline = time.monotonic() + 10
+    while alive(server[0]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not alive(server[0])
