@@ -73,6 +73,21 @@ def load_environment(spec: str) -> Callable[[], Environment]:
     return factory
 
 
+def name_callables(rollout_cfg) -> None:
+    """Python API (TRL's way): tool functions and an environment class put in the config themselves become
+    their names, "module:qualname", which the config checks, saves and loads back (the function must be
+    importable from its module; one defined in the running script is found in __main__)."""
+
+    def name(obj: object) -> object:
+        if isinstance(obj, str) or not callable(obj):
+            return obj
+        return f"{getattr(obj, '__module__', '?')}:{getattr(obj, '__qualname__', type(obj).__name__)}"
+
+    if isinstance(rollout_cfg.tools, (list, tuple)):
+        rollout_cfg.tools = [name(t) for t in rollout_cfg.tools]
+    rollout_cfg.environment = name(rollout_cfg.environment)
+
+
 class EpisodeSampler:
     """The trainer's multi-turn rollouts and their scoring. Owns the tool runner (its worker processes),
     the parser, the environment factory and the chat-template delta; built before the model loads, so a
@@ -264,4 +279,4 @@ class EpisodeSampler:
             self.runner.close()
 
 
-__all__ = ["EpisodeSampler", "ToolDefinitionError", "load_environment", "multi_turn"]
+__all__ = ["EpisodeSampler", "ToolDefinitionError", "load_environment", "multi_turn", "name_callables"]

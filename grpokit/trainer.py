@@ -41,7 +41,7 @@ from grpokit.config import Config, ConfigError, resolve_algo, validated
 from grpokit.critic import CriticMixin
 from grpokit.data import load_train_eval
 from grpokit.distributed import Distributed
-from grpokit.episodes import EpisodeSampler, multi_turn
+from grpokit.episodes import EpisodeSampler, multi_turn, name_callables
 from grpokit.errors import FlatRewardsError, TrainingError  # noqa: F401
 from grpokit.evaluate import evaluate
 from grpokit.generation import FastGenerator, HFGenerator, Rollout, rollout_metrics
@@ -124,6 +124,7 @@ class GRPOTrainer(SamplingMixin, RunStateMixin, MicroBatchMixin, CriticMixin):
             cfg, model, tokenizer if tokenizer is not None else processing_class,
             reward_functions if reward_functions is not None else reward_funcs, callbacks, peft_config,
         )  # fmt: skip
+        name_callables(cfg.rollout)  # rollout.tools given as functions (TRL's way) are kept by name
         validated(cfg)  # the CLI's checks, for a Config built in code too
         self.cfg = cfg
         self.algo = resolve_algo(cfg)

@@ -235,3 +235,17 @@ def test_the_episode_budget_must_fit_the_models_positions(tmp_path):
     with pytest.raises(ConfigError, match="rollout.max_episode_tokens=256 is beyond the model's 200 positions"):
         check_positions(cfg, {"max_position_embeddings": 200}, "m")
     check_positions(make_cfg(tmp_path, "rollout.max_episode_tokens=150"), {"max_position_embeddings": 200}, "m")
+
+
+def test_python_api_takes_functions_and_saves_their_names(tmp_path):
+    cfg = make_cfg(tmp_path, "rollout.tools=[]", "train.samples_every=0")
+    cfg.rollout.tools = [count_digits]  # TRL's way: the function itself
+    model, tok = tool_model()
+    trainer = GRPOTrainer(cfg, model=model, tokenizer=tok, train_rows=ROWS, reward_functions=[("u", used_tool, 1.0)])
+    assert cfg.rollout.tools == ["test_multiturn_training:count_digits"]  # what config.yaml will hold
+    batch, _, _ = trainer.sample_batch()
+    assert batch.rollout.context_mask is not None
+    cfg = make_cfg(tmp_path, "rollout.tools=[]")
+    cfg.rollout.environment = Countdown
+    GRPOTrainer(cfg, model=model, tokenizer=tok, train_rows=ROWS, reward_functions=[("u", used_tool, 1.0)])
+    assert cfg.rollout.environment == "test_multiturn_training:Countdown"
