@@ -31,7 +31,9 @@ _BLANK_CHARS = frozenset("\u115f\u1160\u3164\uffa0\u2800\u180e")
 # Characters whose Unicode name says they draw nothing (fillers, blanks, null glyphs, spaces,
 # separators, joiners, selectors, tags), whatever their category: the Hangul and Khitan fillers, the
 # blank Braille pattern, MUSICAL SYMBOL NULL NOTEHEAD, ...
-_BLANK_NAME = re.compile(r"\b(?:FILLER|BLANK|NULL|SPACE|SEPARATOR|JOINER|SELECTOR|INVISIBLE|TAG|ZERO WIDTH)\b")
+_BLANK_NAME = re.compile(
+    r"\b(?:FILLER|BLANK|NULL|SPACE|SEPARATOR|JOINER|SELECTOR|INVISIBLE|TAG|ZERO WIDTH)\b"
+)
 
 
 @lru_cache(maxsize=65536)
