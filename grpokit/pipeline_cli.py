@@ -127,9 +127,8 @@ def run_pipeline(
     log = log or (lambda msg: print(f"pipeline: {msg}", file=sys.stderr, flush=True))
     check_stage_configs(pipe)
     check_eval(pipe)
-    _check_states(
-        pipe, out, rerun_changed=rerun_changed
-    )  # a changed finished stage: refused before anything runs
+    if resume:  # a changed finished stage: refused before anything runs (--overwrite replaces them all)
+        _check_states(pipe, out, rerun_changed=rerun_changed)
     prepare_tree(pipe, out, resume=resume, overwrite=overwrite)
     rows: list[dict[str, Any]] = []
     if pipe.eval is not None and pipe.model is not None:
