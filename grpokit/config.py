@@ -243,7 +243,7 @@ class RewardSpec:
 @dataclass
 class EvalConfig:
     every: int = 0
-    """Evaluate every this many steps (0 = only before and after training)."""
+    """Evaluate every this many training steps, i.e. rollouts, not optimizer steps (0 = only before and after training)."""
     num_samples: int = 4
     """k of the sampled mean@k."""
     temperature: float = 1.0
@@ -266,7 +266,7 @@ class TrainConfig:
     output_dir: str = "runs/grpokit"
     """Where metrics, checkpoints, samples and plots go."""
     save_every: int = 0
-    """Checkpoint every this many steps (0 = only at the end)."""
+    """Checkpoint every this many training steps, i.e. rollouts, not optimizer steps (0 = only at the end)."""
     keep_checkpoints: int = 2
     """How many step checkpoints to keep (0 = keep all); every step_N folder in the run counts."""
     samples_every: int = 10

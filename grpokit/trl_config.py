@@ -237,7 +237,8 @@ def from_trl(values: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
         notes.append(f"max_steps unset: num_train_epochs={v['num_train_epochs']} passes over the prompts")
     out["train"]["seed"] = int(v["seed"])
     out["train"]["output_dir"] = str(v["output_dir"])
-    out["train"]["save_every"] = _per("save_steps", int(v["save_steps"]), k) if v["save_steps"] else 0
+    saves = v["save_steps"] and v.get("save_strategy", "steps") not in ("no", "epoch", "best")
+    out["train"]["save_every"] = _per("save_steps", int(v["save_steps"]), k) if saves else 0
     out["train"]["keep_checkpoints"] = int(v["save_total_limit"] or 0)
     if v["eval_strategy"] != "no":
         every = v["eval_steps"] if v["eval_steps"] is not None else v["logging_steps"]

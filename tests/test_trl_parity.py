@@ -195,6 +195,7 @@ def test_trl_algorithm_fields_map_to_the_same_algorithm():
     assert defaults["train"]["seed"] == 42 and defaults["model"]["gradient_checkpointing"] is True
     assert defaults["train"]["num_train_epochs"] == 3.0
     assert from_trl({"warmup_steps": 0.1})[0]["optim"]["warmup_ratio"] == 0.1  # transformers 5's ratio form
+    assert from_trl({"save_strategy": "no", "save_steps": 7})[0]["train"]["save_every"] == 0
 
 
 @pytest.mark.parametrize(
