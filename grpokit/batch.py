@@ -30,8 +30,7 @@ class ScoredBatch:
     def scored(self) -> torch.Tensor:
         """(N,) bool: False where no reward function gave a value (every one said None, "does not apply",
         or failed): such a completion stays out of its group's statistics and gets advantage 0 (TRL)."""
-        per = list(self.per_function.values())
-        return torch.tensor([any(v[i] is not None for v in per) for i in range(len(self.texts))], dtype=torch.bool)
+        return scored_rows(self.per_function, len(self.texts))
 
     def select_groups(self, groups: list[int], group_size: int) -> ScoredBatch:
         idx = [g * group_size + j for g in groups for j in range(group_size)]
@@ -46,6 +45,12 @@ class ScoredBatch:
             extra={k: [v[i] for i in idx] for k, v in self.extra.items()},
             step_rewards=None if self.step_rewards is None else [self.step_rewards[i] for i in idx],
         )
+
+
+def scored_rows(per_function: dict[str, list], n: int) -> torch.Tensor:
+    """(n,) bool: True where at least one reward function gave a value (not None)."""
+    per = list(per_function.values())
+    return torch.tensor([any(v[i] is not None for v in per) for i in range(n)], dtype=torch.bool)
 
 
 def concat_batches(batches: list[ScoredBatch], pad_token_id: int) -> ScoredBatch:
@@ -109,7 +114,8 @@ def batch_reward_metrics(batch: ScoredBatch, rounds: list[dict[str, float]]) -> 
             out[f"reward/{name}/mean"] = float(applicable.mean())
             out[f"reward/{name}/std"] = float(applicable.std(correction=0))
         out[f"reward/{name}/applicable"] = applicable.numel() / max(len(values), 1)
-    total = batch.rewards.double()[batch.scored]  # unscored rows left out, as TRL's logged reward
+    total = batch.rewards.double()  # (N,) unscored rows left out below, as TRL's logged reward
+    total = total[scored_rows(batch.per_function, total.shape[0])]
     if total.numel():
         out["reward/total/mean"] = float(total.mean())
         out["reward/total/std"] = float(total.std(correction=0))

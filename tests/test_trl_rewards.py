@@ -275,6 +275,7 @@ def test_a_reward_failing_on_every_row_stops_the_cli_with_its_reason(tmp_path, c
         f"train.output_dir={tmp_path / 'run'}",
         "train.steps=2",
         "data.template=plain",
+        "train.accuracy_reward=brevity",  # two rewards, neither a verifier: say which
         "rollout.max_new_tokens=4",
         "rollout.group_size=2",
         "rollout.prompts_per_step=2",
