@@ -123,6 +123,7 @@ def test_bad_pipeline_files_are_one_line_errors_before_any_model_loads(
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow  # four processes load torch: about 35 s on a quiet 2-core machine
 def test_killed_mid_stage_continues_that_stage_and_reruns_none_before_it(files, tmp_path, capsys):
     root, model = files
     evaluation = {"data": str(root / "prompts.jsonl"), "template": "plain", "max_new_tokens": 3, "limit": 4}
