@@ -195,7 +195,27 @@ def _demo_config(overrides: list[str], build: bool = True):
     return config_from_dict(apply_overrides(values, overrides))
 
 
-def _run(cfg, args: argparse.Namespace) -> int:
+def cmd_sft(args: argparse.Namespace) -> int:
+    """grpokit sft CONFIG.yaml [key=value ...]: supervised fine-tuning (grpokit.sft), run as grpokit train."""
+    from grpokit.config import ConfigError
+    from grpokit.sft_config import load_sft_config
+
+    try:
+        config_path, overrides = _config_args(args)
+        if args.output_dir:
+            overrides.append(f"train.output_dir={args.output_dir}")
+        cfg = load_sft_config(config_path, overrides)
+    except ConfigError as e:
+        return _fail(args, f"config error: {e}", 2)
+    if getattr(args, "print_config", False):
+        print(describe_config(cfg), end="")
+        return 0
+    from grpokit.sft import SFTTrainer
+
+    return _run(cfg, args, SFTTrainer)
+
+
+def _run(cfg, args: argparse.Namespace, trainer_cls=None) -> int:
     from grpokit.checkpoint import CheckpointError
     from grpokit.config import ConfigError
     from grpokit.data import DataError
@@ -203,7 +223,7 @@ def _run(cfg, args: argparse.Namespace) -> int:
 
     start = time.perf_counter()
     try:
-        trainer = GRPOTrainer(
+        trainer = (trainer_cls or GRPOTrainer)(
             cfg,
             resume=args.resume_from or args.resume,
             overwrite=args.overwrite,
@@ -229,10 +249,12 @@ def _run(cfg, args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 128 + signal.Signals[name].value
-    _print_table(summary.get("eval_accuracy_before"), summary.get("eval_accuracy_after"))
+    if summary.get("eval_accuracy_after") is not None:
+        _print_table(summary.get("eval_accuracy_before"), summary.get("eval_accuracy_after"))
     out = Path(cfg.train.output_dir)
+    curves = f", curves {out / 'curves.png'}" if (out / "curves.png").is_file() else ""
     print(
-        f"done in {time.perf_counter() - start:.0f}s: metrics {out / 'metrics.jsonl'}, curves {out / 'curves.png'}, "
+        f"done in {time.perf_counter() - start:.0f}s: metrics {out / 'metrics.jsonl'}{curves}, "
         f"model {summary['checkpoint']}",
         file=sys.stderr,
     )
@@ -327,6 +349,17 @@ def build_parser() -> argparse.ArgumentParser:
         "--print-config", action="store_true", help="print the resolved config with each key's doc, and exit"
     )
     train.set_defaults(func=cmd_train)
+
+    sft = sub.add_parser(
+        "sft", help="supervised fine-tuning on messages / prompt+completion / text rows", parents=[run],
+        epilog="every key: README, section 'Supervised fine-tuning'",
+    )
+    sft.add_argument("overrides", nargs="*", help="[CONFIG.yaml] then section.key=value overrides")
+    sft.add_argument("--config", metavar="PATH", help="the YAML config (or give it as the first argument)")
+    sft.add_argument(
+        "--print-config", action="store_true", help="print the resolved config with each key's doc, and exit"
+    )
+    sft.set_defaults(func=cmd_sft)
 
     config = sub.add_parser(
         "config",

@@ -59,6 +59,8 @@ class SFTDataConfig:
     """How a string prompt is rendered, as grpokit train renders it: auto | chat | plain | r1_zero."""
     system_prompt: str | None = None
     """System message prepended for chat templates (as grpokit train)."""
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Extra arguments of the tokenizer's apply_chat_template (as grpokit train), e.g. {enable_thinking: false}."""
     max_length: int = 1024
     """Tokens per example; a longer example is refused with its row named (or cut, with data.truncate)."""
     truncate: bool = False
@@ -139,7 +141,7 @@ def check_sft_config(cfg: SFTConfig) -> None:
         "data.format": (cfg.data.format, list(SFT_FORMATS)),
         "data.template": (cfg.data.template, ["auto", "chat", "plain", "r1_zero"]),
         "sft.loss_on": (cfg.sft.loss_on, list(LOSS_ON)),
-        "optim.schedule": (cfg.optim.schedule, ["constant", "cosine"]),
+        "optim.schedule": (cfg.optim.schedule, ["constant", "cosine", "linear"]),
         "train.distributed": (cfg.train.distributed, ["auto", "fsdp", "ddp"]),
         "optim.precision": (
             cfg.optim.precision,
@@ -185,4 +187,5 @@ def prompt_data_config(data: SFTDataConfig) -> DataConfig:
         template=data.template,
         system_prompt=data.system_prompt,
         max_prompt_tokens=data.max_length,
+        chat_template_kwargs=dict(data.chat_template_kwargs),
     )

@@ -125,7 +125,7 @@ def encode_example(row: dict, fmt: str, tokenizer: Any, data: SFTDataConfig, los
     if fmt == "messages":
         messages = _field(row, data.messages_column)
         _check_messages(messages, data.messages_column, need_assistant=True)
-        pieces = _chat_pieces(messages, tokenizer, data.system_prompt, train_from=0)
+        pieces = _chat_pieces(messages, tokenizer, data, train_from=0)
     elif fmt == "prompt_completion":
         prompt, completion = _field(row, data.prompt_column), _field(row, data.completion_column)
         problem = prompt_problem(prompt)
@@ -143,7 +143,7 @@ def encode_example(row: dict, fmt: str, tokenizer: Any, data: SFTDataConfig, los
             completion_msgs = (
                 completion if isinstance(completion, list) else [{"role": "assistant", "content": completion}]
             )
-            pieces = _chat_pieces(prompt_msgs + completion_msgs, tokenizer, data.system_prompt, len(prompt_msgs))
+            pieces = _chat_pieces(prompt_msgs + completion_msgs, tokenizer, data, len(prompt_msgs))
         else:  # plain / r1_zero: the rendered prompt, then the completion's text and EOS
             prompt_ids = _encode_prompt(prompt, tokenizer, data)
             completion_ids = tokenizer(completion, add_special_tokens=False)["input_ids"]
@@ -243,7 +243,13 @@ def _chat(prompt: Any, tokenizer: Any, data: SFTDataConfig) -> bool:
 
 def _encode_prompt(prompt: Any, tokenizer: Any, data: SFTDataConfig) -> list[int]:
     """The prompt's ids exactly as grpokit train encodes it for generation."""
-    return encode_prompts([prompt], tokenizer, template=data.template, system_prompt=data.system_prompt)[0]
+    return encode_prompts(
+        [prompt],
+        tokenizer,
+        template=data.template,
+        system_prompt=data.system_prompt,
+        chat_template_kwargs=data.chat_template_kwargs,
+    )[0]
 
 
 def _eos(tokenizer: Any) -> int:
@@ -262,17 +268,17 @@ def _masked(ids: list[int], mask: list[int], loss_on: str, fmt: str) -> SFTExamp
     return SFTExample(list(ids), mask)
 
 
-def _render(tokenizer: Any, messages: list[dict], generation_prompt: bool) -> str:
+def _render(tokenizer: Any, messages: list[dict], generation_prompt: bool, kwargs: dict[str, Any]) -> str:
     try:
         return tokenizer.apply_chat_template(
-            messages, tokenize=False, add_generation_prompt=generation_prompt
+            messages, tokenize=False, add_generation_prompt=generation_prompt, **kwargs
         )
     except Exception as e:  # jinja's TemplateError, or a template's raise_exception (role order ...)
         raise DataError(f"the chat template cannot render this conversation ({type(e).__name__}: {e})") from None
 
 
 def _chat_pieces(
-    messages: list[dict], tokenizer: Any, system_prompt: str | None, train_from: int
+    messages: list[dict], tokenizer: Any, data: SFTDataConfig, train_from: int
 ) -> list[tuple[str, bool]]:
     """The conversation as the chat template writes it, cut into (text, trained) pieces: the assistant
     messages at index >= ``train_from`` are trained on. Assistant turn i spans from the end of the render of
@@ -284,18 +290,19 @@ def _chat_pieces(
             "chat messages need a tokenizer with a chat template, and this one has none; give "
             "prompt/completion strings with data.template=plain (or r1_zero), or use a chat model"
         )
+    system_prompt, kwargs = data.system_prompt, data.chat_template_kwargs
     if system_prompt is not None and messages[0]["role"] not in ("system", "developer"):
         messages = [{"role": "system", "content": system_prompt}, *messages]
         train_from += 1
     if messages[0]["role"] == "assistant":
         raise DataError("message 0 is the assistant's; a conversation starts with a system or user message")
-    full = _render(tokenizer, messages, False)
+    full = _render(tokenizer, messages, False, kwargs)
     pieces, pos = [], 0
     for i, message in enumerate(messages):
         if message["role"] != "assistant" or i < train_from:
             continue
-        start_text = _render(tokenizer, messages[:i], True)
-        end_text = _render(tokenizer, messages[: i + 1], False)
+        start_text = _render(tokenizer, messages[:i], True, kwargs)
+        end_text = _render(tokenizer, messages[: i + 1], False, kwargs)
         if not (full.startswith(end_text) and end_text.startswith(start_text) and len(start_text) >= pos):
             raise DataError(
                 f"the chat template renders message {i} and the turns before it differently once later turns "

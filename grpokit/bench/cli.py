@@ -22,6 +22,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     if args.steps < 1:
         return fail(f"--steps must be >= 1, got {args.steps}")
+    if args.mode == "sft":
+        return _cmd_sft_bench(args, fail)
     algos = [a.strip() for a in args.algos.split(",") if a.strip()]
     problem = _check_algos(algos, args.compare)
     if problem:
@@ -97,6 +99,41 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_sft_bench(args: argparse.Namespace, fail) -> int:
+    """--mode sft: grpokit's SFTTrainer (and with --compare trl TRL's SFTTrainer) on an SFT shape."""
+    from grpokit.bench.sft import SFT_SHAPES, compare_sft, print_sft_table, run_sft_bench, run_trl_sft
+
+    shape = args.shape
+    if shape not in SFT_SHAPES:
+        return fail(f"--mode sft: --shape {shape} is not an SFT shape; choose one of {', '.join(SFT_SHAPES)}")
+    try:
+        if args.compare == "trl":
+            check_trl(args.trl_python)
+        if args.model_dir:
+            model_dir = Path(args.model_dir)
+            if not (model_dir / "config.json").is_file():
+                return fail(f"--model-dir {model_dir}: no config.json there")
+        else:
+            size = args.model_size or ("tiny" if shape == "tiny" else "0.5b")
+            model_dir = build_random_model(size, args.cache_dir)
+        common = dict(packing=args.packing, gradient_checkpointing=args.gradient_checkpointing)
+        run_sft_bench(build_random_model("tiny", args.cache_dir), "tiny", steps=1)  # one-time process costs
+        result = run_sft_bench(
+            model_dir, shape, steps=args.steps, dtype=args.dtype, precision=args.precision, device=args.device, **common
+        )
+        if args.compare == "trl":
+            print("grpokit bench: running TRL's SFTTrainer on the same rows (subprocess)", file=sys.stderr)
+            trl = run_trl_sft(model_dir, shape, steps=args.steps, python=args.trl_python, **common)
+            result["compare"] = compare_sft(result, trl)
+    except (BenchError, ValueError) as e:
+        return fail(str(e))
+    print_sft_table(result)
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=2))
+    print("RESULT " + json.dumps(result), flush=True)
+    return 0
+
+
 def _check_algos(algos: list[str], compare_with: str | None) -> str | None:
     """Why the --algos list cannot run, or None."""
     from grpokit.algos import PRESETS
@@ -124,7 +161,14 @@ def add_bench_parser(subparsers) -> None:
             "Completions always run to the full length. Prints a table and one 'RESULT {json}' line."
         ),
     )
+    p.add_argument(
+        "--mode",
+        choices=["grpo", "sft"],
+        default="grpo",
+        help="grpo: RL steps (rollout + update); sft: supervised fine-tuning steps (grpokit.bench.sft)",
+    )
     p.add_argument("--shape", choices=list(BENCH_SHAPES), default="standard")
+    p.add_argument("--packing", action="store_true", help="--mode sft: padding-free packing on both sides")
     which = p.add_mutually_exclusive_group()
     which.add_argument(
         "--model-size",
