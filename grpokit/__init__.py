@@ -31,6 +31,7 @@ _EXPORTS = {
     "evaluate": "grpokit.evaluate",
     "plot_training_curves": "grpokit.plots",
     "SFTConfig": "grpokit.sft_config",
+    "SFTTrainer": "grpokit.sft",
     "load_sft_config": "grpokit.sft_config",
 }
 
@@ -48,6 +49,7 @@ __all__ = [
     "load_sft_config",
     "plot_training_curves",
     "SFTConfig",
+    "SFTTrainer",
 ]
 
 if TYPE_CHECKING:
@@ -55,6 +57,7 @@ if TYPE_CHECKING:
     from grpokit.data import DataError, load_prompts
     from grpokit.evaluate import evaluate
     from grpokit.plots import plot_training_curves
+    from grpokit.sft import SFTTrainer
     from grpokit.sft_config import SFTConfig, load_sft_config
     from grpokit.trainer import GRPOTrainer, TrainingError
 
