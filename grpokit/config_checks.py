@@ -153,9 +153,10 @@ def _describe_interval(interval: str) -> str:
     return " and ".join(parts) or "a finite number"
 
 
-def _check_ranges(cfg: Config) -> None:
-    """Every numeric setting in RANGES within its interval; the message names key, value, range, example."""
-    for key, (interval, example, meaning) in {**RANGES, **_algo_ranges()}.items():
+def _check_ranges(cfg: Config, ranges: dict[str, tuple[str, Any, str]] | None = None) -> None:
+    """Every numeric setting in ``ranges`` (default RANGES and the algo.* ones) within its interval; the
+    message names key, value, range, example. grpokit.sft_config passes the SFT tree's."""
+    for key, (interval, example, meaning) in (ranges or {**RANGES, **_algo_ranges()}).items():
         if key.startswith("rewards[]."):
             field_name = key.split(".", 1)[1]
             values = {f"rewards[{i}].{field_name}": getattr(r, field_name) for i, r in enumerate(cfg.rewards)}

@@ -40,6 +40,7 @@ from grpokit.sft_parts import (  # issue 23's parts, until they land
     RunState,
     load_model,
     peak_memory_mb,
+    run_callbacks,
 )
 from grpokit.validate import model_positions
 
@@ -159,7 +160,7 @@ class SFTTrainer:
             while self.step < cfg.train.steps and not stop.signal_name:
                 metrics = self.train_step()
                 log.log_step(self.step, metrics)
-                self._run_callbacks(metrics)
+                run_callbacks(self, metrics)  # one that raises: checkpoint, TrainingError
                 stop.signal_name = self.dist.agree(stop.signal_name)  # every rank stops at the same step
                 if stop.signal_name:
                     break
@@ -312,20 +313,6 @@ class SFTTrainer:
             tmp.rename(path)
         self.dist.barrier()
         return path
-
-    def _run_callbacks(self, metrics: dict[str, float]) -> None:
-        for callback in self.callbacks:
-            try:
-                callback(self.step, metrics, self)
-            except Exception as e:
-                from grpokit.errors import TrainingError
-
-                name = getattr(callback, "__qualname__", repr(callback))
-                raise TrainingError(
-                    f"callback {name} stopped the run at step {self.step}: {type(e).__name__}: {e} "
-                    f"(checkpoint of step {self.step}: {self.save()})."
-                ) from e
-
 
 @torch.no_grad()
 def check_packing(model, device: torch.device) -> None:

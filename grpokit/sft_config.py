@@ -26,7 +26,7 @@ from grpokit.config import (
     TrainConfig,
     load_config,
 )
-from grpokit.config_checks import RANGES, _describe_interval, _in_interval, build_config
+from grpokit.config_checks import RANGES, _check_ranges, build_config
 from grpokit.errors import ConfigError
 
 SFT_FORMATS = ("auto", "messages", "prompt_completion", "text")
@@ -121,21 +121,8 @@ def check_sft_config(cfg: SFTConfig) -> None:
         if value != keep:
             raise ConfigError(f"{key}={value!r} does not apply to grpokit sft ({why}); remove it.")
     sections = {f.name for f in dataclasses.fields(cfg)}
-    ranges = {k: v for k, v in RANGES.items() if k.split(".")[0] in sections and k.split(".")[0] != "data"}
-    for key, (interval, example, meaning) in {**ranges, **SFT_RANGES}.items():
-        if key.startswith("rewards[]."):
-            name = key.split(".", 1)[1]
-            values = {f"rewards[{i}].{name}": getattr(r, name) for i, r in enumerate(cfg.rewards)}
-        else:
-            section, name = key.split(".")
-            values = {key: getattr(getattr(cfg, section), name)}
-        for shown, value in values.items():
-            if value is not None and not _in_interval(value, interval):
-                note = f"; {meaning}" if meaning else ""
-                raise ConfigError(
-                    f"{shown}={value!r} is out of range: it must be {_describe_interval(interval)}{note} "
-                    f"(e.g. {shown}={example})."
-                )
+    shared = {k: v for k, v in RANGES.items() if k.split(".")[0] in sections and not k.startswith("data.")}
+    _check_ranges(cfg, {**shared, **SFT_RANGES})
     choices = {
         "model.dtype": (cfg.model.dtype, ["auto", "float32", "bfloat16", "float16"]),
         "data.format": (cfg.data.format, list(SFT_FORMATS)),

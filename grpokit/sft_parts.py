@@ -24,7 +24,7 @@ from grpokit.schedules import lr_factor, warmup_steps
 from grpokit.update import MicroBatchMixin, peak_memory_mb
 from grpokit.validate import check_output_dir
 
-__all__ = ["Learner", "RunState", "load_model", "peak_memory_mb"]
+__all__ = ["Learner", "RunState", "load_model", "peak_memory_mb", "run_callbacks"]
 
 
 def load_model(cfg, model=None, tokenizer=None):
@@ -42,6 +42,13 @@ def load_model(cfg, model=None, tokenizer=None):
         if p.is_floating_point():
             p.data = p.data.to(precision.weight_dtype)
     return prepare_policy(model, cfg.model, cfg.lora), tokenizer, precision, device
+
+
+def run_callbacks(trainer, metrics: dict[str, float]) -> None:
+    """``fn(step, metrics, trainer)`` for each of trainer.callbacks; one that raises stops the run with a
+    checkpoint (trainer.save()) and a TrainingError naming it: RunStateMixin._run_callbacks, which reads
+    only trainer.callbacks, .step and .save."""
+    RunStateMixin._run_callbacks(trainer, metrics)
 
 
 class _Stepper(MicroBatchMixin):

@@ -197,3 +197,16 @@ def test_cli_runs_writes_the_contract_and_accuracy_matches_grpokit_eval(tmp_path
     data.write_text(json.dumps({"prompt": "1+1=", "completion": "2"}) + "\n" + json.dumps({"prompt": "x"}) + "\n")
     assert main(["sft", str(config), "--output-dir", str(tmp_path / "bad")]) == 2
     assert "train.jsonl, row index 1: no 'completion' field" in capsys.readouterr().err
+
+
+def test_a_callback_that_raises_stops_the_run_with_a_checkpoint(tmp_path):
+    from grpokit.errors import TrainingError
+
+    def give_up(step, metrics, t):
+        if step == 1:
+            raise RuntimeError(f"loss {metrics['loss']:.1f} too high")
+
+    t = trainer(tmp_path, "train.steps=3", "sft.batch_size=2", callbacks=[give_up])
+    with pytest.raises(TrainingError, match=r"callback .*give_up stopped the run at step 1: RuntimeError: loss .* too high"):
+        t.train()
+    assert (tmp_path / "run" / "checkpoints" / "step_000001" / "trainer_state.pt").is_file()
