@@ -246,3 +246,32 @@ def test_process_advantages_on_a_hand_made_multi_turn_mask():
     a, b = 0.57735, -1.15470
     expected = torch.tensor([[a + b, a + b, 0, 0, b, 0], [a, a, a, 0, 0, 0]])
     torch.testing.assert_close(adv, expected, atol=1e-4, rtol=0)
+
+
+def test_select_and_concat_keep_the_context_mask():
+    from grpokit.batch import ScoredBatch, concat_batches
+    from grpokit.generation import Rollout
+
+    def batch(width, ctx_rows):
+        n = len(ctx_rows)
+        ctx = torch.tensor([[1] * k + [0] * (width - k) for k in ctx_rows])
+        model = ctx.clone()
+        model[:, 1] = 0  # a tool token at column 1
+        r = Rollout(
+            prompt_ids=torch.ones(n, 2, dtype=torch.long), prompt_mask=torch.ones(n, 2, dtype=torch.long),
+            completion_ids=torch.full((n, width), 5), completion_mask=model, logprobs=torch.zeros(n, width),
+            truncated=torch.zeros(n, dtype=torch.bool), context_mask=ctx,
+        )  # fmt: skip
+        return ScoredBatch(r, [{}] * n, [""] * n, torch.zeros(n), {"f": [0.0] * n}, {})
+
+    joined = concat_batches([batch(3, [3, 2]), batch(5, [5, 4])], pad_token_id=0)
+    assert joined.rollout.context_mask.tolist() == [
+        [1, 1, 1, 0, 0],
+        [1, 1, 0, 0, 0],
+        [1, 1, 1, 1, 1],
+        [1, 1, 1, 1, 0],
+    ]
+    assert joined.rollout.row_lengths.tolist() == [2 + 3, 2 + 2, 2 + 5, 2 + 4]  # tool tokens count
+    assert joined.rollout.completion_lengths.tolist() == [2, 1, 4, 3]  # only the model's
+    picked = joined.select_groups([1], 2).rollout
+    assert picked.context_mask.tolist() == [[1, 1, 1, 1, 1], [1, 1, 1, 1, 0]]
