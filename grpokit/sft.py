@@ -237,27 +237,23 @@ class SFTTrainer:
 
     @torch.no_grad()
     def eval_loss(self) -> dict[str, float]:
-        """Mean NLL of the held-out examples' trained tokens (``loss``), their count and perplexity; each rank
-        scores a contiguous block of them and the sums are added."""
+        """Mean NLL of the held-out examples' trained tokens (``loss``), their count and perplexity. Under
+        torchrun every rank scores all of them: FSDP needs the same forwards on every rank, and a held-out
+        set is small beside training."""
         was = self.model.training
         self.model.eval()
-        per_rank = -(-len(self.eval_examples) // self.dist.world)
-        mine = self.eval_examples[self.dist.rank * per_rank : (self.dist.rank + 1) * per_rank]
-        lengths = torch.tensor([len(e.input_ids) for e in mine]) if mine else torch.ones(1, dtype=torch.long)
-        rows = self.learner.micro.rows(lengths)
-        total, count = torch.zeros((), dtype=torch.float64), 0
-        order = length_sorted(torch.arange(len(mine)), lengths[: len(mine)])
-        for chunk in order.split(rows) if mine else []:
-            batch = self._batch([mine[i] for i in chunk.tolist()])
+        examples = self.eval_examples
+        lengths = torch.tensor([len(e.input_ids) for e in examples])  # (E,)
+        total, count = 0.0, 0
+        for chunk in length_sorted(torch.arange(len(examples)), lengths).split(self.learner.micro.rows(lengths)):
+            batch = self._batch([examples[i] for i in chunk.tolist()])
             with self.learner.precision.autocast(self.device):
                 loss, _ = self._loss_sum(self.model, batch)
             total += float(loss)
             count += int(batch["loss_mask"].sum())
-        total = float(self.dist.sum(total))
-        count = int(self.dist.sum(torch.tensor(count)))
         self.model.train(was)
         mean = total / max(1, count)
-        return {"loss": mean, "perplexity": float(torch.tensor(mean).exp()), "tokens": float(count)}
+        return {"loss": mean, "perplexity": math.exp(min(mean, 700.0)), "tokens": float(count)}
 
     def evaluate(self) -> dict[str, float]:
         """Held-out loss (eval_loss), and with a reward the accuracy grpokit eval reports (greedy pass@1,
