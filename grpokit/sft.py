@@ -31,6 +31,7 @@ from grpokit.data import DataError
 from grpokit.distributed import Distributed
 from grpokit.loading import check_tokenizer_fits, eos_token_ids, read_model_config
 from grpokit.modeling import token_logprobs
+from grpokit.output_lock import run_holding_lock
 from grpokit.run_state import StopOnSignals
 from grpokit.runlog import RunLogger
 from grpokit.sft_config import SFTConfig, prompt_data_config
@@ -135,6 +136,9 @@ class SFTTrainer:
 
     # ----------------------------------------------------------------------------- the loop
 
+    output_lock = property(lambda self: self.run.lock)  # what grpokit.output_lock's run_holding_lock takes
+
+    @run_holding_lock
     def train(self) -> dict[str, Any]:
         """Run cfg.train.steps steps; returns the summary also written to OUTPUT/summary.json. SIGINT/SIGTERM
         stop after the current step with a checkpoint (``stopped_by`` in the summary, none written)."""
@@ -160,6 +164,7 @@ class SFTTrainer:
             while self.step < cfg.train.steps and not stop.signal_name:
                 metrics = self.train_step()
                 log.log_step(self.step, metrics)
+                self.run.step_logged()  # --overwrite: the run replaced goes once this one has a step
                 run_callbacks(self, metrics)  # one that raises: checkpoint, TrainingError
                 stop.signal_name = self.dist.agree(stop.signal_name)  # every rank stops at the same step
                 if stop.signal_name:

@@ -18,11 +18,11 @@ import torch
 from grpokit.checkpoint import load_trainer_state, load_weights_into, set_rng_state
 from grpokit.distributed import Distributed
 from grpokit.loading import load_policy, pick_device, prepare_policy
+from grpokit.output_lock import claim_output_dir, discard_aside, is_main_rank
 from grpokit.precision import make_grad_scaler, make_optimizer, resolve_precision
 from grpokit.run_state import RunStateMixin
 from grpokit.schedules import lr_factor, warmup_steps
 from grpokit.update import MicroBatchMixin, peak_memory_mb
-from grpokit.validate import check_output_dir
 
 __all__ = ["Learner", "RunState", "load_model", "peak_memory_mb", "run_callbacks"]
 
@@ -143,7 +143,8 @@ class RunState:
     def __init__(self, cfg, dist: Distributed | None = None, *, resume=False, overwrite=False):
         self.cfg, self.dist = cfg, dist or Distributed()
         self.out = Path(cfg.train.output_dir)
-        check_output_dir(self.out, resume=resume is not False, overwrite=overwrite)
+        # not in use by another run; train() locks it until it ends (grpokit.output_lock's run_holding_lock)
+        self.lock = claim_output_dir(self.out, resume=resume is not False, overwrite=overwrite, main=is_main_rank())
         f = self._f = _Folder()
         f.cfg, f.dist, f.out, f.overwrite, f._saved = cfg, self.dist, self.out, overwrite, None
         self.resume_from: Path | None = None
@@ -163,6 +164,11 @@ class RunState:
 
     def start(self) -> None:
         self._f._start_run()
+
+    def step_logged(self) -> None:
+        """A step of this run is logged: the run it replaced (--overwrite, set aside by start()) is deleted."""
+        if self.dist.is_main:
+            discard_aside(self.out)
 
     def save(self, step: int, learner: Learner, tokenizer, state: dict[str, Any]) -> Path:
         f = self._f

@@ -210,3 +210,15 @@ def test_a_callback_that_raises_stops_the_run_with_a_checkpoint(tmp_path):
     with pytest.raises(TrainingError, match=r"callback .*give_up stopped the run at step 1: RuntimeError: loss .* too high"):
         t.train()
     assert (tmp_path / "run" / "checkpoints" / "step_000001" / "trainer_state.pt").is_file()
+
+
+def test_overwrite_replaces_the_run_once_the_new_one_has_a_step(tmp_path):
+    from grpokit.config import ConfigError
+
+    trainer(tmp_path, "train.steps=2", "sft.batch_size=2").train()
+    with pytest.raises(ConfigError, match="already holds a run"):
+        trainer(tmp_path, "train.steps=1", "sft.batch_size=2")
+    trainer(tmp_path, "train.steps=1", "sft.batch_size=2", overwrite=True).train()
+    run = tmp_path / "run"
+    assert not (run / ".replaced").exists() and len((run / "metrics.jsonl").read_text().splitlines()) == 1
+    assert [p.name for p in (run / "checkpoints").iterdir()] == ["step_000001"]
