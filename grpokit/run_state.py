@@ -28,6 +28,7 @@ from grpokit.checkpoint import (
 from grpokit.config import ConfigError, save_config
 from grpokit.errors import TrainingError
 from grpokit.output_lock import set_aside
+from grpokit.rollout_record import sample_rows, write_rollouts
 from grpokit.validate import config_changes
 
 
@@ -173,22 +174,16 @@ class RunStateMixin:
                     f"(checkpoint of step {self.step}: {self.save()})."
                 ) from e
 
-    def _save_samples(self, batch: ScoredBatch) -> None:
-        rows = []
-        G = self.cfg.rollout.group_size
-        for i in range(0, len(batch.texts), G):  # first completion of each group, up to 8 groups
-            if len(rows) >= 8:
-                break
-            rows.append(
-                {
-                    "prompt": batch.rows[i][self.cfg.data.prompt_column],
-                    "completion": batch.texts[i],
-                    "reward": float(batch.rewards[i]),
-                    **{f"reward/{k}": v[i] for k, v in batch.per_function.items()},
-                    **{k: v[i] for k, v in batch.extra.items()},  # reward functions' log_extra columns
-                }
-            )
-        self.log.log_samples(self.step, rows)
+    def _save_samples(self, batch: ScoredBatch, advantages, record) -> None:
+        """samples/step_N.jsonl: every completion with its rewards and advantage (TRL's log_completions, also a
+        W&B table); rollouts/step_N.parquet: the same with the per-token numbers ``record`` holds."""
+        G, column = self.cfg.rollout.group_size, self.cfg.data.prompt_column
+        self.log.log_samples(self.step, sample_rows(batch, advantages, G, column))
+        if record is not None:
+            write_rollouts(
+                self.out, self.step, batch, record, advantages=advantages, group_size=G,
+                prompt_column=column, tokenizer=self.tokenizer, algo=self.algo,
+            )  # fmt: skip
 
     def _plot(self) -> None:
         from grpokit.plots import plot_training_curves

@@ -64,6 +64,7 @@ from grpokit.precision import make_grad_scaler, make_optimizer, resolve_precisio
 from grpokit.rewards import RewardRunner, resolve_reward, resolve_reward_specs
 from grpokit.rewards.process import check_process_setup
 from grpokit.rewards.which_accuracy import choose_accuracy_reward
+from grpokit.rollout_record import TokenRecorder
 from grpokit.run_state import RunStateMixin, StopOnSignals  # noqa: F401
 from grpokit.runlog import RunLogger, reward_metric_names
 from grpokit.sampling import SamplingMixin
@@ -365,7 +366,11 @@ class GRPOTrainer(SamplingMixin, RunStateMixin, MicroBatchMixin, CriticMixin):
         old_logprobs, ref_logprobs, timing["reference"] = self.rollout_logprobs(batch.rollout)  # (N, Lc) | None
         values = self.critic_values(batch.rollout)  # (N, Lc) PPO's critic before the update, else None
         advantages = self.advantages(batch, old_logprobs, ref_logprobs, values)  # (N,) or (N, Lc)
-        update_metrics, _ = self.update(batch, advantages, old_logprobs, ref_logprobs) if self.policy_trains() else ({}, 0)
+        sampled = self.cfg.train.samples_every and (self.step + 1) % self.cfg.train.samples_every == 0
+        record = TokenRecorder(*batch.rollout.completion_ids.shape) if sampled and self.dist.is_main else None
+        update_metrics, _ = (
+            self.update(batch, advantages, old_logprobs, ref_logprobs, record=record) if self.policy_trains() else ({}, 0)
+        )
         update_metrics.update(self.critic_update(batch, values, old_logprobs, ref_logprobs))  # critic/*
         timing["update"] = time.perf_counter() - t_update - timing["reference"]
         self.step += 1
@@ -382,8 +387,8 @@ class GRPOTrainer(SamplingMixin, RunStateMixin, MicroBatchMixin, CriticMixin):
             metrics.update(self.episodes.take_metrics())
         self.dist.finish_metrics(metrics)
         with_trl_names(metrics)  # TRL's names beside ours where they mean the same (grpokit.trl_names)
-        if self.cfg.train.samples_every and self.step % self.cfg.train.samples_every == 0:
-            self._save_samples(batch)
+        if sampled:
+            self._save_samples(batch, advantages, record)
         return metrics
 
     # ----------------------------------------------------------------------------- the update
@@ -435,12 +440,14 @@ class GRPOTrainer(SamplingMixin, RunStateMixin, MicroBatchMixin, CriticMixin):
         advantages: torch.Tensor,
         old_logprobs: torch.Tensor | None = None,
         ref_logprobs: torch.Tensor | None = None,
+        record=None,
     ) -> tuple[dict[str, float], float]:
         """mu passes over the batch, each split into mini-batches (one optimizer step each),
         each split into micro-batches whose gradients accumulate. The loss normaliser is the
         whole mini-batch's (num_sequences / num_tokens), so the split never changes the objective.
         advantages: (N,) or (N, Lc). old/ref log-probs as from `rollout_logprobs` (computed here when
-        both are None). Returns the metrics and the seconds spent on the reference here."""
+        both are None). ``record``: a rollout_record.TokenRecorder to fill with the per-token numbers the loss
+        used. Returns the metrics and the seconds spent on the reference here."""
         cfg = self.cfg
         r = batch.rollout
         loss_mask = self._loss_mask(r)  # (N, Lc), without truncated completions under DAPO
@@ -456,7 +463,7 @@ class GRPOTrainer(SamplingMixin, RunStateMixin, MicroBatchMixin, CriticMixin):
         for k, mb in enumerate(self._mini_batch_order(r.completion_ids.shape[0])):  # (M,) rows each
             part, finite = self._with_micro_retry(
                 lambda rows, mb=mb, first=(k == 0): self._mini_batch_gradients(
-                    r, mb, rows, advantages, loss_mask, lengths, old_logprobs, ref_logprobs, first
+                    r, mb, rows, advantages, loss_mask, lengths, old_logprobs, ref_logprobs, first, record
                 ),
                 lengths[mb],
             )

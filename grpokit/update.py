@@ -52,12 +52,13 @@ class MicroBatchMixin:
                 yield order[m * mini : (m + 1) * mini]  # (M,)
 
     def _mini_batch_gradients(
-        self, r, mb, rows, advantages, loss_mask, lengths, old_logprobs, ref_logprobs, first
+        self, r, mb, rows, advantages, loss_mask, lengths, old_logprobs, ref_logprobs, first, record=None
     ) -> tuple[UpdateStats, bool]:
         """Accumulate the gradient of mini-batch ``mb`` (M,) over micro-batches of ``rows`` rows, sorted by
         length. Returns its UpdateStats (loss metrics; sampler-vs-trainer log-prob differences and entropy
         on the first mini-batch) and whether every loss was finite (a NaN/inf loss stops the accumulation).
-        Nothing outside changes but the parameters' .grad."""
+        Nothing outside changes but the parameters' .grad, and ``record`` (a rollout_record.TokenRecorder, at
+        the steps whose rollouts are saved), which gets each micro-batch's per-token numbers as the loss saw them."""
         cfg, algo = self.cfg, self.algo
         loss_fn = get_loss(algo.loss.name)
         # the whole mini-batch's normaliser, over every rank under torchrun (grpokit.distributed)
@@ -73,7 +74,7 @@ class MicroBatchMixin:
                     tensors["completion_mask"],
                     temperature=cfg.rollout.temperature,
                     chunk_size=cfg.optim.logprob_chunk_size,
-                    with_entropy=first,
+                    with_entropy=first or record is not None,
                     context_mask=tensors.get("context_mask"),
                 )  # (n, L), float32
             mask = tensors["loss_mask"]
@@ -97,6 +98,8 @@ class MicroBatchMixin:
             scaled = loss * self.dist.world  # DDP/FSDP average gradients over ranks: N * mean = the sum
             (self.scaler.scale(scaled) if self.scaler is not None else scaled).backward()
             stats.add_loss(loss, loss_stats, float(mask.sum()))
+            if record is not None:
+                record.add(micro, logprobs, old, ref, adv, mask, entropy)
             if first:
                 generated = tensors["completion_mask"].bool()  # (n, L)
                 stats.add_sampler_diff(logprobs, tensors["sample_logprobs"], generated)

@@ -102,7 +102,9 @@
       });
       const width = Math.max(300, div.clientWidth - 14);
       const axes = [{ label: "step", incrs: [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000] }, { size: 60 }];
-      new uPlot({ width: width, height: 220, series: series, scales: { x: { time: false } }, axes: axes, legend: { live: true } }, data, div);
+      // a flat series (all 0) gets a small range around its value instead of uPlot's 0..100
+      const yRange = (u, min, max) => (min === max ? [min - (Math.abs(min) || 1) * 0.1, max + (Math.abs(max) || 1) * 0.1] : uPlot.rangeNum(min, max, 0.1, true));
+      new uPlot({ width: width, height: 220, series: series, scales: { x: { time: false }, y: { range: yRange } }, axes: axes, legend: { live: true } }, data, div);
     });
   }
 

@@ -1,0 +1,186 @@
+"""`grpokit view` in a real browser (headless Chromium through selenium) on real runs of the embedded demo:
+no console errors; the step browser's numbers for a group equal those recomputed from the saved rollouts and
+metrics.jsonl; the token colours follow the chosen quantity; two runs overlay. Screenshots of each view go
+to the test's folder (and to $GRPOKIT_VIEW_SCREENSHOTS when set).
+
+The demo is the embedded one (its task, model kind, config and `grpokit train` command) with a smaller warm
+start (DemoSpec below) so that the test stays short; 4 and 2 steps, rollouts saved every 2."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from grpokit.demo import DemoSpec, demo_overrides, prepare_demo
+from grpokit.rollout_record import read_rollouts, rollout_files
+
+selenium = pytest.importorskip("selenium", reason="pip install 'grpokit[dev]' (selenium) for the browser tests")
+from selenium import webdriver  # noqa: E402
+from selenium.webdriver.chrome.service import Service  # noqa: E402
+from selenium.webdriver.common.by import By  # noqa: E402
+from selenium.webdriver.support.ui import Select  # noqa: E402
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+DRIVER = shutil.which("chromedriver")
+pytestmark = pytest.mark.skipif(
+    not (CHROMIUM and DRIVER), reason="needs Debian's chromium and chromium-driver (apt-get install, as .ci/run does)"
+)
+SPEC = DemoSpec(max_operand=9, eval_size=20, hidden_size=32, sft_steps=40, sft_batch=32)
+
+
+def _train(config: Path, out: Path, *extra: str) -> subprocess.Popen:
+    command = [sys.executable, "-m", "grpokit", "train", str(config), "--output-dir", str(out)]
+    settings = ["train.samples_every=2", "train.tensorboard=false", "eval.every=0"]
+    settings += ["rollout.prompts_per_step=4", "train.stop_after_flat_steps=0", *extra]
+    return subprocess.Popen([*command, *settings], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("view")
+    cache = Path(os.environ.get("GRPOKIT_CACHE") or tmp / "cache")  # the demo's own cache variable
+    paths = prepare_demo(SPEC, cache=cache, log=lambda message: None)
+    config = tmp / "demo.yaml"
+    settings = json.loads(json.dumps(demo_overrides(paths), default=str))
+    # a second reward that differs within every group, however weak the short warm start left the model
+    settings["rewards"].append({"name": "length_penalty", "weight": 1.0, "kwargs": {"max_len": 8, "scale": 0.5}})
+    config.write_text(yaml.safe_dump(settings))
+    a, b = tmp / "demo_a", tmp / "demo_b"
+    jobs = [_train(config, a, "train.steps=4"), _train(config, b, "train.steps=2", "train.seed=1")]
+    for job in jobs:
+        output = job.communicate(timeout=600)[0]
+        assert job.returncode == 0, output[-2000:]
+    done = subprocess.run(
+        [sys.executable, "-m", "grpokit", "view", str(a), str(b)], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    page = Path(done.stdout.strip().splitlines()[-1])
+    assert page == a / "view.html" and page.is_file()
+    return a, b, page
+
+
+@pytest.fixture(scope="module")
+def browser():
+    options = webdriver.ChromeOptions()
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1500,1100"):
+        options.add_argument(arg)
+    options.binary_location = CHROMIUM
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    driver = webdriver.Chrome(service=Service(DRIVER), options=options)
+    yield driver
+    driver.quit()
+
+
+def _shot(driver, name: str, folder: Path, element=None) -> Path:
+    path = folder / f"view_{name}.png"
+    (element or driver).screenshot(str(path)) if element is not None else driver.save_screenshot(str(path))
+    if os.environ.get("GRPOKIT_VIEW_SCREENSHOTS"):
+        target = Path(os.environ["GRPOKIT_VIEW_SCREENSHOTS"])
+        target.mkdir(parents=True, exist_ok=True)
+        shutil.copy(path, target / path.name)
+    assert path.stat().st_size > 5_000
+    return path
+
+
+def _errors(driver) -> list[dict]:
+    return [entry for entry in driver.get_log("browser") if entry["level"] in ("SEVERE", "ERROR")]
+
+
+def _value(element) -> float:
+    return float(element.find_element(By.CSS_SELECTOR, "[data-value]").get_attribute("data-value"))
+
+
+def test_page_in_a_browser(runs, browser):
+    a, b, page = runs
+    shots = page.parent
+    browser.get(page.as_uri())
+    time.sleep(0.5)
+    assert _errors(browser) == []
+
+    # curves: both runs overlaid, with a legend naming each
+    labels = [e.text for e in browser.find_elements(By.CSS_SELECTOR, "#chart-0 .u-legend .u-label")]
+    assert any(label.startswith(f"{a.name}: reward/total/mean") for label in labels), labels
+    assert any(label.startswith(f"{b.name}: reward/total/mean") for label in labels), labels
+    assert len(browser.find_elements(By.CSS_SELECTOR, "#charts canvas")) >= 7
+    _shot(browser, "curves", shots)
+
+    # step browser: the last saved step of run a, a group with reward spread if there is one
+    browser.find_element(By.CSS_SELECTOR, 'a[data-tab="steps"]').click()
+    path = rollout_files(a)[-1]
+    table, meta = read_rollouts(path)
+    t = table.to_pydict()
+    G, step = meta["group_size"], meta["step"]
+    Select(browser.find_element(By.ID, "step-select")).select_by_visible_text(f"step {step}")
+    groups = [t["reward"][g * G : (g + 1) * G] for g in range(len(t["reward"]) // G)]
+    g = next(i for i, r in enumerate(groups) if max(r) > min(r))  # length_penalty: every group has spread
+    browser.find_element(By.CSS_SELECTOR, f'#groups tr.group-row[data-group="{g}"]').click()
+
+    rewards = groups[g]
+    mean = sum(rewards) / G
+    std = (sum((x - mean) ** 2 for x in rewards) / (G - 1)) ** 0.5  # grpo: std_ddof 1
+    assert _value(browser.find_element(By.ID, "g-stats").find_element(By.ID, "g-mean").find_element(By.XPATH, "..")) == pytest.approx(mean, abs=1e-9)
+    assert float(browser.find_element(By.CSS_SELECTOR, "#g-std [data-value]").get_attribute("data-value")) == pytest.approx(std, abs=1e-9)
+    rows = browser.find_elements(By.CSS_SELECTOR, "#completions tr.completion-row")
+    assert len(rows) == G
+    for j, row in enumerate(rows):
+        i = g * G + j
+        assert _value(row.find_element(By.CSS_SELECTOR, 'td[data-field="reward"]')) == pytest.approx(t["reward"][i])
+        for name in meta["reward_names"]:
+            cell = row.find_element(By.CSS_SELECTOR, f'td[data-field="reward/{name}"]')
+            assert _value(cell) == pytest.approx(t[f"reward/{name}"][i])
+        assert _value(row.find_element(By.CSS_SELECTOR, 'td[data-field="advantage"]')) == pytest.approx(t["advantage"][i], abs=1e-6)
+        want = 0.0 if max(rewards) == min(rewards) else (t["reward"][i] - mean) / (std + 1e-6)
+        assert t["advantage"][i] == pytest.approx(want, abs=1e-5)  # the saved advantage is GRPO's
+        shown = row.find_element(By.CSS_SELECTOR, 'td[data-field="advantage"]').text
+        assert float(shown) == pytest.approx(t["advantage"][i], abs=1e-4)  # and so is the text shown
+
+    # the step's row: metrics.jsonl's values, and the same recomputed from the saved tokens
+    logged = {m["step"]: m for m in map(json.loads, (a / "metrics.jsonl").read_text().splitlines())}[step]
+    summary = browser.find_element(By.ID, "step-totals")
+    reward_row = summary.find_element(By.CSS_SELECTOR, 'tr[data-key="reward/total/mean"]')
+    assert _value(reward_row.find_element(By.CSS_SELECTOR, "td.logged")) == pytest.approx(logged["reward/total/mean"], rel=1e-5)
+    assert _value(reward_row.find_element(By.CSS_SELECTOR, "td.saved")) == pytest.approx(sum(t["reward"]) / len(t["reward"]))
+    loss_row = summary.find_element(By.CSS_SELECTOR, 'tr[data-key="loss"]')
+    assert _value(loss_row.find_element(By.CSS_SELECTOR, "td.saved")) == pytest.approx(logged["loss"], rel=1e-4, abs=1e-8)
+    assert float(browser.find_element(By.ID, "obj-mean").text) == pytest.approx(mean, abs=1e-4)
+    _shot(browser, "steps", shots)
+    _shot(browser, "objective", shots, browser.find_element(By.ID, "objective"))
+
+    # token view: the colours follow the chosen quantity
+    def colours():
+        return [s.get_attribute("style") for s in browser.find_elements(By.CSS_SELECTOR, "#token-view .tok")]
+
+    rows[0].click()
+    quantity = Select(browser.find_element(By.ID, "quantity"))
+    quantity.select_by_value("logprobs")
+    by_logprob = colours()
+    assert len(by_logprob) == t["length"][g * G]
+    quantity.select_by_value("kl")
+    by_kl = colours()
+    assert by_logprob != by_kl
+    spans = browser.find_elements(By.CSS_SELECTOR, "#token-view .tok")
+    shown = [float(s.get_attribute("data-value")) for s in spans]
+    assert shown[0] == pytest.approx(_k3(t["logprobs"][g * G][0], t["ref_logprobs"][g * G][0]), rel=1e-4, abs=1e-7)
+    quantity.select_by_value("logprobs")
+    shown = [float(s.get_attribute("data-value")) for s in browser.find_elements(By.CSS_SELECTOR, "#token-view .tok")]
+    assert shown == pytest.approx(t["logprobs"][g * G], abs=1e-6)
+    _shot(browser, "tokens", shots, browser.find_element(By.ID, "token-box"))
+
+    # the second run in the step browser, then filters: nothing breaks
+    Select(browser.find_element(By.ID, "run-select")).select_by_visible_text(b.name)
+    Select(browser.find_element(By.ID, "group-filter")).select_by_value("flat")
+    Select(browser.find_element(By.ID, "group-sort")).select_by_value("std")
+    assert _errors(browser) == []
+
+
+def _k3(logp: float, ref: float) -> float:
+    import math
+
+    d = ref - logp
+    return math.exp(d) - d - 1
