@@ -170,3 +170,12 @@ def test_samples_go_to_wandb_as_a_table(tmp_path, monkeypatch):
     saved = json.loads(open(table).read())
     assert saved["columns"] == list(rows[0])
     assert saved["data"] == [list(r.values()) for r in rows]
+
+
+def test_step_rewards_per_token():
+    """Process rewards: steps [(t_end, score)], t_end the step's last token; tokens after the last step NaN."""
+    from grpokit.rollout_record import _step_reward_tokens
+
+    (row,) = _step_reward_tokens([[(1, 0.5), (3, 1.0)]], [5])
+    assert row[:4] == [0.5, 0.5, 1.0, 1.0] and row[4] != row[4]
+    assert _step_reward_tokens(None, [3, 4]) == [None, None]
