@@ -114,8 +114,6 @@ def step_view(path: Path, vocab: dict[int, str], *, max_groups: int | None = Non
         "completion": cols["completion"], "reward": cols["reward"], "advantage": cols["advantage"],
         "length": lengths, "truncated": cols["truncated"],
         "rewards": {name: cols[f"reward/{name}"] for name in reward_names},
-        "row_loss": [float(aggregate(terms["loss"][i : i + 1], loss_mask[i : i + 1], **kw)) for i in range(N)]
-        if kw["agg"] != "seq-sum-norm" or kw.get("norm_len") else [math.nan] * N,
     }  # fmt: skip
     groups = [_group_view(g, G, cols, per_token, loss_mask, meta, reward_names) for g in range(N // G)]
     return {
@@ -149,7 +147,7 @@ def _group_view(g, G, cols, per_token, loss_mask, meta, reward_names) -> dict[st
     if estimator in ADVANTAGE_FORMULAS and algo.get("kl_reward_coef", 0) == 0:
         centred = (r - r.mean()) if float(r.max() - r.min()) != 0 else torch.zeros_like(r)
         if estimator == "group_std":
-            recomputed = (centred / (std + 1e-6)).tolist()
+            recomputed = (centred / (std + float(algo.get("std_eps", 1e-6)))).tolist()
         elif estimator == "group_centre":
             recomputed = centred.tolist()
         else:

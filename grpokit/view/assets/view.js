@@ -324,7 +324,7 @@
     let html = `<h3>The objective for group ${state.group} of step ${st.step}, with its real numbers</h3>`;
     html += line("rewards", `r = ${list(rewards, 3)}   (weighted total of ${st.reward_names.map(esc).join(", ")})`);
     html += line("mean", `mean = (1/G) Σ r_i = ${fmt(sum, 4)} / ${G} = <span id="obj-mean">${fmt(g.mean)}</span>`);
-    html += line("std", `std = sqrt(Σ (r_i − mean)² / (G − ${g.std_ddof})) = <span id="obj-std">${fmt(g.std)}</span>`);
+    html += line("std", `std = sqrt(Σ (r_i − mean)² / (G − ${g.std_ddof})) = <span id="obj-std">${fmt(g.std)}</span>${al.std_eps !== undefined ? `, eps = ${al.std_eps}` : ""}`);
     html += line(
       "advantages",
       g.advantages_recomputed
