@@ -279,8 +279,8 @@ class TrainConfig:
     accuracy_reward: str | None = None
     """Reward whose value 1 means correct: accuracy, eval pass@1 / maj@k, the flat-reward check. Unset: the one
     verifier among the rewards (math_accuracy, code_tests, a function named *accuracy* or
-    *correct*), else the only reward unless it is a format/length one, else an error asking for it
-    (grpokit.rewards.which_accuracy)."""
+    *correct*), else the first reward that is not a format/length one (the run says which), else an
+    error asking for it (grpokit.rewards.which_accuracy)."""
     reward_timeout_s: float = 120.0
     """A reward function taking longer is reported and counted as failed."""
     max_reward_failure_frac: float = 0.0

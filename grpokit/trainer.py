@@ -63,7 +63,7 @@ from grpokit.output_lock import (
 from grpokit.precision import make_grad_scaler, make_optimizer, resolve_precision
 from grpokit.rewards import RewardRunner, resolve_reward, resolve_reward_specs
 from grpokit.rewards.process import check_process_setup
-from grpokit.rewards.which_accuracy import choose_accuracy_reward
+from grpokit.rewards.which_accuracy import pick_accuracy_reward
 from grpokit.rollout_record import TokenRecorder
 from grpokit.run_state import RunStateMixin, StopOnSignals  # noqa: F401
 from grpokit.runlog import RunLogger, reward_metric_names
@@ -172,7 +172,7 @@ class GRPOTrainer(SamplingMixin, RunStateMixin, MicroBatchMixin, CriticMixin):
         self.episodes = EpisodeSampler(cfg, reward_functions, self.algo) if multi_turn(cfg.rollout) else None
         self.rewards = RewardRunner(reward_functions, timeout_s=cfg.train.reward_timeout_s)
         shaped = [n for n in self.reward_names if n != "overlong_penalty" or not self.algo.batch.overlong_shaping]
-        self.accuracy_name = choose_accuracy_reward(shaped, cfg.train.accuracy_reward, renamed)  # the rule
+        self.accuracy_name, self.accuracy_why = pick_accuracy_reward(shaped, cfg.train.accuracy_reward, renamed)
         self.accuracy_fn = dict((n, f) for n, f, _ in reward_functions)[self.accuracy_name]
 
         # the model's config.json and the checkpoint to resume from, checked before either loads
@@ -280,6 +280,7 @@ class GRPOTrainer(SamplingMixin, RunStateMixin, MicroBatchMixin, CriticMixin):
             self.log = log
             prompts = [row[cfg.data.prompt_column] for row in self.train_rows]
             log.print(f"prompts: {describe_templates(prompts, cfg.data.template)}")  # TRL's convention or not
+            log.print(f"accuracy: reward {self.accuracy_name!r} ({self.accuracy_why})")  # never a format reward
             fire(self.callbacks, "on_train_begin", self)
             if self.eval_rows and cfg.eval.enabled and self.step == 0:
                 examples: list[dict] = []

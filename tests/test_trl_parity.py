@@ -103,10 +103,16 @@ def test_accuracy_is_the_verifier_never_a_format_reward_listed_first():
     assert choose(["has_seven"], None) == "has_seven"  # the only reward, not a shaping one
     assert choose(["a", "b"], "b") == "b"
     assert choose(["brevity"], "my_rewards.py:brevity", {"my_rewards.py:brevity": "brevity"}) == "brevity"
-    with pytest.raises(ConfigError, match=r"Of the rewards \['think_format_reward'\], none is a known verifier"):
+    with pytest.raises(ConfigError, match=r"Of the rewards \['think_format_reward'\], all are format/length"):
         choose(["think_format_reward"], None)
     with pytest.raises(ConfigError, match="set train.accuracy_reward to the one whose 1 means correct"):
-        choose(["digit_steps", "has_seven"], None)
+        choose(["format_strict", "overlong_penalty"], None)
+    from grpokit.rewards.which_accuracy import pick_accuracy_reward
+
+    # no verifier: the first that is not a format/length reward, and the run says so
+    assert pick_accuracy_reward(["format_strict", "digit_steps", "has_seven"], None) == (
+        "digit_steps", "the first reward that is not a format/length one (of ['format_strict', 'digit_steps', "
+        "'has_seven']; set train.accuracy_reward to choose)")
     with pytest.raises(ConfigError, match="2 look like verifiers"):
         choose(["math_accuracy", "accuracy_reward"], None)
     with pytest.raises(ConfigError, match="train.accuracy_reward='nope' is not one of the rewards"):

@@ -5,8 +5,9 @@ flat-reward check): one documented rule, never a format or length reward picked 
   2. else the one verifier among the rewards: a built-in that checks correctness (math_accuracy,
      code_tests) or a function whose name says accuracy / correct (TRL's
      `accuracy_reward`, `reasoning_accuracy_reward`);
-  3. else the only reward when there is just one and its name does not say format / length / overlong;
-  4. else an error that lists the rewards and asks for `train.accuracy_reward`.
+  3. else the first reward whose name does not say format / length / overlong / brevity / language,
+     announced when the run starts (`pick_accuracy_reward` says why);
+  4. else (only shaping rewards, or several verifiers) an error that asks for `train.accuracy_reward`.
 
 Before issue 30 the first reward listed was taken: with TRL's `think_format_reward` first, "accuracy"
 read 1.0 while the accuracy reward was 0.19.
@@ -27,25 +28,36 @@ def _words(name: str) -> str:
 
 
 def choose_accuracy_reward(names: list[str], explicit: str | None, aliases: dict[str, str] | None = None) -> str:
-    """The name (as in `names`, the metrics' names) of the reward that accuracy reads; see the module doc.
+    """The name (as in `names`, the metrics' names) of the reward that accuracy reads; see the module doc."""
+    return pick_accuracy_reward(names, explicit, aliases)[0]
 
-    `aliases` maps the config's names to the metric names (my_rewards.py:brevity -> brevity)."""
+
+def pick_accuracy_reward(
+    names: list[str], explicit: str | None, aliases: dict[str, str] | None = None
+) -> tuple[str, str]:
+    """(name, why): the reward accuracy reads and the rule that chose it. `aliases` maps the config's
+    names to the metric names (my_rewards.py:brevity -> brevity)."""
     aliases = aliases or {}
     if explicit:
         name = aliases.get(explicit, explicit)
         if name not in names:
             raise ConfigError(f"train.accuracy_reward={explicit!r} is not one of the rewards {names}")
-        return name
+        return name, "train.accuracy_reward"
     original = {aliases.get(k, k): k for k in aliases} | {n: n for n in names if n not in aliases.values()}
-    verifiers = [
-        n for n in names
-        if original.get(n, n) in VERIFIERS or any(w in _words(original.get(n, n)) for w in ACCURACY_WORDS)
-    ]
+
+    def says(name: str, words: tuple[str, ...]) -> bool:
+        return any(w in _words(original.get(name, name)) for w in words)
+
+    verifiers = [n for n in names if original.get(n, n) in VERIFIERS or says(n, ACCURACY_WORDS)]
     if len(verifiers) == 1:
-        return verifiers[0]
-    if len(names) == 1 and not any(w in _words(original.get(names[0], names[0])) for w in SHAPING_WORDS):
-        return names[0]
-    why = f"{len(verifiers)} look like verifiers ({verifiers})" if verifiers else "none is a known verifier"
+        return verifiers[0], "the one verifier among the rewards"
+    plain = [n for n in names if not says(n, SHAPING_WORDS)]
+    if not verifiers and plain:
+        why = "the only reward" if len(names) == 1 else (
+            f"the first reward that is not a format/length one (of {names}; set train.accuracy_reward to choose)"
+        )
+        return plain[0], why
+    why = f"{len(verifiers)} look like verifiers ({verifiers})" if verifiers else "all are format/length rewards"
     raise ConfigError(
         f"which reward is accuracy? Of the rewards {names}, {why}; set train.accuracy_reward to the one whose "
         "1 means correct (it drives the accuracy metric, evaluation's pass@1 and maj@k, and the flat-reward "
