@@ -105,7 +105,7 @@ def write_rollouts(
     the run's AlgoSettings ``algo``."""
     loss_kwargs = algo.loss_kwargs()
     r = batch.rollout
-    lengths = r.completion_mask.sum(1).long()  # (N,)
+    lengths = r.attention_mask.sum(1).long()  # (N,) tokens after the prompt (multi-turn: the tools' too)
     v = recorder.values
     ref = v["ref_logprobs"] if recorder.has_ref else None
     terms = token_terms(
@@ -113,7 +113,7 @@ def write_rollouts(
         r.completion_mask, ref_logprobs=None if ref is None else ref.nan_to_num(), **loss_kwargs,
     )  # each (N, Lc)
     ids = r.completion_ids.long()  # (N, Lc)
-    vocab = _token_texts(tokenizer, ids[r.completion_mask.bool()].unique().tolist())
+    vocab = _token_texts(tokenizer, ids[r.attention_mask.bool()].unique().tolist())
     adv = advantages.detach().float().cpu()
     gen = r.completion_mask.float()  # (N, Lc)
     seq_adv = adv if adv.dim() == 1 else (adv * gen).sum(1) / gen.sum(1).clamp(min=1)  # (N,)
@@ -134,7 +134,7 @@ def write_rollouts(
         columns[f"reward/{name}"] = pa.array([None if x is None else float(x) for x in values], pa.float64())
     columns.update(
         advantage=pa.array(seq_adv.tolist(), pa.float32()),
-        length=pa.array(lengths.tolist(), pa.int32()),
+        length=pa.array(r.completion_mask.sum(1).tolist(), pa.int32()),  # the model's tokens
         truncated=pa.array(r.truncated.bool().tolist(), pa.bool_()),
         token_ids=pa.array(cut(ids, "int32"), pa.list_(pa.int32())),
         tokens=pa.array([[vocab[t] for t in row] for row in cut(ids, "int64")], pa.list_(pa.string())),

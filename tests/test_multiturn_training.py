@@ -128,6 +128,12 @@ def test_tool_episodes_train_under_each_preset(tmp_path, extra):
     assert sum(line["tools/calls"] for line in lines) > 0  # (a step's model may have stopped calling)
     assert all(0 <= line["masked_token_frac"] < 1 for line in lines) and lines[0]["masked_token_frac"] > 0
     assert torch.isfinite(torch.tensor(last["loss"]))
+    # the step's rollout record (grpokit.rollout_record) holds whole episodes: tool tokens with loss_mask 0
+    import pyarrow.parquet as pq
+
+    record = pq.read_table(tmp_path / "run" / "rollouts" / "step_000001.parquet").to_pylist()
+    assert any(0 in row["loss_mask"] and 1 in row["loss_mask"] for row in record)
+    assert all(len(row["tokens"]) == len(row["loss_mask"]) >= row["length"] for row in record)
     # the trainer scores the ids the sampler generated, in the same context, turn after turn
     assert lines[0]["sampler_logprob_diff/max"] < 1e-4
     if "lora.enabled=true" in extra:
