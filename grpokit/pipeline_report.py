@@ -137,13 +137,16 @@ def write_report(out: Path, rows: list[dict[str, Any]]) -> None:
 
 
 def plot_stages(rows: list[dict[str, Any]], path: Path) -> None:
-    """Accuracy, format and language (where measured) of each stage's model, one line each."""
+    """Accuracy, format and language (where measured) of each stage's model, one line each; no file
+    when no stage was evaluated."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     measured = [r for r in rows if r["accuracy"] is not None]
+    if not measured:  # no eval: section, nothing to draw
+        return
     fig, ax = plt.subplots(figsize=(max(5.0, 1.2 * len(measured) + 2), 3.6))
     xs = list(range(len(measured)))
     for key, marker in zip(SCORES, "osD"):

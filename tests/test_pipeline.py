@@ -179,6 +179,12 @@ def test_killed_mid_stage_continues_that_stage_and_reruns_none_before_it(files, 
     err = capsys.readouterr().err
     assert "stage 01-sample changed since it finished" in err and "--rerun-changed" in err
     assert {p: (p.stat().st_mtime_ns, p.read_bytes()) for p in first} == first
+    # asked to: the changed stage runs again, and so does the stage that reads its model (hash chain)
+    assert main(["pipeline", str(changed), "--output-dir", str(out), "--resume", "--rerun-changed"]) == 0
+    candidates = (out / "01-sample" / "candidates" / "00000000.jsonl").read_text().splitlines()
+    assert len(candidates) == 4 * 3  # sample.n=3 now
+    rerun = json.loads((out / "02-rl" / "stage.json").read_text())
+    assert rerun["status"] == "done" and "--overwrite" in rerun["command"] and rerun["hash"] != state["hash"]
 
 
 def test_demo_pipeline_file_checks_and_its_chains_score_full_marks(tmp_path, monkeypatch):
