@@ -201,7 +201,7 @@ def verify_checkpoint(directory: Path) -> str | None:
             return "critic/: no model*.safetensors / adapter_model.safetensors"
         weights += critic_weights
     for f in weights:
-        problem = _safetensors_problem(f)
+        problem = safetensors_problem(f)
         if problem:
             return f"{f.relative_to(directory)}: {problem}"
     problem = checksum_problem(directory)  # bytes changed inside a tensor: sizes and headers still agree
@@ -226,7 +226,8 @@ def verify_checkpoint(directory: Path) -> str | None:
     return None
 
 
-def _safetensors_problem(path: Path) -> str | None:
+def safetensors_problem(path: Path) -> str | None:
+    """What is wrong with a safetensors file's structure (size, header), or None; no tensor is read."""
     size = path.stat().st_size
     if size < 8:
         return f"{size} bytes: empty or truncated"

@@ -411,6 +411,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:  # Ctrl-C before a command's own handling starts (imports, parsing)
+        if os.environ.get("GRPOKIT_DEBUG", "") not in ("", "0") or "--debug" in (argv or sys.argv):
+            raise
+        print("grpokit: interrupted", file=sys.stderr)
+        return 130
+
+
+def _main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if not argv:
         argv = ["train"]

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import os
+import re
 import types
 import typing
 from typing import TYPE_CHECKING, Any
@@ -233,6 +234,15 @@ def check_config(cfg: Config) -> None:
         raise ConfigError(
             f"optim.micro_batch_size={cfg.optim.micro_batch_size} must be at least 1 "
             "or auto (e.g. optim.micro_batch_size=8, or auto: as many as fit)."
+        )
+    if not isinstance(cfg.model.device, str) or not re.fullmatch(r"auto|cpu|mps|cuda(:\d+)?", cfg.model.device):
+        raise ConfigError(
+            f"model.device={cfg.model.device!r} is not a device: use auto, cpu, cuda, cuda:N or mps "
+            "(e.g. model.device=cuda:0)."
+        )
+    if not 0 <= cfg.train.seed < 2**63:
+        raise ConfigError(
+            f"train.seed={cfg.train.seed} is out of range: it must be >= 0 and < 2**63 (e.g. train.seed=42)."
         )
     if cfg.rollout.group_size < 2:
         raise ConfigError(

@@ -54,6 +54,37 @@ def load_tokenizer(name_or_path: str, *, trust_remote_code: bool = False):
     return _ensure_pad(tok)
 
 
+TOKENIZER_FILES = (
+    "tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt", "spiece.model"
+)  # fmt: skip
+"""Files one of which a model folder's tokenizer is built from."""
+
+
+def load_tokenizer_checked(model_cfg: ModelConfig):
+    """The model's tokenizer, loaded before the model (to measure the prompts); a folder without tokenizer
+    files, one that fails to load, or a vocabulary of fewer than two tokens is a ConfigError."""
+    path = model_cfg.name_or_path
+    key = f"model.name_or_path={path!r}"
+    local = Path(path).expanduser()
+    if local.is_dir() and not any((local / name).is_file() for name in TOKENIZER_FILES):
+        raise ConfigError(
+            f"{key}: no tokenizer files there ({', '.join(TOKENIZER_FILES[:3])}, ...); copy in the tokenizer the "
+            "model was trained with (tokenizer.save_pretrained(folder))."
+        )
+    try:
+        tokenizer = load_tokenizer(path, trust_remote_code=model_cfg.trust_remote_code)
+    except ConfigError as e:
+        raise ConfigError(f"{key}: {e}") from None
+    except Exception as e:  # noqa: BLE001 - transformers and tokenizers raise many types here
+        first = str(e).strip().splitlines()[0][:200] if str(e).strip() else ""
+        raise ConfigError(f"{key}: its tokenizer does not load ({type(e).__name__}: {first}).") from None
+    if len(tokenizer) < 2:
+        raise ConfigError(
+            f"{key}: its tokenizer has {len(tokenizer)} token(s); the tokenizer files are incomplete or damaged."
+        )
+    return tokenizer
+
+
 def check_tokenizer_fits(model, tokenizer, where: str) -> None:
     """Refuse a tokenizer that can produce ids the model has no embedding row for."""
     rows = model.get_input_embeddings().weight.shape[0]
@@ -132,6 +163,7 @@ def read_model_config(model_cfg: ModelConfig) -> dict:
         config_file = local / "config.json"
         if not config_file.is_file():
             raise ConfigError(f"{key}: no config.json there; is it a Hugging Face model directory?")
+        check_weight_files(local, key)
         return _read_json(config_file, key)
     cached = _cached_config(path)
     local_copy = (
@@ -161,6 +193,36 @@ def read_model_config(model_cfg: ModelConfig) -> dict:
         )
         return _read_json(cached, key)
     return _read_json(cached or _download_config(path, key), key)
+
+
+def check_weight_files(folder: Path, key: str) -> None:
+    """A local model folder holds its weights: safetensors files whose headers parse and whose sizes
+    match them (no tensor is read), or PyTorch .bin files; an index's shards all present."""
+    from grpokit.checkpoint import safetensors_problem
+
+    if (folder / "adapter_config.json").is_file():
+        return  # a PEFT adapter folder: its base model is checked when it loads
+    for index in sorted(folder.glob("*.index.json")):
+        try:
+            shards = set(json.loads(index.read_text()).get("weight_map", {}).values())
+        except (ValueError, UnicodeDecodeError, AttributeError):
+            raise ConfigError(f"{key}: {index.name} is not valid JSON; the model folder is damaged.") from None
+        missing = sorted(s for s in shards if not (folder / s).is_file())
+        if missing:
+            raise ConfigError(
+                f"{key}: {index.name} lists {len(missing)} weight file(s) that are not there "
+                f"({', '.join(missing[:3])}); the download is incomplete: fetch the missing files."
+            )
+    weights = sorted(folder.glob("*.safetensors"))
+    if not weights and not any(folder.glob("*.bin")):
+        raise ConfigError(
+            f"{key}: no weights there (model.safetensors or pytorch_model.bin); the download is incomplete or "
+            "this is not a model folder."
+        )
+    for f in weights:
+        problem = safetensors_problem(f)
+        if problem:
+            raise ConfigError(f"{key}: {f.name}: {problem}; download it again.")
 
 
 def _download_config(repo_id: str, key: str) -> str:

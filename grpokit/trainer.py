@@ -50,6 +50,7 @@ from grpokit.loading import (
     eos_token_ids,
     frozen_reference,
     load_policy,
+    load_tokenizer_checked,
     pick_device,
     prepare_policy,
     read_model_config,
@@ -74,7 +75,7 @@ from grpokit.trl_api import fire, trl_arguments
 from grpokit.trl_names import with_trl_names
 from grpokit.update import AUTO_MICRO_TOKENS, MicroBatchMixin, peak_memory_mb  # noqa: F401
 from grpokit.update_stats import UpdateStats
-from grpokit.validate import check_positions
+from grpokit.validate import check_context, check_positions, check_tracker_login
 
 
 class GRPOTrainer(SamplingMixin, RunStateMixin, MicroBatchMixin, CriticMixin):
@@ -127,6 +128,7 @@ class GRPOTrainer(SamplingMixin, RunStateMixin, MicroBatchMixin, CriticMixin):
         )  # fmt: skip
         name_callables(cfg.rollout)  # rollout.tools given as functions (TRL's way) are kept by name
         validated(cfg)  # the CLI's checks, for a Config built in code too
+        check_tracker_login(cfg.train.report_to)  # wandb without a login fails now, not after the model loads
         self.cfg = cfg
         self.algo = resolve_algo(cfg)
         if cfg.rollout.temperature <= 0:
@@ -175,12 +177,20 @@ class GRPOTrainer(SamplingMixin, RunStateMixin, MicroBatchMixin, CriticMixin):
         self.accuracy_name, self.accuracy_why = pick_accuracy_reward(shaped, cfg.train.accuracy_reward, renamed)
         self.accuracy_fn = dict((n, f) for n, f, _ in reward_functions)[self.accuracy_name]
 
-        # the model's config.json and the checkpoint to resume from, checked before either loads
+        # the model's config.json, its tokenizer, the prompts against its positions and the checkpoint to
+        # resume from, all checked before the model loads
         if model is None:
-            check_positions(cfg, read_model_config(cfg.model), cfg.model.name_or_path)
+            model_config, source = read_model_config(cfg.model), cfg.model.name_or_path
+            self.tokenizer = load_tokenizer_checked(cfg.model)
         else:
             given_config = getattr(model, "config", None)
-            check_positions(cfg, given_config.to_dict() if given_config else None, "the given model")
+            model_config, source = (given_config.to_dict() if given_config else None), "the given model"
+            self.tokenizer = tokenizer
+        check_positions(cfg, model_config, source)
+        self.encoded = self._encode_all(self.train_rows)  # a prompt too long fails here, naming its row
+        held_out = self.eval_rows if self.eval_rows and cfg.eval.enabled else []
+        eval_lengths = [len(ids) for ids in self._encode_all(held_out)] if held_out else []
+        check_context(cfg, [len(ids) for ids in self.encoded], eval_lengths, model_config, source)
         self.resume_from = (
             self._pick_checkpoint(resume, allow_changed_config) if resume is not False else None
         )
@@ -213,8 +223,6 @@ class GRPOTrainer(SamplingMixin, RunStateMixin, MicroBatchMixin, CriticMixin):
         if self.episodes is not None:
             self.episodes.check_tokenizer(self.tokenizer)  # a template that cannot render tools or turns
 
-        # prompts are checked for length up front, so a bad row fails before any training
-        self.encoded = self._encode_all(self.train_rows)
         self.stream = PromptStream(list(range(len(self.train_rows))), cfg.train.seed, cfg.data.shuffle)
 
         # optimisation

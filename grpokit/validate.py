@@ -49,6 +49,27 @@ FREE_TO_CHANGE = {
 _POSITION_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length", "n_ctx")
 
 
+def check_tracker_login(report_to: str | list[str]) -> None:
+    """wandb in train.report_to needs a login the run can use without asking: WANDB_API_KEY, an
+    api.wandb.ai entry in ~/.netrc (``wandb login``), or WANDB_MODE=offline / disabled."""
+    names = [report_to] if isinstance(report_to, str) else list(report_to)
+    if "wandb" not in names:
+        return
+    mode = os.environ.get("WANDB_MODE", "").lower()
+    if os.environ.get("WANDB_API_KEY") or mode in ("offline", "disabled", "dryrun"):
+        return
+    netrc = Path(os.environ.get("NETRC") or Path.home() / ".netrc")
+    try:
+        if "api.wandb.ai" in netrc.read_text(errors="replace"):
+            return
+    except OSError:
+        pass
+    raise ConfigError(
+        "train.report_to includes wandb but no W&B login was found (WANDB_API_KEY, or ~/.netrc from `wandb "
+        "login`): log in, set WANDB_MODE=offline to log locally, or drop wandb from train.report_to."
+    )
+
+
 def check_output_dir(out: Path, *, resume: bool, overwrite: bool) -> None:
     """``train.output_dir`` can take this run: a folder (or a path one can be made at), and, unless
     resuming or overwriting, not one that holds another run. Changes nothing on disk."""
@@ -112,6 +133,38 @@ def check_positions(cfg: Config, model_config: dict[str, Any] | None, source: st
             raise ConfigError(
                 f"{key}={value} is beyond the model's {limit} positions ({name} in {source}'s config.json), which "
                 f"prompt and completion share: it must be < {limit} (e.g. {key}={min(256, limit // 2)})."
+            )
+
+
+def check_context(
+    cfg: Config,
+    prompt_lengths: list[int],
+    eval_lengths: list[int],
+    model_config: dict[str, Any] | None,
+    source: str,
+) -> None:
+    """Every prompt with its longest completion fits the model's positions:
+    prompt tokens + max_new_tokens <= positions, for the training rows (rollout.max_new_tokens) and the
+    held-out rows (eval.max_new_tokens); the message names the longest row and what to change."""
+    found = model_positions(model_config)
+    if found is None:
+        return
+    name, limit = found
+    eval_new = cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens
+    for what, lengths, key, new in (
+        (f"data.train={cfg.data.train!r}", prompt_lengths, "rollout.max_new_tokens", cfg.rollout.max_new_tokens),
+        (f"data.eval={cfg.data.eval!r}", eval_lengths, "eval.max_new_tokens", eval_new),
+    ):
+        if not lengths:
+            continue
+        row = max(range(len(lengths)), key=lengths.__getitem__)
+        if lengths[row] + new > limit:
+            raise ConfigError(
+                f"{what}: row index {row} has {lengths[row]} prompt tokens, and with {key}={new} that needs "
+                f"{lengths[row] + new} positions, beyond the model's {limit} positions ({name} in {source}'s "
+                "config.json). "
+                f"Shorten or drop the row (data.max_prompt_tokens={max(1, limit - new)} refuses such rows by "
+                f"name), or lower {key} to {max(1, limit - lengths[row])}."
             )
 
 
