@@ -163,8 +163,9 @@ def read_model_config(model_cfg: ModelConfig) -> dict:
         config_file = local / "config.json"
         if not config_file.is_file():
             raise ConfigError(f"{key}: no config.json there; is it a Hugging Face model directory?")
+        config = _read_json(config_file, key)
         check_weight_files(local, key)
-        return _read_json(config_file, key)
+        return config
     cached = _cached_config(path)
     local_copy = (
         f"Point model.name_or_path at a local copy (a folder with config.json), e.g. "
