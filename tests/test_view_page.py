@@ -32,7 +32,7 @@ KEYS = json.loads(
 )
 
 
-def synth_run(folder, *, steps=500, every=10, P=16, G=8, L=8, seed=0):
+def synth_run(folder, *, steps=500, every=10, P=16, G=8, L=8, seed=0, tools=False):
     """A run folder as the demo's config writes it (P=16 prompts x G=8, up to L=8 new tokens), with random
     numbers: metrics.jsonl, eval.jsonl every `every` steps and rollouts every `every` steps."""
     rng = random.Random(seed)
@@ -51,13 +51,17 @@ def synth_run(folder, *, steps=500, every=10, P=16, G=8, L=8, seed=0):
         lengths = torch.randint(3, L + 1, (N,), generator=g)
         mask = (torch.arange(L)[None, :] < lengths[:, None]).long()  # (N, L)
         ids = torch.randint(10, 40, (N, L), generator=g) * mask
+        context = None
+        if tools:  # multi-turn: tokens 1..2 of each row are a tool's answer, attended to, not generated
+            context, mask = mask, mask.clone()
+            mask[:, 1:3] = 0
         rollout = Rollout(
             prompt_ids=torch.randint(10, 40, (N, 4), generator=g), prompt_mask=torch.ones(N, 4, dtype=torch.long),
             completion_ids=ids, completion_mask=mask, logprobs=-torch.rand(N, L, generator=g) * mask,
-            truncated=lengths == L,
+            truncated=lengths == L, context_mask=context,
         )  # fmt: skip
         rewards = (torch.rand(N, generator=g) < 0.3).float()
-        texts = tok.batch_decode(ids * mask)
+        texts = tok.batch_decode(ids)
         batch = ScoredBatch(
             rollout=rollout, rows=[{"prompt": f"{i}+{i}="} for i in range(N)], texts=texts, rewards=rewards,
             per_function={"math_accuracy": rewards.tolist()}, reward_metrics={},
@@ -139,3 +143,21 @@ def test_serve(tmp_path):
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def test_multi_turn_rows_show_tool_tokens_masked(tmp_path):
+    """A multi-turn row holds the tools' tokens too (loss_mask 0): the page keeps every token, in order."""
+    from grpokit.view.data import read_run
+
+    run = synth_run(tmp_path / "run", steps=10, every=10, P=2, G=4, tools=True)
+    step = read_run(run)["steps"][0]
+    offsets = step["tokens"]["offsets"]
+    widths = [b - a for a, b in zip(offsets, offsets[1:])]
+    lengths = step["rows"]["length"]
+    assert all(w == n + 2 for w, n in zip(widths, lengths))  # the model's tokens plus the tool's two
+    import base64
+
+    import numpy as np
+
+    loss_mask = np.frombuffer(base64.b64decode(step["tokens"]["fields"]["loss_mask"]), "<f4")
+    assert [loss_mask[a + 1 : a + 3].tolist() for a in offsets[:-1]] == [[0.0, 0.0]] * len(widths)

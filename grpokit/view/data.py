@@ -80,9 +80,11 @@ def step_view(path: Path, vocab: dict[int, str], *, max_groups: int | None = Non
         table = table.slice(0, max_groups * G)
     cols = table.to_pydict()
     N = table.num_rows
-    lengths = cols["length"]
-    T = max(lengths) if lengths else 1
-    mask = torch.zeros(N, T)  # (N, T) generated tokens
+    # tokens per row: the model's, and in multi-turn rows the tools' too (loss_mask 0 there); "length"
+    # counts the model's only
+    widths = [len(ids) for ids in cols["token_ids"]]
+    T = max(widths, default=1)
+    mask = torch.zeros(N, T)  # (N, T) the row's saved tokens
 
     def padded(key: str, default: float = float("nan")) -> torch.Tensor:
         out = torch.full((N, T), default)
@@ -91,7 +93,7 @@ def step_view(path: Path, vocab: dict[int, str], *, max_groups: int | None = Non
                 out[i, : len(values)] = torch.tensor([math.nan if v is None else v for v in values])
         return out  # (N, T)
 
-    for i, n in enumerate(lengths):
+    for i, n in enumerate(widths):
         mask[i, :n] = 1
     logp, old, adv = padded("logprobs", 0.0), padded("old_logprobs", 0.0), padded("advantages", 0.0)
     has_ref = any(v is not None for v in cols["ref_logprobs"])
@@ -103,7 +105,7 @@ def step_view(path: Path, vocab: dict[int, str], *, max_groups: int | None = Non
         "logprobs": logp, "old_logprobs": old,
         "ref_logprobs": ref if ref is not None else torch.full((N, T), math.nan),
         "entropy": padded("entropy"), "advantages": adv, "ratio": terms["ratio"],
-        "adv_x_ratio": adv * terms["ratio"], "clip": terms["clip"], "kl": terms["kl"],
+        "adv_x_ratio": adv * terms["ratio"], "clip": padded("clip", 0.0), "kl": terms["kl"],
         "loss": terms["loss"], "step_rewards": padded("step_rewards"), "pg": terms["pg"],
     }  # fmt: skip
     for ids, texts in zip(cols["token_ids"], cols["tokens"]):
@@ -112,7 +114,7 @@ def step_view(path: Path, vocab: dict[int, str], *, max_groups: int | None = Non
     rows = {
         "group": cols["group"], "index": cols["index"], "prompt": cols["prompt"],
         "completion": cols["completion"], "reward": cols["reward"], "advantage": cols["advantage"],
-        "length": lengths, "truncated": cols["truncated"],
+        "length": cols["length"], "truncated": cols["truncated"],
         "rewards": {name: cols[f"reward/{name}"] for name in reward_names},
     }  # fmt: skip
     groups = [_group_view(g, G, cols, per_token, loss_mask, meta, reward_names) for g in range(N // G)]
@@ -124,7 +126,7 @@ def step_view(path: Path, vocab: dict[int, str], *, max_groups: int | None = Non
         "rows": rows,
         "groups": groups,
         "totals": _step_totals(per_token, loss_mask, kw, N // G, G, cols["reward"]),
-        "tokens": _pack(cols["token_ids"], lengths, per_token, loss_mask),
+        "tokens": _pack(cols["token_ids"], widths, per_token, loss_mask),
     }
 
 
