@@ -216,6 +216,12 @@ class PromptStream:
         self._order = self._permutation()
 
 
+def step_seed(seed: int, step: int, round_: int) -> int:
+    """The sampling seed of a step's sampling round (round 0 also orders the update's mini-batches): a pure
+    function of (train.seed, step, round), so a resumed run reproduces the same samples."""
+    return (seed * 1_000_003 + step * 101 + round_) % 2**31
+
+
 def length_sorted(index: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
     """``index`` (M,) reordered by ``lengths[index]`` (stable), so that consecutive micro-batches hold
     rows of similar length and each, trimmed to its own longest row, carries little padding. The loss

@@ -23,8 +23,12 @@ import os
 import signal
 import sys
 import time
-import traceback
 from pathlib import Path
+
+# shared with the other commands' modules (grpokit.pipeline_cli, grpokit.rejection), which sit below this one
+from grpokit.cli_args import config_args as _config_args
+from grpokit.cli_args import debug_on as _debug
+from grpokit.cli_args import fail as _fail
 
 
 def _print_table(before: float | None, after: float | None) -> None:
@@ -38,18 +42,6 @@ def _print_table(before: float | None, after: float | None) -> None:
     if before is not None and after is not None:
         table.add_row(f"{before:.1%}", f"{after:.1%}", f"{after - before:+.1%}")
     Console(stderr=True).print(table)
-
-
-def _debug(args: argparse.Namespace) -> bool:
-    return bool(getattr(args, "debug", False)) or os.environ.get("GRPOKIT_DEBUG", "") not in ("", "0")
-
-
-def _fail(args: argparse.Namespace, message: str, code: int) -> int:
-    """Print a one-line error (and, with --debug, the traceback of the exception being handled)."""
-    if _debug(args):
-        traceback.print_exc()
-    print(f"grpokit: {message}", file=sys.stderr)
-    return code
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -79,29 +71,6 @@ def cmd_train(args: argparse.Namespace) -> int:
     except ConfigError as e:
         return _fail(args, f"config error: {e}", 2)
     return _run(cfg, args)
-
-
-def _config_args(args: argparse.Namespace) -> tuple[str | None, list[str]]:
-    """(config path, overrides) from ``[CONFIG.yaml] key=value ...`` and ``--config PATH``."""
-    from grpokit.config import ConfigError
-
-    overrides = list(args.overrides)
-    config_path = None
-    if overrides and "=" not in overrides[0]:
-        config_path = overrides.pop(0)
-    given = getattr(args, "config", None)
-    if given is not None:
-        if config_path is not None:
-            raise ConfigError(
-                f"two config files: --config {given} and {config_path}; give one (either form works)."
-            )
-        config_path = given
-    for text in overrides:
-        if "=" not in text:
-            raise ConfigError(
-                f"{text!r} is neither the config file (it comes first) nor a key=value override."
-            )
-    return config_path, overrides
 
 
 def describe_config(cfg) -> str:
@@ -182,16 +151,17 @@ def _demo_config(overrides: list[str], build: bool = True):
     overrides are checked first: building the model takes minutes the first time. build=False: the
     config with placeholders for the demo's model and data paths, nothing built."""
     from grpokit.config import apply_overrides, config_from_dict
-    from grpokit.demo import cache_root, demo_overrides, demo_variant, prepare_variant
+    from grpokit.demo import cache_root
+    from grpokit.demo_variants import demo_variant, prepare_variant, variant_overrides
     from grpokit.distributed import node_lock
 
     variant, overrides = demo_variant(overrides)  # data.train=demo_steps: the process-reward variant
     placeholders = {name: Path(f"<demo {name}>") for name in ("model", "train", "eval")}
-    checked = config_from_dict(apply_overrides(demo_overrides(placeholders, variant), overrides))
+    checked = config_from_dict(apply_overrides(variant_overrides(placeholders, variant), overrides))
     if not build:
         return checked
     with node_lock(cache_root() / "demo.lock"):  # torchrun: one rank builds the warm start, the rest reuse it
-        values = demo_overrides(prepare_variant(variant, log=lambda m: print(m, file=sys.stderr)), variant)
+        values = variant_overrides(prepare_variant(variant, log=lambda m: print(m, file=sys.stderr)), variant)
     return config_from_dict(apply_overrides(values, overrides))
 
 

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from grpokit.config_checks import build_config, check_config
+from grpokit.config_checks import KV_CACHES, build_config, check_config  # noqa: F401 (KV_CACHES re-exported)
 from grpokit.errors import ConfigError
 from grpokit.yaml_io import parse_value, read_yaml_file
 
@@ -83,10 +83,6 @@ class DataConfig:
     """Shuffle the training prompts each pass (seeded)."""
     eval_limit: int | None = None
     """Evaluate on at most this many held-out rows."""
-
-
-KV_CACHES = ("auto", "static", "dynamic")
-"""rollout.kv_cache choices (grpokit.decode.make_engine)."""
 
 
 @dataclass

@@ -1,11 +1,15 @@
 """Building a Config from nested mappings and checking it: types, unknown keys (with the nearest valid
 one), numeric ranges (RANGES, plus the algo.* ranges read from grpokit.algos.AlgoSettings) and choices.
-``grpokit.config`` holds the config's sections; this module holds the rules their values must follow."""
+``grpokit.config`` holds the config's sections; this module holds the rules their values must follow,
+every section's (the KV caches, the trackers of train.report_to, critic.* needing a critic-based
+estimator). It imports nothing of grpokit but errors and, inside functions, grpokit.algos (lazily: it
+imports torch, which a config check does not otherwise need)."""
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
+import importlib.util
 import os
 import re
 import types
@@ -17,6 +21,78 @@ from grpokit.yaml_io import plain
 
 if TYPE_CHECKING:
     from grpokit.config import AlgoConfig, Config
+
+
+KV_CACHES = ("auto", "static", "dynamic")
+"""rollout.kv_cache: the fast engine's KV cache (grpokit.decode)."""
+
+REPORT_TO: dict[str, tuple[str, str]] = {
+    "tensorboard": ("tensorboard", "pip install tensorboard"),
+    "wandb": ("wandb", "pip install 'grpokit[wandb]'"),
+    "mlflow": ("mlflow", "pip install 'grpokit[mlflow]'"),
+    "none": ("", ""),
+}
+"""train.report_to: tracker name -> (the package it needs, how to install it) (grpokit.runlog logs to them)."""
+
+
+def check_report_to(report_to: str | list[str] | tuple[str, ...], key: str = "train.report_to") -> list[str]:
+    """The trackers named by ``report_to`` ("wandb", ["tensorboard", "mlflow"], "none"), deduplicated, in
+    order. Raises ValueError naming ``key`` for an unknown name or a tracker whose package is missing,
+    with the pip command that installs it. Imports nothing (the packages take seconds to import)."""
+    names = [report_to] if isinstance(report_to, str) else list(report_to)
+    chosen: list[str] = []
+    for name in names:
+        if name not in REPORT_TO:
+            raise ValueError(
+                f"{key}={name!r} is not one of {list(REPORT_TO)} (e.g. {key}=[tensorboard,wandb])."
+            )
+        module, pip = REPORT_TO[name]
+        if module and importlib.util.find_spec(module) is None:
+            raise ValueError(f"{key}={name!r} needs the {module} package, which is not installed: {pip}")
+        if name != "none" and name not in chosen:
+            chosen.append(name)
+    return chosen
+
+
+def check_critic(cfg: Config) -> None:
+    """critic.* settings with an algorithm that trains no critic would be silently ignored: refuse them."""
+    from grpokit.algos import PRESETS  # lazy: grpokit.algos imports torch
+
+    preset = PRESETS.get(cfg.algo.preset)
+    try:
+        algo = preset.override(advantage=cfg.algo.advantage) if preset is not None else None
+    except ValueError:
+        return  # a bad estimator name is reported by its own check
+    if algo is None or algo.uses_critic:
+        return
+    changed = [
+        f"critic.{f.name}={getattr(cfg.critic, f.name)!r}"
+        for f in dataclasses.fields(cfg.critic)
+        if getattr(cfg.critic, f.name) != f.default
+    ]
+    if changed:
+        raise ConfigError(
+            f"{', '.join(changed)}: algo.preset={cfg.algo.preset} (advantage {algo.advantage.estimator}) "
+            "trains no critic, so these settings would be ignored. Use algo.preset=ppo (or algo.advantage=gae) "
+            "to train one, or remove the critic.* settings."
+        )
+
+
+def check_algo_knobs(cfg: Config) -> None:
+    """algo.* knobs set explicitly that could not take effect (grpokit.algos.AlgoSettings.ineffective):
+    refused now, not silently ignored, nor refused at the first step."""
+    from grpokit.algos import KNOBS, PRESETS  # lazy: grpokit.algos imports torch
+
+    given = {key: getattr(cfg.algo, key) for key in KNOBS if getattr(cfg.algo, key) is not None}
+    try:
+        settings = PRESETS[cfg.algo.preset].override(**given)
+    except (KeyError, ValueError):
+        return  # a bad preset or value is reported by its own check
+    problems = settings.ineffective(set(given))
+    if problems:
+        raise ConfigError(
+            f"{problems[0]} (algo.preset={cfg.algo.preset}). Remove the setting or change the algorithm."
+        )
 
 
 def _nearest(name: str, options: list[str]) -> str:
@@ -197,8 +273,6 @@ def _algo_choices(algo: AlgoConfig) -> dict[str, tuple[Any, list[Any]]]:
 
 def check_config(cfg: Config) -> None:
     """Ranges, choices and the cross-setting rules; the first problem raises ConfigError."""
-    from grpokit.config import KV_CACHES
-
     _check_ranges(cfg)
     choices = {
         "model.dtype": (cfg.model.dtype, ["auto", "float32", "bfloat16", "float16"]),
@@ -225,9 +299,8 @@ def check_config(cfg: Config) -> None:
         raise ConfigError(
             f"algo.preset={cfg.algo.preset!r} is not a known preset.{_nearest(cfg.algo.preset, list(PRESETS))}"
         )
-    from grpokit.critic import check_critic_config
-
-    check_critic_config(cfg)  # critic.* settings need an algorithm that trains a critic
+    check_critic(cfg)  # critic.* settings need an algorithm that trains a critic
+    check_algo_knobs(cfg)  # algo.* knobs the chosen estimator, loss or batch settings would ignore
     if cfg.optim.micro_batch_size != "auto" and (
         not isinstance(cfg.optim.micro_batch_size, int) or cfg.optim.micro_batch_size < 1
     ):
@@ -257,8 +330,6 @@ def check_config(cfg: Config) -> None:
         )
     if not cfg.rewards:
         raise ConfigError("rewards: at least one reward function is needed.")
-    from grpokit.runlog import check_report_to
-
     try:
         check_report_to(cfg.train.report_to)
     except ValueError as e:

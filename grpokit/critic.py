@@ -9,15 +9,16 @@ trained in full, PEFT's modules_to_save).
 
 In one step (grpokit.trainer, ``train_step``):
 
-    values  = V(s_t) of the sampled completions, no gradient           critic_values       (N, Lc)
+    values  = V(s_t) of the sampled completions, no gradient           Critic.values       (N, Lc)
     A, R    = GAE over r_t = score at EOS - kl_reward_coef * k1_t      algos.ppo.gae_targets (R = A + V)
     policy  : the clipped loss on whitened A (skipped for critic.warmup_steps steps)
     critic  : 0.5 * max((V - R)^2, (clip(V, V_old +- c) - R)^2), token-mean over each mini-batch, over the
               policy's epochs and mini-batches (the same rows in the same order), its own AdamW (critic.lr)
 
 V(s_t) is read at the position whose hidden state predicts completion token t (the state before t), as
-OpenRLHF and TRL do; the value after the last token is 0 (terminal). ``CriticMixin`` holds the trainer's
-side; a run without a critic-based estimator has ``trainer.critic = trainer.critic_optimizer = None``.
+OpenRLHF and TRL do; the value after the last token is 0 (terminal). ``Critic`` is the part a trainer
+composes (its interface in its docstring); a run without a critic-based estimator has none, and
+``trainer.critic = trainer.critic_optimizer = None``.
 """
 
 from __future__ import annotations
@@ -33,37 +34,16 @@ from torch import Tensor
 
 from grpokit.algos import AdvantageInputs, kl_estimate
 from grpokit.algos.ppo import explained_variance, gae_targets, value_loss
-from grpokit.batch import length_sorted
+from grpokit.batch import length_sorted, step_seed
+from grpokit.checkpoint import load_weights_into
+from grpokit.distributed import Distributed
 from grpokit.errors import ConfigError, TrainingError
+from grpokit.learner import Learner
 from grpokit.modeling import base_model
+from grpokit.update import loss_mask, micro_tensors, mini_batch_order, rows_no_grad
 
 CRITIC_DIR = "critic"
 """The critic's Hugging Face folder inside each checkpoint."""
-
-
-def check_critic_config(cfg) -> None:
-    """critic.* settings with an algorithm that trains no critic would be silently ignored: refuse them."""
-    from grpokit.algos import PRESETS
-    from grpokit.config import CriticConfig
-
-    preset = PRESETS.get(cfg.algo.preset)
-    try:
-        algo = preset.override(advantage=cfg.algo.advantage) if preset is not None else None
-    except ValueError:
-        return  # a bad estimator name is reported by its own check
-    if algo is None or algo.uses_critic:
-        return
-    changed = [
-        f"critic.{f.name}={getattr(cfg.critic, f.name)!r}"
-        for f in dataclasses.fields(CriticConfig)
-        if getattr(cfg.critic, f.name) != f.default
-    ]
-    if changed:
-        raise ConfigError(
-            f"{', '.join(changed)}: algo.preset={cfg.algo.preset} (advantage {algo.advantage.estimator}) "
-            "trains no critic, so these settings would be ignored. Use algo.preset=ppo (or algo.advantage=gae) "
-            "to train one, or remove the critic.* settings."
-        )
 
 
 def _head(critic: torch.nn.Module) -> torch.nn.Module:
@@ -171,127 +151,162 @@ def completion_values(
     return torch.where(completion_mask.bool(), values, 0.0)  # (N, Lc)
 
 
-class CriticMixin:
-    """GRPOTrainer's critic: built with the policy, its values before the update, its own update after the
-    policy's, its checkpoint folder and optimizer state. Without a critic-based estimator every hook is a
-    no-op and ``critic`` / ``critic_optimizer`` are None."""
+class Critic:
+    """PPO's critic as a part: its own ``Learner`` (the value model, an AdamW at critic.lr with the policy's
+    schedule, its loss scaler; micro-batch sizing shared with the policy's learner) and the value loss.
 
-    critic: torch.nn.Module | None = None
-    critic_optimizer: torch.optim.Optimizer | None = None
+        critic = Critic.build(policy_learner, cfg, algo, dist)        # only when algo.uses_critic
+        values  = critic.values(rollout)                              # (N, Lc) before the update, no grad
+        metrics = critic.update(batch, values, old, ref, step=s)      # critic/* metrics
+        critic.policy_trains(step)     False during critic.warmup_steps (only the critic learns then)
+        critic.folders() / critic.state() / critic.load(state, checkpoint)   # checkpoints
+    """
 
-    def _setup_critic(self) -> None:
-        from grpokit.precision import make_grad_scaler, make_optimizer
+    def __init__(
+        self,
+        learner: Learner,
+        critic_cfg,
+        optim,
+        *,
+        seed: int,
+        kl_coef: float,
+        gamma: float,
+        lam: float,
+        group_size: int,
+        mask_truncated: bool,
+    ):
+        self.learner = learner
+        self.cfg, self.optim, self.seed = critic_cfg, optim, seed
+        self.kl_coef, self.gamma, self.lam = kl_coef, gamma, lam
+        self.group_size, self.mask_truncated = group_size, mask_truncated
 
-        self.critic = self.critic_optimizer = self.critic_scheduler = self.critic_scaler = None
-        if not self.algo.uses_critic:
-            return
-        if self.dist.active:
+    @classmethod
+    def build(cls, policy: Learner, cfg, algo, dist: Distributed) -> Critic:
+        """The critic of ``policy`` (grpokit.learner.Learner) for ``cfg``/``algo`` (algo.uses_critic)."""
+        if dist.active:
             raise ConfigError(
                 "a critic (algo.preset=ppo / algo.advantage=gae) is not supported under torchrun yet: run it "
                 "in one process"
             )
-        cfg = self.cfg
-        self.critic = build_critic(self.model, cfg, self.precision.weight_dtype, self.device)
-        params = [p for p in self.critic.parameters() if p.requires_grad]
-        critic_optim = dataclasses.replace(cfg.optim, lr=cfg.critic.lr)
-        self.critic_optimizer = make_optimizer(params, self.precision, critic_optim, self.device)
-        self.critic_scheduler = torch.optim.lr_scheduler.LambdaLR(self.critic_optimizer, self._lr_factor)
-        self.critic_scaler = make_grad_scaler(self.precision, self.device)
+        model = build_critic(policy.model, cfg, policy.precision.weight_dtype, policy.device)
+        learner = Learner(
+            model,
+            policy.precision,
+            policy.device,
+            dataclasses.replace(cfg.optim, lr=cfg.critic.lr),
+            dist,
+            total_steps=cfg.train.steps,
+            micro=policy.micro,  # one micro-batch size (and OOM cap) for both models
+            say=policy.say,
+        )
         if cfg.critic.warmup_steps:
             # the policy's schedule counts every step, warm-up included; PyTorch would warn that its first
             # scheduler steps come before any optimizer step, which is what critic warm-up means
             warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler.step\(\)` before")
+        return cls(
+            learner,
+            cfg.critic,
+            cfg.optim,
+            seed=cfg.train.seed,
+            kl_coef=algo.kl.reward_coef,
+            gamma=algo.gae.gamma,
+            lam=algo.gae.lam,
+            group_size=cfg.rollout.group_size,
+            mask_truncated=algo.batch.mask_truncated,
+        )
 
-    def policy_trains(self) -> bool:
+    @property
+    def model(self) -> torch.nn.Module:
+        return self.learner.model
+
+    def policy_trains(self, step: int) -> bool:
         """False during the critic's warm-up (critic.warmup_steps): only the critic is updated then."""
-        return self.critic is None or self.step >= self.cfg.critic.warmup_steps
+        return step >= self.cfg.warmup_steps
 
     @torch.no_grad()
-    def critic_values(self, r) -> Tensor | None:
-        """(N, Lc) V(s_t) of the rollout ``r`` under the critic before any update (on the CPU), or None."""
-        if self.critic is None:
-            return None
-        self.critic.eval()
-        return self._rows_no_grad(  # (N, Lc)
+    def values(self, r) -> Tensor:
+        """(N, Lc) V(s_t) of the rollout ``r`` under the critic before any update (on the CPU)."""
+        self.model.eval()
+        return rows_no_grad(  # (N, Lc)
+            self.learner,
             r,
             lambda t: completion_values(
-                self.critic, t["prompt_ids"], t["prompt_mask"], t["completion_ids"], t["completion_mask"],
+                self.model,
+                t["prompt_ids"],
+                t["prompt_mask"],
+                t["completion_ids"],
+                t["completion_mask"],
                 t.get("context_mask"),
             ),
         )
 
-    def critic_returns(self, batch, values: Tensor, old_logprobs, ref_logprobs) -> Tensor:
+    def returns(self, batch, values: Tensor, old_logprobs, ref_logprobs) -> Tensor:
         """(N, Lc) the critic's targets R = A + V, GAE over the per-token rewards the advantages used."""
-        kl_coef = self.algo.kl.reward_coef
-        kl = kl_estimate(old_logprobs, ref_logprobs, "k1") if kl_coef > 0 else None  # (N, Lc)
+        kl = kl_estimate(old_logprobs, ref_logprobs, "k1") if self.kl_coef > 0 else None  # (N, Lc)
         inputs = AdvantageInputs(
             rewards=batch.rewards,
-            group_size=self.cfg.rollout.group_size,
+            group_size=self.group_size,
             completion_mask=batch.rollout.completion_mask,
             kl=kl,
-            kl_coef=kl_coef,
+            kl_coef=self.kl_coef,
             values=values,
-            gamma=self.algo.gae.gamma,
-            lam=self.algo.gae.lam,
+            gamma=self.gamma,
+            lam=self.lam,
         )
         return gae_targets(inputs)[1]
 
-    def critic_update(self, batch, values: Tensor | None, old_logprobs, ref_logprobs) -> dict[str, float]:
+    def update(self, batch, values: Tensor, old_logprobs, ref_logprobs, *, step: int) -> dict[str, float]:
         """The critic's clipped value loss over the policy update's epochs and mini-batches (the same rows,
-        the same order), one critic optimizer step per mini-batch. Returns critic/* metrics ({} without a
-        critic; during warm-up also lr and the kl of the samples, as the policy update would log them)."""
-        if self.critic is None:
-            return {}
-        cfg, r = self.cfg, batch.rollout
-        returns = self.critic_returns(batch, values, old_logprobs, ref_logprobs)  # (N, Lc)
-        loss_mask = self._loss_mask(r)  # (N, Lc): the tokens the policy's loss trains on
+        the same order), one critic optimizer step per mini-batch. Returns critic/* metrics."""
+        r, learner = batch.rollout, self.learner
+        returns = self.returns(batch, values, old_logprobs, ref_logprobs)  # (N, Lc)
+        mask = loss_mask(r, self.mask_truncated)  # (N, Lc): the tokens the policy's loss trains on
         lengths = r.row_lengths  # (N,)
         sums = {"loss": 0.0, "clipped": 0.0, "tokens": 0.0}
         norms: list[float] = []
-        self.critic.train()
-        for mb in self._mini_batch_order(r.completion_ids.shape[0]):  # the policy update's rows and order
-            part, finite = self._with_micro_retry(
-                lambda rows, mb=mb: self._critic_gradients(r, mb, rows, values, returns, loss_mask, lengths),
+        self.model.train()
+        order = mini_batch_order(r.completion_ids.shape[0], self.optim, step_seed(self.seed, step, 0))
+        for mb in order:  # the policy update's rows and order
+            part, finite = learner.run_micro(
+                lambda rows, mb=mb: self._gradients(r, mb, rows, values, returns, mask, lengths),
                 lengths[mb],
             )
-            norm = self._clip_and_step(
-                finite, self.critic, self.critic_optimizer, self.critic_scaler, label="critic update"
-            )
+            norm = learner.clip_and_step(finite, step, label="critic update")
             if norm is not None:
                 norms.append(norm)
             for k in sums:
                 sums[k] += part[k]
-        mask = loss_mask.bool()
+        trained = mask.bool()
         metrics = {
-            "critic/value_loss": sums["loss"] / (cfg.optim.epochs * cfg.optim.mini_batches),
+            "critic/value_loss": sums["loss"] / (self.optim.epochs * self.optim.mini_batches),
             "critic/value_clipfrac": sums["clipped"] / max(sums["tokens"], 1.0),
-            "critic/values_mean": float(values[mask].mean()) if mask.any() else float("nan"),
-            "critic/returns_mean": float(returns[mask].mean()) if mask.any() else float("nan"),
-            "critic/explained_variance": float(explained_variance(values, returns, mask)),
+            "critic/values_mean": float(values[trained].mean()) if trained.any() else float("nan"),
+            "critic/returns_mean": float(returns[trained].mean()) if trained.any() else float("nan"),
+            "critic/explained_variance": float(explained_variance(values, returns, trained)),
             "critic/grad_norm": sum(norms) / len(norms) if norms else float("nan"),
-            "critic/lr": self.critic_scheduler.get_last_lr()[0],
-            "critic/warmup": float(not self.policy_trains()),
+            "critic/lr": learner.scheduler.get_last_lr()[0],
+            "critic/warmup": float(not self.policy_trains(step)),
         }
-        self.critic_scheduler.step()
-        if not self.policy_trains():  # the policy update, which logs these, was skipped
-            metrics["lr"] = self.scheduler.get_last_lr()[0]
-            if ref_logprobs is not None and old_logprobs is not None:
-                kl = kl_estimate(old_logprobs, ref_logprobs, self.algo.kl.kind)  # (N, Lc)
-                metrics["kl"] = float(kl[mask].mean()) if mask.any() else 0.0
+        learner.scheduler.step()
         return metrics
 
-    def _critic_gradients(self, r, mb, rows, values, returns, loss_mask, lengths) -> tuple[dict, bool]:
+    def _gradients(self, r, mb, rows, values, returns, mask, lengths) -> tuple[dict, bool]:
         """Accumulate the value-loss gradient of mini-batch ``mb`` over micro-batches of ``rows`` rows; the
         normaliser is the mini-batch's token count, so the split never changes the gradient."""
-        self.critic_optimizer.zero_grad(set_to_none=True)  # an out-of-memory retry starts afresh
-        d, crit = self.device, self.cfg.critic
-        num_tokens = loss_mask[mb].sum().clamp(min=1).to(d)
+        learner = self.learner
+        learner.optimizer.zero_grad(set_to_none=True)  # an out-of-memory retry starts afresh
+        d = learner.device
+        num_tokens = mask[mb].sum().clamp(min=1).to(d)
         part = {"loss": 0.0, "clipped": 0.0, "tokens": 0.0}
         for micro in length_sorted(mb, lengths).split(rows):
-            t = self._micro_tensors(r, micro, loss_mask)
-            with self.precision.autocast(d):
+            t = micro_tensors(r, micro, mask, d)
+            with learner.precision.autocast(d):
                 v = completion_values(
-                    self.critic, t["prompt_ids"], t["prompt_mask"], t["completion_ids"], t["completion_mask"],
+                    self.model,
+                    t["prompt_ids"],
+                    t["prompt_mask"],
+                    t["completion_ids"],
+                    t["completion_mask"],
                     t.get("context_mask"),
                 )  # (n, L)
             width = v.shape[1]
@@ -300,13 +315,12 @@ class CriticMixin:
                 values[micro][:, :width].to(d),
                 returns[micro][:, :width].to(d),
                 t["loss_mask"],
-                crit.cliprange_value,
+                self.cfg.cliprange_value,
                 num_tokens=num_tokens,
             )
             if not torch.isfinite(loss):
                 return part, False
-            scaled = loss * crit.value_coef
-            (self.critic_scaler.scale(scaled) if self.critic_scaler is not None else scaled).backward()
+            learner.backward(loss * self.cfg.value_coef)
             part["loss"] += float(loss.detach())
             part["clipped"] += float(stats["vf_clip_frac"]) * float(stats["num_tokens"])
             part["tokens"] += float(stats["num_tokens"])
@@ -314,26 +328,21 @@ class CriticMixin:
 
     # ----------------------------------------------------------------------------- checkpoints
 
-    def critic_folders(self) -> dict[str, torch.nn.Module]:
-        """{"critic": the critic} to save as a Hugging Face folder inside each checkpoint, or {}."""
-        return {CRITIC_DIR: self.critic} if self.critic is not None else {}
+    def folders(self) -> dict[str, torch.nn.Module]:
+        """{"critic": the critic}, saved as a Hugging Face folder inside each checkpoint."""
+        return {CRITIC_DIR: self.model}
 
-    def critic_state(self) -> dict[str, Any] | None:
-        """The critic's optimizer, scheduler and loss-scaler states (trainer_state.pt["critic"]), or None."""
-        if self.critic is None:
-            return None
+    def state(self) -> dict[str, Any]:
+        """The critic's optimizer, scheduler and loss-scaler states (trainer_state.pt["critic"])."""
+        learner = self.learner
         return {
-            "optimizer": self.critic_optimizer.state_dict(),
-            "scheduler": self.critic_scheduler.state_dict(),
-            "scaler": self.critic_scaler.state_dict() if self.critic_scaler is not None else None,
+            "optimizer": learner.optimizer.state_dict(),
+            "scheduler": learner.scheduler.state_dict(),
+            "scaler": learner.scaler.state_dict() if learner.scaler is not None else None,
         }
 
-    def resume_critic(self, state: dict[str, Any], checkpoint: Path) -> None:
+    def load(self, state: dict[str, Any], checkpoint: Path) -> None:
         """Load the critic's weights (checkpoint/critic) and optimizer state, exactly as saved."""
-        if self.critic is None:
-            return
-        from grpokit.checkpoint import load_weights_into
-
         folder = Path(checkpoint) / CRITIC_DIR
         if not folder.is_dir() or not state.get("critic"):
             raise TrainingError(
@@ -341,8 +350,9 @@ class CriticMixin:
                 "without one. Resume it with its own algorithm, or start a PPO run from its weights "
                 "(model.name_or_path) in a new output folder."
             )
-        load_weights_into(self.critic, folder)
-        self.critic_optimizer.load_state_dict(state["critic"]["optimizer"])
-        self.critic_scheduler.load_state_dict(state["critic"]["scheduler"])
-        if self.critic_scaler is not None and state["critic"].get("scaler"):
-            self.critic_scaler.load_state_dict(state["critic"]["scaler"])
+        load_weights_into(self.model, folder)
+        learner, saved = self.learner, state["critic"]
+        learner.optimizer.load_state_dict(saved["optimizer"])
+        learner.scheduler.load_state_dict(saved["scheduler"])
+        if learner.scaler is not None and saved.get("scaler"):
+            learner.scaler.load_state_dict(saved["scaler"])

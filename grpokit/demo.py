@@ -213,33 +213,9 @@ def prepare_demo(
     return {"model": model_dir, "train": train_path, "eval": eval_path}
 
 
-def demo_variant(overrides: list[str]) -> tuple[str | None, list[str]]:
-    """("demo_steps", the other overrides) when the command line asks for the process-reward variant
-    (`data.train=demo_steps`), else (None, overrides)."""
-    from grpokit import demo_steps
-
-    asked = f"data.train={demo_steps.NAME}"
-    if asked not in overrides:
-        return None, overrides
-    return demo_steps.NAME, [o for o in overrides if o != asked]
-
-
-def prepare_variant(variant: str | None, log=print) -> dict[str, Path]:
-    """prepare_demo() for the default demo (variant None), else for the named variant."""
-    if variant is None:
-        return prepare_demo(log=log)
-    from grpokit import demo_steps
-
-    return demo_steps.prepare(log=log)
-
-
-def demo_overrides(paths: dict[str, Path], variant: str | None = None) -> dict:
-    """The demo run's config: GRPO on the warm-started model, scored by math_accuracy (variant None),
-    or the variant's (grpokit.demo_steps.overrides)."""
-    if variant is not None:
-        from grpokit import demo_steps
-
-        return demo_steps.overrides(paths)
+def demo_overrides(paths: dict[str, Path]) -> dict:
+    """The demo run's config: GRPO on the warm-started model, scored by math_accuracy (the variants in
+    grpokit.demo_variants start from it)."""
     return {
         "model": {"name_or_path": str(paths["model"]), "dtype": "float32", "device": "cpu"},
         "data": {

@@ -25,7 +25,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from grpokit.demo import WarmStartSpec
+from grpokit.demo import WarmStartSpec, demo_overrides, prepare_demo
 from grpokit.rewards._text import to_text
 from grpokit.rewards.process import step_ends
 
@@ -99,8 +99,6 @@ step_checks.step_rewards = True
 
 def prepare(cache: Path | None = None, log=print) -> dict[str, Path]:
     """Build (or reuse) the warm-started model and data of this variant: {"model", "train", "eval"}."""
-    from grpokit.demo import prepare_demo
-
     spec = StepsSpec()
     return prepare_demo(
         spec, cache=cache, log=log, problems=make_problems, teacher=teacher(spec), prefix=NAME
@@ -110,8 +108,6 @@ def prepare(cache: Path | None = None, log=print) -> dict[str, Path]:
 def overrides(paths: dict[str, Path]) -> dict:
     """The variant's run: the default demo's settings with GRPO process supervision, room for the running
     sums (16 new tokens instead of 8), scored by step_checks."""
-    from grpokit.demo import demo_overrides
-
     run = demo_overrides(paths)
     run["rollout"]["max_new_tokens"] = 16
     run["algo"] = {"preset": "grpo_process"}

@@ -251,7 +251,7 @@ def add_pipeline_parser(subparsers, parents: list) -> None:
 
 
 def cmd_pipeline(args) -> int:
-    from grpokit.cli import _fail
+    from grpokit.cli_args import fail as _fail
 
     try:
         if args.demo == bool(args.file):

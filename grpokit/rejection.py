@@ -558,7 +558,8 @@ def add_sample_parser(subparsers, parents: list) -> None:
 def cmd_sample(args) -> int:
     import signal
 
-    from grpokit.cli import _config_args, _fail
+    from grpokit.cli_args import config_args as _config_args
+    from grpokit.cli_args import fail as _fail
     from grpokit.data import DataError
 
     try:

@@ -1,6 +1,24 @@
-"""Start-up, resume and checkpoints of a run, its other outputs, and stopping it cleanly on a signal.
+"""The RunState: what a run keeps on disk, and stopping it cleanly on a signal. Any trainer composes one; it
+needs no sampler and no critic.
 
-``RunStateMixin`` holds the GRPOTrainer methods that read and write the output folder."""
+Owns: the output folder (``out``; its ``lock``, grpokit.output_lock, tried when the RunState is built and held
+by the trainer's train(); no run file is written there before ``start()``), the checkpoint being resumed
+(``resume_from``, picked and verified before any model loads) and the last one written (``saved``). Reads
+``dist`` (rank 0 alone writes; every rank's RNG state). A checkpoint is the model's Hugging Face folder,
+more folders (PPO's ``critic/``), and trainer_state.pt: the learner's state (grpokit.learner: optimizer,
+scheduler, scaler, precision), whatever else the trainer hands in (the prompt stream, the critic's
+optimizer), the step, the config, the world size and the RNG states.
+
+    run = RunState(cfg, dist, resume=..., overwrite=..., resolved_algo=algo)   # checks the folder (and its lock)
+    run.pick_checkpoint(resume, allow_changed_config)        # -> run.resume_from (a Path) or None
+    state = run.load_resume_state()                          # trainer_state.pt of resume_from; RNG restored
+    run.start()                                              # train() begins: config.yaml; a replaced run aside
+    run.step_logged()                                        # ... and deleted once a step of this one is logged
+    path = run.save(step, learner, tokenizer, {"stream": ...}, subfolders={"critic": critic_model})
+    run.finish(summary)                                      # summary.json and curves.png
+    run_callbacks(trainer, metrics)                          # a callback that raises: checkpoint, TrainingError
+    with StopOnSignals() as stop: ...                        # stop.signal_name after SIGINT/SIGTERM
+"""
 
 from __future__ import annotations
 
@@ -12,23 +30,23 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from grpokit.batch import ScoredBatch
 from grpokit.checkpoint import (
     CheckpointError,
     find_resumable,
     list_checkpoints,
     load_trainer_state,
-    load_weights_into,
     prune_checkpoints,
     remove_partial,
+    resumable_for_model,
     save_checkpoint,
     set_rng_state,
     verify_checkpoint,
 )
-from grpokit.config import ConfigError, save_config
+from grpokit.config import Config, ConfigError, save_config
+from grpokit.distributed import Distributed
 from grpokit.errors import TrainingError
-from grpokit.output_lock import set_aside
-from grpokit.rollout_record import sample_rows, write_rollouts
+from grpokit.learner import Learner
+from grpokit.output_lock import OutputLock, claim_output_dir, discard_aside, is_main_rank, set_aside
 from grpokit.validate import config_changes
 
 
@@ -63,57 +81,102 @@ class StopOnSignals:
         )
 
 
-class RunStateMixin:
-    """GRPOTrainer's output-folder side: the run started, checkpoints saved and resumed from, callbacks
-    (one that raises saves a checkpoint), sample tables and the curves plot."""
+def run_callbacks(trainer, metrics: dict[str, float]) -> None:
+    """``fn(step, metrics, trainer)`` for each of ``trainer.callbacks``, in order; one that raises stops the run
+    with a checkpoint (``trainer.save()``) and a TrainingError naming the callback. Reads only
+    trainer.callbacks, .step and .save."""
+    for callback in trainer.callbacks:
+        try:
+            callback(trainer.step, metrics, trainer)
+        except Exception as e:
+            name = getattr(callback, "__qualname__", repr(callback))
+            raise TrainingError(
+                f"callback {name} stopped the run at step {trainer.step}: {type(e).__name__}: {e} "
+                f"(checkpoint of step {trainer.step}: {trainer.save()})."
+            ) from e
 
-    def trainer_state(self) -> dict[str, Any]:
-        return {
-            "step": self.step,
-            "optimizer": self.dist.optimizer_state(self.model, self.optimizer),  # torchrun: consolidated
-            "scheduler": self.scheduler.state_dict(),
-            "scaler": self.scaler.state_dict() if self.scaler is not None else None,
-            "precision": self.precision.name,
-            "stream": self.stream.state(),
-            "config": dataclasses.asdict(self.cfg),
-            "world_size": self.dist.world,  # a run resumes at the same number of processes
-            "rng_ranks": self.dist.rng_states(),  # torchrun: every rank's RNG state, else None
-            "critic": self.critic_state(),  # PPO's critic optimizer/scheduler (grpokit.critic), else None
-        }
 
-    def save(self) -> Path:
-        """Checkpoint this step (once: a second call at the same step returns the same folder), then prune
-        every step_N folder but the newest train.keep_checkpoints complete ones up to this step."""
-        if self._saved is not None and self._saved[0] == self.step:
-            return self._saved[1]
-        root = self.out / "checkpoints"
-        path = root / f"step_{self.step:06d}"
-        weights, state = self.dist.full_state(self.model), self.trainer_state()  # every rank gathers
-        if self.dist.is_main:  # under torchrun rank 0 alone writes the consolidated checkpoint
-            save_checkpoint(
-                path, self.model, self.tokenizer, state, state_dict=weights, subfolders=self.critic_folders()
-            )
-            prune_checkpoints(root, self.cfg.train.keep_checkpoints, current_step=self.step)
-        self.dist.barrier()
-        self._saved = (self.step, path)
-        return path
+class RunState:
+    """A run's output folder, checkpoints and resume (see the module docstring)."""
 
-    def _start_run(self) -> None:
+    def __init__(
+        self,
+        cfg: Config,
+        dist: Distributed | None = None,
+        *,
+        resume: bool | str | Path = False,
+        overwrite: bool = False,
+        resolved_algo=None,
+    ):
+        self.cfg, self.dist = cfg, dist or Distributed()
+        self.out = Path(cfg.train.output_dir)
+        # not in use by another run now; the trainer's train() holds it (grpokit.output_lock.run_holding_lock)
+        self.lock: OutputLock = claim_output_dir(
+            self.out, resume=resume is not False, overwrite=overwrite, main=is_main_rank()
+        )
+        self.overwrite = overwrite
+        self.resolved_algo = resolved_algo  # written into config.yaml beside the config
+        self.resume_from: Path | None = None
+        self.saved: tuple[int, Path] | None = None  # (step, path) of the last checkpoint written or loaded
+
+    def start(self) -> None:
         """The run starts: only now are run files written. A run being replaced (overwrite) is moved
         aside (deleted after this run's first step, put back if it fails before), checkpoints left
-        half-written by a kill are removed, the resolved config is saved."""
+        half-written by a kill are removed, the resolved config is saved. Rank 0 only (the trainer calls it
+        through ``dist.on_main``)."""
         if self.overwrite:
             set_aside(self.out)  # deleted once this run logs its first step (grpokit.output_lock)
             self.overwrite = False  # a second train() call continues this run
         self.out.mkdir(parents=True, exist_ok=True)
         for partial in remove_partial(self.out / "checkpoints"):
             print(f"grpokit: removed {partial}, a checkpoint left half-written", file=sys.stderr)
-        save_config(self.cfg, self.out / "config.yaml", resolved_algo=self.algo)
+        save_config(self.cfg, self.out / "config.yaml", resolved_algo=self.resolved_algo)
 
-    def _pick_checkpoint(self, resume: bool | str | Path, allow_changed_config: bool) -> Path:
-        """The checkpoint to resume from, verified without loading it: the one named, or the newest
-        complete one (damaged newer ones are reported and skipped). Raises ConfigError when there is
-        none, or when the run's settings changed and allow_changed_config is False."""
+    def step_logged(self) -> None:
+        """A step of this run is logged: the run it replaced (--overwrite), set aside by start(), is deleted."""
+        if self.dist.is_main:
+            discard_aside(self.out)
+
+    def save(
+        self,
+        step: int,
+        learner: Learner,
+        tokenizer,
+        state: dict[str, Any],
+        subfolders: dict[str, Any] | None = None,
+    ) -> Path:
+        """Checkpoint ``step`` (once: a second call at the same step returns the same folder): the learner's
+        model and state, ``state`` (more trainer_state.pt entries), ``subfolders`` (more models); then prune
+        every step_N folder but the newest train.keep_checkpoints complete ones up to this step."""
+        if self.saved is not None and self.saved[0] == step:
+            return self.saved[1]
+        root = self.out / "checkpoints"
+        path = root / f"step_{step:06d}"
+        weights = self.dist.full_state(learner.model)  # every rank gathers
+        trainer_state = {
+            "step": step,
+            **learner.state(),  # optimizer (torchrun: consolidated), scheduler, scaler, precision
+            **state,
+            "config": dataclasses.asdict(self.cfg),
+            "world_size": self.dist.world,  # a run resumes at the same number of processes
+            "rng_ranks": self.dist.rng_states(),  # torchrun: every rank's RNG state, else None
+        }
+        if self.dist.is_main:  # under torchrun rank 0 alone writes the consolidated checkpoint
+            save_checkpoint(
+                path, learner.model, tokenizer, trainer_state, state_dict=weights, subfolders=subfolders
+            )
+            prune_checkpoints(root, self.cfg.train.keep_checkpoints, current_step=step)
+        self.dist.barrier()
+        self.saved = (step, path)
+        return path
+
+    def pick_checkpoint(self, resume: bool | str | Path, allow_changed_config: bool) -> Path | None:
+        """The checkpoint to resume from (None when ``resume`` is False), verified without loading it: the
+        one named, or the newest complete one (damaged newer ones are reported and skipped). Raises
+        ConfigError when there is none, or when the run's settings changed and allow_changed_config is
+        False. Sets ``resume_from``."""
+        if resume is False:
+            return None
         root = self.out / "checkpoints"
         if resume is True:
             try:
@@ -137,25 +200,25 @@ class RunStateMixin:
             )
         if changes:
             print(f"grpokit: resuming with changed settings: {'; '.join(changes)}", file=sys.stderr)
+        self.resume_from = path
         return path
 
-    def _resume(self) -> None:
-        latest = self.resume_from
-        state = load_trainer_state(latest)
-        self.dist.check_resume(state, latest)  # the same world size, or a clear refusal
-        if not self.dist.active:  # under torchrun the weights were loaded before sharding (dist.wrap)
-            load_weights_into(self.model, latest)
-        self.dist.load_optimizer(self.model, self.optimizer, state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
-        if self.scaler is not None and state.get("scaler"):
-            self.scaler.load_state_dict(state["scaler"])
-        self.resume_critic(state, latest)  # PPO's critic/ folder and optimizer (grpokit.critic)
-        self.stream.load_state(state["stream"])
-        set_rng_state(self.dist.my_rng(state))
-        self.step = state["step"]
-        self._saved = (self.step, latest)
+    def check_resumable(self, model, auto: bool) -> None:
+        """Once the model is loaded: a checkpoint whose weights are of another architecture is skipped like a
+        damaged one when the newest was asked for (``auto``), else refused (grpokit.checkpoint)."""
+        if self.resume_from is not None:
+            self.resume_from = resumable_for_model(self.resume_from, model, auto=auto)
 
-    def _previous_summary(self, summary: dict[str, Any]) -> dict[str, Any]:
+    def load_resume_state(self) -> dict[str, Any]:
+        """trainer_state.pt of ``resume_from``, checked for the world size; this rank's RNG state restored.
+        The caller hands the pieces to their parts (``learner.load_state(state)``, the stream's...)."""
+        state = load_trainer_state(self.resume_from)
+        self.dist.check_resume(state, self.resume_from)  # the same world size, or a clear refusal
+        set_rng_state(self.dist.my_rng(state))
+        self.saved = (state["step"], self.resume_from)
+        return state
+
+    def previous_summary(self, summary: dict[str, Any]) -> dict[str, Any]:
         """On resume, keep the before-training accuracy of the first leg of the run."""
         path = self.out / "summary.json"
         if "eval_accuracy_before" in summary or not path.is_file():
@@ -163,30 +226,14 @@ class RunStateMixin:
         old = json.loads(path.read_text())
         return {"eval_accuracy_before": old["eval_accuracy_before"]} if "eval_accuracy_before" in old else {}
 
-    def _run_callbacks(self, metrics: dict[str, float]) -> None:
-        for callback in self.callbacks:
-            try:
-                callback(self.step, metrics, self)
-            except Exception as e:
-                name = getattr(callback, "__qualname__", repr(callback))
-                raise TrainingError(
-                    f"callback {name} stopped the run at step {self.step}: {type(e).__name__}: {e} "
-                    f"(checkpoint of step {self.step}: {self.save()})."
-                ) from e
-
-    def _save_samples(self, batch: ScoredBatch, advantages, record) -> None:
-        """samples/step_N.jsonl: every completion with its rewards and advantage (TRL's log_completions, also a
-        W&B table); rollouts/step_N.parquet: the same with the per-token numbers ``record`` holds."""
-        G, column = self.cfg.rollout.group_size, self.cfg.data.prompt_column
-        self.log.log_samples(self.step, sample_rows(batch, advantages, G, column))
-        if record is not None:
-            write_rollouts(
-                self.out, self.step, batch, record, advantages=advantages, group_size=G,
-                prompt_column=column, tokenizer=self.tokenizer, algo=self.algo,
-            )  # fmt: skip
-
-    def _plot(self) -> None:
-        from grpokit.plots import plot_training_curves
+    def finish(self, summary: dict[str, Any], plot: bool = True) -> None:
+        """Write summary.json and (``plot``) the curves of metrics.jsonl as curves.png (rank 0)."""
+        if not self.dist.is_main:
+            return
+        (self.out / "summary.json").write_text(json.dumps(summary, indent=2))
+        if not plot:
+            return
+        from grpokit.plots import plot_training_curves  # lazy: matplotlib is slow to import, needed only here
 
         eval_path = self.out / "eval.jsonl"
         plot_training_curves(

@@ -50,6 +50,9 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Column
 
+# the trackers' names are a config rule (train.report_to), checked with the rest of the config
+from grpokit.config_checks import REPORT_TO, check_report_to  # noqa: F401 (re-exported)
+
 # The console summary: (metric key, format), in display order. Keys missing from a step are left out.
 SUMMARY_FORMATS: tuple[tuple[str, str], ...] = (
     ("reward/total/mean", "reward {:.3f}"),
@@ -63,33 +66,18 @@ SUMMARY_FORMATS: tuple[tuple[str, str], ...] = (
 _tensorboard_warned = False  # warn once per process, not once per run, when tensorboard is missing
 
 # report_to name -> (module to import, pip command that installs it)
-REPORT_TO: dict[str, tuple[str, str]] = {
-    "tensorboard": ("tensorboard", "pip install tensorboard"),
-    "wandb": ("wandb", "pip install 'grpokit[wandb]'"),
-    "mlflow": ("mlflow", "pip install 'grpokit[mlflow]'"),
-    "none": ("", ""),
-}
+class Notices:
+    """Where the training parts' one-line messages go (an OOM retry, a skipped step, a warning): the run's
+    log (``RunLogger.print``, which keeps the progress bar intact) while ``log`` is set, stderr otherwise."""
 
+    def __init__(self) -> None:
+        self.log: RunLogger | None = None
 
-def check_report_to(report_to: str | list[str] | tuple[str, ...], key: str = "train.report_to") -> list[str]:
-    """The trackers named by ``report_to`` ("wandb", ["tensorboard", "mlflow"], "none"), deduplicated, in
-    order. Raises ValueError naming ``key`` for an unknown name or a tracker whose package is missing,
-    with the pip command that installs it. Imports nothing (the packages take seconds to import)."""
-    import importlib.util
-
-    names = [report_to] if isinstance(report_to, str) else list(report_to)
-    chosen: list[str] = []
-    for name in names:
-        if name not in REPORT_TO:
-            raise ValueError(
-                f"{key}={name!r} is not one of {list(REPORT_TO)} (e.g. {key}=[tensorboard,wandb])."
-            )
-        module, pip = REPORT_TO[name]
-        if module and importlib.util.find_spec(module) is None:
-            raise ValueError(f"{key}={name!r} needs the {module} package, which is not installed: {pip}")
-        if name != "none" and name not in chosen:
-            chosen.append(name)
-    return chosen
+    def __call__(self, message: str) -> None:
+        if self.log is not None:
+            self.log.print(message)
+        else:
+            print(message, file=sys.stderr)
 
 
 class RunLogger:

@@ -29,20 +29,14 @@ from grpokit.batch import PromptStream, length_sorted
 from grpokit.config import ConfigError
 from grpokit.data import DataError
 from grpokit.distributed import Distributed
+from grpokit.learner import Learner, load_model, peak_memory_mb
 from grpokit.loading import check_tokenizer_fits, eos_token_ids, read_model_config
 from grpokit.modeling import token_logprobs
 from grpokit.output_lock import run_holding_lock
-from grpokit.run_state import StopOnSignals
+from grpokit.run_state import RunState, StopOnSignals, run_callbacks
 from grpokit.runlog import RunLogger
 from grpokit.sft_config import SFTConfig, prompt_data_config
 from grpokit.sft_data import collate, detect_format, encode_examples, load_sft_rows, prompt_rows
-from grpokit.sft_parts import (  # issue 23's parts, until they land
-    Learner,
-    RunState,
-    load_model,
-    peak_memory_mb,
-    run_callbacks,
-)
 from grpokit.validate import model_positions
 
 
@@ -186,7 +180,7 @@ class SFTTrainer:
             if self.cfg.lora.enabled:  # the next stage loads a plain model folder, not an adapter
                 summary.update(checkpoint=str(self.export_merged(self.run.out / "model")), adapter_checkpoint=str(final))
             summary.update(self.run.previous_summary(summary))
-            self.run.finish(summary)
+            self.run.finish(summary, plot=False)
         return summary
 
     def train_step(self) -> dict[str, float]:

@@ -4,15 +4,22 @@
             -> mu passes of mini-batched, gradient-accumulated clipped updates -> metrics
             -> evaluation -> checkpoint
 
-The maths lives in ``grpokit.algos``; this file only moves tensors between the pieces. Around the loop:
-``grpokit.batch`` (the scored batch and its metrics), ``grpokit.update`` (micro-batches, the optimizer
-step) and ``grpokit.run_state`` (checkpoints, resume, signals, what a run writes).
+``GRPOTrainer`` composes parts that each own their state, and passes values between them:
+
+    Sampler      (grpokit.sampling)   prompts, generator, rewards     -> ScoredBatch (rollout, rewards)
+    advantages   (grpokit.algos)      rewards, log-probs, values      -> advantages (N,) or (N, Lc)
+    PolicyUpdate (grpokit.update)     rollout, advantages             -> steps the Learner, update metrics
+    Learner      (grpokit.learner)    the policy, precision, optimizer, schedule, micro-batching
+    Critic       (grpokit.critic)     PPO's value model, its own Learner -> values, critic metrics
+    RunState     (grpokit.run_state)  the output folder, checkpoints, resume
+    Distributed  (grpokit.distributed) torchrun's process group (a no-op in one process)
+
+The maths lives in ``grpokit.algos``; this file only moves values between the parts.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -36,49 +43,32 @@ from grpokit.batch import (  # noqa: F401
     length_sorted,
     step_metrics,
 )
-from grpokit.checkpoint import resumable_for_model
 from grpokit.config import Config, ConfigError, resolve_algo, validated
-from grpokit.critic import CriticMixin
+from grpokit.critic import Critic
 from grpokit.data import load_train_eval
 from grpokit.distributed import Distributed
 from grpokit.episodes import EpisodeSampler, multi_turn, name_callables
 from grpokit.errors import FlatRewardsError, TrainingError  # noqa: F401
 from grpokit.evaluate import evaluate
-from grpokit.generation import FastGenerator, HFGenerator, Rollout, rollout_metrics
-from grpokit.loading import (
-    check_tokenizer_fits,
-    eos_token_ids,
-    frozen_reference,
-    load_policy,
-    load_tokenizer_checked,
-    pick_device,
-    prepare_policy,
-    read_model_config,
-)
-from grpokit.output_lock import (
-    claim_output_dir,
-    discard_aside,
-    is_main_rank,
-    run_holding_lock,
-)
-from grpokit.precision import make_grad_scaler, make_optimizer, resolve_precision
+from grpokit.generation import Rollout, rollout_metrics
+from grpokit.learner import AUTO_MICRO_TOKENS, Learner, load_model, peak_memory_mb  # noqa: F401
+from grpokit.loading import check_tokenizer_fits, frozen_reference, load_tokenizer_checked, read_model_config
+from grpokit.output_lock import run_holding_lock
 from grpokit.rewards import RewardRunner, resolve_reward, resolve_reward_specs
 from grpokit.rewards.process import check_process_setup
 from grpokit.rewards.which_accuracy import pick_accuracy_reward
-from grpokit.rollout_record import TokenRecorder
-from grpokit.run_state import RunStateMixin, StopOnSignals  # noqa: F401
-from grpokit.runlog import RunLogger, reward_metric_names
-from grpokit.sampling import SamplingMixin
-from grpokit.schedules import lr_factor, warmup_steps
-from grpokit.templates import describe_templates, encode_prompts
+from grpokit.rollout_record import TokenRecorder, sample_rows, write_rollouts
+from grpokit.run_state import RunState, StopOnSignals, run_callbacks  # noqa: F401
+from grpokit.runlog import Notices, RunLogger, reward_metric_names
+from grpokit.sampling import Sampler, encode_rows
+from grpokit.templates import describe_templates
 from grpokit.trl_api import fire, trl_arguments
 from grpokit.trl_names import with_trl_names
-from grpokit.update import AUTO_MICRO_TOKENS, MicroBatchMixin, peak_memory_mb  # noqa: F401
-from grpokit.update_stats import UpdateStats
+from grpokit.update import PolicyUpdate, loss_mask
 from grpokit.validate import check_context, check_positions, check_tracker_login
 
 
-class GRPOTrainer(SamplingMixin, RunStateMixin, MicroBatchMixin, CriticMixin):
+class GRPOTrainer:
     """Trains ``cfg.model`` on ``cfg.data`` with the algorithm ``cfg.algo`` names.
 
     model/tokenizer/rows/reward_functions may be passed in directly (tests, notebooks);
@@ -133,25 +123,111 @@ class GRPOTrainer(SamplingMixin, RunStateMixin, MicroBatchMixin, CriticMixin):
         self.algo = resolve_algo(cfg)
         if cfg.rollout.temperature <= 0:
             raise ConfigError("rollout.temperature must be > 0 for training (log-probs are taken at it)")
-        self.out = Path(cfg.train.output_dir)
-        # not in use by another run; train() locks it until it ends (grpokit.output_lock)
-        self.output_lock = claim_output_dir(
-            self.out, resume=resume is not False, overwrite=overwrite, main=is_main_rank()
-        )
-        self.overwrite = overwrite
-        self.callbacks = list(callbacks)
-        self.log_history: list[dict[str, float]] = []  # every step's metrics, as TRL's state.log_history
+        self.say = Notices()  # the parts' messages: the run's log while train() runs, else stderr
         torch.manual_seed(cfg.train.seed)
         self.dist = Distributed.from_env(cfg)  # torchrun: the process group (grpokit.distributed)
+        # the output folder: not in use by another run; train() locks it until it ends (grpokit.output_lock)
+        self.run = RunState(cfg, self.dist, resume=resume, overwrite=overwrite, resolved_algo=self.algo)
+        self.out = self.run.out
+        self.callbacks = list(callbacks)
+        self.log_history: list[dict[str, float]] = []  # every step's metrics, as TRL's state.log_history
 
         # data
         self.train_rows, self.eval_rows = load_train_eval(cfg.data, train_rows, eval_rows)
-        if cfg.train.num_train_epochs:  # TRL's epochs: passes over the prompts, one rollout of P prompts a step
-            cfg.train.steps = math.ceil(cfg.train.num_train_epochs * len(self.train_rows) / cfg.rollout.prompts_per_step)
+        if (
+            cfg.train.num_train_epochs
+        ):  # TRL's epochs: passes over the prompts, one rollout of P prompts a step
+            cfg.train.steps = math.ceil(
+                cfg.train.num_train_epochs * len(self.train_rows) / cfg.rollout.prompts_per_step
+            )
 
         # rewards, resolved before the model loads: a bad reward fails in a second
-        if reward_functions is None:
-            reward_functions = resolve_reward_specs(cfg.rewards)  # problems name their rewards[i] entry
+        reward_functions, renamed = self._reward_functions(reward_functions)
+        self.reward_names = [name for name, _, _ in reward_functions]
+        # grpo_process needs a reward that scores steps (or an environment's per-turn rewards)
+        check_process_setup(self.algo, reward_functions, turn_rewards=bool(cfg.rollout.environment))
+        # multi-turn rollouts (rollout.tools / rollout.environment): bad tools fail before the model loads
+        episodes = EpisodeSampler(cfg, reward_functions, self.algo) if multi_turn(cfg.rollout) else None
+        rewards = RewardRunner(reward_functions, timeout_s=cfg.train.reward_timeout_s)
+        shaped = [
+            n for n in self.reward_names if n != "overlong_penalty" or not self.algo.batch.overlong_shaping
+        ]
+        self.accuracy_name, self.accuracy_why = pick_accuracy_reward(
+            shaped, cfg.train.accuracy_reward, renamed
+        )
+        self.accuracy_fn = dict((n, f) for n, f, _ in reward_functions)[self.accuracy_name]
+
+        # the model's config.json, its tokenizer, the prompts against its positions and the checkpoint to
+        # resume from, all checked before the model loads
+        if model is None:
+            model_config, source = read_model_config(cfg.model), cfg.model.name_or_path
+            early_tokenizer = load_tokenizer_checked(cfg.model)
+        else:
+            given_config = getattr(model, "config", None)
+            model_config, source = (given_config.to_dict() if given_config else None), "the given model"
+            early_tokenizer = tokenizer
+        check_positions(cfg, model_config, source)
+        encoded = encode_rows(cfg.data, self.train_rows, early_tokenizer)  # a prompt too long fails here
+        held_out = self.eval_rows if self.eval_rows and cfg.eval.enabled else []
+        eval_lengths = (
+            [len(ids) for ids in encode_rows(cfg.data, held_out, early_tokenizer)] if held_out else []
+        )
+        check_context(cfg, [len(ids) for ids in encoded], eval_lengths, model_config, source)
+        self.run.pick_checkpoint(resume, allow_changed_config)
+
+        # the parts: policy (model, precision, optimizer), sampler, update, critic
+        model, self.tokenizer, precision, device = load_model(cfg, model, tokenizer)
+        self.run.check_resumable(model, auto=resume is True)  # weights of another architecture: skipped
+        check_tokenizer_fits(model, self.tokenizer, "the tokenizer")
+        # a reference for a KL in the loss or in the reward (with LoRA: the base, adapter disabled)
+        self.ref_model = frozen_reference(model, cfg.lora.enabled) if self.algo.uses_reference else None
+        self.dist.wrap(model, self.ref_model, self.run.resume_from)  # torchrun: FSDP2 / DDP
+        if episodes is not None:
+            episodes.check_tokenizer(self.tokenizer)  # a template that cannot render tools or turns
+        self.sampler = Sampler(
+            cfg,
+            self.algo,
+            model,
+            self.tokenizer,
+            self.train_rows,
+            rewards,
+            self.reward_names,
+            dist=self.dist,
+            has_critic=self.algo.uses_critic,
+            episodes=episodes,
+            encoded=encoded,
+            log_history=self.log_history,
+            say=self.say,
+        )
+        self.learner = Learner(
+            model, precision, device, cfg.optim, self.dist, total_steps=cfg.train.steps, say=self.say
+        )
+        self.updater = PolicyUpdate(
+            self.learner,
+            self.algo,
+            cfg.optim,
+            temperature=cfg.rollout.temperature,
+            seed=cfg.train.seed,
+            dist=self.dist,
+            ref_model=self.ref_model,
+        )
+        self.critic_part = (
+            Critic.build(self.learner, cfg, self.algo, self.dist) if self.algo.uses_critic else None
+        )
+        self.step = 0
+        self._step_record: TokenRecorder | None = None  # train_step's per-token recorder, see update()
+        self.stopped_early: str | None = None  # why the run ended before train.steps (not an error)
+        self.log: RunLogger | None = None
+        if self.run.resume_from is not None:
+            self._resume()
+
+    def _reward_functions(self, given: list[tuple[str, Any, float]] | None) -> tuple[list, dict[str, str]]:
+        """(name, fn, weight) per reward: the given ones or cfg.rewards', the overlong penalty when the preset
+        shapes lengths, named by function in metrics ("my_rewards.py:brevity" logs reward/brevity/mean);
+        and {name as given: name in metrics}."""
+        cfg = self.cfg
+        # problems with cfg.rewards name their rewards[i] entry
+        functions = given if given is not None else resolve_reward_specs(cfg.rewards)
         if self.algo.batch.overlong_shaping:
             r = cfg.rollout
             budget = r.max_new_tokens
@@ -162,106 +238,49 @@ class GRPOTrainer(SamplingMixin, RunStateMixin, MicroBatchMixin, CriticMixin):
                 max_len=budget,
                 buffer_len=self.algo.batch.overlong_buffer,
             )
-            reward_functions = [*reward_functions, ("overlong_penalty", shaping, 1.0)]
-        # named by function in metrics and plots: "my_rewards.py:brevity" logs reward/brevity/mean
-        given_names = [name for name, _, _ in reward_functions]
+            functions = [*functions, ("overlong_penalty", shaping, 1.0)]
+        given_names = [name for name, _, _ in functions]
         renamed = dict(zip(given_names, reward_metric_names(given_names)))
-        reward_functions = [(renamed[name], fn, weight) for name, fn, weight in reward_functions]
-        self.reward_names = [name for name, _, _ in reward_functions]
-        # grpo_process needs a reward that scores steps (or an environment's per-turn rewards)
-        check_process_setup(self.algo, reward_functions, turn_rewards=bool(cfg.rollout.environment))
-        # multi-turn rollouts (rollout.tools / rollout.environment): bad tools fail before the model loads
-        self.episodes = EpisodeSampler(cfg, reward_functions, self.algo) if multi_turn(cfg.rollout) else None
-        self.rewards = RewardRunner(reward_functions, timeout_s=cfg.train.reward_timeout_s)
-        shaped = [n for n in self.reward_names if n != "overlong_penalty" or not self.algo.batch.overlong_shaping]
-        self.accuracy_name, self.accuracy_why = pick_accuracy_reward(shaped, cfg.train.accuracy_reward, renamed)
-        self.accuracy_fn = dict((n, f) for n, f, _ in reward_functions)[self.accuracy_name]
+        return [(renamed[name], fn, weight) for name, fn, weight in functions], renamed
 
-        # the model's config.json, its tokenizer, the prompts against its positions and the checkpoint to
-        # resume from, all checked before the model loads
-        if model is None:
-            model_config, source = read_model_config(cfg.model), cfg.model.name_or_path
-            self.tokenizer = load_tokenizer_checked(cfg.model)
-        else:
-            given_config = getattr(model, "config", None)
-            model_config, source = (given_config.to_dict() if given_config else None), "the given model"
-            self.tokenizer = tokenizer
-        check_positions(cfg, model_config, source)
-        self.encoded = self._encode_all(self.train_rows)  # a prompt too long fails here, naming its row
-        held_out = self.eval_rows if self.eval_rows and cfg.eval.enabled else []
-        eval_lengths = [len(ids) for ids in self._encode_all(held_out)] if held_out else []
-        check_context(cfg, [len(ids) for ids in self.encoded], eval_lengths, model_config, source)
-        self.resume_from = (
-            self._pick_checkpoint(resume, allow_changed_config) if resume is not False else None
-        )
+    def _resume(self) -> None:
+        """Every part takes its own piece of the checkpoint being resumed."""
+        state = self.run.load_resume_state()  # checks the world size, restores this rank's RNG
+        # under torchrun the weights were loaded before sharding (dist.wrap)
+        self.learner.load_state(state, weights_from=None if self.dist.active else self.run.resume_from)
+        if self.critic_part is not None:
+            self.critic_part.load(state, self.run.resume_from)  # PPO's critic/ folder and optimizer
+        self.sampler.stream.load_state(state["stream"])
+        self.step = state["step"]
 
-        # model, its weights in the dtype the precision mode keeps them in (grpokit.precision)
-        if model is None:
-            self.precision = resolve_precision(cfg.optim.precision, cfg.model.dtype, pick_device(cfg.model.device))
-            model, tokenizer, self.device = load_policy(cfg.model, cfg.lora, self.precision.weight_dtype)
-        else:
-            self.device = next(model.parameters()).device
-            # with model.dtype and optim.precision both auto, the given model's dtype decides
-            given = str(next(model.parameters()).dtype).removeprefix("torch.")
-            auto = cfg.model.dtype == "auto" and cfg.optim.precision == "auto"
-            self.precision = resolve_precision(
-                cfg.optim.precision, given if auto else cfg.model.dtype, self.device
-            )
-            for p in model.parameters():  # parameters only: buffers such as RoPE's inv_freq stay float32
-                if p.is_floating_point():
-                    p.data = p.data.to(self.precision.weight_dtype)
-            model = prepare_policy(model, cfg.model, cfg.lora)
-        self.model, self.tokenizer = model, tokenizer
-        if self.resume_from is not None:  # weights of another architecture: skipped like a damaged checkpoint
-            self.resume_from = resumable_for_model(self.resume_from, model, auto=resume is True)
-        check_tokenizer_fits(model, tokenizer, "the tokenizer")
-        # a reference for a KL in the loss or in the reward (with LoRA: the base, adapter disabled)
-        self.uses_reference = self.algo.uses_reference
-        self.ref_model = frozen_reference(model, cfg.lora.enabled) if self.uses_reference else None
-        self.dist.wrap(self.model, self.ref_model, self.resume_from)  # torchrun: FSDP2 / DDP
-        self.eos_ids = eos_token_ids(self.tokenizer, self.model)
-        if self.episodes is not None:
-            self.episodes.check_tokenizer(self.tokenizer)  # a template that cannot render tools or turns
+    # ----------------------------------------------------------------------------- the parts, as attributes
 
-        self.stream = PromptStream(list(range(len(self.train_rows))), cfg.train.seed, cfg.data.shuffle)
+    # read-only views kept for code and tests written against the single-class trainer
+    model = property(lambda self: self.learner.model)
+    optimizer = property(lambda self: self.learner.optimizer)
+    scheduler = property(lambda self: self.learner.scheduler)
+    scaler = property(lambda self: self.learner.scaler)
+    precision = property(lambda self: self.learner.precision)
+    device = property(lambda self: self.learner.device)
+    uses_reference = property(lambda self: self.algo.uses_reference)
+    resume_from = property(lambda self: self.run.resume_from)
+    output_lock = property(lambda self: self.run.lock)  # (grpokit.output_lock's decorators read it)
+    episodes = property(lambda self: self.sampler.episodes)
+    rewards = property(lambda self: self.sampler.rewards)
+    encoded = property(lambda self: self.sampler.encoded)
+    stream = property(lambda self: self.sampler.stream)
+    generator = property(lambda self: self.sampler.generator)
+    flat_steps = property(lambda self: self.sampler.flat_steps)
+    critic = property(lambda self: self.critic_part.model if self.critic_part else None)
+    critic_optimizer = property(lambda self: self.critic_part.learner.optimizer if self.critic_part else None)
 
-        # optimisation
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        self.optimizer = make_optimizer(params, self.precision, cfg.optim, self.device)
-        self.scaler = make_grad_scaler(self.precision, self.device)  # float16 loss scaling, else None
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_factor)
-        self._setup_critic()  # PPO: self.critic, self.critic_optimizer (grpokit.critic); else both None
-        if cfg.rollout.engine == "fast":
-            self.generator = FastGenerator(kv_cache=cfg.rollout.kv_cache, cuda_graphs=cfg.rollout.cuda_graphs)
-        else:
-            self.generator = HFGenerator()
-        self.step = 0
-        self.flat_steps = 0  # consecutive steps with no reward spread in any group
-        self.had_spread, self.best_reward = False, float("-inf")  # for telling "solved" from "stuck"
-        self.stopped_early: str | None = None  # why the run ended before train.steps (not an error)
-        self.auto_micro_rows: int | None = None  # micro_batch_size=auto on CUDA: cap after an OOM
-        self.last_micro_rows = 0  # rows per micro-batch of the last forward/backward pass (a metric)
-        self.log: RunLogger | None = None
-        self._saved: tuple[int, Path] | None = None  # (step, path) of the last checkpoint written
-        if self.resume_from is not None:
-            self._resume()
+    @property
+    def eos_ids(self) -> list[int]:
+        return self.sampler.eos_ids
 
-    # ----------------------------------------------------------------------------- set-up helpers
-
-    def _encode_all(self, rows: list[dict]) -> list[list[int]]:
-        return encode_prompts(
-            [row[self.cfg.data.prompt_column] for row in rows],
-            self.tokenizer,
-            template=self.cfg.data.template,
-            system_prompt=self.cfg.data.system_prompt,
-            max_prompt_tokens=self.cfg.data.max_prompt_tokens,
-            source=self.cfg.data.train or None,
-            chat_template_kwargs=self.cfg.data.chat_template_kwargs,
-        )
-
-    def _lr_factor(self, step: int) -> float:
-        o, total = self.cfg.optim, self.cfg.train.steps
-        return lr_factor(step, o.schedule, warmup_steps(total, o.warmup_steps, o.warmup_ratio), total)
+    @eos_ids.setter
+    def eos_ids(self, ids: list[int]) -> None:
+        self.sampler.eos_ids = ids
 
     # ----------------------------------------------------------------------------- the loop
 
@@ -273,7 +292,7 @@ class GRPOTrainer(SamplingMixin, RunStateMixin, MicroBatchMixin, CriticMixin):
         holds ``stopped_by`` (the signal's name) and is not written (a second Ctrl-C stops at once)."""
         cfg = self.cfg
         summary: dict[str, Any] = {}
-        self.dist.on_main(self._start_run)
+        self.dist.on_main(self.run.start)
         with (
             self.dist.main_only(RunLogger)(
                 self.out,
@@ -285,17 +304,22 @@ class GRPOTrainer(SamplingMixin, RunStateMixin, MicroBatchMixin, CriticMixin):
             ) as log,
             StopOnSignals() as stop,
         ):
-            self.log = log
+            self.log = self.say.log = log
             prompts = [row[cfg.data.prompt_column] for row in self.train_rows]
             log.print(f"prompts: {describe_templates(prompts, cfg.data.template)}")  # TRL's convention or not
-            log.print(f"accuracy: reward {self.accuracy_name!r} ({self.accuracy_why})")  # never a format reward
+            log.print(
+                f"accuracy: reward {self.accuracy_name!r} ({self.accuracy_why})"
+            )  # never a format reward
             fire(self.callbacks, "on_train_begin", self)
             if self.eval_rows and cfg.eval.enabled and self.step == 0:
                 examples: list[dict] = []
                 before = self.evaluate(examples)
                 log.log_eval(0, before)
                 fire(self.callbacks, "on_evaluate", self, before)
-                if before.get("greedy_score", 1) == 0 and before.get(f"mean_at_{cfg.eval.num_samples}", 0) == 0:
+                if (
+                    before.get("greedy_score", 1) == 0
+                    and before.get(f"mean_at_{cfg.eval.num_samples}", 0) == 0
+                ):
                     ex = examples[0]
                     log.print(
                         f"WARNING evaluation before training: every held-out row scored 0 with "
@@ -314,8 +338,7 @@ class GRPOTrainer(SamplingMixin, RunStateMixin, MicroBatchMixin, CriticMixin):
                 if self.stopped_early:
                     break  # the step was not taken: the prompts are solved
                 log.log_step(self.step, metrics)
-                if self.dist.is_main:
-                    discard_aside(self.out)  # --overwrite: the run replaced goes once this one has a step
+                self.run.step_logged()  # --overwrite: the run replaced goes once this one has a step
                 self.log_history.append({"step": self.step, **metrics})
                 self._run_callbacks(metrics)
                 stop.signal_name = self.dist.agree(stop.signal_name)  # every rank stops at the same step
@@ -352,10 +375,8 @@ class GRPOTrainer(SamplingMixin, RunStateMixin, MicroBatchMixin, CriticMixin):
             final = self.save()
             fire(self.callbacks, "on_save", self, final)
             summary.update(steps=self.step, checkpoint=str(final), output_dir=str(self.out))
-            summary.update(self._previous_summary(summary))
-            if self.dist.is_main:
-                (self.out / "summary.json").write_text(json.dumps(summary, indent=2))
-                self._plot()
+            summary.update(self.run.previous_summary(summary))
+            self.run.finish(summary)  # summary.json, curves.png
             fire(self.callbacks, "on_train_end", self, summary)
         return summary
 
@@ -365,25 +386,35 @@ class GRPOTrainer(SamplingMixin, RunStateMixin, MicroBatchMixin, CriticMixin):
         self.stopped_early = reason
 
     def train_step(self) -> dict[str, float]:
-        """One rollout and its updates: sample -> score -> advantages -> update -> metrics."""
+        """One rollout and its updates, in the order the data flows: sample -> score -> advantages -> update
+        -> metrics. Each stage is a part's method given the values it needs (its docstring says which)."""
         t0 = time.perf_counter()
-        batch, timing, sampling = self.sample_batch()
-        self._check_reward_spread(batch)
-        if self.stopped_early:
+        batch, timing, sampling = self.sample_batch()  # ScoredBatch: rollout (N = P*G rows), rewards (N,)
+        solved = self.sampler.check_spread(batch, self.step)  # raises FlatRewardsError if stuck
+        if solved:
+            self.stopped_early = solved  # the prompts are solved: the step is not taken
             return {}
         t_update = time.perf_counter()
-        old_logprobs, ref_logprobs, timing["reference"] = self.rollout_logprobs(batch.rollout)  # (N, Lc) | None
-        values = self.critic_values(batch.rollout)  # (N, Lc) PPO's critic before the update, else None
+        old_logprobs, ref_logprobs, timing["reference"] = self.rollout_logprobs(
+            batch.rollout
+        )  # (N, Lc) | None
+        values = (
+            self.critic_part.values(batch.rollout) if self.critic_part else None
+        )  # (N, Lc) PPO, else None
         advantages = self.advantages(batch, old_logprobs, ref_logprobs, values)  # (N,) or (N, Lc)
+        # the steps whose rollouts are saved: the update records its per-token numbers (grpokit.rollout_record)
         sampled = self.cfg.train.samples_every and (self.step + 1) % self.cfg.train.samples_every == 0
         record = TokenRecorder(*batch.rollout.completion_ids.shape) if sampled and self.dist.is_main else None
-        update_metrics, _ = (
-            self.update(batch, advantages, old_logprobs, ref_logprobs, record=record) if self.policy_trains() else ({}, 0)
-        )
+        if self.policy_trains():
+            self._step_record = record  # update() reads it: its signature stays (batch, advantages, old, ref)
+            update_metrics, _ = self.update(batch, advantages, old_logprobs, ref_logprobs)
+            self._step_record = None
+        else:  # PPO's critic warm-up: the policy waits; log what its update would have
+            update_metrics = self._warmup_metrics(batch, old_logprobs, ref_logprobs)
         update_metrics.update(self.critic_update(batch, values, old_logprobs, ref_logprobs))  # critic/*
         timing["update"] = time.perf_counter() - t_update - timing["reference"]
         self.step += 1
-        self.scheduler.step()
+        self.learner.scheduler.step()
         metrics = self._step_metrics(batch, advantages, update_metrics, sampling)
         step_seconds = time.perf_counter() - t0
         metrics.update({f"time/{k}": v for k, v in timing.items()})
@@ -391,36 +422,38 @@ class GRPOTrainer(SamplingMixin, RunStateMixin, MicroBatchMixin, CriticMixin):
         generated = float(batch.rollout.completion_mask.sum())
         metrics["tokens_per_s"] = generated / step_seconds
         metrics["peak_memory_mb"] = peak_memory_mb(self.device)
-        metrics.update(rollout_metrics(self.generator))  # rollout/cuda_graphs, rollout/static_kv_cache
-        if self.episodes is not None:  # episode/turns_mean, tools/calls, tools/errors, masked_token_frac...
-            metrics.update(self.episodes.take_metrics())
+        metrics.update(
+            rollout_metrics(self.sampler.generator)
+        )  # rollout/cuda_graphs, rollout/static_kv_cache
+        metrics.update(self.sampler.episode_metrics())  # multi-turn: episode/turns_mean, tools/calls...
         self.dist.finish_metrics(metrics)
         with_trl_names(metrics)  # TRL's names beside ours where they mean the same (grpokit.trl_names)
         if sampled:
             self._save_samples(batch, advantages, record)
         return metrics
 
-    # ----------------------------------------------------------------------------- the update
+    # ----------------------------------------------------------------------------- the stages
+
+    def sample_batch(self) -> tuple[ScoredBatch, dict[str, float], dict[str, float]]:
+        """(batch, timing, sampling metrics) of this step (grpokit.sampling), scored by ``self.score``."""
+        return self.sampler.sample_batch(self.step, score=self.score)
+
+    def rollout(self, prompt_ids: list[list[int]], **kwargs) -> Rollout:
+        return self.sampler.rollout(prompt_ids, step=self.step, **kwargs)
+
+    def score(self, rollout: Rollout, rows: list[dict]) -> ScoredBatch:
+        return self.sampler.score(rollout, rows, step=self.step)
 
     def rollout_logprobs(self, r: Rollout) -> tuple[torch.Tensor | None, torch.Tensor | None, float]:
-        """(old_logprobs, ref_logprobs, seconds spent on the reference), each (N, Lc) or None.
-
-        old: the policy's own log-probs before any update, needed by more than one pass (the ratio's
-        denominator) or by a KL in the reward (its k1 = old - ref). ref: whenever there is a reference,
-        so the KL is logged even when only the reward uses it."""
-        needs_old = self._several_passes() or self.algo.kl.reward_coef > 0
-        t = time.perf_counter()
-        ref_logprobs = self._logprobs_no_grad(self.ref_model, r, reference=True) if self.uses_reference else None
-        ref_seconds = time.perf_counter() - t
-        old_logprobs = self._logprobs_no_grad(self.model, r) if needs_old else None
-        return old_logprobs, ref_logprobs, ref_seconds
-
-    def _several_passes(self) -> bool:
-        """More than one gradient step per rollout: the ratio's denominator must be frozen beforehand."""
-        return self.cfg.optim.epochs > 1 or self.cfg.optim.mini_batches > 1
+        """(old_logprobs, ref_logprobs, seconds spent on the reference): ``PolicyUpdate.rollout_logprobs``."""
+        return self.updater.rollout_logprobs(r)
 
     def advantages(
-        self, batch: ScoredBatch, old_logprobs: torch.Tensor | None, ref_logprobs: torch.Tensor | None, values=None
+        self,
+        batch: ScoredBatch,
+        old_logprobs: torch.Tensor | None,
+        ref_logprobs: torch.Tensor | None,
+        values=None,
     ) -> torch.Tensor:
         """(N,) or (N, Lc) advantages from the preset's estimator. With a KL in the reward (kl_reward_coef
         > 0) the estimator also gets k1 = old - ref per token, the sampling policy's KL to the reference."""
@@ -430,7 +463,8 @@ class GRPOTrainer(SamplingMixin, RunStateMixin, MicroBatchMixin, CriticMixin):
             kl = kl_estimate(old_logprobs, ref_logprobs, "k1").to(self.device)  # (N, Lc)
         d = self.device
         return self.dist.advantages(  # torchrun: batch-wide estimators see every rank's rows
-            compute_advantages, batch.rewards.to(d),
+            compute_advantages,
+            batch.rewards.to(d),
             self.cfg.rollout.group_size,
             self.algo,
             completion_mask=batch.rollout.completion_mask.to(d),
@@ -441,6 +475,8 @@ class GRPOTrainer(SamplingMixin, RunStateMixin, MicroBatchMixin, CriticMixin):
             values=values.to(d) if values is not None else None,
             step_rewards=batch.step_rewards,
             scored=batch.scored.to(d),  # rows no reward function scored: out of the statistics, advantage 0
+            # algo.mask_truncated: per-token whitening over the tokens the loss trains on
+            trained_mask=loss_mask(batch.rollout, True).to(d) if self.algo.batch.mask_truncated else None,
         )
 
     def update(
@@ -449,56 +485,81 @@ class GRPOTrainer(SamplingMixin, RunStateMixin, MicroBatchMixin, CriticMixin):
         advantages: torch.Tensor,
         old_logprobs: torch.Tensor | None = None,
         ref_logprobs: torch.Tensor | None = None,
-        record=None,
+        record: TokenRecorder | None = None,
     ) -> tuple[dict[str, float], float]:
-        """mu passes over the batch, each split into mini-batches (one optimizer step each),
-        each split into micro-batches whose gradients accumulate. The loss normaliser is the
-        whole mini-batch's (num_sequences / num_tokens), so the split never changes the objective.
-        advantages: (N,) or (N, Lc). old/ref log-probs as from `rollout_logprobs` (computed here when
-        both are None). ``record``: a rollout_record.TokenRecorder to fill with the per-token numbers the loss
-        used. Returns the metrics and the seconds spent on the reference here."""
-        cfg = self.cfg
-        r = batch.rollout
-        loss_mask = self._loss_mask(r)  # (N, Lc), without truncated completions under DAPO
-        ref_seconds = 0.0
-        if old_logprobs is None and ref_logprobs is None:
-            old_logprobs, ref_logprobs, ref_seconds = self.rollout_logprobs(r)
-        if not self._several_passes():
-            old_logprobs = None  # one pass: the ratio's denominator is logprobs.detach(), ratio exactly 1
+        """The policy's update on this step's batch (``PolicyUpdate.update``): metrics, seconds on the reference.
+        ``record``: the TokenRecorder to fill (default: this step's, when its rollouts are saved)."""
+        return self.updater.update(
+            batch.rollout,
+            advantages,
+            old_logprobs,
+            ref_logprobs,
+            step=self.step,
+            clip_and_step=self._clip_and_step,
+            record=record if record is not None else self._step_record,
+        )
 
-        stats = UpdateStats()  # what the update reports, kept out of the gradient loop
-        lengths = r.row_lengths  # (N,) real tokens per row
-        self.model.train()
-        for k, mb in enumerate(self._mini_batch_order(r.completion_ids.shape[0])):  # (M,) rows each
-            part, finite = self._with_micro_retry(
-                lambda rows, mb=mb, first=(k == 0): self._mini_batch_gradients(
-                    r, mb, rows, advantages, loss_mask, lengths, old_logprobs, ref_logprobs, first, record
-                ),
-                lengths[mb],
-            )
-            stats.merge(part)
-            stats.add_step(self._clip_and_step(finite))
+    def _lr_factor(self, step: int) -> float:
+        return self.learner.lr_factor(step)
 
-        self.dist.reduce_update_stats(stats)  # torchrun: the global batch's sums
-        metrics = stats.metrics(n_updates=cfg.optim.epochs * cfg.optim.mini_batches)
-        metrics["lr"] = self.scheduler.get_last_lr()[0]
-        if self.scaler is not None:
-            metrics["loss_scale"] = float(self.scaler.get_scale())
-        metrics["micro_batch_size"] = float(self.last_micro_rows)  # rows per micro-batch in the update
-        return metrics, ref_seconds
+    def _clip_and_step(self, finite: bool) -> float | None:
+        return self.learner.clip_and_step(finite, self.step)
+
+    def policy_trains(self) -> bool:
+        """False during PPO's critic warm-up (critic.warmup_steps): only the critic is updated then."""
+        return self.critic_part is None or self.critic_part.policy_trains(self.step)
+
+    def critic_update(self, batch: ScoredBatch, values, old_logprobs, ref_logprobs) -> dict[str, float]:
+        """PPO's critic update (``Critic.update``): critic/* metrics, {} without a critic."""
+        if self.critic_part is None:
+            return {}
+        return self.critic_part.update(batch, values, old_logprobs, ref_logprobs, step=self.step)
+
+    def _warmup_metrics(self, batch: ScoredBatch, old_logprobs, ref_logprobs) -> dict[str, float]:
+        """What a skipped policy update would have logged: lr and the KL of the samples to the reference."""
+        metrics = {"lr": self.learner.scheduler.get_last_lr()[0]}
+        if ref_logprobs is not None and old_logprobs is not None:
+            mask = loss_mask(batch.rollout, self.algo.batch.mask_truncated).bool()  # (N, Lc)
+            kl = kl_estimate(old_logprobs, ref_logprobs, self.algo.kl.kind)  # (N, Lc)
+            metrics["kl"] = float(kl[mask].mean()) if mask.any() else 0.0
+        return metrics
 
     # ----------------------------------------------------------------------------- metrics, eval, io
 
     def _step_metrics(self, batch: ScoredBatch, advantages, update_metrics, sampling) -> dict[str, float]:
         return self.dist.step_metrics(batch, advantages, update_metrics, sampling, self.accuracy_name)
 
+    def save(self) -> Path:
+        """Checkpoint this step (grpokit.run_state): the policy, its optimizer, the prompt stream, the critic."""
+        critic = self.critic_part
+        state = {"stream": self.sampler.stream.state(), "critic": critic.state() if critic else None}
+        subfolders = critic.folders() if critic else {}
+        return self.run.save(self.step, self.learner, self.tokenizer, state, subfolders)
+
+    def _run_callbacks(self, metrics: dict[str, float]) -> None:
+        run_callbacks(self, metrics)  # one that raises: checkpoint, TrainingError (grpokit.run_state)
+
+    def _save_samples(
+        self, batch: ScoredBatch, advantages: torch.Tensor, record: TokenRecorder | None
+    ) -> None:
+        """samples/step_N.jsonl: every completion with its rewards and advantage (TRL's log_completions, also a
+        W&B table); rollouts/step_N.parquet: the same with the per-token numbers ``record`` holds."""
+        G, column = self.cfg.rollout.group_size, self.cfg.data.prompt_column
+        self.log.log_samples(self.step, sample_rows(batch, advantages, G, column))
+        if record is not None:
+            write_rollouts(
+                self.out, self.step, batch, record, advantages=advantages, group_size=G,
+                prompt_column=column, tokenizer=self.tokenizer, algo=self.algo,
+            )  # fmt: skip
+
     def evaluate(self, examples: list[dict] | None = None) -> dict[str, float]:
         was = self.model.training
         if self.episodes is not None:  # multi-turn: greedy episodes scored on their transcripts
             result = self.episodes.evaluate(
-                self.generator, self.dist.generation_model(self.model, self.step), self.tokenizer, self.eval_rows,
-                self.accuracy_fn, eos_token_ids=self.eos_ids, seed=self.cfg.train.seed, examples=examples,
-            )
+                self.sampler.generator, self.dist.generation_model(self.model, self.step), self.tokenizer,
+                self.eval_rows, self.accuracy_fn, eos_token_ids=self.eos_ids, seed=self.cfg.train.seed,
+                examples=examples,
+            )  # fmt: skip
             self.model.train(was)
             return result
         result = evaluate(
@@ -506,7 +567,7 @@ class GRPOTrainer(SamplingMixin, RunStateMixin, MicroBatchMixin, CriticMixin):
             self.tokenizer,
             self.eval_rows,
             accuracy_fn=self.accuracy_fn,
-            generator=self.generator,
+            generator=self.sampler.generator,
             data_cfg=self.cfg.data,
             eos_token_ids=self.eos_ids,
             num_samples=self.cfg.eval.num_samples,

@@ -4,8 +4,9 @@ import random
 
 from grpokit import demo_steps
 from grpokit.cli import main
-from grpokit.demo import demo_variant, prepare_demo
+from grpokit.demo import prepare_demo
 from grpokit.demo_steps import StepsSpec, make_problems, step_checks, teacher
+from grpokit.demo_variants import demo_variant
 
 SMALL = StepsSpec(max_operand=5, eval_size=16, hidden_size=32, sft_steps=10, sft_batch=16)
 

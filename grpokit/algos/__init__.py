@@ -1,6 +1,7 @@
 """grpokit.algos: the pure-tensor maths of the GRPO family (torch only; no transformers, no config).
 
-Axes: advantages (advantages.py), KL estimators (kl.py), the clipped policy loss and its
+Axes: advantages (advantages.py; per-token whitening in whiten.py; the trainer's entry point
+compute_advantages in estimate.py), KL estimators (kl.py), the clipped policy loss and its
 aggregations (loss.py), chunked log-softmax / entropy (entropy.py), the typed settings of an algorithm
 (settings.py), named presets (presets.py),
 and the PPO baseline pieces (ppo.py).
@@ -13,7 +14,6 @@ from .advantages import (
     GROUP_SCALES,
     AdvantageInputs,
     batch_whitened_advantages,
-    compute_advantages,
     get_advantage,
     group_advantages,
     register_advantage,
@@ -22,6 +22,7 @@ from .advantages import (
     whiten_tokens,
 )
 from .entropy import entropy_from_logits, selective_log_softmax
+from .estimate import compute_advantages
 from .kl import KL_KINDS, kl_estimate
 from .loss import AGG_MODES, LOSSES, RATIO_LEVELS, get_loss, importance_ratio, policy_loss, register_loss
 from .ppo import discounted_returns, gae, token_level_rewards, value_loss

@@ -2,7 +2,8 @@
 
 Layout: `rewards` is (N,) with groups contiguous, so rows [g*G:(g+1)*G] are the G completions of
 prompt g (N = num_prompts * G). Estimators are registered in ADVANTAGES by what they do; the trainer
-calls them with AdvantageInputs (rewards, mask, per-token KL, log-probs) through `compute_advantages`.
+calls them with AdvantageInputs (rewards, mask, per-token KL, log-probs) through `compute_advantages`
+(estimate.py, which also reads the presets). Per-token whitening is in whiten.py, PPO's pieces in ppo.py.
 
 | name                        | formula                                                   | preset / paper                  |
 |-----------------------------|-----------------------------------------------------------|---------------------------------|
@@ -33,17 +34,16 @@ with the third unscored: mean 0.5 over the two scored, unbiased std 0.7071, A = 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
 from ._checks import check_choice, check_groups, lookup
-
-if TYPE_CHECKING:
-    from .settings import AlgoSettings
+from .ppo import discounted_returns, token_level_rewards, whitened_gae
+from .process import process_group_advantages
+from .whiten import whiten_tokens
 
 GROUP_SCALES = ("group", "batch", "batch_reward", "none")
 
@@ -76,8 +76,10 @@ def _group_mean(rewards: Tensor, group_size: int, scored: Tensor) -> Tensor:
 def _masked_std(x: Tensor, ok: Tensor, ddof: int, dim: int | None = None) -> Tensor:
     """std of ``x`` over the entries where ``ok``, dividing by (count - ddof); 0 where count <= ddof."""
     n = ok.sum() if dim is None else ok.sum(dim=dim, keepdim=True)
-    mean = torch.where(ok, x, 0).sum() / n.clamp(min=1) if dim is None else (
-        torch.where(ok, x, 0).sum(dim=dim, keepdim=True) / n.clamp(min=1)
+    mean = (
+        torch.where(ok, x, 0).sum() / n.clamp(min=1)
+        if dim is None
+        else (torch.where(ok, x, 0).sum(dim=dim, keepdim=True) / n.clamp(min=1))
     )
     sq = torch.where(ok, (x - mean).square(), 0)
     ss = sq.sum() if dim is None else sq.sum(dim=dim, keepdim=True)
@@ -123,7 +125,9 @@ def group_advantages(
     centred = _centred(rewards, group_size, scored)  # (P, G)
     if scale == "none":
         return centred.reshape(-1)  # (N,)
-    ok = torch.ones_like(centred, dtype=torch.bool) if scored is None else scored.reshape(centred.shape).bool()
+    ok = (
+        torch.ones_like(centred, dtype=torch.bool) if scored is None else scored.reshape(centred.shape).bool()
+    )
     if scale == "group":
         std = _masked_std(centred, ok, std_ddof, dim=1)  # (P, 1)
     elif scale == "batch":
@@ -149,8 +153,10 @@ def rloo_advantages(rewards: Tensor, group_size: int, scored: Tensor | None = No
         (N,) advantages (exactly 0 for groups of equal rewards and at unscored rows).
     """
     centred = _centred(rewards, group_size, scored)  # (P, G)
-    n = centred.new_full((centred.shape[0], 1), group_size) if scored is None else (
-        scored.reshape(centred.shape).sum(dim=1, keepdim=True).to(centred.dtype)
+    n = (
+        centred.new_full((centred.shape[0], 1), group_size)
+        if scored is None
+        else (scored.reshape(centred.shape).sum(dim=1, keepdim=True).to(centred.dtype))
     )  # (P, 1) scored rows per group
     return (centred * (n / (n - 1).clamp(min=1))).reshape(-1)  # (N,)
 
@@ -177,35 +183,6 @@ def batch_whitened_advantages(
     return centred / (_masked_std(centred, ok, std_ddof) + eps)  # (N,)
 
 
-def whiten_tokens(values: Tensor, completion_mask: Tensor, *, eps: float = 1e-6) -> Tensor:
-    """Whiten per token over every masked-in token of the batch (REINFORCE++, arXiv 2501.03262 eq. 10).
-
-      A_{i,t} = (x_{i,t} - mu) / (sigma + eps),  mu and sigma over all (i, t) with m_{i,t} = 1,
-      sigma the population std (divide by sum m, as the paper and OpenRLHF do).
-
-    Longer completions weigh more in mu and sigma (each token counts once), so the result is re-centred
-    per token: the token mean of A is 0, the per-sequence mean generally is not.
-    Worked example: x = [[1, 1, 1], [0, 0, pad]]: 5 tokens, mu = 3/5 = 0.6, sigma = sqrt((3*0.16 +
-    2*0.36)/5) = sqrt(0.24) = 0.4899, so A = [[0.8165]*3, [-1.2247]*2]. When every masked-in value is
-    equal the result is exactly 0.
-
-    Args:
-        values: (N, L) per-token values, e.g. returns-to-go; any value at masked positions.
-        completion_mask: (N, L) 1 for generated tokens up to and including EOS.
-    Returns:
-        (N, L) whitened values, 0 at masked-out positions.
-    """
-    mask = completion_mask.to(torch.bool)  # (N, L)
-    x = torch.where(mask, values, 0)  # (N, L)
-    n = mask.sum().clamp(min=1)  # ()
-    mean = x.sum() / n  # ()
-    centred = torch.where(mask, x - mean, 0)  # (N, L)
-    flat = torch.where(mask, x, -torch.inf).amax() == torch.where(mask, x, torch.inf).amin()  # ()
-    centred = torch.where(flat, torch.zeros_like(centred), centred)  # (N, L)
-    std = (centred.square().sum() / n).sqrt()  # () population std
-    return centred / (std + eps)  # (N, L)
-
-
 def reinforce_pp_advantages(
     rewards: Tensor,
     completion_mask: Tensor,
@@ -215,6 +192,7 @@ def reinforce_pp_advantages(
     kl_coef: float = 0.0,
     gamma: float = 1.0,
     eps: float = 1e-6,
+    whiten_mask: Tensor | None = None,
 ) -> Tensor:
     """REINFORCE++ and REINFORCE++-baseline as the paper (Hu et al., arXiv 2501.03262) defines them.
 
@@ -235,18 +213,18 @@ def reinforce_pp_advantages(
         kl: (N, L) per-token KL estimate of the sampling policy to the reference (k1 in the paper),
             detached; None = no KL in the reward.
         kl_coef: coefficient of the KL folded into the reward.
+        whiten_mask: (N, L) the tokens whose mean and std whiten (those the loss trains on); None =
+            completion_mask.
     Returns:
-        (N, L) token-level advantages, 0 at masked-out positions.
+        (N, L) token-level advantages, 0 at masked-out positions (and outside whiten_mask).
     """
-    from .ppo import discounted_returns, token_level_rewards
-
     scores = rewards if group_size is None else _centred(rewards, group_size).reshape(-1)  # (N,)
     mask = completion_mask.to(torch.bool)  # (N, L)
     dtype = scores.dtype if scores.is_floating_point() else torch.float32
     kl = torch.zeros(mask.shape, dtype=dtype, device=scores.device) if kl is None else kl.to(dtype)
     token_rewards = token_level_rewards(scores.to(dtype), kl, mask, beta=kl_coef)  # (N, L)
     returns = discounted_returns(token_rewards, mask, gamma)  # (N, L)
-    return whiten_tokens(returns, mask, eps=eps)  # (N, L)
+    return whiten_tokens(returns, mask if whiten_mask is None else whiten_mask, eps=eps)  # (N, L)
 
 
 @dataclass(frozen=True)
@@ -287,6 +265,10 @@ class AdvantageInputs:
     """GAE discount (the critic-based estimators, grpokit.algos.ppo)."""
     lam: float = 0.95
     """GAE lambda (the critic-based estimators, grpokit.algos.ppo)."""
+    trained_mask: Tensor | None = None
+    """(N, L) the tokens the loss trains on, when fewer than completion_mask's (algo.mask_truncated leaves
+    truncated completions out): the per-token whitening estimators take their mean and std over these, so
+    the advantages the loss sees are whitened; None = completion_mask."""
 
     def sequence_rewards(self) -> Tensor:
         """r_i - kl_coef * sum_t m_{i,t} kl_{i,t}: the KL-in-reward folded into one scalar per completion,
@@ -299,8 +281,6 @@ class AdvantageInputs:
     def token_rewards(self, scores: Tensor | None = None) -> Tensor:
         """(N, L) rewards per token: -kl_coef * kl_{i,t} on every generated token (when there is a KL in
         the reward), plus `scores` (default: rewards) on the last one, as PPO and REINFORCE++ do."""
-        from .ppo import token_level_rewards
-
         mask = self.mask()
         scores = self.rewards if scores is None else scores
         dtype = scores.dtype if scores.is_floating_point() else torch.float32
@@ -310,6 +290,10 @@ class AdvantageInputs:
             else self.kl.to(dtype)
         )
         return token_level_rewards(scores.to(dtype), kl, mask, beta=self.kl_coef)  # (N, L)
+
+    def whiten_mask(self) -> Tensor:
+        """(N, L) the tokens whose statistics per-token whitening uses: trained_mask, else the completion mask."""
+        return self.mask() if self.trained_mask is None else self.trained_mask
 
     def mask(self) -> Tensor:
         """The completion mask, required: a token-level estimator cannot run without it. (N, L)"""
@@ -345,20 +329,26 @@ def _batch_whiten(a: AdvantageInputs) -> Tensor:
 
 def _token_whiten(a: AdvantageInputs) -> Tensor:
     """returns-to-go whitened per token over the batch"""
-    return reinforce_pp_advantages(a.rewards, a.mask(), kl=a.kl, kl_coef=a.kl_coef, eps=a.eps)
+    return reinforce_pp_advantages(
+        a.rewards, a.mask(), kl=a.kl, kl_coef=a.kl_coef, eps=a.eps, whiten_mask=a.trained_mask
+    )
 
 
 def _group_centre_token_whiten(a: AdvantageInputs) -> Tensor:
     """r - mean_g, then returns-to-go whitened per token over the batch"""
     return reinforce_pp_advantages(
-        a.rewards, a.mask(), group_size=a.group_size, kl=a.kl, kl_coef=a.kl_coef, eps=a.eps
+        a.rewards,
+        a.mask(),
+        group_size=a.group_size,
+        kl=a.kl,
+        kl_coef=a.kl_coef,
+        eps=a.eps,
+        whiten_mask=a.trained_mask,
     )
 
 
 def _process_group(a: AdvantageInputs) -> Tensor:
     """group-normalised step rewards, summed over the steps ending at or after each token"""
-    from .process import process_group_advantages
-
     if a.kl_coef:
         raise ValueError(
             "advantage 'process_group' takes no KL in the reward (algo.kl_reward_coef); use a KL loss (algo.beta)"
@@ -373,8 +363,6 @@ def _process_group(a: AdvantageInputs) -> Tensor:
 
 def _gae(a: AdvantageInputs) -> Tensor:
     """GAE with a critic's values, whitened per token over the batch"""
-    from .ppo import whitened_gae
-
     return whitened_gae(a)
 
 
@@ -393,8 +381,14 @@ ADVANTAGES: dict[str, Callable[[AdvantageInputs], Tensor]] = {
     "gae": _gae,  # GAE(gamma, lam) with a critic's values, whitened per token   PPO
 }
 CRITIC_ADVANTAGES = ("gae",)
-SCORED_AWARE = ("group_std", "group_centre", "group_centre_batch_std", "group_centre_reward_std",
-                "leave_one_out", "batch_whiten")
+SCORED_AWARE = (
+    "group_std",
+    "group_centre",
+    "group_centre_batch_std",
+    "group_centre_reward_std",
+    "leave_one_out",
+    "batch_whiten",
+)
 """Estimators that leave unscored rows out of their statistics themselves (AdvantageInputs.scored); the
 others get each unscored row's reward set to its group's scored mean first (neutral in the group), and
 every estimator's output is 0 at unscored rows."""
@@ -421,85 +415,3 @@ def get_advantage(name: str) -> Callable[[AdvantageInputs], Tensor]:
     """The estimator registered as `name` (an alias, or "package.module:function" imported on demand)."""
     name = ADVANTAGE_ALIASES.get(name, name)
     return lookup("advantage", name, ADVANTAGES, also=ADVANTAGE_ALIASES)
-
-
-def compute_advantages(
-    rewards: Tensor,
-    group_size: int,
-    preset_or_kind: str | AlgoSettings | Mapping[str, object],
-    *,
-    completion_mask: Tensor | None = None,
-    kl: Tensor | None = None,
-    kl_coef: float = 0.0,
-    old_logprobs: Tensor | None = None,
-    ref_logprobs: Tensor | None = None,
-    values: Tensor | None = None,
-    step_rewards: list[list[tuple[int, float]]] | None = None,
-    std_ddof: int | None = None,
-    eps: float | None = None,
-    scored: Tensor | None = None,
-) -> Tensor:
-    """One entry point for the trainer: build AdvantageInputs and run the named estimator.
-
-    `preset_or_kind` is a preset name or an AlgoSettings (its estimator and std_ddof are used), a mapping
-    with an "advantage" key (and optionally "std_ddof"), or an estimator name (a key of ADVANTAGES, an alias, or "module:function").
-
-    Args:
-        rewards: (N,) groups contiguous; group_size: G; the rest as in AdvantageInputs. eps: added to
-            every std (None: the AlgoSettings' std_eps, else 1e-6).
-    Returns:
-        (N,) or (N, L) advantages, exactly 0 at unscored rows (`scored` False).
-    Raises:
-        ValueError: unknown estimator, or an estimator output of any other shape.
-    """
-    from .presets import PRESETS
-    from .settings import AlgoSettings
-
-    if isinstance(preset_or_kind, str) and preset_or_kind in PRESETS:
-        preset_or_kind = PRESETS[preset_or_kind]
-    gae_kw = {}
-    std_eps = 1e-6
-    if isinstance(preset_or_kind, AlgoSettings):
-        kind, ddof = preset_or_kind.advantage.estimator, preset_or_kind.advantage.std_ddof
-        std_eps = preset_or_kind.advantage.std_eps
-        gae_kw = {"gamma": preset_or_kind.gae.gamma, "lam": preset_or_kind.gae.lam}
-    elif isinstance(preset_or_kind, Mapping):
-        kind, ddof = str(preset_or_kind["advantage"]), int(preset_or_kind.get("std_ddof", 1))  # type: ignore[arg-type]
-    else:
-        kind, ddof = preset_or_kind, 1
-    ddof = ddof if std_ddof is None else std_ddof
-    estimator = get_advantage(kind)
-    if scored is not None:
-        scored = scored.to(device=rewards.device, dtype=torch.bool)
-        if bool(scored.all()):
-            scored = None
-        elif ADVANTAGE_ALIASES.get(kind, kind) not in SCORED_AWARE:
-            rewards = torch.where(scored, rewards, _group_mean(rewards, group_size, scored))  # (N,)
-    inputs = AdvantageInputs(
-        rewards=rewards,
-        group_size=group_size,
-        completion_mask=completion_mask,
-        kl=kl,
-        kl_coef=kl_coef,
-        old_logprobs=old_logprobs,
-        ref_logprobs=ref_logprobs,
-        values=values,
-        step_rewards=step_rewards,
-        std_ddof=ddof,
-        scored=scored,
-        eps=std_eps if eps is None else eps,
-        **gae_kw,
-    )
-    out = estimator(inputs)
-    n = rewards.shape[0]
-    allowed = [(n,)] + ([tuple(completion_mask.shape)] if completion_mask is not None else [])
-    if not isinstance(out, Tensor) or tuple(out.shape) not in allowed:
-        got = tuple(out.shape) if isinstance(out, Tensor) else type(out).__name__
-        raise ValueError(
-            f"advantage {kind!r} returned {got}; an estimator must return (N,) or (N, L), here "
-            f"{' or '.join(map(str, allowed))}"
-        )
-    if scored is not None:  # unscored rows carry no signal, whatever the estimator
-        keep = scored if out.dim() == 1 else scored[:, None]
-        out = torch.where(keep, out, torch.zeros_like(out))
-    return out

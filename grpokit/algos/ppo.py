@@ -12,7 +12,9 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-if TYPE_CHECKING:
+from .whiten import whiten_tokens
+
+if TYPE_CHECKING:  # type hints only: advantages.py imports this module
     from .advantages import AdvantageInputs
 
 
@@ -140,10 +142,8 @@ def gae_targets(inputs: AdvantageInputs) -> tuple[Tensor, Tensor]:
 def whitened_gae(inputs: AdvantageInputs) -> Tensor:
     """GAE advantages whitened per token over the batch (`whiten_tokens`: masked mean and population std),
     as TRL's PPOTrainer and OpenRLHF do before the clipped policy loss. (N, L)"""
-    from .advantages import whiten_tokens
-
     advantages, _ = gae_targets(inputs)  # (N, L)
-    return whiten_tokens(advantages, inputs.mask(), eps=inputs.eps)  # (N, L)
+    return whiten_tokens(advantages, inputs.whiten_mask(), eps=inputs.eps)  # (N, L) over the trained tokens
 
 
 def explained_variance(values: Tensor, returns: Tensor, mask: Tensor) -> Tensor:

@@ -32,6 +32,7 @@ The formulas, per preset:
 
 from __future__ import annotations
 
+from .advantages import get_advantage
 from .settings import KNOBS, AlgoSettings
 
 PRESETS: dict[str, AlgoSettings] = {
@@ -98,8 +99,6 @@ PAPERS = {
 
 def preset_table() -> str:
     """README's preset table in Markdown, generated from PRESETS (a test keeps README equal to it)."""
-    from .advantages import get_advantage
-
     rows = [
         "| preset | advantage | ratio / clip | KL | loss aggregation | paper |",
         "|---|---|---|---|---|---|",

@@ -20,6 +20,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from .advantages import ADVANTAGE_ALIASES, ADVANTAGES, CRITIC_ADVANTAGES
+from .kl import KL_KINDS
+from .loss import AGG_MODES, LOSSES, RATIO_LEVELS
+
 
 def knob(
     default: Any,
@@ -40,32 +44,22 @@ def knob(
 
 
 def _advantage_names() -> tuple[str, ...]:
-    from .advantages import ADVANTAGE_ALIASES, ADVANTAGES
-
     return (*ADVANTAGES, *ADVANTAGE_ALIASES)  # read now: register_advantage may have added some
 
 
 def _ratio_levels() -> tuple[str, ...]:
-    from .loss import RATIO_LEVELS
-
     return RATIO_LEVELS
 
 
 def _agg_modes() -> tuple[str, ...]:
-    from .loss import AGG_MODES
-
     return AGG_MODES
 
 
 def _loss_names() -> tuple[str, ...]:
-    from .loss import LOSSES
-
     return tuple(LOSSES)  # read now: register_loss may have added some
 
 
 def _kl_kinds() -> tuple[str, ...]:
-    from .kl import KL_KINDS
-
     return KL_KINDS
 
 
@@ -283,10 +277,40 @@ class AlgoSettings:
     @property
     def uses_critic(self) -> bool:
         """The advantage estimator reads a critic's values (PPO's GAE): the trainer builds a critic."""
-        from .advantages import ADVANTAGE_ALIASES, CRITIC_ADVANTAGES
-
         estimator = self.advantage.estimator
         return ADVANTAGE_ALIASES.get(estimator, estimator) in CRITIC_ADVANTAGES
+
+    def ineffective(self, given: set[str] | frozenset[str] = frozenset()) -> list[str]:
+        """Why settings would be silently ignored, one line each ([] when none): the knobs in ``given`` (the flat
+        names set explicitly; a preset's own values are not judged) that nothing reads under the others, and
+        combinations that cannot run. Checked when the config is, so nothing is ignored or refused mid-run.
+        A user-defined estimator ("module:function") may read anything: its knobs are not judged."""
+        estimator = ADVANTAGE_ALIASES.get(self.advantage.estimator, self.advantage.estimator)
+        out = []
+        if self.kl.reward_coef > 0 and estimator == "process_group":
+            out.append(
+                f"algo.kl_reward_coef={self.kl.reward_coef:g}: the process_group estimator (grpo_process) sums "
+                "step rewards and takes no KL in the reward; use a KL loss (algo.beta) instead"
+            )
+        # std_ddof / std_eps with an estimator that divides by no std are not refused: TRL's configs
+        # (grpokit.trl_config) write TRL's defaults out whatever scale_rewards chooses
+        if estimator in ADVANTAGES:  # a built-in estimator: which of the advantage knobs it reads is known
+            for key in sorted(given & {"gamma", "lam"}):
+                if estimator not in CRITIC_ADVANTAGES:
+                    out.append(
+                        f"algo.{key}={self.get(key):g}: only a critic-based estimator (gae: algo.preset=ppo) "
+                        f"discounts; advantage {estimator} ignores it"
+                    )
+        if "norm_len" in given and self.loss.agg != "seq-sum-norm":
+            out.append(
+                f"algo.norm_len={self.loss.norm_len}: only algo.agg=seq-sum-norm divides by it, not {self.loss.agg}"
+            )
+        if "overlong_buffer" in given and not self.batch.overlong_shaping:
+            out.append(
+                f"algo.overlong_buffer={self.batch.overlong_buffer}: the buffer of overlong shaping, which is off "
+                "(algo.overlong_shaping=true turns it on)"
+            )
+        return out
 
     def loss_kwargs(self) -> dict[str, Any]:
         """The keyword arguments of `policy_loss` these settings choose (norm_len must be resolved)."""

@@ -1,0 +1,95 @@
+"""The trainer's one entry point to the advantage estimators: a preset (or its settings, or an estimator's
+name) and the batch's tensors -> advantages. Above advantages.py, presets.py and settings.py, which it
+reads; nothing in grpokit.algos imports it."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+from torch import Tensor
+
+from .advantages import ADVANTAGE_ALIASES, SCORED_AWARE, AdvantageInputs, _group_mean, get_advantage
+from .presets import PRESETS
+from .settings import AlgoSettings
+
+
+def compute_advantages(
+    rewards: Tensor,
+    group_size: int,
+    preset_or_kind: str | AlgoSettings | Mapping[str, object],
+    *,
+    completion_mask: Tensor | None = None,
+    kl: Tensor | None = None,
+    kl_coef: float = 0.0,
+    old_logprobs: Tensor | None = None,
+    ref_logprobs: Tensor | None = None,
+    values: Tensor | None = None,
+    step_rewards: list[list[tuple[int, float]]] | None = None,
+    std_ddof: int | None = None,
+    eps: float | None = None,
+    scored: Tensor | None = None,
+    trained_mask: Tensor | None = None,
+) -> Tensor:
+    """One entry point for the trainer: build AdvantageInputs and run the named estimator.
+
+    `preset_or_kind` is a preset name or an AlgoSettings (its estimator and std_ddof are used), a mapping
+    with an "advantage" key (and optionally "std_ddof"), or an estimator name (a key of ADVANTAGES, an alias, or "module:function").
+
+    Args:
+        rewards: (N,) groups contiguous; group_size: G; the rest as in AdvantageInputs. eps: added to
+            every std (None: the AlgoSettings' std_eps, else 1e-6).
+    Returns:
+        (N,) or (N, L) advantages, exactly 0 at unscored rows (`scored` False).
+    Raises:
+        ValueError: unknown estimator, or an estimator output of any other shape.
+    """
+    if isinstance(preset_or_kind, str) and preset_or_kind in PRESETS:
+        preset_or_kind = PRESETS[preset_or_kind]
+    gae_kw = {}
+    std_eps = 1e-6
+    if isinstance(preset_or_kind, AlgoSettings):
+        kind, ddof = preset_or_kind.advantage.estimator, preset_or_kind.advantage.std_ddof
+        std_eps = preset_or_kind.advantage.std_eps
+        gae_kw = {"gamma": preset_or_kind.gae.gamma, "lam": preset_or_kind.gae.lam}
+    elif isinstance(preset_or_kind, Mapping):
+        kind, ddof = str(preset_or_kind["advantage"]), int(preset_or_kind.get("std_ddof", 1))  # type: ignore[arg-type]
+    else:
+        kind, ddof = preset_or_kind, 1
+    ddof = ddof if std_ddof is None else std_ddof
+    estimator = get_advantage(kind)
+    if scored is not None:
+        scored = scored.to(device=rewards.device, dtype=torch.bool)
+        if bool(scored.all()):
+            scored = None
+        elif ADVANTAGE_ALIASES.get(kind, kind) not in SCORED_AWARE:
+            rewards = torch.where(scored, rewards, _group_mean(rewards, group_size, scored))  # (N,)
+    inputs = AdvantageInputs(
+        rewards=rewards,
+        group_size=group_size,
+        completion_mask=completion_mask,
+        kl=kl,
+        kl_coef=kl_coef,
+        old_logprobs=old_logprobs,
+        ref_logprobs=ref_logprobs,
+        values=values,
+        step_rewards=step_rewards,
+        std_ddof=ddof,
+        scored=scored,
+        trained_mask=trained_mask,
+        eps=std_eps if eps is None else eps,
+        **gae_kw,
+    )
+    out = estimator(inputs)
+    n = rewards.shape[0]
+    allowed = [(n,)] + ([tuple(completion_mask.shape)] if completion_mask is not None else [])
+    if not isinstance(out, Tensor) or tuple(out.shape) not in allowed:
+        got = tuple(out.shape) if isinstance(out, Tensor) else type(out).__name__
+        raise ValueError(
+            f"advantage {kind!r} returned {got}; an estimator must return (N,) or (N, L), here "
+            f"{' or '.join(map(str, allowed))}"
+        )
+    if scored is not None:  # unscored rows carry no signal, whatever the estimator
+        keep = scored if out.dim() == 1 else scored[:, None]
+        out = torch.where(keep, out, torch.zeros_like(out))
+    return out
