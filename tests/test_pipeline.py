@@ -190,7 +190,7 @@ def test_killed_mid_stage_continues_that_stage_and_reruns_none_before_it(files, 
 def test_demo_pipeline_file_checks_and_its_chains_score_full_marks(tmp_path, monkeypatch):
     """The demo's pipeline file passes every check; its cold-start chains are what the rewards want."""
     import grpokit.demo_r1 as demo_r1
-    from grpokit.pipeline import PipelineError, _subcommands, check_stage_configs, load_pipeline
+    from grpokit.pipeline import check_stage_configs, load_pipeline
     from grpokit.rewards import format_lenient, math_accuracy
 
     assert demo_r1.chain("27+45=") == "<think>27+45</think><answer>72</answer>"
@@ -204,13 +204,7 @@ def test_demo_pipeline_file_checks_and_its_chains_score_full_marks(tmp_path, mon
         path.write_text(json.dumps({"prompt": "1+2=", "answer": "3"}) + "\n")
     monkeypatch.setattr(demo_r1, "prepare_r1_demo", lambda log=print: paths)
     pipe = load_pipeline(demo_r1.write_demo_pipeline(tmp_path / "out"))
-    if "sft" in _subcommands():
-        check_stage_configs(pipe)
-    else:  # until `grpokit sft` is there, the demo says so before anything runs
-        with pytest.raises(
-            PipelineError, match=r"stages\[0\] \(cold_start\) is of kind sft, but this grpokit has no"
-        ):
-            check_stage_configs(pipe)
+    check_stage_configs(pipe)
     assert [(s.name, s.kind) for s in pipe.stages] == [
         ("cold_start", "sft"),
         ("reason", "rl"),
