@@ -21,10 +21,7 @@ every message after them (assistant turns, tool results, environment replies), a
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 from collections.abc import Callable
-from pathlib import Path
 
 import torch
 
@@ -36,6 +33,7 @@ from grpokit.errors import ConfigError, TrainingError
 from grpokit.multiturn import ChatDelta, EpisodeBatch, episode_step_rewards, run_episodes
 from grpokit.rewards.process import PROCESS_ADVANTAGES, is_process_reward
 from grpokit.tools import ToolDefinitionError, ToolRunner, get_parser, load_tools
+from grpokit.user_code import describe, load_module
 
 SUMMED = ("tools/calls", "tools/errors", "tools/timeouts", "time/turn_generation", "time/tools")
 """Episode metrics that add up over a step's sampling rounds; the others are averaged."""
@@ -53,19 +51,11 @@ def load_environment(spec: str) -> Callable[[], Environment]:
         raise ConfigError(
             f"rollout.environment={spec!r}: name a factory as 'package.module:Env' or 'file.py:Env'"
         )
+    module = load_module(target, attr, f"rollout.environment={spec!r}", prefix="grpokit_user_env")
     try:
-        if target.endswith(".py"):
-            path = Path(target).expanduser()
-            module_spec = importlib.util.spec_from_file_location(f"grpokit_user_env_{path.stem}", path)
-            if module_spec is None or not path.is_file():
-                raise FileNotFoundError(f"{path} not found (relative to {Path.cwd()})")
-            module = importlib.util.module_from_spec(module_spec)
-            module_spec.loader.exec_module(module)
-        else:
-            module = importlib.import_module(target)
         factory = getattr(module, attr)
-    except (Exception, SystemExit) as e:
-        raise ConfigError(f"rollout.environment={spec!r}: loading it failed: {type(e).__name__}: {e}") from e
+    except AttributeError as e:
+        raise ConfigError(f"rollout.environment={spec!r}: loading it failed: {describe(e)}") from e
     if not callable(factory):
         raise ConfigError(
             f"rollout.environment={spec!r} is a {type(factory).__name__}, not a class or function"

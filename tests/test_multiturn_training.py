@@ -195,7 +195,7 @@ def test_bad_tools_and_environments_fail_before_the_model_loads(tmp_path):
         (ToolDefinitionError, "rollout.tool_parser='xml'", ["rollout.tool_parser=xml"]),
         (ConfigError, "not both", ["rollout.environment=test_multiturn_training:Countdown"]),
         (ConfigError, "rollout.max_turns=0", ["rollout.max_turns=0"]),
-        (ConfigError, "loading it failed", ["rollout.tools=[]", "rollout.environment=nope:Env"]),
+        (ConfigError, "importing module 'nope' failed", ["rollout.tools=[]", "rollout.environment=nope:Env"]),
     ]
     for error, words, extra in cases:
         with pytest.raises(error) as e:

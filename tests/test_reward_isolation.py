@@ -1,6 +1,6 @@
 """What a reward function starts dies with the trainer, however it ends (grpokit.rewards._keeper), and a
 reward module that crashes or hangs at import time is a named error, not the trainer's end
-(grpokit.rewards._import_probe). Real processes throughout: sleep children, a new session, a daemon."""
+(grpokit.user_code). Real processes throughout: sleep children, a new session, a daemon."""
 
 import json
 import os

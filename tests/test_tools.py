@@ -96,6 +96,22 @@ def test_bad_tool_definitions_are_named_errors(spec, words):
     assert all(w in str(e.value) for w in words), str(e.value)
 
 
+@pytest.mark.parametrize(
+    "body, words",
+    [("import os\nos._exit(7)\n", "exit code 7"), ("raise ValueError('bad config')\n", "ValueError")],
+)
+def test_a_tool_file_that_ends_or_raises_at_import_is_a_named_error(tmp_path, body, words):
+    """The tool file is imported in a child first (grpokit.user_code), as reward files are: os._exit at
+    import does not end the trainer, it names the file."""
+    path = tmp_path / "exits.py"
+    path.write_text(
+        body + 'def f(x: int) -> int:\n    """Id.\n\n    Args:\n        x: x\n    """\n    return x\n'
+    )
+    with pytest.raises(ToolDefinitionError) as e:
+        load_tools([f"{path}:f"])
+    assert f"running {path} failed" in str(e.value) and words in str(e.value), str(e.value)
+
+
 def test_duplicate_tool_names():
     with pytest.raises(ToolDefinitionError, match="two tools are named 'multiply'"):
         load_tools([multiply, multiply])

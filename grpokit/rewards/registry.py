@@ -10,24 +10,21 @@ existing .py file".
 from __future__ import annotations
 
 import difflib
-import importlib
-import importlib.util
 import inspect
 import math
-import sys
 from collections.abc import Callable, Iterable
 from numbers import Real
 from pathlib import Path
 from typing import Any
 
 from grpokit.config import ConfigError
-from grpokit.rewards._import_probe import probe_import
 from grpokit.rewards.accuracy import make_math_accuracy, math_accuracy
 from grpokit.rewards.code import code_tests, make_code_tests
 from grpokit.rewards.format import format_lenient, format_strict
 from grpokit.rewards.language import language_consistency, make_language_consistency
 from grpokit.rewards.length import length_penalty, overlong_penalty
 from grpokit.rewards.reward_model import make_process_reward_model, make_reward_model
+from grpokit.user_code import UserCodeError, describe, load_module
 
 BUILTINS: dict[str, Callable] = {
     "math_accuracy": math_accuracy,
@@ -146,39 +143,11 @@ def _resolve(spec: object, kwargs: dict, where: str, params: str) -> Callable:
 
 
 def _load(target: str, attr: str, where: str):
-    """The module of 'module:function' or 'file.py:function'."""
-    if target.endswith(".py") or "/" in target:
-        path = Path(target).expanduser()
-        if not path.is_file():
-            what = "is a folder, not a file" if path.is_dir() else "not found"
-            raise RewardConfigError(
-                f"{where}: file {target} {what} (relative to {Path.cwd()}); give the path of an "
-                f"existing .py file, e.g. path/to/my_rewards.py:{attr}"
-            )
-        module_spec = importlib.util.spec_from_file_location(f"grpokit_user_reward_{path.stem}", path)
-        module = importlib.util.module_from_spec(module_spec)
-        problem = probe_import(lambda: module_spec.loader.exec_module(module))  # a crash or hang ends a child
-        if problem is not None:
-            raise RewardConfigError(f"{where}: running {target} failed: {problem}; fix the file")
-        try:
-            module_spec.loader.exec_module(module)
-        except (Exception, SystemExit) as e:
-            raise RewardConfigError(f"{where}: running {target} failed: {_describe(e)}; fix the file") from e
-        return module
-    if target not in sys.modules:
-        problem = probe_import(lambda: importlib.import_module(target))
-        if problem is not None:
-            raise RewardConfigError(
-                f"{where}: importing module {target!r} failed: {problem}; fix it, or name a file instead "
-                f"('path/to/{target.rsplit('.', 1)[-1]}.py:{attr}')"
-            )
+    """The module of 'module:function' or 'file.py:function' (grpokit.user_code: probed in a child first)."""
     try:
-        return importlib.import_module(target)
-    except (Exception, SystemExit) as e:
-        raise RewardConfigError(
-            f"{where}: importing module {target!r} failed: {_describe(e)}; install it or add its folder "
-            f"to PYTHONPATH, or name a file instead ('path/to/{target.rsplit('.', 1)[-1]}.py:{attr}')"
-        ) from e
+        return load_module(target, attr, where, prefix="grpokit_user_reward")
+    except UserCodeError as e:
+        raise RewardConfigError(str(e)) from e
 
 
 def _call_factory(factory: Callable, label: str, kwargs: dict, where: str, params: str) -> Callable:
@@ -211,14 +180,9 @@ def _call_factory(factory: Callable, label: str, kwargs: dict, where: str, param
     try:
         fn = factory(**kwargs)
     except (Exception, SystemExit) as e:
-        raise RewardConfigError(f"{params}={kwargs!r}: {label} rejected them: {_describe(e)}") from e
+        raise RewardConfigError(f"{params}={kwargs!r}: {label} rejected them: {describe(e)}") from e
     if not callable(fn):
         raise RewardConfigError(
             f"{where}: {label}(**{params}) returned no function (a {type(fn).__name__} value)"
         )
     return fn
-
-
-def _describe(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
-    return f"{type(e).__name__}: {text[0][:300]}" if text else type(e).__name__

@@ -21,15 +21,13 @@ any model is). Call arguments the model writes are checked against the schema he
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from grpokit.errors import ConfigError
+from grpokit.user_code import UserCodeError, load_module
 
 
 class ToolDefinitionError(ConfigError):
@@ -102,18 +100,10 @@ def _resolve(spec: object, where: str) -> Callable[..., Any]:
             f"{where}={spec!r}: not a tool name; use 'python', 'package.module:function' or 'file.py:function'"
         )
     try:
-        if target.endswith(".py"):
-            path = Path(target).expanduser()
-            module_spec = importlib.util.spec_from_file_location(f"grpokit_user_tool_{path.stem}", path)
-            if module_spec is None or not path.is_file():
-                raise FileNotFoundError(f"{path} not found (relative to {Path.cwd()})")
-            module = importlib.util.module_from_spec(module_spec)
-            module_spec.loader.exec_module(module)
-        else:
-            module = importlib.import_module(target)
+        module = load_module(target, attr, where, prefix="grpokit_user_tool")
         fn = getattr(module, attr)
-    except (Exception, SystemExit) as e:
-        raise ToolDefinitionError(f"{where}={spec!r}: loading it failed: {type(e).__name__}: {e}") from e
+    except (UserCodeError, AttributeError) as e:
+        raise ToolDefinitionError(f"{where}={spec!r}: loading it failed: {e}") from e
     if not callable(fn):
         raise ToolDefinitionError(f"{where}={spec!r} is a {type(fn).__name__}, not a function")
     return fn
