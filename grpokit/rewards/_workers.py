@@ -5,18 +5,16 @@ loop, starting and killing a worker. Used by `RewardRunner`; nothing here is pub
 from __future__ import annotations
 
 import asyncio
-import ctypes
 import inspect
 import math
 import os
 import pickle
-import signal
 import struct
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from numbers import Real
 
+from grpokit.forked_worker import fork_worker
 from grpokit.rewards._keeper import become_keeper
 from grpokit.rewards._keeper import stop as stop_keeper
 from grpokit.rewards._text import to_text
@@ -169,7 +167,6 @@ _HEADER = struct.Struct("<Q")
 _WORKER_FDS: set[int] = set()
 """Parent-side pipe ends of every live worker of every runner: a new child closes them, so that
 no worker holds another's pipe open."""
-_PR_SET_PDEATHSIG = 1
 
 
 def _frame(obj: object) -> bytes:
@@ -225,44 +222,12 @@ class _Worker:
     """One forked worker process and its two pipes (parent side)."""
 
     def __init__(self, functions: list[Callable]):
-        req_r, req_w = os.pipe()
-        rep_r, rep_w = os.pipe()
-        parent = os.getpid()
-        with warnings.catch_warnings():  # Python >= 3.12 warns on fork with threads (torch has some):
-            # the child runs only the reward code and never the trainer's threads' work.
-            warnings.filterwarnings("ignore", message=".*fork", category=DeprecationWarning)
-            pid = os.fork()
-        if pid == 0:  # the child: never returns
-            status = 0
-            try:
-                os.setpgid(0, 0)  # its own group: killpg reaches what it starts; Ctrl-C does not reach it
-                try:
-                    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-                except (OSError, AttributeError):
-                    pass
-                if os.getppid() != parent:
-                    os._exit(0)
-                for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGPIPE):
-                    signal.signal(sig, signal.SIG_DFL)
-                for fd in (*_WORKER_FDS, req_w, rep_r):
-                    try:
-                        os.close(fd)
-                    except OSError:
-                        pass
-                become_keeper(parent, (req_r, rep_w))  # this process stays as the keeper; its child serves
-                _serve(functions, req_r, rep_w)
-            except BaseException:  # noqa: BLE001 - the parent sees the closed pipe and reports it
-                status = 1
-            finally:
-                os._exit(status)
-        try:
-            os.setpgid(pid, pid)  # also here, so killpg works even before the child has run
-        except OSError:
-            pass
-        os.close(req_r)
-        os.close(rep_w)
-        self.pid, self.to_child, self.from_child = pid, req_w, rep_r
-        _WORKER_FDS.update((req_w, rep_r))
+        def serve(parent: int, requests: int, replies: int) -> None:
+            become_keeper(parent, (requests, replies))  # this process stays as the keeper; its child serves
+            _serve(functions, requests, replies)
+
+        self.pid, self.to_child, self.from_child = fork_worker(serve, _WORKER_FDS)
+        _WORKER_FDS.update((self.to_child, self.from_child))
         self.buffer = bytearray()
         self.task: _Task | None = None
         self.item_started = 0.0

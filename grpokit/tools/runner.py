@@ -10,7 +10,6 @@ Not a sandbox: tools are the user's own trusted code. Model-written code runs in
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import pickle
@@ -20,16 +19,15 @@ import signal
 import struct
 import threading
 import time
-import warnings
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+from grpokit.forked_worker import fork_worker
 from grpokit.tools.parsers import ToolCall
 from grpokit.tools.spec import Tool, check_arguments
 
 _HEADER = struct.Struct("<Q")
 _PARENT_FDS: set[int] = set()  # parent-side pipe ends of all live workers: a new child closes them
-_PR_SET_PDEATHSIG = 1
 
 
 @dataclass
@@ -98,42 +96,11 @@ class _Worker:
     """One forked worker and its pipes (parent side)."""
 
     def __init__(self, tools: dict[str, Tool], max_chars: int):
-        req_r, req_w = os.pipe()
-        rep_r, rep_w = os.pipe()
-        parent = os.getpid()
-        with warnings.catch_warnings():  # Python >= 3.12 warns on fork with threads (torch has some):
-            warnings.filterwarnings("ignore", message=".*fork", category=DeprecationWarning)
-            pid = os.fork()  # the child runs only tool code, never the trainer's threads' work
-        if pid == 0:
-            status = 0
-            try:
-                os.setpgid(0, 0)  # its own group: killpg reaches whatever the tool started
-                try:
-                    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-                except (OSError, AttributeError):
-                    pass
-                if os.getppid() != parent:
-                    os._exit(0)
-                for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGPIPE):
-                    signal.signal(sig, signal.SIG_DFL)
-                for fd in (*_PARENT_FDS, req_w, rep_r):
-                    try:
-                        os.close(fd)
-                    except OSError:
-                        pass
-                _serve(tools, req_r, rep_w, max_chars)
-            except BaseException:  # noqa: BLE001 - the parent sees the closed pipe
-                status = 1
-            finally:
-                os._exit(status)
-        try:
-            os.setpgid(pid, pid)
-        except OSError:
-            pass
-        os.close(req_r)
-        os.close(rep_w)
-        self.pid, self.to_child, self.from_child = pid, req_w, rep_r
-        _PARENT_FDS.update((req_w, rep_r))
+        def serve(parent: int, requests: int, replies: int) -> None:
+            _serve(tools, requests, replies, max_chars)
+
+        self.pid, self.to_child, self.from_child = fork_worker(serve, _PARENT_FDS)
+        _PARENT_FDS.update((self.to_child, self.from_child))
 
     def call(self, name: str, arguments: dict, timeout_s: float) -> tuple[str, str] | None:
         """The reply, None when the worker died; TimeoutError past ``timeout_s``."""
