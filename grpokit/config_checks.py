@@ -271,21 +271,22 @@ def _algo_choices(algo: AlgoConfig) -> dict[str, tuple[Any, list[Any]]]:
     return out
 
 
-def check_config(cfg: Config) -> None:
-    """Ranges, choices and the cross-setting rules; the first problem raises ConfigError."""
-    _check_ranges(cfg)
+def check_shared_sections(cfg: Any, ranges: dict[str, tuple[str, Any, str]] | None, choices: dict) -> None:
+    """The checks of the sections every trainer's config shares (model, data, optim, train): ranges,
+    (None: RANGES and the algo.* ones), choices (the shared ones plus ``choices``, key -> (value, valid
+    values)), micro-batch size, device,
+    seed and trackers. The RL config (check_config) and the SFT config (grpokit.sft_config) both call it."""
+    _check_ranges(cfg, ranges)
     choices = {
         "model.dtype": (cfg.model.dtype, ["auto", "float32", "bfloat16", "float16"]),
         "data.template": (cfg.data.template, ["auto", "chat", "plain", "r1_zero"]),
-        "rollout.engine": (cfg.rollout.engine, ["fast", "hf"]),
-        "rollout.kv_cache": (cfg.rollout.kv_cache, list(KV_CACHES)),
         "optim.schedule": (cfg.optim.schedule, ["constant", "cosine", "linear"]),
         "train.distributed": (cfg.train.distributed, ["auto", "fsdp", "ddp"]),
         "optim.precision": (
             cfg.optim.precision,
             ["auto", "fp32", "bf16_mixed", "fp16_mixed", "bf16_kahan", "bf16_pure"],
         ),
-        **_algo_choices(cfg.algo),
+        **choices,
     }
     for key, (value, valid) in choices.items():
         if value not in valid:
@@ -293,14 +294,6 @@ def check_config(cfg: Config) -> None:
             hint = difflib.get_close_matches(str(value), shown, n=1, cutoff=0.3)
             near = f" Did you mean '{hint[0]}'?" if hint else ""
             raise ConfigError(f"{key}={value!r} is not one of {shown}.{near}")
-    from grpokit.algos import PRESETS
-
-    if cfg.algo.preset not in PRESETS:
-        raise ConfigError(
-            f"algo.preset={cfg.algo.preset!r} is not a known preset.{_nearest(cfg.algo.preset, list(PRESETS))}"
-        )
-    check_critic(cfg)  # critic.* settings need an algorithm that trains a critic
-    check_algo_knobs(cfg)  # algo.* knobs the chosen estimator, loss or batch settings would ignore
     if cfg.optim.micro_batch_size != "auto" and (
         not isinstance(cfg.optim.micro_batch_size, int) or cfg.optim.micro_batch_size < 1
     ):
@@ -308,7 +301,9 @@ def check_config(cfg: Config) -> None:
             f"optim.micro_batch_size={cfg.optim.micro_batch_size} must be at least 1 "
             "or auto (e.g. optim.micro_batch_size=8, or auto: as many as fit)."
         )
-    if not isinstance(cfg.model.device, str) or not re.fullmatch(r"auto|cpu|mps|cuda(:\d+)?", cfg.model.device):
+    if not isinstance(cfg.model.device, str) or not re.fullmatch(
+        r"auto|cpu|mps|cuda(:\d+)?", cfg.model.device
+    ):
         raise ConfigError(
             f"model.device={cfg.model.device!r} is not a device: use auto, cpu, cuda, cuda:N or mps "
             "(e.g. model.device=cuda:0)."
@@ -317,6 +312,31 @@ def check_config(cfg: Config) -> None:
         raise ConfigError(
             f"train.seed={cfg.train.seed} is out of range: it must be >= 0 and < 2**63 (e.g. train.seed=42)."
         )
+    try:
+        check_report_to(cfg.train.report_to)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+
+
+def check_config(cfg: Config) -> None:
+    """Ranges, choices and the cross-setting rules; the first problem raises ConfigError."""
+    check_shared_sections(
+        cfg,
+        None,  # RANGES and the algo.* ranges
+        {
+            "rollout.engine": (cfg.rollout.engine, ["fast", "hf"]),
+            "rollout.kv_cache": (cfg.rollout.kv_cache, list(KV_CACHES)),
+            **_algo_choices(cfg.algo),
+        },
+    )
+    from grpokit.algos import PRESETS
+
+    if cfg.algo.preset not in PRESETS:
+        raise ConfigError(
+            f"algo.preset={cfg.algo.preset!r} is not a known preset.{_nearest(cfg.algo.preset, list(PRESETS))}"
+        )
+    check_critic(cfg)  # critic.* settings need an algorithm that trains a critic
+    check_algo_knobs(cfg)  # algo.* knobs the chosen estimator, loss or batch settings would ignore
     if cfg.rollout.group_size < 2:
         raise ConfigError(
             f"rollout.group_size={cfg.rollout.group_size}: GRPO needs at least 2 completions per prompt "
@@ -330,10 +350,6 @@ def check_config(cfg: Config) -> None:
         )
     if not cfg.rewards:
         raise ConfigError("rewards: at least one reward function is needed.")
-    try:
-        check_report_to(cfg.train.report_to)
-    except ValueError as e:
-        raise ConfigError(str(e)) from None
 
 
 def build_config(cls: type, values: dict[str, Any]) -> Any:

@@ -11,7 +11,6 @@ shared keys that mean nothing to SFT (NOT_FOR_SFT) are refused when set, never s
 from __future__ import annotations
 
 import dataclasses
-import difflib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,7 +25,7 @@ from grpokit.config import (
     TrainConfig,
     load_config,
 )
-from grpokit.config_checks import RANGES, _check_ranges, build_config
+from grpokit.config_checks import RANGES, build_config, check_shared_sections
 from grpokit.errors import ConfigError
 
 SFT_FORMATS = ("auto", "messages", "prompt_completion", "text")
@@ -122,35 +121,14 @@ def check_sft_config(cfg: SFTConfig) -> None:
             raise ConfigError(f"{key}={value!r} does not apply to grpokit sft ({why}); remove it.")
     sections = {f.name for f in dataclasses.fields(cfg)}
     shared = {k: v for k, v in RANGES.items() if k.split(".")[0] in sections and not k.startswith("data.")}
-    _check_ranges(cfg, {**shared, **SFT_RANGES})
-    choices = {
-        "model.dtype": (cfg.model.dtype, ["auto", "float32", "bfloat16", "float16"]),
-        "data.format": (cfg.data.format, list(SFT_FORMATS)),
-        "data.template": (cfg.data.template, ["auto", "chat", "plain", "r1_zero"]),
-        "sft.loss_on": (cfg.sft.loss_on, list(LOSS_ON)),
-        "optim.schedule": (cfg.optim.schedule, ["constant", "cosine", "linear"]),
-        "train.distributed": (cfg.train.distributed, ["auto", "fsdp", "ddp"]),
-        "optim.precision": (
-            cfg.optim.precision,
-            ["auto", "fp32", "bf16_mixed", "fp16_mixed", "bf16_kahan", "bf16_pure"],
-        ),
-    }
-    for key, (value, valid) in choices.items():
-        if value not in valid:
-            hint = difflib.get_close_matches(str(value), valid, n=1, cutoff=0.3)
-            near = f" Did you mean '{hint[0]}'?" if hint else ""
-            raise ConfigError(f"{key}={value!r} is not one of {valid}.{near}")
-    micro = cfg.optim.micro_batch_size
-    if micro != "auto" and (not isinstance(micro, int) or micro < 1):
-        raise ConfigError(
-            f"optim.micro_batch_size={micro} must be at least 1 or auto (e.g. optim.micro_batch_size=8)."
-        )
-    from grpokit.runlog import check_report_to
-
-    try:
-        check_report_to(cfg.train.report_to)
-    except ValueError as e:
-        raise ConfigError(str(e)) from None
+    check_shared_sections(
+        cfg,
+        {**shared, **SFT_RANGES},
+        {
+            "data.format": (cfg.data.format, list(SFT_FORMATS)),
+            "sft.loss_on": (cfg.sft.loss_on, list(LOSS_ON)),
+        },
+    )
 
 
 def sft_config_from_dict(values: dict[str, Any]) -> SFTConfig:

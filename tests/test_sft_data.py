@@ -52,7 +52,16 @@ def test_r1_zero_prompt_is_rendered_as_grpokit_train_renders_it():
 
 def test_chat_prompt_completion_counts_the_assistant_turn_with_its_end_token():
     pairs = tokens({"prompt": "1+2", "completion": "3"}, "prompt_completion", template="chat")
-    assert pairs == [("<bos>", 0), ("<|user|>", 0), ("1", 0), ("+", 0), ("2", 0), ("<|assistant|>", 0), ("3", 1), ("<eos>", 1)]
+    assert pairs == [
+        ("<bos>", 0),
+        ("<|user|>", 0),
+        ("1", 0),
+        ("+", 0),
+        ("2", 0),
+        ("<|assistant|>", 0),
+        ("3", 1),
+        ("<eos>", 1),
+    ]
 
 
 def test_messages_count_every_assistant_turn_and_nothing_else():
@@ -72,14 +81,20 @@ def test_messages_count_every_assistant_turn_and_nothing_else():
 
 
 def test_prompt_messages_with_an_assistant_turn_train_only_the_completion():
-    prompt = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}, {"role": "user", "content": "c"}]
+    prompt = [
+        {"role": "user", "content": "a"},
+        {"role": "assistant", "content": "b"},
+        {"role": "user", "content": "c"},
+    ]
     completion = [{"role": "assistant", "content": "d"}]
     pairs = tokens({"prompt": prompt, "completion": completion}, "prompt_completion")
     assert trained(pairs) == "d<eos>"  # the few-shot assistant turn "b" in the prompt is not trained
 
 
 def test_system_prompt_is_prepended_untrained():
-    pairs = tokens({"prompt": "a", "completion": "b"}, "prompt_completion", template="plain", system_prompt="s")
+    pairs = tokens(
+        {"prompt": "a", "completion": "b"}, "prompt_completion", template="plain", system_prompt="s"
+    )
     assert pairs == [("s", 0), ("Ċ", 0), ("Ċ", 0), ("a", 0), ("b", 1), ("<eos>", 1)]
 
 
@@ -88,13 +103,18 @@ def test_text_counts_every_token_but_the_first():
 
 
 def test_loss_on_all_counts_the_prompt_too():
-    pairs = tokens({"prompt": "1+2=", "completion": "3"}, "prompt_completion", loss_on="all", template="plain")
+    pairs = tokens(
+        {"prompt": "1+2=", "completion": "3"}, "prompt_completion", loss_on="all", template="plain"
+    )
     assert [m for _, m in pairs] == [0, 1, 1, 1, 1, 1]
 
 
 def test_template_auto_renders_string_prompts_as_they_are_and_messages_through_the_chat_template():
     assert trained(tokens({"prompt": "1+2", "completion": "3"}, "prompt_completion")) == "3<eos>"
-    assert tokens({"prompt": "1+2", "completion": "3"}, "prompt_completion")[0] == ("1", 0)  # as grpokit train
+    assert tokens({"prompt": "1+2", "completion": "3"}, "prompt_completion")[0] == (
+        "1",
+        0,
+    )  # as grpokit train
     messages = {"prompt": [{"role": "user", "content": "1+2"}], "completion": "3"}
     assert tokens(messages, "prompt_completion")[:2] == [("<bos>", 0), ("<|user|>", 0)]
 
@@ -111,7 +131,9 @@ def test_format_is_detected_from_the_columns():
 
 
 def test_collate_padded_and_packed():
-    a, b = encode_examples([{"text": "abc"}, {"text": "d"}], TOK, SFTDataConfig(), "auto", "f")  # 4 and 2 tokens
+    a, b = encode_examples(
+        [{"text": "abc"}, {"text": "d"}], TOK, SFTDataConfig(), "auto", "f"
+    )  # 4 and 2 tokens
     padded = collate([a, b], pad_token_id=0, packing=False)
     assert padded["attention_mask"].tolist() == [[1, 1, 1, 1], [1, 1, 0, 0]]
     assert padded["loss_mask"].tolist() == [[0, 1, 1, 1], [0, 1, 0, 0]]
@@ -130,7 +152,9 @@ def test_eval_prompts_of_messages_rows_stop_before_the_last_assistant_turn():
             "answer": "3",
         }
     ]
-    assert prompt_rows(rows, SFTDataConfig(), "f") == [{"answer": "3", "prompt": [{"role": "user", "content": "1+2"}]}]
+    assert prompt_rows(rows, SFTDataConfig(), "f") == [
+        {"answer": "3", "prompt": [{"role": "user", "content": "1+2"}]}
+    ]
     with pytest.raises(DataError, match="text rows have no prompt"):
         prompt_rows([{"text": "a"}], SFTDataConfig(), "f")
 
@@ -158,7 +182,9 @@ def test_bad_rows_are_named(rows, data, loss_on, message):
 
 
 def test_truncate_cuts_on_the_right():
-    (ex,) = encode_examples([{"text": "abcdef"}], TOK, SFTDataConfig(max_length=4, truncate=True), "auto", "f")
+    (ex,) = encode_examples(
+        [{"text": "abcdef"}], TOK, SFTDataConfig(max_length=4, truncate=True), "auto", "f"
+    )
     assert TOK.convert_ids_to_tokens(ex.input_ids) == ["a", "b", "c", "d"] and ex.loss_mask == [0, 1, 1, 1]
 
 
@@ -166,7 +192,9 @@ def test_messages_need_a_chat_template():
     plain = make_tiny_tokenizer()
     plain.chat_template = None
     rows = [{"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]}]
-    with pytest.raises(DataError, match="f, row index 0: chat messages need a tokenizer with a chat template"):
+    with pytest.raises(
+        DataError, match="f, row index 0: chat messages need a tokenizer with a chat template"
+    ):
         encode_examples(rows, plain, SFTDataConfig(), "auto", "f")
 
 
@@ -188,3 +216,21 @@ def test_config_keys_that_do_not_apply_are_refused():
         load_sft_config(None, ["rollout.group_size=4"])
     with pytest.raises(ConfigError, match=r"sft.loss_on='assistant' is not one of"):
         load_sft_config(None, ["sft.loss_on=assistant"])
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("model.device=gpu", r"model.device='gpu' is not a device"),
+        ("train.seed=-1", r"train.seed=-1 is out of range"),
+        ("optim.precision=bf16", r"optim.precision='bf16' is not one of"),
+        ("train.report_to=comet", r"train.report_to='comet' is not one of"),
+    ],
+)
+def test_the_shared_sections_are_checked_as_for_grpokit_train(override, message):
+    """grpokit sft and grpokit train check model/optim/train by one function (config_checks.check_shared_sections)."""
+    from grpokit.config import ConfigError, load_config
+
+    for load in (load_sft_config, load_config):
+        with pytest.raises(ConfigError, match=message):
+            load(None, [override])
