@@ -200,6 +200,7 @@ def test_every_preset_is_complete_and_cites_its_paper():
     expected_keys = {
         "advantage",
         "std_ddof",
+        "std_eps",  # the epsilon added to the group std (TRL: 1e-4; issue 30)
         "eps_low",
         "eps_high",
         "ratio_level",
