@@ -3,6 +3,7 @@ harm the host. Plain Python (no pytest) so that `tests/test_sandbox_hostile.py` 
 in its own process as root and, as a script, as an unprivileged user:
 
     python tests/hostile_programs.py TOKEN     # prints one JSON line: scores and host checks
+    python tests/hostile_programs.py TOKEN tool   # the same programs through the multi-turn python tool
 
 Every program must score 0; afterwards no file it tried to write may exist, no process it started
 may run (each one that could outlive the call names itself TOKEN via prctl(PR_SET_NAME)), the
@@ -465,5 +466,72 @@ def run_suite(token: str, timeout_s: float = 1.5, workers: int = 4) -> dict:
     }
 
 
+RUN_DEFINED = (  # appended to each program run by the python tool: call the functions it defines
+    "\nfor _name, _args in (('add', (2, 3)), ('solve', ()), ('is_ok', ())):\n"
+    "    if callable(globals().get(_name)):\n"
+    "        print(globals()[_name](*_args))\n"
+)
+
+
+def run_tool_suite(token: str, workers: int = 4) -> dict:
+    """Every program, its functions called, through the python tool on a ToolRunner, then the honest
+    controls on the same runner; the host checks as in `run_suite`."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from grpokit.rewards.sandbox import SandboxLimits
+    from grpokit.tools import Tool, ToolCall, ToolRunner, load_tools
+    from grpokit.tools.python import make_python_tool
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    listener.setblocking(False)
+    rows = programs(token, listener.getsockname()[1], os.getpid())
+    tool = make_python_tool(
+        SandboxLimits(wall_s=1.5, cpu_s=2, memory_mb=256, max_processes=8, max_output_bytes=64_000)
+    )
+    try:
+        tools = load_tools([tool])
+    except ModuleNotFoundError:  # the schema is transformers' get_json_schema, absent on a torch-less
+        # interpreter; the schema it would give (not what is under test here) is written out instead
+        code = {"type": "object", "properties": {"code": {"type": "string"}}, "required": ["code"]}
+        tools = [
+            Tool("python", tool, {"type": "function", "function": {"name": "python", "parameters": code}})
+        ]
+    runner = ToolRunner(tools, timeout_s=5.0, max_result_chars=500, workers=workers)
+    start = time.monotonic()
+    try:
+        with ThreadPoolExecutor(workers) as pool:
+            calls = [ToolCall("python", {"code": row[1] + RUN_DEFINED}) for row in rows]
+            results = list(pool.map(runner.call, calls))
+        controls = {  # honest programs after the hostile ones: the runner still answers correctly
+            "print": runner.call(ToolCall("python", {"code": "print(6 * 7)"})).content,
+            "add": runner.call(ToolCall("python", {"code": CONTROLS[0][1] + RUN_DEFINED})).content,
+            "secret": runner.call(ToolCall("python", {"code": CONTROLS[3][1] + RUN_DEFINED})).content,
+        }
+    finally:
+        runner.close()
+    elapsed = time.monotonic() - start
+    time.sleep(0.3)  # a leftover would have had time to act
+    connections = 0
+    try:
+        while True:
+            listener.accept()[0].close()
+            connections += 1
+    except BlockingIOError:
+        pass
+    listener.close()
+    return {
+        "uid": os.geteuid(),
+        "answers": {row[0]: r.content for row, r in zip(rows, results)},
+        "controls": controls,
+        "files_left": [p for p in marks(token) if os.path.exists(p)],
+        "processes_left": leftover_processes(token),
+        "connections": connections,
+        "seconds": round(elapsed, 2),
+    }
+
+
 if __name__ == "__main__":
-    print(json.dumps(run_suite(sys.argv[1])))
+    suite = run_tool_suite if sys.argv[2:] == ["tool"] else run_suite
+    print(json.dumps(suite(sys.argv[1])))

@@ -60,27 +60,47 @@ def _python_for(uid: int) -> str | None:
     return None
 
 
+def _as_unprivileged_user(token: str, *mode: str) -> dict:
+    """`hostile_programs.py TOKEN *mode` as user nobody (a torch-less interpreter may be the one that runs)."""
+    if os.geteuid() != 0:  # this process is the unprivileged user
+        return hp.run_tool_suite(token) if mode == ("tool",) else hp.run_suite(token)
+    exe = _python_for(NOBODY)
+    if exe is None:
+        pytest.skip("no Python interpreter that user nobody (65534) can run")
+    if not os.access(hp.HERE, os.R_OK | os.X_OK) or os.stat(hp.HERE).st_mode & 0o005 != 0o005:
+        pytest.skip("the repository is not readable by other users")
+    proc = subprocess.run(
+        [exe, "-B", os.path.join(hp.HERE, "hostile_programs.py"), token, *mode],
+        user=NOBODY,
+        group=NOBODY,
+        extra_groups=[],
+        capture_output=True,
+        timeout=300,
+        cwd="/",
+        env={"PATH": "/usr/bin:/bin", "HOME": "/nonexistent"},
+    )
+    assert proc.returncode == 0, proc.stderr.decode()[-3000:]
+    return json.loads(proc.stdout)
+
+
 def test_hostile_suite_as_unprivileged_user():
     token = "gk" + uuid.uuid4().hex[:10]
-    if os.geteuid() != 0:
-        result = hp.run_suite(token)  # this process is the unprivileged user
-    else:
-        exe = _python_for(NOBODY)
-        if exe is None:
-            pytest.skip("no Python interpreter that user nobody (65534) can run")
-        if not os.access(hp.HERE, os.R_OK | os.X_OK) or os.stat(hp.HERE).st_mode & 0o005 != 0o005:
-            pytest.skip("the repository is not readable by other users")
-        proc = subprocess.run(
-            [exe, "-B", os.path.join(hp.HERE, "hostile_programs.py"), token],
-            user=NOBODY,
-            group=NOBODY,
-            extra_groups=[],
-            capture_output=True,
-            timeout=300,
-            cwd="/",
-            env={"PATH": "/usr/bin:/bin", "HOME": "/nonexistent"},
-        )
-        assert proc.returncode == 0, proc.stderr.decode()[-3000:]
-        result = json.loads(proc.stdout)
+    result = _as_unprivileged_user(token)
     assert result["uid"] != 0
     check(result, token)
+
+
+def test_python_tool_under_the_hostile_programs_as_unprivileged_user():
+    """The multi-turn python tool (grpokit/tools/python.py) under the same programs as user nobody (the root
+    run is tests/test_tools.py): every call answers, nothing is left behind, honest code still runs."""
+    token = "gk" + uuid.uuid4().hex[:10]
+    result = _as_unprivileged_user(token, "tool")
+    assert result["uid"] != 0
+    answers = result["answers"]
+    assert len(answers) >= 40
+    assert {name: a for name, a in answers.items() if not (isinstance(a, str) and a)} == {}
+    assert result["controls"] == {"print": "42", "add": "5", "secret": hp.SECRET}
+    assert result["files_left"] == []
+    assert result["processes_left"] == [] and hp.leftover_processes(token) == []
+    assert result["connections"] == 0
+    assert [p for p in hp.marks(token) if os.path.exists(p)] == []
