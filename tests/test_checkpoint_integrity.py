@@ -11,40 +11,17 @@ from pathlib import Path
 
 import pytest
 import torch
-from tiny_model import make_tiny_model
+from tiny_model import ADDITION_ROWS, SMALL_RUN, make_tiny_model, small_trainer
 
-from grpokit import GRPOTrainer, load_config
+from grpokit import GRPOTrainer
 from grpokit.checkpoint import CHECKSUM_FILE, CheckpointError, save_checkpoint, verify_checkpoint
 from grpokit.config import ConfigError
 
-ROWS = [{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a in range(4) for b in range(4)]
-SETTINGS = [
-    "train.report_to=none",
-    "rollout.group_size=2",
-    "rollout.prompts_per_step=2",
-    "rollout.max_new_tokens=4",
-    "data.template=plain",
-    "data.max_prompt_tokens=32",
-    "model.device=cpu",
-    "eval.enabled=false",
-    "train.stop_after_flat_steps=0",
-    "train.samples_every=0",
-]
-
-
-def has_seven(prompts, completions, **kw):
-    return [float("7" in c) for c in completions]
+ROWS, SETTINGS = ADDITION_ROWS, SMALL_RUN
 
 
 def trainer(out: Path, steps: int, **kwargs) -> GRPOTrainer:
-    model, tok = make_tiny_model("qwen2", seed=0)
-    cfg = load_config(
-        None,
-        [f"train.output_dir={out}", f"train.steps={steps}", "train.save_every=1", "train.keep_checkpoints=0", *SETTINGS],
-    )
-    return GRPOTrainer(
-        cfg, model=model, tokenizer=tok, train_rows=ROWS, reward_functions=[("has_seven", has_seven, 1.0)], **kwargs
-    )
+    return small_trainer(out, steps, "train.save_every=1", "train.keep_checkpoints=0", **kwargs)
 
 
 @pytest.fixture
@@ -57,7 +34,9 @@ def tmpfs(tmp_path):
     def mount(kib: int) -> Path:
         where = tmp_path / f"disk_{kib}k_{len(mounted)}"
         where.mkdir()
-        done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={kib}k", "tmpfs", str(where)], capture_output=True)
+        done = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={kib}k", "tmpfs", str(where)], capture_output=True
+        )
         if done.returncode != 0:
             pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode().strip()}")
         mounted.append(where)
@@ -82,7 +61,11 @@ def test_any_writer_failing_on_a_full_disk_is_one_named_error_and_leaves_no_tmp(
             save_checkpoint(target, model, tok, state)
         message = str(e.value)
         assert message.startswith(f"disk full: no space left on the disk of {disk / 'checkpoints'}"), message
-        assert f"while writing checkpoint {target}" in message and "free there" in message and "--resume" in message
+        assert (
+            f"while writing checkpoint {target}" in message
+            and "free there" in message
+            and "--resume" in message
+        )
         assert sorted(p.name for p in (disk / "checkpoints").iterdir()) == []  # no step_000001.tmp, no step
         causes.add(type(e.value.__cause__).__name__)
     assert len(causes) >= 2, causes  # not one exception type: the rule covers every writer
@@ -101,10 +84,15 @@ def copy_run(src: Path, dst: Path) -> Path:
     return dst
 
 
-def test_a_torn_tensor_is_caught_by_its_checksum_and_the_previous_checkpoint_is_used(two_steps, tmp_path, capsys):
+def test_a_torn_tensor_is_caught_by_its_checksum_and_the_previous_checkpoint_is_used(
+    two_steps, tmp_path, capsys
+):
     out = copy_run(two_steps, tmp_path / "run")
     step2 = out / "checkpoints" / "step_000002"
-    assert set(json.loads((step2 / CHECKSUM_FILE).read_text())["sha256"]) == {"model.safetensors", "trainer_state.pt"}
+    assert set(json.loads((step2 / CHECKSUM_FILE).read_text())["sha256"]) == {
+        "model.safetensors",
+        "trainer_state.pt",
+    }
     weights = step2 / "model.safetensors"
     data = bytearray(weights.read_bytes())
     data[len(data) // 2] ^= 0xFF  # one byte inside a tensor: header and size unchanged

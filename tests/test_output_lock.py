@@ -10,38 +10,18 @@ import time
 from pathlib import Path
 
 import pytest
-from tiny_model import make_tiny_model, save_tiny_model
+from tiny_model import ADDITION_ROWS, SMALL_RUN, has_seven, make_tiny_model, save_tiny_model, small_trainer
 
 from grpokit import GRPOTrainer, load_config
 from grpokit.cli import main
 from grpokit.config import ConfigError
 from grpokit.output_lock import LOCK_FILE, REPLACED, OutputLock
 
-ROWS = [{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a in range(4) for b in range(4)]
-SETTINGS = [
-    "train.report_to=none",
-    "rollout.group_size=2",
-    "rollout.prompts_per_step=2",
-    "rollout.max_new_tokens=4",
-    "data.template=plain",
-    "data.max_prompt_tokens=32",
-    "model.device=cpu",
-    "eval.enabled=false",
-    "train.stop_after_flat_steps=0",
-    "train.samples_every=0",
-]
-
-
-def has_seven(prompts, completions, **kw):
-    return [float("7" in c) for c in completions]
+ROWS, SETTINGS = ADDITION_ROWS, SMALL_RUN
 
 
 def api_trainer(out: Path, steps: int = 1, **kwargs) -> GRPOTrainer:
-    model, tok = make_tiny_model("qwen2", seed=0)
-    cfg = load_config(None, [f"train.output_dir={out}", f"train.steps={steps}", *SETTINGS])
-    return GRPOTrainer(
-        cfg, model=model, tokenizer=tok, train_rows=ROWS, reward_functions=[("has_seven", has_seven, 1.0)], **kwargs
-    )
+    return small_trainer(out, steps, **kwargs)
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +33,9 @@ def world(tmp_path_factory):
         "import time\n\ndef score(prompts, completions, **kw):\n    time.sleep(1.5)\n"
         "    return [float('7' in c) for c in completions]\n"
     )
-    (w / "fails.py").write_text("def score(prompts, completions, **kw):\n    raise ValueError('broken verifier')\n")
+    (w / "fails.py").write_text(
+        "def score(prompts, completions, **kw):\n    raise ValueError('broken verifier')\n"
+    )
     return w
 
 
@@ -94,10 +76,14 @@ def test_two_trainers_built_for_one_folder_only_one_trains(tmp_path):
 
 
 def test_a_run_that_fails_to_start_leaves_no_folder_and_no_lock(tmp_path):
-    cfg = load_config(None, [f"train.output_dir={tmp_path / 'other'}", *SETTINGS, "train.accuracy_reward=nope"])
+    cfg = load_config(
+        None, [f"train.output_dir={tmp_path / 'other'}", *SETTINGS, "train.accuracy_reward=nope"]
+    )
     model, tok = make_tiny_model("qwen2", seed=0)
     with pytest.raises(ConfigError, match="train.accuracy_reward='nope'"):
-        GRPOTrainer(cfg, model=model, tokenizer=tok, train_rows=ROWS, reward_functions=[("has_seven", has_seven, 1)])
+        GRPOTrainer(
+            cfg, model=model, tokenizer=tok, train_rows=ROWS, reward_functions=[("has_seven", has_seven, 1)]
+        )
     assert not (tmp_path / "other").exists()  # the folder the lock made is gone again
 
 
@@ -154,10 +140,14 @@ def make_old_run(out: Path) -> dict[str, bytes]:
 
 
 def contents(out: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(out)): p.read_bytes() for p in out.rglob("*") if p.is_file() and p.name != LOCK_FILE}
+    return {
+        str(p.relative_to(out)): p.read_bytes() for p in out.rglob("*") if p.is_file() and p.name != LOCK_FILE
+    }
 
 
-def test_overwrite_then_fail_keeps_the_old_run_and_overwrite_then_succeed_replaces_it(world, tmp_path, capsys):
+def test_overwrite_then_fail_keeps_the_old_run_and_overwrite_then_succeed_replaces_it(
+    world, tmp_path, capsys
+):
     out = tmp_path / "run"
     old = make_old_run(out)
     failing = cli_args(world, out, f"rewards=[{{name: '{world / 'fails.py'}:score'}}]", "--overwrite")

@@ -154,3 +154,41 @@ def save_tiny_model(path: str | Path, arch: str = "qwen2", seed: int = 0, **kwar
     cfg["tokenizer_class"] = "PreTrainedTokenizerFast"
     cfg_file.write_text(json.dumps(cfg, indent=2))
     return path
+
+
+ADDITION_ROWS = [{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a in range(4) for b in range(4)]
+"""16 two-number additions: the rows of the small trainer tests."""
+SMALL_RUN = [
+    "train.report_to=none",
+    "rollout.group_size=2",
+    "rollout.prompts_per_step=2",
+    "rollout.max_new_tokens=4",
+    "data.template=plain",
+    "data.max_prompt_tokens=32",
+    "model.device=cpu",
+    "eval.enabled=false",
+    "train.stop_after_flat_steps=0",
+    "train.samples_every=0",
+]
+"""Overrides of a small, quick CPU run: 2 prompts x 2 completions of 4 tokens, nothing extra written."""
+
+
+def has_seven(prompts, completions, **kw):
+    """A reward with spread on ADDITION_ROWS: 1 when the completion holds a 7."""
+    return [float("7" in c) for c in completions]
+
+
+def small_trainer(out: Path, steps: int, *overrides: str, **kwargs):
+    """A GRPOTrainer of a tiny qwen2 on ADDITION_ROWS with SMALL_RUN and has_seven, writing to ``out``."""
+    from grpokit import GRPOTrainer, load_config
+
+    model, tok = make_tiny_model("qwen2", seed=0)
+    cfg = load_config(None, [f"train.output_dir={out}", f"train.steps={steps}", *overrides, *SMALL_RUN])
+    return GRPOTrainer(
+        cfg,
+        model=model,
+        tokenizer=tok,
+        train_rows=ADDITION_ROWS,
+        reward_functions=[("has_seven", has_seven, 1.0)],
+        **kwargs,
+    )
