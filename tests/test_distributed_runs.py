@@ -56,7 +56,12 @@ def sft_setup(tmp_path_factory):
     one = folder / "one"
     from grpokit.cli import main
 
-    assert main(["sft", str(cfg), "--output-dir", str(one)]) == 0  # the one-process run, in this process
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as the ranks (OMP_NUM_THREADS=1): the same summation order in the kernels
+    try:
+        assert main(["sft", str(cfg), "--output-dir", str(one)]) == 0  # the one-process run, in this process
+    finally:
+        torch.set_num_threads(threads)
     return folder, cfg, one
 
 
