@@ -511,16 +511,24 @@ class Distributed:
         stats.entropy_sum, stats.entropy_tokens = sum(p[6] for p in parts), sum(p[7] for p in parts)
 
     def finish_metrics(self, metrics: dict[str, float]) -> None:
-        """Throughput summed over ranks, peak memory and times the largest rank's (in place)."""
+        """Throughput and tool counts summed over ranks, peak memory, times and episode/turns_max the
+        largest rank's, the other episode numbers (per-episode means; every rank has as many episodes)
+        averaged over ranks (in place)."""
         if not self.active:
             return
+        summed = ("tokens_per_s", "tools/calls", "tools/errors", "tools/timeouts")
         parts = self.gather(
             {
                 k: v
                 for k, v in metrics.items()
-                if k in ("tokens_per_s", "peak_memory_mb") or k.startswith("time/")
+                if k in ("tokens_per_s", "peak_memory_mb") or k.startswith(("time/", "episode/", "tools/"))
             }
         )
         for key in parts[0]:
             values = [p[key] for p in parts]
-            metrics[key] = sum(values) if key == "tokens_per_s" else max(values)
+            if key in summed:
+                metrics[key] = sum(values)
+            elif key.startswith(("episode/", "tools/")) and key != "episode/turns_max":
+                metrics[key] = sum(values) / len(values)
+            else:
+                metrics[key] = max(values)
