@@ -446,15 +446,7 @@ def run_suite(token: str, timeout_s: float = 1.5, workers: int = 4) -> dict:
     prompts = [row[3] if len(row) > 3 else None for row in rows]  # the prompt, where the tests use it
     scores = reward(prompts, [row[1] for row in rows], tests=[row[2] for row in rows])
     elapsed = time.monotonic() - start
-    time.sleep(0.3)  # a leftover would have had time to act
-    connections = 0
-    try:
-        while True:
-            listener.accept()[0].close()
-            connections += 1
-    except BlockingIOError:
-        pass
-    listener.close()
+    connections = connections_made(listener)
     return {
         "uid": os.geteuid(),
         "scores": {row[0]: score for row, score in zip(rows[: -len(CONTROLS)], scores)},
@@ -464,6 +456,21 @@ def run_suite(token: str, timeout_s: float = 1.5, workers: int = 4) -> dict:
         "connections": connections,
         "seconds": round(elapsed, 2),
     }
+
+
+def connections_made(listener: socket.socket) -> int:
+    """After a pause in which a leftover would have had time to act: how many connections programs made to
+    the host's listener (each accepted and closed); the listener is closed."""
+    time.sleep(0.3)
+    connections = 0
+    try:
+        while True:
+            listener.accept()[0].close()
+            connections += 1
+    except BlockingIOError:
+        pass
+    listener.close()
+    return connections
 
 
 RUN_DEFINED = (  # appended to each program run by the python tool: call the functions it defines
@@ -512,15 +519,7 @@ def run_tool_suite(token: str, workers: int = 4) -> dict:
     finally:
         runner.close()
     elapsed = time.monotonic() - start
-    time.sleep(0.3)  # a leftover would have had time to act
-    connections = 0
-    try:
-        while True:
-            listener.accept()[0].close()
-            connections += 1
-    except BlockingIOError:
-        pass
-    listener.close()
+    connections = connections_made(listener)
     return {
         "uid": os.geteuid(),
         "answers": {row[0]: r.content for row, r in zip(rows, results)},

@@ -207,57 +207,25 @@ def test_runner_turns_every_failure_into_a_message_and_goes_on():
         runner.close()
 
 
-RUN_DEFINED = (
-    "\nfor _name, _args in (('add', (2, 3)), ('solve', ()), ('is_ok', ())):\n"
-    "    if callable(globals().get(_name)):\n"
-    "        print(globals()[_name](*_args))\n"
-)
-
-
 def test_python_tool_under_the_hostile_programs():
     """Each hostile program (tests/hostile_programs.py), its functions called, through the python tool on a
-    ToolRunner: every call answers, the runner and this process survive, nothing is left behind (files,
-    processes, connections), and an honest program still gets its output."""
-    import socket
+    ToolRunner (hostile_programs.run_tool_suite, in this process as root; as user nobody in
+    tests/test_sandbox_hostile.py): every call answers, the runner and this process survive, nothing is left
+    behind (files, processes, connections), and honest programs still get their output."""
     import uuid
 
     import hostile_programs as hp
 
-    from grpokit.rewards.sandbox import SandboxLimits, isolation_report
-    from grpokit.tools.python import make_python_tool
+    from grpokit.rewards.sandbox import isolation_report
 
     if not isolation_report()["namespaces"]:
         pytest.skip(f"no user namespaces here: {isolation_report()['reason']}")
     token = "gk" + uuid.uuid4().hex[:10]
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(8)
-    listener.setblocking(False)
-    tool = make_python_tool(
-        SandboxLimits(wall_s=1.5, cpu_s=2, memory_mb=256, max_processes=8, max_output_bytes=64_000)
-    )
-    runner = ToolRunner(load_tools([tool]), timeout_s=5.0, max_result_chars=500, workers=4)
-    programs = hp.programs(token, listener.getsockname()[1], os.getpid())
-    assert len(programs) >= 40
-    try:
-        from concurrent.futures import ThreadPoolExecutor
-
-        with ThreadPoolExecutor(4) as pool:
-            calls = [ToolCall("python", {"code": code + RUN_DEFINED}) for _, code, *_ in programs]
-            results = list(pool.map(runner.call, calls))
-        assert all(isinstance(r.content, str) and r.content for r in results)
-        assert runner.call(ToolCall("python", {"code": "print(6 * 7)"})).content == "42"
-    finally:
-        runner.close()
-    time.sleep(0.3)  # a leftover would have had time to act
-    connections = 0
-    try:
-        while True:
-            listener.accept()[0].close()
-            connections += 1
-    except BlockingIOError:
-        pass
-    listener.close()
-    assert connections == 0
-    assert [p for p in hp.marks(token) if os.path.exists(p)] == []
-    assert hp.leftover_processes(token) == []
+    result = hp.run_tool_suite(token)
+    answers = result["answers"]
+    assert len(answers) >= 40
+    assert {name: a for name, a in answers.items() if not (isinstance(a, str) and a)} == {}
+    assert result["controls"] == {"print": "42", "add": "5", "secret": hp.SECRET}
+    assert result["connections"] == 0
+    assert result["files_left"] == [] and [p for p in hp.marks(token) if os.path.exists(p)] == []
+    assert result["processes_left"] == [] and hp.leftover_processes(token) == []
