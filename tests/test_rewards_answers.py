@@ -147,4 +147,4 @@ def test_one_math_verify_budget_per_completion_not_per_boxed_expression():
         answer=["18", r"\frac{1}{\sqrt{2}}", "18"],
     )
     assert got == [0.0, 1.0, 1.0]
-    assert time.monotonic() - start < 4.0 + 6.0  # one budget (2 * 1 + 2 s) plus a worker restart
+    assert time.monotonic() - start < 4.0 + 12.0  # one budget (2 * 1 + 2 s) plus a worker restart and slack; not 8 x 4 s

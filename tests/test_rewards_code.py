@@ -546,7 +546,7 @@ def test_one_looping_completion_costs_one_budget_and_no_other_score():
     budget = make_code_tests(timeout_s=2.5, memory_mb=256, workers=2)
     start = time.monotonic()
     assert budget([None], [looping], tests=[cases]) == [0.0]
-    assert time.monotonic() - start < 2.5 + 1.5  # one budget, not 8 x 2.5 s
+    assert time.monotonic() - start < 2.5 + 7.5  # one budget (+ slack for a busy machine), not 8 x 2.5 s
     runner = RewardRunner([("code", budget, 1.0)], timeout_s=20.0, completion_timeout_s=8.0, workers=2)
     res = runner([None] * 4, [honest, looping, honest, honest], {"tests": [cases] * 4})
     runner.close()
@@ -561,12 +561,13 @@ def test_the_driver_refuses_answers_built_to_cost_it_cpu_or_to_fool_comparisons(
     from grpokit.rewards import _plain
 
     collide = {"s": [k * (2**61 - 1) for k in range(1, 30000)]}
-    start = time.monotonic()
+    pairs = {"d": [[k * (2**61 - 1), 0] for k in range(1, 30000)]}
+    start = time.process_time()  # this process's CPU time: a busy machine does not move it (~0.05 s here)
     with pytest.raises(_plain.Refused):
         _plain.decode(collide, strict=True)
     with pytest.raises(_plain.Refused):
-        _plain.decode({"d": [[k * (2**61 - 1), 0] for k in range(1, 30000)]}, strict=True)
-    assert time.monotonic() - start < 1.0
+        _plain.decode(pairs, strict=True)
+    assert time.process_time() - start < 4.0  # the set the refusal avoids costs ~20 s of CPU
     for value in (
         {"f": "nan"},
         [1.0, {"t": [{"f": "nan"}]}],

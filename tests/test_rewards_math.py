@@ -152,9 +152,9 @@ def test_adversarial(name, completion, gold):
 )
 def test_huge_completion_is_fast(length, filler):
     text = (filler * (length // len(filler) + 1))[:length] + r" \boxed{18}"
-    start = time.perf_counter()
+    start = time.process_time()  # CPU time: a busy machine does not move it
     value = score(text, "18")
-    assert time.perf_counter() - start < 1.0
+    assert time.process_time() - start < 2.0  # a backtracking regex on 1e6 characters takes minutes
     assert value in (0.0, 1.0)
 
 

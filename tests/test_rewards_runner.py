@@ -96,7 +96,7 @@ def test_runner_reports_bad_functions(name, fn, message, isolation, caplog):
     start = time.monotonic()
     with caplog.at_level(logging.WARNING, logger="grpokit.rewards"):
         res = runner(["p", "q"], ["x", "y"], {})
-    assert time.monotonic() - start < 2.0
+    assert time.monotonic() - start < 10.0  # the 0.5 s timeout (+ slack for a busy machine), not the 30 s hang
     assert res.total == [1.0, 1.0]  # the failed function contributes 0
     assert res.failed == {"good": False, "bad": True}
     assert message in res.errors["bad"] and sorted(res.row_errors["bad"]) == [0, 1]
@@ -146,7 +146,7 @@ def test_async_functions_log_metric_log_extra_and_trainer_state():
     from grpokit.rewards.runner import TrainerState
 
     async def slow(prompts, completions, **kw):
-        await asyncio.sleep(0.3)
+        await asyncio.sleep(1.0)
         return [1.0] * len(completions)
 
     def logs(prompts, completions, trainer_state, log_metric=None, log_extra=None, **kw):
@@ -161,7 +161,7 @@ def test_async_functions_log_metric_log_extra_and_trainer_state():
         res = runner(None, ["a", "b"], {"trainer_state": TrainerState(global_step=3)})
         took = time.monotonic() - start
     assert res.per_function["slow5"] == [1.0, 1.0] and res.per_function["logs"] == [3.0, 3.0]
-    assert took < 1.0  # six 0.3 s async functions awaited at the same time, not one after another
+    assert took < 4.0  # six 1 s async functions awaited at the same time (~1 s), not one after another (6 s)
     assert res.logged == {"reward/logs/half": 0.5} and res.metrics()["reward/logs/half"] == 0.5
     assert res.extra == {"double": ["aa", "bb"]}
 
@@ -212,7 +212,7 @@ def test_slow_completions_score_zero_and_never_zero_the_others(tmp_path):
     ]
     start = time.monotonic()
     res = runner(None, completions, {})
-    assert time.monotonic() - start < 6.0  # 3 x 0.5 s over 2 workers, plus the forks
+    assert time.monotonic() - start < 15.0  # 3 x 0.5 s over 2 workers, plus the forks and slack; not 3 x 30 s
     assert res.per_function["r"] == [0.0 if c == "slow" else 1.0 for c in completions]
     assert res.total == [0.5 if c == "slow" else 1.5 for c in completions]
     assert res.timeouts == {"r": 3, "c": 0} and res.failed == {"r": False, "c": False}
@@ -221,7 +221,7 @@ def test_slow_completions_score_zero_and_never_zero_the_others(tmp_path):
     assert len(pids) == 3 and not any(_alive(p) for p in pids)  # each slow one's worker was killed
     start = time.monotonic()
     res = runner(None, ["ok"] * 8, {})  # the pool recovered
-    assert time.monotonic() - start < 2.0
+    assert time.monotonic() - start < 10.0  # not the 30 s batch timeout
     assert res.per_function["r"] == [1.0] * 8 and res.timeouts["r"] == 0
     runner.close()
 
@@ -240,7 +240,7 @@ def test_the_batch_deadline_stops_batch_functions_but_never_per_completion_work(
     res = runner(None, ["x", "x", "loop", "x", "x", "x"], {})
     # one worker: 5 completions of 0.3 s and one killed at 0.6 s: ~2.1 s, past the 1 s batch deadline,
     # which stops the waiting batch function only; the honest completions keep their 1.0
-    assert 2.0 < time.monotonic() - start < 5.0
+    assert 2.0 < time.monotonic() - start < 12.0
     assert res.per_function["slow"] == [1.0, 1.0, 0.0, 1.0, 1.0, 1.0] and res.timeouts["slow"] == 1
     assert res.failed == {"slow": False, "after": True} and "timed out" in res.errors["after"]
     assert res.total == [1.0, 1.0, 0.0, 1.0, 1.0, 1.0]
@@ -276,7 +276,7 @@ def test_a_reward_stuck_in_a_cpu_loop_is_killed_at_its_timeout(tmp_path):
         seconds.append(time.monotonic() - start)
         assert res.failed == {"stuck": True, "good": False} and "killed" in res.errors["stuck"]
         assert res.total == [1.0, 1.0]
-    assert max(seconds) < 2.0  # step time does not grow: nothing is left running
+    assert max(seconds) < 6.0  # step time does not grow: nothing is left running (4 loops left would pile up)
     pids = _pids(tmp_path)
     assert len(pids) == 8 and not any(_alive(p) for p in pids)
     runner.close()
@@ -345,7 +345,7 @@ def test_runner_overhead_is_small():
             best = min(best, time.perf_counter() - start)
         timings[isolation] = best
         runner.close()
-    assert timings["process"] < 0.05, timings
+    assert timings["process"] < 0.25, timings  # a few ms; forking per batch would cost far more
 
 
 def test_runner_rejects_bad_configuration():

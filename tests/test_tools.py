@@ -188,7 +188,7 @@ def test_runner_turns_every_failure_into_a_message_and_goes_on():
             result = runner.call(call)
             assert result.content.startswith(expected), (call, result)
             assert (result.error, result.timed_out) == (error, timed_out), (call, result)
-            assert time.monotonic() - t0 < 3.0
+            assert time.monotonic() - t0 < 10.0  # the 1 s timeout, not the 30 s hang
         # a worker first used from a thread that has exited since still serves (PR_SET_PDEATHSIG is per thread)
         import threading
 
