@@ -50,6 +50,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from grpokit import hub
 from grpokit.config import ConfigError, DataConfig
 
 Prompt = str | list[dict[str, Any]]
@@ -455,6 +456,7 @@ def _read_with_datasets(name: str, config: str | None, split: str | None, defaul
             f"{name}: reading a hub id, a hub-layout folder or a glob needs the datasets package; "
             "pip install 'grpokit[datasets]' (or point data.train at a single data file)."
         ) from None
+    no_hub = False  # a hub id whose hub did not answer the probe (offline mode is then on)
     if any(ch in name for ch in "*?["):
         if config is not None:
             raise DataError(
@@ -473,15 +475,23 @@ def _read_with_datasets(name: str, config: str | None, split: str | None, defaul
             kwargs["delimiter"] = "\t"
     else:
         kwargs = {"path": name, "name": config}
+        if not Path(name).exists():  # without a hub datasets retries ~30 s; offline it reads its cache at once
+            no_hub = hub.go_offline_if_unreachable(f"dataset {name}")
     try:
         loaded = datasets.load_dataset(**kwargs)
     except (FileNotFoundError, ConnectionError) as e:
         if Path(name).exists():
             raise DataError(f"{name}: datasets.load_dataset failed: {_first_line(e)}") from None
+        why = (
+            f"the hub ({hub.endpoint()}) gave no answer within {hub.PROBE_TIMEOUT_S:.0f} s and the datasets "
+            "cache holds no copy; check the path, or load it once where there is network (it is then cached)"
+            if no_hub
+            else "check the path, or the hub id and the network (offline, HF_HUB_OFFLINE=1 reads only the "
+            "cache of the datasets loaded before)"
+        )
         raise DataError(
             f"{name}: not a local file or folder (looked in {Path(name).resolve()}), and not a hub dataset "
-            f"that could be loaded ({_first_line(e)}); check the path, or the hub id and the network "
-            "(offline, HF_HUB_OFFLINE=1 reads only the cache of the datasets loaded before)."
+            f"that could be loaded ({_first_line(e)}); {why}."
         ) from None
     except (ValueError, OSError) as e:
         what = f" (config {config!r})" if config else ""

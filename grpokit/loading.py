@@ -6,14 +6,12 @@ import copy
 import json
 import os
 import re
-import socket
 import sys
-import threading
 from pathlib import Path
-from urllib.parse import urlparse
 
 import torch
 
+from grpokit import hub
 from grpokit.config import ConfigError, LoraConfig, ModelConfig
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -132,7 +130,6 @@ def _ensure_pad(tok):
     return tok
 
 
-HUB_PROBE_TIMEOUT_S = 3.0
 """How long to wait for the Hugging Face hub to answer before calling it unreachable."""
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 
@@ -140,7 +137,7 @@ _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 def read_model_config(model_cfg: ModelConfig) -> dict:
     """The model's config.json as a dict, read without loading any weight, after checking that the model
     can be had: a local folder must hold config.json; a hub id is read from the local Hugging Face cache,
-    else needs a hub that answers within HUB_PROBE_TIMEOUT_S (config.json alone is fetched then).
+    else needs a hub that answers within hub.PROBE_TIMEOUT_S (config.json alone is fetched then).
     With a cached copy and no hub, HF_HUB_OFFLINE is switched on so that loading does not wait for it."""
     path = model_cfg.name_or_path
     key = f"model.name_or_path={path!r}"
@@ -172,22 +169,22 @@ def read_model_config(model_cfg: ModelConfig) -> dict:
         f"model.name_or_path=/models/{path.split('/')[-1]} (download it where there is network: "
         f"huggingface-cli download {path} --local-dir /models/{path.split('/')[-1]})"
     )
-    if _offline():
+    if hub.offline():
         if cached is None:
             raise ConfigError(
                 f"{key} is not a local folder and HF_HUB_OFFLINE is set, but it is not in the Hugging Face "
                 f"cache. {local_copy}."
             )
         return _read_json(cached, key)
-    endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co")
-    if not _reachable(endpoint, HUB_PROBE_TIMEOUT_S):
+    endpoint = hub.endpoint()
+    if not hub.reachable(endpoint):
         if cached is None:
             raise ConfigError(
                 f"{key} is not a local folder and the Hugging Face hub ({endpoint}) cannot be reached "
-                f"(no answer within {HUB_PROBE_TIMEOUT_S:.0f} s). {local_copy}, or, with a copy in the "
+                f"(no answer within {hub.PROBE_TIMEOUT_S:.0f} s). {local_copy}, or, with a copy in the "
                 "Hugging Face cache, set HF_HUB_OFFLINE=1."
             )
-        _go_offline()
+        hub.go_offline()
         print(
             f"grpokit: the hub is unreachable; using the cached copy of {path} (HF_HUB_OFFLINE=1)",
             file=sys.stderr,
@@ -234,7 +231,7 @@ def _download_config(repo_id: str, key: str) -> str:
 
     try:
         endpoint = os.environ.get("HF_ENDPOINT")  # read now, like the probe (the library reads it at import)
-        return hf_hub_download(repo_id, "config.json", endpoint=endpoint, etag_timeout=HUB_PROBE_TIMEOUT_S)
+        return hf_hub_download(repo_id, "config.json", endpoint=endpoint, etag_timeout=hub.PROBE_TIMEOUT_S)
     except GatedRepoError:
         raise ConfigError(
             f"{key} is gated on the hub: accept its terms there and log in (HF_TOKEN)."
@@ -261,43 +258,6 @@ def _cached_config(repo_id: str) -> str | None:
 
     found = try_to_load_from_cache(repo_id, "config.json")
     return found if isinstance(found, str) else None
-
-
-def _offline() -> bool:
-    return any(
-        os.environ.get(v, "").upper() in ("1", "ON", "YES", "TRUE")
-        for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
-    )
-
-
-def _go_offline() -> None:
-    import huggingface_hub.constants
-
-    os.environ["HF_HUB_OFFLINE"] = "1"
-    huggingface_hub.constants.HF_HUB_OFFLINE = True
-
-
-def _reachable(url: str, timeout: float) -> bool:
-    """Whether a TCP connection to ``url``'s host (or the HTTPS proxy, when one is set) opens within
-    ``timeout`` seconds. Name resolution has no timeout of its own, so the probe runs in a thread."""
-    proxy = os.environ.get("HTTPS_PROXY") or os.environ.get("https_proxy")
-    target = urlparse(proxy or url)
-    host, port = target.hostname, target.port or (443 if target.scheme == "https" else 80)
-    if not host:
-        return False
-    result: list[bool] = []
-
-    def probe() -> None:
-        try:
-            socket.create_connection((host, port), timeout=timeout).close()
-            result.append(True)
-        except OSError:
-            result.append(False)
-
-    thread = threading.Thread(target=probe, daemon=True)
-    thread.start()
-    thread.join(timeout)
-    return bool(result and result[0])
 
 
 def load_policy(model_cfg: ModelConfig, lora_cfg: LoraConfig, weight_dtype: torch.dtype | None = None):

@@ -121,6 +121,57 @@ def test_unknown_hub_id_offline_names_both_readings(tmp_path):
     assert "check the path, or the hub id and the network" in out.stdout
 
 
+def test_unknown_hub_id_without_a_hub_fails_in_seconds(tmp_path):
+    """No hub at HF_ENDPOINT (a closed local port): the probe switches offline mode on, so datasets reads
+    its cache once instead of retrying for ~23 s (1 + 2 + 4 + 8 + 8 s of backoff), and the error says why."""
+    import socket
+
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))
+    port = closed.getsockname()[1]
+    closed.close()  # nothing listens there now: connections are refused
+    code = (
+        "import time\nfrom grpokit.data import load_prompts, DataError\nstart = time.monotonic()\n"
+        "try:\n    load_prompts('someone/no-such-dataset')\nexcept DataError as e:\n    print(e)\n"
+        "print(f'took {time.monotonic() - start:.1f}')\n"
+    )
+    env = {**os.environ, "HF_ENDPOINT": f"http://127.0.0.1:{port}", "HF_DATASETS_CACHE": str(tmp_path / "cache")}
+    for name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE", "HTTPS_PROXY", "https_proxy"):
+        env.pop(name, None)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=tmp_path)
+    message, took = out.stdout.strip().splitlines()
+    assert message.startswith("someone/no-such-dataset: not a local file or folder"), out.stdout + out.stderr
+    assert f"the hub (http://127.0.0.1:{port}) gave no answer within 3 s and the datasets cache holds no copy" in message
+    assert f"hub (http://127.0.0.1:{port}) cannot be reached" in out.stderr
+    assert float(took.split()[1]) < 12.0  # the retries alone would take ~23 s
+
+
+def test_the_hub_probe_switches_offline_mode_on_only_without_a_hub(monkeypatch):
+    import socket
+
+    from grpokit import hub
+
+    for name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE", "HTTPS_PROXY", "https_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    import datasets.config
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", False)  # each restored after the test
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_OFFLINE", False)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    with socket.socket() as listening:
+        listening.bind(("127.0.0.1", 0))
+        listening.listen(1)
+        monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{listening.getsockname()[1]}")
+        assert hub.go_offline_if_unreachable("x") is False  # a hub answers: nothing changes
+        assert os.environ.get("HF_HUB_OFFLINE") is None and datasets.config.HF_HUB_OFFLINE is False
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")  # restored by monkeypatch after the switch below
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # the discard port: nothing listens
+    assert hub.go_offline_if_unreachable("x") is True
+    assert os.environ["HF_HUB_OFFLINE"] == "1"
+    assert datasets.config.HF_HUB_OFFLINE is True and huggingface_hub.constants.HF_HUB_OFFLINE is True
+
+
 def test_unparsable_file_in_a_hub_layout_folder(tmp_path):
     (tmp_path / "d" / "data").mkdir(parents=True)
     (tmp_path / "d" / "data" / "train.jsonl").write_text('{"prompt": "a"}\n{"prompt": "b",\n')
