@@ -8,6 +8,7 @@ grpokit config [cfg.yaml] [overrides]           # every key, its value (default)
 grpokit train cfg.yaml --overwrite              # replace the run in train.output_dir
 grpokit eval MODEL_DIR DATA.jsonl --reward math_accuracy
 grpokit eval MODEL_DIR openai/gsm8k --data-config main --prompt-column question   # its test split
+grpokit launch --nproc_per_node=2 train cfg.yaml  # torchrun, with the ranks' exit codes (grpokit.launch)
 
 Exit codes: 0 done; 2 a usage error (bad config value, data, model path, output folder, checkpoint to
 resume from), found before the model loads where it can be; 1 the run failed (e.g. disk full, an
@@ -377,6 +378,11 @@ def build_parser() -> argparse.ArgumentParser:
     from grpokit.view.cli import add_view_parser
 
     add_view_parser(sub)
+    sub.add_parser(  # listed for --help; the arguments go to grpokit.launch unparsed (see _main)
+        "launch",
+        help="torchrun with grpokit's exit codes: grpokit launch --nproc_per_node=2 train cfg.yaml",
+        add_help=False,
+    )
     return p
 
 
@@ -394,6 +400,10 @@ def _main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if not argv:
         argv = ["train"]
+    if argv[0] == "launch":  # torchrun's own options follow: argparse must not read them
+        from grpokit.launch import main as launch
+
+        return launch(argv[1:])
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     if args.command is None:
