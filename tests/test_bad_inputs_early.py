@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 from tiny_model import make_tiny_model, save_tiny_model
@@ -104,7 +105,9 @@ def test_ctrl_c_while_starting_is_one_line_and_exit_130(world, tmp_path):
     env.pop("GRPOKIT_DEBUG", None)
     argv = [a.format(**world, out=str(tmp_path / "run")) for a in BASE]
     proc = subprocess.Popen([sys.executable, "-m", "grpokit", "train", *argv], env=env, stderr=subprocess.PIPE, text=True)
-    time.sleep(0.8)  # imports still running
+    maps, deadline = Path(f"/proc/{proc.pid}/maps"), time.monotonic() + 60
+    while "libtorch" not in maps.read_text() and time.monotonic() < deadline:  # torch is being imported
+        time.sleep(0.01)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err
