@@ -126,14 +126,7 @@ def policy_loss(
 
     ratio = _ratio(logp, old, m, ratio_level)  # (B, T)
 
-    lo, hi = 1.0 - eps_low, 1.0 + eps_high
-    pg_unclipped = -adv * ratio  # (B, T)
-    pg_clipped = -adv * ratio.clamp(lo, hi)  # (B, T)
-    pg = torch.maximum(pg_unclipped, pg_clipped)  # (B, T) = -min(rho A, clip(rho) A)
-    if dual_clip is not None:
-        pg_cap = -adv * dual_clip  # (B, T) = c |A| where A < 0
-        dual_active = (adv < 0) & (pg_cap < pg) & mask  # (B, T)
-        pg = torch.where(adv < 0, torch.minimum(pg, pg_cap), pg)  # (B, T)
+    pg, dual_active = clipped_surrogate(ratio, adv, eps_low, eps_high, dual_clip)  # (B, T) each
     per_token = pg  # (B, T)
 
     kl = None
@@ -156,8 +149,7 @@ def policy_loss(
     with torch.no_grad():
         n_local = m.sum()  # ()
         denom = n_local.clamp(min=1)  # ()
-        low = (adv < 0) & (ratio < lo) & mask  # (B, T)
-        high = (adv > 0) & (ratio > hi) & mask  # (B, T)
+        low, high = clip_sides(ratio, adv, mask, eps_low, eps_high)  # (B, T) each
         metrics = {
             "clip_frac_low": low.sum() / denom,
             "clip_frac_high": high.sum() / denom,
@@ -171,9 +163,39 @@ def policy_loss(
         if kl is not None:
             metrics["kl_mean"] = torch.where(mask, kl, zero).sum() / denom
         if dual_clip is not None:
-            metrics["dual_clip_frac"] = dual_active.sum() / denom
+            metrics["dual_clip_frac"] = (dual_active & mask).sum() / denom
         metrics = {k: v.detach() for k, v in metrics.items()}
     return loss, metrics
+
+
+def clipped_surrogate(
+    ratio: Tensor, adv: Tensor, eps_low: float, eps_high: float, dual_clip: float | None = None
+) -> tuple[Tensor, Tensor]:
+    """(pg, dual_active), each (B, T), from (B, T) ratios and advantages:
+
+      pg = -min(rho A, clip(rho, 1 - eps_low, 1 + eps_high) A), then for A < 0 with dual_clip = c:
+           min(pg, -c A) (= c |A|, Dual-clip PPO);
+      dual_active: where that cap bites (all False without dual_clip).
+
+    The one place the clipped surrogate is written: `policy_loss` aggregates it, `token_terms` shows it."""
+    lo, hi = 1.0 - eps_low, 1.0 + eps_high
+    pg = torch.maximum(-adv * ratio, -adv * ratio.clamp(lo, hi))  # (B, T)
+    dual_active = torch.zeros_like(pg, dtype=torch.bool)  # (B, T)
+    if dual_clip is not None:
+        cap = -adv * dual_clip  # (B, T) = c |A| where A < 0
+        dual_active = (adv < 0) & (cap < pg)  # (B, T)
+        pg = torch.where(adv < 0, torch.minimum(pg, cap), pg)  # (B, T)
+    return pg, dual_active
+
+
+def clip_sides(
+    ratio: Tensor, adv: Tensor, mask: Tensor, eps_low: float, eps_high: float
+) -> tuple[Tensor, Tensor]:
+    """(low, high) bool (B, T): the clipped tokens, A < 0 and rho < 1 - eps_low / A > 0 and
+    rho > 1 + eps_high, inside the mask (clip_frac_low / clip_frac_high count them)."""
+    low = (adv < 0) & (ratio < 1.0 - eps_low) & mask  # (B, T)
+    high = (adv > 0) & (ratio > 1.0 + eps_high) & mask  # (B, T)
+    return low, high
 
 
 def importance_ratio(

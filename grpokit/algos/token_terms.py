@@ -1,4 +1,6 @@
 """The clipped loss of `policy_loss` taken apart token by token, for showing and saving (no gradient).
+The surrogate itself is `loss.clipped_surrogate`, shared with `policy_loss`; this module only keeps
+each token's terms instead of reducing them.
 
 `policy_loss` returns one number and token-averaged fractions; the run explorer (`grpokit view`) and the
 saved rollouts (`grpokit.rollout_record`) need each token's own terms:
@@ -22,7 +24,7 @@ from torch import Tensor
 
 from ._checks import check_choice
 from .kl import kl_estimate
-from .loss import AGG_MODES, importance_ratio
+from .loss import AGG_MODES, clip_sides, clipped_surrogate, importance_ratio
 
 
 @torch.no_grad()
@@ -55,11 +57,9 @@ def token_terms(
     adv = adv.unsqueeze(-1).expand(logp.shape) if adv.dim() == 1 else adv  # (B, T)
     adv = torch.where(mask, adv, zero)  # (B, T)
     ratio = importance_ratio(logp, old_logprobs.float(), mask, ratio_level)  # (B, T)
-    lo, hi = 1.0 - eps_low, 1.0 + eps_high
-    pg = torch.maximum(-adv * ratio, -adv * ratio.clamp(lo, hi))  # (B, T)
-    if dual_clip is not None:
-        pg = torch.where(adv < 0, torch.minimum(pg, -adv * dual_clip), pg)  # (B, T)
-    clip = ((adv > 0) & (ratio > hi) & mask).float() - ((adv < 0) & (ratio < lo) & mask).float()  # (B, T)
+    pg, _ = clipped_surrogate(ratio, adv, eps_low, eps_high, dual_clip)  # (B, T)
+    low, high = clip_sides(ratio, adv, mask, eps_low, eps_high)  # (B, T) each
+    clip = high.float() - low.float()  # (B, T)
     if ref_logprobs is not None:
         ref = torch.where(mask, ref_logprobs.float(), zero)  # (B, T)
         kl = torch.where(mask, kl_estimate(logp, ref, kl_kind), zero)  # (B, T)
