@@ -215,7 +215,6 @@ class GRPOTrainer:
             Critic.build(self.learner, cfg, self.algo, self.dist) if self.algo.uses_critic else None
         )
         self.step = 0
-        self._step_record: TokenRecorder | None = None  # train_step's per-token recorder, see update()
         self.stopped_early: str | None = None  # why the run ended before train.steps (not an error)
         self.log: RunLogger | None = None
         if self.run.resume_from is not None:
@@ -406,9 +405,7 @@ class GRPOTrainer:
         sampled = self.cfg.train.samples_every and (self.step + 1) % self.cfg.train.samples_every == 0
         record = TokenRecorder(*batch.rollout.completion_ids.shape) if sampled and self.dist.is_main else None
         if self.policy_trains():
-            self._step_record = record  # update() reads it: its signature stays (batch, advantages, old, ref)
-            update_metrics, _ = self.update(batch, advantages, old_logprobs, ref_logprobs)
-            self._step_record = None
+            update_metrics, _ = self.update(batch, advantages, old_logprobs, ref_logprobs, record=record)
         else:  # PPO's critic warm-up: the policy waits; log what its update would have
             update_metrics = self._warmup_metrics(batch, old_logprobs, ref_logprobs)
         update_metrics.update(self.critic_update(batch, values, old_logprobs, ref_logprobs))  # critic/*
@@ -488,7 +485,8 @@ class GRPOTrainer:
         record: TokenRecorder | None = None,
     ) -> tuple[dict[str, float], float]:
         """The policy's update on this step's batch (``PolicyUpdate.update``): metrics, seconds on the reference.
-        ``record``: the TokenRecorder to fill (default: this step's, when its rollouts are saved)."""
+        ``record``: the TokenRecorder to fill with the per-token numbers (train_step gives one on the steps
+        whose rollouts are saved)."""
         return self.updater.update(
             batch.rollout,
             advantages,
@@ -496,7 +494,7 @@ class GRPOTrainer:
             ref_logprobs,
             step=self.step,
             clip_and_step=self._clip_and_step,
-            record=record if record is not None else self._step_record,
+            record=record,
         )
 
     def _lr_factor(self, step: int) -> float:

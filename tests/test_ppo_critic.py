@@ -20,9 +20,9 @@ def _spy(trainer):
         seen.update(batch=batch, values=values.clone(), old=old, ref=ref)
         return critic_update(batch, values, old, ref)
 
-    def spy_update(batch, advantages, old=None, ref=None):
+    def spy_update(batch, advantages, old=None, ref=None, record=None):
         seen["advantages"] = advantages.detach().cpu()
-        return update(batch, advantages, old, ref)
+        return update(batch, advantages, old, ref, record=record)
 
     trainer.critic_update, trainer.update = spy_critic, spy_update
     return seen

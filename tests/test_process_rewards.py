@@ -124,9 +124,9 @@ def test_grpo_process_end_to_end_with_a_rule_based_step_reward_and_an_outcome_re
     seen = {}
     update = trainer.update
 
-    def spy(batch, advantages, old_logprobs=None, ref_logprobs=None):
+    def spy(batch, advantages, old_logprobs=None, ref_logprobs=None, record=None):
         seen.update(batch=batch, advantages=advantages)
-        return update(batch, advantages, old_logprobs, ref_logprobs)
+        return update(batch, advantages, old_logprobs, ref_logprobs, record=record)
 
     trainer.update = spy
     for _ in range(2):

@@ -12,9 +12,9 @@ def _capture_update(trainer):
     seen = {}
     update = trainer.update
 
-    def spy(batch, advantages, old_logprobs=None, ref_logprobs=None):
+    def spy(batch, advantages, old_logprobs=None, ref_logprobs=None, record=None):
         seen.update(batch=batch, advantages=advantages, old=old_logprobs, ref=ref_logprobs)
-        return update(batch, advantages, old_logprobs, ref_logprobs)
+        return update(batch, advantages, old_logprobs, ref_logprobs, record=record)
 
     trainer.update = spy
     return seen
