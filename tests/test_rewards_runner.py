@@ -92,11 +92,11 @@ BAD = [
 @pytest.mark.parametrize("isolation", ["process", "thread"])
 @pytest.mark.parametrize("name,fn,message", BAD, ids=[b[0] for b in BAD])
 def test_runner_reports_bad_functions(name, fn, message, isolation, caplog):
-    runner = RewardRunner([("good", const(1.0), 1.0), ("bad", fn, 5.0)], timeout_s=0.5, isolation=isolation)
+    runner = RewardRunner([("good", const(1.0), 1.0), ("bad", fn, 5.0)], timeout_s=2.0, isolation=isolation)
     start = time.monotonic()
     with caplog.at_level(logging.WARNING, logger="grpokit.rewards"):
         res = runner(["p", "q"], ["x", "y"], {})
-    assert time.monotonic() - start < 10.0  # the 0.5 s timeout (+ slack for a busy machine), not the 30 s hang
+    assert time.monotonic() - start < 10.0  # the 2 s timeout (+ slack for a busy machine), not the 30 s hang
     assert res.total == [1.0, 1.0]  # the failed function contributes 0
     assert res.failed == {"good": False, "bad": True}
     assert message in res.errors["bad"] and sorted(res.row_errors["bad"]) == [0, 1]
@@ -190,7 +190,7 @@ def test_slow_completions_score_zero_and_never_zero_the_others(tmp_path):
     runner = RewardRunner(
         [("r", slow_on_marker, 1.0), ("c", const(0.5), 1.0)],
         timeout_s=30,
-        completion_timeout_s=0.5,
+        completion_timeout_s=1.5,
         workers=2,
     )
     completions = [
@@ -212,7 +212,7 @@ def test_slow_completions_score_zero_and_never_zero_the_others(tmp_path):
     ]
     start = time.monotonic()
     res = runner(None, completions, {})
-    assert time.monotonic() - start < 15.0  # 3 x 0.5 s over 2 workers, plus the forks and slack; not 3 x 30 s
+    assert time.monotonic() - start < 15.0  # 3 x 1.5 s over 2 workers, plus the forks and slack; not 3 x 30 s
     assert res.per_function["r"] == [0.0 if c == "slow" else 1.0 for c in completions]
     assert res.total == [0.5 if c == "slow" else 1.5 for c in completions]
     assert res.timeouts == {"r": 3, "c": 0} and res.failed == {"r": False, "c": False}
@@ -235,12 +235,12 @@ def test_the_batch_deadline_stops_batch_functions_but_never_per_completion_work(
 
     sleepy.per_completion = True
     functions = [("slow", sleepy, 1.0), ("after", const(1.0), 1.0)]
-    runner = RewardRunner(functions, timeout_s=1.0, completion_timeout_s=0.6, workers=1)
+    runner = RewardRunner(functions, timeout_s=2.0, completion_timeout_s=1.5, workers=1)
     start = time.monotonic()
     res = runner(None, ["x", "x", "loop", "x", "x", "x"], {})
-    # one worker: 5 completions of 0.3 s and one killed at 0.6 s: ~2.1 s, past the 1 s batch deadline,
+    # one worker: 5 completions of 0.3 s and one killed at 1.5 s: ~3 s, past the 2 s batch deadline,
     # which stops the waiting batch function only; the honest completions keep their 1.0
-    assert 2.0 < time.monotonic() - start < 12.0
+    assert 2.9 < time.monotonic() - start < 14.0
     assert res.per_function["slow"] == [1.0, 1.0, 0.0, 1.0, 1.0, 1.0] and res.timeouts["slow"] == 1
     assert res.failed == {"slow": False, "after": True} and "timed out" in res.errors["after"]
     assert res.total == [1.0, 1.0, 0.0, 1.0, 1.0, 1.0]
@@ -268,7 +268,7 @@ def test_a_reward_stuck_in_a_cpu_loop_is_killed_at_its_timeout(tmp_path):
         while True:
             pass
 
-    runner = RewardRunner([("stuck", stuck, 1.0), ("good", const(1.0), 1.0)], timeout_s=0.5)
+    runner = RewardRunner([("stuck", stuck, 1.0), ("good", const(1.0), 1.0)], timeout_s=1.5)
     seconds = []
     for _ in range(4):
         start = time.monotonic()
