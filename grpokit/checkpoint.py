@@ -347,7 +347,7 @@ def checksum_problem(directory: Path) -> str | None:
     return None
 
 
-def _header_shapes(path: Path) -> dict[str, tuple[int, ...]]:
+def header_shapes(path: Path) -> dict[str, tuple[int, ...]]:
     with open(path, "rb") as f:
         (size,) = struct.unpack("<Q", f.read(8))
         header = json.loads(f.read(size))
@@ -369,7 +369,7 @@ def shape_problem(directory: Path, model) -> str | None:
         files = sorted(directory.glob("model*.safetensors"))
     saved: dict[str, tuple[int, ...]] = {}
     for f in files:
-        saved.update(_header_shapes(f))
+        saved.update(header_shapes(f))
     common = [k for k in saved if k in expected]
     if not common:
         some = ", ".join(sorted(saved)[:3])

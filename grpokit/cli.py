@@ -241,6 +241,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from grpokit.rewards import resolve_reward
 
     try:
+        _check_eval_args(args)  # flags and the model's positions, before anything loads
         model, tokenizer, _ = load_policy(
             ModelConfig(name_or_path=args.model, dtype=args.dtype), LoraConfig()
         )
@@ -275,6 +276,42 @@ def cmd_eval(args: argparse.Namespace) -> int:
         return _fail(args, f"eval: {e}", 2)
     print(json.dumps(result, indent=2))
     return 0
+
+
+# grpokit eval's flags and the config keys whose rules they follow (their messages are given with the flags)
+EVAL_FLAGS = {
+    "model.dtype": "--dtype",
+    "eval.num_samples": "--num-samples",
+    "eval.temperature": "--temperature",
+    "eval.max_new_tokens": "--max-new-tokens",
+    "rollout.max_new_tokens": "--max-new-tokens",
+    "data.template": "--template",
+    "data.max_prompt_tokens": "--max-prompt-tokens",
+    "data.eval_limit": "--limit",
+}
+
+
+def _check_eval_args(args: argparse.Namespace) -> None:
+    """grpokit eval's flags by the config's rules (ranges, choices), and --max-new-tokens against the model's
+    positions (read from config.json): a ConfigError naming the flag, before the model loads."""
+    from grpokit.config import ConfigError, config_from_dict
+    from grpokit.loading import read_model_config
+    from grpokit.validate import check_positions
+
+    values = {
+        "model": {"name_or_path": args.model, "dtype": args.dtype},
+        "data": {"template": args.template, "max_prompt_tokens": args.max_prompt_tokens, "eval_limit": args.limit},
+        "eval": {"num_samples": args.num_samples, "temperature": args.temperature, "max_new_tokens": args.max_new_tokens},
+        "rollout": {"max_new_tokens": args.max_new_tokens},
+    }
+    try:
+        cfg = config_from_dict(values)
+        check_positions(cfg, read_model_config(cfg.model), args.model)
+    except ConfigError as e:
+        message = str(e)
+        for key, flag in EVAL_FLAGS.items():
+            message = message.replace(f"{key}=", f"{flag} ").replace(key, flag)
+        raise ConfigError(message) from None
 
 
 def build_parser() -> argparse.ArgumentParser:

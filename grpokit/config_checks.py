@@ -181,6 +181,11 @@ RANGES: dict[str, tuple[str, Any, str]] = {
     "rollout.temperature":         ("(0, inf)", 1.0, "log-probs are taken at it"),
     "rollout.top_p":               ("(0, 1]", 1.0, "1 = off"),
     "rollout.top_k":               ("[0, inf)", 50, "0 = off"),
+    "rollout.max_turns":           ("[1, inf)", 4, ""),
+    "rollout.max_episode_tokens":  ("[0, inf)", 1024, "0 = max_turns x max_new_tokens"),
+    "rollout.tool_timeout_s":      ("(0, inf)", 10, ""),
+    "rollout.tool_workers":        ("[1, inf)", 2, ""),
+    "rollout.max_tool_result_chars": ("[1, inf)", 2000, ""),
     "optim.lr":                    ("(0, 1]", "1e-6", ""),
     "optim.weight_decay":          ("[0, inf)", 0.01, ""),
     "optim.adam_beta1":            ("[0, 1)", 0.9, ""),
@@ -278,7 +283,6 @@ def check_shared_sections(cfg: Any, ranges: dict[str, tuple[str, Any, str]] | No
     seed and trackers. The RL config (check_config) and the SFT config (grpokit.sft_config) both call it."""
     _check_ranges(cfg, ranges)
     choices = {
-        "model.dtype": (cfg.model.dtype, ["auto", "float32", "bfloat16", "float16"]),
         "data.template": (cfg.data.template, ["auto", "chat", "plain", "r1_zero"]),
         "optim.schedule": (cfg.optim.schedule, ["constant", "cosine", "linear"]),
         "train.distributed": (cfg.train.distributed, ["auto", "fsdp", "ddp"]),
@@ -301,21 +305,45 @@ def check_shared_sections(cfg: Any, ranges: dict[str, tuple[str, Any, str]] | No
             f"optim.micro_batch_size={cfg.optim.micro_batch_size} must be at least 1 "
             "or auto (e.g. optim.micro_batch_size=8, or auto: as many as fit)."
         )
-    if not isinstance(cfg.model.device, str) or not re.fullmatch(
-        r"auto|cpu|mps|cuda(:\d+)?", cfg.model.device
-    ):
-        raise ConfigError(
-            f"model.device={cfg.model.device!r} is not a device: use auto, cpu, cuda, cuda:N or mps "
-            "(e.g. model.device=cuda:0)."
-        )
-    if not 0 <= cfg.train.seed < 2**63:
-        raise ConfigError(
-            f"train.seed={cfg.train.seed} is out of range: it must be >= 0 and < 2**63 (e.g. train.seed=42)."
-        )
+    check_model_section(cfg.model)
+    check_seed(cfg.train.seed, "train.seed")
+    check_output_path(cfg.train.output_dir, "train.output_dir")
     try:
         check_report_to(cfg.train.report_to)
     except ValueError as e:
         raise ConfigError(str(e)) from None
+
+
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+"""model.dtype: the dtypes a model loads in (grpokit.loading)."""
+
+
+def check_model_section(model: Any) -> None:
+    """model.dtype one of DTYPES, model.device the name of a device (whether this machine has it is checked
+    when the model loads, grpokit.model_checks.check_device). Every command's model section (train, sft, sample)."""
+    if model.dtype not in DTYPES:
+        hint = difflib.get_close_matches(str(model.dtype), DTYPES, n=1, cutoff=0.3)
+        near = f" Did you mean '{hint[0]}'?" if hint else ""
+        raise ConfigError(f"model.dtype={model.dtype!r} is not one of {list(DTYPES)}.{near}")
+    if not isinstance(model.device, str) or not re.fullmatch(r"auto|cpu|mps|cuda(:\d+)?", model.device):
+        raise ConfigError(
+            f"model.device={model.device!r} is not a device: use auto, cpu, cuda, cuda:N or mps "
+            "(e.g. model.device=cuda:0)."
+        )
+
+
+def check_seed(seed: int, key: str) -> None:
+    """A seed torch and numpy take: 0 <= seed < 2**63."""
+    if not 0 <= seed < 2**63:
+        raise ConfigError(f"{key}={seed} is out of range: it must be >= 0 and < 2**63 (e.g. {key}=42).")
+
+
+def check_output_path(path: str, key: str) -> None:
+    """An output folder is named: an empty value would write the run into the current folder."""
+    if not str(path).strip():
+        raise ConfigError(
+            f"{key} is empty, which would write into the current folder; name the folder (e.g. {key}=runs/my_run)."
+        )
 
 
 def check_config(cfg: Config) -> None:

@@ -13,6 +13,13 @@ import torch
 
 from grpokit import hub
 from grpokit.config import ConfigError, LoraConfig, ModelConfig
+from grpokit.model_checks import (
+    check_device,
+    check_lora_targets,
+    check_weight_shapes,
+    meta_model,
+    model_config_object,
+)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -20,8 +27,7 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 def pick_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise ConfigError(f"model.device={name!r} but no CUDA GPU is visible; use model.device=cpu")
+    check_device(name)  # a GPU index or an MPS device this machine lacks: a ConfigError
     return torch.device(name)
 
 
@@ -152,6 +158,11 @@ def read_model_config(model_cfg: ModelConfig) -> dict:
         )
     local = Path(path).expanduser()
     if local.exists() or path.startswith(("/", ".", "~")) or not _HUB_ID.match(path):
+        if local.is_file():
+            raise ConfigError(
+                f"{key} is a file, not a model folder; give the folder that holds config.json and the weights "
+                f"(e.g. model.name_or_path={local.parent})."
+            )
         if not local.is_dir():
             raise ConfigError(
                 f"{key}: no such folder (looked in {local.resolve()}); give a model folder with config.json "
@@ -162,6 +173,7 @@ def read_model_config(model_cfg: ModelConfig) -> dict:
             raise ConfigError(f"{key}: no config.json there; is it a Hugging Face model directory?")
         config = _read_json(config_file, key)
         check_weight_files(local, key)
+        model_config_object(local, key, trust_remote_code=model_cfg.trust_remote_code)  # builds in transformers
         return config
     cached = _cached_config(path)
     local_copy = (
@@ -175,7 +187,7 @@ def read_model_config(model_cfg: ModelConfig) -> dict:
                 f"{key} is not a local folder and HF_HUB_OFFLINE is set, but it is not in the Hugging Face "
                 f"cache. {local_copy}."
             )
-        return _read_json(cached, key)
+        return _checked_hub_config(cached, model_cfg, key)
     endpoint = hub.endpoint()
     if not hub.reachable(endpoint):
         if cached is None:
@@ -189,8 +201,17 @@ def read_model_config(model_cfg: ModelConfig) -> dict:
             f"grpokit: the hub is unreachable; using the cached copy of {path} (HF_HUB_OFFLINE=1)",
             file=sys.stderr,
         )
-        return _read_json(cached, key)
-    return _read_json(cached or _download_config(path, key), key)
+        return _checked_hub_config(cached, model_cfg, key)
+    return _checked_hub_config(cached or _download_config(path, key), model_cfg, key)
+
+
+def _checked_hub_config(path: str, model_cfg: ModelConfig, key: str) -> dict:
+    """A hub model's config.json (from the cache or just downloaded), checked as a local folder's is (not
+    with trust_remote_code: the model's code files are not downloaded yet)."""
+    config = _read_json(path, key)
+    if not model_cfg.trust_remote_code:
+        model_config_object(Path(path).parent, key, trust_remote_code=False)
+    return config
 
 
 def check_weight_files(folder: Path, key: str) -> None:
@@ -218,6 +239,8 @@ def check_weight_files(folder: Path, key: str) -> None:
             "this is not a model folder."
         )
     for f in weights:
+        if not f.is_file():
+            raise ConfigError(f"{key}: {f.name} is not a file; the model folder is damaged: fetch it again.")
         problem = safetensors_problem(f)
         if problem:
             raise ConfigError(f"{key}: {f.name}: {problem}; download it again.")
@@ -266,17 +289,34 @@ def load_policy(model_cfg: ModelConfig, lora_cfg: LoraConfig, weight_dtype: torc
     from transformers import AutoModelForCausalLM
 
     path = model_cfg.name_or_path
-    read_model_config(model_cfg)  # a missing folder or an unreachable hub fails here, in seconds
+    read_model_config(model_cfg)  # a missing folder, a bad config.json or an unreachable hub fails here, in seconds
     device = pick_device(model_cfg.device)
+    check_model_builds(model_cfg, lora_cfg)  # attention, weight shapes, LoRA targets: before any weight is read
+    tokenizer = load_tokenizer_checked(model_cfg)
     dtype = weight_dtype or pick_dtype(model_cfg.dtype, device)
     kwargs = {"dtype": dtype, "trust_remote_code": model_cfg.trust_remote_code}
     if model_cfg.attn_implementation:
         kwargs["attn_implementation"] = model_cfg.attn_implementation
     model = AutoModelForCausalLM.from_pretrained(path, **kwargs).to(device)
-    tokenizer = load_tokenizer(path, trust_remote_code=model_cfg.trust_remote_code)
     check_tokenizer_fits(model, tokenizer, f"model.name_or_path={path!r}")
     model = prepare_policy(model, model_cfg, lora_cfg)
     return model, tokenizer, device
+
+
+def check_model_builds(model_cfg: ModelConfig, lora_cfg: LoraConfig) -> None:
+    """The model built on the meta device from its config.json (grpokit.model_checks): the attention
+    implementation, a local folder's weight shapes and the LoRA target modules checked before loading.
+    Skipped with trust_remote_code (the model's own code may not build on the meta device)."""
+    if model_cfg.trust_remote_code:
+        return
+    from transformers import AutoConfig
+
+    key = f"model.name_or_path={model_cfg.name_or_path!r}"
+    model = meta_model(AutoConfig.from_pretrained(model_cfg.name_or_path), model_cfg)
+    local = Path(model_cfg.name_or_path).expanduser()
+    if local.is_dir():
+        check_weight_shapes(local, model, key)
+    check_lora_targets(model, lora_cfg, model_cfg.name_or_path)
 
 
 def prepare_policy(model, model_cfg: ModelConfig, lora_cfg: LoraConfig):
@@ -285,6 +325,7 @@ def prepare_policy(model, model_cfg: ModelConfig, lora_cfg: LoraConfig):
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         if lora_cfg.enabled:
             model.enable_input_require_grads()
+    check_lora_targets(model, lora_cfg)  # a model given in code: checked here
     if lora_cfg.enabled:
         try:
             from peft import LoraConfig as PeftLoraConfig
@@ -295,7 +336,8 @@ def prepare_policy(model, model_cfg: ModelConfig, lora_cfg: LoraConfig):
             r=lora_cfg.r,
             lora_alpha=lora_cfg.alpha,
             lora_dropout=lora_cfg.dropout,
-            target_modules=list(lora_cfg.target_modules),
+            # PEFT takes 'all-linear' as the whole value only, not as a list entry
+            target_modules="all-linear" if list(lora_cfg.target_modules) == ["all-linear"] else list(lora_cfg.target_modules),
             task_type="CAUSAL_LM",
         )
         model = get_peft_model(model, peft_cfg)

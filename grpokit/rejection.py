@@ -49,7 +49,7 @@ from typing import Any
 import yaml
 
 from grpokit.config import DataConfig, ModelConfig, RewardSpec, apply_overrides
-from grpokit.config_checks import build_config
+from grpokit.config_checks import build_config, check_model_section, check_output_path, check_seed
 from grpokit.errors import ConfigError
 
 PROVENANCE = ("source_model", "scores", "completion_tokens", "prompt_index", "sample_index", "pass_rate")
@@ -175,6 +175,9 @@ def check_sample_config(cfg: SampleConfig) -> None:
     for key, value, ok, allowed in checks:
         if not ok:
             raise ConfigError(f"{key}={value!r} is not allowed: expected {allowed}.")
+    check_model_section(cfg.model)  # model.dtype and model.device, as grpokit train checks them
+    check_seed(s.seed, "sample.seed")
+    check_output_path(cfg.output.dir, "output.dir")
     if s.temperature == 0 and s.n > 1:
         raise ConfigError(
             f"sample.temperature=0 (greedy) with sample.n={s.n}: the n completions would be equal; "

@@ -118,14 +118,31 @@ _Loader.add_constructor(_FLOAT, _construct_float)
 
 def load_yaml(text: str, source: str) -> Any:
     """The YAML document in ``text`` (``source`` names it in errors): ConfigError on bad YAML or a repeated key."""
-    loader = _Loader(text)
+    try:
+        loader = _Loader(text)  # a control character (a binary file) fails here already
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{source}: not valid YAML: {_one_line(e)}") from None
     loader.source = source
     try:
         return loader.get_single_data()
     except yaml.YAMLError as e:
-        raise ConfigError(f"{source}: not valid YAML: {e}") from None
+        raise ConfigError(f"{source}: not valid YAML: {_one_line(e)}") from None
     finally:
         loader.dispose()
+
+
+def _one_line(e: yaml.YAMLError) -> str:
+    """PyYAML's error on one line: what, where (line and column, 1-based), and while doing what; its own
+    text spans several lines and draws a caret under the place."""
+    problem = getattr(e, "problem", None)
+    if isinstance(e, yaml.reader.ReaderError):  # a character YAML does not allow
+        return f"{e.reason}: character #x{e.character:04x} at offset {e.position} (is it a binary file?)"
+    if problem is None:
+        return " ".join(str(e).split())
+    mark = getattr(e, "problem_mark", None)
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    context = getattr(e, "context", None)
+    return f"{problem}{where}" + (f" ({context})" if context else "")
 
 
 def read_yaml_file(path: Path) -> Any:

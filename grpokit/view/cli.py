@@ -40,17 +40,38 @@ def cmd_view(args: argparse.Namespace) -> int:
     if args.max_groups is not None and args.max_groups < 1:
         print(f"grpokit view: error: --max-groups must be at least 1, got {args.max_groups}", file=sys.stderr)
         return 2
+    if args.serve and not 0 <= args.port <= 65535:
+        print(f"grpokit view: error: --port must be within 0..65535 (0: any free one), got {args.port}", file=sys.stderr)
+        return 2
+    out = Path(args.out) if args.out else Path(args.runs[0]) / PAGE_NAME
+    problem = _out_problem(out) if args.out else None  # checked before the runs are read (seconds for big ones)
+    if problem:
+        print(f"grpokit view: error: --out {out}: {problem}", file=sys.stderr)
+        return 2
     try:
         runs = [clean(read_run(run, max_groups=args.max_groups)) for run in args.runs]
     except RunReadError as e:
         print(f"grpokit view: error: {e}", file=sys.stderr)
         return 2
-    out = Path(args.out) if args.out else Path(args.runs[0]) / PAGE_NAME
-    path = write_page(runs, out)
+    try:
+        path = write_page(runs, out)
+    except OSError as e:
+        print(f"grpokit view: error: cannot write {out} ({e.strerror}); give a writable --out FILE", file=sys.stderr)
+        return 2
     print(path, flush=True)
     if args.serve:
         serve(path, args.port)
     return 0
+
+
+def _out_problem(out: Path) -> str | None:
+    """Why the page cannot be written at ``out`` (a folder there, its folder missing or a file), or None."""
+    if out.is_dir():
+        return f"is a folder; give a file path (e.g. --out {out / PAGE_NAME})"
+    if not out.parent.is_dir():
+        what = "is a file" if out.parent.exists() else "does not exist"
+        return f"its folder {out.parent} {what}; make the folder or choose another path"
+    return None
 
 
 def serve(path: Path, port: int) -> None:
