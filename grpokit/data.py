@@ -138,7 +138,11 @@ def load_prompts(
 def load_train_eval(
     data_cfg: DataConfig, train_rows: list[dict] | None, eval_rows: list[dict] | None
 ) -> tuple[list[dict], list[dict]]:
-    """The training rows and the held-out rows (none without data.eval) of ``data_cfg``; rows given are kept."""
+    """The training rows and the held-out rows (none without data.eval) of ``data_cfg``; rows given are kept,
+    checked as a file's rows are (a list of objects, each with a prompt)."""
+    for name, given in (("train_rows", train_rows), ("eval_rows", eval_rows)):
+        if given is not None:
+            check_given_rows(given, name, data_cfg.prompt_column)
     if train_rows is None:
         if not data_cfg.train:
             raise ConfigError(
@@ -157,6 +161,16 @@ def load_train_eval(
             config=data_cfg.config if data_cfg.eval == data_cfg.train else None,
         )
     return train_rows, eval_rows or []
+
+
+def check_given_rows(rows: Any, name: str, prompt_column: str | None) -> None:
+    """Rows given in code (GRPOTrainer(train_rows=...)): a non-empty list of objects, each with its prompt;
+    DataError naming the argument and the row otherwise."""
+    if isinstance(rows, (str, bytes, Mapping)) or not (hasattr(rows, "__len__") and hasattr(rows, "__iter__")):
+        raise DataError(f"{name}: expected a list of rows (dicts with a {prompt_column!r} field), got {type(rows).__name__}")
+    if not rows:
+        raise DataError(f"{name} is empty: give at least one row (a dict with a {prompt_column!r} field)")
+    _check_rows(_located(list(rows)), prompt_column, name)
 
 
 def reward_columns(rows: Sequence[Mapping[str, Any]], prompt_column: str) -> dict[str, list[Any]]:
@@ -531,7 +545,7 @@ def _located(rows: list[Any]) -> _Located:
 # Checking.
 
 
-def _check_rows(rows: _Located, prompt_column: str | None, source: Path) -> None:
+def _check_rows(rows: _Located, prompt_column: str | None, source: Path | str) -> None:
     for where, row in rows:
         if not isinstance(row, dict):
             what = f"an object with a {prompt_column!r} field" if prompt_column else "an object (a row)"

@@ -35,9 +35,9 @@ from grpokit.modeling import token_logprobs
 from grpokit.output_lock import run_holding_lock
 from grpokit.run_state import RunState, StopOnSignals, run_callbacks
 from grpokit.runlog import RunLogger
-from grpokit.sft_config import SFTConfig, prompt_data_config
+from grpokit.sft_config import SFTConfig, prompt_data_config, validated_sft
 from grpokit.sft_data import collate, detect_format, encode_examples, load_sft_rows, prompt_rows
-from grpokit.validate import model_positions
+from grpokit.validate import check_tracker_login, model_positions
 
 
 class SFTTrainer:
@@ -63,6 +63,8 @@ class SFTTrainer:
         allow_changed_config: bool = False,
         callbacks: Sequence[Callable[[int, dict[str, float], SFTTrainer], Any]] = (),
     ):
+        validated_sft(cfg)  # the CLI's checks, for a config built in code too
+        check_tracker_login(cfg.train.report_to)  # wandb without a login fails now, not after the model loads
         self.cfg = cfg
         self.callbacks = list(callbacks)
         torch.manual_seed(cfg.train.seed)

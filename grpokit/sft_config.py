@@ -140,6 +140,18 @@ def sft_config_from_dict(values: dict[str, Any]) -> SFTConfig:
     return cfg
 
 
+def validated_sft(cfg: SFTConfig) -> SFTConfig:
+    """grpokit.config.validated for the SFT tree: an SFTConfig built in code (``SFTTrainer(cfg)``) rebuilt from
+    its values with the CLI's type checks, ranges and rules; ConfigError naming the key otherwise."""
+    if not isinstance(cfg, SFTConfig):
+        rl = " (a grpokit.config.Config goes to GRPOTrainer)" if type(cfg).__name__ == "Config" else ""
+        raise ConfigError(
+            f"SFTTrainer's cfg must be a grpokit.sft_config.SFTConfig (load_sft_config builds one), got "
+            f"{type(cfg).__name__}{rl}"
+        )
+    return sft_config_from_dict(dataclasses.asdict(cfg))
+
+
 def load_sft_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> SFTConfig:
     """Read a YAML file (optional), apply dotted overrides, validate, return the SFTConfig."""
     return load_config(path, overrides, build=sft_config_from_dict)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import math
 from collections.abc import Callable, Sequence
 from types import SimpleNamespace
 from typing import Any
@@ -45,7 +46,26 @@ def trl_arguments(
     callbacks: Sequence[Any],
     peft_config: Any = None,
 ) -> tuple[Any, Any, Any, list[tuple[str, Callable, float]] | None, list[Any]]:
-    """(cfg, model, tokenizer, reward_functions, callbacks) in grpokit's forms; cfg is copied when changed."""
+    """(cfg, model, tokenizer, reward_functions, callbacks) in grpokit's forms; cfg is copied when changed.
+    Arguments of the wrong kind (a cfg that is not a Config, a model that is no module, a tokenizer that
+    cannot encode) are a ConfigError naming the argument."""
+    from grpokit.config import Config
+
+    if not isinstance(cfg, Config):
+        sft = " (an SFTConfig goes to grpokit.sft.SFTTrainer)" if type(cfg).__name__ == "SFTConfig" else ""
+        raise ConfigError(
+            f"GRPOTrainer's cfg must be a grpokit.config.Config (load_config builds one), got {type(cfg).__name__}{sft}"
+        )
+    if model is not None and not isinstance(model, str) and not _is_module(model):
+        raise ConfigError(
+            f"model: got {type(model).__name__}; give a loaded transformers model (with tokenizer=), a model "
+            "folder or a hub id"
+        )
+    if tokenizer is not None and (isinstance(tokenizer, (str, bytes)) or not callable(getattr(tokenizer, "encode", None))):
+        raise ConfigError(
+            f"tokenizer: got {type(tokenizer).__name__}, which cannot encode text; give the model's tokenizer "
+            "(AutoTokenizer.from_pretrained(...)), or give model as a folder or hub id and both are loaded"
+        )
     if isinstance(model, str):  # TRL: a path or hub id
         cfg = copy.deepcopy(cfg)
         cfg.model.name_or_path, model = model, None
@@ -95,6 +115,12 @@ def rewards_from(items: Any) -> list[tuple[str, Callable, float]] | None:
         return None
     if callable(items) or isinstance(items, str):
         items = [items]
+    if not isinstance(items, (list, tuple)):
+        raise ConfigError(
+            f"reward_functions: got {type(items).__name__}; give a function, a grpokit reward name, or a list of them"
+        )
+    if not items:
+        raise ConfigError("reward_functions is empty: give at least one (or None for the config's rewards)")
     out = []
     for i, item in enumerate(items):
         if isinstance(item, str):
@@ -102,7 +128,12 @@ def rewards_from(items: Any) -> list[tuple[str, Callable, float]] | None:
 
             out.append((item, resolve_reward(item), 1.0))
         elif isinstance(item, tuple) and len(item) in (2, 3) and isinstance(item[0], str) and callable(item[1]):
-            out.append((item[0], item[1], float(item[2]) if len(item) == 3 else 1.0))
+            weight = item[2] if len(item) == 3 else 1.0
+            if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight):
+                raise ConfigError(
+                    f"reward_functions[{i}] ({item[0]!r}): weight {weight!r} is not a finite number (e.g. 1.0)"
+                )
+            out.append((item[0], item[1], float(weight)))
         elif callable(item) and not _is_module(item):
             out.append((getattr(item, "__name__", type(item).__name__), item, 1.0))
         else:

@@ -230,3 +230,71 @@ def test_lora_all_linear_wraps_every_linear_layer_but_the_head():
     wrapped = prepare_policy(model, ModelConfig(), LoraConfig(enabled=True, target_modules=["all-linear"]))
     adapted = {n.split(".lora_A")[0].rsplit(".", 1)[-1] for n, _ in wrapped.named_parameters() if ".lora_A" in n}
     assert adapted == {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
+
+
+def _sft_config(world, tmp_path, **changes):
+    from grpokit.sft_config import SFTConfig
+
+    cfg = SFTConfig()
+    cfg.model.name_or_path, cfg.data.train = world["m"], world["s"]
+    cfg.train.output_dir, cfg.train.steps, cfg.train.report_to = str(tmp_path / "run"), 1, "none"
+    for dotted, value in changes.items():
+        section, key = dotted.split("__")
+        setattr(getattr(cfg, section), key, value)
+    return cfg
+
+
+# (id, the call, words): arguments of the Python API of the wrong kind or value, each a named error
+# (ConfigError or DataError, both exit 2 from the CLI) instead of TypeError/KeyError/AttributeError later
+API_ARGUMENTS = [
+    ("cfg-none", lambda w, t, m, tok: GRPOTrainer(None), "cfg must be a grpokit.config.Config (load_config builds one), got NoneType"),
+    ("cfg-sft-to-grpo", lambda w, t, m, tok: GRPOTrainer(_sft_config(w, t)), "an SFTConfig goes to"),
+    ("cfg-grpo-to-sft", lambda w, t, m, tok: _sft_trainer(Config()), "a grpokit.config.Config goes to GRPOTrainer"),
+    ("sft-lr-negative", lambda w, t, m, tok: _sft_trainer(_sft_config(w, t, optim__lr=-1.0)), "optim.lr=-1.0"),
+    ("sft-steps-as-text", lambda w, t, m, tok: _sft_trainer(_sft_config(w, t, train__steps="3")),
+     "train.steps: expected an integer, got '3'"),
+    ("sft-batch-zero", lambda w, t, m, tok: _sft_trainer(_sft_config(w, t, sft__batch_size=0)), "sft.batch_size=0"),
+    ("sft-output-empty", lambda w, t, m, tok: _sft_trainer(_sft_config(w, t, train__output_dir="")),
+     "train.output_dir is empty"),
+    ("rows-text", lambda w, t, m, tok: _grpo(t, m, tok, train_rows="1+1="), "train_rows: expected a list of rows"),
+    ("rows-empty", lambda w, t, m, tok: _grpo(t, m, tok, train_rows=[]), "train_rows is empty"),
+    ("rows-not-dicts", lambda w, t, m, tok: _grpo(t, m, tok, train_rows=["1+1="]),
+     "train_rows, row index 0: expected an object with a 'prompt' field"),
+    ("rows-no-prompt", lambda w, t, m, tok: _grpo(t, m, tok, train_rows=[{"q": "1+1="}]),
+     "train_rows: no prompt column 'prompt'"),
+    ("eval-rows-not-dicts", lambda w, t, m, tok: _grpo(t, m, tok, eval_rows=[1]), "eval_rows, row index 0"),
+    ("rewards-not-a-list", lambda w, t, m, tok: _grpo(t, m, tok, reward_functions=3), "reward_functions: got int"),
+    ("rewards-empty", lambda w, t, m, tok: _grpo(t, m, tok, reward_functions=[]), "reward_functions is empty"),
+    ("reward-weight-text", lambda w, t, m, tok: _grpo(t, m, tok, reward_functions=[("r", REWARD[0][1], "x")]),
+     "reward_functions[0] ('r'): weight 'x' is not a finite number"),
+    ("reward-weight-nan", lambda w, t, m, tok: _grpo(t, m, tok, reward_functions=[("r", REWARD[0][1], float("nan"))]),
+     "weight nan is not a finite number"),
+    ("model-not-a-model", lambda w, t, m, tok: _grpo(t, 3, tok), "model: got int"),
+    ("tokenizer-text", lambda w, t, m, tok: _grpo(t, m, "my-tokenizer"), "tokenizer: got str"),
+]  # fmt: skip
+
+
+def _sft_trainer(cfg):
+    from grpokit.sft import SFTTrainer
+
+    return SFTTrainer(cfg)
+
+
+def _grpo(tmp_path, model, tok, **given):
+    kwargs = {"train_rows": ROWS, "reward_functions": REWARD, **given}
+    return GRPOTrainer(_api_config(tmp_path), model=model, tokenizer=tok, **kwargs)
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return make_tiny_model("qwen2", seed=0)
+
+
+@pytest.mark.parametrize("call, words", [c[1:] for c in API_ARGUMENTS], ids=[c[0] for c in API_ARGUMENTS])
+def test_api_arguments_of_the_wrong_kind_are_named_errors(world, tmp_path, tiny, call, words):
+    from grpokit.data import DataError
+
+    with pytest.raises((ConfigError, DataError)) as e:
+        call(world, tmp_path, *tiny)
+    assert words in str(e.value)
+    assert not (tmp_path / "run").exists()
