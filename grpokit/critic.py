@@ -39,6 +39,7 @@ from grpokit.checkpoint import load_weights_into
 from grpokit.distributed import Distributed
 from grpokit.errors import ConfigError, TrainingError
 from grpokit.learner import Learner
+from grpokit.model_checks import first_line
 from grpokit.modeling import base_model
 from grpokit.update import loss_mask, micro_tensors, mini_batch_order, rows_no_grad
 
@@ -81,7 +82,7 @@ def build_critic(policy: torch.nn.Module, cfg, dtype: torch.dtype, device: torch
                 output_loading_info=True,
             )
         except (OSError, ValueError, RuntimeError) as e:
-            raise ConfigError(f"critic.path={path!r}: cannot load it as a token classifier ({e})") from e
+            raise ConfigError(f"critic.path={path!r}: cannot load it as a token classifier ({first_line(e)})") from e
         if any(k.split(".")[0] in ("score", "classifier") for k in info["missing_keys"]):
             _zero_head(critic)  # a causal LM's folder: its backbone, a fresh (zero) value head
     else:

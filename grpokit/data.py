@@ -114,6 +114,8 @@ def load_prompts(
     through_datasets = _needs_load_dataset(str(path), source)
     if not source.exists() and not through_datasets:
         raise DataError(f"{source}: no such file or folder (looked in {source.resolve()}); check the path.")
+    if source.exists() and not (source.is_file() or source.is_dir()):  # a FIFO or a device blocks or never ends
+        raise DataError(f"{source}: not a regular file or folder (a pipe or a device?); save the rows to a file.")
     if config is not None and not through_datasets:
         raise DataError(
             f"{source}: data.config={config!r} names a subset of a dataset read with datasets.load_dataset "
@@ -161,6 +163,15 @@ def load_train_eval(
             config=data_cfg.config if data_cfg.eval == data_cfg.train else None,
         )
     return train_rows, eval_rows or []
+
+
+def check_reward_columns(rows: Sequence[Mapping[str, Any]], reward_functions: Iterable, source: str) -> None:
+    """The columns each reward reads (its ``columns`` attribute, e.g. math_accuracy's answer column, code_tests'
+    tests column) are in every row: checked before the model loads, not at the first step's scoring."""
+    for name, fn, _ in reward_functions:
+        columns = getattr(fn, "columns", ())
+        if columns:
+            require_columns(rows, columns, source, needed_by=f"reward {name!r}")
 
 
 def check_given_rows(rows: Any, name: str, prompt_column: str | None) -> None:

@@ -31,7 +31,7 @@ def check_device(name: str) -> None:
         raise ConfigError(f"{key} but this machine (or this PyTorch build) has no MPS device; use model.device=cpu")
 
 
-def _first_line(e: BaseException) -> str:
+def first_line(e: BaseException) -> str:
     text = str(e).strip()
     return f"{type(e).__name__}: {text.splitlines()[0][:300]}" if text else type(e).__name__
 
@@ -48,7 +48,7 @@ def model_config_object(folder: str | Path, key: str, *, trust_remote_code: bool
         config = AutoConfig.from_pretrained(str(folder), trust_remote_code=trust_remote_code)
     except Exception as e:  # noqa: BLE001 - transformers raises ValueError, KeyError, its own validation errors
         raise ConfigError(
-            f"{key}: {config_file} does not describe a model transformers can build ({_first_line(e)}); fix "
+            f"{key}: {config_file} does not describe a model transformers can build ({first_line(e)}); fix "
             "config.json (model_type and its fields) or upgrade transformers if the architecture is new."
         ) from None
     remote = trust_remote_code and "AutoModelForCausalLM" in (getattr(config, "auto_map", None) or {})
@@ -72,12 +72,12 @@ def meta_model(config, model_cfg) -> Any:
     except (ValueError, ImportError) as e:
         if model_cfg.attn_implementation:
             raise ConfigError(
-                f"model.attn_implementation={model_cfg.attn_implementation!r} cannot be used ({_first_line(e)}); "
+                f"model.attn_implementation={model_cfg.attn_implementation!r} cannot be used ({first_line(e)}); "
                 "use sdpa or eager, or install what the message names."
             ) from None
         raise ConfigError(
             f"model.name_or_path={model_cfg.name_or_path!r}: the model cannot be built from its config.json "
-            f"({_first_line(e)})."
+            f"({first_line(e)})."
         ) from None
 
 

@@ -45,7 +45,7 @@ from grpokit.batch import (  # noqa: F401
 )
 from grpokit.config import Config, ConfigError, resolve_algo, validated
 from grpokit.critic import Critic
-from grpokit.data import load_train_eval
+from grpokit.data import check_reward_columns, load_train_eval
 from grpokit.distributed import Distributed
 from grpokit.episodes import EpisodeSampler, multi_turn, name_callables
 from grpokit.errors import FlatRewardsError, TrainingError  # noqa: F401
@@ -143,6 +143,7 @@ class GRPOTrainer:
 
         # rewards, resolved before the model loads: a bad reward fails in a second
         reward_functions, renamed = self._reward_functions(reward_functions)
+        check_reward_columns(self.train_rows, reward_functions, cfg.data.train or "train_rows")  # e.g. the answers
         self.reward_names = [name for name, _, _ in reward_functions]
         # grpo_process needs a reward that scores steps (or an environment's per-turn rewards)
         check_process_setup(self.algo, reward_functions, turn_rewards=bool(cfg.rollout.environment))
@@ -156,6 +157,8 @@ class GRPOTrainer:
             shaped, cfg.train.accuracy_reward, renamed
         )
         self.accuracy_fn = dict((n, f) for n, f, _ in reward_functions)[self.accuracy_name]
+        if self.eval_rows and cfg.eval.enabled:  # held-out rows are scored by the accuracy reward
+            check_reward_columns(self.eval_rows, [(self.accuracy_name, self.accuracy_fn, 1.0)], cfg.data.eval or "eval_rows")
 
         # the model's config.json, its tokenizer, the prompts against its positions and the checkpoint to
         # resume from, all checked before the model loads

@@ -68,6 +68,8 @@ def world(tmp_path_factory):
     weights_dir = copy("weights_dir")
     (weights_dir / "model.safetensors").unlink()
     (weights_dir / "model.safetensors").mkdir()
+    (w / "no_answer.jsonl").write_text('{"prompt": "1+1="}\n{"prompt": "2+2="}\n')
+    os.mkfifo(w / "pipe.jsonl")  # reading it would block forever
     (w / "binary.yaml").write_bytes(b"\x00\x01\x02model:\n")
     (w / "tabs.yaml").write_text("optim:\n\tlr: 1e-6\n")
     return {"m": str(model), "d": str(w / "good.jsonl"), "s": str(w / "sft.jsonl"), "w": str(w)}
@@ -112,6 +114,14 @@ CASES = [
     ("max-turns-zero", ["train", *TRAIN, "rollout.max_turns=0"], ["rollout.max_turns=0", ">= 1"]),
     ("tool-workers-zero", ["train", *TRAIN, "rollout.tool_workers=0"], ["rollout.tool_workers=0", ">= 1"]),
     ("tool-timeout-zero", ["train", *TRAIN, "rollout.tool_timeout_s=0"], ["rollout.tool_timeout_s=0", "> 0"]),
+    # data: what the rewards read is there before the model loads; a pipe is not read
+    ("data-without-answers", ["train", *TRAIN, "data.train={w}/no_answer.jsonl"],
+     ["no_answer.jsonl", "no column 'answer'", "reward 'math_accuracy'"]),
+    ("answer-column-renamed", ["train", *TRAIN, "rewards=[{{name: math_accuracy, kwargs: {{answer_column: solution}}}}]"],
+     ["good.jsonl", "no column 'solution'", "reward 'math_accuracy'"]),
+    ("eval-data-without-answers", ["train", *TRAIN, "data.eval={w}/no_answer.jsonl"],
+     ["no_answer.jsonl", "no column 'answer'"]),
+    ("data-is-a-pipe", ["train", *TRAIN, "data.train={w}/pipe.jsonl"], ["pipe.jsonl", "not a regular file"]),
     # config files
     ("yaml-binary", ["train", "{w}/binary.yaml", *TRAIN], ["binary.yaml", "not valid YAML", "binary file"]),
     ("yaml-tab", ["train", "{w}/tabs.yaml", *TRAIN], ["tabs.yaml", "not valid YAML", "line 2, column 1"]),
