@@ -137,6 +137,9 @@ CASES = [
     ("eval-beyond-positions", ["eval", "{m}", "{d}", "--max-new-tokens", "300", "--limit", "1", "--num-samples", "1"],
      ["--max-new-tokens 300", "256 positions"]),
     ("eval-model-type-unknown", ["eval", "{w}/unknown_type", "{d}", "--max-new-tokens", "4"], ["unknown_type", "config.json"]),
+    # grpokit bench: where the result goes, before the bench runs
+    ("bench-json-under-a-file", ["bench", "--shape", "tiny", "--steps", "1", "--json", "{w}/a_file/result.json"],
+     ["--json", "a_file does not exist or is a file"]),
     # grpokit view: the page's path, before the runs are read
     ("view-out-under-a-file", ["view", "{w}", "--out", "{w}/a_file/view.html"], ["--out", "a_file is a file"]),
 ]  # fmt: skip

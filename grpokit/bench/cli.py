@@ -22,6 +22,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     if args.steps < 1:
         return fail(f"--steps must be >= 1, got {args.steps}")
+    if args.json and (Path(args.json).is_dir() or not Path(args.json).parent.is_dir()):  # not after the bench ran
+        where = "is a folder" if Path(args.json).is_dir() else f"its folder {Path(args.json).parent} does not exist or is a file"
+        return fail(f"--json {args.json}: {where}; give a file path in an existing folder")
     if args.mode == "sft":
         return _cmd_sft_bench(args, fail)
     algos = [a.strip() for a in args.algos.split(",") if a.strip()]
