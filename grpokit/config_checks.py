@@ -23,6 +23,9 @@ if TYPE_CHECKING:
     from grpokit.config import AlgoConfig, Config
 
 
+MULTI_TURN = ("max_turns", "max_episode_tokens", "tool_timeout_s", "tool_workers", "max_tool_result_chars", "tool_parser")
+"""rollout.* settings of multi-turn rollouts (grpokit.episodes): taken only with rollout.tools or rollout.environment."""
+
 KV_CACHES = ("auto", "static", "dynamic")
 """rollout.kv_cache: the fast engine's KV cache (grpokit.decode)."""
 
@@ -76,6 +79,31 @@ def check_critic(cfg: Config) -> None:
             "trains no critic, so these settings would be ignored. Use algo.preset=ppo (or algo.advantage=gae) "
             "to train one, or remove the critic.* settings."
         )
+
+
+def check_settings_in_use(cfg: Any) -> None:
+    """Settings changed from their default in a part that is off would be silently ignored: refused, as
+    critic.* without a critic is: lora.* without lora.enabled, the multi-turn rollout.* settings without
+    rollout.tools or rollout.environment, the fast engine's cache settings with rollout.engine=hf. Checked
+    when a trainer starts (a Python API user may set rollout.tools in code after load_config)."""
+    lora = [f.name for f in dataclasses.fields(cfg.lora) if f.name != "enabled"]
+    checks = [(cfg.lora, "lora", lora, cfg.lora.enabled, "lora.enabled=true")]
+    r = getattr(cfg, "rollout", None)
+    if r is not None:
+        checks += [
+            (r, "rollout", list(MULTI_TURN), bool(r.tools or r.environment), "rollout.tools or rollout.environment"),
+            (r, "rollout", ["kv_cache", "cuda_graphs"], r.engine == "fast", "rollout.engine=fast"),
+        ]
+    for section, prefix, names, on, how in checks:
+        if on:
+            continue
+        default = type(section)()
+        changed = [n for n in names if getattr(section, n) != getattr(default, n)]
+        if changed:
+            shown = ", ".join(f"{prefix}.{n}={getattr(section, n)!r}" for n in changed)
+            raise ConfigError(
+                f"{shown}: taken only with {how}, so ignored as it stands; set that, or remove the setting."
+            )
 
 
 def check_algo_knobs(cfg: Config) -> None:

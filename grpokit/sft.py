@@ -27,6 +27,7 @@ import torch
 from grpokit.algos.sft import nll_sum
 from grpokit.batch import PromptStream, length_sorted
 from grpokit.config import ConfigError
+from grpokit.config_checks import check_settings_in_use
 from grpokit.data import DataError
 from grpokit.distributed import Distributed
 from grpokit.learner import Learner, load_model, peak_memory_mb
@@ -64,6 +65,7 @@ class SFTTrainer:
         callbacks: Sequence[Callable[[int, dict[str, float], SFTTrainer], Any]] = (),
     ):
         validated_sft(cfg)  # the CLI's checks, for a config built in code too
+        check_settings_in_use(cfg)  # lora.* without lora.enabled: not ignored
         check_tracker_login(cfg.train.report_to)  # wandb without a login fails now, not after the model loads
         self.cfg = cfg
         self.callbacks = list(callbacks)

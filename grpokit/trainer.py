@@ -44,6 +44,7 @@ from grpokit.batch import (  # noqa: F401
     step_metrics,
 )
 from grpokit.config import Config, ConfigError, resolve_algo, validated
+from grpokit.config_checks import check_settings_in_use
 from grpokit.critic import Critic
 from grpokit.data import check_reward_columns, load_train_eval
 from grpokit.distributed import Distributed
@@ -118,6 +119,7 @@ class GRPOTrainer:
         )  # fmt: skip
         name_callables(cfg.rollout)  # rollout.tools given as functions (TRL's way) are kept by name
         validated(cfg)  # the CLI's checks, for a Config built in code too
+        check_settings_in_use(cfg)  # lora.*, multi-turn or cache settings of a part that is off: not ignored
         check_tracker_login(cfg.train.report_to)  # wandb without a login fails now, not after the model loads
         self.cfg = cfg
         self.algo = resolve_algo(cfg)

@@ -122,6 +122,14 @@ CASES = [
     ("eval-data-without-answers", ["train", *TRAIN, "data.eval={w}/no_answer.jsonl"],
      ["no_answer.jsonl", "no column 'answer'"]),
     ("data-is-a-pipe", ["train", *TRAIN, "data.train={w}/pipe.jsonl"], ["pipe.jsonl", "not a regular file"]),
+    # settings of a part that is off: refused, not ignored
+    ("lora-setting-without-lora", ["train", *TRAIN, "lora.r=8"], ["lora.r=8", "lora.enabled=true"]),
+    ("sft-lora-setting-without-lora", ["sft", *SFT, "lora.target_modules=[q_proj]"],
+     ["lora.target_modules=['q_proj']", "lora.enabled=true"]),
+    ("tool-parser-without-tools", ["train", *TRAIN, "rollout.tool_parser=mine:parse", "rollout.max_turns=2"],
+     ["rollout.max_turns=2, rollout.tool_parser='mine:parse'", "rollout.tools or rollout.environment"]),
+    ("kv-cache-with-hf-engine", ["train", *TRAIN, "rollout.engine=hf", "rollout.kv_cache=static"],
+     ["rollout.kv_cache='static'", "rollout.engine=fast"]),
     # config files
     ("yaml-binary", ["train", "{w}/binary.yaml", *TRAIN], ["binary.yaml", "not valid YAML", "binary file"]),
     ("yaml-tab", ["train", "{w}/tabs.yaml", *TRAIN], ["tabs.yaml", "not valid YAML", "line 2, column 1"]),
