@@ -40,19 +40,10 @@ def _close(a: dict, b: dict, atol: float) -> None:
 
 @pytest.fixture(scope="module")
 def sft_setup(tmp_path_factory):
-    from tiny_model import save_tiny_model
+    from tiny_model import write_sft_run
 
     folder = tmp_path_factory.mktemp("sft")
-    model = save_tiny_model(folder / "model")
-    data = folder / "train.jsonl"
-    data.write_text("".join(json.dumps(r) + "\n" for r in ROWS))
-    cfg = folder / "sft.yaml"
-    cfg.write_text(
-        f"model: {{name_or_path: {model}, device: cpu}}\n"
-        f"data: {{train: {data}, template: plain, max_length: 64}}\n"
-        "sft: {batch_size: 4}\noptim: {lr: 1.0e-2, micro_batch_size: 1}\n"
-        "train: {steps: 3, tensorboard: false}\n"
-    )
+    cfg = write_sft_run(folder, ROWS, batch_size=4, lr=1e-2, steps=3)
     one = folder / "one"
     from grpokit.cli import main
 

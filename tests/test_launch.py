@@ -3,7 +3,6 @@ plain torchrun exits 1 for every ending but success. Real runs: 2 ranks, gloo, C
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -52,20 +51,9 @@ def test_exit_codes_and_the_shutdown_timeout(monkeypatch):
 
 @pytest.fixture(scope="module")
 def sft_config(tmp_path_factory) -> Path:
-    from tiny_model import save_tiny_model
+    from tiny_model import write_sft_run
 
-    folder = tmp_path_factory.mktemp("launch")
-    model = save_tiny_model(folder / "model")
-    data = folder / "train.jsonl"
-    data.write_text("".join(json.dumps(r) + "\n" for r in ROWS))
-    cfg = folder / "sft.yaml"
-    cfg.write_text(
-        f"model: {{name_or_path: {model}, device: cpu}}\n"
-        f"data: {{train: {data}, template: plain, max_length: 64}}\n"
-        "sft: {batch_size: 2}\noptim: {lr: 1.0e-3, micro_batch_size: 1}\n"
-        "train: {steps: 100000, save_every: 0, tensorboard: false}\n"
-    )
-    return cfg
+    return write_sft_run(tmp_path_factory.mktemp("launch"), ROWS, batch_size=2, lr=1e-3, steps=100000)
 
 
 def _launch(args: list[str], **kw) -> subprocess.Popen:

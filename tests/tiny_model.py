@@ -192,3 +192,19 @@ def small_trainer(out: Path, steps: int, *overrides: str, **kwargs):
         reward_functions=[("has_seven", has_seven, 1.0)],
         **kwargs,
     )
+
+
+def write_sft_run(folder: Path, rows: list[dict], *, batch_size: int, lr: float, steps: int, save_every: int = 0) -> Path:
+    """A `grpokit sft` config in ``folder`` (made with a tiny model and ``rows`` as train.jsonl) for CPU runs
+    of ``steps`` steps, checkpoints every ``save_every`` (0: at the end only); returns the YAML's path."""
+    model = save_tiny_model(folder / "model")
+    data = folder / "train.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cfg = folder / "sft.yaml"
+    cfg.write_text(
+        f"model: {{name_or_path: {model}, device: cpu}}\n"
+        f"data: {{train: {data}, template: plain, max_length: 64}}\n"
+        f"sft: {{batch_size: {batch_size}}}\noptim: {{lr: {lr}, micro_batch_size: 1}}\n"
+        f"train: {{steps: {steps}, save_every: {save_every}, tensorboard: false}}\n"
+    )
+    return cfg
