@@ -140,8 +140,7 @@ def load_prompts(
 def load_train_eval(
     data_cfg: DataConfig, train_rows: list[dict] | None, eval_rows: list[dict] | None
 ) -> tuple[list[dict], list[dict]]:
-    """The training rows and the held-out rows (none without data.eval) of ``data_cfg``; rows given are kept,
-    checked as a file's rows are (a list of objects, each with a prompt)."""
+    """The training rows and the held-out rows (none without data.eval) of ``data_cfg``; rows given are checked."""
     for name, given in (("train_rows", train_rows), ("eval_rows", eval_rows)):
         if given is not None:
             check_given_rows(given, name, data_cfg.prompt_column)
@@ -166,21 +165,15 @@ def load_train_eval(
 
 
 def check_reward_columns(rows: Sequence[Mapping[str, Any]], reward_functions: Iterable, source: str) -> None:
-    """The columns each reward reads (its ``columns`` attribute, e.g. math_accuracy's answer column, code_tests'
-    tests column) are in every row: checked before the model loads, not at the first step's scoring."""
+    """The columns each reward reads (its ``columns``: math_accuracy's answers, code_tests' tests) in every row."""
     for name, fn, _ in reward_functions:
-        columns = getattr(fn, "columns", ())
-        if columns:
-            require_columns(rows, columns, source, needed_by=f"reward {name!r}")
+        require_columns(rows, getattr(fn, "columns", ()), source, needed_by=f"reward {name!r}")
 
 
 def check_given_rows(rows: Any, name: str, prompt_column: str | None) -> None:
-    """Rows given in code (GRPOTrainer(train_rows=...)): a non-empty list of objects, each with its prompt;
-    DataError naming the argument and the row otherwise."""
-    if isinstance(rows, (str, bytes, Mapping)) or not (hasattr(rows, "__len__") and hasattr(rows, "__iter__")):
-        raise DataError(f"{name}: expected a list of rows (dicts with a {prompt_column!r} field), got {type(rows).__name__}")
-    if not rows:
-        raise DataError(f"{name} is empty: give at least one row (a dict with a {prompt_column!r} field)")
+    """Rows given in code (train_rows=...): a non-empty list of dicts with the prompt; else DataError naming it."""
+    if isinstance(rows, (str, bytes, Mapping)) or not hasattr(rows, "__len__") or not rows:
+        raise DataError(f"{name}: expected a non-empty list of rows (dicts with a {prompt_column!r} field), got {_short(rows)}")
     _check_rows(_located(list(rows)), prompt_column, name)
 
 
