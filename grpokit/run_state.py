@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import signal
 import sys
 import threading
@@ -219,9 +220,10 @@ class RunState:
         return state
 
     def previous_summary(self, summary: dict[str, Any]) -> dict[str, Any]:
-        """On resume, keep the before-training accuracy of the first leg of the run."""
+        """On resume, keep the before-training accuracy of the first leg of the run. Rank 0 alone: it alone
+        writes summary.json (another rank could read it half-written)."""
         path = self.out / "summary.json"
-        if "eval_accuracy_before" in summary or not path.is_file():
+        if not self.dist.is_main or "eval_accuracy_before" in summary or not path.is_file():
             return {}
         old = json.loads(path.read_text())
         return {"eval_accuracy_before": old["eval_accuracy_before"]} if "eval_accuracy_before" in old else {}
@@ -230,7 +232,9 @@ class RunState:
         """Write summary.json and (``plot``) the curves of metrics.jsonl as curves.png (rank 0)."""
         if not self.dist.is_main:
             return
-        (self.out / "summary.json").write_text(json.dumps(summary, indent=2))
+        partial = self.out / "summary.json.tmp"  # written whole, then renamed: never seen half-written
+        partial.write_text(json.dumps(summary, indent=2))
+        os.replace(partial, self.out / "summary.json")
         if not plot:
             return
         from grpokit.plots import plot_training_curves  # lazy: matplotlib is slow to import, needed only here

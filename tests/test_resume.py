@@ -288,3 +288,23 @@ def test_disk_full_is_named_as_such(cli_config, tmp_path):
     done = subprocess.run(["unshare", "-rm", "sh", "-c", command], cwd=REPO, capture_output=True, text=True)
     assert done.returncode == 1, done.stderr
     assert "grpokit: disk full: no space left" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_the_summary_is_read_by_rank_0_only_and_written_whole(tmp_path):
+    """Under torchrun rank 1 read summary.json while rank 0 was writing it (CI saw JSONDecodeError): only the
+    writer reads it, and it is written to a temporary file first and renamed."""
+    from types import SimpleNamespace
+
+    from grpokit.config import load_config
+    from grpokit.run_state import RunState
+
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "summary.json").write_text("")  # as another rank would see it in the middle of a write
+    state = RunState(load_config(None, [f"train.output_dir={out}"]), resume=True)
+    state.dist = SimpleNamespace(is_main=False)
+    assert state.previous_summary({}) == {}
+    state.dist = SimpleNamespace(is_main=True)
+    state.finish({"eval_accuracy_before": 0.25, "steps": 3}, plot=False)
+    assert [p.name for p in out.iterdir()] == ["summary.json"]
+    assert state.previous_summary({}) == {"eval_accuracy_before": 0.25}
