@@ -52,7 +52,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         config_path, overrides = _config_args(args)
     except ConfigError as e:
         return _fail(args, f"config error: {e}", 2)
-    if args.output_dir:
+    if args.output_dir is not None:  # "" too: refused by the empty-folder rule, not ignored
         overrides.append(f"train.output_dir={args.output_dir}")
     demo = config_path is None and (
         args.demo or not any(o.startswith("model.name_or_path=") for o in overrides)
@@ -173,7 +173,7 @@ def cmd_sft(args: argparse.Namespace) -> int:
 
     try:
         config_path, overrides = _config_args(args)
-        if args.output_dir:
+        if args.output_dir is not None:
             overrides.append(f"train.output_dir={args.output_dir}")
         cfg = load_sft_config(config_path, overrides)
     except ConfigError as e:

@@ -256,6 +256,8 @@ def cmd_pipeline(args) -> int:
     try:
         if args.demo == bool(args.file):
             raise PipelineError("give a pipeline file, or --demo (with --output-dir) for the embedded demo")
+        if args.output_dir == "":
+            raise PipelineError("--output-dir is empty: give the folder for the pipeline's stages (or leave it out)")
         if args.demo:
             from grpokit.demo_r1 import write_demo_pipeline
 

@@ -567,7 +567,7 @@ def cmd_sample(args) -> int:
 
     try:
         path, overrides = _config_args(args)
-        if args.output_dir:
+        if args.output_dir is not None:
             overrides.append(f"output.dir={args.output_dir}")
         cfg = load_sample_config(path, overrides)
         run_sample(cfg, resume=args.resume, overwrite=args.overwrite)

@@ -111,6 +111,10 @@ CASES = [
     # config values that were never range-checked
     ("output-dir-empty", ["train", *TRAIN, "train.output_dir="], ["train.output_dir is empty", "current folder"]),
     ("sft-output-dir-empty", ["sft", *SFT, "train.output_dir="], ["train.output_dir is empty"]),
+    ("output-dir-flag-empty", ["train", *TRAIN, "--output-dir="], ["train.output_dir is empty"]),
+    ("sft-output-dir-flag-empty", ["sft", *SFT, "--output-dir="], ["train.output_dir is empty"]),
+    ("sample-output-dir-flag-empty", ["sample", *SAMPLE, "--output-dir="], ["output.dir is empty"]),
+    ("pipeline-output-dir-flag-empty", ["pipeline", "--demo", "--output-dir="], ["--output-dir is empty"]),
     ("max-turns-zero", ["train", *TRAIN, "rollout.max_turns=0"], ["rollout.max_turns=0", ">= 1"]),
     ("tool-workers-zero", ["train", *TRAIN, "rollout.tool_workers=0"], ["rollout.tool_workers=0", ">= 1"]),
     ("tool-timeout-zero", ["train", *TRAIN, "rollout.tool_timeout_s=0"], ["rollout.tool_timeout_s=0", "> 0"]),
