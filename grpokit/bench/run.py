@@ -9,6 +9,7 @@ import gc
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,19 @@ def device_name(device) -> str:
     if device.type == "cuda":
         return f"cuda: {torch.cuda.get_device_name(device)}"
     return f"cpu ({torch.get_num_threads()} threads)"
+
+
+def timed_step(device, step: Callable[[], Any]) -> tuple[Any, float]:
+    """(what ``step()`` returns, its wall-clock seconds), with the GPU's queue drained before and after."""
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    t0 = time.perf_counter()
+    result = step()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return result, time.perf_counter() - t0
 
 
 def median(values: list[float]) -> float:
@@ -183,13 +197,8 @@ def run_bench(
         meter.start()
         per_step = []
         for i in range(steps):
-            if dev.type == "cuda":
-                torch.cuda.synchronize(dev)
-            t0 = time.perf_counter()
-            m = trainer.train_step()
-            if dev.type == "cuda":
-                torch.cuda.synchronize(dev)
-            per_step.append(_step_record(i, time.perf_counter() - t0, m, shape))
+            m, seconds = timed_step(dev, trainer.train_step)
+            per_step.append(_step_record(i, seconds, m, shape))
         memory = memory_report(trainer, meter)
         peak_reserved = torch.cuda.max_memory_reserved(dev) / 2**30 if dev.type == "cuda" else None
         config = model.config

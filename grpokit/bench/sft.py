@@ -29,13 +29,12 @@ import random
 import subprocess
 import sys
 import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from grpokit.bench.model import n_words
-from grpokit.bench.run import device_name, median
+from grpokit.bench.run import device_name, median, timed_step
 from grpokit.bench.shapes import MAX_WORD, BenchError
 
 
@@ -133,13 +132,7 @@ def run_sft_bench(
         meter.start()
         step_s = []
         for _ in range(steps):
-            if dev.type == "cuda":
-                torch.cuda.synchronize(dev)
-            t0 = time.perf_counter()
-            trainer.train_step()
-            if dev.type == "cuda":
-                torch.cuda.synchronize(dev)
-            step_s.append(time.perf_counter() - t0)
+            step_s.append(timed_step(dev, trainer.train_step)[1])
         peak = meter.peak_bytes()
         n_params = sum(p.numel() for p in trainer.model.parameters())
         mode = trainer.learner.precision
