@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from tiny_model import make_tiny_model, save_tiny_model
+from tiny_model import ADDITION_ROWS, make_tiny_model, save_tiny_model
 
 from grpokit import GRPOTrainer, load_config
 from grpokit.cli import main
@@ -52,7 +52,7 @@ CASES = [
 def world(tmp_path_factory):
     w = tmp_path_factory.mktemp("early")
     model = save_tiny_model(w / "model")
-    rows = [{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a in range(4) for b in range(4)]
+    rows = ADDITION_ROWS
     (w / "good.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     (w / "long.jsonl").write_text("".join(json.dumps(r) + "\n" for r in [rows[0], {"prompt": LONG, "answer": "2"}]))
     shutil.copytree(model, w / "no_tokenizer")

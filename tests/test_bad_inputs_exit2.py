@@ -12,7 +12,7 @@ import sys
 
 import pytest
 import torch
-from tiny_model import make_tiny_model, save_tiny_model
+from tiny_model import ADDITION_ROWS, make_tiny_model, save_tiny_model
 
 from grpokit import GRPOTrainer
 from grpokit.cli import main
@@ -44,7 +44,7 @@ def _edit_config(folder, **changes):
 def world(tmp_path_factory):
     w = tmp_path_factory.mktemp("exit2")
     model = save_tiny_model(w / "model")
-    rows = [{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a in range(4) for b in range(4)]
+    rows = ADDITION_ROWS
     (w / "good.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     sft = [{"prompt": r["prompt"], "completion": r["answer"]} for r in rows]
     (w / "sft.jsonl").write_text("".join(json.dumps(r) + "\n" for r in sft))

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from tiny_model import save_tiny_model
+from tiny_model import ADDITION_ROWS, SMALL_RUN, save_tiny_model
 
 from grpokit.cli import main
 from grpokit.rewards import RewardRunner, resolve_reward_specs
@@ -85,22 +85,14 @@ def test_everything_a_reward_started_dies_when_the_runner_closes(spawner):
 
 def test_sigkill_of_the_trainer_leaves_no_process_of_its_rewards(spawner, tmp_path):
     model = save_tiny_model(tmp_path / "model")
-    rows = [{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a in range(4) for b in range(4)]
-    (tmp_path / "data.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "data.jsonl").write_text("".join(json.dumps(r) + "\n" for r in ADDITION_ROWS))
     argv = [
         f"model.name_or_path={model}",
         f"data.train={tmp_path / 'data.jsonl'}",
         f"train.output_dir={tmp_path / 'run'}",
         f"rewards=[{{name: '{spawner}:score'}}]",
         "train.steps=500",
-        "train.report_to=none",
-        "rollout.group_size=2",
-        "rollout.prompts_per_step=2",
-        "rollout.max_new_tokens=4",
-        "data.template=plain",
-        "model.device=cpu",
-        "eval.enabled=false",
-        "train.stop_after_flat_steps=0",
+        *SMALL_RUN,
     ]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     trainer = subprocess.Popen([sys.executable, "-m", "grpokit", "train", *argv], env=env, stderr=subprocess.DEVNULL)
