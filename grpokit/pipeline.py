@@ -39,6 +39,7 @@ from typing import Any
 import yaml
 
 from grpokit.errors import ConfigError
+from grpokit.files import replace_whole
 
 KINDS = ("sft", "rl", "sample")
 """Stage kinds."""
@@ -374,12 +375,8 @@ def read_state(folder: Path) -> dict[str, Any] | None:
 
 
 def write_state(folder: Path, state: dict[str, Any]) -> None:
-    import os
-
     folder.mkdir(parents=True, exist_ok=True)
-    tmp = folder / "stage.json.tmp"
-    tmp.write_text(json.dumps(state, indent=2))
-    os.replace(tmp, folder / "stage.json")
+    replace_whole(folder / "stage.json", json.dumps(state, indent=2))
 
 
 def can_resume(stage: Stage, folder: Path) -> bool:

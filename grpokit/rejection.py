@@ -38,7 +38,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import os
 import shutil
 import sys
 import time
@@ -51,6 +50,7 @@ import yaml
 from grpokit.config import DataConfig, ModelConfig, RewardSpec, apply_overrides
 from grpokit.config_checks import build_config, check_model_section, check_output_path, check_seed
 from grpokit.errors import ConfigError
+from grpokit.files import replace_whole
 
 PROVENANCE = ("source_model", "scores", "completion_tokens", "prompt_index", "sample_index", "pass_rate")
 """Columns every kept row gets (a source column of the same name is refused)."""
@@ -396,9 +396,7 @@ def _sample_all(cfg, model, tokenizer, rows, encoded, runner, out: Path, log) ->
                         "failed": [name for name in names if k in result.row_errors.get(name, {})],
                     }
                 )
-            tmp = path.with_suffix(".tmp")
-            tmp.write_text("".join(json.dumps(c) + "\n" for c in batch))
-            os.replace(tmp, path)  # a batch is there whole or not at all
+            replace_whole(path, "".join(json.dumps(c) + "\n" for c in batch))  # a batch whole or not at all
             candidates += batch
             done_prompts += len(chunk)
             sampled_here += len(chunk)
@@ -480,15 +478,15 @@ def _mean(values: list[float]) -> float | None:
 
 
 def _write_rows(records: list[dict], path: Path) -> None:
-    tmp = path.with_name(path.name + ".tmp")
     if path.suffix == ".parquet":
         import pyarrow as pa
         import pyarrow.parquet as pq
 
-        pq.write_table(pa.Table.from_pylist(records), tmp)
+        buffer = pa.BufferOutputStream()
+        pq.write_table(pa.Table.from_pylist(records), buffer)
+        replace_whole(path, buffer.getvalue().to_pybytes())
     else:
-        tmp.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
-    os.replace(tmp, path)
+        replace_whole(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
 
 
 def _write_config(cfg: SampleConfig, path: Path) -> None:

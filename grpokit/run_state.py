@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import signal
 import sys
 import threading
@@ -46,6 +45,7 @@ from grpokit.checkpoint import (
 from grpokit.config import Config, ConfigError, save_config
 from grpokit.distributed import Distributed
 from grpokit.errors import TrainingError
+from grpokit.files import replace_whole
 from grpokit.learner import Learner
 from grpokit.output_lock import OutputLock, claim_output_dir, discard_aside, is_main_rank, set_aside
 from grpokit.validate import config_changes
@@ -232,9 +232,7 @@ class RunState:
         """Write summary.json and (``plot``) the curves of metrics.jsonl as curves.png (rank 0)."""
         if not self.dist.is_main:
             return
-        partial = self.out / "summary.json.tmp"  # written whole, then renamed: never seen half-written
-        partial.write_text(json.dumps(summary, indent=2))
-        os.replace(partial, self.out / "summary.json")
+        replace_whole(self.out / "summary.json", json.dumps(summary, indent=2))  # never seen half-written
         if not plot:
             return
         from grpokit.plots import plot_training_curves  # lazy: matplotlib is slow to import, needed only here

@@ -52,6 +52,7 @@ from rich.table import Column
 
 # the trackers' names are a config rule (train.report_to), checked with the rest of the config
 from grpokit.config_checks import REPORT_TO, check_report_to  # noqa: F401 (re-exported)
+from grpokit.files import replace_whole
 
 # The console summary: (metric key, format), in display order. Keys missing from a step are left out.
 SUMMARY_FORMATS: tuple[tuple[str, str], ...] = (
@@ -370,9 +371,7 @@ def repair_jsonl(path: str | Path) -> str | None:
             dropped.append(number)
     if not dropped and data.endswith(b"\n"):
         return None
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(b"".join(line + b"\n" for line in kept))
-    os.replace(tmp, path)
+    replace_whole(path, b"".join(line + b"\n" for line in kept))
     if not dropped:
         return None  # a complete last line that only lacked its newline
     which = "the torn last line" if dropped == [len(data.split(b"\n"))] else f"line(s) {dropped}"
