@@ -38,7 +38,11 @@ from grpokit.decode import check_kv_cache, make_engine
 
 @dataclass
 class Rollout:
-    """G sampled completions for each of P prompts; N = P * G rows, prompt-major."""
+    """G sampled completions for each of P prompts; N = P * G rows, prompt-major.
+
+    Every generator returns it on the CPU (``to_host``): scoring, advantages and the update's bookkeeping
+    index it with CPU tensors, and the update moves one micro-batch at a time to the model's device
+    (grpokit.update.micro_tensors)."""
 
     prompt_ids: Tensor  # (N, Lp) long, left-padded with pad_token_id
     prompt_mask: Tensor  # (N, Lp) long, 1 = real prompt token
@@ -66,6 +70,10 @@ class Rollout:
         """(N,) real tokens per row: prompt plus completion (what a micro-batch of the row costs)."""
         return self.prompt_mask.sum(-1) + self.attention_mask.sum(-1)
 
+    def to_host(self) -> Rollout:
+        """The same rollout with every tensor on the CPU (one copy per field that is elsewhere)."""
+        return Rollout(**{f.name: _on_cpu(getattr(self, f.name)) for f in fields(self)})
+
     def select(self, index: Tensor) -> Rollout:
         """The rows ``index`` (a (M,) long tensor) of every field."""
         return Rollout(**{f.name: _rows(getattr(self, f.name), index) for f in fields(self)})
@@ -81,6 +89,10 @@ class Rollout:
 
 def _rows(t: Tensor | None, index: Tensor) -> Tensor | None:
     return None if t is None else t[index]
+
+
+def _on_cpu(t: Tensor | None) -> Tensor | None:
+    return None if t is None else t.cpu()
 
 
 class Generator(Protocol):
@@ -250,10 +262,10 @@ class FastGenerator:
             self.engine = make_engine(model, self.kv_cache, cuda_graphs=self.cuda_graphs)
         return self.engine
 
-    def release(self) -> None:
-        """Free the engine's buffers (the static KV cache, CUDA graphs)."""
-        if self.engine is not None:
-            self.engine.release()
+    def release(self) -> bool:
+        """Free the engine's device buffers (the static KV cache, CUDA graphs; rebuilt by the next call);
+        True when any were held."""
+        return self.engine is not None and bool(self.engine.release())
 
     @torch.no_grad()
     def generate(
@@ -342,7 +354,7 @@ class FastGenerator:
             completion_mask=out_mask[:, :steps],
             logprobs=out_lp[:, :steps],
             truncated=truncated,
-        )
+        ).to_host()
 
 
 class HFGenerator:
@@ -352,6 +364,10 @@ class HFGenerator:
     settings stored in the model's own generation_config (repetition penalty, min length, ...) are
     not applied: only the arguments given here are.
     """
+
+    def release(self) -> bool:
+        """Nothing is kept between calls (transformers builds its cache per call)."""
+        return False
 
     @torch.no_grad()
     def generate(
@@ -412,4 +428,4 @@ class HFGenerator:
             completion_mask=mask,
             logprobs=logprobs * mask,
             truncated=truncated,
-        )
+        ).to_host()

@@ -266,12 +266,12 @@ def run_episodes(
             active = next_active
     finally:
         pool.shutdown(wait=True)
-    device = next(model.parameters()).device
-    rollout = _as_rollout(prompts, comp, is_model, lps, episodes, pad_token_id, device)
+    rollout = _as_rollout(prompts, comp, is_model, lps, episodes, pad_token_id)
     return EpisodeBatch(rollout, episodes, episode_metrics(episodes, rollout, t_generation, t_env))
 
 
-def _as_rollout(prompts, comp, is_model, lps, episodes, pad_token_id: int, device) -> Rollout:
+def _as_rollout(prompts, comp, is_model, lps, episodes, pad_token_id: int) -> Rollout:
+    """The episodes as one Rollout on the CPU (as every generator returns it)."""
     N = len(comp)
     width = max(1, max(len(c) for c in comp))
     ids = torch.full((N, width), pad_token_id, dtype=torch.long)  # (N, Lc)
@@ -286,13 +286,13 @@ def _as_rollout(prompts, comp, is_model, lps, episodes, pad_token_id: int, devic
         logprobs[i, :n] = torch.tensor(lps[i], dtype=torch.float32)
     p_ids, p_mask = left_pad(prompts, pad_token_id)
     return Rollout(
-        prompt_ids=p_ids.to(device),
-        prompt_mask=p_mask.to(device),
-        completion_ids=ids.to(device),
-        completion_mask=model_mask.to(device),
-        logprobs=logprobs.to(device),
-        truncated=torch.tensor([ep.truncated for ep in episodes], dtype=torch.bool, device=device),
-        context_mask=context.to(device),
+        prompt_ids=p_ids,
+        prompt_mask=p_mask,
+        completion_ids=ids,
+        completion_mask=model_mask,
+        logprobs=logprobs,
+        truncated=torch.tensor([ep.truncated for ep in episodes], dtype=torch.bool),
+        context_mask=context,
     )
 
 

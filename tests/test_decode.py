@@ -177,11 +177,14 @@ def test_cuda_graph_replay_equals_eager_static_and_dynamic(dtype):
     model, _ = make_tiny_model("qwen2", seed=7)
     model = model.to("cuda", dtype)
     prompts = PROMPTS * 4  # 16 prompts x G=4 = 64 rows: buckets 64, 32, 16, 8
-    kw = dict(group_size=4, max_new_tokens=40, temperature=1.0, eos_token_ids=[1, 13, 40], pad_token_id=PAD)
-    graphs = FastGenerator(kv_cache="static", cuda_graphs=True)
-    eager = FastGenerator(kv_cache="static", cuda_graphs=False)
+    # 15 EOS ids of 64 and a check of the finished rows after every step (CUDA's default is every 8th):
+    # rows finish early enough that the batch compacts into smaller buckets, each recorded as its own graph.
+    eos = [1, *range(30, 44)]
+    kw = dict(group_size=4, max_new_tokens=40, temperature=1.0, eos_token_ids=eos, pad_token_id=PAD)
+    graphs = FastGenerator(kv_cache="static", cuda_graphs=True, check_every=1)
+    eager = FastGenerator(kv_cache="static", cuda_graphs=False, check_every=1)
     eager.engine = StaticCacheEngine(model, cuda_graphs=False, bucketed=True)
-    dynamic = FastGenerator(kv_cache="dynamic")
+    dynamic = FastGenerator(kv_cache="dynamic", check_every=1)
     a = graphs.generate(model, prompts, seed=3, **kw)
     assert graphs.engine.use_graphs and graphs.engine.graphs_recorded >= 2
     assert graphs.stats["compactions"] >= 1
