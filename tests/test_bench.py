@@ -219,3 +219,28 @@ def test_run_trl_for_real_on_the_tiny_shape(tiny_model):
     trl = bench.run_trl(tiny_model, "tiny", steps=2)
     assert trl["system"] == "trl" and trl["median_step_s"] > 0 and len(trl["step_s"]) == 2
     assert trl["completions_per_step"] == 8 and trl["completion_len"] == 8
+
+
+def test_memory_fraction_is_the_cap_over_the_device():
+    assert bench.run.memory_fraction(16, 80 * 2**30) == 0.2  # 16 GiB of an 80 GiB card
+    assert bench.run.memory_fraction(80, 80 * 2**30) == 1.0  # the whole card is allowed
+    for bad, match in ((0, "must be > 0"), (-1, "must be > 0"), (float("nan"), "must be > 0"), (81, "only 80.0 GiB")):
+        with pytest.raises(ValueError, match=match):
+            bench.run.memory_fraction(bad, 80 * 2**30)
+
+
+def test_cli_set_overrides_reach_the_config_and_a_cap_needs_cuda(cache_dir, tiny_model, tmp_path, capsys):
+    base = ["bench", "--shape", "tiny", "--model-size", "tiny", "--cache-dir", str(cache_dir), "--steps", "1"]
+    args = _parser().parse_args(base + ["--set", "algo.beta=0", "--set", "rollout.temperature=0.5"])
+    assert args.func(args) == 0
+    result = _result_line(capsys.readouterr().out)
+    assert result["beta"] == 0.0
+    assert result["median"]["reference_s"] == pytest.approx(0.0, abs=1e-3)  # beta 0: no reference pass
+    assert result["overrides"] == ["algo.beta=0", "rollout.temperature=0.5"]
+    args = _parser().parse_args(base + ["--set", "algo.no_such_knob=1"])
+    assert args.func(args) == 2
+    assert "no_such_knob" in capsys.readouterr().err
+    if not __import__("torch").cuda.is_available():
+        args = _parser().parse_args(base + ["--memory-cap-gib", "4", "--device", "cpu"])
+        assert args.func(args) == 2
+        assert "a memory cap needs a CUDA device" in capsys.readouterr().err

@@ -69,6 +69,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
                 algo=algo,
                 beta=args.beta,
                 output_dir=out_dir,
+                overrides=args.set,
+                memory_cap_gib=args.memory_cap_gib,
                 **common,
             )
         if args.compare == "trl":
@@ -210,6 +212,19 @@ def add_bench_parser(subparsers) -> None:
         default="grpo",
         help="comma list of algo presets to run on the same model and shape, e.g. grpo,ppo: step time, "
         "peak memory and memory by role for each, and the ratios to the first (default grpo)",
+    )
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a config override applied after the bench's own (repeatable), e.g. --set lora.enabled=true",
+    )
+    p.add_argument(
+        "--memory-cap-gib",
+        type=float,
+        help="cap this process's CUDA memory at this many GiB (torch.cuda.set_per_process_memory_fraction), "
+        "as a smaller card would; the grpokit runs only, not TRL's",
     )
     p.add_argument("--beta", type=float, help="algo.beta of every run (default: each preset's; grpo 0.04)")
     p.add_argument("--no-gradient-checkpointing", dest="gradient_checkpointing", action="store_false")

@@ -40,6 +40,35 @@ def timed_step(device, step: Callable[[], Any]) -> tuple[Any, float]:
     return result, time.perf_counter() - t0
 
 
+def memory_fraction(cap_gib: float, total_bytes: int) -> float:
+    """The allocator fraction that caps a device of ``total_bytes`` at ``cap_gib`` GiB:
+    cap_gib * 2**30 / total_bytes, refused outside (0, 1]."""
+    if not cap_gib > 0:
+        raise ValueError(f"--memory-cap-gib must be > 0, got {cap_gib}")
+    fraction = cap_gib * 2**30 / total_bytes
+    if fraction > 1:
+        raise ValueError(
+            f"--memory-cap-gib {cap_gib}: the device has only {total_bytes / 2**30:.1f} GiB; give a smaller cap"
+        )
+    return fraction
+
+
+def set_memory_cap(device, cap_gib: float | None) -> float | None:
+    """Cap this process's CUDA caching allocator at ``cap_gib`` GiB (an allocation past it raises
+    out-of-memory, as on a smaller card); the fraction set, or None. Refused on CPU: there is no
+    per-process allocator limit to set there (the peak RSS is reported instead)."""
+    if cap_gib is None:
+        return None
+    import torch
+
+    if device.type != "cuda":
+        raise ValueError(f"--memory-cap-gib {cap_gib}: a memory cap needs a CUDA device, this run is on {device}")
+    index = device.index if device.index is not None else torch.cuda.current_device()  # "cuda" has none
+    fraction = memory_fraction(cap_gib, torch.cuda.get_device_properties(index).total_memory)
+    torch.cuda.set_per_process_memory_fraction(fraction, index)
+    return fraction
+
+
 def median(values: list[float]) -> float:
     return float(statistics.median_high(values))  # sorted[n // 2], as the TRL anchor script
 
@@ -136,6 +165,8 @@ def run_bench(
     device: str = "auto",
     seed: int = 0,
     full_length: bool = True,
+    overrides: list[str] | tuple[str, ...] = (),
+    memory_cap_gib: float | None = None,
 ) -> dict[str, Any]:
     """Run ``steps`` training steps of the ``algo`` preset on ``shape`` with the model in ``model_dir``
     and time them.
@@ -143,7 +174,9 @@ def run_bench(
     Settings as in the TRL anchor: AdamW lr 1e-6, temperature 1 (no top-k/top-p), one optimizer step
     per rollout, micro-batches of ``shape.micro_batch``; ``beta`` None keeps the preset's (grpo: 0.04,
     seq-mean-token-mean, clip 0.2, k3 KL). ``full_length`` (rollout.ignore_eos) runs every completion to
-    ``completion_len`` tokens.
+    ``completion_len`` tokens. ``overrides`` (``key=value``) come after the bench's own and win.
+    ``memory_cap_gib`` caps this process's CUDA allocator (``torch.cuda.set_per_process_memory_fraction``):
+    an allocation beyond it raises out-of-memory as a smaller card would.
 
     Returns a dict: per_step (list of per-step dicts), step_s (list), median_step_s, median (of each
     time split, tokens/s), peak_memory_gib and how it was measured, memory (the measured peak and its
@@ -180,7 +213,7 @@ def run_bench(
         cuda_graphs=cuda_graphs,
         seed=seed,
     )
-    cfg = load_config(None, bench_overrides(shape, steps, algo=algo, beta=beta, **opts))
+    cfg = load_config(None, [*bench_overrides(shape, steps, algo=algo, beta=beta, **opts), *overrides])
     beta = resolve_algo(cfg).kl.beta  # the preset's when not given
     tmp = None
     if output_dir is None:
@@ -188,7 +221,9 @@ def run_bench(
         output_dir = tmp.name
     cfg.model.name_or_path = str(model_dir)  # set directly: a path is not parsed as YAML
     cfg.train.output_dir = str(output_dir)
-    meter = PeakMeter(pick_device(cfg.model.device))
+    device_obj = pick_device(cfg.model.device)
+    cap_fraction = set_memory_cap(device_obj, memory_cap_gib)
+    meter = PeakMeter(device_obj)
     meter.baseline()
     trainer = model = None
     try:
@@ -225,6 +260,10 @@ def run_bench(
         gc.collect()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
+        if cap_fraction is not None:
+            torch.cuda.set_per_process_memory_fraction(
+                1.0, torch.cuda.current_device() if device_obj.index is None else device_obj.index
+            )
         if tmp is not None:
             tmp.cleanup()
 
@@ -262,6 +301,8 @@ def run_bench(
         "cuda_graphs": cuda_graphs,
         "cuda_graphs_used": last["cuda_graphs_used"],
         "beta": beta,
+        "overrides": list(overrides),
+        "memory_cap_gib": memory_cap_gib,
         "gradient_checkpointing": gradient_checkpointing,
         "device": device_name(dev),
         "steps": steps,
