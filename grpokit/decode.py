@@ -123,8 +123,11 @@ class DynamicCacheEngine:
         self.cache.batch_select_indices(index)
         self.attn, self.next_pos = self.attn[index], self.next_pos[index]
 
-    def release(self) -> None:
+    def release(self) -> bool:
+        """Drop the cache; True when one was held."""
+        held = self.cache is not None
         self.cache = self.attn = self.next_pos = None
+        return held
 
 
 def _adapter_state(model: torch.nn.Module) -> tuple:
@@ -206,11 +209,13 @@ class StaticCacheEngine:
         if self.use_graphs:
             self._pool = torch.cuda.graph_pool_handle()
 
-    def release(self) -> None:
-        """Free the KV buffers and the recorded graphs."""
+    def release(self) -> bool:
+        """Free the KV buffers and the recorded graphs (rebuilt by the next prefill); True when any were held."""
+        held = self._shape is not None
         self._graphs.clear()
         self._shape = None
         self.keys = self.values = self.mask = self.tokens = self.positions = self.slot = None
+        return held
 
     # -- model ---------------------------------------------------------------------------------------
     def _attention(

@@ -81,10 +81,16 @@ class MicroBatchSize:
     an OOM); ``last``: the rows of the last pass that succeeded (the micro_batch_size metric)."""
 
     def __init__(
-        self, setting: int | str, device: torch.device, dist: Distributed, say: Notices | None = None
+        self,
+        setting: int | str,
+        device: torch.device,
+        dist: Distributed,
+        say: Notices | None = None,
+        make_room: Callable[[], bool] | None = None,
     ):
         self.setting, self.device, self.dist = setting, device, dist
         self.say = say or Notices()
+        self.make_room = make_room  # frees device memory held elsewhere (the sampler's KV cache); True if any
         self.cap: int | None = None
         self.last = 0
 
@@ -101,8 +107,9 @@ class MicroBatchSize:
         return max(1, min(n, AUTO_MICRO_TOKENS // max(1, longest)))
 
     def run(self, fn: Callable[[int], Any], lengths: torch.Tensor, on_oom: Callable[[], None]) -> Any:
-        """``fn(rows)`` with rows = rows(lengths); under auto an out-of-memory error calls ``on_oom`` (drop
-        the partial gradient) and retries with half the rows. With a batch-wide loss normaliser the retried
+        """``fn(rows)`` with rows = rows(lengths). After an out-of-memory error ``on_oom`` drops the partial
+        gradient; then, first, ``make_room`` frees what the sampler holds on the device and the same rows are
+        tried again; after that, under auto, half the rows. With a batch-wide loss normaliser the retried
         gradient is the one the first try would have given."""
         while True:
             rows = self.rows(lengths)
@@ -111,17 +118,21 @@ class MicroBatchSize:
                 self.last = rows
                 return result
             except torch.cuda.OutOfMemoryError as e:
-                on_oom()
-                if self.setting != "auto" or rows == 1 or self.dist.active:
-                    raise TrainingError(
-                        f"out of GPU memory with {rows} completions per micro-batch: lower "
-                        "optim.micro_batch_size, set it to auto, or turn on model.gradient_checkpointing"
-                    ) from e
+                message = str(e).split(". ")[0]
+            # Outside the except block: the failed try's frames (its activations) are freed by now.
+            on_oom()
+            if self.make_room is not None and self.make_room():
                 torch.cuda.empty_cache()
-                self.cap = rows // 2
-                self.say(
-                    f"out of GPU memory at {rows} rows per micro-batch: retrying with {rows // 2} (auto)"
+                self.say(f"out of GPU memory at {rows} rows per micro-batch: freed the sampler's KV cache, retrying")
+                continue
+            if self.setting != "auto" or rows == 1 or self.dist.active:
+                raise TrainingError(
+                    f"out of GPU memory with {rows} completions per micro-batch ({message}): lower "
+                    "optim.micro_batch_size, set it to auto, or turn on model.gradient_checkpointing"
                 )
+            torch.cuda.empty_cache()
+            self.cap = rows // 2
+            self.say(f"out of GPU memory at {rows} rows per micro-batch: retrying with {rows // 2} (auto)")
 
 
 class Learner:
@@ -138,12 +149,13 @@ class Learner:
         total_steps: int,
         micro: MicroBatchSize | None = None,
         say: Notices | None = None,
+        make_room: Callable[[], bool] | None = None,
     ):
         self.model, self.precision, self.device = model, precision, device
         self.dist = dist or Distributed()
         self.max_grad_norm = optim.max_grad_norm
         self.say = say or Notices()
-        self.micro = micro or MicroBatchSize(optim.micro_batch_size, device, self.dist, self.say)
+        self.micro = micro or MicroBatchSize(optim.micro_batch_size, device, self.dist, self.say, make_room)
         params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = make_optimizer(params, precision, optim, device)
         self.scaler = make_grad_scaler(precision, device)  # float16 loss scaling, else None

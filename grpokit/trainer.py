@@ -205,7 +205,14 @@ class GRPOTrainer:
             say=self.say,
         )
         self.learner = Learner(
-            model, precision, device, cfg.optim, self.dist, total_steps=cfg.train.steps, say=self.say
+            model,
+            precision,
+            device,
+            cfg.optim,
+            self.dist,
+            total_steps=cfg.train.steps,
+            say=self.say,
+            make_room=self.sampler.generator.release,  # an OOM in the update first frees the KV cache
         )
         self.updater = PolicyUpdate(
             self.learner,
