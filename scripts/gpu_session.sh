@@ -1,22 +1,30 @@
 #!/usr/bin/env bash
-# The GPU checks of issue 5 (BENCHMARKS.md), in parts that each fit one 10-minute device call.
+# The GPU checks of BENCHMARKS.md (issues 5 and 39), in parts that fit 10-minute device calls.
 #
 #   here, once:    bash scripts/gpu_session.sh fetch     # wheels the device image lacks -> .whl/
 #                                                        # and the TRL anchor script -> shared/bench/
-#   on the GPU:    bash scripts/gpu_session.sh tests     # GPU-marked tests + generation/decode/modeling tests
-#                  bash scripts/gpu_session.sh standard  # 0.5b, standard shape, beside TRL
-#                  bash scripts/gpu_session.sh long      # 0.5b, long shape, beside TRL
-#                  bash scripts/gpu_session.sh big       # 1.5b standard shape, and a shape TRL may not fit
+#   on the GPU:    bash scripts/gpu_session.sh PART [PART ...]   (carry .whl), parts:
+#     tests      GPU-marked tests, then the decode/generation/trainer/learner/precision tests on a CUDA host
+#     standard   0.5b, standard shape, beside TRL
+#     long       0.5b, long shape, beside TRL
+#     engines    0.5b standard: the dynamic KV cache, the static cache without CUDA graphs, the hf engine
+#     roles      0.5b standard: --algos grpo,ppo (memory by role); --precision bf16_mixed (TRL's numerics)
+#     fit16      1.5b shapes under a 16 GiB cap (torch.cuda.set_per_process_memory_fraction)
+#     fit16-full the two full fine-tunes of fit16 alone
+#     extras     0.5b standard without gradient checkpointing; with the dynamic KV cache
+#     xlong      0.5b, completion 4096, beside TRL (the memory shape)
 #
-# Each GPU part installs .whl/*.whl into /tmp/site (carry .whl) and writes JSON results and logs to
-# $OUT (the device tool's output folder; runs/gpu when unset).
-set -euo pipefail
+# Each part has its own time limit (a hang costs that part, not the call); each bench appends its JSON
+# result, labelled, to $OUT/results.jsonl and its table to $OUT/log.txt (the device tool brings back at
+# most 8 files). $OUT is the device tool's output folder; runs/gpu when unset.
+set -uo pipefail
 cd "$(dirname "$0")/.."
-part=${1:?usage: gpu_session.sh fetch|tests|standard|long|big}
+[ $# -ge 1 ] || { echo "usage: gpu_session.sh fetch | PART [PART ...]" >&2; exit 2; }
 OUT=${OUT:-runs/gpu}
 mkdir -p "$OUT"
 
-if [ "$part" = fetch ]; then
+if [ "$1" = fetch ]; then
+  set -e
   exclude="$(git rev-parse --git-dir)/info/exclude"   # keep the wheels and the anchor copy untracked
   mkdir -p "$(dirname "$exclude")"
   for pattern in /.whl/ /shared/; do grep -qx "$pattern" "$exclude" 2>/dev/null || echo "$pattern" >> "$exclude"; done
@@ -24,32 +32,74 @@ if [ "$part" = fetch ]; then
   python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
     -d .whl trl==1.16.0 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19 math-verify==0.9.0 \
-    latex2sympy2_extended==1.11.0 antlr4-python3-runtime==4.13.2
+    latex2sympy2_extended==1.11.0 antlr4-python3-runtime==4.13.2 torch-optimi==0.3.3
   ls -la .whl
   exit 0
 fi
 
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/gpu.txt"
-python3 -c "import torch, transformers, trl; print('torch', torch.__version__, 'transformers', transformers.__version__, 'trl', trl.__version__)" | tee -a "$OUT/gpu.txt"
-bench() { python3 -m grpokit bench "$@"; }
+LOG="$OUT/log.txt"
+{ date -u; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
+  python3 -c "import torch, transformers, trl; print('torch', torch.__version__, 'transformers', transformers.__version__, 'trl', trl.__version__)"
+} 2>&1 | tee -a "$LOG"
 
-case $part in
-  tests)
-    python3 -m pytest -q -m gpu tests 2>&1 | tee "$OUT/tests_gpu.log"
-    python3 -m pytest -q -x tests/test_decode.py tests/test_generation.py tests/test_modeling.py tests/test_trainer.py 2>&1 | tee "$OUT/tests_core.log"
-    bench --shape standard --model-size 0.5b --steps 3 --kv-cache dynamic --json "$OUT/standard_dynamic.json" 2>&1 | grep -v '^RESULT' | tee "$OUT/standard_dynamic.log"
-    ;;
-  standard)
-    bench --shape standard --model-size 0.5b --steps 4 --compare trl --json "$OUT/standard.json" 2>&1 | grep -v '^RESULT' | tee "$OUT/standard.log"
-    ;;
-  long)
-    bench --shape long --model-size 0.5b --steps 3 --compare trl --json "$OUT/long.json" 2>&1 | grep -v '^RESULT' | tee "$OUT/long.log"
-    ;;
-  big)
-    bench --shape standard --model-size 1.5b --steps 3 --json "$OUT/standard_1.5b.json" 2>&1 | grep -v '^RESULT' | tee "$OUT/standard_1.5b.log"
-    bench --shape xlong --model-size 0.5b --steps 2 --compare trl --json "$OUT/xlong.json" 2>&1 | grep -v '^RESULT' | tee "$OUT/xlong.log" || true
-    ;;
-  *) echo "unknown part $part" >&2; exit 2 ;;
-esac
+# bench LABEL LIMIT_S ARGS...: one grpokit bench in its own process, limited, result appended to results.jsonl
+bench() {
+  local label=$1 limit=$2; shift 2
+  echo "=== $label: grpokit bench $* (limit ${limit}s, $(date -u +%T))" | tee -a "$LOG"
+  rm -f /tmp/bench.json
+  timeout -k 10 "$limit" python3 -m grpokit bench "$@" --json /tmp/bench.json 2>&1 | grep -v '^RESULT' | tee -a "$LOG"
+  local rc=${PIPESTATUS[0]}
+  echo "=== $label: exit $rc ($(date -u +%T))" | tee -a "$LOG"
+  if [ -f /tmp/bench.json ]; then
+    python3 -c "import json,sys; r=json.load(open('/tmp/bench.json')); print(json.dumps({'label': sys.argv[1], 'result': r}))" "$label" >> "$OUT/results.jsonl"
+  else
+    echo "{\"label\": \"$label\", \"exit\": $rc}" >> "$OUT/results.jsonl"
+  fi
+}
+
+for part in "$@"; do
+  case $part in
+    tests)
+      echo "=== tests ($(date -u +%T))" | tee -a "$LOG"
+      timeout -k 10 120 python3 -m pytest -q -m gpu tests -p no:cacheprovider 2>&1 | tail -30 | tee -a "$LOG"
+      timeout -k 10 200 python3 -m pytest -q -p no:cacheprovider tests/test_trainer.py tests/test_generation.py \
+        tests/test_multiturn_training.py tests/test_precision.py tests/test_ppo_critic.py 2>&1 | tail -40 | tee -a "$LOG"
+      ;;
+    standard) bench standard 330 --shape standard --model-size 0.5b --steps 4 --compare trl ;;
+    long) bench long 420 --shape long --model-size 0.5b --steps 3 --compare trl ;;
+    long-ours) bench long-ours 150 --shape long --model-size 0.5b --steps 3 ;;
+    engines)
+      bench standard-dynamic 120 --shape standard --model-size 0.5b --steps 3 --kv-cache dynamic
+      bench standard-no-graphs 120 --shape standard --model-size 0.5b --steps 3 --no-cuda-graphs
+      bench standard-hf 180 --shape standard --model-size 0.5b --steps 3 --engine hf
+      ;;
+    roles)
+      bench roles-grpo-ppo 240 --shape standard --model-size 0.5b --steps 3 --algos grpo,ppo
+      bench standard-bf16-mixed 150 --shape standard --model-size 0.5b --steps 3 --precision bf16_mixed
+      ;;
+    fit16)
+      all='lora.target_modules=[q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj]'
+      bench 1.5b-lora-cap16 200 --shape standard --model-size 1.5b --steps 3 --memory-cap-gib 16 \
+        --set lora.enabled=true --set "$all"
+      bench 1.5b-full-kahan-beta0-cap16 200 --shape standard --model-size 1.5b --steps 3 --memory-cap-gib 16 \
+        --beta 0 --set optim.micro_batch_size=auto
+      bench 1.5b-full-pure-beta0-cap16 150 --shape standard --model-size 1.5b --steps 3 --memory-cap-gib 16 \
+        --beta 0 --precision bf16_pure --set optim.micro_batch_size=auto
+      ;;
+    fit16-full)
+      bench 1.5b-full-kahan-beta0-cap16 130 --shape standard --model-size 1.5b --steps 3 --memory-cap-gib 16 \
+        --beta 0 --set optim.micro_batch_size=auto
+      bench 1.5b-full-pure-beta0-cap16 130 --shape standard --model-size 1.5b --steps 3 --memory-cap-gib 16 \
+        --beta 0 --precision bf16_pure --set optim.micro_batch_size=auto
+      ;;
+    extras)
+      bench standard-no-checkpointing 100 --shape standard --model-size 0.5b --steps 3 --no-gradient-checkpointing
+      bench standard-dynamic 100 --shape standard --model-size 0.5b --steps 3 --kv-cache dynamic
+      ;;
+    xlong) bench xlong 500 --shape xlong --model-size 0.5b --steps 2 --compare trl ;;
+    *) echo "unknown part $part" | tee -a "$LOG" ;;
+  esac
+done
+echo "=== done ($(date -u +%T))" | tee -a "$LOG"
