@@ -16,23 +16,23 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+from grpokit.core.version import VERSION as __version__
 
 # public name -> module that defines it
 _EXPORTS = {
-    "GRPOTrainer": "grpokit.trainer",
-    "TrainingError": "grpokit.trainer",
-    "Config": "grpokit.config",
-    "ConfigError": "grpokit.config",
-    "load_config": "grpokit.config",
-    "config_from_dict": "grpokit.config",
-    "DataError": "grpokit.data",
-    "load_prompts": "grpokit.data",
-    "evaluate": "grpokit.evaluate",
-    "plot_training_curves": "grpokit.plots",
-    "SFTConfig": "grpokit.sft_config",
-    "SFTTrainer": "grpokit.sft",
-    "load_sft_config": "grpokit.sft_config",
+    "GRPOTrainer": "grpokit.trainers.grpo",
+    "TrainingError": "grpokit.trainers.grpo",
+    "Config": "grpokit.config.schema",
+    "ConfigError": "grpokit.config.schema",
+    "load_config": "grpokit.config.schema",
+    "config_from_dict": "grpokit.config.schema",
+    "DataError": "grpokit.data.prompts",
+    "load_prompts": "grpokit.data.prompts",
+    "evaluate": "grpokit.rollout.evaluate",
+    "plot_training_curves": "grpokit.run.plots",
+    "SFTConfig": "grpokit.config.sft",
+    "SFTTrainer": "grpokit.trainers.sft",
+    "load_sft_config": "grpokit.config.sft",
 }
 
 __all__ = [
@@ -53,13 +53,13 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from grpokit.config import Config, ConfigError, config_from_dict, load_config
-    from grpokit.data import DataError, load_prompts
-    from grpokit.evaluate import evaluate
-    from grpokit.plots import plot_training_curves
-    from grpokit.sft import SFTTrainer
-    from grpokit.sft_config import SFTConfig, load_sft_config
-    from grpokit.trainer import GRPOTrainer, TrainingError
+    from grpokit.config.schema import Config, ConfigError, config_from_dict, load_config
+    from grpokit.config.sft import SFTConfig, load_sft_config
+    from grpokit.data.prompts import DataError, load_prompts
+    from grpokit.rollout.evaluate import evaluate
+    from grpokit.run.plots import plot_training_curves
+    from grpokit.trainers.grpo import GRPOTrainer, TrainingError
+    from grpokit.trainers.sft import SFTTrainer
 
 
 def __getattr__(name: str) -> Any:

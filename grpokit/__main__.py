@@ -1,5 +1,5 @@
 import sys
 
-from grpokit.cli import main
+from grpokit.cli.main import main
 
 sys.exit(main())

@@ -486,8 +486,8 @@ def run_tool_suite(token: str, workers: int = 4) -> dict:
     from concurrent.futures import ThreadPoolExecutor
 
     from grpokit.rewards.sandbox import SandboxLimits
-    from grpokit.tools import Tool, ToolCall, ToolRunner, load_tools
-    from grpokit.tools.python import make_python_tool
+    from grpokit.rollout.tools import Tool, ToolCall, ToolRunner, load_tools
+    from grpokit.rollout.tools.python import make_python_tool
 
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))

@@ -9,8 +9,8 @@ from test_trainer import ROWS, has_seven
 from tiny_model import make_tiny_model
 
 from grpokit.algos import ADVANTAGES, compute_advantages, register_advantage
-from grpokit.config import ConfigError, load_config
-from grpokit.trainer import GRPOTrainer
+from grpokit.config.schema import ConfigError, load_config
+from grpokit.trainers.grpo import GRPOTrainer
 
 USER_MODULE = '''
 import torch
@@ -78,7 +78,7 @@ def test_user_advantage_and_loss_train_end_to_end_from_yaml(tmp_path, user_modul
 
 def test_a_bad_module_function_name_is_a_config_error(user_module):
     with pytest.raises(ConfigError, match="no_such_module_xyz"):
-        from grpokit.config import resolve_algo
+        from grpokit.config.schema import resolve_algo
 
         resolve_algo(load_config(None, ["algo.advantage=no_such_module_xyz:f"]))
     with pytest.raises(ConfigError, match=r"algo.loss='cliped'.*Did you mean 'clipped'"):

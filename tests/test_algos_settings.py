@@ -7,7 +7,7 @@ import pytest
 
 from grpokit.algos import KNOBS, PRESETS, AlgoSettings
 from grpokit.algos.presets import preset_table
-from grpokit.config import AlgoConfig, ConfigError, load_config, resolve_algo
+from grpokit.config.schema import AlgoConfig, ConfigError, load_config, resolve_algo
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 

@@ -9,7 +9,7 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 import pytest
 from tiny_model import save_tiny_model
 
-from grpokit.cli import main
+from grpokit.cli.main import main
 
 # (id, arguments after `grpokit train`, environment, exit code, words the message must contain)
 # {m} tiny model folder, {d} good data, {w} scratch folder, {out} a fresh output folder per case

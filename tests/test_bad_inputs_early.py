@@ -15,8 +15,8 @@ import pytest
 from tiny_model import ADDITION_ROWS, make_tiny_model, save_tiny_model
 
 from grpokit import GRPOTrainer, load_config
-from grpokit.cli import main
-from grpokit.config import ConfigError
+from grpokit.cli.main import main
+from grpokit.config.schema import ConfigError
 
 BASE = [
     "model.name_or_path={m}",

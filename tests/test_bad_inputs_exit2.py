@@ -15,9 +15,9 @@ import torch
 from tiny_model import ADDITION_ROWS, make_tiny_model, save_tiny_model
 
 from grpokit import GRPOTrainer
-from grpokit.cli import main
-from grpokit.config import Config, ConfigError, LoraConfig, ModelConfig
-from grpokit.loading import prepare_policy
+from grpokit.cli.main import main
+from grpokit.config.schema import Config, ConfigError, LoraConfig, ModelConfig
+from grpokit.model.loading import prepare_policy
 
 TRAIN = [
     "model.name_or_path={m}",
@@ -258,7 +258,7 @@ def test_lora_all_linear_wraps_every_linear_layer_but_the_head():
 
 
 def _sft_config(world, tmp_path, **changes):
-    from grpokit.sft_config import SFTConfig
+    from grpokit.config.sft import SFTConfig
 
     cfg = SFTConfig()
     cfg.model.name_or_path, cfg.data.train = world["m"], world["s"]
@@ -272,9 +272,9 @@ def _sft_config(world, tmp_path, **changes):
 # (id, the call, words): arguments of the Python API of the wrong kind or value, each a named error
 # (ConfigError or DataError, both exit 2 from the CLI) instead of TypeError/KeyError/AttributeError later
 API_ARGUMENTS = [
-    ("cfg-none", lambda w, t, m, tok: GRPOTrainer(None), "cfg must be a grpokit.config.Config (load_config builds one), got NoneType"),
+    ("cfg-none", lambda w, t, m, tok: GRPOTrainer(None), "cfg must be a grpokit.config.schema.Config (load_config builds one), got NoneType"),
     ("cfg-sft-to-grpo", lambda w, t, m, tok: GRPOTrainer(_sft_config(w, t)), "an SFTConfig goes to"),
-    ("cfg-grpo-to-sft", lambda w, t, m, tok: _sft_trainer(Config()), "a grpokit.config.Config goes to GRPOTrainer"),
+    ("cfg-grpo-to-sft", lambda w, t, m, tok: _sft_trainer(Config()), "a grpokit.config.schema.Config goes to GRPOTrainer"),
     ("sft-lr-negative", lambda w, t, m, tok: _sft_trainer(_sft_config(w, t, optim__lr=-1.0)), "optim.lr=-1.0"),
     ("sft-steps-as-text", lambda w, t, m, tok: _sft_trainer(_sft_config(w, t, train__steps="3")),
      "train.steps: expected an integer, got '3'"),
@@ -300,7 +300,7 @@ API_ARGUMENTS = [
 
 
 def _sft_trainer(cfg):
-    from grpokit.sft import SFTTrainer
+    from grpokit.trainers.sft import SFTTrainer
 
     return SFTTrainer(cfg)
 
@@ -317,7 +317,7 @@ def tiny():
 
 @pytest.mark.parametrize("call, words", [c[1:] for c in API_ARGUMENTS], ids=[c[0] for c in API_ARGUMENTS])
 def test_api_arguments_of_the_wrong_kind_are_named_errors(world, tmp_path, tiny, call, words):
-    from grpokit.data import DataError
+    from grpokit.data.prompts import DataError
 
     with pytest.raises((ConfigError, DataError)) as e:
         call(world, tmp_path, *tiny)

@@ -39,7 +39,7 @@ def _result_line(out: str) -> dict:
 def test_build_random_model_is_cached_and_loads_word_level(tiny_model, cache_dir):
     from transformers import PreTrainedTokenizerFast
 
-    from grpokit.loading import load_tokenizer
+    from grpokit.model.loading import load_tokenizer
 
     stamp = (tiny_model / "COMPLETE").stat().st_mtime_ns
     assert bench.build_random_model("tiny", cache_dir) == tiny_model

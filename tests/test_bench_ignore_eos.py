@@ -7,9 +7,9 @@ import pytest
 import torch
 from tiny_model import PAD_ID, SAMPLE_PROMPTS, make_tiny_model
 
-from grpokit.config import load_config
-from grpokit.generation import FastGenerator, HFGenerator
-from grpokit.trainer import GRPOTrainer
+from grpokit.config.schema import load_config
+from grpokit.rollout.generation import FastGenerator, HFGenerator
+from grpokit.trainers.grpo import GRPOTrainer
 
 # Ids 1..59 of the 64-token vocabulary all count as EOS: a sampled completion ends at its first token
 # with probability about 59/64 per step unless EOS is ignored, so the two cases cannot look alike.

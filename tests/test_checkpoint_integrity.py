@@ -14,8 +14,8 @@ import torch
 from tiny_model import ADDITION_ROWS, SMALL_RUN, make_tiny_model, small_trainer
 
 from grpokit import GRPOTrainer
-from grpokit.checkpoint import CHECKSUM_FILE, CheckpointError, save_checkpoint, verify_checkpoint
-from grpokit.config import ConfigError
+from grpokit.config.schema import ConfigError
+from grpokit.model.checkpoint import CHECKSUM_FILE, CheckpointError, save_checkpoint, verify_checkpoint
 
 ROWS, SETTINGS = ADDITION_ROWS, SMALL_RUN
 

@@ -5,8 +5,8 @@ import dataclasses
 import pytest
 import yaml
 
-from grpokit.cli import field_docs, main
-from grpokit.config import Config, config_from_dict
+from grpokit.cli.main import field_docs, main
+from grpokit.config.schema import Config, config_from_dict
 
 
 def every_key(cfg: Config) -> list[str]:

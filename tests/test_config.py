@@ -3,7 +3,7 @@
 import pytest
 import yaml
 
-from grpokit.config import ConfigError, load_config, parse_override, resolve_algo
+from grpokit.config.schema import ConfigError, load_config, parse_override, resolve_algo
 
 
 def write(tmp_path, text):

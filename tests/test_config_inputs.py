@@ -1,4 +1,4 @@
-"""Config input as written (grpokit.yaml_io) and one validation path for the CLI and the Python API."""
+"""Config input as written (grpokit.core.yaml_io) and one validation path for the CLI and the Python API."""
 
 import dataclasses
 from pathlib import Path
@@ -6,8 +6,8 @@ from pathlib import Path
 import pytest
 
 from grpokit import GRPOTrainer
-from grpokit.cli import main
-from grpokit.config import (
+from grpokit.cli.main import main
+from grpokit.config.schema import (
     AlgoConfig,
     Config,
     ConfigError,
@@ -115,5 +115,5 @@ def test_a_config_built_in_code_with_paths_and_good_values_passes():
     )
     checked = validated(cfg)
     assert (checked.train.output_dir, checked.data.train) == ("runs/x", "data/train.jsonl")
-    with pytest.raises(ConfigError, match="expected a grpokit.config.Config, got dict"):
+    with pytest.raises(ConfigError, match="expected a grpokit.config.schema.Config, got dict"):
         validated({"optim": {"lr": 1e-6}})

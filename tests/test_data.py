@@ -1,4 +1,4 @@
-"""grpokit.data: every format from a real file in tmp_path, and one test per kind of bad input."""
+"""grpokit.data.prompts: every format from a real file in tmp_path, and one test per kind of bad input."""
 
 import csv
 import json
@@ -7,7 +7,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from grpokit.data import DataError, load_prompts, prompt_problem, require_columns
+from grpokit.data.prompts import DataError, load_prompts, prompt_problem, require_columns
 
 ROWS = [
     {"prompt": "What is 2 + 2?", "answer": "4"},

@@ -1,4 +1,4 @@
-"""grpokit.data through datasets.load_dataset: hub-layout folders, globs, config/split, and the errors.
+"""grpokit.data.prompts through datasets.load_dataset: hub-layout folders, globs, config/split, and the errors.
 
 Offline: a local folder laid out as a hub dataset repository stands for a hub id."""
 
@@ -11,7 +11,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from grpokit.data import DataError, load_prompts
+from grpokit.data.prompts import DataError, load_prompts
 
 pytest.importorskip("datasets")
 
@@ -109,7 +109,7 @@ def test_save_to_disk_folder_still_read_by_the_local_reader(tmp_path):
 def test_unknown_hub_id_offline_names_both_readings(tmp_path):
     """A name that is neither a local path nor a loadable hub dataset (offline: the hub is not asked)."""
     code = (
-        "from grpokit.data import load_prompts, DataError\n"
+        "from grpokit.data.prompts import load_prompts, DataError\n"
         "try:\n    load_prompts('someone/no-such-dataset')\nexcept DataError as e:\n    print(e)\n"
     )
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_CACHE": str(tmp_path / "cache")}
@@ -131,7 +131,7 @@ def test_unknown_hub_id_without_a_hub_fails_in_seconds(tmp_path):
     port = closed.getsockname()[1]
     closed.close()  # nothing listens there now: connections are refused
     code = (
-        "import time\nfrom grpokit.data import load_prompts, DataError\nstart = time.monotonic()\n"
+        "import time\nfrom grpokit.data.prompts import load_prompts, DataError\nstart = time.monotonic()\n"
         "try:\n    load_prompts('someone/no-such-dataset')\nexcept DataError as e:\n    print(e)\n"
         "print(f'took {time.monotonic() - start:.1f}')\n"
     )
@@ -149,7 +149,7 @@ def test_unknown_hub_id_without_a_hub_fails_in_seconds(tmp_path):
 def test_the_hub_probe_switches_offline_mode_on_only_without_a_hub(monkeypatch):
     import socket
 
-    from grpokit import hub
+    from grpokit.core import hub
 
     for name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE", "HTTPS_PROXY", "https_proxy"):
         monkeypatch.delenv(name, raising=False)

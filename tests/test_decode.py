@@ -4,13 +4,13 @@ import pytest
 import torch
 from tiny_model import PAD_ID, SAMPLE_PROMPTS, make_tiny_model
 
-from grpokit.decode import (
+from grpokit.rollout.decode import (
     DynamicCacheEngine,
     StaticCacheEngine,
     make_engine,
     static_cache_support,
 )
-from grpokit.generation import FastGenerator, HFGenerator, left_pad
+from grpokit.rollout.generation import FastGenerator, HFGenerator, left_pad
 
 PAD = PAD_ID
 PROMPTS = SAMPLE_PROMPTS

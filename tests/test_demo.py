@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from grpokit.demo import DemoSpec, completion_text, make_problems, prepare_demo
+from grpokit.demos.default import DemoSpec, completion_text, make_problems, prepare_demo
 
 SMALL = DemoSpec(max_operand=9, eval_size=20, hidden_size=32, sft_steps=20, sft_batch=16)
 
@@ -40,7 +40,7 @@ def test_warm_start_is_cached(tmp_path):
 @pytest.mark.slow
 def test_readme_demo_command_learns(tmp_path, monkeypatch):
     """`grpokit train --output-dir D` (the README's first command): <= 40% before, >= 80% after."""
-    from grpokit.cli import main
+    from grpokit.cli.main import main
 
     monkeypatch.setenv("GRPOKIT_CACHE", str(tmp_path / "cache"))
     out = tmp_path / "demo"

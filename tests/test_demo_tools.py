@@ -1,11 +1,11 @@
-"""The tool-use demo's pieces (grpokit.demo_tools): the teacher's episodes are assembled as the rollout
+"""The tool-use demo's pieces (grpokit.demos.tools): the teacher's episodes are assembled as the rollout
 engine assembles them, the call parses, the reward reads the last turn."""
 
 import random
 
-from grpokit import demo_tools as d
-from grpokit.multiturn import ChatDelta
-from grpokit.tools import hermes, load_tools
+from grpokit.demos import tools as d
+from grpokit.rollout.multiturn import ChatDelta
+from grpokit.rollout.tools import hermes, load_tools
 
 
 def test_teacher_episode_ids_labels_and_call():

@@ -1,4 +1,4 @@
-"""Data-parallel training under torchrun (grpokit.distributed), on CPU with gloo, as real subprocesses.
+"""Data-parallel training under torchrun (grpokit.train.distributed), on CPU with gloo, as real subprocesses.
 
 The proof of "same result as one process": every rank builds the same global batch (the same prompts,
 the same sampling seed, the same weights), takes its share of whole groups, and updates. The gradient
@@ -112,8 +112,8 @@ def equivalence_worker(out: str) -> None:
     gradients, the final trainable weights and the loss to ``out``."""
     from tiny_model import make_tiny_model
 
-    from grpokit.config import load_config
-    from grpokit.trainer import GRPOTrainer
+    from grpokit.config.schema import load_config
+    from grpokit.trainers.grpo import GRPOTrainer
 
     results = {}
     for name, extra in CASES.items():
@@ -128,7 +128,7 @@ def equivalence_worker(out: str) -> None:
             reward_functions=[("distinct_chars", distinct_chars, 1.0)],
         )
         if name == "fsdp":  # evaluation split over ranks in chunks of 2 prompts: the one-process numbers
-            from grpokit.evaluate import evaluate
+            from grpokit.rollout.evaluate import evaluate
 
             results["eval"] = evaluate(
                 trainer.dist.generation_model(trainer.model, 0),
@@ -189,9 +189,9 @@ def dynamic_sampling_rounds(out: str) -> list:
     (sampling rounds, local groups, any flat group kept, stream position)."""
     from tiny_model import make_tiny_model
 
-    from grpokit.batch import flat_groups
-    from grpokit.config import load_config
-    from grpokit.trainer import GRPOTrainer
+    from grpokit.config.schema import load_config
+    from grpokit.rollout.batch import flat_groups
+    from grpokit.trainers.grpo import GRPOTrainer
 
     model, tok = make_tiny_model("qwen2", seed=0)
     extra = ["algo.dynamic_sampling=true", "algo.max_sampling_rounds=8", f"train.output_dir={out}.dyn"]
@@ -219,8 +219,8 @@ def dynamic_sampling_rounds(out: str) -> list:
 
 
 def test_a_bad_launch_is_refused_clearly():
-    from grpokit.config import ConfigError
-    from grpokit.distributed import check_launch, resolve_strategy
+    from grpokit.config.schema import ConfigError
+    from grpokit.train.distributed import check_launch, resolve_strategy
 
     check_launch(2, 4)
     with pytest.raises(
@@ -242,8 +242,8 @@ def test_a_bad_launch_is_refused_clearly():
 )
 def test_a_bad_torchrun_setting_is_refused_before_joining(monkeypatch, override, message):
     """Checked from torchrun's environment before the process group is joined (so no rank waits)."""
-    from grpokit.config import ConfigError, load_config
-    from grpokit.distributed import Distributed
+    from grpokit.config.schema import ConfigError, load_config
+    from grpokit.train.distributed import Distributed
 
     monkeypatch.setenv("WORLD_SIZE", "2")
     cfg = load_config(None, [*BASE, override])
@@ -364,7 +364,7 @@ def all_worker(folder: Path, cfg: Path) -> None:
 
     import torch.distributed as dist
 
-    from grpokit.cli import main
+    from grpokit.cli.main import main
 
     equivalence_worker(str(folder / "two.pt"))
     assert main(["train", str(cfg)]) == 0
@@ -434,7 +434,7 @@ def test_resume_continues_like_the_uninterrupted_run(two_ranks):
 def test_resume_at_another_world_size_is_refused(two_ranks, tmp_path, capsys):
     import shutil
 
-    from grpokit.cli import main
+    from grpokit.cli.main import main
 
     folder, cfg = two_ranks
     run = Path(shutil.copytree(folder / "run", tmp_path / "run"))
@@ -447,7 +447,7 @@ def test_resume_at_another_world_size_is_refused(two_ranks, tmp_path, capsys):
 def test_the_demo_still_learns_on_two_ranks(tmp_path):
     """`torchrun --nproc_per_node=2 -m grpokit train` (the embedded demo, FSDP): <= 40% before, >= 80%
     after, as in one process. About 30 s here (22 s of training; one process: 17 s)."""
-    from grpokit.demo import prepare_demo
+    from grpokit.demos.default import prepare_demo
 
     prepare_demo(log=lambda message: None)  # the warm start, built once before the ranks start (cached)
     out = tmp_path / "demo"

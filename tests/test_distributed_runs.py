@@ -45,7 +45,7 @@ def sft_setup(tmp_path_factory):
     folder = tmp_path_factory.mktemp("sft")
     cfg = write_sft_run(folder, ROWS, batch_size=4, lr=1e-2, steps=3)
     one = folder / "one"
-    from grpokit.cli import main
+    from grpokit.cli.main import main
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as the ranks (OMP_NUM_THREADS=1): the same summation order in the kernels
@@ -72,7 +72,7 @@ def test_sft_on_two_ranks_gives_the_one_process_losses_and_weights(sft_setup, st
 def every_turn_calls(text: str) -> list:
     """A tool parser for the random tiny model: every turn calls count_digits on its text (a turn cut at
     max_new_tokens calls nothing)."""
-    from grpokit.tools import ToolCall
+    from grpokit.rollout.tools import ToolCall
 
     return [ToolCall("count_digits", {"text": text})]
 

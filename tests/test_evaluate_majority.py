@@ -5,8 +5,8 @@ from fractions import Fraction
 
 import pytest
 
-from grpokit.evaluate import final_answer, majority_vote
 from grpokit.rewards import math_accuracy
+from grpokit.rollout.evaluate import final_answer, majority_vote
 
 
 def test_final_answer_reads_the_verifiers_answer_and_merges_equal_numbers():
@@ -57,7 +57,7 @@ def test_eval_command_reports_maj_at_k_on_the_test_split_of_a_hub_layout_folder(
     pytest.importorskip("datasets")
     from tiny_model import save_tiny_model
 
-    from grpokit.cli import main
+    from grpokit.cli.main import main
 
     model_dir = save_tiny_model(tmp_path / "m")
     data = tmp_path / "held_out"  # train.jsonl and test.jsonl: splits named by file, read by load_dataset

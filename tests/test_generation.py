@@ -4,7 +4,7 @@ import pytest
 import torch
 from tiny_model import PAD_ID, SAMPLE_PROMPTS, make_tiny_model
 
-from grpokit.generation import (
+from grpokit.rollout.generation import (
     FastGenerator,
     HFGenerator,
     completion_mask_from_ids,
@@ -216,7 +216,7 @@ def test_helpers_and_validation():
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_cuda_fast_generator_matches_hf_and_scoring(dtype):
-    from grpokit.modeling import completion_logprobs
+    from grpokit.model.logprobs import completion_logprobs
 
     model, _ = make_tiny_model("qwen2")
     model = model.to("cuda", dtype)

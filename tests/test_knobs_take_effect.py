@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from grpokit.algos import compute_advantages
-from grpokit.config import ConfigError, load_config
+from grpokit.config.schema import ConfigError, load_config
 
 
 @pytest.mark.parametrize(

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from test_distributed import REPO, TESTS, free_port
 
-from grpokit.checkpoint import list_checkpoints, verify_checkpoint
-from grpokit.launch import LaunchError, exit_code_of, shutdown_timeout, split_command_line
+from grpokit.cli.launch import LaunchError, exit_code_of, shutdown_timeout, split_command_line
+from grpokit.model.checkpoint import list_checkpoints, verify_checkpoint
 
 ROWS = [{"prompt": f"{a}+{b}=", "completion": str(a + b)} for a, b in [(1, 2), (3, 4), (5, 5), (9, 8)]]
 

@@ -9,10 +9,10 @@ from tiny_model import make_tiny_model
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
-from grpokit.config import ConfigError, load_config
-from grpokit.loading import check_tokenizer_fits, load_tokenizer
+from grpokit.config.schema import ConfigError, load_config
+from grpokit.model.loading import check_tokenizer_fits, load_tokenizer
 from grpokit.rewards import resolve_reward
-from grpokit.trainer import GRPOTrainer, TrainingError
+from grpokit.trainers.grpo import GRPOTrainer, TrainingError
 
 ROWS = [{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a in range(6) for b in range(6)]
 
@@ -178,7 +178,7 @@ def test_tokenizer_larger_than_the_embedding_is_refused():
 
 
 def test_flat_groups_counts_step_scores_under_process_rewards():
-    from grpokit.batch import flat_groups
+    from grpokit.rollout.batch import flat_groups
 
     rewards = torch.tensor([1.0, 1.0, 0.0, 0.0])  # two groups of G=2, each with equal outcomes
     assert flat_groups(rewards, 2).tolist() == [True, True]

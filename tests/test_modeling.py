@@ -4,7 +4,7 @@ import pytest
 import torch
 from tiny_model import make_tiny_model
 
-from grpokit.modeling import completion_logprobs
+from grpokit.model.logprobs import completion_logprobs
 
 PAD = 0
 

@@ -1,4 +1,4 @@
-"""Multi-turn rollouts (grpokit.multiturn) on a tiny real Qwen2: the model's ids kept as generated, the
+"""Multi-turn rollouts (grpokit.rollout.multiturn) on a tiny real Qwen2: the model's ids kept as generated, the
 environment's appended as ids, exactly the model's tokens in completion_mask, truncation, both generators."""
 
 import pytest
@@ -6,12 +6,12 @@ import torch
 from tiny_model import make_tiny_model
 
 from grpokit.algos.process import process_group_advantages
-from grpokit.envs import EnvStep, ToolEnvironment
-from grpokit.errors import ConfigError
-from grpokit.generation import FastGenerator, HFGenerator
-from grpokit.modeling import completion_logprobs
-from grpokit.multiturn import ChatDelta, episode_step_rewards, run_episodes
-from grpokit.tools import ToolCall, ToolRunner, load_tools
+from grpokit.core.errors import ConfigError
+from grpokit.model.logprobs import completion_logprobs
+from grpokit.rollout.envs import EnvStep, ToolEnvironment
+from grpokit.rollout.generation import FastGenerator, HFGenerator
+from grpokit.rollout.multiturn import ChatDelta, episode_step_rewards, run_episodes
+from grpokit.rollout.tools import ToolCall, ToolRunner, load_tools
 
 TOOLS_TEMPLATE = (
     "{% if tools %}<|user|>tools: {% for t in tools %}{{ t['function']['name'] }} {% endfor %}{% endif %}"
@@ -249,8 +249,8 @@ def test_process_advantages_on_a_hand_made_multi_turn_mask():
 
 
 def test_select_and_concat_keep_the_context_mask():
-    from grpokit.batch import ScoredBatch, concat_batches
-    from grpokit.generation import Rollout
+    from grpokit.rollout.batch import ScoredBatch, concat_batches
+    from grpokit.rollout.generation import Rollout
 
     def batch(width, ctx_rows):
         n = len(ctx_rows)

@@ -1,4 +1,4 @@
-"""Training on multi-turn episodes (grpokit.episodes): tools and environments through GRPOTrainer, every
+"""Training on multi-turn episodes (grpokit.rollout.episodes): tools and environments through GRPOTrainer, every
 preset's path, micro-batch invariance with tool tokens in the batch, named errors before the model loads."""
 
 import json
@@ -7,11 +7,11 @@ import pytest
 import torch
 from test_multiturn import TOOLS_TEMPLATE, tool_model
 
-from grpokit.config import load_config
-from grpokit.envs import EnvStep
-from grpokit.errors import ConfigError
-from grpokit.tools import ToolCall, ToolDefinitionError
-from grpokit.trainer import GRPOTrainer
+from grpokit.config.schema import load_config
+from grpokit.core.errors import ConfigError
+from grpokit.rollout.envs import EnvStep
+from grpokit.rollout.tools import ToolCall, ToolDefinitionError
+from grpokit.trainers.grpo import GRPOTrainer
 
 ROWS = [{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a in range(4) for b in range(4)]
 
@@ -128,7 +128,7 @@ def test_tool_episodes_train_under_each_preset(tmp_path, extra):
     assert sum(line["tools/calls"] for line in lines) > 0  # (a step's model may have stopped calling)
     assert all(0 <= line["masked_token_frac"] < 1 for line in lines) and lines[0]["masked_token_frac"] > 0
     assert torch.isfinite(torch.tensor(last["loss"]))
-    # the step's rollout record (grpokit.rollout_record) holds whole episodes: tool tokens with loss_mask 0
+    # the step's rollout record (grpokit.rollout.record) holds whole episodes: tool tokens with loss_mask 0
     import pyarrow.parquet as pq
 
     record = pq.read_table(tmp_path / "run" / "rollouts" / "step_000001.parquet").to_pylist()
@@ -235,7 +235,7 @@ def test_evaluation_runs_greedy_episodes(tmp_path):
 
 
 def test_the_episode_budget_must_fit_the_models_positions(tmp_path):
-    from grpokit.validate import check_positions
+    from grpokit.run.preflight import check_positions
 
     cfg = make_cfg(tmp_path, "rollout.max_turns=4", "rollout.max_new_tokens=64")  # budget 4 x 64 = 256
     with pytest.raises(ConfigError, match="rollout.max_episode_tokens=256 is beyond the model's 200 positions"):

@@ -1,4 +1,4 @@
-"""What the update does when the GPU runs out of memory (grpokit.learner.MicroBatchSize), checked on the CPU
+"""What the update does when the GPU runs out of memory (grpokit.train.learner.MicroBatchSize), checked on the CPU
 by raising torch.cuda.OutOfMemoryError from the micro-batch function, as CUDA's allocator does.
 
 The order seen on an H100 under a 16 GiB cap (BENCHMARKS.md): first free what the sampler holds on the device
@@ -14,10 +14,10 @@ import pytest
 import torch
 from tiny_model import PAD_ID, SAMPLE_PROMPTS, make_tiny_model
 
-from grpokit.distributed import Distributed
-from grpokit.errors import TrainingError
-from grpokit.generation import FastGenerator, HFGenerator
-from grpokit.learner import MicroBatchSize
+from grpokit.core.errors import TrainingError
+from grpokit.rollout.generation import FastGenerator, HFGenerator
+from grpokit.train.distributed import Distributed
+from grpokit.train.learner import MicroBatchSize
 
 CUDA = torch.device("cuda")  # a device object only: MicroBatchSize reads its type, nothing is allocated
 

@@ -1,4 +1,4 @@
-"""One output folder, one run (grpokit.output_lock): the lock, stale locks, concurrent starts, and
+"""One output folder, one run (grpokit.run.lock): the lock, stale locks, concurrent starts, and
 ``--overwrite`` that keeps the old run until the new one has a step and touches nothing else."""
 
 import json
@@ -13,9 +13,9 @@ import pytest
 from tiny_model import ADDITION_ROWS, SMALL_RUN, has_seven, make_tiny_model, save_tiny_model, small_trainer
 
 from grpokit import GRPOTrainer, load_config
-from grpokit.cli import main
-from grpokit.config import ConfigError
-from grpokit.output_lock import LOCK_FILE, REPLACED, OutputLock
+from grpokit.cli.main import main
+from grpokit.config.schema import ConfigError
+from grpokit.run.lock import LOCK_FILE, REPLACED, OutputLock
 
 ROWS, SETTINGS = ADDITION_ROWS, SMALL_RUN
 
@@ -90,7 +90,7 @@ def test_a_run_that_fails_to_start_leaves_no_folder_and_no_lock(tmp_path):
 def test_a_stale_lock_of_a_killed_process_is_taken_over(tmp_path):
     out = tmp_path / "run"
     code = (
-        "import sys, time; from grpokit.output_lock import OutputLock; "
+        "import sys, time; from grpokit.run.lock import OutputLock; "
         f"lock = OutputLock({str(out)!r}); lock.acquire(); print('locked', flush=True); time.sleep(60)"
     )
     holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)

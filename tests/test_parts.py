@@ -6,10 +6,10 @@ Each gradient is checked against a naive one-row-at-a-time oracle, and against a
 import torch
 from tiny_model import make_tiny_model
 
-from grpokit.config import load_config, resolve_algo
-from grpokit.generation import Rollout
-from grpokit.learner import Learner, load_model
-from grpokit.update import PolicyUpdate
+from grpokit.config.schema import load_config, resolve_algo
+from grpokit.rollout.generation import Rollout
+from grpokit.train.learner import Learner, load_model
+from grpokit.train.update import PolicyUpdate
 
 PAD = 0
 

@@ -14,7 +14,7 @@ import pytest
 import yaml
 from tiny_model import save_tiny_model
 
-from grpokit.cli import main
+from grpokit.cli.main import main
 
 REPO = Path(__file__).resolve().parent.parent
 ROWS = [{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a in range(5) for b in range(5)]
@@ -106,14 +106,14 @@ def rl_stage(root: Path, steps: int) -> dict:
 def test_bad_pipeline_files_are_one_line_errors_before_any_model_loads(
     files, tmp_path, monkeypatch, capsys, stages, message
 ):
-    import grpokit.loading
-    import grpokit.pipeline_cli
+    import grpokit.model.loading
+    import grpokit.pipeline.run
 
     def no(*args, **kwargs):
         raise AssertionError("nothing may load or run for a bad pipeline file")
 
-    monkeypatch.setattr(grpokit.loading, "load_policy", no)
-    monkeypatch.setattr(grpokit.pipeline_cli, "run_child", no)
+    monkeypatch.setattr(grpokit.model.loading, "load_policy", no)
+    monkeypatch.setattr(grpokit.pipeline.run, "run_child", no)
     root, model = files
     path = pipeline_file(tmp_path, model, stages)
     assert main(["pipeline", str(path), "--output-dir", str(tmp_path / "out")]) == 2
@@ -129,7 +129,7 @@ def test_killed_mid_stage_continues_that_stage_and_reruns_none_before_it(files, 
     evaluation = {"data": str(root / "prompts.jsonl"), "template": "plain", "max_new_tokens": 3, "limit": 4}
     path = pipeline_file(tmp_path, model, [sample_stage(root), rl_stage(root, steps=6)], eval=evaluation)
     out = tmp_path / "out"
-    command = [sys.executable, "-m", "grpokit.cli", "pipeline", str(path), "--output-dir", str(out)]
+    command = [sys.executable, "-m", "grpokit.cli.main", "pipeline", str(path), "--output-dir", str(out)]
     log = open(tmp_path / "pipeline.log", "w")  # noqa: SIM115 (closed below)
     proc = subprocess.Popen(command, cwd=REPO, stderr=log, start_new_session=True)
     checkpoints = out / "02-rl" / "checkpoints"
@@ -189,8 +189,8 @@ def test_killed_mid_stage_continues_that_stage_and_reruns_none_before_it(files, 
 
 def test_demo_pipeline_file_checks_and_its_chains_score_full_marks(tmp_path, monkeypatch):
     """The demo's pipeline file passes every check; its cold-start chains are what the rewards want."""
-    import grpokit.demo_r1 as demo_r1
-    from grpokit.pipeline import check_stage_configs, load_pipeline
+    import grpokit.demos.r1 as demo_r1
+    from grpokit.pipeline.spec import check_stage_configs, load_pipeline
     from grpokit.rewards import format_lenient, math_accuracy
 
     assert demo_r1.chain("27+45=") == "<think>27+45</think><answer>72</answer>"

@@ -3,8 +3,8 @@ import json
 import matplotlib.image
 import pytest
 
-from grpokit.plots import _ema, _series_by_key, plot_training_curves
-from grpokit.runlog import RunLogger
+from grpokit.run.log import RunLogger
+from grpokit.run.plots import _ema, _series_by_key, plot_training_curves
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 

@@ -10,9 +10,9 @@ from tiny_model import save_tiny_model
 from transformers import AutoModelForTokenClassification
 
 from grpokit.algos import compute_advantages
-from grpokit.checkpoint import verify_checkpoint
-from grpokit.config import ConfigError, load_config
-from grpokit.critic import completion_values
+from grpokit.config.schema import ConfigError, load_config
+from grpokit.model.checkpoint import verify_checkpoint
+from grpokit.train.critic import completion_values
 
 KEYS = [
     "loss",

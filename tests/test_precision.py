@@ -1,4 +1,4 @@
-"""Precision modes (grpokit.precision): bf16 runs keep every small update, float16 trains with loss
+"""Precision modes (grpokit.model.precision): bf16 runs keep every small update, float16 trains with loss
 scaling, and the modes are chosen and refused as documented.
 
 The update tests train each mode on one fixed rollout batch (sampled once by the float32 model, with
@@ -9,9 +9,9 @@ import pytest
 import torch
 from tiny_model import make_tiny_model
 
-from grpokit.config import ConfigError, load_config
-from grpokit.precision import PRECISIONS, master_weights, resolve_precision
-from grpokit.trainer import GRPOTrainer
+from grpokit.config.schema import ConfigError, load_config
+from grpokit.model.precision import PRECISIONS, master_weights, resolve_precision
+from grpokit.trainers.grpo import GRPOTrainer
 
 ROWS = [{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a in range(6) for b in range(6)]
 UPDATES = 5

@@ -2,11 +2,11 @@
 
 import random
 
-from grpokit import demo_steps
-from grpokit.cli import main
-from grpokit.demo import prepare_demo
-from grpokit.demo_steps import StepsSpec, make_problems, step_checks, teacher
-from grpokit.demo_variants import demo_variant
+from grpokit.cli.main import main
+from grpokit.demos import steps as demo_steps
+from grpokit.demos.default import prepare_demo
+from grpokit.demos.steps import StepsSpec, make_problems, step_checks, teacher
+from grpokit.demos.variants import demo_variant
 
 SMALL = StepsSpec(max_operand=5, eval_size=16, hidden_size=32, sft_steps=10, sft_batch=16)
 
@@ -49,7 +49,7 @@ def test_the_cli_picks_the_variant_and_leaves_the_default_demo_alone(capsys):
     assert demo_variant(["train.steps=3"]) == (None, ["train.steps=3"])
     assert main(["train", "--print-config", "data.train=demo_steps", "train.steps=3"]) == 0
     text = capsys.readouterr().out
-    assert "preset: grpo_process" in text and "grpokit.demo_steps:step_checks" in text and "steps: 3" in text
+    assert "preset: grpo_process" in text and "grpokit.demos.steps:step_checks" in text and "steps: 3" in text
     assert main(["train", "--print-config"]) == 0
     text = capsys.readouterr().out
     assert "preset: grpo\n" in text.replace("  #", "\n") or "preset: grpo " in text
@@ -57,8 +57,8 @@ def test_the_cli_picks_the_variant_and_leaves_the_default_demo_alone(capsys):
 
 
 def test_a_short_process_supervised_run_on_a_small_warm_start(tmp_path):
-    from grpokit.config import apply_overrides, config_from_dict
-    from grpokit.trainer import GRPOTrainer
+    from grpokit.config.schema import apply_overrides, config_from_dict
+    from grpokit.trainers.grpo import GRPOTrainer
 
     paths = prepare_demo(
         SMALL, cache=tmp_path, log=lambda m: None, problems=make_problems, teacher=teacher(SMALL), prefix="s"

@@ -11,10 +11,10 @@ from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
 from grpokit.algos.process import process_group_advantages
-from grpokit.config import ConfigError
+from grpokit.config.schema import ConfigError
 from grpokit.rewards import RewardRunner
 from grpokit.rewards.process import check_char_steps, step_ends, token_step_ends
-from grpokit.trainer import GRPOTrainer, TrainingError
+from grpokit.trainers.grpo import GRPOTrainer, TrainingError
 
 
 def digit_steps(prompts, completions, **kw):

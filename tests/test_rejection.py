@@ -7,9 +7,9 @@ import json
 import pytest
 from tiny_model import save_tiny_model
 
-from grpokit.cli import main
-from grpokit.rejection import KeepConfig, load_sample_config, select
+from grpokit.cli.main import main
 from grpokit.rewards import RewardRunner, format_lenient, make_language_consistency, math_accuracy
+from grpokit.trainers.sample import KeepConfig, load_sample_config, select
 
 # Two prompts, five completions each, scored by hand (acc = math_accuracy vs the answer, fmt =
 # format_lenient, lang = share of Latin words in <think> (without one: in the whole text, tags included),
@@ -115,7 +115,7 @@ def test_a_reward_without_threshold_filters_nothing_and_failed_rows_never_pass(s
 
 
 def test_bad_settings_are_one_line_errors():
-    from grpokit.errors import ConfigError
+    from grpokit.core.errors import ConfigError
 
     with pytest.raises(
         ConfigError, match=r"unknown config key 'keep.max_per_promt'. Did you mean 'max_per_prompt'"
@@ -194,9 +194,9 @@ def test_sample_command_output_is_sft_data_and_resumes_to_the_same_result(setup,
         == sum(len(c["completion"]) % 2 == 0 and c["completion"].strip() != "" for c in candidates[:6]) / 6
     )
     # SFT-ready: grpokit sft's own loader reads the rows as prompt + completion and trains on each
-    from grpokit.loading import load_tokenizer
-    from grpokit.sft_config import load_sft_config
-    from grpokit.sft_data import detect_format, encode_examples, load_sft_rows
+    from grpokit.config.sft import load_sft_config
+    from grpokit.data.sft import detect_format, encode_examples, load_sft_rows
+    from grpokit.model.loading import load_tokenizer
 
     sft = load_sft_config(None, [f"data.train={out / 'samples.jsonl'}", "data.template=plain"])
     loaded, _ = load_sft_rows(sft.data)

@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from grpokit.config import ConfigError, load_config
-from grpokit.runlog import RunLogger, check_report_to
+from grpokit.config.schema import ConfigError, load_config
+from grpokit.run.log import RunLogger, check_report_to
 
 
 def test_check_report_to_names_and_order():

@@ -17,11 +17,11 @@ import torch
 from safetensors.torch import load_file
 from tiny_model import make_tiny_model, save_tiny_model
 
-from grpokit.checkpoint import list_checkpoints, verify_checkpoint
-from grpokit.cli import main
-from grpokit.config import ConfigError, load_config
-from grpokit.runlog import read_metrics
-from grpokit.trainer import GRPOTrainer
+from grpokit.cli.main import main
+from grpokit.config.schema import ConfigError, load_config
+from grpokit.model.checkpoint import list_checkpoints, verify_checkpoint
+from grpokit.run.log import read_metrics
+from grpokit.trainers.grpo import GRPOTrainer
 
 REPO = Path(__file__).resolve().parent.parent
 ROWS = [{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a in range(5) for b in range(5)]
@@ -244,7 +244,7 @@ def test_output_folder_holding_a_run_is_refused_and_left_untouched(run, cli_conf
 def test_sigterm_saves_a_checkpoint_and_exits_143(cli_config, tmp_path):
     out = tmp_path / "cli_run"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "grpokit.cli", "train", str(cli_config), "train.steps=100000"],
+        [sys.executable, "-m", "grpokit.cli.main", "train", str(cli_config), "train.steps=100000"],
         cwd=REPO,
         stderr=subprocess.PIPE,
         text=True,
@@ -282,7 +282,7 @@ def test_disk_full_is_named_as_such(cli_config, tmp_path):
     disk = tmp_path / "small_disk"
     disk.mkdir()
     command = (
-        f"mount -t tmpfs -o size=160k tmpfs {disk} && exec {sys.executable} -m grpokit.cli train {cli_config} "
+        f"mount -t tmpfs -o size=160k tmpfs {disk} && exec {sys.executable} -m grpokit.cli.main train {cli_config} "
         f"train.steps=1 train.output_dir={disk / 'run'}"
     )
     done = subprocess.run(["unshare", "-rm", "sh", "-c", command], cwd=REPO, capture_output=True, text=True)
@@ -295,8 +295,8 @@ def test_the_summary_is_read_by_rank_0_only_and_written_whole(tmp_path):
     writer reads it, and it is written to a temporary file first and renamed."""
     from types import SimpleNamespace
 
-    from grpokit.config import load_config
-    from grpokit.run_state import RunState
+    from grpokit.config.schema import load_config
+    from grpokit.run.state import RunState
 
     out = tmp_path / "run"
     out.mkdir()

@@ -11,8 +11,8 @@ import torch
 from safetensors.torch import load_file
 from tiny_model import make_tiny_model
 
-from grpokit.config import load_config
-from grpokit.trainer import GRPOTrainer
+from grpokit.config.schema import load_config
+from grpokit.trainers.grpo import GRPOTrainer
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "checkpoint_v1" / "step_000002"
 ROWS = [{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a in range(5) for b in range(5)]
@@ -77,11 +77,15 @@ def test_checkpoint_of_the_old_trainer_resumes_exactly_and_trains_on(tmp_path):
 
 def test_todays_code_reaches_the_weights_the_old_code_saved(tmp_path):
     """Fails when a change alters the numbers of a PPO step (sampling, advantages, either update): if that
-    was meant, say so in the commit; the fixture itself stays as the old code wrote it."""
+    was meant, say so in the commit; the fixture itself stays as the old code wrote it.
+
+    Tolerance 3e-5: the same code on another CPU (AVX-512 against AVX2 matmul kernels, seen 2026-11-25)
+    lands up to 9e-6 away; the smallest real change tried, optim.max_grad_norm 1.0 -> 0.9, moves a weight
+    by 9e-5, and algo.lam 0.95 -> 0.9 by 2e-2."""
     make_trainer(tmp_path / "run").train()
     fresh = tmp_path / "run" / "checkpoints" / "step_000002"
     for name in ("model.safetensors", "critic/model.safetensors"):
         now, then = load_file(fresh / name), load_file(FIXTURE / name)
         assert now.keys() == then.keys()
         for key, value in then.items():
-            torch.testing.assert_close(now[key], value, rtol=0, atol=1e-6, msg=f"{name}: {key}")
+            torch.testing.assert_close(now[key], value, rtol=0, atol=3e-5, msg=f"{name}: {key}")

@@ -1,6 +1,6 @@
 """What a reward function starts dies with the trainer, however it ends (grpokit.rewards._keeper), and a
 reward module that crashes or hangs at import time is a named error, not the trainer's end
-(grpokit.user_code). Real processes throughout: sleep children, a new session, a daemon."""
+(grpokit.core.user_code). Real processes throughout: sleep children, a new session, a daemon."""
 
 import json
 import os
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from tiny_model import ADDITION_ROWS, SMALL_RUN, save_tiny_model
 
-from grpokit.cli import main
+from grpokit.cli.main import main
 from grpokit.rewards import RewardRunner, resolve_reward_specs
 from grpokit.rewards.registry import RewardConfigError
 

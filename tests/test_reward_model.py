@@ -16,7 +16,7 @@ from transformers import (
 )
 
 from grpokit.rewards import RewardConfigError, resolve_reward_specs
-from grpokit.trainer import GRPOTrainer
+from grpokit.trainers.grpo import GRPOTrainer
 
 CLASSES = {"seq": LlamaForSequenceClassification, "tok": LlamaForTokenClassification, "lm": LlamaForCausalLM}
 

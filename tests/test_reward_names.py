@@ -5,10 +5,10 @@ import json
 import pytest
 from tiny_model import make_tiny_model
 
-from grpokit.config import load_config
-from grpokit.plots import plot_training_curves, training_curves_figure
-from grpokit.runlog import reward_metric_name, reward_metric_names
-from grpokit.trainer import GRPOTrainer
+from grpokit.config.schema import load_config
+from grpokit.run.log import reward_metric_name, reward_metric_names
+from grpokit.run.plots import plot_training_curves, training_curves_figure
+from grpokit.trainers.grpo import GRPOTrainer
 
 
 def test_reward_metric_names():

@@ -2,7 +2,7 @@
 
 import pytest
 
-from grpokit.config import ConfigError, RewardSpec
+from grpokit.config.schema import ConfigError, RewardSpec
 from grpokit.rewards import (
     RewardConfigError,
     format_lenient,

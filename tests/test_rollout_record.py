@@ -1,4 +1,4 @@
-"""The rollouts a sampled step saves (grpokit.rollout_record): shapes, and that every saved number is the one
+"""The rollouts a sampled step saves (grpokit.rollout.record): shapes, and that every saved number is the one
 the update used (a spy loss sees the update's own tensors), bounded disk use, and the samples/ rows."""
 
 import glob
@@ -9,9 +9,9 @@ import pytest
 from tiny_model import make_tiny_model
 
 from grpokit.algos import policy_loss, register_loss
-from grpokit.config import load_config
-from grpokit.rollout_record import read_rollouts, rollout_files
-from grpokit.trainer import GRPOTrainer
+from grpokit.config.schema import load_config
+from grpokit.rollout.record import read_rollouts, rollout_files
+from grpokit.trainers.grpo import GRPOTrainer
 
 ROWS = [{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a in range(6) for b in range(6)]
 SEEN: list[dict] = []  # what the spy loss was given, one entry per micro-batch call
@@ -156,7 +156,7 @@ def test_not_a_rollouts_file_is_named(tmp_path):
 def test_samples_go_to_wandb_as_a_table(tmp_path, monkeypatch):
     """report_to wandb: a step's samples become a W&B table "completions" (TRL's key), every row and column."""
     pytest.importorskip("wandb")
-    from grpokit.runlog import RunLogger
+    from grpokit.run.log import RunLogger
 
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
@@ -174,7 +174,7 @@ def test_samples_go_to_wandb_as_a_table(tmp_path, monkeypatch):
 
 def test_step_rewards_per_token():
     """Process rewards: steps [(t_end, score)], t_end the step's last token; tokens after the last step NaN."""
-    from grpokit.rollout_record import _step_reward_tokens
+    from grpokit.rollout.record import _step_reward_tokens
 
     (row,) = _step_reward_tokens([[(1, 0.5), (3, 1.0)]], [5])
     assert row[:4] == [0.5, 0.5, 1.0, 1.0] and row[4] != row[4]

@@ -4,8 +4,8 @@ import sys
 
 import pytest
 
-from grpokit import runlog
-from grpokit.runlog import RunLogger, read_metrics
+from grpokit.run import log as runlog
+from grpokit.run.log import RunLogger, read_metrics
 
 
 def _strict_json_lines(path):

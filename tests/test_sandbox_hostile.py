@@ -91,7 +91,7 @@ def test_hostile_suite_as_unprivileged_user():
 
 
 def test_python_tool_under_the_hostile_programs_as_unprivileged_user():
-    """The multi-turn python tool (grpokit/tools/python.py) under the same programs as user nobody (the root
+    """The multi-turn python tool (grpokit/rollout/tools/python.py) under the same programs as user nobody (the root
     run is tests/test_tools.py): every call answers, nothing is left behind, honest code still runs."""
     token = "gk" + uuid.uuid4().hex[:10]
     result = _as_unprivileged_user(token, "tool")

@@ -1,4 +1,4 @@
-"""SFT rows -> token ids and loss mask (grpokit.sft_data), against hand-built examples: exactly which tokens
+"""SFT rows -> token ids and loss mask (grpokit.data.sft), against hand-built examples: exactly which tokens
 count, for plain and chat rendering, every format; and the one-line errors bad rows get.
 
 The tiny tokenizer has one token per character; its chat template is
@@ -13,9 +13,9 @@ import pytest
 import torch
 from tiny_model import make_tiny_tokenizer
 
-from grpokit.data import DataError
-from grpokit.sft_config import SFTDataConfig, load_sft_config
-from grpokit.sft_data import (
+from grpokit.config.sft import SFTDataConfig, load_sft_config
+from grpokit.data.prompts import DataError
+from grpokit.data.sft import (
     collate,
     detect_format,
     encode_example,
@@ -208,7 +208,7 @@ def test_rows_load_from_a_file_and_a_non_object_row_is_named(tmp_path):
 def test_config_keys_that_do_not_apply_are_refused():
     cfg = load_sft_config(None, ["data.train=x.jsonl"])
     assert cfg.optim.lr == 2e-5 and cfg.train.output_dir == "runs/sft" and cfg.sft.loss_on == "auto"
-    from grpokit.config import ConfigError
+    from grpokit.config.schema import ConfigError
 
     with pytest.raises(ConfigError, match=r"optim.epochs=2 does not apply to grpokit sft"):
         load_sft_config(None, ["optim.epochs=2"])
@@ -229,7 +229,7 @@ def test_config_keys_that_do_not_apply_are_refused():
 )
 def test_the_shared_sections_are_checked_as_for_grpokit_train(override, message):
     """grpokit sft and grpokit train check model/optim/train by one function (config_checks.check_shared_sections)."""
-    from grpokit.config import ConfigError, load_config
+    from grpokit.config.schema import ConfigError, load_config
 
     for load in (load_sft_config, load_config):
         with pytest.raises(ConfigError, match=message):

@@ -1,4 +1,4 @@
-"""The SFT trainer (grpokit.sft) on tiny real transformers: its gradient against a naive full-logits oracle
+"""The SFT trainer (grpokit.trainers.sft) on tiny real transformers: its gradient against a naive full-logits oracle
 (whatever the micro-batch split, packed or padded), exact resume, held-out loss and accuracy, the CLI."""
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ import pytest
 import torch
 from tiny_model import make_tiny_model, save_tiny_model
 
-from grpokit.modeling import token_logprobs
-from grpokit.sft import SFTTrainer
-from grpokit.sft_config import load_sft_config
-from grpokit.sft_data import collate
+from grpokit.config.sft import load_sft_config
+from grpokit.data.sft import collate
+from grpokit.model.logprobs import token_logprobs
+from grpokit.trainers.sft import SFTTrainer
 
 ROWS = [
     {"prompt": f"{a}+{b}=", "completion": str(a + b), "answer": str(a + b)}
@@ -164,7 +164,7 @@ def test_held_out_loss_is_the_mean_nll_of_the_trained_tokens(tmp_path):
 
 
 def test_cli_runs_writes_the_contract_and_accuracy_matches_grpokit_eval(tmp_path, capsys):
-    from grpokit.cli import main
+    from grpokit.cli.main import main
 
     model_dir = save_tiny_model(tmp_path / "model")
     data = tmp_path / "train.jsonl"
@@ -200,7 +200,7 @@ def test_cli_runs_writes_the_contract_and_accuracy_matches_grpokit_eval(tmp_path
 
 
 def test_a_callback_that_raises_stops_the_run_with_a_checkpoint(tmp_path):
-    from grpokit.errors import TrainingError
+    from grpokit.core.errors import TrainingError
 
     def give_up(step, metrics, t):
         if step == 1:
@@ -213,7 +213,7 @@ def test_a_callback_that_raises_stops_the_run_with_a_checkpoint(tmp_path):
 
 
 def test_overwrite_replaces_the_run_once_the_new_one_has_a_step(tmp_path):
-    from grpokit.config import ConfigError
+    from grpokit.config.schema import ConfigError
 
     trainer(tmp_path, "train.steps=2", "sft.batch_size=2").train()
     with pytest.raises(ConfigError, match="already holds a run"):

@@ -1,4 +1,4 @@
-"""grpokit.templates with tiny word-level tokenizers built, saved and reloaded locally.
+"""grpokit.data.templates with tiny word-level tokenizers built, saved and reloaded locally.
 
 Token ids are pinned by the vocabulary below: <s>=1, <|im_start|>=3, <|im_end|>=4, user=6, ...
 """
@@ -7,8 +7,8 @@ import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers, processors
 from transformers import PreTrainedTokenizerFast
 
-from grpokit.data import DataError
-from grpokit.templates import R1_ZERO_TEMPLATE, TEMPLATES, encode_prompts, render_prompt
+from grpokit.data.prompts import DataError
+from grpokit.data.templates import R1_ZERO_TEMPLATE, TEMPLATES, encode_prompts, render_prompt
 
 VOCAB = [
     "<unk>", "<s>", "</s>", "<|im_start|>", "<|im_end|>",  # 0-4
@@ -249,7 +249,7 @@ def test_chat_template_kwargs_reach_the_template(qwen_chat):
 
 
 def test_the_template_used_is_said():
-    from grpokit.templates import describe_templates
+    from grpokit.data.templates import describe_templates
 
     said = describe_templates([QUESTION, QUESTION, [{"role": "user", "content": QUESTION}]])
     assert "2 string prompt(s) fed as is (plain), 1 message list(s) through the tokenizer's chat template" in said

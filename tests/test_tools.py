@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from grpokit.tools import ToolCall, ToolDefinitionError, ToolRunner, get_parser, hermes, load_tools
+from grpokit.rollout.tools import ToolCall, ToolDefinitionError, ToolRunner, get_parser, hermes, load_tools
 
 
 def multiply(a: int, b: int) -> int:
@@ -101,7 +101,7 @@ def test_bad_tool_definitions_are_named_errors(spec, words):
     [("import os\nos._exit(7)\n", "exit code 7"), ("raise ValueError('bad config')\n", "ValueError")],
 )
 def test_a_tool_file_that_ends_or_raises_at_import_is_a_named_error(tmp_path, body, words):
-    """The tool file is imported in a child first (grpokit.user_code), as reward files are: os._exit at
+    """The tool file is imported in a child first (grpokit.core.user_code), as reward files are: os._exit at
     import does not end the trainer, it names the file."""
     path = tmp_path / "exits.py"
     path.write_text(

@@ -7,8 +7,8 @@ import torch
 from tiny_model import make_tiny_model
 from transformers import AutoModelForCausalLM
 
-from grpokit.config import load_config
-from grpokit.trainer import GRPOTrainer, TrainingError
+from grpokit.config.schema import load_config
+from grpokit.trainers.grpo import GRPOTrainer, TrainingError
 
 ROWS = [{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a in range(6) for b in range(6)]
 
@@ -165,7 +165,7 @@ def test_every_preset_trains(tmp_path, preset):
 
 
 def test_dynamic_sampling_gives_up_with_clear_error(tmp_path):
-    from grpokit.trainer import TrainingError
+    from grpokit.trainers.grpo import TrainingError
 
     model, tok = make_tiny_model("qwen2", seed=0)
     cfg = make_cfg(
@@ -185,7 +185,7 @@ def test_dynamic_sampling_gives_up_with_clear_error(tmp_path):
 
 
 def run_cli(*args):
-    from grpokit.cli import main
+    from grpokit.cli.main import main
 
     return main(["train", *args])
 
@@ -224,7 +224,7 @@ def test_missing_prompt_column_and_empty_dataset(tmp_path, capsys):
 
 
 def test_prompt_longer_than_limit_names_row(tmp_path):
-    from grpokit.data import DataError
+    from grpokit.data.prompts import DataError
 
     model, tok = make_tiny_model("qwen2", seed=0)
     rows = [*ROWS[:3], {"prompt": "1+" * 40 + "1=", "answer": "41"}]
@@ -280,7 +280,7 @@ def test_eval_command_scores_a_model_directory(tmp_path, capsys):
     """`grpokit eval MODEL_DIR DATA --reward file.py:fn` loads, generates, scores, prints JSON."""
     from tiny_model import save_tiny_model
 
-    from grpokit.cli import main
+    from grpokit.cli.main import main
 
     model_dir = save_tiny_model(tmp_path / "m")
     data = tmp_path / "held_out.jsonl"
@@ -318,7 +318,7 @@ def test_lora_trains_the_adapter_only_and_uses_the_base_as_reference(tmp_path):
 def test_micro_batch_split_and_length_sorting_leave_the_gradient_unchanged(tmp_path, agg):
     """One step with the whole batch in one micro-batch, and with micro-batches of 3 rows grouped by
     length: same rollout (same seed), same gradient, same loss."""
-    from grpokit.trainer import length_sorted
+    from grpokit.trainers.grpo import length_sorted
 
     lengths = torch.tensor([5, 2, 9, 2, 7])
     assert length_sorted(torch.tensor([4, 0, 1, 3]), lengths).tolist() == [1, 3, 0, 4]

@@ -6,8 +6,8 @@ import pytest
 import torch
 from tiny_model import make_tiny_model
 
-from grpokit.config import load_config
-from grpokit.trainer import GRPOTrainer
+from grpokit.config.schema import load_config
+from grpokit.trainers.grpo import GRPOTrainer
 
 ROWS = [{"prompt": f"{a}+{b}=", "a": a} for a in range(6) for b in range(6)]
 G = 4
@@ -62,7 +62,7 @@ def test_dynamic_sampling_metrics_come_from_the_kept_groups(tmp_path):
 def test_round_metrics_counters_add_up_and_logged_values_average():
     from types import SimpleNamespace
 
-    from grpokit.trainer import batch_reward_metrics
+    from grpokit.trainers.grpo import batch_reward_metrics
 
     kept = SimpleNamespace(per_function={"f": [1.0, None, 0.0, 1.0]}, rewards=torch.tensor([1.0, 0.0, 0.0, 1.0]))
     rounds = [

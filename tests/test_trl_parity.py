@@ -8,7 +8,7 @@ import torch
 
 from grpokit.algos import PRESETS, compute_advantages
 from grpokit.algos.advantages import group_advantages, rloo_advantages
-from grpokit.batch import flat_groups
+from grpokit.rollout.batch import flat_groups
 
 
 def trl_advantages(rewards: torch.Tensor, G: int, scale: str) -> torch.Tensor:
@@ -68,7 +68,7 @@ def test_every_estimator_gives_unscored_rows_exactly_zero(estimator):
 @pytest.mark.parametrize("scale", ["group", "batch", "none"])
 def test_none_semantics_and_scales_match_trls_formula(scale):
     pytest.importorskip("trl")
-    from grpokit.trl_config import SCALE_REWARDS
+    from grpokit.config.trl import SCALE_REWARDS
 
     torch.manual_seed(1)
     rewards = torch.randint(0, 4, (12,)).float() / 2
@@ -93,7 +93,7 @@ def test_trls_batch_scale_is_the_std_of_the_rewards_not_of_the_centred_ones():
 
 
 def test_accuracy_is_the_verifier_never_a_format_reward_listed_first():
-    from grpokit.errors import ConfigError
+    from grpokit.core.errors import ConfigError
     from grpokit.rewards.which_accuracy import choose_accuracy_reward as choose
 
     # the issue's case: TRL's think_format_reward listed first, accuracy_reward second
@@ -125,7 +125,7 @@ def test_accuracy_is_the_verifier_never_a_format_reward_listed_first():
 def test_linear_schedule_is_transformers_linear_with_warmup():
     from transformers import get_linear_schedule_with_warmup
 
-    from grpokit.schedules import lr_factor, warmup_steps
+    from grpokit.train.schedules import lr_factor, warmup_steps
 
     for total, warm in [(4, 0), (10, 3), (7, 7)]:
         opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
@@ -165,7 +165,7 @@ def test_trl_defaults_table_is_trls():
 
     from trl import GRPOConfig
 
-    from grpokit.trl_config import TRL_DEFAULTS
+    from grpokit.config.trl import TRL_DEFAULTS
 
     fields = {f.name: f for f in dataclasses.fields(GRPOConfig)}
     for key, ours in TRL_DEFAULTS.items():
@@ -178,7 +178,7 @@ def test_trl_defaults_table_is_trls():
 
 
 def test_the_issues_geometry_four_optimizer_steps_of_sixteen():
-    from grpokit.trl_config import from_trl
+    from grpokit.config.trl import from_trl
 
     values, notes = from_trl({"num_generations": 4, "per_device_train_batch_size": 8, "gradient_accumulation_steps": 2, "loss_type": "grpo",
                               "steps_per_generation": 8, "max_steps": 400, "warmup_steps": 40, "save_steps": 100})
@@ -189,7 +189,7 @@ def test_the_issues_geometry_four_optimizer_steps_of_sixteen():
 
 
 def test_trl_algorithm_fields_map_to_the_same_algorithm():
-    from grpokit.trl_config import from_trl
+    from grpokit.config.trl import from_trl
 
     algo = from_trl({"loss_type": "dr_grpo", "scale_rewards": "none", "epsilon": 0.3, "max_completion_length": 64})[0]["algo"]
     assert (algo["agg"], algo["norm_len"], algo["advantage"]) == ("seq-sum-norm", 64, "group_centre")
@@ -222,8 +222,8 @@ def test_trl_algorithm_fields_map_to_the_same_algorithm():
     ],
 )
 def test_what_grpokit_cannot_honour_is_refused_by_name(fields, message):
-    from grpokit.errors import ConfigError
-    from grpokit.trl_config import from_trl
+    from grpokit.config.trl import from_trl
+    from grpokit.core.errors import ConfigError
 
     with pytest.raises(ConfigError, match=message):
         from_trl(fields)
@@ -233,7 +233,7 @@ def test_a_flat_trl_yaml_trains_and_converts_from_the_cli(tmp_path):
     import subprocess
     import sys
 
-    from grpokit.config import load_config
+    from grpokit.config.schema import load_config
 
     path = tmp_path / "trl.yaml"
     path.write_text("num_generations: 4\nlearning_rate: 3.0e-6\nloss_type: grpo\nmax_steps: 6\nbeta: 0.04\n"
@@ -259,7 +259,7 @@ def test_a_flat_trl_yaml_trains_and_converts_from_the_cli(tmp_path):
 
 
 def test_maj_at_k_votes_on_what_the_accuracy_reward_extracts():
-    from grpokit.evaluate import majority_vote, voted_answers
+    from grpokit.rollout.evaluate import majority_vote, voted_answers
 
     texts = ["I think 12", "12 for sure", "maybe 13", "dunno"]  # no tags, no \boxed: the verifier reads nothing
     assert voted_answers(lambda **k: None, texts, {}) == [None] * 4
@@ -278,9 +278,9 @@ def test_maj_at_k_votes_on_what_the_accuracy_reward_extracts():
 
 
 def test_evaluate_votes_with_the_accuracy_rewards_reader(tmp_path):
-    from grpokit.config import DataConfig
-    from grpokit.evaluate import evaluate
-    from grpokit.generation import FastGenerator
+    from grpokit.config.schema import DataConfig
+    from grpokit.rollout.evaluate import evaluate
+    from grpokit.rollout.generation import FastGenerator
     from tests.tiny_model import make_tiny_model
 
     model, tok = make_tiny_model("qwen2", seed=0)
@@ -299,7 +299,7 @@ def test_evaluate_votes_with_the_accuracy_rewards_reader(tmp_path):
 
 
 def test_trl_metric_names_are_added_where_they_mean_the_same():
-    from grpokit.trl_names import with_trl_names
+    from grpokit.compat.trl.names import with_trl_names
 
     m = with_trl_names({"reward/total/mean": 0.5, "reward/total/std": 0.1, "reward/acc/mean": 0.25,
                         "reward/acc/std": 0.2, "zero_variance_frac": 0.125, "completion_len/mean": 11.0,
@@ -365,7 +365,7 @@ def test_trl_argument_forms_are_taken(tmp_path):
 
 def test_trl_argument_forms_refused_in_one_line(tmp_path):
     from grpokit import GRPOTrainer, load_config
-    from grpokit.errors import ConfigError
+    from grpokit.core.errors import ConfigError
     from tests.tiny_model import make_tiny_model
 
     cfg = load_config(None, [f"train.output_dir={tmp_path / 'run'}", *QUICK])

@@ -13,11 +13,11 @@ import re
 import pytest
 from tiny_model import make_tiny_model, save_tiny_model
 
-from grpokit.config import load_config
+from grpokit.config.schema import load_config
 from grpokit.rewards import RewardRunner, resolve_reward
 from grpokit.rewards._text import as_completions
 from grpokit.rewards.runner import TrainerState
-from grpokit.trainer import GRPOTrainer, TrainingError
+from grpokit.trainers.grpo import GRPOTrainer, TrainingError
 
 CHAT_ROWS = [
     {
@@ -254,7 +254,7 @@ PLAIN_ROWS = [{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a in range(4) fo
 
 
 def test_a_reward_failing_on_every_row_stops_the_cli_with_its_reason(tmp_path, capsys):
-    from grpokit.cli import main
+    from grpokit.cli.main import main
 
     (tmp_path / "data.jsonl").write_text("".join(json.dumps(r) + "\n" for r in PLAIN_ROWS))
     (tmp_path / "my_rewards.py").write_text(

@@ -1,5 +1,5 @@
 """TRL's GRPOTrainer and grpokit side by side (issue 30): the same tiny model, data and TRL config; TRL
-runs one optimizer step, and grpokit, given the config converted by grpokit.trl_config and TRL's own
+runs one optimizer step, and grpokit, given the config converted by grpokit.config.trl and TRL's own
 completions, must give the same per-sequence advantages and the same loss gradient. One run per
 loss_type, the scale_rewards modes spread over them, a reward that says None on some rows, and gradient
 accumulation where TRL's normaliser allows it. Skipped without trl (CI installs it: .ci/run)."""
@@ -14,10 +14,10 @@ import torch
 pytest.importorskip("trl")
 
 from grpokit import GRPOTrainer  # noqa: E402
-from grpokit.batch import ScoredBatch  # noqa: E402
-from grpokit.config import config_from_dict  # noqa: E402
-from grpokit.generation import Rollout  # noqa: E402
-from grpokit.trl_config import from_trl  # noqa: E402
+from grpokit.config.schema import config_from_dict  # noqa: E402
+from grpokit.config.trl import from_trl  # noqa: E402
+from grpokit.rollout.batch import ScoredBatch  # noqa: E402
+from grpokit.rollout.generation import Rollout  # noqa: E402
 from tests.tiny_model import make_tiny_model  # noqa: E402
 
 PROMPTS = ["1+2=", "3+4=", "5+5=", "9+1="]

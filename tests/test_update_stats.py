@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from grpokit.update_stats import UpdateStats
+from grpokit.train.update_stats import UpdateStats
 
 
 def test_token_weighted_means_merge_and_steps():

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from grpokit.demo import DemoSpec, demo_overrides, prepare_demo
-from grpokit.rollout_record import read_rollouts, rollout_files
+from grpokit.demos.default import DemoSpec, demo_overrides, prepare_demo
+from grpokit.rollout.record import read_rollouts, rollout_files
 
 selenium = pytest.importorskip("selenium", reason="pip install 'grpokit[dev]' (selenium) for the browser tests")
 from selenium import webdriver  # noqa: E402

@@ -16,10 +16,10 @@ import torch
 from tiny_model import make_tiny_tokenizer
 
 from grpokit.algos import PRESETS
-from grpokit.batch import ScoredBatch
-from grpokit.cli import main
-from grpokit.generation import Rollout
-from grpokit.rollout_record import TokenRecorder, write_rollouts
+from grpokit.cli.main import main
+from grpokit.rollout.batch import ScoredBatch
+from grpokit.rollout.generation import Rollout
+from grpokit.rollout.record import TokenRecorder, write_rollouts
 
 KEYS = json.loads(
     '{"reward/math_accuracy/mean": 0.1, "reward/math_accuracy/std": 0.3, "reward/total/mean": 0.1, "reward/total/std": 0.3,'

@@ -2,7 +2,7 @@
 
 Full-vocabulary logits dominate activation memory (B*T*V values), so both helpers walk over rows
 (positions) `chunk_size` at a time and upcast only one chunk to float32, never the whole tensor.
-grpokit.modeling.completion_logprobs calls them on each LM-head chunk it builds from hidden states.
+grpokit.model.logprobs.completion_logprobs calls them on each LM-head chunk it builds from hidden states.
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ The formulas, per preset:
   reinforce_pp_baseline  REINFORCE++-baseline, arXiv 2501.03262. Score r_i - mean_g, then the same
                per-token whitening; token-mean; the paper uses a k2 KL loss instead of a KL in the
                reward: set beta > 0 (its value is task-specific).
-  ppo          PPO-RLHF, Ouyang et al. arXiv 2203.02155. A critic V (grpokit.critic); r_t = -0.05 * k1_t
+  ppo          PPO-RLHF, Ouyang et al. arXiv 2203.02155. A critic V (grpokit.train.critic); r_t = -0.05 * k1_t
                (+ score at EOS); A = GAE(gamma 1, lambda 0.95) whitened per token over the batch; token
                ratio clip 0.2; token-mean; clipped value loss R = A + V (critic.* settings). TRL's PPOConfig
                defaults (kl_coef 0.05, k1, gamma 1.0, lam 0.95).
@@ -74,7 +74,7 @@ PRESETS: dict[str, AlgoSettings] = {
     "reinforce_pp_baseline": AlgoSettings.of(
         advantage="group_centre_token_whiten", agg="token-mean", kl_kind="k2"
     ),
-    # PPO-RLHF, Ouyang et al. arXiv 2203.02155 (ALGORITHMS.md sec. 8): a critic (grpokit.critic), r_t = score
+    # PPO-RLHF, Ouyang et al. arXiv 2203.02155 (ALGORITHMS.md sec. 8): a critic (grpokit.train.critic), r_t = score
     # at EOS - 0.05 * k1_t, GAE gamma 1 / lambda 0.95, whitened advantages, clip 0.2, token-mean. The numbers
     # are TRL's PPOConfig defaults (kl_coef 0.05 with k1, gamma 1.0, lam 0.95, cliprange 0.2).
     "ppo": AlgoSettings.of(

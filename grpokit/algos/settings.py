@@ -293,7 +293,7 @@ class AlgoSettings:
                 "step rewards and takes no KL in the reward; use a KL loss (algo.beta) instead"
             )
         # std_ddof / std_eps with an estimator that divides by no std are not refused: TRL's configs
-        # (grpokit.trl_config) write TRL's defaults out whatever scale_rewards chooses
+        # (grpokit.config.trl) write TRL's defaults out whatever scale_rewards chooses
         if estimator in ADVANTAGES:  # a built-in estimator: which of the advantage knobs it reads is known
             for key in sorted(given & {"gamma", "lam"}):
                 if estimator not in CRITIC_ADVANTAGES:

@@ -2,7 +2,7 @@
 
     L = -(1 / N) * sum_{i,t} m_{i,t} * log p(x_{i,t} | x_{i,<t}),   N = sum over the WHOLE step's batch of m
 
-m is the loss mask (grpokit.sft_data: completion / assistant tokens, or every token). N is the step's
+m is the loss mask (grpokit.data.sft: completion / assistant tokens, or every token). N is the step's
 token count, not a micro-batch's, so the micro-batches' parts  nll_sum(micro) / N  add up to exactly the
 whole batch's loss, and so do their gradients: micro-batching, packing and the number of ranks never
 change the objective. This is TRL SFTTrainer's loss (token-mean cross-entropy over the batch, with

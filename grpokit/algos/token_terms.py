@@ -3,7 +3,7 @@ The surrogate itself is `loss.clipped_surrogate`, shared with `policy_loss`; thi
 each token's terms instead of reducing them.
 
 `policy_loss` returns one number and token-averaged fractions; the run explorer (`grpokit view`) and the
-saved rollouts (`grpokit.rollout_record`) need each token's own terms:
+saved rollouts (`grpokit.rollout.record`) need each token's own terms:
 
   ratio  rho_{i,t}     the importance ratio at `ratio_level` (importance_ratio: exp(logp - old), ...)
   clip   c_{i,t}       -1 where A < 0 and rho < 1 - eps_low, +1 where A > 0 and rho > 1 + eps_high, else 0

@@ -17,7 +17,7 @@ completions run to the full length. We make that exact rather than likely with t
 ``completion_len`` tokens and both sides do the same amount of work. Prompts are random words of the word-level
 tokenizer, exactly ``prompt_len`` tokens each (checked); the reward is a seeded random 0/1.
 
-Precision (``--precision``, grpokit.precision): on a GPU grpokit's default is ``bf16_kahan`` (bfloat16
+Precision (``--precision``, grpokit.model.precision): on a GPU grpokit's default is ``bf16_kahan`` (bfloat16
 weights and gradients, AdamW states in bfloat16 plus a Kahan compensation buffer: 10 bytes/param);
 float32 on CPU. TRL (1.16) loads a model given by path in float32 unless ``model_init_kwargs["dtype"]``
 says otherwise, and ``bf16=True`` runs it under bfloat16 autocast: float32 weights, gradients and AdamW

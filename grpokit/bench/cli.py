@@ -12,7 +12,7 @@ from grpokit.bench.report import print_algos_table, print_table
 from grpokit.bench.run import compare_algos, run_bench
 from grpokit.bench.shapes import BENCH_SHAPES, MODEL_SHAPES, BenchError, cache_root
 from grpokit.bench.trl import check_trl, compare, run_trl
-from grpokit.config import KV_CACHES
+from grpokit.config.schema import KV_CACHES
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -201,7 +201,7 @@ def add_bench_parser(subparsers) -> None:
         "--precision",
         choices=["auto", "fp32", "bf16_mixed", "fp16_mixed", "bf16_kahan", "bf16_pure"],
         default="auto",
-        help="optim.precision (grpokit.precision); bf16_mixed is what TRL's bf16=True does",
+        help="optim.precision (grpokit.model.precision); bf16_mixed is what TRL's bf16=True does",
     )
     p.add_argument("--engine", choices=["fast", "hf"], default="fast")
     p.add_argument("--kv-cache", choices=KV_CACHES, default="auto", help="fast engine's KV cache")

@@ -33,7 +33,7 @@ def build_random_model(shape: str, out_dir: str | Path | None = None, *, seed: i
     tokenizer, saved (float32) under ``out_dir`` (default ``cache_root()``) and reused on later calls.
 
     Returns the model directory. ``tokenizer_config.json`` names ``PreTrainedTokenizerFast`` so that
-    ``grpokit.loading.load_tokenizer`` (and the TRL script) load this tokenizer rather than the Qwen2
+    ``grpokit.model.loading.load_tokenizer`` (and the TRL script) load this tokenizer rather than the Qwen2
     byte-level class transformers 5 would substitute.
     """
     if shape not in MODEL_SHAPES:
@@ -45,7 +45,7 @@ def build_random_model(shape: str, out_dir: str | Path | None = None, *, seed: i
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from grpokit.loading import save_local_tokenizer
+    from grpokit.model.loading import save_local_tokenizer
 
     root.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f".building-{shape}-", dir=root))

@@ -82,8 +82,8 @@ def resolve_shape(shape: str | BenchShape) -> tuple[str, BenchShape]:
 
 
 def _check_prompt_lengths(model_dir, rows: list[dict], shape: BenchShape) -> None:
-    from grpokit.loading import load_tokenizer
-    from grpokit.templates import encode_prompts
+    from grpokit.data.templates import encode_prompts
+    from grpokit.model.loading import load_tokenizer
 
     tok = load_tokenizer(str(model_dir))
     encoded = encode_prompts([r["prompt"] for r in rows], tok, template="plain")
@@ -185,9 +185,9 @@ def run_bench(
     """
     import torch
 
-    from grpokit.config import load_config, resolve_algo
-    from grpokit.loading import pick_device
-    from grpokit.trainer import GRPOTrainer
+    from grpokit.config.schema import load_config, resolve_algo
+    from grpokit.model.loading import pick_device
+    from grpokit.trainers.grpo import GRPOTrainer
 
     if steps < 1:
         raise ValueError(f"steps must be >= 1, got {steps}")
@@ -196,7 +196,7 @@ def run_bench(
         raise ValueError(
             f"micro_batch {shape.micro_batch} must divide the {shape.completions} completions of a step"
         )
-    from grpokit.loading import load_tokenizer
+    from grpokit.model.loading import load_tokenizer
 
     rows = random_prompts(
         shape.prompts * steps, shape.prompt_len, n_words(load_tokenizer(str(model_dir))), seed
@@ -273,11 +273,11 @@ def run_bench(
     med["generation_tokens_per_s"] = median([s["generation_tokens_per_s"] for s in timed])
     import transformers
 
-    import grpokit
+    from grpokit.core.version import VERSION
 
     return {
         "system": "grpokit",
-        "version": getattr(grpokit, "__version__", "?"),
+        "version": VERSION,
         "torch": torch.__version__,
         "transformers": transformers.__version__,
         "date": datetime.date.today().isoformat(),

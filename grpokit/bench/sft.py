@@ -90,9 +90,9 @@ def run_sft_bench(
     import torch
 
     from grpokit.bench.memory import PeakMeter
-    from grpokit.loading import load_tokenizer, pick_device
-    from grpokit.sft import SFTTrainer
-    from grpokit.sft_config import load_sft_config
+    from grpokit.config.sft import load_sft_config
+    from grpokit.model.loading import load_tokenizer, pick_device
+    from grpokit.trainers.sft import SFTTrainer
 
     s = SFT_SHAPES[shape]
     rows = sft_rows(s.batch * steps, s, n_words(load_tokenizer(str(model_dir))), seed)
@@ -251,7 +251,7 @@ def run_trl_sft(
 ) -> dict[str, Any]:
     """TRL's SFTTrainer on the same model, rows and batch, in a subprocess; its RESULT dict."""
     from grpokit.bench.trl import check_trl, parse_result_line
-    from grpokit.loading import load_tokenizer
+    from grpokit.model.loading import load_tokenizer
 
     check_trl(python)
     s = SFT_SHAPES[shape]

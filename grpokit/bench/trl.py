@@ -167,7 +167,7 @@ def run_trl(
     """Run TRL's GRPOTrainer on the same model and shape in a subprocess; its RESULT dict.
 
     When the run dies of out-of-memory, the result says so (``out_of_memory: True``) instead of raising."""
-    from grpokit.loading import load_tokenizer
+    from grpokit.model.loading import load_tokenizer
 
     shape = BENCH_SHAPES[shape] if isinstance(shape, str) else shape
     check_trl(python)

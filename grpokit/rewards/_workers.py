@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from numbers import Real
 
-from grpokit.forked_worker import fork_worker
+from grpokit.core.workers import fork_worker
 from grpokit.rewards._keeper import become_keeper
 from grpokit.rewards._keeper import stop as stop_keeper
 from grpokit.rewards._text import to_text

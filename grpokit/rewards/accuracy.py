@@ -453,7 +453,7 @@ def make_math_accuracy(answer_column: str = "answer", timeout_s: float = 2.0):
         return score_answers(texts, list(columns[answer_column]), timeout_s, prompts)
 
     math_accuracy.per_completion = True  # RewardRunner: one time budget per completion, not per batch
-    math_accuracy.columns = (answer_column,)  # checked in the data before the model loads (grpokit.data)
+    math_accuracy.columns = (answer_column,)  # checked in the data before the model loads (grpokit.data.prompts)
     return math_accuracy
 
 

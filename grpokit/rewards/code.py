@@ -300,7 +300,7 @@ def make_code_tests(
         return out
 
     code_tests.per_completion = True  # RewardRunner: one budget per completion, not one per batch
-    code_tests.columns = (tests_column,)  # checked in the data before the model loads (grpokit.data)
+    code_tests.columns = (tests_column,)  # checked in the data before the model loads (grpokit.data.prompts)
     return code_tests
 
 

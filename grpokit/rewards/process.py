@@ -177,9 +177,9 @@ def step_rewards_of(
 
 def check_process_setup(algo, functions: list[tuple[str, Callable, float]], turn_rewards: bool = False) -> None:
     """ConfigError when the algorithm's estimator reads step rewards and no reward function gives them
-    (``turn_rewards``: an environment's per-turn rewards give them, grpokit.episodes)."""
+    (``turn_rewards``: an environment's per-turn rewards give them, grpokit.rollout.episodes)."""
     from grpokit.algos.advantages import ADVANTAGE_ALIASES
-    from grpokit.config import ConfigError
+    from grpokit.config.schema import ConfigError
 
     estimator = algo.advantage.estimator
     if ADVANTAGE_ALIASES.get(estimator, estimator) not in PROCESS_ADVANTAGES or turn_rewards:

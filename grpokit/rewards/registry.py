@@ -2,7 +2,7 @@
 
 Every problem with a reward entry (unknown name, a module that fails to import, a missing file or
 attribute, something that is not callable, unknown or bad parameters) is a `RewardConfigError`, a
-`grpokit.config.ConfigError` whose one-line message names the entry and says what to do, e.g.
+`grpokit.config.schema.ConfigError` whose one-line message names the entry and says what to do, e.g.
 "rewards[1].name='foo.py:bar': file foo.py not found (relative to /work); give the path of an
 existing .py file".
 """
@@ -17,14 +17,14 @@ from numbers import Real
 from pathlib import Path
 from typing import Any
 
-from grpokit.config import ConfigError
+from grpokit.config.schema import ConfigError
+from grpokit.core.user_code import UserCodeError, describe, load_module
 from grpokit.rewards.accuracy import make_math_accuracy, math_accuracy
 from grpokit.rewards.code import code_tests, make_code_tests
 from grpokit.rewards.format import format_lenient, format_strict
 from grpokit.rewards.language import language_consistency, make_language_consistency
 from grpokit.rewards.length import length_penalty, overlong_penalty
 from grpokit.rewards.reward_model import make_process_reward_model, make_reward_model
-from grpokit.user_code import UserCodeError, describe, load_module
 
 BUILTINS: dict[str, Callable] = {
     "math_accuracy": math_accuracy,
@@ -143,7 +143,7 @@ def _resolve(spec: object, kwargs: dict, where: str, params: str) -> Callable:
 
 
 def _load(target: str, attr: str, where: str):
-    """The module of 'module:function' or 'file.py:function' (grpokit.user_code: probed in a child first)."""
+    """The module of 'module:function' or 'file.py:function' (grpokit.core.user_code: probed in a child first)."""
     try:
         return load_module(target, attr, where, prefix="grpokit_user_reward")
     except UserCodeError as e:

@@ -52,7 +52,7 @@ def _load(path: str, kinds: tuple[str, ...], what: str, device: str, dtype: str)
     """(model, tokenizer, kind) from `path`, refusing a model of another kind or a tokenizer without a pad."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    from grpokit.loading import pick_device
+    from grpokit.model.loading import pick_device
 
     folder = Path(path).expanduser()
     if not (folder / "config.json").is_file():

@@ -15,7 +15,7 @@ read 1.0 while the accuracy reward was 0.19.
 
 from __future__ import annotations
 
-from grpokit.errors import ConfigError
+from grpokit.core.errors import ConfigError
 
 VERIFIERS = ("math_accuracy", "code_tests")
 """Built-in rewards whose 1 means correct (a reward model's score does not: name it to use it)."""

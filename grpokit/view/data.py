@@ -1,5 +1,5 @@
 """What the run explorer shows, read from a run's folder: ``metrics.jsonl``, ``eval.jsonl`` and the saved
-rollouts (``grpokit.rollout_record``), turned into one JSON-able dict per run.
+rollouts (``grpokit.rollout.record``), turned into one JSON-able dict per run.
 
 Every number the page shows is computed here, with grpokit's own maths (``grpokit.algos``): the page's
 JavaScript only formats and colours. Per sampled step and group: the rewards, their mean and std, the
@@ -20,8 +20,8 @@ import numpy as np
 import torch
 
 from grpokit.algos.token_terms import aggregate, token_terms
-from grpokit.rollout_record import read_rollouts, rollout_files
-from grpokit.runlog import read_metrics
+from grpokit.rollout.record import read_rollouts, rollout_files
+from grpokit.run.log import read_metrics
 
 TOKEN_FIELDS = (
     "logprobs", "old_logprobs", "ref_logprobs", "entropy", "advantages", "ratio", "adv_x_ratio",

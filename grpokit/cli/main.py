@@ -1,0 +1,472 @@
+"""Command line: ``grpokit train | demo | eval | sample | pipeline``.
+
+grpokit train                                   # the embedded demo (no download)
+grpokit train cfg.yaml algo.preset=dapo rollout.group_size=16
+grpokit train --config cfg.yaml optim.lr=1e-6    # --config PATH works as well as the positional path
+grpokit train cfg.yaml --resume                 # continue the run in train.output_dir
+grpokit config [cfg.yaml] [overrides]           # every key, its value (default) and what it does, as YAML
+grpokit train cfg.yaml --overwrite              # replace the run in train.output_dir
+grpokit eval MODEL_DIR DATA.jsonl --reward math_accuracy
+grpokit eval MODEL_DIR openai/gsm8k --data-config main --prompt-column question   # its test split
+grpokit launch --nproc_per_node=2 train cfg.yaml  # torchrun, with the ranks' exit codes (grpokit.cli.launch)
+
+Exit codes: 0 done; 2 a usage error (bad config value, data, model path, output folder, checkpoint to
+resume from), found before the model loads where it can be; 1 the run failed (e.g. disk full, an
+unexpected error); 130 / 143 stopped by SIGINT / SIGTERM after saving a checkpoint (128 + the signal,
+as shells report it). Errors are one line; --debug (or GRPOKIT_DEBUG=1) adds the traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+# shared with the other commands' modules (grpokit.pipeline.run, grpokit.trainers.sample), which sit below this one
+from grpokit.cli.args import config_args as _config_args
+from grpokit.cli.args import debug_on as _debug
+from grpokit.cli.args import fail as _fail
+
+
+def _print_table(before: float | None, after: float | None) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="held-out accuracy (greedy pass@1)")
+    table.add_column("before")
+    table.add_column("after")
+    table.add_column("change")
+    if before is not None and after is not None:
+        table.add_row(f"{before:.1%}", f"{after:.1%}", f"{after - before:+.1%}")
+    Console(stderr=True).print(table)
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from grpokit.config.schema import ConfigError, load_config
+
+    try:
+        config_path, overrides = _config_args(args)
+    except ConfigError as e:
+        return _fail(args, f"config error: {e}", 2)
+    if args.output_dir is not None:  # "" too: refused by the empty-folder rule, not ignored
+        overrides.append(f"train.output_dir={args.output_dir}")
+    demo = config_path is None and (
+        args.demo or not any(o.startswith("model.name_or_path=") for o in overrides)
+    )
+    if getattr(args, "print_config", False):
+        try:
+            cfg = _demo_config(overrides, build=False) if demo else load_config(config_path, overrides)
+        except ConfigError as e:
+            return _fail(args, f"config error: {e}", 2)
+        print(describe_config(cfg), end="")
+        return 0
+    try:
+        if demo:
+            cfg = _demo_config(overrides)
+        else:
+            cfg = load_config(config_path, overrides)
+    except ConfigError as e:
+        return _fail(args, f"config error: {e}", 2)
+    return _run(cfg, args)
+
+
+def describe_config(cfg) -> str:
+    """The config as YAML that loads back (``grpokit config > cfg.yaml``), each key with its one-line doc as
+    a comment. Given the defaults, it documents every key."""
+    import dataclasses
+
+    import yaml
+
+    def value_text(value) -> str:
+        text = yaml.safe_dump(value, default_flow_style=True, width=10_000).strip()
+        return text.removesuffix("\n...").removesuffix("...").strip()
+
+    def fields(obj, indent: str, first_prefix: str | None = None) -> list[str]:
+        docs = field_docs(type(obj))
+        out = []
+        for i, f in enumerate(dataclasses.fields(obj)):
+            lead = first_prefix if (first_prefix is not None and i == 0) else indent
+            doc = docs.get(f.name, "")
+            out.append(f"{lead}{f.name}: {value_text(getattr(obj, f.name))}" + (f"  # {doc}" if doc else ""))
+        return out
+
+    lines = []
+    for section in dataclasses.fields(cfg):
+        value = getattr(cfg, section.name)
+        lines.append(f"{section.name}:")
+        if isinstance(value, list):  # rewards: a list of RewardSpec
+            for item in value:
+                lines += fields(item, "    ", first_prefix="  - ")
+        else:
+            lines += fields(value, "  ")
+    return "\n".join(lines) + "\n"
+
+
+def field_docs(cls: type) -> dict[str, str]:
+    """``{field: docstring on one line}`` of a config dataclass, read from the string under each field
+    (Python keeps no attribute docstrings at run time)."""
+    import ast
+    import inspect
+    import textwrap
+
+    tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
+    body = tree.body[0].body
+    docs = {}
+    for node, after in zip(body, body[1:]):
+        if (
+            isinstance(node, ast.AnnAssign)
+            and isinstance(node.target, ast.Name)
+            and isinstance(after, ast.Expr)
+            and isinstance(after.value, ast.Constant)
+            and isinstance(after.value.value, str)
+        ):
+            docs[node.target.id] = " ".join(after.value.value.split())
+    return docs
+
+
+def cmd_config(args: argparse.Namespace) -> int:
+    from grpokit.config.schema import ConfigError, apply_overrides, load_config
+
+    try:
+        if getattr(args, "from_trl", None):  # grpokit.config.trl: TRL's fields mapped, the rest refused
+            from grpokit.config.schema import config_from_dict, read_yaml_file
+            from grpokit.config.trl import from_trl, grpokit_yaml
+
+            values, notes = from_trl(read_yaml_file(Path(args.from_trl)) or {})
+            config_from_dict(apply_overrides(values, list(args.overrides)))  # it must load as it is printed
+            print(grpokit_yaml(values, notes, args.from_trl), end="")
+            return 0
+        config_path, overrides = _config_args(args)
+        print(describe_config(load_config(config_path, overrides)), end="")
+    except ConfigError as e:
+        return _fail(args, f"config error: {e}", 2)
+    return 0
+
+
+def _demo_config(overrides: list[str], build: bool = True):
+    """The embedded default: build (or reuse) the warm-started tiny model, then GRPO on it. The
+    overrides are checked first: building the model takes minutes the first time. build=False: the
+    config with placeholders for the demo's model and data paths, nothing built."""
+    from grpokit.config.schema import apply_overrides, config_from_dict
+    from grpokit.demos.default import cache_root
+    from grpokit.demos.variants import demo_variant, prepare_variant, variant_overrides
+    from grpokit.train.distributed import node_lock
+
+    variant, overrides = demo_variant(overrides)  # data.train=demo_steps: the process-reward variant
+    placeholders = {name: Path(f"<demo {name}>") for name in ("model", "train", "eval")}
+    checked = config_from_dict(apply_overrides(variant_overrides(placeholders, variant), overrides))
+    if not build:
+        return checked
+    with node_lock(cache_root() / "demo.lock"):  # torchrun: one rank builds the warm start, the rest reuse it
+        values = variant_overrides(prepare_variant(variant, log=lambda m: print(m, file=sys.stderr)), variant)
+    return config_from_dict(apply_overrides(values, overrides))
+
+
+def cmd_sft(args: argparse.Namespace) -> int:
+    """grpokit sft CONFIG.yaml [key=value ...]: supervised fine-tuning (grpokit.trainers.sft), run as grpokit train."""
+    from grpokit.config.schema import ConfigError
+    from grpokit.config.sft import load_sft_config
+
+    try:
+        config_path, overrides = _config_args(args)
+        if args.output_dir is not None:
+            overrides.append(f"train.output_dir={args.output_dir}")
+        cfg = load_sft_config(config_path, overrides)
+    except ConfigError as e:
+        return _fail(args, f"config error: {e}", 2)
+    if getattr(args, "print_config", False):
+        print(describe_config(cfg), end="")
+        return 0
+    from grpokit.trainers.sft import SFTTrainer
+
+    return _run(cfg, args, SFTTrainer)
+
+
+def _run(cfg, args: argparse.Namespace, trainer_cls=None) -> int:
+    from grpokit.config.schema import ConfigError
+    from grpokit.data.prompts import DataError
+    from grpokit.model.checkpoint import CheckpointError
+    from grpokit.trainers.grpo import GRPOTrainer, TrainingError
+
+    start = time.perf_counter()
+    try:
+        trainer = (trainer_cls or GRPOTrainer)(
+            cfg,
+            resume=args.resume_from or args.resume,
+            overwrite=args.overwrite,
+            allow_changed_config=args.allow_changed_config,
+        )
+        summary = trainer.train()
+    except (ConfigError, DataError, TrainingError) as e:
+        return _fail(args, str(e), 2)
+    except CheckpointError as e:
+        return _fail(args, str(e), 1)
+    if int(os.environ.get("RANK", "0")) > 0:
+        return 0  # under torchrun rank 0 alone reports
+    if summary.get("stopped_by"):
+        name = summary["stopped_by"]
+        saved = (
+            f"checkpoint {summary['checkpoint']}"
+            if summary["checkpoint"]
+            else "no step finished, nothing saved"
+        )
+        print(
+            f"grpokit: stopped by {name} after step {summary['steps']}/{cfg.train.steps} ({saved}); "
+            "continue with --resume",
+            file=sys.stderr,
+        )
+        return 128 + signal.Signals[name].value
+    if summary.get("eval_accuracy_after") is not None:
+        _print_table(summary.get("eval_accuracy_before"), summary.get("eval_accuracy_after"))
+    out = Path(cfg.train.output_dir)
+    curves = f", curves {out / 'curves.png'}" if (out / "curves.png").is_file() else ""
+    print(
+        f"done in {time.perf_counter() - start:.0f}s: metrics {out / 'metrics.jsonl'}{curves}, "
+        f"model {summary['checkpoint']}",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from grpokit.config.schema import ConfigError, DataConfig, LoraConfig, ModelConfig
+    from grpokit.data.prompts import DataError, load_prompts
+    from grpokit.model.loading import load_policy
+    from grpokit.rewards import resolve_reward
+    from grpokit.rollout.evaluate import evaluate
+    from grpokit.rollout.generation import FastGenerator
+
+    try:
+        _check_eval_args(args)  # flags and the model's positions, before anything loads
+        model, tokenizer, _ = load_policy(
+            ModelConfig(name_or_path=args.model, dtype=args.dtype), LoraConfig()
+        )
+        data_cfg = DataConfig(
+            train=args.data,
+            template=args.template,
+            prompt_column=args.prompt_column,
+            max_prompt_tokens=args.max_prompt_tokens,
+        )
+        rows = load_prompts(
+            args.data,
+            prompt_column=args.prompt_column,
+            limit=args.limit,
+            split=args.split,
+            config=args.data_config,
+            default_split="test",
+        )
+        eos = [tokenizer.eos_token_id]
+        result = evaluate(
+            model,
+            tokenizer,
+            rows,
+            accuracy_fn=resolve_reward(args.reward),
+            generator=FastGenerator(),
+            data_cfg=data_cfg,
+            eos_token_ids=eos,
+            num_samples=args.num_samples,
+            temperature=args.temperature,
+            max_new_tokens=args.max_new_tokens,
+        )
+    except (ConfigError, DataError, ValueError) as e:
+        return _fail(args, f"eval: {e}", 2)
+    print(json.dumps(result, indent=2))
+    return 0
+
+
+# grpokit eval's flags and the config keys whose rules they follow (their messages are given with the flags)
+EVAL_FLAGS = {
+    "model.dtype": "--dtype",
+    "eval.num_samples": "--num-samples",
+    "eval.temperature": "--temperature",
+    "eval.max_new_tokens": "--max-new-tokens",
+    "rollout.max_new_tokens": "--max-new-tokens",
+    "data.template": "--template",
+    "data.max_prompt_tokens": "--max-prompt-tokens",
+    "data.eval_limit": "--limit",
+}
+
+
+def _check_eval_args(args: argparse.Namespace) -> None:
+    """grpokit eval's flags by the config's rules (ranges, choices), and --max-new-tokens against the model's
+    positions (read from config.json): a ConfigError naming the flag, before the model loads."""
+    from grpokit.config.schema import ConfigError, config_from_dict
+    from grpokit.model.loading import read_model_config
+    from grpokit.run.preflight import check_positions
+
+    values = {
+        "model": {"name_or_path": args.model, "dtype": args.dtype},
+        "data": {"template": args.template, "max_prompt_tokens": args.max_prompt_tokens, "eval_limit": args.limit},
+        "eval": {"num_samples": args.num_samples, "temperature": args.temperature, "max_new_tokens": args.max_new_tokens},
+        "rollout": {"max_new_tokens": args.max_new_tokens},
+    }
+    try:
+        cfg = config_from_dict(values)
+        check_positions(cfg, read_model_config(cfg.model), args.model)
+    except ConfigError as e:
+        message = str(e)
+        for key, flag in EVAL_FLAGS.items():
+            message = message.replace(f"{key}=", f"{flag} ").replace(key, flag)
+        raise ConfigError(message) from None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="grpokit",
+        description="GRPO-family RL fine-tuning with verifiable rewards",
+        epilog="exit codes: 0 done, 1 run failed, 2 usage error, 130/143 stopped by SIGINT/SIGTERM (checkpoint saved)",
+    )
+    p.add_argument("--debug", action="store_true", help="show tracebacks (also GRPOKIT_DEBUG=1)")
+    common = argparse.ArgumentParser(add_help=False)
+    # SUPPRESS: a subcommand's default must not undo `grpokit --debug train`
+    common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show tracebacks")
+    run = argparse.ArgumentParser(add_help=False, parents=[common])
+    run.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue from the newest complete checkpoint in train.output_dir (damaged ones are skipped)",
+    )
+    run.add_argument(
+        "--resume-from", metavar="CHECKPOINT", help="continue from exactly this checkpoint (step_N or a path)"
+    )
+    run.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace the run already in train.output_dir (deleted when training starts)",
+    )
+    run.add_argument(
+        "--allow-changed-config",
+        action="store_true",
+        help="resume even though settings (group size, lr, preset, ...) differ from the checkpoint's run",
+    )
+    run.add_argument("--output-dir", help="shorthand for train.output_dir=...")
+    sub = p.add_subparsers(dest="command")
+
+    keys_help = "every key with its default and what it does: grpokit config"
+    train = sub.add_parser(
+        "train", help="train (no arguments: the embedded demo)", parents=[run], epilog=keys_help
+    )
+    train.add_argument("overrides", nargs="*", help="[CONFIG.yaml] then section.key=value overrides")
+    train.add_argument("--config", metavar="PATH", help="the YAML config (or give it as the first argument)")
+    train.add_argument("--demo", action="store_true", help="run the embedded demo with these overrides")
+    train.add_argument(
+        "--print-config", action="store_true", help="print the resolved config with each key's doc, and exit"
+    )
+    train.set_defaults(func=cmd_train)
+
+    sft = sub.add_parser(
+        "sft", help="supervised fine-tuning on messages / prompt+completion / text rows", parents=[run],
+        epilog="every key: README, section 'Supervised fine-tuning'",
+    )
+    sft.add_argument("overrides", nargs="*", help="[CONFIG.yaml] then section.key=value overrides")
+    sft.add_argument("--config", metavar="PATH", help="the YAML config (or give it as the first argument)")
+    sft.add_argument(
+        "--print-config", action="store_true", help="print the resolved config with each key's doc, and exit"
+    )
+    sft.set_defaults(func=cmd_sft)
+
+    config = sub.add_parser(
+        "config",
+        help="print every config key with its value (default), as YAML with a one-line doc per key",
+        parents=[common],
+    )
+    config.add_argument("overrides", nargs="*", help="[CONFIG.yaml] then section.key=value overrides")
+    config.add_argument("--config", metavar="PATH", help="the YAML config (or give it as the first argument)")
+    config.add_argument(
+        "--from-trl", metavar="FILE", help="convert a TRL GRPOConfig YAML (flat keys) to a grpokit config and print it"
+    )
+    config.set_defaults(func=cmd_config)
+
+    demo = sub.add_parser(
+        "demo", help="the embedded demo: a tiny model learns arithmetic on the CPU", parents=[run]
+    )
+    demo.add_argument("overrides", nargs="*", help="section.key=value overrides")
+    demo.set_defaults(func=cmd_train, demo=True)
+
+    ev = sub.add_parser("eval", help="held-out accuracy of a model directory on a dataset", parents=[common])
+    ev.add_argument("model")
+    ev.add_argument("data")
+    ev.add_argument("--reward", default="math_accuracy", help="reward whose value 1 means correct")
+    ev.add_argument("--template", default="auto")
+    ev.add_argument("--prompt-column", default="prompt")
+    ev.add_argument("--max-prompt-tokens", type=int, default=1024)
+    ev.add_argument("--max-new-tokens", type=int, default=256)
+    ev.add_argument("--num-samples", type=int, default=4)
+    ev.add_argument("--temperature", type=float, default=1.0)
+    ev.add_argument("--limit", type=int)
+    ev.add_argument(
+        "--split", help="split of DATA to evaluate on (default: test, or the only split there is)"
+    )
+    ev.add_argument("--data-config", help="subset of a hub dataset (data.config), e.g. main for openai/gsm8k")
+    ev.add_argument("--dtype", default="auto")
+    ev.set_defaults(func=cmd_eval)
+
+    from grpokit.bench import add_bench_parser
+    from grpokit.cli.pipeline import add_pipeline_parser
+    from grpokit.cli.sample import add_sample_parser
+
+    add_bench_parser(sub)
+    add_sample_parser(sub, [common])
+    add_pipeline_parser(sub, [common])
+    from grpokit.view.cli import add_view_parser
+
+    add_view_parser(sub)
+    sub.add_parser(  # listed for --help; the arguments go to grpokit.cli.launch unparsed (see _main)
+        "launch",
+        help="torchrun with grpokit's exit codes: grpokit launch --nproc_per_node=2 train cfg.yaml",
+        add_help=False,
+    )
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:  # Ctrl-C before a command's own handling starts (imports, parsing)
+        if os.environ.get("GRPOKIT_DEBUG", "") not in ("", "0") or "--debug" in (argv or sys.argv):
+            raise
+        print("grpokit: interrupted", file=sys.stderr)
+        return 130
+
+
+def _main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv:
+        argv = ["train"]
+    if argv[0] == "launch":  # torchrun's own options follow: argparse must not read them
+        from grpokit.cli.launch import main as launch
+
+        return launch(argv[1:])
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if args.command is None:
+        args, extra = parser.parse_known_args(["train", *argv])
+    # overrides may follow options (`train cfg.yaml --resume optim.lr=1e-6`), which argparse leaves over
+    if extra and hasattr(args, "overrides") and not any(e.startswith("-") for e in extra):
+        args.overrides, extra = [*args.overrides, *extra], []
+    if extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    try:
+        return args.func(args)
+    except KeyboardInterrupt:
+        if _debug(args):
+            raise
+        print("grpokit: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:  # anything unforeseen: one line, the traceback only on request
+        if _debug(args):
+            raise
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        print(
+            f"grpokit: error: {type(e).__name__}: {first} (run again with --debug for the traceback)",
+            file=sys.stderr,
+        )
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

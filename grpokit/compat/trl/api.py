@@ -1,0 +1,219 @@
+"""TRL's habits at GRPOTrainer's door (issue 30): the argument forms a TRL script uses, turned into
+grpokit's, or refused in one line that says what to pass instead.
+
+    GRPOTrainer(cfg, model="Qwen/Qwen2.5-0.5B-Instruct")        # a path or hub id: cfg.model.name_or_path
+    GRPOTrainer(cfg, model=m, processing_class=tok)             # TRL's name for the tokenizer
+    GRPOTrainer(cfg, reward_funcs=[accuracy_reward, "format_strict"])   # bare functions, names, tuples
+    GRPOTrainer(cfg, peft_config=peft.LoraConfig(r=8, lora_alpha=16, target_modules=[...]))
+    GRPOTrainer(cfg, callbacks=[MyTrainerCallback()])           # transformers.TrainerCallback: its events
+
+A transformers.TrainerCallback gets on_train_begin, on_step_end, on_log (the step's metrics), on_evaluate,
+on_save and on_train_end with TrainingArguments-like `args` (output_dir, max_steps, learning_rate, seed,
+...), a real transformers TrainerState (global_step, max_steps, epoch, num_train_epochs, log_history)
+and TrainerControl; `control.should_training_stop = True` ends the run after that step as a finished run
+(final evaluation, checkpoint, summary with `stopped_early`). Plain functions `fn(step, metrics,
+trainer)` stay as they were; they can end the run the same way with `trainer.stop("why")`.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import math
+from collections.abc import Callable, Sequence
+from types import SimpleNamespace
+from typing import Any
+
+from grpokit.core.errors import ConfigError
+
+EVENTS = ("on_train_begin", "on_evaluate", "on_save", "on_train_end")
+"""Events the trainer fires on callbacks that have them, beside the per-step call."""
+
+
+def fire(callbacks: Sequence[Any], event: str, trainer: Any, *args: Any) -> None:
+    """Call ``callback.<event>(trainer, *args)`` on each callback that has it."""
+    for callback in callbacks:
+        hook = getattr(callback, event, None)
+        if callable(hook):
+            hook(trainer, *args)
+
+
+def trl_arguments(
+    cfg: Any,
+    model: Any,
+    tokenizer: Any,
+    reward_functions: Any,
+    callbacks: Sequence[Any],
+    peft_config: Any = None,
+) -> tuple[Any, Any, Any, list[tuple[str, Callable, float]] | None, list[Any]]:
+    """(cfg, model, tokenizer, reward_functions, callbacks) in grpokit's forms; cfg is copied when changed.
+    Arguments of the wrong kind (a cfg that is not a Config, a model that is no module, a tokenizer that
+    cannot encode) are a ConfigError naming the argument."""
+    from grpokit.config.schema import Config
+
+    if not isinstance(cfg, Config):
+        sft = " (an SFTConfig goes to grpokit.trainers.sft.SFTTrainer)" if type(cfg).__name__ == "SFTConfig" else ""
+        raise ConfigError(
+            f"GRPOTrainer's cfg must be a grpokit.config.schema.Config (load_config builds one), got {type(cfg).__name__}{sft}"
+        )
+    if model is not None and not isinstance(model, str) and not _is_module(model):
+        raise ConfigError(
+            f"model: got {type(model).__name__}; give a loaded transformers model (with tokenizer=), a model "
+            "folder or a hub id"
+        )
+    if tokenizer is not None and (isinstance(tokenizer, (str, bytes)) or not callable(getattr(tokenizer, "encode", None))):
+        raise ConfigError(
+            f"tokenizer: got {type(tokenizer).__name__}, which cannot encode text; give the model's tokenizer "
+            "(AutoTokenizer.from_pretrained(...)), or give model as a folder or hub id and both are loaded"
+        )
+    if isinstance(model, str):  # TRL: a path or hub id
+        cfg = copy.deepcopy(cfg)
+        cfg.model.name_or_path, model = model, None
+    elif model is not None and tokenizer is None:
+        raise ConfigError(
+            "GRPOTrainer(model=<a loaded model>) needs its tokenizer too: pass tokenizer= (or TRL's "
+            "processing_class=), or give model as a path or hub id and both are loaded"
+        )
+    if peft_config is not None:
+        cfg = lora_from_peft(copy.deepcopy(cfg), peft_config)
+    return cfg, model, tokenizer, rewards_from(reward_functions), [adapt_callback(c) for c in callbacks]
+
+
+def lora_from_peft(cfg: Any, peft_config: Any) -> Any:
+    """cfg with lora.* set from a peft.LoraConfig; its fields grpokit has no setting for are refused by name."""
+    if type(peft_config).__name__ != "LoraConfig":
+        raise ConfigError(f"peft_config: only a peft.LoraConfig is supported, got {type(peft_config).__name__}")
+    from peft import LoraConfig
+
+    default = LoraConfig()
+    mapped = {"r": "r", "lora_alpha": "alpha", "lora_dropout": "dropout", "target_modules": "target_modules"}
+    ignored = {"task_type", "peft_type", "base_model_name_or_path", "revision", "inference_mode", "auto_mapping"}
+    for f in dataclasses.fields(peft_config):
+        value = getattr(peft_config, f.name)
+        if f.name in mapped or f.name in ignored or value == getattr(default, f.name, value):
+            continue
+        raise ConfigError(
+            f"peft_config.{f.name}={value!r} has no grpokit setting (lora.r, lora.alpha, lora.dropout, "
+            "lora.target_modules are mapped); leave it at peft's default"
+        )
+    targets = peft_config.target_modules
+    if targets is None or isinstance(targets, str):
+        raise ConfigError(
+            f"peft_config.target_modules={targets!r}: give the module names as a list, e.g. "
+            "['q_proj', 'k_proj', 'v_proj', 'o_proj']"
+        )
+    cfg.lora.enabled = True
+    cfg.lora.r, cfg.lora.alpha = int(peft_config.r), peft_config.lora_alpha
+    cfg.lora.dropout, cfg.lora.target_modules = float(peft_config.lora_dropout), sorted(targets)
+    return cfg
+
+
+def rewards_from(items: Any) -> list[tuple[str, Callable, float]] | None:
+    """Rewards as (name, function, weight) from what TRL takes: a function, a list of functions, names of
+    grpokit rewards (math_accuracy, module:function) or (name, function[, weight]) tuples."""
+    if items is None:
+        return None
+    if callable(items) or isinstance(items, str):
+        items = [items]
+    if not isinstance(items, (list, tuple)):
+        raise ConfigError(
+            f"reward_functions: got {type(items).__name__}; give a function, a grpokit reward name, or a list of them"
+        )
+    if not items:
+        raise ConfigError("reward_functions is empty: give at least one (or None for the config's rewards)")
+    out = []
+    for i, item in enumerate(items):
+        if isinstance(item, str):
+            from grpokit.rewards import resolve_reward
+
+            out.append((item, resolve_reward(item), 1.0))
+        elif isinstance(item, tuple) and len(item) in (2, 3) and isinstance(item[0], str) and callable(item[1]):
+            weight = item[2] if len(item) == 3 else 1.0
+            if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight):
+                raise ConfigError(
+                    f"reward_functions[{i}] ({item[0]!r}): weight {weight!r} is not a finite number (e.g. 1.0)"
+                )
+            out.append((item[0], item[1], float(weight)))
+        elif callable(item) and not _is_module(item):
+            out.append((getattr(item, "__name__", type(item).__name__), item, 1.0))
+        else:
+            what = "a model" if _is_module(item) else repr(item)[:80]
+            raise ConfigError(
+                f"reward_functions[{i}]: got {what}; give a function, a grpokit reward name, or (name, function"
+                "[, weight]) (a reward model goes in the config: rewards: [{name: reward_model, kwargs: {path: DIR}}])"
+            )
+    return out
+
+
+def _is_module(obj: Any) -> bool:
+    return any(c.__name__ == "Module" and c.__module__.startswith("torch.nn") for c in type(obj).__mro__)
+
+
+def adapt_callback(callback: Any) -> Any:
+    """A transformers.TrainerCallback (instance or class) wrapped so the trainer can run it; else as is."""
+    if isinstance(callback, type):
+        callback = callback()
+    names = {c.__name__ for c in type(callback).__mro__}
+    if "TrainerCallback" in names:
+        return TrainerCallbackAdapter(callback)
+    if not callable(callback):
+        raise ConfigError(
+            f"callbacks: {type(callback).__name__} is neither a function fn(step, metrics, trainer) nor a "
+            "transformers.TrainerCallback"
+        )
+    return callback
+
+
+class TrainerCallbackAdapter:
+    """Runs a transformers.TrainerCallback's events under grpokit (see the module doc)."""
+
+    def __init__(self, callback: Any) -> None:
+        from transformers import TrainerControl, TrainerState
+
+        self.callback = callback
+        self.state, self.control = TrainerState(), TrainerControl()
+        self.__qualname__ = type(callback).__qualname__
+
+    def _args(self, trainer: Any) -> SimpleNamespace:
+        c = trainer.cfg
+        return SimpleNamespace(
+            output_dir=c.train.output_dir, max_steps=c.train.steps, learning_rate=c.optim.lr, seed=c.train.seed,
+            num_train_epochs=self.state.num_train_epochs, num_generations=c.rollout.group_size,
+            max_completion_length=c.rollout.max_new_tokens, per_device_train_batch_size=c.optim.micro_batch_size,
+            logging_steps=1, report_to=c.train.report_to,
+        )  # fmt: skip
+
+    def _call(self, event: str, trainer: Any, **kwargs: Any) -> None:
+        from transformers import TrainerControl
+
+        s, c = self.state, trainer.cfg
+        prompts = max(len(getattr(trainer, "train_rows", ()) or ()), 1)
+        s.global_step, s.max_steps = trainer.step, c.train.steps
+        s.epoch = trainer.step * c.rollout.prompts_per_step / prompts
+        s.num_train_epochs = c.train.steps * c.rollout.prompts_per_step / prompts
+        s.log_history = getattr(trainer, "log_history", [])
+        hook = getattr(self.callback, event, None)
+        if callable(hook):
+            extra = dict(model=trainer.model, processing_class=trainer.tokenizer, optimizer=trainer.optimizer,
+                         lr_scheduler=trainer.scheduler)  # fmt: skip
+            out = hook(self._args(trainer), s, self.control, **extra, **kwargs)
+            if isinstance(out, TrainerControl):
+                self.control = out
+        if self.control.should_training_stop and not trainer.stopped_early:
+            trainer.stop(f"stopped by {self.__qualname__} (control.should_training_stop) at step {trainer.step}")
+
+    def __call__(self, step: int, metrics: dict[str, float], trainer: Any) -> None:
+        self._call("on_step_end", trainer)
+        self._call("on_log", trainer, logs=metrics)
+
+    def on_train_begin(self, trainer: Any) -> None:
+        self._call("on_train_begin", trainer)
+
+    def on_evaluate(self, trainer: Any, metrics: dict[str, float]) -> None:
+        self._call("on_evaluate", trainer, metrics=metrics)
+
+    def on_save(self, trainer: Any, path: Any) -> None:
+        self._call("on_save", trainer)
+
+    def on_train_end(self, trainer: Any, summary: dict[str, Any]) -> None:
+        self._call("on_train_end", trainer)

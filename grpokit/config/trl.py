@@ -1,0 +1,301 @@
+"""TRL's GRPOConfig (and the TrainingArguments it extends) in grpokit's terms: `from_trl(values)`.
+
+    grpokit config --from-trl trl_grpo.yaml > cfg.yaml      # the grpokit config, with notes
+    grpokit train trl_grpo.yaml                             # a flat TRL file is converted the same way
+
+Every field that has a grpokit equivalent is mapped, with TRL 1.16's default for those left out (so
+the run is TRL's run, not grpokit's defaults); every other field set in the file is refused by name
+with the reason. What "the same" means was checked numerically against TRL's GRPOTrainer
+(tests/test_trl_parity.py: per-sequence advantages and the loss gradient of one step, per loss_type and
+scale_rewards mode).
+
+Step units. TRL counts optimizer steps; a grpokit step is one rollout of `rollout.prompts_per_step`
+prompts x G completions, followed by k = optim.mini_batches x optim.epochs optimizer steps, where
+mini_batches = steps_per_generation / gradient_accumulation_steps and epochs = num_iterations. So
+max_steps, warmup_steps, save_steps, eval_steps and logging_steps are divided by k (and refused when k
+does not divide them). The learning rate changes once per grpokit step (TRL: every optimizer step), so
+with k > 1 TRL's schedule is followed as a staircase of k equal steps (said in the notes).
+
+Loss normalisers. TRL's loss is per micro-batch (per_device_train_batch_size rows) divided by the
+gradient accumulation steps; grpokit's always uses the whole mini-batch's normaliser. They agree for
+grpo (mean over sequences), dr_grpo (sum / (rows x max_completion_length)) and dapo (tokens of the
+generation batch) when k = 1; bnpo (each micro-batch's own token count) only without accumulation.
+The other cases are refused, naming the nearest setting.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from grpokit.core.errors import ConfigError
+
+SCALE_REWARDS = {"group": "group_std", "batch": "group_centre_reward_std", "none": "group_centre"}
+"""TRL's scale_rewards -> algo.advantage (batch: std of the batch's rewards, not of the centred ones)."""
+
+LOSS_TYPES = {"grpo": "seq-mean-token-mean", "dr_grpo": "seq-sum-norm", "dapo": "token-mean", "bnpo": "token-mean"}
+"""TRL's loss_type -> algo.agg (conditions in the module doc)."""
+
+TRL_DEFAULTS: dict[str, Any] = {
+    "num_generations": 8, "max_completion_length": 512, "temperature": 1.0, "top_p": 1.0, "top_k": 0,
+    "per_device_train_batch_size": 8, "gradient_accumulation_steps": 1, "steps_per_generation": None,
+    "generation_batch_size": None, "num_iterations": 1, "learning_rate": 1e-6, "weight_decay": 0.0,
+    "adam_beta1": 0.9, "adam_beta2": 0.999, "adam_epsilon": 1e-8, "max_grad_norm": 1.0,
+    "lr_scheduler_type": "linear", "warmup_steps": 0, "max_steps": -1,
+    "num_train_epochs": 3.0, "seed": 42, "beta": 0.0, "epsilon": 0.2, "epsilon_high": None,
+    "importance_sampling_level": "token", "loss_type": "dapo", "scale_rewards": "group",
+    "mask_truncated_completions": False, "gradient_checkpointing": True, "shuffle_dataset": True,
+    "logging_steps": 10, "save_steps": 500, "save_total_limit": None, "eval_steps": None,
+    "eval_strategy": "no", "report_to": "none", "log_completions": False, "output_dir": "trainer_output",
+    "bf16": None,
+}  # fmt: skip
+"""TRL 1.16's defaults of the fields mapped (tests check them against trl.GRPOConfig)."""
+
+INERT = {
+    "logging_dir", "logging_strategy", "logging_first_step", "log_level", "disable_tqdm", "run_name",
+    "per_device_eval_batch_size", "dataloader_num_workers", "dataloader_pin_memory", "remove_unused_columns",
+    "save_strategy", "overwrite_output_dir", "do_train", "do_eval", "use_cpu", "num_completions_to_print",
+    "log_unique_prompts", "ds3_gather_for_generation", "push_to_hub", "hub_model_id", "save_only_model",
+    "vllm_mode", "vllm_gpu_memory_utilization", "vllm_server_host", "vllm_server_port",
+    "vllm_server_timeout", "vllm_tensor_parallel_size", "vllm_enable_sleep_mode", "vllm_max_model_length",
+    "vllm_model_impl", "vllm_server_base_url", "vllm_group_port", "vllm_importance_sampling_correction",
+    "vllm_importance_sampling_mode", "vllm_importance_sampling_cap", "vllm_importance_sampling_clip_max",
+    "vllm_importance_sampling_clip_min", "log_multimodal", "bf16_full_eval", "fp16_full_eval",
+}  # fmt: skip
+"""Fields with no effect on what is trained (display, hub, vLLM when use_vllm is off): accepted, ignored."""
+
+REFUSED_UNLESS_DEFAULT: dict[str, tuple[Any, str]] = {
+    "use_vllm": (False, "grpokit samples with its own engines (rollout.engine), not vLLM"),
+    "delta": (None, "no two-sided clip; algo.dual_clip is another rule (a bound for negative advantages)"),
+    "multi_objective_aggregation": ("sum_then_normalize", "rewards are summed then normalised (sum_then_normalize)"),
+    "min_p": (None, "not implemented in grpokit's samplers (rollout.top_p / top_k are)"),
+    "repetition_penalty": (1.0, "not implemented in grpokit's samplers; it would also make the sampling "
+                                "distribution differ from the policy whose log-probs the loss uses"),
+    "generation_kwargs": (None, "set rollout.temperature / top_p / top_k / max_new_tokens instead"),
+    "cache_implementation": (None, "the fast engine picks its cache (rollout.kv_cache)"),
+    "sync_ref_model": (False, "the reference model is frozen"),
+    "top_entropy_quantile": (1.0, "no entropy mask on the loss"),
+    "entropy_coef": (0.0, "no entropy bonus"),
+    "use_adaptive_entropy": (False, "no entropy bonus"),
+    "off_policy_mask_threshold": (None, "no off-policy sequence mask"),
+    "disable_dropout": (False, "the policy keeps its dropout (0 in most LMs)"),
+    "cast_lm_head_to_fp32": (False, "log-probs are computed chunk by chunk in the model's dtype"),
+    "max_tool_calling_iterations": (None, "tool calls: see grpokit's multi-turn rollouts"),
+    "router_aux_loss_coef": (None, "no MoE router loss"),
+    "pad_to_multiple_of": (None, "no padding to a multiple"),
+    "fp16": (False, "set optim.precision=fp16_mixed"),
+    "gradient_checkpointing_kwargs": (None, "gradient checkpointing takes no arguments"),
+    "data_seed": (None, "one seed (train.seed) for data and sampling"),
+    "lr_scheduler_kwargs": (None, "the schedules take no arguments"),
+    "optim": ("adamw_torch", "the optimizer is AdamW (torch's, or torch-optimi's Kahan AdamW in bf16)"),
+    "torch_compile": (False, "no torch.compile"),
+}  # fmt: skip
+"""Fields grpokit cannot honour: refused by name, with why, when set to anything but TRL's default."""
+
+_SAME = {"optim": ("adamw_torch", "adamw_torch_fused")}
+
+SCRIPT_KEYS = {
+    "model_name_or_path": "model.name_or_path", "dataset_name": "data.train", "dataset_config": "data.config",
+    "dataset_train_split": "data.split", "dataset_test_split": "data.eval_split",
+}  # fmt: skip
+"""TRL scripts' ScriptArguments / ModelConfig keys, often in the same YAML."""
+
+TRL_KEYS = frozenset(TRL_DEFAULTS) | INERT | frozenset(REFUSED_UNLESS_DEFAULT) | frozenset(SCRIPT_KEYS) | {
+    "model_init_kwargs", "trust_remote_code", "num_generations_eval", "chat_template_kwargs",
+    "max_prompt_length", "reward_weights", "reward_funcs", "use_bias_correction_kl", "warmup_ratio",
+}
+"""Every key from_trl knows (what makes a flat YAML look like a TRL one)."""
+
+
+def looks_like_trl(values: dict) -> bool:
+    """A flat mapping with TRL keys and none of grpokit's sections."""
+    sections = {"model", "lora", "data", "rollout", "algo", "critic", "optim", "rewards", "eval", "train"}
+    return bool(values) and not (set(values) & sections) and bool(set(values) & TRL_KEYS)
+
+
+def _per(name: str, value: int, k: int) -> int:
+    if value % k:
+        raise ConfigError(
+            f"TRL {name}={value} is in optimizer steps and a grpokit step makes k={k} of them "
+            f"(steps_per_generation / gradient_accumulation_steps x num_iterations); use a multiple of {k}"
+        )
+    return value // k
+
+
+def from_trl(values: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """TRL GRPOConfig fields (a flat mapping) -> (grpokit's nested config values, notes for the user).
+
+    Raises ConfigError naming the first field grpokit cannot honour and why."""
+    unknown = sorted(set(values) - TRL_KEYS)
+    if unknown:
+        raise ConfigError(
+            f"TRL field(s) {unknown} have no grpokit equivalent (known: every mapped GRPOConfig field, see "
+            "grpokit.config.trl); remove them, or write a grpokit config (grpokit config > cfg.yaml)"
+        )
+    for key, (default, why) in REFUSED_UNLESS_DEFAULT.items():
+        value = values.get(key, default)
+        if value != default and not (default is None and value == {}) and str(value) not in _SAME.get(key, ()):
+            raise ConfigError(f"TRL {key}={values[key]!r} is not supported: {why}; remove it")
+    v = {**TRL_DEFAULTS, **values}
+    notes: list[str] = []
+    out: dict[str, dict[str, Any]] = {s: {} for s in ("model", "data", "rollout", "algo", "optim", "eval", "train")}
+
+    # batch geometry: rows per micro-batch, per optimizer step, per generation
+    G, B, GA = int(v["num_generations"]), int(v["per_device_train_batch_size"]), int(v["gradient_accumulation_steps"])
+    gbs, spg = v["generation_batch_size"], v["steps_per_generation"]
+    if gbs is not None and spg is not None:
+        raise ConfigError("TRL generation_batch_size and steps_per_generation are both set; TRL allows one")
+    spg = int(spg) if spg is not None else (int(gbs) // B if gbs is not None else GA)
+    gbs = int(gbs) if gbs is not None else B * spg
+    if gbs % G or spg % GA or gbs != B * spg:
+        raise ConfigError(
+            f"TRL generation_batch_size={gbs} must be a multiple of num_generations={G} and of "
+            f"per_device_train_batch_size={B}, and steps_per_generation={spg} a multiple of "
+            f"gradient_accumulation_steps={GA}"
+        )
+    mini_batches, epochs = spg // GA, int(v["num_iterations"])
+    k = mini_batches * epochs
+    out["rollout"].update(group_size=G, prompts_per_step=gbs // G, max_new_tokens=int(v["max_completion_length"]))
+    out["optim"].update(mini_batches=mini_batches, epochs=epochs, micro_batch_size=B)
+    notes.append(
+        f"one grpokit step = one rollout of {gbs // G} prompts x {G} completions = k={k} TRL optimizer step(s) "
+        f"of {B * GA} completions (steps_per_generation {spg} / gradient_accumulation_steps {GA} x "
+        f"num_iterations {epochs}); step counts below are divided by k"
+    )
+    for key in ("temperature", "top_p", "top_k"):
+        out["rollout"][key] = v[key]
+
+    # the algorithm: laid over the grpo preset, every axis said
+    loss_type, scale = v["loss_type"], v["scale_rewards"]
+    scale = {True: "group", False: "none"}.get(scale, scale)
+    if loss_type not in LOSS_TYPES:
+        raise ConfigError(
+            f"TRL loss_type={loss_type!r} is not supported (cispo, sapo, luspo, vespo have no grpokit loss); "
+            f"choose one of {sorted(LOSS_TYPES)}"
+        )
+    if scale not in SCALE_REWARDS:
+        raise ConfigError(f"TRL scale_rewards={scale!r}: choose one of {sorted(SCALE_REWARDS)}")
+    if loss_type == "bnpo" and GA > 1:
+        raise ConfigError(
+            "TRL loss_type='bnpo' with gradient_accumulation_steps > 1 divides each micro-batch by its own "
+            "token count (the result depends on how the batch is split; 13.5% off in one test); grpokit "
+            "normalises by the whole mini-batch: use loss_type='dapo' (the same, split-free) or accumulation 1"
+        )
+    if loss_type == "dapo" and mini_batches > 1:
+        raise ConfigError(
+            "TRL loss_type='dapo' with steps_per_generation > gradient_accumulation_steps divides every "
+            "optimizer step by the generation batch's tokens / steps (not the step's own tokens); grpokit "
+            "uses the mini-batch's own token count: set steps_per_generation = gradient_accumulation_steps"
+        )
+    beta = float(v["beta"])
+    if beta > 0 and v.get("use_bias_correction_kl", True):
+        raise ConfigError(
+            "TRL beta > 0 with use_bias_correction_kl=True (TRL's default) multiplies the KL by the "
+            "importance ratio; grpokit's KL term has no such correction: set use_bias_correction_kl: false "
+            "to train with the plain k3 KL"
+        )
+    eps = float(v["epsilon"])
+    out["algo"].update(
+        preset="grpo", advantage=SCALE_REWARDS[scale], std_ddof=1, std_eps=1e-4, agg=LOSS_TYPES[loss_type],
+        eps_low=eps, eps_high=float(v["epsilon_high"] if v["epsilon_high"] is not None else eps), beta=beta,
+        kl_kind="k3", ratio_level=v["importance_sampling_level"],
+        mask_truncated=bool(v["mask_truncated_completions"]), dynamic_sampling=False, overlong_shaping=False,
+    )  # fmt: skip
+    if loss_type == "dr_grpo":
+        out["algo"]["norm_len"] = int(v["max_completion_length"])
+
+    # optimisation
+    out["optim"].update(
+        lr=float(v["learning_rate"]), weight_decay=float(v["weight_decay"]), adam_beta1=float(v["adam_beta1"]),
+        adam_beta2=float(v["adam_beta2"]), adam_epsilon=float(v["adam_epsilon"]),
+        max_grad_norm=float(v["max_grad_norm"] or 0.0),
+    )  # fmt: skip
+    schedule = {"linear": "linear", "cosine": "cosine", "constant": "constant", "constant_with_warmup": "constant"}
+    if v["lr_scheduler_type"] not in schedule:
+        raise ConfigError(f"TRL lr_scheduler_type={v['lr_scheduler_type']!r}: choose one of {sorted(schedule)}")
+    out["optim"]["schedule"] = schedule[v["lr_scheduler_type"]]
+    ratio = v.get("warmup_ratio") or (v["warmup_steps"] if 0 < v["warmup_steps"] < 1 else 0)
+    if ratio:  # transformers 5: a warmup_steps in (0, 1) is a ratio of the steps (older: warmup_ratio)
+        out["optim"]["warmup_ratio"] = float(ratio)
+    else:
+        out["optim"]["warmup_steps"] = _per("warmup_steps", int(v["warmup_steps"]), k)
+    if k > 1:
+        notes.append(f"the learning rate changes once per grpokit step, i.e. every {k} TRL optimizer steps")
+    if v["bf16"] is True:
+        out["optim"]["precision"] = "bf16_mixed"
+    elif v.get("bf16") is None:
+        notes.append(
+            "TRL's bf16=None means bf16 autocast over float32 weights on a GPU (optim.precision=bf16_mixed); "
+            "grpokit's optim.precision=auto uses bf16 weights with Kahan-compensated AdamW there (bf16_kahan)"
+        )
+
+    # length of the run, checkpoints, evaluation, logging
+    max_steps = int(v["max_steps"])
+    if max_steps > 0:
+        out["train"]["steps"] = _per("max_steps", max_steps, k)
+    else:
+        out["train"]["num_train_epochs"] = float(v["num_train_epochs"])
+        notes.append(f"max_steps unset: num_train_epochs={v['num_train_epochs']} passes over the prompts")
+    out["train"]["seed"] = int(v["seed"])
+    out["train"]["output_dir"] = str(v["output_dir"])
+    saves = v["save_steps"] and v.get("save_strategy", "steps") not in ("no", "epoch", "best")
+    out["train"]["save_every"] = _per("save_steps", int(v["save_steps"]), k) if saves else 0
+    out["train"]["keep_checkpoints"] = int(v["save_total_limit"] or 0)
+    if v["eval_strategy"] != "no":
+        every = v["eval_steps"] if v["eval_steps"] is not None else v["logging_steps"]
+        out["eval"]["every"] = _per("eval_steps", int(every), k)
+    out["model"]["gradient_checkpointing"] = bool(v["gradient_checkpointing"])
+    out["data"]["shuffle"] = bool(v["shuffle_dataset"])
+    report = v["report_to"]
+    report = [report] if isinstance(report, str) else list(report or ["none"])
+    report = ["tensorboard", "wandb", "mlflow"] if report == ["all"] else report
+    bad = [r for r in report if r not in ("tensorboard", "wandb", "mlflow", "none")]
+    if bad:
+        raise ConfigError(f"TRL report_to={bad}: grpokit reports to tensorboard, wandb, mlflow or none")
+    out["train"]["report_to"] = report
+    if v["log_completions"]:
+        out["train"]["samples_every"] = max(1, _per("logging_steps", int(v["logging_steps"]), k))
+    notes.append("logging_steps: grpokit logs every step")
+
+    # optional fields
+    if "num_generations_eval" in v and v["num_generations_eval"] is not None:
+        out["eval"]["num_samples"] = int(v["num_generations_eval"])
+    if v.get("chat_template_kwargs"):
+        out["data"]["chat_template_kwargs"] = dict(v["chat_template_kwargs"])
+    if v.get("max_prompt_length") is not None:
+        out["data"]["max_prompt_tokens"] = int(v["max_prompt_length"])
+        notes.append("max_prompt_length: longer prompts are refused with the row named, not truncated")
+    init = dict(v.get("model_init_kwargs") or {})
+    dtype = init.pop("dtype", init.pop("torch_dtype", None))
+    if dtype is not None:
+        out["model"]["dtype"] = str(dtype).replace("torch.", "")
+    if "attn_implementation" in init:
+        out["model"]["attn_implementation"] = init.pop("attn_implementation")
+    trust = init.pop("trust_remote_code", v.get("trust_remote_code", False))
+    out["model"]["trust_remote_code"] = bool(trust)
+    if init:
+        raise ConfigError(f"TRL model_init_kwargs {sorted(init)} have no grpokit equivalent; remove them")
+    for key, dotted in SCRIPT_KEYS.items():
+        if v.get(key) is not None:
+            section, name = dotted.split(".")
+            out[section][name] = v[key]
+    funcs, weights = v.get("reward_funcs"), v.get("reward_weights")
+    if funcs is not None:
+        funcs = [funcs] if isinstance(funcs, str) else list(funcs)
+        weights = [1.0] * len(funcs) if weights is None else list(weights)
+        if len(weights) != len(funcs):
+            raise ConfigError(f"TRL reward_weights has {len(weights)} values for {len(funcs)} reward_funcs")
+        out["rewards"] = [{"name": f, "weight": float(w)} for f, w in zip(funcs, weights)]  # type: ignore[assignment]
+    elif weights is not None:
+        raise ConfigError(
+            "TRL reward_weights needs the rewards it weighs: add reward_funcs: [math_accuracy, ...] (grpokit "
+            "reward names) to the file, or write rewards: [{name: ..., weight: ...}] in a grpokit config"
+        )
+    return {key: section for key, section in out.items() if section}, notes
+
+
+def grpokit_yaml(values: dict[str, Any], notes: list[str], source: str) -> str:
+    """The converted config as YAML that `grpokit train` reads, the notes as comments on top."""
+    import yaml
+
+    head = [f"# converted from TRL's GRPOConfig in {source} (grpokit.config.trl)"] + [f"# - {n}" for n in notes]
+    return "\n".join(head) + "\n" + yaml.safe_dump(values, sort_keys=False)

@@ -1,0 +1,1 @@
+"""Datasets: prompt rows from files, folders and the hub; SFT rows; prompt templates."""

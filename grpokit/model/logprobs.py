@@ -1,0 +1,204 @@
+"""Memory-lean per-token log-probs of completions under a causal LM (policy, old policy, reference).
+
+The full-vocabulary logits are the largest activation of a GRPO step (N * L * V values; see
+ALGORITHMS.md sec. 9). :func:`completion_logprobs` never builds them: it runs the base decoder to get
+hidden states, keeps only the completion positions whose mask is 1, and projects them through the LM
+head a chunk of ``chunk_size`` tokens at a time. Each chunk's fp32 logits live only inside a
+``torch.utils.checkpoint`` region, so the backward pass recomputes one chunk at a time instead of
+holding every chunk's logits. The log-softmax and entropy of a chunk are grpokit.algos.entropy's (the
+one implementation of both).
+
+Shapes: N rows, Lp prompt positions (left-padded), Lc completion positions (right-padded), H hidden
+size, V vocabulary, T the sampling temperature.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+from torch.utils.checkpoint import checkpoint
+
+from grpokit.algos.entropy import entropy_from_logits, selective_log_softmax
+
+
+def base_model(model: torch.nn.Module) -> torch.nn.Module:
+    """The transformers ``*ForCausalLM`` inside a PEFT wrapper (LoRA layers are injected in place, so
+    calling its submodules still runs, or under ``disable_adapter()`` skips, the adapters)."""
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
+def _final_logit_softcap(config) -> float | None:
+    """Gemma-2 style ``cap * tanh(logits / cap)`` applied by the model after the LM head, if any."""
+    cap = getattr(config, "final_logit_softcapping", None)
+    for name in ("logit_scale", "logits_scaling"):  # Cohere multiplies, Granite divides: not handled
+        value = getattr(config, name, None)
+        if value is not None and value != 1:
+            raise NotImplementedError(
+                f"{type(config).__name__}.{name}={value} rescales the logits after the LM head; "
+                "completion_logprobs does not apply that yet"
+            )
+    return float(cap) if cap else None
+
+
+def _chunk_logprobs(
+    lm_head: torch.nn.Module,
+    hidden: Tensor,
+    targets: Tensor,
+    temperature: float,
+    softcap: float | None,
+    with_entropy: bool,
+) -> tuple[Tensor, Tensor]:
+    """log_softmax(head(hidden) / T) at ``targets``, and (no-grad) entropy. hidden: (C, H); targets: (C,)."""
+    logits = lm_head(hidden).float()  # (C, V), upcast per chunk only
+    if softcap is not None:
+        logits = torch.tanh(logits / softcap) * softcap
+    logits = logits / temperature  # (C, V)
+    rows = max(1, logits.shape[0])  # this chunk is already small: the helpers take it in one piece
+    logprobs = selective_log_softmax(logits, targets, chunk_size=rows)  # (C,)
+    if not with_entropy:
+        return logprobs, logprobs.new_zeros(())
+    return logprobs, entropy_from_logits(logits.detach(), chunk_size=rows)  # (C,) no gradient
+
+
+def completion_logprobs(
+    model: torch.nn.Module,
+    prompt_ids: Tensor,
+    prompt_mask: Tensor,
+    completion_ids: Tensor,
+    completion_mask: Tensor,
+    *,
+    temperature: float = 1.0,
+    chunk_size: int = 1024,
+    with_entropy: bool = False,
+    context_mask: Tensor | None = None,
+) -> tuple[Tensor, Tensor | None]:
+    """Per-token log-probs ``log softmax(logits / T)[o_t]`` of the completion tokens, and optionally entropy.
+
+    logprobs[i, t] = log pi(o_{i,t} | q_i, o_{i,<t}) with pi = softmax(z / T), z the model's logits
+    (after its final logit softcapping, if any). Divide by the sampling temperature, or the PPO ratio
+    is biased (ALGORITHMS.md sec. 6).
+
+    Args:
+        prompt_ids, prompt_mask: (N, Lp), left-padded; mask 1 = real token.
+        completion_ids, completion_mask: (N, Lc), right-padded; mask 1 up to and including the EOS.
+        temperature: the sampling temperature T; 0 (greedy rollouts) means T = 1, as in grpokit.rollout.generation.
+        chunk_size: completion tokens per LM-head chunk; peak logits memory is chunk_size * V fp32.
+        with_entropy: also return the entropy of softmax(z / T) per token, computed without gradient.
+        context_mask: (N, Lc) multi-turn rollouts: 1 for every real completion-side token (the model's and
+            the tools'), all attended to; completion_mask then picks the model's tokens that are scored.
+            None: completion_mask is both (grpokit.rollout.generation.Rollout.context_mask).
+
+    Returns:
+        logprobs: (N, Lc) float32, 0 where completion_mask is 0; differentiable w.r.t. the model.
+        entropy: (N, Lc) float32 (0 at padding) or None.
+
+    Positions come from the cumulative attention mask, so left padding does not shift them; completion
+    padding is masked out of attention (it lies after every real token, so this changes nothing real).
+    The hidden state at position p predicts token p + 1: completion token t is scored from position
+    Lp - 1 + t. Works under ``torch.no_grad()`` (old / reference log-probs), with gradient checkpointing
+    on the model, and with PEFT-wrapped models (the decoder and LM head are called directly; under DDP,
+    unwrap first and mind that the DDP forward hooks are bypassed).
+    """
+    if temperature < 0:
+        raise ValueError(f"temperature must be >= 0 (0 = greedy, scored at T = 1), got {temperature}")
+    temperature = temperature if temperature > 0 else 1.0
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+    base = base_model(model)
+    decoder = base.get_decoder()
+    lm_head = base.get_output_embeddings()
+    softcap = _final_logit_softcap(base.config)
+
+    Lp = prompt_ids.shape[1]
+    input_ids = torch.cat([prompt_ids, completion_ids], dim=1)  # (N, Lp + Lc)
+    attended = completion_mask if context_mask is None else context_mask  # (N, Lc)
+    attention_mask = torch.cat([prompt_mask, attended], dim=1).long()  # (N, Lp + Lc)
+    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)  # (N, Lp + Lc)
+    hidden = decoder(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=position_ids,
+        use_cache=False,
+    ).last_hidden_state  # (N, Lp + Lc, H)
+    hidden = hidden[:, Lp - 1 : -1]  # (N, Lc, H): position Lp-1+t predicts completion token t
+
+    keep = completion_mask.reshape(-1).bool()  # (N*Lc,)
+    hidden = hidden.reshape(-1, hidden.shape[-1])[keep]  # (K, H) only real completion tokens
+    targets = completion_ids.reshape(-1)[keep]  # (K,)
+    lp_chunks, ent_chunks = _chunked(lm_head, hidden, targets, temperature, softcap, with_entropy, chunk_size)
+
+    N, Lc = completion_ids.shape
+    flat = hidden.new_zeros(N * Lc, dtype=torch.float32)  # (N*Lc,)
+    if lp_chunks:
+        flat = flat.masked_scatter(keep, torch.cat(lp_chunks))
+    logprobs = flat.view(N, Lc)  # (N, Lc)
+    entropy = None
+    if with_entropy:
+        entropy = torch.zeros(N * Lc, dtype=torch.float32, device=flat.device)
+        if ent_chunks:
+            entropy[keep] = torch.cat(ent_chunks).detach()
+        entropy = entropy.view(N, Lc)  # (N, Lc)
+    return logprobs, entropy
+
+
+def _chunked(
+    lm_head, hidden: Tensor, targets: Tensor, temperature: float, softcap, with_entropy: bool, chunk_size: int
+) -> tuple[list[Tensor], list[Tensor]]:
+    """_chunk_logprobs over ``chunk_size`` rows of hidden (K, H) / targets (K,) at a time, each chunk's
+    logits recomputed in the backward pass (checkpointed) when gradients are on."""
+    use_checkpoint = torch.is_grad_enabled()
+    lp_chunks, ent_chunks = [], []
+    for start in range(0, hidden.shape[0], chunk_size):
+        args = (
+            lm_head,
+            hidden[start : start + chunk_size],
+            targets[start : start + chunk_size],
+            temperature,
+            softcap,
+            with_entropy,
+        )
+        if use_checkpoint:
+            lp, ent = checkpoint(_chunk_logprobs, *args, use_reentrant=False)
+        else:
+            lp, ent = _chunk_logprobs(*args)
+        lp_chunks.append(lp)
+        ent_chunks.append(ent)
+    return lp_chunks, ent_chunks
+
+
+def token_logprobs(
+    model: torch.nn.Module,
+    input_ids: Tensor,
+    loss_mask: Tensor,
+    *,
+    attention_mask: Tensor | None = None,
+    position_ids: Tensor | None = None,
+    chunk_size: int = 1024,
+) -> Tensor:
+    """(K,) log p(x_t | x_<t) of the K tokens where ``loss_mask`` is 1, in row-major order (SFT).
+
+    input_ids, loss_mask: (N, L); loss_mask[:, 0] must be 0 (nothing predicts a row's first token).
+    Padded rows: attention_mask (N, L), right padding, positions from its cumulative sum. Packed rows
+    (padding-free): attention_mask None and position_ids (N, L) restarting at 0 at each example, from
+    which transformers' attention keeps every token inside its own example; the mask must then be 0 at
+    each example's first token, whose hidden state comes from the previous example. Only the K trained
+    positions reach the LM head, ``chunk_size`` at a time (no full-vocabulary logits), as in
+    completion_logprobs."""
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+    if bool(loss_mask[:, :1].any()):
+        raise ValueError("loss_mask[:, 0] must be 0: a row's first token has nothing to be predicted from")
+    base = base_model(model)
+    if position_ids is None:
+        if attention_mask is None:
+            attention_mask = torch.ones_like(input_ids)
+        position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)  # (N, L)
+    hidden = base.get_decoder()(
+        input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
+    ).last_hidden_state  # (N, L, H)
+    keep = loss_mask[:, 1:].bool()  # (N, L-1): token t+1 is predicted from position t
+    selected = hidden[:, :-1][keep]  # (K, H)
+    targets = input_ids[:, 1:][keep]  # (K,)
+    softcap = _final_logit_softcap(base.config)
+    lp_chunks, _ = _chunked(base.get_output_embeddings(), selected, targets, 1.0, softcap, False, chunk_size)
+    return torch.cat(lp_chunks) if lp_chunks else hidden.new_zeros(0, dtype=torch.float32)  # (K,)

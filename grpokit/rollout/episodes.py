@@ -1,0 +1,272 @@
+"""Multi-turn sampling for the trainer: when ``rollout.tools`` or ``rollout.environment`` is set, a step's
+rollout is a batch of episodes (grpokit.rollout.multiturn) instead of single completions, scored whole.
+
+    rollout:
+      tools: [python, my_tools.py:multiply]    # or environment: my_env.py:make_env (grpokit.rollout.envs protocol)
+      max_turns: 4                             # model turns per episode
+      max_new_tokens: 128                      # per model turn
+      max_episode_tokens: 0                    # everything after the prompt, tool tokens too (0: max_turns x max_new_tokens)
+
+What changes for the rest of the trainer: nothing but the Rollout it gets, whose ``completion_mask`` holds
+the model's own tokens only (loss, KL, entropy, advantages, metrics) and ``context_mask`` every token
+attended to. Group advantages are over whole episodes (one reward per episode); with ``grpo_process``
+each turn the environment rewards is a step (grpokit.rollout.multiturn.episode_step_rewards), plus the reward
+functions' total at the last model token.
+
+Reward functions get TRL's message-list convention: ``prompts[i]`` the first messages, ``completions[i]``
+every message after them (assistant turns, tool results, environment replies), and the columns
+``turn_rewards`` (per episode, per model turn: the environment's reward or None) and ``completion_ids``
+(the model's own token ids).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from grpokit.algos.advantages import ADVANTAGE_ALIASES
+from grpokit.core.errors import ConfigError, TrainingError
+from grpokit.core.user_code import describe, load_module
+from grpokit.data.prompts import reward_columns
+from grpokit.rewards.process import PROCESS_ADVANTAGES, is_process_reward
+from grpokit.rollout.batch import ScoredBatch
+from grpokit.rollout.envs import Environment, ToolEnvironment
+from grpokit.rollout.multiturn import ChatDelta, EpisodeBatch, episode_step_rewards, run_episodes
+from grpokit.rollout.tools import ToolDefinitionError, ToolRunner, get_parser, load_tools
+
+SUMMED = ("tools/calls", "tools/errors", "tools/timeouts", "time/turn_generation", "time/tools")
+"""Episode metrics that add up over a step's sampling rounds; the others are averaged."""
+
+
+def multi_turn(rollout_cfg) -> bool:
+    """Whether the config asks for multi-turn rollouts (tools or an environment)."""
+    return bool(rollout_cfg.tools or rollout_cfg.environment)
+
+
+def load_environment(spec: str) -> Callable[[], Environment]:
+    """The factory named 'module:attr' or 'file.py:attr' (a class or a function with no arguments)."""
+    target, sep, attr = spec.rpartition(":")
+    if not sep or not target or not attr:
+        raise ConfigError(
+            f"rollout.environment={spec!r}: name a factory as 'package.module:Env' or 'file.py:Env'"
+        )
+    module = load_module(target, attr, f"rollout.environment={spec!r}", prefix="grpokit_user_env")
+    try:
+        factory = getattr(module, attr)
+    except AttributeError as e:
+        raise ConfigError(f"rollout.environment={spec!r}: loading it failed: {describe(e)}") from e
+    if not callable(factory):
+        raise ConfigError(
+            f"rollout.environment={spec!r} is a {type(factory).__name__}, not a class or function"
+        )
+    return factory
+
+
+def name_callables(rollout_cfg) -> None:
+    """Python API (TRL's way): tool functions and an environment class put in the config themselves become
+    their names, "module:qualname", which the config checks, saves and loads back (the function must be
+    importable from its module; one defined in the running script is found in __main__)."""
+
+    def name(obj: object) -> object:
+        if isinstance(obj, str) or not callable(obj):
+            return obj
+        return f"{getattr(obj, '__module__', '?')}:{getattr(obj, '__qualname__', type(obj).__name__)}"
+
+    if isinstance(rollout_cfg.tools, (list, tuple)):
+        rollout_cfg.tools = [name(t) for t in rollout_cfg.tools]
+    rollout_cfg.environment = name(rollout_cfg.environment)
+
+
+class EpisodeSampler:
+    """The trainer's multi-turn rollouts and their scoring. Owns the tool runner (its worker processes),
+    the parser, the environment factory and the chat-template delta; built before the model loads, so a
+    bad tool or environment fails at once."""
+
+    def __init__(self, cfg, reward_functions: list[tuple[str, Callable, float]], algo):
+        r = cfg.rollout
+        if r.tools and r.environment:
+            raise ConfigError(
+                "set rollout.tools or rollout.environment, not both: an environment runs its own tools"
+            )
+        for key in ("max_turns", "tool_workers", "max_tool_result_chars"):
+            if getattr(r, key) < 1:
+                raise ConfigError(f"rollout.{key}={getattr(r, key)} must be >= 1")
+        if r.max_episode_tokens < 0 or r.tool_timeout_s <= 0:
+            raise ConfigError(
+                "rollout.max_episode_tokens must be >= 0 (0: max_turns x max_new_tokens) and "
+                "rollout.tool_timeout_s > 0"
+            )
+        if r.ignore_eos:
+            raise ConfigError(
+                "rollout.ignore_eos cannot end a model turn; turn it off for multi-turn rollouts"
+            )
+        process_fns = [name for name, fn, _ in reward_functions if is_process_reward(fn)]
+        if process_fns:
+            raise ConfigError(
+                f"the process rewards {process_fns} score steps of one completion's text; in multi-turn rollouts "
+                "the steps are the turns: return per-turn rewards from the environment (EnvStep.reward) instead"
+            )
+        self.cfg, self.algo, self.reward_functions = cfg, algo, reward_functions
+        self.tools = load_tools(list(r.tools))  # ToolDefinitionError before the model loads
+        self.parser = get_parser(r.tool_parser)
+        self.factory = load_environment(r.environment) if r.environment else None
+        self.runner = (
+            ToolRunner(
+                self.tools,
+                timeout_s=r.tool_timeout_s,
+                max_result_chars=r.max_tool_result_chars,
+                workers=r.tool_workers,
+            )
+            if self.tools
+            else None
+        )
+        self.max_episode_tokens = r.max_episode_tokens or r.max_turns * r.max_new_tokens
+        self.delta: ChatDelta | None = None
+        self._rounds: list[dict[str, float]] = []
+
+    def new_environment(self) -> Environment:
+        if self.factory is None:
+            return ToolEnvironment(
+                self.runner, self.parser, self.cfg.data.prompt_column, self.cfg.data.system_prompt
+            )
+        env = self.factory()
+        if not (callable(getattr(env, "reset", None)) and callable(getattr(env, "step", None))):
+            raise ConfigError(
+                f"rollout.environment={self.cfg.rollout.environment!r} made a {type(env).__name__} without "
+                "reset(row) and step(text) (grpokit.rollout.envs.Environment)"
+            )
+        return env
+
+    def check_tokenizer(self, tokenizer) -> None:
+        """Builds the chat-template delta: a template that cannot render the tools or turns is a ConfigError."""
+        if self.delta is None or self.delta.tokenizer is not tokenizer:
+            self.delta = ChatDelta(tokenizer, [t.schema for t in self.tools])
+
+    def rollout(
+        self, generator, model, tokenizer, rows: list[dict], *, seed: int, eos_token_ids: list[int]
+    ) -> EpisodeBatch:
+        """G episodes for each of ``rows`` (the per-rank share of the step's prompts)."""
+        r = self.cfg.rollout
+        self.check_tokenizer(tokenizer)
+        envs = [self.new_environment() for _ in range(len(rows) * r.group_size)]
+        batch = run_episodes(
+            generator, model, tokenizer, self.delta, envs, rows,
+            group_size=r.group_size, max_turns=r.max_turns, max_new_tokens=r.max_new_tokens,
+            max_episode_tokens=self.max_episode_tokens, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
+            eos_token_ids=eos_token_ids, pad_token_id=tokenizer.pad_token_id, seed=seed, threads=r.tool_workers,
+        )  # fmt: skip
+        self._rounds.append(batch.metrics)
+        return batch
+
+    def score(
+        self, batch: EpisodeBatch, rows: list[dict], rewards, tokenizer, trainer_state, step: int
+    ) -> ScoredBatch:
+        """Reward functions over whole transcripts (see the module docstring) -> the step's ScoredBatch."""
+        cfg = self.cfg
+        episodes = batch.episodes
+        per_episode_rows = [row for row in rows for _ in range(len(episodes) // len(rows))]
+        columns = reward_columns(per_episode_rows, cfg.data.prompt_column)
+        columns["completion_ids"] = batch.rollout.completion_token_ids()  # the model's own ids
+        columns["turn_rewards"] = [list(ep.turn_rewards) for ep in episodes]
+        columns["trainer_state"] = trainer_state
+        prompts = [ep.messages[: ep.n_first] for ep in episodes]
+        completions = [ep.completion for ep in episodes]
+        result = rewards(prompts, completions, columns)
+        problem = result.failure(cfg.train.max_reward_failure_frac, prompts, completions)
+        if problem:
+            raise TrainingError(
+                f"step {step + 1}: {problem}\nFix the reward function (or the data it reads). "
+                f"train.max_reward_failure_frac={cfg.train.max_reward_failure_frac:g} is the share of "
+                "a step's completions a function may fail on and still count 0 there."
+            )
+        r = batch.rollout
+        texts = [  # what logs and sample files show: the whole transcript after the prompt, markers included
+            tokenizer.decode(ids[mask.bool()].tolist(), skip_special_tokens=False)
+            for ids, mask in zip(r.completion_ids.cpu(), r.attention_mask.cpu())
+        ]
+        step_rewards = None
+        estimator = ADVANTAGE_ALIASES.get(self.algo.advantage.estimator, self.algo.advantage.estimator)
+        if estimator in PROCESS_ADVANTAGES:
+            outcome = result.total if any(w != 0 for _, _, w in self.reward_functions) else None
+            step_rewards = episode_step_rewards(episodes, outcome)
+        return ScoredBatch(
+            rollout=r,
+            rows=per_episode_rows,
+            texts=texts,
+            rewards=torch.tensor(result.total, dtype=torch.float32),
+            per_function=result.per_function,
+            reward_metrics=result.metrics(),
+            extra={k: v for k, v in result.extra.items() if len(v) == len(texts)},
+            step_rewards=step_rewards,
+        )
+
+    def evaluate(
+        self, generator, model, tokenizer, rows: list[dict], accuracy_fn, *, eos_token_ids: list[int],
+        seed: int = 0, examples: list[dict] | None = None, batch_prompts: int = 64,
+    ) -> dict[str, float]:  # fmt: skip
+        """Held-out greedy episodes (one per row) scored by ``accuracy_fn`` on the transcript: accuracy (share
+        scoring 1), greedy_score, completion_len/mean (the model's tokens), turns and tool calls per episode.
+        Sampled mean/pass/maj@k are single-turn only (grpokit.rollout.evaluate) and not computed here."""
+        from grpokit.rewards import RewardRunner, TrainerState
+
+        runner = RewardRunner([("accuracy", accuracy_fn, 1.0)])
+        r = self.cfg.rollout
+        self.check_tokenizer(tokenizer)
+        scores, lengths, turns, calls = [], [], [], []
+        for start in range(0, len(rows), batch_prompts):
+            part = rows[start : start + batch_prompts]
+            batch = run_episodes(
+                generator, model, tokenizer, self.delta, [self.new_environment() for _ in part], part,
+                group_size=1, max_turns=r.max_turns, max_new_tokens=r.max_new_tokens,
+                max_episode_tokens=self.max_episode_tokens, temperature=0.0, eos_token_ids=eos_token_ids,
+                pad_token_id=tokenizer.pad_token_id, seed=seed + start,
+            )  # fmt: skip
+            columns = reward_columns(part, self.cfg.data.prompt_column)
+            columns["completion_ids"] = batch.rollout.completion_token_ids()
+            columns["turn_rewards"] = [list(ep.turn_rewards) for ep in batch.episodes]
+            columns["trainer_state"] = TrainerState()
+            prompts = [ep.messages[: ep.n_first] for ep in batch.episodes]
+            completions = [ep.completion for ep in batch.episodes]
+            result = runner(prompts, completions, columns)
+            problem = result.failure(1.0, prompts, completions)
+            if problem:
+                raise ValueError(f"evaluation: {problem}")
+            values = [float(v) if v is not None else 0.0 for v in result.per_function["accuracy"]]
+            if examples is not None and not examples:
+                examples.append(
+                    {
+                        "prompt": part[0][self.cfg.data.prompt_column],
+                        "completion": str(completions[0]),
+                        "score": values[0],
+                    }
+                )
+            scores += values
+            lengths += batch.rollout.completion_lengths.tolist()
+            turns += [len(ep.turn_ends) for ep in batch.episodes]
+            calls += [ep.tool_calls for ep in batch.episodes]
+        runner.close()
+        n = max(1, len(scores))
+        return {
+            "accuracy": sum(s >= 1.0 - 1e-6 for s in scores) / n,
+            "greedy_score": sum(scores) / n,
+            "completion_len/mean": sum(lengths) / n,
+            "num_examples": float(len(rows)),
+            "episode/turns_mean": sum(turns) / n,
+            "tools/calls_per_episode": sum(calls) / n,
+        }
+
+    def take_metrics(self) -> dict[str, float]:
+        """The episode metrics of the rollouts since the last call: counts and seconds summed over the
+        sampling rounds, the rest averaged."""
+        rounds, self._rounds = self._rounds, []
+        if not rounds:
+            return {}
+        return {key: sum(m[key] for m in rounds) / (1 if key in SUMMED else len(rounds)) for key in rounds[0]}
+
+    def close(self) -> None:
+        if self.runner is not None:
+            self.runner.close()
+
+
+__all__ = ["EpisodeSampler", "ToolDefinitionError", "load_environment", "multi_turn", "name_callables"]

@@ -1,0 +1,534 @@
+"""Data-parallel training under ``torchrun``: one process per device, ``torch.distributed`` between them.
+
+    torchrun --nproc_per_node=N -m grpokit train cfg.yaml
+
+Without torchrun (WORLD_SIZE unset or 1) ``Distributed()`` is a no-op whose helpers return their input,
+so the trainer calls them unconditionally. Under torchrun:
+
+- backend: NCCL when CUDA is available (device ``cuda:LOCAL_RANK``), gloo on CPU.
+- each rank samples ``rollout.prompts_per_step / N`` prompts: its contiguous slice of the step's global
+  take from the (seeded, identical on every rank) PromptStream, whole groups only, with its own sampling
+  seed (``rank_seed``); under dynamic sampling every rank fills its own share and the rounds end when all
+  ranks are full (``all_true``), so all ranks run the same number of rounds.
+- the loss normaliser (num_sequences, num_tokens) is the global mini-batch's: num_tokens is all-reduced,
+  num_sequences is local rows x N. DDP and FSDP *average* gradients over ranks, so each rank's loss is
+  multiplied by N before backward: sum_r(N * L_r) / N = sum_r L_r, the single-process loss of the global
+  batch. Example, token-mean on 2 ranks: rank 0 holds 30 loss tokens whose losses sum to 6, rank 1 holds
+  20 summing to 4; one process: (6 + 4) / 50 = 0.2. Each rank divides by the all-reduced 50: 0.12 and
+  0.08, times N = 2: 0.24 and 0.16, averaged by DDP/FSDP: 0.2. Micro-batch counts are equal on all ranks (the longest row is all-reduced), so every rank runs
+  the same collectives. Clipping uses the global norm; a non-finite loss still runs its backward so the
+  global norm is NaN on every rank and the step is skipped everywhere.
+- strategy (train.distributed): ``fsdp`` shards the policy (each decoder layer, then the rest) and the
+  reference with FSDP2 ``fully_shard``; ``ddp`` replicates them (DistributedDataParallel). ``auto``: ddp
+  with LoRA (the adapter is tiny and the base must be whole for generation anyway), fsdp otherwise.
+  The trainer's log-prob function (grpokit.model.logprobs.completion_logprobs) calls the decoder and LM head
+  directly, so it runs inside a root module (``PolicyForward``) that FSDP/DDP wrap: their hooks fire.
+- generation under fsdp: a full, unsharded copy of the policy is kept for sampling and evaluation; its
+  trainable parameters are gathered from the shards once per optimizer step (``generation_model``), so
+  decoding runs with no collective at all (ranks may stop at different lengths). Cost: one extra full
+  copy of the weights per rank, and one all-gather of the trainable weights per step.
+- rank 0 alone writes (``main_only``, ``on_main``); checkpoints are consolidated on rank 0 (full model
+  state dict -> ``save_pretrained``; full optimizer state dict) with every rank's RNG state, and can be
+  resumed at the same world size only (refused otherwise, naming both sizes).
+- refused before joining, with the numbers: prompts_per_step not divisible by N or smaller than N,
+  model.device=cuda:K (each rank takes cuda:LOCAL_RANK), float16 loss scaling under fsdp.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import copy
+import functools
+import inspect
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from grpokit.core.errors import ConfigError
+
+STRATEGIES = ("auto", "fsdp", "ddp")
+GROUP_LOCAL_ADVANTAGES = ("group_std", "group_centre", "leave_one_out", "process_group")
+"""Estimators that read one group at a time: exact on each rank's whole groups. Any other (batch std,
+whitening over the batch, your own) is computed on the gathered global batch (``advantages``)."""
+_SEED_STRIDE = 506_952_113  # rank r samples with seed + r * this (mod 2**31): far apart, rank 0 unchanged
+
+
+class PolicyForward(nn.Module):
+    """A root module whose forward is ``fn(policy, ...)``: FSDP/DDP hook into it. fn: the log-prob function
+    of the trainer (default grpokit.model.logprobs.completion_logprobs; SFT's token_logprobs)."""
+
+    def __init__(self, policy: nn.Module, fn: Callable[..., Any] | None = None):
+        super().__init__()
+        self.policy = policy
+        self.fn = fn
+
+    def forward(self, *args, **kwargs):
+        from grpokit.model.logprobs import completion_logprobs
+
+        out = (self.fn or completion_logprobs)(self.policy, *args, **kwargs)
+        # FSDP2 hooks the backward onto the outputs: give it tensors of their own, not views
+        if isinstance(out, torch.Tensor):
+            return out.clone() if out._is_view() else out
+        return tuple(t.clone() if t is not None and t._is_view() else t for t in out)
+
+
+class NullLogger:
+    """RunLogger's stand-in on ranks other than 0: every call does nothing."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def __enter__(self) -> NullLogger:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+    def __getattr__(self, name: str) -> Callable[..., None]:
+        return lambda *args, **kwargs: None
+
+
+def resolve_strategy(setting: str, lora: bool) -> str:
+    """auto -> ddp with LoRA, fsdp otherwise; fsdp and ddp as given."""
+    if setting not in STRATEGIES:
+        raise ConfigError(f"train.distributed={setting!r} is not one of {list(STRATEGIES)}")
+    if setting == "auto":
+        return "ddp" if lora else "fsdp"
+    return setting
+
+
+def check_launch(world: int, prompts_per_step: int, key: str = "rollout.prompts_per_step") -> None:
+    """A clear error for a world size the step's prompts (``key``: SFT's sft.batch_size examples) cannot be
+    split over (whole groups per rank)."""
+    if world > prompts_per_step:
+        raise ConfigError(
+            f"torchrun started {world} processes but {key}={prompts_per_step}: each rank "
+            f"needs at least one prompt (group). Raise {key} to a multiple of {world} or "
+            f"start fewer processes (--nproc_per_node)."
+        )
+    if prompts_per_step % world:
+        raise ConfigError(
+            f"{key}={prompts_per_step} is not divisible by the world size {world}: each "
+            f"rank takes whole groups, the same number each. Use a multiple of {world} (e.g. "
+            f"{(prompts_per_step // world + 1) * world}) or another number of processes."
+        )
+
+
+@contextlib.contextmanager
+def node_lock(path: Path) -> Iterator[None]:
+    """Under torchrun the processes of a node run the block one at a time (an flock on ``path``), so that
+    one builds a cached file (the demo's warm start) and the others find it; alone, no lock."""
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        yield
+        return
+    import fcntl
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+class Distributed:
+    """The trainer's view of the process group; ``Distributed()`` (one process) makes every helper a no-op."""
+
+    def __init__(
+        self, world: int = 1, rank: int = 0, device: torch.device | None = None, strategy: str = "none"
+    ):
+        self.world, self.rank, self.strategy = world, rank, strategy
+        self.device = device or torch.device("cpu")  # where collectives' tensors live (NCCL: the GPU)
+        self._forward: dict[int, nn.Module] = {}  # id(model) -> its FSDP/DDP root (PolicyForward)
+        self._gen: nn.Module | None = None  # fsdp: the unsharded copy used for sampling
+        self._gen_version: Any = None
+        self._view: tuple[Any, Any] | None = None  # (local batch, its global view), see global_view
+
+    @classmethod
+    def from_env(cls, cfg, batch_size: int | None = None) -> Distributed:
+        """Join the process group torchrun describes (WORLD_SIZE, RANK, LOCAL_RANK, MASTER_ADDR/PORT);
+        ``Distributed()`` when there is none. NCCL on CUDA (device cuda:LOCAL_RANK), gloo otherwise.
+        batch_size: the step's examples split over ranks (SFT's sft.batch_size), else the step's prompts."""
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        if world <= 1:
+            return cls()
+        if batch_size is None:
+            check_launch(world, cfg.rollout.prompts_per_step)
+        else:
+            check_launch(world, batch_size, "sft.batch_size")
+        strategy = resolve_strategy(cfg.train.distributed, cfg.lora.enabled)
+        fp16 = cfg.optim.precision == "fp16_mixed" or (
+            cfg.optim.precision == "auto" and cfg.model.dtype == "float16"
+        )
+        if strategy == "fsdp" and fp16:
+            raise ConfigError(
+                "float16 loss scaling (optim.precision=fp16_mixed, or model.dtype=float16) is not supported "
+                "with train.distributed=fsdp: use optim.precision=bf16_mixed or bf16_kahan, or "
+                "train.distributed=ddp."
+            )
+        if cfg.model.device.startswith("cuda:"):
+            raise ConfigError(
+                f"model.device={cfg.model.device!r} under torchrun would put every rank on one GPU: each rank "
+                "uses cuda:LOCAL_RANK, so set model.device=auto (or cuda); pick GPUs with CUDA_VISIBLE_DEVICES."
+            )
+        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        cuda = torch.cuda.is_available() and cfg.model.device != "cpu"
+        if cuda:
+            torch.cuda.set_device(local_rank)  # "cuda" means this rank's GPU from here on
+        if not dist.is_initialized():
+            dist.init_process_group("nccl" if cuda else "gloo")
+            atexit.register(lambda: dist.is_initialized() and dist.destroy_process_group())
+        if dist.get_world_size() != world:
+            raise ConfigError(f"WORLD_SIZE={world} but the process group has {dist.get_world_size()} ranks")
+        device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
+        return cls(world, dist.get_rank(), device, strategy)
+
+    @property
+    def active(self) -> bool:
+        return self.world > 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    # ------------------------------------------------------------------ collectives (no-ops alone)
+
+    def sum(self, t: torch.Tensor) -> torch.Tensor:
+        """``t`` summed over ranks (a new tensor on the collective device)."""
+        if not self.active:
+            return t
+        t = t.detach().to(self.device, copy=True)
+        dist.all_reduce(t)
+        return t
+
+    def max_int(self, value: int) -> int:
+        if not self.active:
+            return value
+        t = torch.tensor([value], device=self.device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return int(t)
+
+    def all_true(self, flag: bool) -> bool:
+        if not self.active:
+            return flag
+        t = torch.tensor([int(flag)], device=self.device)
+        dist.all_reduce(t, op=dist.ReduceOp.MIN)
+        return bool(t)
+
+    def gather(self, obj: Any) -> list[Any]:
+        """Every rank's ``obj`` (picklable), in rank order, on every rank."""
+        if not self.active:
+            return [obj]
+        out: list[Any] = [None] * self.world
+        dist.all_gather_object(out, obj)
+        return out
+
+    def agree(self, value: Any) -> Any:
+        """The first non-None ``value`` over ranks (e.g. a signal one rank caught), the same on all."""
+        if not self.active:
+            return value
+        return next((v for v in self.gather(value) if v is not None), None)
+
+    def barrier(self) -> None:
+        if self.active:
+            dist.barrier()
+
+    def on_main(self, fn: Callable[[], Any]) -> None:
+        """Run ``fn`` on rank 0 only; the others wait for it."""
+        if self.is_main:
+            fn()
+        self.barrier()
+
+    def main_only(self, cls: type) -> type:
+        """``cls`` on rank 0, NullLogger elsewhere: only rank 0 writes logs and metrics."""
+        return cls if self.is_main else NullLogger
+
+    # ------------------------------------------------------------------ splitting the work
+
+    def my_share(self, items: list) -> list:
+        """This rank's contiguous slice of ``items`` (len divisible by the world size)."""
+        n = len(items) // self.world
+        return items[self.rank * n : (self.rank + 1) * n]
+
+    def rank_seed(self, seed: int) -> int:
+        """This rank's sampling seed: ranks draw independent samples (rank 0 keeps ``seed``)."""
+        return (seed + self.rank * _SEED_STRIDE) % 2**31
+
+    # ------------------------------------------------------------------ wrapping the models
+
+    def wrap(self, model: nn.Module, ref_model: nn.Module | None, resume_from=None, forward=None) -> None:
+        """Shard (fsdp) or replicate (ddp) the policy and the reference. A checkpoint to resume from is
+        loaded into the whole model first (consolidated weights, any strategy). ``forward``: the log-prob
+        function the root module runs (default completion_logprobs)."""
+        if not self.active:
+            return
+        if resume_from is not None:
+            from grpokit.model.checkpoint import load_weights_into
+
+            load_weights_into(model, resume_from)
+        if self.strategy == "fsdp":
+            self._gen = copy.deepcopy(model).requires_grad_(False).eval()
+            self._forward[id(model)] = self._fully_shard(model, forward)
+            if ref_model is not None:
+                self._forward[id(ref_model)] = self._fully_shard(ref_model, forward)
+        else:
+            from torch.nn.parallel import DistributedDataParallel
+
+            ids = [self.device.index] if self.device.type == "cuda" else None
+            # buffers (RoPE's inv_freq) are the same on every rank: no broadcast before each forward
+            quiet = "forward_sync_buffers" in inspect.signature(DistributedDataParallel).parameters
+            sync = {"forward_sync_buffers": False} if quiet else {"broadcast_buffers": False}
+            root = PolicyForward(model, forward)
+            self._forward[id(model)] = DistributedDataParallel(root, device_ids=ids, **sync)
+        self.barrier()  # no rank starts writing before every rank has checked the output folder
+
+    @staticmethod
+    def _fully_shard(model: nn.Module, forward=None) -> nn.Module:
+        try:
+            from torch.distributed.fsdp import fully_shard
+        except ImportError:  # torch < 2.6
+            from torch.distributed._composable.fsdp import fully_shard
+
+        from grpokit.model.logprobs import base_model
+
+        layers = getattr(base_model(model).get_decoder(), "layers", None) or []
+        for layer in layers:
+            fully_shard(layer)
+        return fully_shard(PolicyForward(model, forward))  # embeddings, final norm, (tied) LM head: the root group
+
+    def logprobs_fn(self, model: nn.Module, fn: Callable[..., Any] | None = None) -> Callable[..., Any]:
+        """``fn`` (default completion_logprobs; the one given to wrap) bound to ``model``, through its
+        FSDP/DDP root when it has one."""
+        wrapped = self._forward.get(id(model))
+        if wrapped is not None:
+            return wrapped
+        from grpokit.model.logprobs import completion_logprobs
+
+        return functools.partial(fn or completion_logprobs, model)
+
+    @torch.no_grad()
+    def generation_model(self, model: nn.Module, version: Any) -> nn.Module:
+        """The model to sample from: ``model`` itself, or under fsdp the unsharded copy, its trainable
+        weights gathered from the shards when ``version`` (the trainer's step) changed."""
+        if self._gen is None:
+            return model
+        if version != self._gen_version:
+            for (name, p), (gen_name, g) in zip(model.named_parameters(), self._gen.named_parameters()):
+                if p.requires_grad:  # frozen weights never change: copied once, at wrap()
+                    assert name == gen_name, (name, gen_name)
+                    g.copy_(p.full_tensor() if hasattr(p, "full_tensor") else p)
+            self._gen_version = version
+        return self._gen
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def full_state(self, model: nn.Module) -> dict[str, torch.Tensor] | None:
+        """Consolidated weights for ``save_pretrained`` on rank 0 (every rank must call); None alone."""
+        if not self.active:
+            return None
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        if self.strategy == "ddp":
+            return {k: v.detach().cpu() for k, v in model.state_dict().items()} if self.is_main else {}
+        return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+    def optimizer_state(self, model: nn.Module, optimizer) -> dict[str, Any]:
+        """The optimizer's state dict: consolidated on rank 0 under torchrun (every rank must call)."""
+        if not self.active:
+            return optimizer.state_dict()
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        return get_optimizer_state_dict(model, optimizer, options=options)
+
+    def load_optimizer(self, model: nn.Module, optimizer, state: dict[str, Any]) -> None:
+        if not self.active:
+            optimizer.load_state_dict(state)
+            return
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+        set_optimizer_state_dict(model, optimizer, state, options=StateDictOptions(full_state_dict=True))
+
+    def rng_states(self) -> list[dict[str, Any]] | None:
+        """Every rank's RNG state (saved by rank 0), None alone."""
+        if not self.active:
+            return None
+        from grpokit.model.checkpoint import rng_state
+
+        return self.gather(rng_state())
+
+    def my_rng(self, state: dict[str, Any]) -> dict[str, Any]:
+        ranks = state.get("rng_ranks")
+        return ranks[self.rank] if ranks else state["rng"]
+
+    def check_resume(self, state: dict[str, Any], path) -> None:
+        """Refuse a checkpoint written at another world size, naming both."""
+        saved = int(state.get("world_size") or 1)
+        if saved != self.world:
+            raise ConfigError(
+                f"--resume: {path} was written by a run of {saved} process(es) and this run has "
+                f"{self.world}. Resume with the same number (torchrun --nproc_per_node={saved}, or no "
+                "torchrun for 1): each rank's sampling seed and share of the prompts depend on it. To go "
+                "on at another size, start a new run from the checkpoint's weights "
+                f"(model.name_or_path={path})."
+            )
+
+    def advantages(self, fn: Callable[..., torch.Tensor], rewards, group_size: int, algo, **inputs):
+        """``fn(rewards, group_size, algo, **inputs)`` (compute_advantages) as one process would compute
+        it: a group-local estimator on this rank's groups; any other on every rank's rows gathered (the
+        (N, L) inputs padded to the longest), returning this rank's rows. (N,) or (N, L)."""
+        from grpokit.algos import ADVANTAGE_ALIASES
+
+        name = algo.advantage.estimator
+        if not self.active or ADVANTAGE_ALIASES.get(name, name) in GROUP_LOCAL_ADVANTAGES:
+            return fn(rewards, group_size, algo, **inputs)
+        n, device = rewards.shape[0], rewards.device
+        rowwise = {k: v for k, v in inputs.items() if isinstance(v, (torch.Tensor, list)) and len(v) == n}
+        parts = self.gather(
+            {k: v.cpu() if isinstance(v, torch.Tensor) else v for k, v in {**rowwise, "r": rewards}.items()}
+        )
+
+        def joined(key: str):
+            values = [p[key] for p in parts]
+            if not isinstance(values[0], torch.Tensor):
+                return [x for v in values for x in v]
+            if values[0].dim() == 2:
+                width = max(v.shape[1] for v in values)
+                values = [torch.nn.functional.pad(v, (0, width - v.shape[1])) for v in values]
+            return torch.cat(values).to(device)
+
+        full = fn(joined("r"), group_size, algo, **{**inputs, **{k: joined(k) for k in rowwise}})
+        mine = full[self.rank * n : (self.rank + 1) * n]  # (n,) or (n, L_global)
+        width = inputs["completion_mask"].shape[1] if inputs.get("completion_mask") is not None else None
+        return mine[:, :width] if mine.dim() == 2 and width is not None else mine
+
+    # ------------------------------------------------------------------ global metrics
+
+    def global_view(self, batch):
+        """The step's batch as one process would see it, for metrics and the reward-spread checks: every
+        rank's rows, texts, rewards and completion lengths (prompt and token tensors are left out)."""
+        if not self.active:
+            return batch
+        if self._view is not None and self._view[0] is batch:
+            return self._view[1]
+        from grpokit.rollout.batch import ScoredBatch, batch_reward_metrics
+        from grpokit.rollout.generation import Rollout
+
+        r = batch.rollout
+        parts = self.gather(
+            {
+                "rows": batch.rows,
+                "texts": batch.texts,
+                "rewards": batch.rewards.cpu(),
+                "per_function": batch.per_function,
+                "reward_metrics": batch.reward_metrics,
+                "lengths": r.completion_mask.sum(1).cpu(),
+                "truncated": r.truncated.cpu(),
+                "step_rewards": batch.step_rewards,
+            }
+        )
+        lengths = torch.cat([p["lengths"] for p in parts])  # (N,)
+        N, L = len(lengths), max(1, int(lengths.max()))
+        mask = (torch.arange(L)[None, :] < lengths[:, None]).long()  # (N, L): the mask is a prefix
+        zeros = torch.zeros(N, 1, dtype=torch.long)
+        view = ScoredBatch(
+            rollout=Rollout(
+                prompt_ids=zeros,
+                prompt_mask=zeros,
+                completion_ids=torch.zeros(N, L, dtype=torch.long),
+                completion_mask=mask,
+                logprobs=torch.zeros(N, L),
+                truncated=torch.cat([p["truncated"] for p in parts]),
+            ),
+            rows=[row for p in parts for row in p["rows"]],
+            texts=[t for p in parts for t in p["texts"]],
+            rewards=torch.cat([p["rewards"] for p in parts]),
+            per_function={k: [v for p in parts for v in p["per_function"][k]] for k in batch.per_function},
+            reward_metrics={},
+            step_rewards=None if batch.step_rewards is None else [s for p in parts for s in p["step_rewards"]],
+        )
+        # counters add up over ranks, means and stds are recomputed over the global rows
+        view.reward_metrics = batch_reward_metrics(view, [p["reward_metrics"] for p in parts])
+        self._view = (batch, view)
+        return view
+
+    def step_metrics(
+        self, batch, advantages, update_metrics, sampling, accuracy_name: str
+    ) -> dict[str, float]:
+        """grpokit.rollout.batch.step_metrics over the global batch (every rank gets the same numbers)."""
+        from grpokit.rollout.batch import step_metrics
+
+        if not self.active:
+            return step_metrics(batch, advantages, update_metrics, sampling, accuracy_name)
+        view = self.global_view(batch)
+        if advantages.dim() == 2:  # per token: over generated tokens
+            gen = batch.rollout.completion_mask.to(advantages.device).bool()
+            local = [float(advantages[gen].abs().sum()), float(gen.sum())]
+        else:
+            local = [float(advantages.abs().sum()), float(advantages.numel())]
+        parts = self.gather((local, sampling))
+        abs_sum, count = sum(p[0][0] for p in parts), sum(p[0][1] for p in parts)
+        samplings = [p[1] for p in parts]
+        merged = dict(sampling)
+        merged["zero_variance_frac"] = sum(s["zero_variance_frac"] for s in samplings) / self.world
+        if "dynamic_sampling/discarded_groups" in sampling:
+            counts = [s["dynamic_sampling/discarded_groups"] for s in samplings]
+            merged["dynamic_sampling/discarded_groups"] = float(sum(counts))
+            means = [(s["dynamic_sampling/discarded_reward_mean"], c) for s, c in zip(samplings, counts) if c]
+            merged.pop("dynamic_sampling/discarded_reward_mean", None)
+            if means:
+                merged["dynamic_sampling/discarded_reward_mean"] = sum(m * c for m, c in means) / sum(counts)
+        flat_adv = torch.full((1,), abs_sum / max(count, 1.0))  # its abs().mean() is the global mean
+        return step_metrics(view, flat_adv, update_metrics, merged, accuracy_name)
+
+    def reduce_update_stats(self, stats) -> None:
+        """Sum an UpdateStats' sums over ranks (in place): its metrics() are then the global batch's."""
+        if not self.active:
+            return
+        parts = self.gather(
+            (
+                stats.weighted,
+                stats.weight,
+                stats.loss_sum,
+                stats.sample_diff_sum,
+                stats.sample_diff_max,
+                stats.sample_tokens,
+                stats.entropy_sum,
+                stats.entropy_tokens,
+            )
+        )
+        stats.weighted = {k: sum(p[0].get(k, 0.0) for p in parts) for k in stats.weighted}
+        stats.weight, stats.loss_sum = sum(p[1] for p in parts), sum(p[2] for p in parts)
+        stats.sample_diff_sum, stats.sample_diff_max = sum(p[3] for p in parts), max(p[4] for p in parts)
+        stats.sample_tokens = sum(p[5] for p in parts)
+        stats.entropy_sum, stats.entropy_tokens = sum(p[6] for p in parts), sum(p[7] for p in parts)
+
+    def finish_metrics(self, metrics: dict[str, float]) -> None:
+        """Throughput and tool counts summed over ranks, peak memory, times and episode/turns_max the
+        largest rank's, the other episode numbers (per-episode means; every rank has as many episodes)
+        averaged over ranks (in place)."""
+        if not self.active:
+            return
+        summed = ("tokens_per_s", "tools/calls", "tools/errors", "tools/timeouts")
+        parts = self.gather(
+            {
+                k: v
+                for k, v in metrics.items()
+                if k in ("tokens_per_s", "peak_memory_mb") or k.startswith(("time/", "episode/", "tools/"))
+            }
+        )
+        for key in parts[0]:
+            values = [p[key] for p in parts]
+            if key in summed:
+                metrics[key] = sum(values)
+            elif key.startswith(("episode/", "tools/")) and key != "episode/turns_max":
+                metrics[key] = sum(values) / len(values)
+            else:
+                metrics[key] = max(values)

@@ -1,0 +1,264 @@
+"""The Learner: one model being trained, and everything that steps it. Any trainer composes one (GRPO's
+policy, PPO's critic, supervised fine-tuning); it knows nothing of rollouts, rewards or which loss.
+
+Owns: the model (loaded by ``load_model``: weights in the precision mode's dtype), its ``precision`` mode,
+``optimizer``, learning-rate ``scheduler`` (grpokit.train.schedules: warm-up, then constant, cosine or linear;
+``lr_factor(step)`` is its factor), float16 loss ``scaler``
+(else None), and ``micro`` (rows per micro-batch: a fixed number, or auto, halved after a CUDA
+out-of-memory error; one ``MicroBatchSize`` may be shared by several learners, as the policy and the
+critic share it). Reads: ``dist`` (grpokit.train.distributed) for gradient averaging and the global norm.
+
+    learner = Learner(model, precision, device, cfg.optim, dist, total_steps=cfg.train.steps)
+    grad_norm, stats = learner.step(lengths, split, loss_fn, normaliser)   # one optimizer step, any loss
+        lengths (B,)           real tokens per row of the batch (sizes the micro-batches under auto)
+        split(rows)            the batch's micro-batches of at most ``rows`` rows each (re-split after an OOM)
+        loss_fn(model, micro)  (loss_sum, stats): the micro-batch's summed loss (0-d, with grad), a dict
+        normaliser             the whole batch's divisor (e.g. its token count; under torchrun all ranks')
+    The gradient is that of  sum_micro loss_sum / normaliser , so how the batch is split never changes it.
+    grad_norm is None when a NaN/inf loss or gradient skipped the step.
+
+Lower level, for losses that normalise themselves (the policy-gradient update, grpokit.train.update):
+``learner.run_micro(fn, lengths)`` (``fn(rows)`` retried with fewer rows after an OOM), ``learner.backward(loss)``, ``learner.clip_and_step(finite,
+step)``; for checkpoints ``learner.state()`` / ``learner.load_state(state, weights_from)``.
+"""
+
+from __future__ import annotations
+
+import functools
+import resource
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from grpokit.config.schema import Config, OptimConfig
+from grpokit.core.errors import TrainingError
+from grpokit.core.notices import Notices
+from grpokit.model.checkpoint import load_weights_into
+from grpokit.model.loading import load_policy, pick_device, prepare_policy
+from grpokit.model.precision import Precision, make_grad_scaler, make_optimizer, resolve_precision
+from grpokit.train.distributed import Distributed
+from grpokit.train.schedules import lr_factor, warmup_steps
+
+AUTO_MICRO_TOKENS = 4096
+"""optim.micro_batch_size=auto off CUDA: rows per micro-batch x longest row <= this many tokens."""
+
+
+def peak_memory_mb(device: torch.device) -> float:
+    """Peak memory of the run so far in MiB: allocated on the GPU, or the process's resident set."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
+
+
+def load_model(cfg: Config, model=None, tokenizer=None) -> tuple[Any, Any, Precision, torch.device]:
+    """(model, tokenizer, precision, device): cfg.model loaded (or the given model prepared) with its
+    parameters in the dtype the precision mode keeps weights in (grpokit.model.precision), LoRA applied."""
+    if model is None:
+        precision = resolve_precision(cfg.optim.precision, cfg.model.dtype, pick_device(cfg.model.device))
+        model, tokenizer, device = load_policy(cfg.model, cfg.lora, precision.weight_dtype)
+        return model, tokenizer, precision, device
+    device = next(model.parameters()).device
+    # with model.dtype and optim.precision both auto, the given model's dtype decides
+    given = str(next(model.parameters()).dtype).removeprefix("torch.")
+    auto = cfg.model.dtype == "auto" and cfg.optim.precision == "auto"
+    precision = resolve_precision(cfg.optim.precision, given if auto else cfg.model.dtype, device)
+    for p in model.parameters():  # parameters only: buffers such as RoPE's inv_freq stay float32
+        if p.is_floating_point():
+            p.data = p.data.to(precision.weight_dtype)
+    return prepare_policy(model, cfg.model, cfg.lora), tokenizer, precision, device
+
+
+def _lr_factor(step: int, *, schedule: str, warmup: int, total: int) -> float:
+    """grpokit.train.schedules.lr_factor as LambdaLR calls it (the step alone)."""
+    return lr_factor(step, schedule, warmup, total)
+
+
+class MicroBatchSize:
+    """Rows per micro-batch, and the retry after an out-of-memory error. ``setting``: optim.micro_batch_size
+    (a number, used as given, or "auto"). ``cap``: under auto on CUDA, the rows that last fitted (None until
+    an OOM); ``last``: the rows of the last pass that succeeded (the micro_batch_size metric)."""
+
+    def __init__(
+        self,
+        setting: int | str,
+        device: torch.device,
+        dist: Distributed,
+        say: Notices | None = None,
+        make_room: Callable[[], bool] | None = None,
+    ):
+        self.setting, self.device, self.dist = setting, device, dist
+        self.say = say or Notices()
+        self.make_room = make_room  # frees device memory held elsewhere (the sampler's KV cache); True if any
+        self.cap: int | None = None
+        self.last = 0
+
+    def rows(self, lengths: torch.Tensor) -> int:
+        """Rows per micro-batch for rows of ``lengths`` (real tokens each). auto: on CUDA every row at once
+        until an out-of-memory error halves it (remembered for the rest of the run); elsewhere as many rows
+        as fit AUTO_MICRO_TOKENS tokens (a CPU process cannot survive running out of memory to learn from it)."""
+        n = max(1, len(lengths))
+        if self.setting != "auto":
+            return int(self.setting)
+        if self.device.type == "cuda":
+            return min(n, self.cap or n)
+        longest = self.dist.max_int(int(lengths.max()) if len(lengths) else 1)  # equal micro counts on ranks
+        return max(1, min(n, AUTO_MICRO_TOKENS // max(1, longest)))
+
+    def run(self, fn: Callable[[int], Any], lengths: torch.Tensor, on_oom: Callable[[], None]) -> Any:
+        """``fn(rows)`` with rows = rows(lengths). After an out-of-memory error ``on_oom`` drops the partial
+        gradient; then, first, ``make_room`` frees what the sampler holds on the device and the same rows are
+        tried again; after that, under auto, half the rows. With a batch-wide loss normaliser the retried
+        gradient is the one the first try would have given."""
+        while True:
+            rows = self.rows(lengths)
+            try:
+                result = fn(rows)
+                self.last = rows
+                return result
+            except torch.cuda.OutOfMemoryError as e:
+                message = str(e).split(". ")[0]
+            # Outside the except block: the failed try's frames (its activations) are freed by now.
+            on_oom()
+            if self.make_room is not None and self.make_room():
+                torch.cuda.empty_cache()
+                self.say(f"out of GPU memory at {rows} rows per micro-batch: freed the sampler's KV cache, retrying")
+                continue
+            if self.setting != "auto" or rows == 1 or self.dist.active:
+                raise TrainingError(
+                    f"out of GPU memory with {rows} completions per micro-batch ({message}): lower "
+                    "optim.micro_batch_size, set it to auto, or turn on model.gradient_checkpointing"
+                )
+            torch.cuda.empty_cache()
+            self.cap = rows // 2
+            self.say(f"out of GPU memory at {rows} rows per micro-batch: retrying with {rows // 2} (auto)")
+
+
+class Learner:
+    """A model with its optimizer, schedule, loss scaler and micro-batching (see the module docstring)."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        precision: Precision,
+        device: torch.device,
+        optim: OptimConfig,
+        dist: Distributed | None = None,
+        *,
+        total_steps: int,
+        micro: MicroBatchSize | None = None,
+        say: Notices | None = None,
+        make_room: Callable[[], bool] | None = None,
+    ):
+        self.model, self.precision, self.device = model, precision, device
+        self.dist = dist or Distributed()
+        self.max_grad_norm = optim.max_grad_norm
+        self.say = say or Notices()
+        self.micro = micro or MicroBatchSize(optim.micro_batch_size, device, self.dist, self.say, make_room)
+        params = [p for p in model.parameters() if p.requires_grad]
+        self.optimizer = make_optimizer(params, precision, optim, device)
+        self.scaler = make_grad_scaler(precision, device)  # float16 loss scaling, else None
+        warmup = warmup_steps(total_steps, optim.warmup_steps, optim.warmup_ratio)
+        # step -> the learning rate's factor (grpokit.train.schedules), what the scheduler applies
+        self.lr_factor = functools.partial(
+            _lr_factor, schedule=optim.schedule, warmup=warmup, total=total_steps
+        )
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self.lr_factor)
+
+    # ----------------------------------------------------------------------------- one optimizer step
+
+    def step(
+        self,
+        lengths: torch.Tensor,
+        split: Callable[[int], Iterable[Any]],
+        loss_fn: Callable[[torch.nn.Module, Any], tuple[torch.Tensor, dict]],
+        normaliser: float | torch.Tensor,
+        *,
+        step: int = 0,
+    ) -> tuple[float | None, list[dict]]:
+        """One optimizer step on a batch: the gradient of sum_micro loss_sum / normaliser, accumulated over
+        ``split(rows)`` under the precision's autocast (retried with fewer rows after an OOM under auto),
+        then clipped and applied. Returns (grad norm or None when skipped, each micro-batch's stats)."""
+        self.model.train()
+
+        def accumulate(rows: int) -> tuple[list[dict], bool]:
+            self.optimizer.zero_grad(set_to_none=True)  # a retry starts afresh
+            stats: list[dict] = []
+            for micro in split(rows):
+                with self.precision.autocast(self.device):
+                    loss_sum, micro_stats = loss_fn(self.model, micro)
+                loss = loss_sum / normaliser
+                if not torch.isfinite(loss) and not self.dist.active:  # ranks: the global norm is NaN
+                    return stats, False
+                self.backward(loss)
+                stats.append(micro_stats)
+            return stats, True
+
+        stats, finite = self.run_micro(accumulate, lengths)
+        return self.clip_and_step(finite, step), stats
+
+    def run_micro(self, fn: Callable[[int], Any], lengths: torch.Tensor) -> Any:
+        """``fn(rows)`` sized by ``micro``; after an OOM this learner's partial gradient is dropped first."""
+        return self.micro.run(fn, lengths, on_oom=lambda: self.optimizer.zero_grad(set_to_none=True))
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """Backward of ``loss`` (already divided by the batch-wide normaliser). DDP/FSDP average gradients
+        over ranks, so it is multiplied by the world size first (N * mean = the sum); float16 scales it."""
+        scaled = loss * self.dist.world
+        (self.scaler.scale(scaled) if self.scaler is not None else scaled).backward()
+
+    def clip_and_step(self, finite: bool, step: int = 0, label: str = "update") -> float | None:
+        """Unscale (float16), clip to optim.max_grad_norm, check, step. A NaN/inf loss or gradient skips the
+        update instead of corrupting the weights; under loss scaling it also lowers the scale (GradScaler's
+        own rule). Returns the gradient norm, or None when skipped. ``step``: the run's step (messages)."""
+        optimizer, scaler = self.optimizer, self.scaler
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        if finite:
+            if scaler is not None:
+                scaler.unscale_(optimizer)
+            max_norm = self.max_grad_norm if self.max_grad_norm > 0 else float("inf")
+            norm = torch.nn.utils.clip_grad_norm_(params, max_norm)  # FSDP2: a DTensor, the global norm
+            norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+            finite = bool(torch.isfinite(norm))
+            if scaler is not None:
+                if finite:
+                    scaler.step(optimizer)
+                scaler.update()  # halves the scale after an overflow, grows it after a quiet stretch
+        if not finite:
+            optimizer.zero_grad(set_to_none=True)
+            if scaler is None:  # under loss scaling an overflow is routine: counted, not printed
+                self.say(f"step {step + 1}: non-finite loss or gradient, {label} skipped")
+            return None
+        if scaler is None:
+            optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return float(norm)
+
+    def metrics(self) -> dict[str, float]:
+        """lr, loss_scale (float16 only) and micro_batch_size (rows per micro-batch of the last pass)."""
+        out = {"lr": self.scheduler.get_last_lr()[0]}
+        if self.scaler is not None:
+            out["loss_scale"] = float(self.scaler.get_scale())
+        out["micro_batch_size"] = float(self.micro.last)
+        return out
+
+    # ----------------------------------------------------------------------------- checkpoints
+
+    def state(self) -> dict[str, Any]:
+        """optimizer (consolidated on rank 0 under torchrun), scheduler, scaler and precision states."""
+        return {
+            "optimizer": self.dist.optimizer_state(self.model, self.optimizer),
+            "scheduler": self.scheduler.state_dict(),
+            "scaler": self.scaler.state_dict() if self.scaler is not None else None,
+            "precision": self.precision.name,
+        }
+
+    def load_state(self, state: dict[str, Any], weights_from: Path | None = None) -> None:
+        """Restore ``state()`` (and the weights saved in ``weights_from``, a checkpoint folder, when given)."""
+        if weights_from is not None:
+            load_weights_into(self.model, weights_from)
+        self.dist.load_optimizer(self.model, self.optimizer, state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        if self.scaler is not None and state.get("scaler"):
+            self.scaler.load_state_dict(state["scaler"])

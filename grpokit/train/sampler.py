@@ -1,0 +1,298 @@
+"""The Sampler: a step's batch, P prompts -> G completions each (the policy's rollout) -> rewards, with DAPO's
+dynamic sampling, and the check that the batch has any reward spread to learn from.
+
+Owns: the training prompts (rows, their token ids, the seeded ``stream`` over them, which checkpoints
+save), the ``generator`` (grpokit.rollout.generation), the reward runner, and the spread check's memory
+(``flat_steps``, ``had_spread``, ``best_reward``). Reads the policy ``model`` to sample from (never trains it)
+and ``dist`` to split prompts over ranks. Nothing here computes a gradient.
+
+    sampler = Sampler(cfg, algo, model, tokenizer, train_rows, rewards, reward_names, dist=dist)
+    batch, timing, sampling = sampler.sample_batch(step)          # ScoredBatch, seconds, sampling metrics
+    stop = sampler.check_spread(batch, step)                      # why to stop early (solved), or None
+    rollout = sampler.rollout(prompt_ids, seed=s, step=step)      # the pieces, for other trainers
+    batch = sampler.score(rollout, rows, step=step)
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import torch
+
+from grpokit.config.schema import Config, DataConfig
+from grpokit.core.errors import FlatRewardsError, TrainingError
+from grpokit.core.notices import Notices
+from grpokit.data.prompts import reward_columns
+from grpokit.data.templates import encode_prompts
+from grpokit.model.loading import eos_token_ids
+from grpokit.rewards import RewardRunner, TrainerState, as_completions
+from grpokit.rewards.process import step_rewards_of
+from grpokit.rollout.batch import (
+    PromptStream,
+    ScoredBatch,
+    batch_reward_metrics,
+    concat_batches,
+    flat_groups,
+    flat_rewards_message,
+    step_seed,
+)
+from grpokit.rollout.episodes import EpisodeSampler
+from grpokit.rollout.generation import FastGenerator, HFGenerator, Rollout
+from grpokit.train.distributed import Distributed
+
+Score = Callable[[Rollout, list[dict]], ScoredBatch]
+
+
+def encode_rows(data: DataConfig, rows: list[dict], tokenizer) -> list[list[int]]:
+    """Token ids of each row's prompt under data.template; a prompt over data.max_prompt_tokens is an error
+    naming its row (grpokit.data.templates.encode_prompts)."""
+    return encode_prompts(
+        [row[data.prompt_column] for row in rows],
+        tokenizer,
+        template=data.template,
+        system_prompt=data.system_prompt,
+        max_prompt_tokens=data.max_prompt_tokens,
+        source=data.train or None,
+        chat_template_kwargs=data.chat_template_kwargs,
+    )
+
+
+class Sampler:
+    """Rollout, scoring, dynamic sampling and the spread check (see the module docstring)."""
+
+    def __init__(
+        self,
+        cfg: Config,
+        algo,
+        model: torch.nn.Module,
+        tokenizer,
+        train_rows: list[dict],
+        rewards: RewardRunner,
+        reward_names: list[str],
+        *,
+        dist: Distributed | None = None,
+        has_critic: bool = False,
+        episodes: EpisodeSampler | None = None,
+        encoded: list[list[int]] | None = None,
+        log_history: list[dict[str, float]] | None = None,
+        say: Notices | None = None,
+    ):
+        self.cfg, self.algo, self.model, self.tokenizer = cfg, algo, model, tokenizer
+        self.train_rows, self.rewards, self.reward_names = train_rows, rewards, reward_names
+        self.dist = dist or Distributed()
+        self.has_critic = has_critic
+        self.episodes = episodes  # multi-turn rollouts (grpokit.rollout.episodes), or None
+        self.log_history = (
+            log_history if log_history is not None else []
+        )  # the trainer's, read for TrainerState
+        self.say = say or Notices()
+        self.eos_ids = eos_token_ids(tokenizer, model)
+        # the prompts' token ids (given when already encoded, as the trainer does before the model loads)
+        self.encoded = encoded if encoded is not None else encode_rows(cfg.data, train_rows, tokenizer)
+        self.stream = PromptStream(list(range(len(train_rows))), cfg.train.seed, cfg.data.shuffle)
+        if cfg.rollout.engine == "fast":
+            self.generator = FastGenerator(kv_cache=cfg.rollout.kv_cache, cuda_graphs=cfg.rollout.cuda_graphs)
+        else:
+            self.generator = HFGenerator()
+        self.flat_steps = 0  # consecutive steps with no reward spread in any group
+        self.had_spread, self.best_reward = False, float("-inf")  # for telling "solved" from "stuck"
+
+    def sample_batch(
+        self, step: int, score: Score | None = None
+    ) -> tuple[ScoredBatch, dict[str, float], dict[str, float]]:
+        """P groups of G scored completions for the run's ``step``. With DAPO's dynamic sampling, groups whose
+        rewards all match are dropped and more prompts are sampled until P groups remain. ``score(rollout,
+        rows)``: how a round is scored (default ``self.score`` at this step)."""
+        score = score or (lambda rollout, rows: self.score(rollout, rows, step=step))
+        P, G = self.cfg.rollout.prompts_per_step // self.dist.world, self.cfg.rollout.group_size  # per rank
+        timing = {"generation": 0.0, "scoring": 0.0}
+        kept: list[ScoredBatch] = []
+        round_metrics: list[dict[str, float]] = []
+        discarded_rewards: list[torch.Tensor] = []
+        n_kept, rounds, zero_var_groups, total_groups = 0, 0, 0, 0
+        while True:
+            row_ids = self.dist.my_share(self.stream.take(P * self.dist.world))  # whole groups per rank
+            t = time.perf_counter()
+            # a pure function of (seed, step, round): resuming reproduces the same samples
+            seed = self.dist.rank_seed(step_seed(self.cfg.train.seed, step, rounds))  # torchrun: per rank
+            rows = [self.train_rows[i] for i in row_ids]
+            if self.episodes is not None:  # multi-turn (grpokit.rollout.episodes): episodes, scored whole
+                model = self.dist.generation_model(self.model, step)
+                self.model.eval()
+                episodes = self.episodes.rollout(
+                    self.generator, model, self.tokenizer, rows, seed=seed, eos_token_ids=self.eos_ids
+                )
+            else:
+                rollout = self.rollout([self.encoded[i] for i in row_ids], seed=seed, step=step)
+            timing["generation"] += time.perf_counter() - t
+            t = time.perf_counter()
+            if self.episodes is not None:
+                state = self._trainer_state(step)
+                scored = self.episodes.score(episodes, rows, self.rewards, self.tokenizer, state, step)
+            else:
+                scored = score(rollout, rows)
+            timing["scoring"] += time.perf_counter() - t
+            round_metrics.append(scored.reward_metrics)
+            spread = scored.rewards.view(P, G)
+            flat = flat_groups(scored.rewards, G, scored.step_rewards, scored.scored)  # (P,)
+            zero_var_groups += int(flat.sum())
+            total_groups += P
+            if not self.algo.batch.dynamic_sampling:
+                kept, n_kept = [scored], P
+                break
+            useful = [g for g in range(P) if not flat[g]][: P - n_kept]
+            discarded_rewards += [spread[g] for g in range(P) if g not in useful]
+            if useful:
+                kept.append(scored.select_groups(useful, G))
+                n_kept += len(useful)
+            if self.dist.all_true(n_kept == P):
+                break
+            rounds += 1
+            if rounds > self.algo.batch.max_sampling_rounds:
+                raise TrainingError(
+                    f"dynamic sampling: after {rounds} sampling rounds only {n_kept} of {P} groups had "
+                    "rewards that differ (all others were all-correct or all-wrong). Raise "
+                    "algo.max_sampling_rounds, use harder/easier prompts, or set algo.dynamic_sampling=false."
+                )
+        batch = concat_batches(kept, self.tokenizer.pad_token_id)
+        batch.reward_metrics = batch_reward_metrics(batch, round_metrics)
+        sampling = {
+            "zero_variance_frac": zero_var_groups / total_groups,
+            "sampling_rounds": float(rounds + 1),
+        }
+        if self.algo.batch.dynamic_sampling:
+            sampling["dynamic_sampling/discarded_groups"] = float(len(discarded_rewards))
+            if discarded_rewards:
+                sampling["dynamic_sampling/discarded_reward_mean"] = float(
+                    torch.cat(discarded_rewards).mean()
+                )
+        return batch, timing, sampling
+
+    def check_spread(self, batch: ScoredBatch, step: int) -> str | None:
+        """Warn at the first step in which no group has any reward spread (every advantage is 0, so the
+        step teaches nothing) and stop after train.stop_after_flat_steps of them in a row: FlatRewardsError
+        when stuck, or the reason to stop early (returned) when every completion earns the run's best."""
+        batch = self.dist.global_view(batch)  # torchrun: every rank's groups, so all ranks decide alike
+        best_before = self.best_reward
+        self.best_reward = max(self.best_reward, float(batch.rewards.max()))
+        flat = flat_groups(batch.rewards, self.cfg.rollout.group_size, batch.step_rewards, batch.scored)
+        if not bool(flat.all()):
+            self.flat_steps = 0
+            self.had_spread = True
+            return None
+        self.flat_steps += 1
+        limit = self.cfg.train.stop_after_flat_steps
+        message = flat_rewards_message(batch, self.cfg.data.prompt_column, self.reward_names)
+        rewards = batch.rewards
+        solved = self.had_spread and bool((rewards == rewards[0]).all()) and float(rewards[0]) >= best_before
+        stopped_early = None
+        if limit and self.flat_steps >= limit and solved:
+            # learnt, not stuck: every completion now earns the best reward the run has seen
+            stopped_early = (
+                f"stopped early at step {step + 1}: every completion scored {float(rewards[0]):g}, the "
+                f"best reward of the run, for {self.flat_steps} steps in a row: the training prompts are "
+                "solved and give no more signal (use harder prompts to go on; "
+                "train.stop_after_flat_steps=0 trains on regardless)."
+            )
+        # PPO's advantages come from its critic and KL too, so they are not 0: but the rewards teach nothing
+        no_signal = (
+            "the rewards said nothing about the task (PPO's advantages came from its critic and KL alone)"
+            if self.has_critic
+            else "every advantage was 0 and nothing was learnt"
+        )
+        if limit and self.flat_steps >= limit and not solved:
+            raise FlatRewardsError(
+                f"stopped at step {step + 1}: no group had any reward spread for {self.flat_steps} "
+                f"steps in a row, so {no_signal}. {message} "
+                "(train.stop_after_flat_steps=0 trains on regardless.)"
+            )
+        if self.flat_steps == 1:
+            warning = (
+                f"WARNING step {step + 1}: no group has any reward spread, so {no_signal}. "
+                f"{message} "
+                + (
+                    f"The run stops if this lasts {limit} steps (train.stop_after_flat_steps)."
+                    if limit
+                    else ""
+                )
+            )
+            self.say(warning)
+        return stopped_early
+
+    @torch.no_grad()
+    def rollout(
+        self,
+        prompt_ids: list[list[int]],
+        *,
+        seed: int,
+        step: int = 0,
+        group_size: int | None = None,
+        temperature=None,
+        max_new_tokens=None,
+    ) -> Rollout:
+        """G completions of each prompt (token ids), sampled from the policy as it is at ``step``."""
+        r = self.cfg.rollout
+        self.model.eval()
+        out = self.generator.generate(
+            self.dist.generation_model(self.model, step),
+            prompt_ids,
+            group_size=group_size or r.group_size,
+            max_new_tokens=max_new_tokens or r.max_new_tokens,
+            temperature=r.temperature if temperature is None else temperature,
+            top_p=r.top_p,
+            top_k=r.top_k,
+            eos_token_ids=self.eos_ids,
+            pad_token_id=self.tokenizer.pad_token_id,
+            seed=seed,
+            ignore_eos=r.ignore_eos,
+        )
+        return out
+
+    def episode_metrics(self) -> dict[str, float]:
+        """Multi-turn rollouts' metrics since the last call (episode/turns_mean, tools/calls...), else {}."""
+        return self.episodes.take_metrics() if self.episodes is not None else {}
+
+    def _trainer_state(self, step: int) -> TrainerState:
+        P = self.cfg.rollout.prompts_per_step
+        n = max(len(self.train_rows), 1)
+        return TrainerState(
+            global_step=step,
+            max_steps=self.cfg.train.steps,
+            epoch=step * P / n,
+            num_train_epochs=self.cfg.train.steps * P / n,
+            log_history=list(self.log_history),
+        )
+
+    def score(self, rollout: Rollout, rows: list[dict], *, step: int = 0) -> ScoredBatch:
+        """Run the reward functions on each completion; the group's prompt row gives the columns."""
+        G = rollout.completion_ids.shape[0] // len(rows)
+        per_completion_rows = [row for row in rows for _ in range(G)]
+        completion_ids = rollout.completion_token_ids()  # (N,) lists, EOS included, no padding
+        texts = rollout.decode(self.tokenizer)  # (N,) what the reward functions read
+        columns = reward_columns(per_completion_rows, self.cfg.data.prompt_column)
+        columns["completion_ids"] = completion_ids
+        columns["trainer_state"] = self._trainer_state(step)
+        prompts = [row[self.cfg.data.prompt_column] for row in per_completion_rows]
+        completions = as_completions(prompts, texts)  # TRL's shapes: messages for chat prompts, else text
+        result = self.rewards(prompts, completions, columns)
+        problem = result.failure(self.cfg.train.max_reward_failure_frac, prompts, completions)
+        if problem:
+            raise TrainingError(
+                f"step {step + 1}: {problem}\nFix the reward function (or the data it reads). "
+                f"train.max_reward_failure_frac={self.cfg.train.max_reward_failure_frac:g} is the share of "
+                "a step's completions a function may fail on and still count 0 there."
+            )
+        return ScoredBatch(
+            rollout=rollout,
+            rows=per_completion_rows,
+            texts=texts,
+            rewards=torch.tensor(result.total, dtype=torch.float32),
+            per_function=result.per_function,
+            reward_metrics=result.metrics(),
+            # log_extra columns with one value per completion (others cannot be lined up with rows)
+            extra={k: v for k, v in result.extra.items() if len(v) == len(texts)},
+            step_rewards=step_rewards_of(
+                self.algo, self.rewards.functions, result, self.tokenizer, completion_ids, texts
+            ),
+        )

@@ -1,0 +1,265 @@
+"""The policy-gradient update of a sampled batch: mu passes, each split into mini-batches (one optimizer step
+each), each split into micro-batches whose gradients accumulate. The loss normaliser is the whole
+mini-batch's (num_sequences / num_tokens), so the split never changes the objective.
+
+``PolicyUpdate`` owns no state of its own beyond its settings: it steps a ``Learner`` (grpokit.train.learner) with
+the preset's loss (grpokit.algos), and reads the frozen reference (a KL) when there is one.
+
+    updater = PolicyUpdate(learner, algo, cfg.optim, temperature=cfg.rollout.temperature, seed=cfg.train.seed,
+                           dist=dist, ref_model=ref_model)
+    old, ref, seconds = updater.rollout_logprobs(rollout)            # (N, Lc) each, or None
+    metrics = updater.update(rollout, advantages, old, ref, step=s)  # advantages (N,) or (N, Lc)
+
+Also here, shared with PPO's critic (grpokit.train.critic): the loss mask, the mini-batch order, a micro-batch's
+tensors and the no-grad row loop.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Iterator
+
+import torch
+
+from grpokit.algos import AlgoSettings, get_loss
+from grpokit.config.schema import OptimConfig
+from grpokit.rollout.batch import length_sorted, step_seed
+from grpokit.rollout.generation import Rollout
+from grpokit.rollout.record import TokenRecorder
+from grpokit.train.distributed import Distributed
+from grpokit.train.learner import AUTO_MICRO_TOKENS, Learner, peak_memory_mb  # noqa: F401 (re-exported)
+from grpokit.train.update_stats import UpdateStats
+
+
+def loss_mask(r: Rollout, mask_truncated: bool) -> torch.Tensor:
+    """(N, Lc) the tokens the losses train on: the completion mask, with truncated completions left out
+    under DAPO's overlong filtering (algo.mask_truncated)."""
+    mask = r.completion_mask.clone()  # (N, Lc)
+    if mask_truncated:
+        mask[r.truncated] = 0
+    return mask
+
+
+def several_passes(optim: OptimConfig) -> bool:
+    """More than one gradient step per rollout: the ratio's denominator must be frozen beforehand."""
+    return optim.epochs > 1 or optim.mini_batches > 1
+
+
+def mini_batch_order(n: int, optim: OptimConfig, seed: int) -> Iterator[torch.Tensor]:
+    """The update's mini-batches, each (M,) row indices: optim.epochs passes over the n rows, each split
+    into optim.mini_batches. Several passes shuffle each pass with a generator seeded with ``seed`` (the
+    step's), so the policy's update and the critic's see the same rows in the same order."""
+    mini = n // optim.mini_batches
+    order_gen = torch.Generator().manual_seed(seed)
+    for _ in range(optim.epochs):
+        order = torch.randperm(n, generator=order_gen) if several_passes(optim) else torch.arange(n)
+        for m in range(optim.mini_batches):
+            yield order[m * mini : (m + 1) * mini]  # (M,)
+
+
+def micro_tensors(
+    r: Rollout, idx: torch.Tensor, mask: torch.Tensor, device: torch.device
+) -> dict[str, torch.Tensor]:
+    """Rows ``idx`` of the batch, trimmed to their own longest prompt/completion, on ``device``; with
+    "context_mask" for multi-turn rollouts (the tool tokens attended to, see Rollout.context_mask)."""
+    pm = r.prompt_mask[idx]
+    cm = r.attention_mask[idx]
+    p_start = int((pm.sum(0) > 0).nonzero().min()) if pm.any() else 0
+    c_len = max(1, int((cm.sum(0) > 0).nonzero().max()) + 1) if cm.any() else 1
+    d = device
+    extra = {} if r.context_mask is None else {"context_mask": cm[:, :c_len].to(d)}
+    return extra | {
+        "prompt_ids": r.prompt_ids[idx][:, p_start:].to(d),
+        "prompt_mask": pm[:, p_start:].to(d),
+        "completion_ids": r.completion_ids[idx][:, :c_len].to(d),
+        "completion_mask": r.completion_mask[idx][:, :c_len].to(d),
+        "loss_mask": mask[idx][:, :c_len].to(d),
+        "sample_logprobs": r.logprobs[idx][:, :c_len].to(d),
+    }
+
+
+@torch.no_grad()
+def rows_no_grad(
+    learner: Learner, r: Rollout, forward: Callable[[dict[str, torch.Tensor]], torch.Tensor]
+) -> torch.Tensor:
+    """(N, Lc) on the CPU: ``forward(tensors)`` -> (n, L) over micro-batches of length-sorted rows (tensors
+    as from micro_tensors), under the learner's autocast, sized and retried as its updates are."""
+    N, Lc = r.completion_ids.shape
+    out = torch.zeros(N, Lc)
+    lengths = r.row_lengths  # (N,)
+
+    def run(rows: int) -> None:
+        for micro in length_sorted(torch.arange(N), lengths).split(rows):
+            t = micro_tensors(r, micro, r.completion_mask, learner.device)
+            with learner.precision.autocast(learner.device):  # the same numerics as the update
+                values = forward(t)  # (n, L)
+            out[micro, : values.shape[1]] = values.float().cpu()
+
+    learner.run_micro(run, lengths)
+    return out
+
+
+class PolicyUpdate:
+    """The clipped policy-gradient update (see the module docstring); ``learner`` holds the policy."""
+
+    def __init__(
+        self,
+        learner: Learner,
+        algo: AlgoSettings,
+        optim: OptimConfig,
+        *,
+        temperature: float,
+        seed: int,
+        dist: Distributed | None = None,
+        ref_model: torch.nn.Module | None = None,
+    ):
+        self.learner, self.algo, self.optim = learner, algo, optim
+        self.temperature, self.seed = temperature, seed
+        self.dist = dist or Distributed()
+        self.ref_model = ref_model  # None with LoRA too: the reference is then the adapter-less base
+        self.uses_reference = algo.uses_reference
+
+    def rollout_logprobs(self, r: Rollout) -> tuple[torch.Tensor | None, torch.Tensor | None, float]:
+        """(old_logprobs, ref_logprobs, seconds spent on the reference), each (N, Lc) or None.
+
+        old: the policy's own log-probs before any update, needed by more than one pass (the ratio's
+        denominator) or by a KL in the reward (its k1 = old - ref). ref: whenever there is a reference,
+        so the KL is logged even when only the reward uses it."""
+        needs_old = several_passes(self.optim) or self.algo.kl.reward_coef > 0
+        t = time.perf_counter()
+        ref_logprobs = (
+            self.logprobs_no_grad(self.ref_model, r, reference=True) if self.uses_reference else None
+        )
+        ref_seconds = time.perf_counter() - t
+        old_logprobs = self.logprobs_no_grad(self.learner.model, r) if needs_old else None
+        return old_logprobs, ref_logprobs, ref_seconds
+
+    def logprobs_no_grad(self, model, r: Rollout, reference: bool = False) -> torch.Tensor:
+        """(N, Lc) log-probs of the batch's completions under ``model`` (the reference when asked:
+        with LoRA that is the base model with the adapter disabled)."""
+        policy = self.learner.model
+        if reference and model is None:
+            ctx = policy.disable_adapter()
+            model = policy
+        else:
+            ctx = contextlib.nullcontext()
+        was_training = policy.training
+        model.eval()
+        logprobs_fn = self.dist.logprobs_fn(model)  # torchrun: through FSDP/DDP's root module
+
+        def forward(t: dict[str, torch.Tensor]) -> torch.Tensor:
+            logprobs, _ = logprobs_fn(
+                t["prompt_ids"],
+                t["prompt_mask"],
+                t["completion_ids"],
+                t["completion_mask"],
+                temperature=self.temperature,
+                chunk_size=self.optim.logprob_chunk_size,
+                context_mask=t.get("context_mask"),
+            )
+            return logprobs  # (n, L)
+
+        with ctx:
+            out = rows_no_grad(self.learner, r, forward)
+        policy.train(was_training)
+        return out
+
+    def update(
+        self,
+        r: Rollout,
+        advantages: torch.Tensor,
+        old_logprobs: torch.Tensor | None = None,
+        ref_logprobs: torch.Tensor | None = None,
+        *,
+        step: int = 0,
+        clip_and_step: Callable[[bool], float | None] | None = None,
+        record: TokenRecorder | None = None,
+    ) -> tuple[dict[str, float], float]:
+        """mu passes over the rollout ``r``, one optimizer step per mini-batch. advantages: (N,) or (N, Lc).
+        old/ref log-probs as from ``rollout_logprobs`` (computed here when both are None). ``step``: the
+        run's step (seeds the mini-batch order). ``clip_and_step(finite)``: the optimizer step (default the
+        learner's). ``record``: a rollout_record.TokenRecorder to fill with the per-token numbers the loss
+        used. Returns the metrics and the seconds spent on the reference here."""
+        learner = self.learner
+        clip_and_step = clip_and_step or (lambda finite: learner.clip_and_step(finite, step))
+        mask = loss_mask(r, self.algo.batch.mask_truncated)  # (N, Lc)
+        ref_seconds = 0.0
+        if old_logprobs is None and ref_logprobs is None:
+            old_logprobs, ref_logprobs, ref_seconds = self.rollout_logprobs(r)
+        if not several_passes(self.optim):
+            old_logprobs = None  # one pass: the ratio's denominator is logprobs.detach(), ratio exactly 1
+
+        stats = UpdateStats()  # what the update reports, kept out of the gradient loop
+        lengths = r.row_lengths  # (N,) real tokens per row
+        learner.model.train()
+        order = mini_batch_order(r.completion_ids.shape[0], self.optim, step_seed(self.seed, step, 0))
+        for k, mb in enumerate(order):  # (M,) rows each
+            part, finite = learner.run_micro(
+                lambda rows, mb=mb, first=(k == 0): self._mini_batch_gradients(
+                    r, mb, rows, advantages, mask, lengths, old_logprobs, ref_logprobs, first, record
+                ),
+                lengths[mb],
+            )
+            stats.merge(part)
+            stats.add_step(clip_and_step(finite))
+
+        self.dist.reduce_update_stats(stats)  # torchrun: the global batch's sums
+        metrics = stats.metrics(n_updates=self.optim.epochs * self.optim.mini_batches)
+        metrics.update(learner.metrics())  # lr, loss_scale, micro_batch_size
+        return metrics, ref_seconds
+
+    def _mini_batch_gradients(
+        self, r, mb, rows, advantages, mask, lengths, old_logprobs, ref_logprobs, first, record=None
+    ) -> tuple[UpdateStats, bool]:
+        """Accumulate the gradient of mini-batch ``mb`` (M,) over micro-batches of ``rows`` rows, sorted by
+        length. Returns its UpdateStats (loss metrics; sampler-vs-trainer log-prob differences and entropy
+        on the first mini-batch) and whether every loss was finite (a NaN/inf loss stops the accumulation).
+        Nothing outside changes but the parameters' .grad, and ``record`` (a rollout_record.TokenRecorder, at
+        the steps whose rollouts are saved), which gets each micro-batch's per-token numbers as the loss saw them."""
+        algo, learner, dist = self.algo, self.learner, self.dist
+        device = learner.device
+        loss_fn = get_loss(algo.loss.name)
+        # the whole mini-batch's normaliser, over every rank under torchrun (grpokit.train.distributed)
+        num_tokens = dist.sum(mask[mb].sum()).clamp(min=1).to(device)
+        stats = UpdateStats()
+        for micro in length_sorted(mb, lengths).split(rows):
+            tensors = micro_tensors(r, micro, mask, device)
+            with learner.precision.autocast(device):
+                logprobs, entropy = dist.logprobs_fn(learner.model)(
+                    tensors["prompt_ids"],
+                    tensors["prompt_mask"],
+                    tensors["completion_ids"],
+                    tensors["completion_mask"],
+                    temperature=self.temperature,
+                    chunk_size=self.optim.logprob_chunk_size,
+                    with_entropy=first or record is not None,
+                    context_mask=tensors.get("context_mask"),
+                )  # (n, L), float32
+            micro_mask = tensors["loss_mask"]
+            width = logprobs.shape[1]
+            old = old_logprobs[micro][:, :width].to(device) if old_logprobs is not None else logprobs.detach()
+            ref = ref_logprobs[micro][:, :width].to(device) if ref_logprobs is not None else None
+            adv = advantages[micro.to(device)]  # (n,) or (n, Lc)
+            adv = adv[:, :width] if adv.dim() == 2 else adv  # (n,) or (n, L)
+            loss, loss_stats = loss_fn(
+                logprobs,
+                old,
+                adv,
+                micro_mask,
+                ref_logprobs=ref,
+                **algo.loss_kwargs(),
+                num_sequences=len(mb) * dist.world,
+                num_tokens=num_tokens,
+            )
+            if not torch.isfinite(loss) and not dist.active:  # ranks: the global norm is NaN, all skip
+                return stats, False
+            learner.backward(loss)  # x world size: DDP/FSDP average gradients over ranks
+            stats.add_loss(loss, loss_stats, float(micro_mask.sum()))
+            if record is not None:
+                record.add(micro, logprobs, old, ref, adv, micro_mask, entropy)
+            if first:
+                generated = tensors["completion_mask"].bool()  # (n, L)
+                stats.add_sampler_diff(logprobs, tensors["sample_logprobs"], generated)
+                stats.add_entropy(entropy, generated)
+        return stats, True

@@ -1,0 +1,1 @@
+"""The trainers: GRPO (and its family), SFT, and rejection sampling (grpokit sample)."""

@@ -1,0 +1,334 @@
+"""Supervised fine-tuning (``grpokit sft``), in the order the data flows:
+
+    SFT rows -> token ids + loss mask (grpokit.data.sft) -> a step's examples -> micro-batches (padded or
+    packed) -> summed NLL of the trained tokens / the step's token count (grpokit.algos.sft) -> one
+    optimizer step (grpokit.train.learner.Learner) -> metrics -> held-out loss and accuracy -> checkpoint
+
+Everything around the loss is the RL trainer's: the model is loaded and stepped by a ``Learner`` (precision
+modes, LoRA, micro-batching with the OOM retry, clipping), torchrun by ``Distributed``, the output folder
+(checkpoints with exact resume, metrics.jsonl, trackers, signals) by grpokit.run.state / checkpoint /
+runlog, held-out accuracy by grpokit.rollout.evaluate. A step takes ``sft.batch_size`` examples from a seeded
+stream reshuffled each pass; the data position is part of every checkpoint.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import math
+import shutil
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from grpokit.algos.sft import nll_sum
+from grpokit.config.checks import check_settings_in_use
+from grpokit.config.schema import ConfigError
+from grpokit.config.sft import SFTConfig, prompt_data_config, validated_sft
+from grpokit.data.prompts import DataError
+from grpokit.data.sft import collate, detect_format, encode_examples, load_sft_rows, prompt_rows
+from grpokit.model.loading import check_tokenizer_fits, eos_token_ids, read_model_config
+from grpokit.model.logprobs import token_logprobs
+from grpokit.rollout.batch import PromptStream, length_sorted
+from grpokit.run.lock import run_holding_lock
+from grpokit.run.log import RunLogger
+from grpokit.run.preflight import check_tracker_login, model_positions
+from grpokit.run.state import RunState, StopOnSignals, run_callbacks
+from grpokit.train.distributed import Distributed
+from grpokit.train.learner import Learner, load_model, peak_memory_mb
+
+
+class SFTTrainer:
+    """Fine-tunes ``cfg.model`` on the SFT rows of ``cfg.data`` (grpokit.config.sft for every key).
+
+    model/tokenizer/train_rows/eval_rows/reward_functions may be passed in (tests, notebooks), as to
+    GRPOTrainer; resume (True: the newest complete checkpoint, or a path), overwrite and
+    allow_changed_config mean what they mean there, and so do callbacks ``fn(step, metrics, trainer)``.
+    Data, rewards, the output folder and the checkpoint to resume from are checked before the model loads;
+    every row is tokenized and checked before the first step."""
+
+    def __init__(
+        self,
+        cfg: SFTConfig,
+        *,
+        model=None,
+        tokenizer=None,
+        train_rows: list[dict] | None = None,
+        eval_rows: list[dict] | None = None,
+        reward_functions: list[tuple[str, Any, float]] | None = None,
+        resume: bool | str | Path = False,
+        overwrite: bool = False,
+        allow_changed_config: bool = False,
+        callbacks: Sequence[Callable[[int, dict[str, float], SFTTrainer], Any]] = (),
+    ):
+        validated_sft(cfg)  # the CLI's checks, for a config built in code too
+        check_settings_in_use(cfg)  # lora.* without lora.enabled: not ignored
+        check_tracker_login(cfg.train.report_to)  # wandb without a login fails now, not after the model loads
+        self.cfg = cfg
+        self.callbacks = list(callbacks)
+        torch.manual_seed(cfg.train.seed)
+        self.dist = Distributed.from_env(cfg, batch_size=cfg.sft.batch_size)
+        self.run = RunState(cfg, self.dist, resume=resume, overwrite=overwrite)  # checks the output folder
+
+        # data and rewards, checked before the model loads
+        self.train_rows, self.eval_rows = load_sft_rows(cfg.data, train_rows, eval_rows)
+        self.sources = (cfg.data.train or "train_rows", cfg.data.eval or "eval_rows")
+        detect_format(self.train_rows, cfg.data, self.sources[0])
+        self.accuracy_name, self.accuracy_fn = self._accuracy_reward(reward_functions)
+        self.eval_prompts = (
+            prompt_rows(self.eval_rows, cfg.data, self.sources[1]) if self.accuracy_fn and self.eval_rows else []
+        )
+        if model is None:
+            read_model_config(cfg.model)  # a missing folder or an unreachable hub fails here, in seconds
+        resume_from = self.run.pick_checkpoint(resume, allow_changed_config)  # None without resume
+
+        # the model, and every row tokenized (a bad row fails here, before any step)
+        model, tokenizer, precision, device = load_model(cfg, model, tokenizer)
+        check_tokenizer_fits(model, tokenizer, "the tokenizer")
+        self.model, self.tokenizer, self.device = model, tokenizer, device
+        self.examples = encode_examples(self.train_rows, tokenizer, cfg.data, cfg.sft.loss_on, self.sources[0])
+        if cfg.train.num_train_epochs:  # TRL's epochs: passes over the rows, sft.batch_size of them a step
+            cfg.train.steps = math.ceil(cfg.train.num_train_epochs * len(self.examples) / cfg.sft.batch_size)
+        self.eval_examples = encode_examples(self.eval_rows, tokenizer, cfg.data, cfg.sft.loss_on, self.sources[1])
+        self._check_positions(model.config.to_dict())
+        if cfg.sft.packing:
+            check_packing(model, device)
+        self.dist.wrap(model, None, resume_from, forward=token_logprobs)  # torchrun: FSDP2 / DDP
+        self.learner = Learner(model, precision, device, cfg.optim, self.dist, total_steps=cfg.train.steps)
+        self.stream = PromptStream(list(range(len(self.examples))), cfg.train.seed, cfg.data.shuffle)
+        self.step = 0
+        if resume_from is not None:
+            state = self.run.load_resume_state()  # RNG restored
+            self.learner.load_state(state, weights_from=None if self.dist.active else resume_from)
+            self.stream.load_state(state["stream"])
+            self.step = state["step"]
+
+    # ----------------------------------------------------------------------------- set-up helpers
+
+    def _accuracy_reward(self, given) -> tuple[str | None, Any]:
+        """(name, function) of the reward whose 1 means correct, for held-out accuracy, by grpokit train's
+        rule (grpokit.rewards.which_accuracy); (None, None) without rewards (held-out loss only)."""
+        from grpokit.rewards import resolve_reward_specs
+        from grpokit.rewards.which_accuracy import choose_accuracy_reward
+
+        functions = given if given is not None else (resolve_reward_specs(self.cfg.rewards) if self.cfg.rewards else [])
+        if not functions:
+            return None, None
+        name = choose_accuracy_reward([n for n, _, _ in functions], self.cfg.train.accuracy_reward)
+        return name, dict((n, f) for n, f, _ in functions)[name]
+
+    def _check_positions(self, model_config: dict | None) -> None:
+        """No example may be longer than the model's positions (config.json's max_position_embeddings ...)."""
+        found = model_positions(model_config)
+        for examples, source in ((self.examples, self.sources[0]), (self.eval_examples, self.sources[1])):
+            for index, example in enumerate(examples):
+                if found and len(example.input_ids) > found[1]:
+                    raise DataError(
+                        f"{source}, row index {index}: {len(example.input_ids)} tokens, beyond the model's "
+                        f"{found[1]} positions ({found[0]}); drop or shorten the row, or set "
+                        f"data.max_length={found[1]} with data.truncate=true."
+                    )
+
+    # ----------------------------------------------------------------------------- the loop
+
+    output_lock = property(lambda self: self.run.lock)  # what grpokit.run.lock's run_holding_lock takes
+
+    @run_holding_lock
+    def train(self) -> dict[str, Any]:
+        """Run cfg.train.steps steps; returns the summary also written to OUTPUT/summary.json. SIGINT/SIGTERM
+        stop after the current step with a checkpoint (``stopped_by`` in the summary, none written)."""
+        cfg = self.cfg
+        summary: dict[str, Any] = {}
+        self.dist.on_main(self.run.start)
+        with (
+            self.dist.main_only(RunLogger)(
+                self.run.out,
+                total_steps=cfg.train.steps,
+                tensorboard=cfg.train.tensorboard,
+                resume=self.step > 0,
+                report_to=cfg.train.report_to,
+                config=dataclasses.asdict(cfg),
+            ) as log,
+            StopOnSignals() as stop,
+        ):
+            if self.eval_rows and cfg.eval.enabled and self.step == 0:
+                before = self.evaluate()
+                log.log_eval(0, before)
+                summary.update(self._eval_summary(before, "before"))
+            start = time.perf_counter()
+            while self.step < cfg.train.steps and not stop.signal_name:
+                metrics = self.train_step()
+                log.log_step(self.step, metrics)
+                self.run.step_logged()  # --overwrite: the run replaced goes once this one has a step
+                run_callbacks(self, metrics)  # one that raises: checkpoint, TrainingError
+                stop.signal_name = self.dist.agree(stop.signal_name)  # every rank stops at the same step
+                if stop.signal_name:
+                    break
+                if cfg.eval.every and self.eval_rows and self.step % cfg.eval.every == 0 and self.step < cfg.train.steps:
+                    log.log_eval(self.step, self.evaluate())
+                if cfg.train.save_every and self.step % cfg.train.save_every == 0:
+                    self.save()
+            if stop.signal_name:
+                checkpoint = self.save() if self.step > 0 else None
+                return {"stopped_by": stop.signal_name, "steps": self.step, "checkpoint": checkpoint and str(checkpoint)}
+            summary["train_seconds"] = time.perf_counter() - start
+            if self.eval_rows and cfg.eval.enabled:
+                after = self.evaluate()
+                log.log_eval(self.step, after)
+                summary.update(self._eval_summary(after, "after"))
+            final = self.save()
+            summary.update(steps=self.step, checkpoint=str(final), output_dir=str(self.run.out))
+            if self.cfg.lora.enabled:  # the next stage loads a plain model folder, not an adapter
+                summary.update(checkpoint=str(self.export_merged(self.run.out / "model")), adapter_checkpoint=str(final))
+            summary.update(self.run.previous_summary(summary))
+            self.run.finish(summary, plot=False)
+        return summary
+
+    def train_step(self) -> dict[str, float]:
+        """One optimizer step on the next sft.batch_size examples (this rank's share under torchrun)."""
+        t0 = time.perf_counter()
+        picked = self.dist.my_share(self.stream.take(self.cfg.sft.batch_size))
+        examples = [self.examples[i] for i in picked]
+        lengths = torch.tensor([len(e.input_ids) for e in examples])  # (B,)
+        trained = sum(e.num_loss_tokens for e in examples)
+        num_tokens = self.dist.sum(torch.tensor(float(trained))).to(self.device)  # the step's normaliser
+        order = length_sorted(torch.arange(len(examples)), lengths)  # similar lengths share a micro-batch
+
+        def split(rows: int) -> list[dict[str, Any]]:
+            return [self._batch([examples[i] for i in chunk.tolist()]) for chunk in order.split(rows)]
+
+        grad_norm, parts = self.learner.step(lengths, split, self._loss_sum, num_tokens, step=self.step)
+        self.step += 1
+        self.learner.scheduler.step()
+        seconds = time.perf_counter() - t0
+        nll = self.dist.sum(torch.tensor(sum(float(p["nll_sum"]) for p in parts)))
+        metrics = {
+            "loss": float(nll) / float(num_tokens.clamp(min=1)),
+            "grad_norm": grad_norm if grad_norm is not None else float("nan"),
+            "skipped_update": float(grad_norm is None),
+            "tokens/trained": float(num_tokens),
+            "tokens/input": float(self.dist.sum(lengths.sum().float())),
+            "epoch": float(self.stream.epoch),
+            **self.learner.metrics(),
+            "time/step": seconds,
+            "tokens_per_s": float(lengths.sum()) / seconds,
+            "peak_memory_mb": peak_memory_mb(self.device),
+        }
+        self.dist.finish_metrics(metrics)  # torchrun: throughput summed over ranks, the largest peak
+        return metrics
+
+    def _batch(self, examples) -> dict[str, Any]:
+        tensors = collate(examples, self.tokenizer.pad_token_id, self.cfg.sft.packing)
+        return {k: v.to(self.device) if v is not None else None for k, v in tensors.items()}
+
+    def _loss_sum(self, model, batch: dict[str, Any]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """(the micro-batch's summed NLL of trained tokens, stats); the Learner divides by the step's count."""
+        logprobs = self.dist.logprobs_fn(model, token_logprobs)(
+            batch["input_ids"],
+            batch["loss_mask"],
+            attention_mask=batch["attention_mask"],
+            position_ids=batch["position_ids"],
+            chunk_size=self.cfg.optim.logprob_chunk_size,
+        )  # (K,) the trained tokens only
+        loss = nll_sum(logprobs)
+        return loss, {"nll_sum": loss.detach()}
+
+    # ----------------------------------------------------------------------------- eval, io
+
+    @torch.no_grad()
+    def eval_loss(self) -> dict[str, float]:
+        """Mean NLL of the held-out examples' trained tokens (``loss``), their count and perplexity. Under
+        torchrun every rank scores all of them: FSDP needs the same forwards on every rank, and a held-out
+        set is small beside training."""
+        was = self.model.training
+        self.model.eval()
+        examples = self.eval_examples
+        lengths = torch.tensor([len(e.input_ids) for e in examples])  # (E,)
+        total, count = 0.0, 0
+        for chunk in length_sorted(torch.arange(len(examples)), lengths).split(self.learner.micro.rows(lengths)):
+            batch = self._batch([examples[i] for i in chunk.tolist()])
+            with self.learner.precision.autocast(self.device):
+                loss, _ = self._loss_sum(self.model, batch)
+            total += float(loss)
+            count += int(batch["loss_mask"].sum())
+        self.model.train(was)
+        mean = total / max(1, count)
+        return {"loss": mean, "perplexity": math.exp(min(mean, 700.0)), "tokens": float(count)}
+
+    def evaluate(self) -> dict[str, float]:
+        """Held-out loss (eval_loss), and with a reward the accuracy grpokit eval reports (greedy pass@1,
+        mean/pass/maj@k) of generations from the held-out prompts."""
+        result = self.eval_loss()
+        if self.eval_prompts:
+            from grpokit.rollout.evaluate import evaluate
+            from grpokit.rollout.generation import FastGenerator
+
+            was = self.model.training
+            result.update(
+                evaluate(
+                    self.dist.generation_model(self.model, self.step),
+                    self.tokenizer,
+                    self.eval_prompts,
+                    accuracy_fn=self.accuracy_fn,
+                    generator=FastGenerator(),
+                    data_cfg=prompt_data_config(self.cfg.data),
+                    eos_token_ids=eos_token_ids(self.tokenizer, self.model),
+                    num_samples=self.cfg.eval.num_samples,
+                    temperature=self.cfg.eval.temperature,
+                    max_new_tokens=self.cfg.eval.max_new_tokens or 256,
+                    seed=self.cfg.train.seed,
+                    split=self.dist if self.dist.active else None,
+                )
+            )
+            self.model.train(was)
+        return result
+
+    @staticmethod
+    def _eval_summary(result: dict[str, float], when: str) -> dict[str, Any]:
+        out = {f"eval_loss_{when}": result["loss"]}
+        if "accuracy" in result:
+            out[f"eval_accuracy_{when}"] = result["accuracy"]
+        if when == "after":
+            out["eval_after"] = result
+        return out
+
+    def save(self) -> Path:
+        """Checkpoint this step (OUTPUT/checkpoints/step_N: a Hugging Face folder plus the trainer state)."""
+        return self.run.save(self.step, self.learner, self.tokenizer, {"stream": self.stream.state()})
+
+    def export_merged(self, path: Path) -> Path:
+        """LoRA: the adapter merged into a copy of the base model (W + B A * alpha / r), saved with the
+        tokenizer as a plain Hugging Face folder at ``path`` (written aside, then renamed into place)."""
+        if self.dist.is_main:
+            merged = copy.deepcopy(self.model).merge_and_unload()  # the trained model itself stays wrapped
+            tmp = path.with_name(path.name + ".tmp")
+            shutil.rmtree(tmp, ignore_errors=True)
+            merged.save_pretrained(tmp, safe_serialization=True)
+            self.tokenizer.save_pretrained(tmp)
+            shutil.rmtree(path, ignore_errors=True)
+            tmp.rename(path)
+        self.dist.barrier()
+        return path
+
+@torch.no_grad()
+def check_packing(model, device: torch.device) -> None:
+    """Refuse sft.packing for a model whose attention does not keep packed examples apart: two short
+    examples scored packed (position_ids restarting) must give their log-probs scored one by one."""
+    a = torch.arange(3, 9, device=device)[None] % model.get_input_embeddings().weight.shape[0]  # (1, 6)
+    b = torch.arange(9, 13, device=device)[None] % model.get_input_embeddings().weight.shape[0]  # (1, 4)
+    ma, mb = torch.ones_like(a), torch.ones_like(b)
+    ma[:, 0] = mb[:, 0] = 0
+    was = model.training
+    model.eval()
+    apart = torch.cat([token_logprobs(model, a, ma), token_logprobs(model, b, mb)])
+    positions = torch.cat([torch.arange(6), torch.arange(4)]).to(device)[None]
+    packed = token_logprobs(model, torch.cat([a, b], 1), torch.cat([ma, mb], 1), position_ids=positions)
+    model.train(was)
+    if not torch.allclose(packed.float(), apart.float(), atol=1e-2, rtol=1e-2):
+        raise ConfigError(
+            f"sft.packing=true: {type(model).__name__} lets packed examples attend to each other (its attention "
+            "does not read packed position_ids), so packing would change the loss; set sft.packing=false."
+        )
