@@ -64,8 +64,8 @@ for part in "$@"; do
     tests)
       echo "=== tests ($(date -u +%T))" | tee -a "$LOG"
       timeout -k 10 120 python3 -m pytest -q -m gpu tests -p no:cacheprovider 2>&1 | tail -30 | tee -a "$LOG"
-      timeout -k 10 200 python3 -m pytest -q -p no:cacheprovider tests/test_trainer.py tests/test_generation.py \
-        tests/test_multiturn_training.py tests/test_precision.py tests/test_ppo_critic.py 2>&1 | tail -40 | tee -a "$LOG"
+      timeout -k 10 200 python3 -m pytest -q -p no:cacheprovider tests/integration/test_grpo_trainer.py tests/unit/rollout/test_generation.py \
+        tests/integration/test_multiturn_training.py tests/unit/model/test_precision.py tests/unit/train/test_critic.py 2>&1 | tail -40 | tee -a "$LOG"
       ;;
     standard) bench standard 330 --shape standard --model-size 0.5b --steps 4 --compare trl ;;
     long) bench long 420 --shape long --model-size 0.5b --steps 3 --compare trl ;;

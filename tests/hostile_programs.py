@@ -1,5 +1,5 @@
 """Hostile programs for `code_tests`: each tries to be rewarded without solving its problem, or to
-harm the host. Plain Python (no pytest) so that `tests/test_sandbox_hostile.py` can run the suite
+harm the host. Plain Python (no pytest) so that `tests/unit/rewards/test_sandbox_hostile.py` can run the suite
 in its own process as root and, as a script, as an unprivileged user:
 
     python tests/hostile_programs.py TOKEN     # prints one JSON line: scores and host checks

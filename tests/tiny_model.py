@@ -142,7 +142,7 @@ def save_tiny_model(path: str | Path, arch: str = "qwen2", seed: int = 0, **kwar
 
     ``tokenizer_class`` is set to ``PreTrainedTokenizerFast``. With transformers 5, AutoTokenizer on a qwen2
     directory still builds ``Qwen2Tokenizer`` from the saved vocabulary; the tokenizer is designed so that
-    this rebuild encodes and decodes exactly as the original (checked in tests/test_modeling_tiny.py).
+    this rebuild encodes and decodes exactly as the original (checked in tests/unit/model/test_tiny_models.py).
     """
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)

@@ -18,7 +18,7 @@ MODEL_SHAPES: dict[str, dict[str, Any]] = {
         num_key_value_heads=2,
     ),
     "30m": dict(  # 32M parameters, small vocabulary: weights, gradients, AdamW states and the reference
-        # are ~90% of a CPU step's memory on the tiny shape (tests/test_bench_memory.py); quick to build
+        # are ~90% of a CPU step's memory on the tiny shape (tests/unit/bench/test_memory.py); quick to build
         vocab_size=4096,
         hidden_size=512,
         intermediate_size=1536,

@@ -6,7 +6,7 @@
 Every field that has a grpokit equivalent is mapped, with TRL 1.16's default for those left out (so
 the run is TRL's run, not grpokit's defaults); every other field set in the file is refused by name
 with the reason. What "the same" means was checked numerically against TRL's GRPOTrainer
-(tests/test_trl_parity.py: per-sequence advantages and the loss gradient of one step, per loss_type and
+(tests/integration/test_trl_parity.py: per-sequence advantages and the loss gradient of one step, per loss_type and
 scale_rewards mode).
 
 Step units. TRL counts optimizer steps; a grpokit step is one rollout of `rollout.prompts_per_step`

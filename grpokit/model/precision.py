@@ -17,7 +17,7 @@ The modes below avoid that in two ways:
 compensation buffer and adds it back next step (Kahan summation), so ``weight + compensation`` follows
 the float32 trajectory; the forward pass sees the bf16 weight, as it sees the bf16 cast of the
 float32 master under autocast. It is the default for bfloat16 (``optim.precision=auto``): the same
-correctness as ``bf16_mixed`` measured on the tiny model (tests/test_precision.py) at 10 instead of 16
+correctness as ``bf16_mixed`` measured on the tiny model (tests/unit/model/test_precision.py) at 10 instead of 16
 bytes per parameter, and the sampler uses the same bf16 weights the update differentiates.
 The optimizer is torch-optimi's AdamW (a maintained package, matches torch.optim.AdamW to 6e-8 in
 float32); we do not write our own.

@@ -28,7 +28,7 @@ The file's metadata key ``grpokit`` holds JSON: step, group_size, reward_names, 
 generated tokens (no padding). Written with zstd, disk use per sampled step is at most about 40 bytes per
 generated token (float32 numbers barely compress) plus about 60 bytes and the texts per completion: 11 kB
 for a demo step (128 completions, 590 tokens); by that bound a step of 512 completions of 1000 tokens takes about 20 MB
-(tests/test_rollout_record.py and tests/test_view_page.py pin the bound). Under torchrun rank 0 saves its own share of the groups. ``sample_rows`` gives the same rows as plain dicts
+(tests/unit/rollout/test_record.py and tests/unit/view/test_page.py pin the bound). Under torchrun rank 0 saves its own share of the groups. ``sample_rows`` gives the same rows as plain dicts
 (TRL's ``log_completions``: every completion with its advantage) for ``samples/`` and the W&B table.
 """
 
