@@ -1,0 +1,235 @@
+"""Every metric a run writes, by name: one line of meaning and its unit each.
+
+The metrics reference of the documentation is generated from these dicts (``metrics_markdown``), and
+tests/docs/test_metric_names.py runs tiny GRPO, PPO, multi-turn and SFT runs and checks both ways: every
+key their ``metrics.jsonl`` and ``eval.jsonl`` hold is here, and every entry here is written by one of them.
+A metric added to a trainer without a line here fails that test.
+
+Placeholders in a name stand for a part that varies: ``{reward}`` a reward function's name (as in
+``rewards[i].name``, a file or module path reduced to the function's name), ``{metric}`` a name that
+function logged with ``log_metric``, ``{k}`` the number of sampled completions per prompt
+(``eval.num_samples``). ``when`` says when a metric is written; empty means on every line.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import NamedTuple
+
+
+class Metric(NamedTuple):
+    unit: str
+    meaning: str
+    when: str = ""
+
+
+TRL_ALIAS = "TRL's name for the same value"
+
+# metrics.jsonl of `grpokit train` (GRPOTrainer): one line per step, in the order data flows through it.
+TRAIN: dict[str, Metric] = {
+    "step": Metric("count", "steps done (one rollout and its updates each); 1 after the first"),
+    # rewards: grpokit.rewards.result, grpokit.rollout.batch
+    "reward/total/mean": Metric(
+        "reward", "mean over the step's completions of the weighted sum of the rewards"
+    ),
+    "reward/total/std": Metric("reward", "std (population) of that sum over the step's completions"),
+    "reward/{reward}/mean": Metric(
+        "reward", "mean of one reward function's values over the completions it applies to (None left out)"
+    ),
+    "reward/{reward}/std": Metric("reward", "std (population) of the same values"),
+    "reward/{reward}/applicable": Metric("share", "completions it gave a value (not None) to"),
+    "reward/{reward}/failed": Metric("flag", "1 when the function failed on every completion of the step"),
+    "reward/{reward}/failed_rows": Metric("count", "completions it failed on (raised, wrong type, NaN)"),
+    "reward/{reward}/timeouts": Metric("count", "completions cut at their time budget (scored 0)"),
+    "reward/{reward}/seconds": Metric("s", "wall time the function took this step"),
+    "reward/{reward}/{metric}": Metric(
+        "as logged", "a value the function passed to log_metric(name, value)", "the function calls log_metric"
+    ),
+    "accuracy": Metric("share", "completions the accuracy reward (train.accuracy_reward) scores 1"),
+    "zero_variance_frac": Metric("share", "groups whose rewards are all equal (advantage 0: no signal)"),
+    "sampling_rounds": Metric("count", "rollouts drawn to fill the step (1 without dynamic sampling)"),
+    "dynamic_sampling/discarded_groups": Metric(
+        "count", "groups dropped for having no reward spread", "algo.dynamic_sampling"
+    ),
+    "dynamic_sampling/discarded_reward_mean": Metric(
+        "reward", "mean reward of the dropped groups (1: solved, 0: hopeless)", "a group was dropped"
+    ),
+    "advantage/abs_mean": Metric(
+        "advantage", "mean |advantage| over completions (over tokens when per token)"
+    ),
+    # lengths
+    "completion_len/mean": Metric("tokens", "mean completion length (episode: the model's own tokens)"),
+    "completion_len/min": Metric("tokens", "shortest completion"),
+    "completion_len/max": Metric("tokens", "longest completion"),
+    "completion_len/correct": Metric(
+        "tokens", "mean length of the completions counted correct (NaN if none)"
+    ),
+    "completion_len/incorrect": Metric("tokens", "mean length of the others (NaN if none)"),
+    "truncated_frac": Metric("share", "completions cut at rollout.max_new_tokens (no EOS)"),
+    # the update: grpokit.algos.loss, grpokit.train.update_stats, grpokit.train.learner
+    "loss": Metric("loss", "the objective minimised, averaged over the step's optimizer steps"),
+    "pg_loss": Metric("loss", "the clipped policy-gradient part, mean over loss tokens"),
+    "kl": Metric(
+        "nats/token",
+        "KL to the reference by algo.kl_kind, mean over loss tokens",
+        "a reference is used (algo.beta > 0 or algo.kl_reward_coef > 0)",
+    ),
+    "entropy": Metric("nats/token", "the policy's entropy over generated tokens"),
+    "clip_frac": Metric("share", "loss tokens whose ratio was clipped (either side)"),
+    "clip_frac_low": Metric("share", "loss tokens clipped at 1 - eps_low (negative advantage)"),
+    "clip_frac_high": Metric("share", "loss tokens clipped at 1 + eps_high (positive advantage)"),
+    "dual_clip_frac": Metric("share", "loss tokens capped by the dual clip", "algo.dual_clip is set"),
+    "ratio_mean": Metric("ratio", "mean importance ratio pi / pi_old over loss tokens"),
+    "ratio_min": Metric("ratio", "smallest ratio"),
+    "ratio_max": Metric("ratio", "largest ratio"),
+    "grad_norm": Metric("L2 norm", "gradient norm before clipping, mean over the step's optimizer steps"),
+    "skipped_updates": Metric("count", "optimizer steps skipped for a non-finite loss or gradient"),
+    "lr": Metric("lr", "learning rate after the step's schedule update"),
+    "micro_batch_size": Metric("rows", "rows per forward/backward in the last pass (optim.micro_batch_size)"),
+    "loss_scale": Metric("scale", "float16 dynamic loss scale", "optim.precision=fp16_mixed"),
+    "sampler_logprob_diff/mean": Metric(
+        "nats", "mean |trainer log-prob - sampler log-prob| of the sampled tokens (engine mismatch)"
+    ),
+    "sampler_logprob_diff/max": Metric("nats", "largest such difference"),
+    # PPO's critic: grpokit.train.critic
+    "critic/value_loss": Metric(
+        "loss", "clipped value loss, mean over the critic's optimizer steps", "a critic"
+    ),
+    "critic/value_clipfrac": Metric("share", "tokens whose value prediction was clipped", "a critic"),
+    "critic/values_mean": Metric("reward", "mean value V over loss tokens, before the update", "a critic"),
+    "critic/returns_mean": Metric("reward", "mean return (GAE advantage + V) over loss tokens", "a critic"),
+    "critic/explained_variance": Metric(
+        "share", "1 - Var(returns - V) / Var(returns): how much of the returns V foresees", "a critic"
+    ),
+    "critic/grad_norm": Metric("L2 norm", "the critic's gradient norm, mean over its steps", "a critic"),
+    "critic/lr": Metric("lr", "the critic's learning rate", "a critic"),
+    "critic/warmup": Metric("flag", "1 while only the critic trains (critic.warmup_steps)", "a critic"),
+    # multi-turn episodes: grpokit.rollout.multiturn
+    "episode/turns_mean": Metric("turns", "model turns per episode", "rollout.tools or rollout.environment"),
+    "episode/turns_max": Metric("turns", "most model turns in one episode", "multi-turn"),
+    "episode/truncated_frac": Metric(
+        "share", "episodes stopped by max_turns, the token budget or a cut turn", "multi-turn"
+    ),
+    "tools/calls": Metric("count", "tool calls in the step", "multi-turn"),
+    "tools/calls_per_episode": Metric("count", "tool calls per episode", "multi-turn"),
+    "tools/errors": Metric(
+        "count", "calls answered with an Error: message (bad call, raise, crash)", "multi-turn"
+    ),
+    "tools/timeouts": Metric("count", "calls killed at rollout.tool_timeout_s", "multi-turn"),
+    "masked_token_frac": Metric(
+        "share", "episode tokens written by tools or the environment (no loss)", "multi-turn"
+    ),
+    "time/tools": Metric("s", "time waiting on tools or the environment", "multi-turn"),
+    "time/turn_generation": Metric("s", "time generating the model's turns", "multi-turn"),
+    # time, throughput, memory
+    "time/step": Metric("s", "wall time of the whole step"),
+    "time/generation": Metric("s", "sampling the completions"),
+    "time/scoring": Metric("s", "running the reward functions"),
+    "time/reference": Metric("s", "old and reference log-probs (and critic values) before the update"),
+    "time/update": Metric("s", "the policy (and critic) update"),
+    "tokens_per_s": Metric("tokens/s", "generated tokens / time/step"),
+    "peak_memory_mb": Metric(
+        "MiB", "peak so far: CUDA max_memory_allocated, or the process's resident set on CPU"
+    ),
+    "rollout/cuda_graphs": Metric("flag", "1 when decoding replayed CUDA graphs"),
+    "rollout/static_kv_cache": Metric("flag", "1 when decoding ran over the static KV cache"),
+    # TRL's names written beside grpokit's where they mean the same (grpokit.compat.trl.names)
+    "reward": Metric("reward", f"{TRL_ALIAS}: reward/total/mean"),
+    "rewards/{reward}/mean": Metric("reward", f"{TRL_ALIAS}: reward/{{reward}}/mean"),
+    "frac_reward_zero_std": Metric("share", f"{TRL_ALIAS}: zero_variance_frac"),
+    "completions/mean_length": Metric("tokens", f"{TRL_ALIAS}: completion_len/mean"),
+    "completions/min_length": Metric("tokens", f"{TRL_ALIAS}: completion_len/min"),
+    "completions/max_length": Metric("tokens", f"{TRL_ALIAS}: completion_len/max"),
+    "completions/clipped_ratio": Metric("share", f"{TRL_ALIAS}: truncated_frac"),
+    "learning_rate": Metric("lr", f"{TRL_ALIAS}: lr"),
+}
+
+# what an evaluation by generation reports (grpokit.rollout.evaluate, grpokit.rollout.episodes)
+_GENERATION_EVAL: dict[str, Metric] = {
+    "accuracy": Metric(
+        "share", "held-out prompts whose greedy completion the accuracy reward scores 1 (pass@1)"
+    ),
+    "greedy_score": Metric("reward", "mean accuracy-reward value of the greedy completions"),
+    "completion_len/mean": Metric("tokens", "mean greedy completion length"),
+    "num_examples": Metric("count", "held-out rows evaluated"),
+    "mean_at_{k}": Metric("reward", "mean score of k sampled completions per prompt", "eval.num_samples > 0"),
+    "pass_at_{k}": Metric(
+        "share", "prompts with at least one of k samples scoring 1", "eval.num_samples > 0"
+    ),
+    "maj_at_{k}": Metric(
+        "share", "prompts whose majority answer over k samples scores 1", "eval.num_samples > 0"
+    ),
+    "maj_at_{k}/no_answer": Metric(
+        "share", "sampled completions with no answer to vote with", "eval.num_samples > 0"
+    ),
+}
+
+# eval.jsonl of `grpokit train`: one line before training, every eval.every steps, and after
+TRAIN_EVAL: dict[str, Metric] = {
+    "step": Metric("count", "steps done when the evaluation ran (0: before training)"),
+    **_GENERATION_EVAL,
+    "episode/turns_mean": Metric("turns", "model turns per greedy episode", "multi-turn"),
+    "tools/calls_per_episode": Metric("count", "tool calls per greedy episode", "multi-turn"),
+}
+
+# metrics.jsonl of `grpokit sft` (SFTTrainer)
+SFT: dict[str, Metric] = {
+    "step": Metric("count", "optimizer steps done"),
+    "loss": Metric(
+        "nats/token", "cross-entropy over the step's trained tokens (all micro-batches and ranks)"
+    ),
+    "grad_norm": Metric("L2 norm", "gradient norm before clipping (NaN when skipped)"),
+    "skipped_update": Metric("flag", "1 when the step was skipped for a non-finite loss or gradient"),
+    "tokens/trained": Metric("tokens", "tokens the loss is on (sft.loss_on)"),
+    "tokens/input": Metric("tokens", "all tokens of the step's rows, prompts included"),
+    "epoch": Metric("count", "passes over the training rows completed"),
+    "lr": Metric("lr", "learning rate after the step's schedule update"),
+    "micro_batch_size": Metric("rows", "rows per forward/backward in the step"),
+    "loss_scale": Metric("scale", "float16 dynamic loss scale", "optim.precision=fp16_mixed"),
+    "time/step": Metric("s", "wall time of the step"),
+    "tokens_per_s": Metric("tokens/s", "input tokens / time/step"),
+    "peak_memory_mb": Metric("MiB", "peak so far: CUDA max_memory_allocated, or the resident set on CPU"),
+}
+
+# eval.jsonl of `grpokit sft`: held-out loss; with a reward, generation as grpokit train reports it
+SFT_EVAL: dict[str, Metric] = {
+    "step": Metric("count", "steps done when the evaluation ran (0: before training)"),
+    "loss": Metric("nats/token", "cross-entropy of the held-out rows' trained tokens"),
+    "perplexity": Metric("perplexity", "exp(loss)"),
+    "tokens": Metric("tokens", "held-out tokens scored"),
+    **{name: m._replace(when=m.when or "rewards set") for name, m in _GENERATION_EVAL.items()},
+}
+
+FILES: dict[str, dict[str, Metric]] = {
+    "grpokit train: metrics.jsonl": TRAIN,
+    "grpokit train: eval.jsonl": TRAIN_EVAL,
+    "grpokit sft: metrics.jsonl": SFT,
+    "grpokit sft: eval.jsonl": SFT_EVAL,
+}
+
+
+def _pattern(name: str) -> re.Pattern[str]:
+    """A regex of a registry name, each placeholder one path part: reward/{reward}/mean -> reward/[^/]+/mean."""
+    parts = re.split(r"(\{\w+\})", name)
+    return re.compile("".join("[^/]+" if p.startswith("{") else re.escape(p) for p in parts) + "$")
+
+
+def entry_for(key: str, registry: dict[str, Metric]) -> str | None:
+    """The registry name ``key`` is an instance of: itself, else the matching name with the fewest
+    placeholders ("reward/math_accuracy/mean" -> "reward/{reward}/mean", not "reward/{reward}/{metric}");
+    None when none matches."""
+    if key in registry:
+        return key
+    matches = [name for name in registry if "{" in name and _pattern(name).match(key)]
+    return min(matches, key=lambda name: name.count("{"), default=None)
+
+
+def metrics_markdown() -> str:
+    """The metrics reference page's tables, one per file a run writes."""
+    out = []
+    for title, registry in FILES.items():
+        out += [f"## {title}", "", "| metric | unit | meaning | written when |", "|---|---|---|---|"]
+        for name, m in registry.items():
+            out.append(f"| `{name}` | {m.unit} | {m.meaning} | {m.when or 'always'} |")
+        out.append("")
+    return "\n".join(out)

@@ -1,0 +1,163 @@
+"""The metric registry (grpokit.run.metrics) against real runs, both ways, so the metrics reference cannot drift:
+every key a tiny run writes to metrics.jsonl / eval.jsonl is in the registry, and every registry entry is
+written by one of these runs (GRPO with every optional metric switched on, PPO with its critic, a multi-turn
+run with a tool, SFT with a reward). About 15 s on a 2-core CPU."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from tiny_model import ADDITION_ROWS, SMALL_RUN, has_seven, make_tiny_model, small_trainer, write_sft_run
+
+from grpokit.config.schema import load_config
+from grpokit.config.sft import load_sft_config
+from grpokit.rollout.tools import ToolCall
+from grpokit.run.metrics import SFT, SFT_EVAL, TRAIN, TRAIN_EVAL, entry_for
+from grpokit.trainers.grpo import GRPOTrainer
+from grpokit.trainers.sft import SFTTrainer
+
+
+def sevens_logged(prompts, completions, log_metric, **kw):
+    """A second reward that logs a metric of its own (reward/sevens_logged/sevens) and scores parity."""
+    log_metric("sevens", float(sum("7" in c for c in completions)))
+    return [float(len(c) % 2) for c in completions]
+
+
+def count_digits(text: str) -> int:
+    """How many digits the text has.
+
+    Args:
+        text: any text
+    """
+    return sum(ch.isdigit() for ch in text)
+
+
+def digit_parser(text: str) -> list[ToolCall]:
+    """A turn with a digit calls count_digits on it (the random tiny model writes no JSON)."""
+    return [ToolCall("count_digits", {"text": text})] if any(c.isdigit() for c in text) else []
+
+
+TOOLS_TEMPLATE = (  # names the tools (the trainer checks that a template renders them) and their results
+    "{% if tools %}<|user|>tools: {% for t in tools %}{{ t['function']['name'] }} {% endfor %}{% endif %}"
+    "{% for m in messages %}{% if m['role'] == 'user' %}<|user|>{{ m['content'] }}"
+    "{% elif m['role'] == 'tool' %}<|user|>result: {{ m['content'] }}"
+    "{% else %}<|assistant|>{{ m['content'] }}{{ eos_token }}{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+
+
+def keys(path: Path) -> set[str]:
+    return {key for line in path.read_text().splitlines() for key in json.loads(line)}
+
+
+def grpo_run(out: Path) -> Path:
+    """GRPO (beta 0.04: kl) with eval, float16 loss scaling, the dual clip, dynamic sampling and a reward that
+    logs a metric of its own: every optional metric of a single-turn run."""
+    model, tok = make_tiny_model("qwen2", seed=0)
+    cfg = load_config(
+        None,
+        [
+            f"train.output_dir={out}",
+            "train.steps=2",
+            *SMALL_RUN,
+            "eval.enabled=true",
+            "eval.num_samples=2",
+            "optim.precision=fp16_mixed",
+            "algo.dual_clip=3",
+            "algo.dynamic_sampling=true",
+            "algo.max_sampling_rounds=20",
+        ],
+    )
+    rewards = [("has_seven", has_seven, 1.0), ("sevens_logged", sevens_logged, 0.5)]
+    trainer = GRPOTrainer(
+        cfg,
+        model=model,
+        tokenizer=tok,
+        train_rows=ADDITION_ROWS,
+        eval_rows=ADDITION_ROWS[:4],
+        reward_functions=rewards,
+    )
+    trainer.train()
+    return out
+
+
+def multiturn_run(out: Path) -> Path:
+    """One step of episodes with a tool, evaluated greedily as episodes too."""
+    model, tok = make_tiny_model("qwen2", seed=0)
+    with torch.no_grad():
+        model.lm_head.weight[tok.eos_token_id] *= 3.0  # turns end after a few tokens
+    tok.chat_template = TOOLS_TEMPLATE
+    cfg = load_config(
+        None,
+        [
+            f"train.output_dir={out}",
+            "train.steps=1",
+            *SMALL_RUN,
+            "data.template=chat",
+            "rollout.max_new_tokens=8",
+            "rollout.max_turns=2",
+            "rollout.tools=[test_metric_names:count_digits]",
+            "rollout.tool_parser=test_metric_names:digit_parser",
+            "eval.enabled=true",
+        ],
+    )
+    GRPOTrainer(
+        cfg,
+        model=model,
+        tokenizer=tok,
+        train_rows=ADDITION_ROWS,
+        eval_rows=ADDITION_ROWS[:2],
+        reward_functions=[("has_seven", has_seven, 1.0)],
+    ).train()
+    return out
+
+
+def sft_run(folder: Path) -> Path:
+    """SFT with float16 loss scaling, held-out loss and, through a reward, held-out accuracy."""
+    rows = [{"prompt": r["prompt"], "completion": r["answer"], "answer": r["answer"]} for r in ADDITION_ROWS]
+    cfg = write_sft_run(folder / "config", rows, batch_size=4, lr=1e-3, steps=2)
+    overrides = [
+        f"train.output_dir={folder / 'run'}",
+        "optim.precision=fp16_mixed",
+        "rewards=[{name: math_accuracy}]",
+        "eval.num_samples=2",
+        "eval.max_new_tokens=4",
+    ]
+    SFTTrainer(load_sft_config(cfg, overrides), eval_rows=rows[:4]).train()
+    return folder / "run"
+
+
+def check(registry: dict, runs: list[set[str]], what: str) -> None:
+    unknown = sorted({key for run in runs for key in run if entry_for(key, registry) is None})
+    assert not unknown, f"{what}: written but not in grpokit/run/metrics.py: {unknown}"
+    seen = {entry_for(key, registry) for run in runs for key in run}
+    never = [name for name in registry if name not in seen]
+    assert not never, f"{what}: in grpokit/run/metrics.py but written by none of the runs: {never}"
+
+
+@pytest.mark.slow
+def test_every_metric_written_is_registered_and_every_registered_metric_is_written(tmp_path):
+    grpo = grpo_run(tmp_path / "grpo")
+    ppo = tmp_path / "ppo"
+    small_trainer(ppo, 1, "algo.preset=ppo").train()
+    multiturn = multiturn_run(tmp_path / "multiturn")
+    sft = sft_run(tmp_path / "sft")
+
+    check(
+        TRAIN, [keys(run / "metrics.jsonl") for run in (grpo, ppo, multiturn)], "grpokit train metrics.jsonl"
+    )
+    check(TRAIN_EVAL, [keys(run / "eval.jsonl") for run in (grpo, multiturn)], "grpokit train eval.jsonl")
+    check(SFT, [keys(sft / "metrics.jsonl")], "grpokit sft metrics.jsonl")
+    check(SFT_EVAL, [keys(sft / "eval.jsonl")], "grpokit sft eval.jsonl")
+
+
+def test_placeholders_match_one_part_and_prefer_the_specific_entry():
+    assert entry_for("reward/math_accuracy/mean", TRAIN) == "reward/{reward}/mean"
+    assert entry_for("reward/math_accuracy/sevens", TRAIN) == "reward/{reward}/{metric}"
+    assert entry_for("reward/total/mean", TRAIN) == "reward/total/mean"
+    assert entry_for("maj_at_16/no_answer", TRAIN_EVAL) == "maj_at_{k}/no_answer"
+    assert entry_for("reward/a/b/mean", TRAIN) is None  # a placeholder is one path part
+    assert entry_for("no_such_metric", TRAIN) is None
