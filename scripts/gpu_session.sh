@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU checks of BENCHMARKS.md (issues 5 and 39), in parts that fit 10-minute device calls.
+# The GPU checks of docs/benchmarks.md (issues 5 and 39), in parts that fit 10-minute device calls.
 #
 #   here, once:    bash scripts/gpu_session.sh fetch     # wheels the device image lacks -> .whl/
 #                                                        # and the TRL anchor script -> shared/bench/

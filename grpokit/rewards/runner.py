@@ -19,7 +19,7 @@ completions, columns) and the values cross the pipe, pickled. Consequences:
     with no time limit (nothing could stop it safely); or use `isolation="thread"` for all (the
     functions then run in threads and a timed-out one is abandoned, still running, as before).
 The cost is ~1 ms per call and batch (pickling and pipes), plus one fork (a few ms) at start and
-after each kill; see BENCHMARKS.md.
+after each kill; see docs/benchmarks.md.
 
 Time limits. A function marked `per_completion = True` (the built-in math_accuracy and code_tests;
 set the attribute on your own element-wise function to opt in) is called on one completion at a

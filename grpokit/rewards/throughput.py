@@ -2,7 +2,7 @@
 
 Prints the code sandbox's programs per second (assert-style runs and stdin/stdout runs, each a
 sandbox forked from the fork server, `_zygote.py`) and the math_accuracy rate on a GSM8K-like mix with 10% symbolic
-answers that go to math-verify. Results for BENCHMARKS.md ("Verifiers").
+answers that go to math-verify. Results in docs/benchmarks.md ("Verifiers").
 """
 
 from __future__ import annotations

@@ -223,7 +223,7 @@ def test_gold_solutions_score_one_and_perturbed_answers_zero():
 
 
 def test_1000_mixed_completions_score_as_expected():
-    """A thousand completions of every kind in one call (speed is measured in BENCHMARKS.md, not here)."""
+    """A thousand completions of every kind in one call (speed is measured in docs/benchmarks.md, not here)."""
     rows = _fixture_rows()
     completions, golds = [], []
     for i in range(1000):

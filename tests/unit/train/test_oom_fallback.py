@@ -1,7 +1,7 @@
 """What the update does when the GPU runs out of memory (grpokit.train.learner.MicroBatchSize), checked on the CPU
 by raising torch.cuda.OutOfMemoryError from the micro-batch function, as CUDA's allocator does.
 
-The order seen on an H100 under a 16 GiB cap (BENCHMARKS.md): first free what the sampler holds on the device
+The order seen on an H100 under a 16 GiB cap (docs/benchmarks.md): first free what the sampler holds on the device
 (its static KV cache and CUDA graphs, rebuilt by the next rollout) and retry the same rows; only then halve
 the rows (under optim.micro_batch_size=auto); a fixed size or one row that does not fit is a named error."""
 
