@@ -1,6 +1,6 @@
 """grpokit: GRPO and its family for fine-tuning language models with verifiable rewards.
 
-The Python API (the README's "Python API" section has a complete example)::
+The Python API (docs/guides/python-api.md has complete examples)::
 
     from grpokit import GRPOTrainer, load_config
 

@@ -11,7 +11,7 @@ Warm start, as the default demo: a noisy teacher whose every step is right 35% o
 too many, 20% one too few), each step building on its own previous one, so its answers are right
 about 30% of the time and its greedy answers are mostly off. Under ``algo.preset=grpo_process`` each
 step gets its own credit (DeepSeekMath sec. 4.1.3); under ``algo.preset=grpo`` the same function gives
-the outcome only (its last step): the comparison in README is that of the two presets, same reward.
+the outcome only (its last step): the comparison in docs/algorithms/process.md is that of the two presets, same reward.
 
     grpokit train --output-dir runs/steps data.train=demo_steps                     # grpo_process
     grpokit train --output-dir runs/steps_outcome data.train=demo_steps algo.preset=grpo

@@ -34,9 +34,11 @@ TRAIN: dict[str, Metric] = {
     ),
     "reward/total/std": Metric("reward", "std (population) of that sum over the step's completions"),
     "reward/{reward}/mean": Metric(
-        "reward", "mean of one reward function's values over the completions it applies to (None left out)"
+        "reward",
+        "mean of one reward function's values over the completions it applies to (None left out)",
+        "it gave a value to some completion",
     ),
-    "reward/{reward}/std": Metric("reward", "std (population) of the same values"),
+    "reward/{reward}/std": Metric("reward", "std (population) of the same values", "it gave a value"),
     "reward/{reward}/applicable": Metric("share", "completions it gave a value (not None) to"),
     "reward/{reward}/failed": Metric("flag", "1 when the function failed on every completion of the step"),
     "reward/{reward}/failed_rows": Metric("count", "completions it failed on (raised, wrong type, NaN)"),
