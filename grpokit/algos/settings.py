@@ -20,6 +20,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from grpokit.core.intervals import in_interval
+
 from .advantages import ADVANTAGE_ALIASES, ADVANTAGES, CRITIC_ADVANTAGES
 from .kl import KL_KINDS
 from .loss import AGG_MODES, LOSSES, RATIO_LEVELS
@@ -67,16 +69,20 @@ def _kl_kinds() -> tuple[str, ...]:
 class AdvantageSettings:
     estimator: str = knob(
         "group_std",
-        "advantage estimator (grpokit.algos.ADVANTAGES) or your own as package.module:function",
+        "Advantage estimator of grpokit.algos.ADVANTAGES (group_std, group_centre, leave_one_out, token_whiten, ...) "
+        "or your own as package.module:function.",
         key="advantage",
         choices=_advantage_names,
         user_defined=True,
     )
     std_ddof: int = knob(
-        1, "std convention of the std-scaled estimators (1 = unbiased)", interval="[0, 1]", example=1
+        1,
+        "Degrees of freedom of the group std of the std-scaled estimators (1 = unbiased, as TRL/verl).",
+        interval="[0, 1]",
+        example=1,
     )
     std_eps: float = knob(
-        1e-6, "added to the std before dividing (TRL: 1e-4)", interval="[0, inf)", example=1e-4
+        1e-6, "Added to the std before dividing (TRL: 1e-4).", interval="[0, inf)", example=1e-4
     )
 
 
@@ -84,17 +90,17 @@ class AdvantageSettings:
 class RatioSettings:
     level: str = knob(
         "token",
-        "token | sequence (GSPO) | sequence_token (GSPO-token)",
+        "Level of the importance ratio: token | sequence (GSPO) | sequence_token (GSPO-token).",
         key="ratio_level",
         choices=_ratio_levels,
     )
-    eps_low: float = knob(0.2, "lower clip range: ratio >= 1 - eps_low", interval="[0, 1)", example=0.2)
+    eps_low: float = knob(0.2, "Lower clip range: ratio >= 1 - eps_low.", interval="[0, 1)", example=0.2)
     eps_high: float = knob(
-        0.2, "upper clip range: ratio <= 1 + eps_high (DAPO clip-higher)", interval="[0, inf)", example=0.28
+        0.2, "Upper clip range: ratio <= 1 + eps_high (DAPO clip-higher).", interval="[0, inf)", example=0.28
     )
     dual_clip: float | None = knob(
         None,
-        "dual-clip constant c > 1 for negative advantages (None = off)",
+        "Dual-clip constant c > 1 for negative advantages (None = off).",
         interval="(1, inf)",
         example=3.0,
     )
@@ -104,20 +110,20 @@ class RatioSettings:
 class KLSettings:
     beta: float = knob(
         0.0,
-        "KL-in-loss coefficient (0 and no KL in the reward = no reference model)",
+        "KL coefficient to the frozen reference in the loss (0, with no KL in the reward: no reference model).",
         interval="[0, inf)",
         example=0.04,
         meaning="0 = no KL in the loss",
     )
     kind: str = knob(
         "k3",
-        "k1 | k2 | k3: estimator of the KL loss and of the logged kl metric",
+        "k1 | k2 | k3: estimator of the KL loss and of the logged kl metric.",
         key="kl_kind",
         choices=_kl_kinds,
     )
     reward_coef: float = knob(
         0.0,
-        "KL in the reward: -kl_reward_coef * k1 on every token (PPO, REINFORCE++)",
+        "KL in the reward: -kl_reward_coef * k1 on every token's reward, as PPO / REINFORCE++ (0 = none).",
         key="kl_reward_coef",
         interval="[0, inf)",
         example=0.01,
@@ -129,17 +135,19 @@ class KLSettings:
 class LossSettings:
     name: str = knob(
         "clipped",
-        "policy loss (grpokit.algos.LOSSES) or your own as package.module:function",
+        "Policy loss of grpokit.algos.LOSSES (clipped) or your own as package.module:function.",
         key="loss",
         choices=_loss_names,
         user_defined=True,
     )
     agg: str = knob(
-        "seq-mean-token-mean", "seq-mean-token-mean | token-mean | seq-sum-norm", choices=_agg_modes
+        "seq-mean-token-mean",
+        "Aggregation of the per-token loss: seq-mean-token-mean | token-mean | seq-sum-norm.",
+        choices=_agg_modes,
     )
     norm_len: int | str | None = knob(
         None,
-        "constant L of seq-sum-norm; max_completion_length = rollout.max_new_tokens",
+        "Constant length normaliser L of seq-sum-norm (max_completion_length, the default: rollout.max_new_tokens).",
         interval="[1, inf)",
         example=1024,
     )
@@ -147,28 +155,35 @@ class LossSettings:
 
 @dataclass(frozen=True)
 class BatchSettings:
-    dynamic_sampling: bool = knob(False, "DAPO: drop groups of equal rewards and sample more prompts")
-    max_sampling_rounds: int = knob(
-        4, "extra sampling rounds dynamic sampling may take before an error", interval="[0, inf)", example=4
+    dynamic_sampling: bool = knob(
+        False, "DAPO: drop zero-variance groups (equal rewards) and sample more prompts to refill the batch."
     )
-    overlong_shaping: bool = knob(False, "DAPO: soft length penalty in the last overlong_buffer tokens")
+    max_sampling_rounds: int = knob(
+        4,
+        "Extra sampling rounds dynamic sampling may take before giving up with an error.",
+        interval="[0, inf)",
+        example=4,
+    )
+    overlong_shaping: bool = knob(False, "DAPO: soft length penalty in the last overlong_buffer tokens.")
     overlong_buffer: int | float | None = knob(
         None,
-        "L_cache of overlong shaping: tokens, or a fraction in (0, 1) of max_new_tokens (None = 0.25)",
+        "L_cache of DAPO's overlong shaping: tokens, or a fraction in (0, 1) of rollout.max_new_tokens (None: 0.25).",
         interval="(0, inf)",
         example=64,
     )
-    mask_truncated: bool = knob(False, "DAPO overlong filtering: no loss on completions cut off without EOS")
+    mask_truncated: bool = knob(
+        False, "DAPO overlong filtering: no loss on truncated completions (cut off without EOS)."
+    )
 
 
 @dataclass(frozen=True)
 class GAESettings:
     gamma: float = knob(
-        1.0, "GAE discount gamma of the critic-based estimators (gae)", interval="[0, 1]", example=1.0
+        1.0, "GAE discount gamma of the critic-based estimators (gae).", interval="[0, 1]", example=1.0
     )
     lam: float = knob(
         0.95,
-        "GAE lambda of the critic-based estimators (gae)",
+        "GAE lambda of the critic-based estimators (gae).",
         interval="[0, 1]",
         example=0.95,
         meaning="0 = one-step TD, 1 = Monte Carlo returns minus V",
@@ -336,12 +351,3 @@ def check_knob(key: str, value: Any) -> None:
     if k.interval is not None and isinstance(value, (int, float)) and not isinstance(value, bool):
         if not in_interval(value, k.interval):
             raise ValueError(f"{key}={value!r} is out of range: it must be in {k.interval}")
-
-
-def in_interval(value: float, interval: str) -> bool:
-    """`in_interval(0, "[1, inf)")` -> False. NaN is in no interval."""
-    lo_text, hi_text = interval[1:-1].split(",")
-    lo, hi = float(lo_text), float(hi_text)
-    above = value >= lo if interval[0] == "[" else value > lo
-    below = value <= hi if interval[-1] == "]" else value < hi
-    return above and below

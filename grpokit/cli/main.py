@@ -30,6 +30,7 @@ from pathlib import Path
 from grpokit.cli.args import config_args as _config_args
 from grpokit.cli.args import debug_on as _debug
 from grpokit.cli.args import fail as _fail
+from grpokit.config.declare import field_docs
 
 
 def _print_table(before: float | None, after: float | None) -> None:
@@ -75,8 +76,8 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def describe_config(cfg) -> str:
-    """The config as YAML that loads back (``grpokit config > cfg.yaml``), each key with its one-line doc as
-    a comment. Given the defaults, it documents every key."""
+    """The config as YAML that loads back (``grpokit config > cfg.yaml``), each key with its description
+    (its declaration's, grpokit.config.declare) as a comment. Given the defaults, it documents every key."""
     import dataclasses
 
     import yaml
@@ -104,28 +105,6 @@ def describe_config(cfg) -> str:
         else:
             lines += fields(value, "  ")
     return "\n".join(lines) + "\n"
-
-
-def field_docs(cls: type) -> dict[str, str]:
-    """``{field: docstring on one line}`` of a config dataclass, read from the string under each field
-    (Python keeps no attribute docstrings at run time)."""
-    import ast
-    import inspect
-    import textwrap
-
-    tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
-    body = tree.body[0].body
-    docs = {}
-    for node, after in zip(body, body[1:]):
-        if (
-            isinstance(node, ast.AnnAssign)
-            and isinstance(node.target, ast.Name)
-            and isinstance(after, ast.Expr)
-            and isinstance(after.value, ast.Constant)
-            and isinstance(after.value.value, str)
-        ):
-            docs[node.target.id] = " ".join(after.value.value.split())
-    return docs
 
 
 def cmd_config(args: argparse.Namespace) -> int:

@@ -5,306 +5,491 @@
 The same dotted names work in YAML and on the command line. Unknown keys and badly typed
 values are rejected with a message naming the key and the nearest valid one. Algorithm
 knobs left at ``None`` are filled from the chosen preset (``grpokit.algos.PRESETS``).
+
+Each setting is declared once, in its field (grpokit.config.declare): default, description, range or
+choices; the checks, ``grpokit config`` and the reference page (grpokit.config.reference) read it.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from grpokit.config.checks import KV_CACHES, build_config, check_config  # noqa: F401 (KV_CACHES re-exported)
+from grpokit.config.checks import (
+    REPORT_TO,
+    build_config,
+    check_config,
+    check_device,
+    check_micro_batch_size,
+    check_output_path,
+    check_preset,
+    check_seed,
+    check_trackers,
+)
+from grpokit.config.declare import algo_knob, setting
 from grpokit.core.errors import ConfigError
 from grpokit.core.yaml_io import parse_value, read_yaml_file
 
 if TYPE_CHECKING:
     from grpokit.algos import AlgoSettings
 
+# The names a setting may take where the code that acts on each name sits above the config layer (which
+# imports only grpokit.core and grpokit.algos): the config holds the list, and tests/unit/config/
+# test_declare.py holds it equal to the registry it names.
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+"""model.dtype: the dtypes a model loads in (grpokit.model.loading.DTYPES, and auto)."""
+TEMPLATE_NAMES = ("auto", "chat", "plain", "r1_zero")
+"""data.template: grpokit.data.templates.TEMPLATE_NAMES."""
+ENGINES = ("fast", "hf")
+"""rollout.engine: the generators of grpokit.rollout.generation (FastGenerator, HFGenerator)."""
+KV_CACHES = ("auto", "static", "dynamic")
+"""rollout.kv_cache: the fast engine's KV cache (grpokit.rollout.decode)."""
+SCHEDULES = ("constant", "cosine", "linear")
+"""optim.schedule: grpokit.train.schedules.SCHEDULES."""
+PRECISION_MODES = ("auto", "fp32", "bf16_mixed", "fp16_mixed", "bf16_kahan", "bf16_pure")
+"""optim.precision: grpokit.model.precision.PRECISION_CHOICES."""
+STRATEGIES = ("auto", "fsdp", "ddp")
+"""train.distributed: grpokit.train.distributed.STRATEGIES."""
+
+
+def _preset_names() -> tuple[str, ...]:
+    from grpokit.algos import PRESETS  # lazy: grpokit.algos imports torch
+
+    return tuple(PRESETS)
+
 
 @dataclass
 class ModelConfig:
-    name_or_path: str = "demo"
-    """Hugging Face model directory or hub id; "demo" builds the embedded tiny model."""
-    dtype: str = "auto"
-    """auto | float32 | bfloat16 | float16 (auto: bfloat16 on GPU, float32 on CPU)."""
-    trust_remote_code: bool = False
-    """Run code shipped with the model (off unless you trust the source)."""
-    gradient_checkpointing: bool = False
-    """Recompute activations in the backward pass to save memory."""
-    device: str = "auto"
-    """auto | cpu | cuda | cuda:N."""
-    attn_implementation: str | None = None
-    """Passed to from_pretrained (e.g. sdpa, eager, flash_attention_2)."""
+    name_or_path: str = setting(
+        "demo", 'Hugging Face model directory or hub id; "demo" builds the embedded tiny model.'
+    )
+    dtype: str = setting(
+        "auto", "auto | float32 | bfloat16 | float16 (auto: bfloat16 on GPU, float32 on CPU).", choices=DTYPES
+    )
+    trust_remote_code: bool = setting(
+        False, "Run code shipped with the model (off unless you trust the source)."
+    )
+    gradient_checkpointing: bool = setting(
+        False, "Recompute activations in the backward pass to save memory."
+    )
+    device: str = setting(
+        "auto", "auto | cpu | cuda | cuda:N.", check=check_device, allowed="auto, cpu, cuda, cuda:N or mps"
+    )
+    attn_implementation: str | None = setting(
+        None, "Passed to from_pretrained (e.g. sdpa, eager, flash_attention_2)."
+    )
 
 
 @dataclass
 class LoraConfig:
-    enabled: bool = False
-    """Train a LoRA adapter (PEFT) instead of all weights; the reference is the base model."""
-    r: int = 16
-    """Adapter rank."""
-    alpha: int = 32
-    """LoRA scaling numerator (scale = alpha / r)."""
-    dropout: float = 0.0
-    """Dropout on the adapter input."""
-    target_modules: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
-    """Module names the adapter wraps."""
+    enabled: bool = setting(
+        False, "Train a LoRA adapter (PEFT) instead of all weights; the reference is the base model."
+    )
+    r: int = setting(16, "Adapter rank.", range="[1, inf)", example=16)
+    alpha: int = setting(32, "LoRA scaling numerator (scale = alpha / r).", range="(0, inf)", example=32)
+    dropout: float = setting(0.0, "Dropout on the adapter input.", range="[0, 1)", example=0.05)
+    target_modules: list[str] = setting(
+        ["q_proj", "k_proj", "v_proj", "o_proj"], "Module names the adapter wraps."
+    )
 
 
 @dataclass
 class DataConfig:
-    train: str = ""
-    """Training prompts: JSONL, JSON, CSV, Parquet, a save_to_disk folder, a hub-layout folder, a glob
-    (data/train-*.parquet) or a hub id (openai/gsm8k; the last three through datasets.load_dataset)."""
-    eval: str | None = None
-    """Held-out prompts for evaluation (same formats)."""
-    config: str | None = None
-    """Configuration (subset) of a dataset read through datasets.load_dataset, e.g. main for openai/gsm8k
-    (also used for data.eval when it names the same dataset)."""
-    split: str | None = None
-    """Split of data.train to read (default: train, or the only split there is)."""
-    eval_split: str | None = None
-    """Split of data.eval to read (default: test, or the only split there is)."""
-    prompt_column: str = "prompt"
-    """Column holding the prompt: plain text or chat messages."""
-    template: str = "auto"
-    """Prompt template: auto (TRL's: chat for message lists, strings as they are) | chat | plain | r1_zero."""
-    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
-    """Extra arguments of the tokenizer's apply_chat_template (TRL's chat_template_kwargs), e.g.
-    {enable_thinking: false}."""
-    system_prompt: str | None = None
-    """System message prepended for chat templates."""
-    max_prompt_tokens: int = 512
-    """Prompts longer than this are rejected with the row named."""
-    shuffle: bool = True
-    """Shuffle the training prompts each pass (seeded)."""
-    eval_limit: int | None = None
-    """Evaluate on at most this many held-out rows."""
+    train: str = setting(
+        "",
+        """Training prompts: JSONL, JSON, CSV, Parquet, a save_to_disk folder, a hub-layout folder, a glob
+        (data/train-*.parquet) or a hub id (openai/gsm8k; the last three through datasets.load_dataset).""",
+    )
+    eval: str | None = setting(None, "Held-out prompts for evaluation (same formats).")
+    config: str | None = setting(
+        None,
+        """Configuration (subset) of a dataset read through datasets.load_dataset, e.g. main for openai/gsm8k
+        (also used for data.eval when it names the same dataset).""",
+    )
+    split: str | None = setting(
+        None, "Split of data.train to read (default: train, or the only split there is)."
+    )
+    eval_split: str | None = setting(
+        None, "Split of data.eval to read (default: test, or the only split there is)."
+    )
+    prompt_column: str = setting("prompt", "Column holding the prompt: plain text or chat messages.")
+    template: str = setting(
+        "auto",
+        "Prompt template: auto (TRL's: chat for message lists, strings as they are) | chat | plain | r1_zero.",
+        choices=TEMPLATE_NAMES,
+    )
+    chat_template_kwargs: dict[str, Any] = setting(
+        {},
+        """Extra arguments of the tokenizer's apply_chat_template (TRL's chat_template_kwargs), e.g.
+        {enable_thinking: false}.""",
+    )
+    system_prompt: str | None = setting(None, "System message prepended for chat templates.")
+    max_prompt_tokens: int = setting(
+        512, "Prompts longer than this are rejected with the row named.", range="[1, inf)", example=512
+    )
+    shuffle: bool = setting(True, "Shuffle the training prompts each pass (seeded).")
+    eval_limit: int | None = setting(
+        None, "Evaluate on at most this many held-out rows.", range="[1, inf)", example=200
+    )
 
 
 @dataclass
 class RolloutConfig:
-    group_size: int = 8
-    """G: completions sampled per prompt."""
-    prompts_per_step: int = 8
-    """Prompts per optimizer rollout; the batch holds prompts_per_step * group_size completions."""
-    max_new_tokens: int = 256
-    """Length limit of a completion; longer ones are truncated (and flagged)."""
-    temperature: float = 1.0
-    """Sampling temperature; log-probs are computed at this temperature."""
-    top_p: float = 1.0
-    """Nucleus sampling threshold."""
-    top_k: int = 0
-    """Top-k sampling (0 = off)."""
-    engine: str = "fast"
-    """fast (shared-prefix KV cache decode loop) | hf (transformers generate)."""
-    kv_cache: str = "auto"
-    """fast engine's cache: auto (static where the model supports it) | static | dynamic."""
-    cuda_graphs: bool = True
-    """fast engine with the static cache on CUDA: record each decode step once, then replay it."""
-    ignore_eos: bool = False
-    """Training rollouts: an EOS sampled ends nothing; every completion runs to max_new_tokens (benchmarks)."""
-    tools: list[str] = field(default_factory=list)
-    """Multi-turn rollouts with tools (grpokit.rollout.episodes): python (the sandboxed interpreter), package.module:function
-    or file.py:function, each a typed function with a docstring; results reach the model as tool messages."""
-    environment: str | None = None
-    """Multi-turn rollouts in an environment (grpokit.rollout.envs): a factory as package.module:Env or file.py:Env."""
-    tool_parser: str = "hermes"
-    """How tool calls are read from a model turn: hermes (<tool_call>{json}</tool_call>) or package.module:function."""
-    max_turns: int = 4
-    """Multi-turn: model turns per episode at most (max_new_tokens caps each turn)."""
-    max_episode_tokens: int = 0
-    """Multi-turn: tokens after the prompt per episode, the model's and the tools' (0: max_turns x max_new_tokens)."""
-    tool_timeout_s: float = 10.0
-    """Multi-turn: wall-clock budget of one tool call; past it the worker is killed and the model reads an error."""
-    tool_workers: int = 2
-    """Multi-turn: tool calls (and environment steps) run at the same time."""
-    max_tool_result_chars: int = 2000
-    """Multi-turn: a tool result longer than this is cut, with a note saying so."""
+    group_size: int = setting(8, "G: completions sampled per prompt.", allowed=">= 2 (GRPO compares them)")
+    prompts_per_step: int = setting(
+        8,
+        "Prompts per optimizer rollout; the batch holds prompts_per_step * group_size completions.",
+        range="[1, inf)",
+        example=8,
+    )
+    max_new_tokens: int = setting(
+        256,
+        "Length limit of a completion; longer ones are truncated (and flagged).",
+        range="[1, inf)",
+        example=256,
+    )
+    temperature: float = setting(
+        1.0,
+        "Sampling temperature; log-probs are computed at this temperature.",
+        range="(0, inf)",
+        example=1.0,
+        meaning="log-probs are taken at it",
+    )
+    top_p: float = setting(1.0, "Nucleus sampling threshold.", range="(0, 1]", example=1.0, meaning="1 = off")
+    top_k: int = setting(0, "Top-k sampling (0 = off).", range="[0, inf)", example=50, meaning="0 = off")
+    engine: str = setting(
+        "fast", "fast (shared-prefix KV cache decode loop) | hf (transformers generate).", choices=ENGINES
+    )
+    kv_cache: str = setting(
+        "auto",
+        "fast engine's cache: auto (static where the model supports it) | static | dynamic.",
+        choices=KV_CACHES,
+    )
+    cuda_graphs: bool = setting(
+        True, "fast engine with the static cache on CUDA: record each decode step once, then replay it."
+    )
+    ignore_eos: bool = setting(
+        False,
+        "Training rollouts: an EOS sampled ends nothing; every completion runs to max_new_tokens (benchmarks).",
+    )
+    tools: list[str] = setting(
+        [],
+        """Multi-turn rollouts with tools (grpokit.rollout.episodes): python (the sandboxed interpreter),
+        package.module:function or file.py:function, each a typed function with a docstring; results reach the
+        model as tool messages.""",
+    )
+    environment: str | None = setting(
+        None,
+        "Multi-turn rollouts in an environment (grpokit.rollout.envs): a factory as package.module:Env or file.py:Env.",
+    )
+    tool_parser: str = setting(
+        "hermes",
+        "How tool calls are read from a model turn: hermes (<tool_call>{json}</tool_call>) or package.module:function.",
+    )
+    max_turns: int = setting(
+        4,
+        "Multi-turn: model turns per episode at most (max_new_tokens caps each turn).",
+        range="[1, inf)",
+        example=4,
+    )
+    max_episode_tokens: int = setting(
+        0,
+        "Multi-turn: tokens after the prompt per episode, the model's and the tools' (0: max_turns x max_new_tokens).",
+        range="[0, inf)",
+        example=1024,
+        meaning="0 = max_turns x max_new_tokens",
+    )
+    tool_timeout_s: float = setting(
+        10.0,
+        "Multi-turn: wall-clock budget of one tool call; past it the worker is killed and the model reads an error.",
+        range="(0, inf)",
+        example=10,
+    )
+    tool_workers: int = setting(
+        2, "Multi-turn: tool calls (and environment steps) run at the same time.", range="[1, inf)", example=2
+    )
+    max_tool_result_chars: int = setting(
+        2000,
+        "Multi-turn: a tool result longer than this is cut, with a note saying so.",
+        range="[1, inf)",
+        example=2000,
+    )
 
 
 @dataclass
 class AlgoConfig:
-    preset: str = "grpo"
-    """Named algorithm from grpokit.algos.PRESETS; the knobs below override it when set. Each knob is a
-    setting of grpokit.algos.AlgoSettings under its flat name (KNOBS), which holds its choices and range."""
-    advantage: str | None = None
-    """An estimator of grpokit.algos.ADVANTAGES (group_std, group_centre, leave_one_out, token_whiten, ...)
-    or your own as package.module:function."""
-    std_ddof: int | None = None
-    """Degrees of freedom of the group std (1 = unbiased, as TRL/verl)."""
-    std_eps: float | None = None
-    """Added to the std before dividing (preset: 1e-6; TRL: 1e-4)."""
-    eps_low: float | None = None
-    """Lower clip range: ratio >= 1 - eps_low."""
-    eps_high: float | None = None
-    """Upper clip range: ratio <= 1 + eps_high (DAPO clip-higher)."""
-    ratio_level: str | None = None
-    """token | sequence (GSPO) | sequence_token (GSPO-token)."""
-    loss: str | None = None
-    """Policy loss of grpokit.algos.LOSSES (clipped) or your own as package.module:function."""
-    agg: str | None = None
-    """seq-mean-token-mean | token-mean | seq-sum-norm."""
-    beta: float | None = None
-    """KL coefficient to the frozen reference (0 = no reference model)."""
-    kl_kind: str | None = None
-    """k1 | k2 | k3 (of the KL loss, and of the logged kl metric)."""
-    kl_reward_coef: float | None = None
-    """KL in the reward: -kl_reward_coef * k1 on every token's reward, as PPO/REINFORCE++ (0 = none)."""
-    norm_len: int | None = None
-    """Constant length normaliser of seq-sum-norm (default: rollout.max_new_tokens)."""
-    dual_clip: float | None = None
-    """Dual-clip constant c > 1 for negative advantages (None = off)."""
-    dynamic_sampling: bool | None = None
-    """DAPO: drop zero-variance groups and sample more prompts to refill the batch."""
-    max_sampling_rounds: int | None = None
-    """Extra sampling rounds dynamic sampling may take before giving up with an error (preset: 4)."""
-    overlong_shaping: bool | None = None
-    """DAPO: soft length penalty in the last overlong_buffer tokens."""
-    overlong_buffer: int | None = None
-    """L_cache of DAPO's overlong shaping, in tokens (default: a quarter of max_new_tokens)."""
-    mask_truncated: bool | None = None
-    """DAPO overlong filtering: no loss on truncated completions."""
-    gamma: float | None = None
-    """GAE discount of the critic-based estimators (gae; preset ppo: 1.0)."""
-    lam: float | None = None
-    """GAE lambda of the critic-based estimators (gae; preset ppo: 0.95)."""
+    """The algorithm: a preset, and knobs that override it when set. Each knob is a setting of
+    grpokit.algos.AlgoSettings under its flat name, declared there (grpokit.algos.settings.KNOBS) with its
+    description, choices and range; None takes the preset's value."""
+
+    preset: str = setting(
+        "grpo",
+        "Named algorithm from grpokit.algos.PRESETS; the knobs below override it when set.",
+        choices=_preset_names,
+        check=check_preset,
+    )
+    advantage: str | None = algo_knob("advantage")
+    std_ddof: int | None = algo_knob("std_ddof")
+    std_eps: float | None = algo_knob("std_eps")
+    eps_low: float | None = algo_knob("eps_low")
+    eps_high: float | None = algo_knob("eps_high")
+    ratio_level: str | None = algo_knob("ratio_level")
+    loss: str | None = algo_knob("loss")
+    agg: str | None = algo_knob("agg")
+    beta: float | None = algo_knob("beta")
+    kl_kind: str | None = algo_knob("kl_kind")
+    kl_reward_coef: float | None = algo_knob("kl_reward_coef")
+    norm_len: int | None = algo_knob("norm_len")
+    dual_clip: float | None = algo_knob("dual_clip")
+    dynamic_sampling: bool | None = algo_knob("dynamic_sampling")
+    max_sampling_rounds: int | None = algo_knob("max_sampling_rounds")
+    overlong_shaping: bool | None = algo_knob("overlong_shaping")
+    overlong_buffer: int | None = algo_knob("overlong_buffer")
+    mask_truncated: bool | None = algo_knob("mask_truncated")
+    gamma: float | None = algo_knob("gamma")
+    lam: float | None = algo_knob("lam")
 
 
 @dataclass
 class CriticConfig:
-    path: str | None = None
-    """Critic weights (an AutoModelForTokenClassification folder, num_labels=1, or a causal LM whose backbone
-    is used); None: a copy of the policy's backbone with a zero-initialised value head. Needs a critic-based
-    estimator (algo.preset=ppo or algo.advantage=gae); otherwise every critic.* setting must stay default."""
-    lr: float = 1e-5
-    """AdamW learning rate of the critic (follows optim.warmup_steps / optim.schedule like the policy's)."""
-    value_coef: float = 0.1
-    """Coefficient of the value loss (TRL's vf_coef); with AdamW it matters through optim.max_grad_norm."""
-    cliprange_value: float | None = 0.2
-    """Value clipping c: V within V_old +- c in the clipped value loss (null = unclipped squared error)."""
-    warmup_steps: int = 0
-    """For the first this many steps only the critic is updated; the policy's weights stay as they are."""
+    path: str | None = setting(
+        None,
+        """Critic weights (an AutoModelForTokenClassification folder, num_labels=1, or a causal LM whose backbone
+        is used); None: a copy of the policy's backbone with a zero-initialised value head. Needs a critic-based
+        estimator (algo.preset=ppo or algo.advantage=gae); otherwise every critic.* setting must stay default.""",
+    )
+    lr: float = setting(
+        1e-5,
+        "AdamW learning rate of the critic (follows optim.warmup_steps / optim.schedule like the policy's).",
+        range="(0, 1]",
+        example="1e-5",
+    )
+    value_coef: float = setting(
+        0.1,
+        "Coefficient of the value loss (TRL's vf_coef); with AdamW it matters through optim.max_grad_norm.",
+        range="(0, inf)",
+        example=0.1,
+    )
+    cliprange_value: float | None = setting(
+        0.2,
+        "Value clipping c: V within V_old +- c in the clipped value loss (null = unclipped squared error).",
+        range="(0, inf)",
+        example=0.2,
+        meaning="null = no value clipping",
+    )
+    warmup_steps: int = setting(
+        0,
+        "For the first this many steps only the critic is updated; the policy's weights stay as they are.",
+        range="[0, inf)",
+        example=5,
+        meaning="0 = the policy trains from the first step",
+    )
 
 
 @dataclass
 class OptimConfig:
-    lr: float = 1e-6
-    """AdamW learning rate."""
-    weight_decay: float = 0.0
-    """AdamW weight decay."""
-    adam_beta1: float = 0.9
-    """AdamW beta1."""
-    adam_beta2: float = 0.99
-    """AdamW beta2."""
-    adam_epsilon: float = 1e-8
-    """AdamW epsilon (TRL's adam_epsilon)."""
-    warmup_steps: int = 0
-    """Linear warm-up, in training steps (rollouts; grpokit.train.schedules)."""
-    warmup_ratio: float = 0.0
-    """Warm-up as a share of train.steps, ceil(ratio * steps) (TRL's warmup_ratio); overrides warmup_steps."""
-    schedule: str = "constant"
-    """constant | cosine | linear (transformers' linear decay to 0, TRL's default), after warm-up."""
-    max_grad_norm: float = 1.0
-    """Gradient clipping by global norm (0 = off)."""
-    epochs: int = 1
-    """mu: passes over each rollout batch."""
-    mini_batches: int = 1
-    """Optimizer steps per pass over a rollout batch."""
-    micro_batch_size: int | str = "auto"
-    """Completions per forward/backward (gradient accumulation fills the mini-batch). auto: on CUDA the
-    whole mini-batch, halved after an out-of-memory error; on CPU as many as fit 4096 tokens."""
-    logprob_chunk_size: int = 1024
-    """Rows of hidden states projected to the vocabulary at a time."""
-    precision: str = "auto"
-    """auto | fp32 | bf16_mixed | fp16_mixed | bf16_kahan | bf16_pure: how weights are stored, computed
-    with and updated (grpokit.model.precision). auto follows model.dtype: float32 -> fp32 (16 bytes/param),
-    bfloat16 -> bf16_kahan (10 bytes/param), float16 -> fp16_mixed (16, loss scaling). bf16_mixed is
-    TRL's bf16=True (float32 master weights, 16). bf16_pure (8) drops most updates at lr 1e-6: explicit only."""
+    lr: float = setting(1e-6, "AdamW learning rate.", range="(0, 1]", example="1e-6")
+    weight_decay: float = setting(0.0, "AdamW weight decay.", range="[0, inf)", example=0.01)
+    adam_beta1: float = setting(0.9, "AdamW beta1.", range="[0, 1)", example=0.9)
+    adam_beta2: float = setting(0.99, "AdamW beta2.", range="[0, 1)", example=0.99)
+    adam_epsilon: float = setting(1e-8, "AdamW epsilon (TRL's adam_epsilon).", range="(0, 1)", example="1e-8")
+    warmup_steps: int = setting(
+        0,
+        "Linear warm-up, in training steps (rollouts; grpokit.train.schedules).",
+        range="[0, inf)",
+        example=10,
+    )
+    warmup_ratio: float = setting(
+        0.0,
+        "Warm-up as a share of train.steps, ceil(ratio * steps) (TRL's warmup_ratio); overrides warmup_steps.",
+        range="[0, 1]",
+        example=0.1,
+        meaning="0 = use optim.warmup_steps",
+    )
+    schedule: str = setting(
+        "constant",
+        "constant | cosine | linear (transformers' linear decay to 0, TRL's default), after warm-up.",
+        choices=SCHEDULES,
+    )
+    max_grad_norm: float = setting(
+        1.0,
+        "Gradient clipping by global norm (0 = off).",
+        range="[0, inf)",
+        example=1.0,
+        meaning="0 = no clipping",
+    )
+    epochs: int = setting(1, "mu: passes over each rollout batch.", range="[1, inf)", example=1)
+    mini_batches: int = setting(
+        1,
+        "Optimizer steps per pass over a rollout batch.",
+        range="[1, inf)",
+        example=1,
+        allowed=">= 1, dividing rollout.prompts_per_step * rollout.group_size",
+    )
+    micro_batch_size: int | str = setting(
+        "auto",
+        """Completions per forward/backward (gradient accumulation fills the mini-batch). auto: on CUDA the
+        whole mini-batch, halved after an out-of-memory error; on CPU as many as fit 4096 tokens.""",
+        check=check_micro_batch_size,
+        allowed="auto or an integer >= 1",
+    )
+    logprob_chunk_size: int = setting(
+        1024, "Rows of hidden states projected to the vocabulary at a time.", range="[1, inf)", example=1024
+    )
+    precision: str = setting(
+        "auto",
+        """auto | fp32 | bf16_mixed | fp16_mixed | bf16_kahan | bf16_pure: how weights are stored, computed
+        with and updated (grpokit.model.precision). auto follows model.dtype: float32 -> fp32 (16 bytes/param),
+        bfloat16 -> bf16_kahan (10 bytes/param), float16 -> fp16_mixed (16, loss scaling). bf16_mixed is
+        TRL's bf16=True (float32 master weights, 16). bf16_pure (8) drops most updates at lr 1e-6: explicit only.""",
+        choices=PRECISION_MODES,
+    )
 
 
 @dataclass
 class RewardSpec:
-    name: str = "math_accuracy"
-    """Built-in name, module:function, or path/to/file.py:function."""
-    weight: float = 1.0
-    """Weight of this function in the total reward."""
-    kwargs: dict[str, Any] = field(default_factory=dict)
-    """Arguments for a built-in factory (e.g. max_len for overlong_penalty)."""
+    name: str = setting("math_accuracy", "Built-in name, module:function, or path/to/file.py:function.")
+    weight: float = setting(
+        1.0, "Weight of this function in the total reward.", range="(-inf, inf)", example=1.0
+    )
+    kwargs: dict[str, Any] = setting(
+        {}, "Arguments for a built-in factory (e.g. max_len for overlong_penalty)."
+    )
 
 
 @dataclass
 class EvalConfig:
-    every: int = 0
-    """Evaluate every this many training steps, i.e. rollouts, not optimizer steps (0 = only before and after training)."""
-    num_samples: int = 4
-    """k of the sampled mean@k."""
-    temperature: float = 1.0
-    """Temperature of the sampled evaluation."""
-    max_new_tokens: int | None = None
-    """Defaults to rollout.max_new_tokens."""
-    enabled: bool = True
-    """Evaluate before and after training when held-out data exists."""
+    every: int = setting(
+        0,
+        "Evaluate every this many training steps, i.e. rollouts, not optimizer steps (0 = only before and after training).",
+        range="[0, inf)",
+        example=50,
+        meaning="0 = only before and after training",
+    )
+    num_samples: int = setting(4, "k of the sampled mean@k.", range="[1, inf)", example=4)
+    temperature: float = setting(1.0, "Temperature of the sampled evaluation.", range="[0, inf)", example=1.0)
+    max_new_tokens: int | None = setting(
+        None, "Defaults to rollout.max_new_tokens.", range="[1, inf)", example=256
+    )
+    enabled: bool = setting(True, "Evaluate before and after training when held-out data exists.")
 
 
 @dataclass
 class TrainConfig:
-    steps: int = 100
-    """Training steps, each one rollout (optim.mini_batches x optim.epochs optimizer steps)."""
-    num_train_epochs: float | None = None
-    """Passes over the training prompts (TRL's num_train_epochs); when set, train.steps becomes
-    ceil(num_train_epochs * prompts / rollout.prompts_per_step)."""
-    seed: int = 0
-    """Seed of data order, sampling and initialisation."""
-    output_dir: str = "runs/grpokit"
-    """Where metrics, checkpoints, samples and plots go."""
-    save_every: int = 0
-    """Checkpoint every this many training steps, i.e. rollouts, not optimizer steps (0 = only at the end)."""
-    keep_checkpoints: int = 2
-    """How many step checkpoints to keep (0 = keep all); every step_N folder in the run counts."""
-    samples_every: int = 10
-    """Save sample completions every this many steps (0 = never)."""
-    tensorboard: bool = True
-    """Write TensorBoard scalars (false drops tensorboard from train.report_to)."""
-    report_to: list[str] | str = "tensorboard"
-    """Experiment trackers: tensorboard | wandb | mlflow | none, or a list ([tensorboard, wandb]); wandb and
-    mlflow are extras (pip install 'grpokit[wandb]', 'grpokit[mlflow]'), configured by their own env vars."""
-    accuracy_reward: str | None = None
-    """Reward whose value 1 means correct: accuracy, eval pass@1 / maj@k, the flat-reward check. Unset: the one
-    verifier among the rewards (math_accuracy, code_tests, a function named *accuracy* or
-    *correct*), else the first reward that is not a format/length one (the run says which), else an
-    error asking for it (grpokit.rewards.which_accuracy)."""
-    reward_timeout_s: float = 120.0
-    """A reward function taking longer is reported and counted as failed."""
-    max_reward_failure_frac: float = 0.0
-    """Share of a step's completions on which one reward function may fail (raise, return a value that
-    is not a number or None, NaN or inf, time out as a whole, kill its worker) and still only score 0
-    there; more stops the run with the reason and the first failing row. 0 = strict: any failure stops
-    the run. A function that fails on every completion of a step always stops it. Failures are counted
-    in reward/<name>/failed_rows; per-completion timeouts (math_accuracy) score 0 and are not failures,
-    unless every completion of the step timed out."""
-    stop_after_flat_steps: int = 5
-    """Stop (with the likely cause) after this many consecutive steps in which no group has any reward
-    spread: every advantage is 0 and nothing is learnt. A warning comes at the first such step. 0 = never."""
-    distributed: str = "auto"
-    """Under torchrun (WORLD_SIZE > 1): fsdp (shard with FSDP2) | ddp | auto (ddp with LoRA, else fsdp)."""
+    steps: int = setting(
+        100,
+        "Training steps, each one rollout (optim.mini_batches x optim.epochs optimizer steps).",
+        range="[1, inf)",
+        example=200,
+    )
+    num_train_epochs: float | None = setting(
+        None,
+        """Passes over the training prompts (TRL's num_train_epochs); when set, train.steps becomes
+        ceil(num_train_epochs * prompts / rollout.prompts_per_step).""",
+        range="(0, inf)",
+        example=3,
+        meaning="null = train.steps",
+    )
+    seed: int = setting(
+        0, "Seed of data order, sampling and initialisation.", check=check_seed, allowed=">= 0 and < 2**63"
+    )
+    output_dir: str = setting(
+        "runs/grpokit",
+        "Where metrics, checkpoints, samples and plots go.",
+        check=check_output_path,
+        allowed="a folder (not empty)",
+    )
+    save_every: int = setting(
+        0,
+        "Checkpoint every this many training steps, i.e. rollouts, not optimizer steps (0 = only at the end).",
+        range="[0, inf)",
+        example=50,
+        meaning="0 = only at the end",
+    )
+    keep_checkpoints: int = setting(
+        2,
+        "How many step checkpoints to keep (0 = keep all); every step_N folder in the run counts.",
+        range="[0, inf)",
+        example=2,
+        meaning="0 = keep all",
+    )
+    samples_every: int = setting(
+        10,
+        "Save sample completions every this many steps (0 = never).",
+        range="[0, inf)",
+        example=10,
+        meaning="0 = never",
+    )
+    tensorboard: bool = setting(
+        True, "Write TensorBoard scalars (false drops tensorboard from train.report_to)."
+    )
+    report_to: list[str] | str = setting(
+        "tensorboard",
+        """Experiment trackers: tensorboard | wandb | mlflow | none, or a list ([tensorboard, wandb]); wandb and
+        mlflow are extras (pip install 'grpokit[wandb]', 'grpokit[mlflow]'), configured by their own env vars.""",
+        choices=tuple(REPORT_TO),
+        check=check_trackers,
+    )
+    accuracy_reward: str | None = setting(
+        None,
+        """Reward whose value 1 means correct: accuracy, eval pass@1 / maj@k, the flat-reward check. Unset: the one
+        verifier among the rewards (math_accuracy, code_tests, a function named *accuracy* or
+        *correct*), else the first reward that is not a format/length one (the run says which), else an
+        error asking for it (grpokit.rewards.which_accuracy).""",
+    )
+    reward_timeout_s: float = setting(
+        120.0,
+        "A reward function taking longer is reported and counted as failed.",
+        range="(0, inf)",
+        example=120,
+    )
+    max_reward_failure_frac: float = setting(
+        0.0,
+        """Share of a step's completions on which one reward function may fail (raise, return a value that
+        is not a number or None, NaN or inf, time out as a whole, kill its worker) and still only score 0
+        there; more stops the run with the reason and the first failing row. 0 = strict: any failure stops
+        the run. A function that fails on every completion of a step always stops it. Failures are counted
+        in reward/<name>/failed_rows; per-completion timeouts (math_accuracy) score 0 and are not failures,
+        unless every completion of the step timed out.""",
+        range="[0, 1]",
+        example=0.05,
+        meaning="0 = any failure stops the run",
+    )
+    stop_after_flat_steps: int = setting(
+        5,
+        """Stop (with the likely cause) after this many consecutive steps in which no group has any reward
+        spread: every advantage is 0 and nothing is learnt. A warning comes at the first such step. 0 = never.""",
+        range="[0, inf)",
+        example=5,
+        meaning="0 = never stop",
+    )
+    distributed: str = setting(
+        "auto",
+        "Under torchrun (WORLD_SIZE > 1): fsdp (shard with FSDP2) | ddp | auto (ddp with LoRA, else fsdp).",
+        choices=STRATEGIES,
+    )
 
 
 @dataclass
 class Config:
-    model: ModelConfig = field(default_factory=ModelConfig)
-    lora: LoraConfig = field(default_factory=LoraConfig)
-    data: DataConfig = field(default_factory=DataConfig)
-    rollout: RolloutConfig = field(default_factory=RolloutConfig)
-    algo: AlgoConfig = field(default_factory=AlgoConfig)
-    critic: CriticConfig = field(default_factory=CriticConfig)
-    optim: OptimConfig = field(default_factory=OptimConfig)
-    rewards: list[RewardSpec] = field(default_factory=lambda: [RewardSpec()])
-    eval: EvalConfig = field(default_factory=EvalConfig)
-    train: TrainConfig = field(default_factory=TrainConfig)
+    """The config tree of ``grpokit train``."""
+
+    model: ModelConfig = setting(ModelConfig(), "The policy model and how it loads.")
+    lora: LoraConfig = setting(LoraConfig(), "A LoRA adapter instead of full fine-tuning.")
+    data: DataConfig = setting(DataConfig(), "The training and held-out prompts, and how they are rendered.")
+    rollout: RolloutConfig = setting(RolloutConfig(), "Sampling the completions of a training step.")
+    algo: AlgoConfig = setting(AlgoConfig(), "The algorithm: a preset and the knobs that override it.")
+    critic: CriticConfig = setting(
+        CriticConfig(), "The value model of the critic-based estimators (PPO's GAE)."
+    )
+    optim: OptimConfig = setting(OptimConfig(), "The optimizer, its schedule, batching and precision.")
+    rewards: list[RewardSpec] = setting([RewardSpec()], "The reward functions, summed with their weights.")
+    eval: EvalConfig = setting(EvalConfig(), "Evaluation on the held-out prompts.")
+    train: TrainConfig = setting(TrainConfig(), "The run: steps, checkpoints, logging, reward failures.")
 
 
 def config_from_dict(values: dict[str, Any]) -> Config:
@@ -381,8 +566,11 @@ def _from_trl_if_flat(values: dict[str, Any], path: Path) -> dict[str, Any]:
         converted, notes = from_trl(values)
     except ConfigError as e:
         raise ConfigError(f"{path} (a TRL GRPOConfig): {e}") from None
-    print(f"grpokit: {path} holds TRL GRPOConfig fields; converted (grpokit config --from-trl {path} shows the "
-          "result):\n" + "\n".join(f"  - {n}" for n in notes), file=sys.stderr)
+    print(
+        f"grpokit: {path} holds TRL GRPOConfig fields; converted (grpokit config --from-trl {path} shows the "
+        "result):\n" + "\n".join(f"  - {n}" for n in notes),
+        file=sys.stderr,
+    )
     return converted
 
 

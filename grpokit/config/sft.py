@@ -11,12 +11,14 @@ shared keys that mean nothing to SFT (NOT_FOR_SFT) are refused when set, never s
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from grpokit.config.checks import RANGES, build_config, check_shared_sections
+from grpokit.config.checks import build_config
+from grpokit.config.declare import check_tree, setting
 from grpokit.config.schema import (
+    TEMPLATE_NAMES,
     DataConfig,
     EvalConfig,
     LoraConfig,
@@ -29,70 +31,106 @@ from grpokit.config.schema import (
 from grpokit.core.errors import ConfigError
 
 SFT_FORMATS = ("auto", "messages", "prompt_completion", "text")
+"""data.format: the row formats grpokit.data.sft reads (TRL's SFT conventions)."""
 LOSS_ON = ("auto", "completion", "all")
+"""sft.loss_on: which tokens the loss trains on (grpokit.data.sft)."""
 
 
 @dataclass
 class SFTDataConfig:
-    train: str = ""
-    """SFT rows: JSONL, JSON, CSV, Parquet, a save_to_disk folder, a hub-layout folder, a glob or a hub id."""
-    eval: str | None = None
-    """Held-out SFT rows: their loss, and with a reward the verifier's accuracy on their prompts."""
-    config: str | None = None
-    """Configuration (subset) of a dataset read through datasets.load_dataset."""
-    split: str | None = None
-    """Split of data.train to read (default: train, or the only split there is)."""
-    eval_split: str | None = None
-    """Split of data.eval to read (default: test, or the only split there is)."""
-    format: str = "auto"
-    """auto | messages | prompt_completion | text (TRL's SFT conventions); auto picks by the columns."""
-    messages_column: str = "messages"
-    """Column of a conversation: a list of {role, content} messages."""
-    prompt_column: str = "prompt"
-    """Column of the prompt of prompt/completion rows: a string or messages."""
-    completion_column: str = "completion"
-    """Column of the completion of prompt/completion rows: a string or assistant messages."""
-    text_column: str = "text"
-    """Column of plain text rows (language modelling)."""
-    template: str = "auto"
-    """How a string prompt is rendered, as grpokit train renders it: auto | chat | plain | r1_zero."""
-    system_prompt: str | None = None
-    """System message prepended for chat templates (as grpokit train)."""
-    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
-    """Extra arguments of the tokenizer's apply_chat_template (as grpokit train), e.g. {enable_thinking: false}."""
-    max_length: int = 1024
-    """Tokens per example; a longer example is refused with its row named (or cut, with data.truncate)."""
-    truncate: bool = False
-    """Cut examples longer than data.max_length on the right (TRL's default) instead of refusing them."""
-    shuffle: bool = True
-    """Shuffle the training rows each pass (seeded)."""
-    eval_limit: int | None = None
-    """Evaluate on at most this many held-out rows."""
+    train: str = setting(
+        "",
+        "SFT rows: JSONL, JSON, CSV, Parquet, a save_to_disk folder, a hub-layout folder, a glob or a hub id.",
+    )
+    eval: str | None = setting(
+        None, "Held-out SFT rows: their loss, and with a reward the verifier's accuracy on their prompts."
+    )
+    config: str | None = setting(
+        None, "Configuration (subset) of a dataset read through datasets.load_dataset."
+    )
+    split: str | None = setting(
+        None, "Split of data.train to read (default: train, or the only split there is)."
+    )
+    eval_split: str | None = setting(
+        None, "Split of data.eval to read (default: test, or the only split there is)."
+    )
+    format: str = setting(
+        "auto",
+        "auto | messages | prompt_completion | text (TRL's SFT conventions); auto picks by the columns.",
+        choices=SFT_FORMATS,
+    )
+    messages_column: str = setting(
+        "messages", "Column of a conversation: a list of {role, content} messages."
+    )
+    prompt_column: str = setting(
+        "prompt", "Column of the prompt of prompt/completion rows: a string or messages."
+    )
+    completion_column: str = setting(
+        "completion", "Column of the completion of prompt/completion rows: a string or assistant messages."
+    )
+    text_column: str = setting("text", "Column of plain text rows (language modelling).")
+    template: str = setting(
+        "auto",
+        "How a string prompt is rendered, as grpokit train renders it: auto | chat | plain | r1_zero.",
+        choices=TEMPLATE_NAMES,
+    )
+    system_prompt: str | None = setting(
+        None, "System message prepended for chat templates (as grpokit train)."
+    )
+    chat_template_kwargs: dict[str, Any] = setting(
+        {},
+        "Extra arguments of the tokenizer's apply_chat_template (as grpokit train), e.g. {enable_thinking: false}.",
+    )
+    max_length: int = setting(
+        1024,
+        "Tokens per example; a longer example is refused with its row named (or cut, with data.truncate).",
+        range="[2, inf)",
+        example=1024,
+        meaning="an example needs a token to predict and one to predict from",
+    )
+    truncate: bool = setting(
+        False,
+        "Cut examples longer than data.max_length on the right (TRL's default) instead of refusing them.",
+    )
+    shuffle: bool = setting(True, "Shuffle the training rows each pass (seeded).")
+    eval_limit: int | None = setting(
+        None, "Evaluate on at most this many held-out rows.", range="[1, inf)", example=200
+    )
 
 
 @dataclass
 class SFTSettings:
-    loss_on: str = "auto"
-    """auto (the completion of prompt/completion rows, every assistant turn of messages, all of text) |
-    completion (the same, refusing text rows) | all (every token but the first)."""
-    packing: bool = False
-    """Padding-free packing: a micro-batch's examples in one row, positions restarting at each, attention
-    kept inside each example (the same gradient as unpacked; needs a model whose attention reads packed
-    position_ids, checked when the trainer is built)."""
-    batch_size: int = 8
-    """Examples per optimizer step (over all ranks under torchrun)."""
+    loss_on: str = setting(
+        "auto",
+        """auto (the completion of prompt/completion rows, every assistant turn of messages, all of text) |
+        completion (the same, refusing text rows) | all (every token but the first).""",
+        choices=LOSS_ON,
+    )
+    packing: bool = setting(
+        False,
+        """Padding-free packing: a micro-batch's examples in one row, positions restarting at each, attention
+        kept inside each example (the same gradient as unpacked; needs a model whose attention reads packed
+        position_ids, checked when the trainer is built).""",
+    )
+    batch_size: int = setting(
+        8, "Examples per optimizer step (over all ranks under torchrun).", range="[1, inf)", example=8
+    )
 
 
 @dataclass
 class SFTConfig:
-    model: ModelConfig = field(default_factory=ModelConfig)
-    lora: LoraConfig = field(default_factory=LoraConfig)
-    data: SFTDataConfig = field(default_factory=SFTDataConfig)
-    sft: SFTSettings = field(default_factory=SFTSettings)
-    optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=2e-5))
-    rewards: list[RewardSpec] = field(default_factory=list)
-    eval: EvalConfig = field(default_factory=lambda: EvalConfig(max_new_tokens=256))
-    train: TrainConfig = field(default_factory=lambda: TrainConfig(output_dir="runs/sft"))
+    """The config tree of ``grpokit sft``."""
+
+    model: ModelConfig = setting(ModelConfig(), "The model and how it loads.")
+    lora: LoraConfig = setting(LoraConfig(), "A LoRA adapter instead of full fine-tuning.")
+    data: SFTDataConfig = setting(SFTDataConfig(), "The SFT rows and how they are read and rendered.")
+    sft: SFTSettings = setting(SFTSettings(), "What the loss trains on, packing, the batch size.")
+    optim: OptimConfig = setting(OptimConfig(lr=2e-5), "The optimizer, its schedule, batching and precision.")
+    rewards: list[RewardSpec] = setting(
+        [], "Optional: a verifier scored on the held-out prompts (its accuracy before and after)."
+    )
+    eval: EvalConfig = setting(EvalConfig(max_new_tokens=256), "Evaluation on the held-out rows.")
+    train: TrainConfig = setting(TrainConfig(output_dir="runs/sft"), "The run: steps, checkpoints, logging.")
 
 
 # Keys of the shared sections that do not apply to SFT, with the value they must keep.
@@ -104,31 +142,17 @@ NOT_FOR_SFT: dict[str, tuple[Any, str]] = {
     "train.max_reward_failure_frac": (0.0, "SFT has no rewards while training"),
 }
 
-SFT_RANGES: dict[str, tuple[str, Any, str]] = {
-    "data.max_length": ("[2, inf)", 1024, "an example needs a token to predict and one to predict from"),
-    "data.eval_limit": ("[1, inf)", 200, ""),
-    "sft.batch_size": ("[1, inf)", 8, ""),
-}
-
 
 def check_sft_config(cfg: SFTConfig) -> None:
-    """Ranges (the shared sections' from grpokit.config.checks.RANGES, and SFT_RANGES), choices, the keys
-    that do not apply; the first problem raises ConfigError naming the key, the value and the fix."""
+    """The keys that do not apply (NOT_FOR_SFT), then every setting against its declaration (the shared
+    sections as grpokit train checks them); the first problem raises ConfigError naming the key, the value
+    and the fix."""
     for key, (keep, why) in NOT_FOR_SFT.items():
         section, name = key.split(".")
         value = getattr(getattr(cfg, section), name)
         if value != keep:
             raise ConfigError(f"{key}={value!r} does not apply to grpokit sft ({why}); remove it.")
-    sections = {f.name for f in dataclasses.fields(cfg)}
-    shared = {k: v for k, v in RANGES.items() if k.split(".")[0] in sections and not k.startswith("data.")}
-    check_shared_sections(
-        cfg,
-        {**shared, **SFT_RANGES},
-        {
-            "data.format": (cfg.data.format, list(SFT_FORMATS)),
-            "sft.loss_on": (cfg.sft.loss_on, list(LOSS_ON)),
-        },
-    )
+    check_tree(cfg)
 
 
 def sft_config_from_dict(values: dict[str, Any]) -> SFTConfig:

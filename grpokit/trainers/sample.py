@@ -37,89 +37,22 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import shutil
 import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from grpokit.config.checks import build_config, check_model_section, check_output_path, check_seed
-from grpokit.config.schema import DataConfig, ModelConfig, RewardSpec, apply_overrides
+from grpokit.config.checks import build_config
+from grpokit.config.sample import FORMATS, KeepConfig, SampleConfig, check_sample_config
+from grpokit.config.schema import apply_overrides
 from grpokit.core.errors import ConfigError
 from grpokit.core.files import replace_whole
 
 PROVENANCE = ("source_model", "scores", "completion_tokens", "prompt_index", "sample_index", "pass_rate")
 """Columns every kept row gets (a source column of the same name is refused)."""
-FORMATS = ("jsonl", "parquet")
-
-
-@dataclass
-class SampleSettings:
-    n: int = 8
-    """Completions sampled per prompt."""
-    temperature: float = 1.0
-    """Sampling temperature (0 = greedy: n = 1 then)."""
-    top_p: float = 1.0
-    """Nucleus sampling threshold."""
-    top_k: int = 0
-    """Top-k sampling (0 = off)."""
-    max_new_tokens: int = 256
-    """Length limit of a completion; longer ones are truncated (and dropped by keep.drop_truncated)."""
-    batch_prompts: int = 16
-    """Prompts per generation call; each batch's candidates are saved as it finishes (the unit of resume)."""
-    limit: int | None = None
-    """Sample the first this many prompts only."""
-    seed: int = 0
-    """Seed of the sampling (batch b uses seed + its first prompt's index)."""
-    engine: str = "fast"
-    """fast | hf (rollout.engine's generators)."""
-
-
-@dataclass
-class KeepConfig:
-    max_per_prompt: int = 4
-    """Keep at most this many completions per prompt (0 = all that pass)."""
-    prefer_shortest: bool = True
-    """Keep the shortest passing completions (by tokens) first, else the first sampled."""
-    dedupe: bool = True
-    """Drop a completion whose text (stripped) repeats an earlier one of the same prompt."""
-    drop_truncated: bool = True
-    """Drop completions that hit sample.max_new_tokens without EOS."""
-    drop_empty: bool = True
-    """Drop completions with no text but whitespace (EOS at once): SFT refuses an empty completion."""
-
-
-@dataclass
-class FilterSpec(RewardSpec):
-    min: float | None = 1.0
-    """Keep a completion only when this reward is >= min (null: scored and reported, not a filter).
-    A value of None (the reward does not apply to the completion) passes."""
-
-
-@dataclass
-class OutputConfig:
-    dir: str = "runs/sample"
-    """Output folder (--output-dir)."""
-    format: str = "jsonl"
-    """jsonl | parquet: the kept rows' file."""
-    reward_timeout_s: float = 120.0
-    """A reward call taking longer fails (as train.reward_timeout_s)."""
-    max_reward_failure_frac: float = 0.0
-    """Share of a batch's completions a reward may fail on (those rows do not pass); more stops the run."""
-
-
-@dataclass
-class SampleConfig:
-    model: ModelConfig = field(default_factory=ModelConfig)
-    data: DataConfig = field(default_factory=DataConfig)
-    sample: SampleSettings = field(default_factory=SampleSettings)
-    rewards: list[FilterSpec] = field(default_factory=lambda: [FilterSpec()])
-    keep: KeepConfig = field(default_factory=KeepConfig)
-    output: OutputConfig = field(default_factory=OutputConfig)
 
 
 FREE_TO_CHANGE = ("keep.", "output.", "rewards.min")
@@ -148,48 +81,6 @@ def load_sample_config(path: str | Path | None, overrides: list[str] | tuple[str
     except ConfigError as e:
         raise ConfigError(f"{path}: {e}" if path is not None else str(e)) from None
     return cfg
-
-
-def check_sample_config(cfg: SampleConfig) -> None:
-    """Ranges and choices; the first problem raises a one-line ConfigError naming the key."""
-    s = cfg.sample
-    checks = [
-        ("sample.n", s.n, s.n >= 1, "an integer >= 1, e.g. 8"),
-        ("sample.temperature", s.temperature, s.temperature >= 0, "a number >= 0, e.g. 1.0"),
-        ("sample.top_p", s.top_p, 0 < s.top_p <= 1, "in (0, 1], e.g. 1.0"),
-        ("sample.top_k", s.top_k, s.top_k >= 0, "an integer >= 0 (0 = off)"),
-        ("sample.max_new_tokens", s.max_new_tokens, s.max_new_tokens >= 1, "an integer >= 1, e.g. 256"),
-        ("sample.batch_prompts", s.batch_prompts, s.batch_prompts >= 1, "an integer >= 1, e.g. 16"),
-        ("sample.limit", s.limit, s.limit is None or s.limit >= 1, "an integer >= 1 or null"),
-        ("sample.engine", s.engine, s.engine in ("fast", "hf"), "fast or hf"),
-        ("keep.max_per_prompt", cfg.keep.max_per_prompt, cfg.keep.max_per_prompt >= 0, ">= 0 (0 = no cap)"),
-        ("output.format", cfg.output.format, cfg.output.format in FORMATS, " or ".join(FORMATS)),
-        ("output.reward_timeout_s", cfg.output.reward_timeout_s, cfg.output.reward_timeout_s > 0, "> 0"),
-        (
-            "output.max_reward_failure_frac",
-            cfg.output.max_reward_failure_frac,
-            0 <= cfg.output.max_reward_failure_frac <= 1,
-            "in [0, 1]",
-        ),
-    ]
-    for key, value, ok, allowed in checks:
-        if not ok:
-            raise ConfigError(f"{key}={value!r} is not allowed: expected {allowed}.")
-    check_model_section(cfg.model)  # model.dtype and model.device, as grpokit train checks them
-    check_seed(s.seed, "sample.seed")
-    check_output_path(cfg.output.dir, "output.dir")
-    if s.temperature == 0 and s.n > 1:
-        raise ConfigError(
-            f"sample.temperature=0 (greedy) with sample.n={s.n}: the n completions would be equal; "
-            "set sample.n=1 or a temperature > 0."
-        )
-    if not cfg.data.train:
-        raise ConfigError("data.train is empty: give the prompts to sample from (JSONL, Parquet, ...).")
-    if not cfg.rewards:
-        raise ConfigError("rewards is empty: name at least one reward, e.g. rewards=[{name: math_accuracy}].")
-    for i, spec in enumerate(cfg.rewards):
-        if spec.min is not None and not math.isfinite(spec.min):
-            raise ConfigError(f"rewards[{i}].min={spec.min!r}: expected a finite number or null.")
 
 
 # ----------------------------------------------------------------------------- selection (pure)
