@@ -15,10 +15,12 @@ def free_port() -> int:
 
 
 def launch(
-    args: list[str], nproc: int, timeout: float = 240, module: bool = False
+    args: list[str], nproc: int, timeout: float = 240, module: bool = False, paths: tuple = ()
 ) -> subprocess.CompletedProcess:
-    """``python -m torch.distributed.run --nproc_per_node=nproc ...`` (or plain python for nproc=0)."""
-    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{TESTS}", "OMP_NUM_THREADS": "1"}
+    """``python -m torch.distributed.run --nproc_per_node=nproc ...`` (or plain python for nproc=0). ``paths``:
+    more folders on PYTHONPATH (those of test modules a config names, e.g. "test_multiturn_training:parity")."""
+    pythonpath = os.pathsep.join(str(p) for p in (REPO, TESTS, *paths))
+    env = {**os.environ, "PYTHONPATH": pythonpath, "OMP_NUM_THREADS": "1"}
     env.pop("WORLD_SIZE", None)
     runner = [sys.executable]
     if nproc:

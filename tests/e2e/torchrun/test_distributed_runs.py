@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from paths import TESTS
 from safetensors.torch import load_file
 from torchrun import launch
 
@@ -119,7 +120,8 @@ def test_multiturn_tool_rollouts_on_two_ranks_log_global_numbers_and_resume(tmp_
     cfg = tmp_path / "cfg.yaml"
     cfg.write_text(json.dumps(settings))  # JSON is YAML
     run = tmp_path / "run"
-    launch(["grpokit", "train", str(cfg), "--output-dir", str(run)], nproc=2, module=True)
+    paths = (Path(__file__).parent, TESTS / "integration")  # the parser's and the tool's and reward's modules
+    launch(["grpokit", "train", str(cfg), "--output-dir", str(run)], nproc=2, module=True, paths=paths)
     full = _metrics(run)
     assert [m["step"] for m in full] == [1, 2, 3]
     for m in full:  # 8 episodes per step, 4 per rank: the counts are summed over ranks, the means averaged
@@ -127,7 +129,7 @@ def test_multiturn_tool_rollouts_on_two_ranks_log_global_numbers_and_resume(tmp_
     assert sum(m["tools/calls"] for m in full) > 0 and max(m["episode/turns_mean"] for m in full) > 1
     shutil.copytree(run, tmp_path / "resumed")
     args = ["--output-dir", str(tmp_path / "resumed"), "--resume-from", "step_000002"]
-    launch(["grpokit", "train", str(cfg), *args], nproc=2, module=True)
+    launch(["grpokit", "train", str(cfg), *args], nproc=2, module=True, paths=paths)
     again = _metrics(tmp_path / "resumed")
     assert [m["step"] for m in again] == [1, 2, 3, 3]
     for key in ("loss", "reward", "tools/calls", "episode/turns_mean"):
