@@ -12,7 +12,7 @@ from grpokit.bench.report import print_algos_table, print_table
 from grpokit.bench.run import compare_algos, run_bench
 from grpokit.bench.shapes import BENCH_SHAPES, MODEL_SHAPES, BenchError, cache_root
 from grpokit.bench.trl import check_trl, compare, run_trl
-from grpokit.config.schema import KV_CACHES
+from grpokit.config.schema import DTYPES, ENGINES, KV_CACHES, PRECISION_MODES
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -196,14 +196,14 @@ def add_bench_parser(subparsers) -> None:
     )
     p.add_argument("--trl-python", help="Python interpreter for the TRL run (default: this one)")
     p.add_argument("--json", help="also write the result to this JSON file")
-    p.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"], default="auto")
+    p.add_argument("--dtype", choices=DTYPES, default="auto")
     p.add_argument(
         "--precision",
-        choices=["auto", "fp32", "bf16_mixed", "fp16_mixed", "bf16_kahan", "bf16_pure"],
+        choices=PRECISION_MODES,
         default="auto",
         help="optim.precision (grpokit.model.precision); bf16_mixed is what TRL's bf16=True does",
     )
-    p.add_argument("--engine", choices=["fast", "hf"], default="fast")
+    p.add_argument("--engine", choices=ENGINES, default="fast")
     p.add_argument("--kv-cache", choices=KV_CACHES, default="auto", help="fast engine's KV cache")
     p.add_argument("--no-cuda-graphs", dest="cuda_graphs", action="store_false")
     p.add_argument("--device", default="auto")

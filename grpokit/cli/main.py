@@ -24,6 +24,7 @@ import os
 import signal
 import sys
 import time
+import typing
 from pathlib import Path
 
 # shared with the other commands' modules (grpokit.pipeline.run, grpokit.trainers.sample), which sit below this one
@@ -293,6 +294,16 @@ def _check_eval_args(args: argparse.Namespace) -> None:
         raise ConfigError(message) from None
 
 
+def setting_doc(key: str) -> str:
+    """A ``grpokit train`` setting's description, for the help of a flag that sets it (its declaration's;
+    argparse reads % as a format)."""
+    from grpokit.config.schema import Config
+
+    section, name = key.split(".")
+    cls = typing.get_type_hints(Config)[section]
+    return field_docs(cls)[name].replace("%", "%%")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="grpokit",
@@ -370,18 +381,18 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("model")
     ev.add_argument("data")
     ev.add_argument("--reward", default="math_accuracy", help="reward whose value 1 means correct")
-    ev.add_argument("--template", default="auto")
-    ev.add_argument("--prompt-column", default="prompt")
-    ev.add_argument("--max-prompt-tokens", type=int, default=1024)
-    ev.add_argument("--max-new-tokens", type=int, default=256)
-    ev.add_argument("--num-samples", type=int, default=4)
-    ev.add_argument("--temperature", type=float, default=1.0)
-    ev.add_argument("--limit", type=int)
+    ev.add_argument("--template", default="auto", help=setting_doc("data.template"))
+    ev.add_argument("--prompt-column", default="prompt", help=setting_doc("data.prompt_column"))
+    ev.add_argument("--max-prompt-tokens", type=int, default=1024, help=setting_doc("data.max_prompt_tokens"))
+    ev.add_argument("--max-new-tokens", type=int, default=256, help=setting_doc("rollout.max_new_tokens"))
+    ev.add_argument("--num-samples", type=int, default=4, help=setting_doc("eval.num_samples"))
+    ev.add_argument("--temperature", type=float, default=1.0, help=setting_doc("eval.temperature"))
+    ev.add_argument("--limit", type=int, help=setting_doc("data.eval_limit"))
     ev.add_argument(
         "--split", help="split of DATA to evaluate on (default: test, or the only split there is)"
     )
     ev.add_argument("--data-config", help="subset of a hub dataset (data.config), e.g. main for openai/gsm8k")
-    ev.add_argument("--dtype", default="auto")
+    ev.add_argument("--dtype", default="auto", help=setting_doc("model.dtype"))
     ev.set_defaults(func=cmd_eval)
 
     from grpokit.bench import add_bench_parser
