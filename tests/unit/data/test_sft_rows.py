@@ -228,7 +228,7 @@ def test_config_keys_that_do_not_apply_are_refused():
     ],
 )
 def test_the_shared_sections_are_checked_as_for_grpokit_train(override, message):
-    """grpokit sft and grpokit train check model/optim/train by one function (config_checks.check_shared_sections)."""
+    """grpokit sft and grpokit train check model/optim/train from the same declarations (grpokit.config.declare.check_tree)."""
     from grpokit.config.schema import ConfigError, load_config
 
     for load in (load_sft_config, load_config):
