@@ -42,10 +42,7 @@ HEAD = (
 
 
 def settings_page() -> str:
-    try:  # TEMPORARY, while grpokit/config/reference.py is being written: remove before this lands
-        from grpokit.config.reference import settings_markdown
-    except ImportError:
-        settings_markdown = lambda: "# Settings\n\n(placeholder: grpokit.config.reference has not landed yet)\n"  # noqa: E731
+    from grpokit.config.reference import settings_markdown
 
     return HEAD + settings_markdown()  # its own title and introduction included
 

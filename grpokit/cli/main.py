@@ -350,7 +350,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     sft = sub.add_parser(
         "sft", help="supervised fine-tuning on messages / prompt+completion / text rows", parents=[run],
-        epilog="every key: README, section 'Supervised fine-tuning'",
+        epilog="every key with its default and what it does: grpokit sft --print-config (the guide: docs/guides/sft.md)",
     )
     sft.add_argument("overrides", nargs="*", help="[CONFIG.yaml] then section.key=value overrides")
     sft.add_argument("--config", metavar="PATH", help="the YAML config (or give it as the first argument)")
