@@ -393,6 +393,9 @@ SCORED_AWARE = (
 others get each unscored row's reward set to its group's scored mean first (neutral in the group), and
 every estimator's output is 0 at unscored rows."""
 """Estimators that read AdvantageInputs.values: choosing one makes the trainer build a critic."""
+GROUP_LOCAL = ("group_std", "group_centre", "leave_one_out", "process_group")
+"""Estimators that read one group at a time: exact on any split of the batch into whole groups (a rank's
+share under torchrun). Any other (batch std, whitening over the batch, your own) needs the whole batch."""
 # Names from before the estimators were named by what they do; still accepted.
 ADVANTAGE_ALIASES = {
     "grpo": "group_std",
@@ -402,6 +405,11 @@ ADVANTAGE_ALIASES = {
     "reinforce_pp": "token_whiten",
 }
 ADVANTAGE_KINDS = (*ADVANTAGES, *ADVANTAGE_ALIASES)
+
+
+def group_local(name: str) -> bool:
+    """True for an estimator (or its alias) in GROUP_LOCAL: computed on any whole groups alone."""
+    return ADVANTAGE_ALIASES.get(name, name) in GROUP_LOCAL
 
 
 def register_advantage(name: str, fn: Callable[[AdvantageInputs], Tensor]) -> None:

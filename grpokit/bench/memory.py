@@ -10,8 +10,8 @@ at both points. Without ``/proc`` (not Linux) the peak is ``ru_maxrss`` and is n
 By role, counted from the tensors themselves, each storage once (a storage two roles share counts for
 the first): policy weights (parameters and buffers), its gradients, its optimizer state (every tensor in
 ``optimizer.state``: AdamW's moments, the Kahan buffer of bf16_kahan), the reference model, and the
-critic's weights, gradients and optimizer state when the trainer has ``critic`` (a torch.nn.Module) and
-``critic_optimizer`` (a torch.optim.Optimizer) (PPO). Gradients are COMPUTED, not read: the numel times
+critic's weights, gradients and optimizer state when the trainer has a ``critic`` part (PPO:
+grpokit.train.critic.Critic, its ``model`` and its learner's optimizer). Gradients are COMPUTED, not read: the numel times
 the element size of every trainable parameter (PyTorch keeps a gradient in its parameter's dtype). They
 exist during every backward pass, which is where a step's peak is, but the trainer drops them after
 the optimizer step, so there is nothing to read once the step is over. Whatever the peak holds beyond
@@ -79,18 +79,17 @@ def optimizer_tensors(optimizer: torch.optim.Optimizer | None) -> list[torch.Ten
 
 
 def role_bytes(trainer) -> dict[str, int]:
-    """Bytes per role (``ROLES``) of a built trainer, from its public attributes: ``model``,
-    ``optimizer``, ``ref_model`` and, when present, ``critic`` and ``critic_optimizer``. Call it once the
-    optimizer has stepped (its state exists from the first step on)."""
-    critic = getattr(trainer, "critic", None)
-    critic = critic if isinstance(critic, torch.nn.Module) else None
-    critic_opt = getattr(trainer, "critic_optimizer", None)
-    critic_opt = critic_opt if isinstance(critic_opt, torch.optim.Optimizer) else None
+    """Bytes per role (``ROLES``) of a built trainer, from its public attributes: ``model``, ``learner``
+    (its ``optimizer``), ``ref_model`` and ``critic`` (None, or PPO's part: its ``model`` and its
+    ``learner.optimizer``). Call it once the optimizer has stepped (its state exists from the first step on)."""
+    part = getattr(trainer, "critic", None)
+    critic = part.model if part is not None else None
+    critic_opt = part.learner.optimizer if part is not None else None
     seen: set = set()
     return {
         "policy_weights": tensor_bytes(module_tensors(trainer.model), seen),
         "policy_gradients": gradient_bytes(trainer.model),
-        "policy_optimizer": tensor_bytes(optimizer_tensors(trainer.optimizer), seen),
+        "policy_optimizer": tensor_bytes(optimizer_tensors(trainer.learner.optimizer), seen),
         "reference_model": tensor_bytes(module_tensors(getattr(trainer, "ref_model", None)), seen),
         "critic_weights": tensor_bytes(module_tensors(critic), seen),
         "critic_gradients": gradient_bytes(critic),

@@ -228,7 +228,7 @@ def run_bench(
     trainer = model = None
     try:
         trainer = GRPOTrainer(cfg, train_rows=rows, reward_functions=[("random", random_reward(seed), 1.0)])
-        model, dev = trainer.model, trainer.device
+        model, dev = trainer.model, trainer.learner.device
         meter.start()
         per_step = []
         for i in range(steps):
@@ -241,7 +241,7 @@ def run_bench(
         first = next(model.parameters())
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         dtype_name = str(first.dtype).replace("torch.", "")
-        mode = trainer.precision
+        mode = trainer.learner.precision
         roofline = decode_roofline(
             n_params,
             first.element_size(),

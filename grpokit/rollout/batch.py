@@ -47,6 +47,51 @@ class ScoredBatch:
         )
 
 
+    def across_ranks(self, ranks) -> ScoredBatch:
+        """The step's batch as one process would see it, for its metrics and the reward-spread check: every
+        rank's rows, texts, rewards, per-function values, step rewards and completion lengths, in rank order
+        (prompt and token tensors are left out: zeros, the completion mask a prefix of each row's length);
+        reward counters add up over ranks, means and stds are recomputed over the rows. ``ranks``:
+        grpokit.train.distributed.Distributed (world, gather); alone, this batch itself."""
+        if not ranks.active:
+            return self
+        r = self.rollout
+        parts = ranks.gather(
+            {
+                "rows": self.rows,
+                "texts": self.texts,
+                "rewards": self.rewards.cpu(),
+                "per_function": self.per_function,
+                "reward_metrics": self.reward_metrics,
+                "lengths": r.completion_mask.sum(1).cpu(),
+                "truncated": r.truncated.cpu(),
+                "step_rewards": self.step_rewards,
+            }
+        )
+        lengths = torch.cat([p["lengths"] for p in parts])  # (N,)
+        N, L = len(lengths), max(1, int(lengths.max()))
+        mask = (torch.arange(L)[None, :] < lengths[:, None]).long()  # (N, L): the mask is a prefix
+        zeros = torch.zeros(N, 1, dtype=torch.long)
+        everyone = ScoredBatch(
+            rollout=Rollout(
+                prompt_ids=zeros,
+                prompt_mask=zeros,
+                completion_ids=torch.zeros(N, L, dtype=torch.long),
+                completion_mask=mask,
+                logprobs=torch.zeros(N, L),
+                truncated=torch.cat([p["truncated"] for p in parts]),
+            ),
+            rows=[row for p in parts for row in p["rows"]],
+            texts=[t for p in parts for t in p["texts"]],
+            rewards=torch.cat([p["rewards"] for p in parts]),
+            per_function={k: [v for p in parts for v in p["per_function"][k]] for k in self.per_function},
+            reward_metrics={},
+            step_rewards=None if self.step_rewards is None else [s for p in parts for s in p["step_rewards"]],
+        )
+        everyone.reward_metrics = batch_reward_metrics(everyone, [p["reward_metrics"] for p in parts])
+        return everyone
+
+
 def scored_rows(per_function: dict[str, list], n: int) -> torch.Tensor:
     """(n,) bool: True where at least one reward function gave a value (not None)."""
     per = list(per_function.values())
@@ -229,10 +274,29 @@ def length_sorted(index: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
     return index[lengths[index].argsort(stable=True)]
 
 
+def advantage_abs_mean(advantages: torch.Tensor, completion_mask: torch.Tensor, ranks=None) -> float:
+    """mean |A| over the batch's completions, (N,) advantages, or over its generated tokens, (N, L) ones;
+    with ``ranks`` (grpokit.train.distributed.Distributed) over every rank's (the sums gathered)."""
+    per_token = advantages.dim() == 2
+    gen = completion_mask.to(advantages.device).bool() if per_token else None  # (N, L)
+    if ranks is None or not ranks.active:
+        if per_token:
+            return float(advantages[gen].abs().mean()) if gen.any() else 0.0
+        return float(advantages.abs().mean())
+    if per_token:
+        local = (float(advantages[gen].abs().sum()), float(gen.sum()))
+    else:
+        local = (float(advantages.abs().sum()), float(advantages.numel()))
+    parts = ranks.gather(local)
+    abs_sum, count = sum(p[0] for p in parts), sum(p[1] for p in parts)
+    return float(torch.tensor(abs_sum / max(count, 1.0), dtype=torch.float32))  # float32, as one process
+
+
 def step_metrics(
-    batch: ScoredBatch, advantages, update_metrics, sampling, accuracy_name: str
+    batch: ScoredBatch, advantage_abs: float, update_metrics, sampling, accuracy_name: str
 ) -> dict[str, float]:
-    """The step's metrics line: rewards, accuracy and lengths of ``batch``, advantages, sampling and update."""
+    """The step's metrics line: rewards, accuracy and lengths of ``batch`` (under torchrun every rank's:
+    ``ScoredBatch.across_ranks``), the advantages' mean |A| (``advantage_abs_mean``), sampling and update."""
     r = batch.rollout
     lengths = r.completion_mask.sum(1).float()  # (N,)
     acc_values = batch.per_function[accuracy_name]
@@ -247,11 +311,7 @@ def step_metrics(
         float(lengths[~correct].mean()) if (~correct).any() else float("nan")
     )
     metrics["truncated_frac"] = float(r.truncated.float().mean())
-    if advantages.dim() == 2:  # per token: the mean over generated tokens
-        gen = r.completion_mask.to(advantages.device).bool()  # (N, Lc)
-        metrics["advantage/abs_mean"] = float(advantages[gen].abs().mean()) if gen.any() else 0.0
-    else:
-        metrics["advantage/abs_mean"] = float(advantages.abs().mean())
+    metrics["advantage/abs_mean"] = advantage_abs
     metrics.update(sampling)
     metrics.update(update_metrics)
     if "kl_mean" in metrics:

@@ -37,6 +37,19 @@ from grpokit.rollout.tools import ToolDefinitionError, ToolRunner, get_parser, l
 
 SUMMED = ("tools/calls", "tools/errors", "tools/timeouts", "time/turn_generation", "time/tools")
 """Episode metrics that add up over a step's sampling rounds; the others are averaged."""
+OVER_RANKS = {
+    "episode/turns_mean": "mean",  # per-episode means: every rank has as many episodes
+    "episode/turns_max": "max",
+    "episode/truncated_frac": "mean",
+    "tools/calls_per_episode": "mean",
+    "tools/calls": "sum",
+    "tools/errors": "sum",
+    "tools/timeouts": "sum",
+    "time/turn_generation": "max",  # the step waits for the slowest rank
+    "time/tools": "max",
+}
+"""How each episode metric adds up over torchrun's ranks (grpokit.train.distributed.Distributed.reduce);
+masked_token_frac stays each rank's own."""
 
 
 def multi_turn(rollout_cfg) -> bool:

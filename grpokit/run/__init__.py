@@ -1,1 +1,1 @@
-"""What a run keeps and shows: its state on disk, its log and metrics, the output-folder lock, checks before loading, plots."""
+"""What a run keeps and shows: the run loop every trainer shares, its state on disk, its log and metrics, the output-folder lock, checks before loading, plots."""

@@ -4,7 +4,7 @@ loses nothing until the new run has written its first step.
 The lock is ``flock`` on ``OUTPUT/.grpokit.lock`` (the kernel drops it when its process dies, however
 it dies, so a lock left by a killed run is stale by construction; the file only records who held it,
 for the message). The trainer tries it before anything loads (``claim_output_dir``: a folder in use
-fails in a second) and takes it for the whole of ``train()`` (``run_holding_lock``), checking the
+fails in a second) and takes it for the whole of ``train()`` (``holding``), checking the
 folder again under it, so two trainers started into one folder cannot both pass: the second gets a
 ConfigError naming the first one's process.
 
@@ -15,15 +15,14 @@ back when it fails before that. Files that are not a run's are never touched.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
-import functools
 import os
 import shutil
 import socket
 import sys
-from collections.abc import Callable
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 from grpokit.core.errors import ConfigError
 from grpokit.run.log import RUN_OUTPUTS, holds_run
@@ -138,7 +137,7 @@ def is_main_rank() -> bool:
 def claim_output_dir(folder: Path, *, resume: bool, overwrite: bool, main: bool = True) -> OutputLock:
     """Check that ``folder`` can take this run (``validate.check_output_dir``) and is not in use by another
     run now (its lock is tried and let go; an ``--overwrite`` killed before its first step has its old
-    run put back), creating nothing. Returns the lock that ``train()`` takes (``run_holding_lock``)
+    run put back), creating nothing. Returns the lock that ``train()`` takes (``holding``)
     and keeps until it ends. Under torchrun only rank 0 (``main``) locks; the others only check."""
     from grpokit.run.preflight import check_output_dir
 
@@ -155,32 +154,28 @@ def claim_output_dir(folder: Path, *, resume: bool, overwrite: bool, main: bool 
     return lock
 
 
-def run_holding_lock(train: Callable) -> Callable:
-    """Decorates a trainer's ``train``: the output folder is locked while it runs and released when it
-    returns or raises. The first call checks the folder again under the lock (two runs started together
-    cannot both pass); a later call continues the run. A run being replaced (``--overwrite``, see
-    set_aside) is put back when no step of the new run was logged."""
+@contextlib.contextmanager
+def holding(lock: OutputLock) -> Iterator[None]:
+    """The output folder locked while a trainer's run (grpokit.run.loop) is inside, released when it
+    returns or raises. The first run checks the folder again under the lock (two runs started together
+    cannot both pass); a later one continues the run. A run being replaced (``--overwrite``, see
+    set_aside) is put back when no step of the new run was logged. Ranks other than 0 hold nothing."""
+    if not lock.main:
+        yield
+        return
+    from grpokit.run.preflight import check_output_dir
 
-    @functools.wraps(train)
-    def wrapper(self, *args: Any, **kwargs: Any) -> Any:
-        lock = getattr(self, "output_lock", None)
-        if lock is None or not lock.main:
-            return train(self, *args, **kwargs)
-        from grpokit.run.preflight import check_output_dir
-
-        lock.acquire()
-        try:
-            if not lock.started:
-                if not lock.overwrite:
-                    restore_aside(lock.folder)  # an --overwrite killed before its first step
-                check_output_dir(lock.folder, resume=lock.resume, overwrite=lock.overwrite)
-                lock.started = True
-            return train(self, *args, **kwargs)
-        finally:
-            restore_aside(lock.folder)
-            lock.release()
-
-    return wrapper
+    lock.acquire()
+    try:
+        if not lock.started:
+            if not lock.overwrite:
+                restore_aside(lock.folder)  # an --overwrite killed before its first step
+            check_output_dir(lock.folder, resume=lock.resume, overwrite=lock.overwrite)
+            lock.started = True
+        yield
+    finally:
+        restore_aside(lock.folder)
+        lock.release()
 
 
 def set_aside(folder: Path) -> Path | None:

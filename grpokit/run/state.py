@@ -10,13 +10,13 @@ scheduler, scaler, precision), whatever else the trainer hands in (the prompt st
 optimizer), the step, the config, the world size and the RNG states.
 
     run = RunState(cfg, dist, resume=..., overwrite=..., resolved_algo=algo)   # checks the folder (and its lock)
+    with holding(run.lock): ...                              # train() (grpokit.run.lock, grpokit.run.loop)
     run.pick_checkpoint(resume, allow_changed_config)        # -> run.resume_from (a Path) or None
     state = run.load_resume_state()                          # trainer_state.pt of resume_from; RNG restored
     run.start()                                              # train() begins: config.yaml; a replaced run aside
     run.step_logged()                                        # ... and deleted once a step of this one is logged
     path = run.save(step, learner, tokenizer, {"stream": ...}, subfolders={"critic": critic_model})
-    run.finish(summary)                                      # summary.json and curves.png
-    run_callbacks(trainer, metrics)                          # a callback that raises: checkpoint, TrainingError
+    run.finish(summary)                                      # summary.json and curves.png (curves=True)
     with StopOnSignals() as stop: ...                        # stop.signal_name after SIGINT/SIGTERM
 """
 
@@ -31,7 +31,6 @@ from pathlib import Path
 from typing import Any
 
 from grpokit.config.schema import Config, ConfigError, save_config
-from grpokit.core.errors import TrainingError
 from grpokit.core.files import replace_whole
 from grpokit.model.checkpoint import (
     CheckpointError,
@@ -82,21 +81,6 @@ class StopOnSignals:
         )
 
 
-def run_callbacks(trainer, metrics: dict[str, float]) -> None:
-    """``fn(step, metrics, trainer)`` for each of ``trainer.callbacks``, in order; one that raises stops the run
-    with a checkpoint (``trainer.save()``) and a TrainingError naming the callback. Reads only
-    trainer.callbacks, .step and .save."""
-    for callback in trainer.callbacks:
-        try:
-            callback(trainer.step, metrics, trainer)
-        except Exception as e:
-            name = getattr(callback, "__qualname__", repr(callback))
-            raise TrainingError(
-                f"callback {name} stopped the run at step {trainer.step}: {type(e).__name__}: {e} "
-                f"(checkpoint of step {trainer.step}: {trainer.save()})."
-            ) from e
-
-
 class RunState:
     """A run's output folder, checkpoints and resume (see the module docstring)."""
 
@@ -108,15 +92,17 @@ class RunState:
         resume: bool | str | Path = False,
         overwrite: bool = False,
         resolved_algo=None,
+        curves: bool = True,
     ):
         self.cfg, self.dist = cfg, dist or Distributed()
         self.out = Path(cfg.train.output_dir)
-        # not in use by another run now; the trainer's train() holds it (grpokit.run.lock.run_holding_lock)
+        # not in use by another run now; the run loop holds it while train() runs (grpokit.run.lock.holding)
         self.lock: OutputLock = claim_output_dir(
             self.out, resume=resume is not False, overwrite=overwrite, main=is_main_rank()
         )
         self.overwrite = overwrite
         self.resolved_algo = resolved_algo  # written into config.yaml beside the config
+        self.curves = curves  # finish() draws curves.png (GRPO's reward, KL, ... panels)
         self.resume_from: Path | None = None
         self.saved: tuple[int, Path] | None = None  # (step, path) of the last checkpoint written or loaded
 
@@ -228,12 +214,12 @@ class RunState:
         old = json.loads(path.read_text())
         return {"eval_accuracy_before": old["eval_accuracy_before"]} if "eval_accuracy_before" in old else {}
 
-    def finish(self, summary: dict[str, Any], plot: bool = True) -> None:
-        """Write summary.json and (``plot``) the curves of metrics.jsonl as curves.png (rank 0)."""
+    def finish(self, summary: dict[str, Any]) -> None:
+        """Write summary.json and (``curves``) the curves of metrics.jsonl as curves.png (rank 0)."""
         if not self.dist.is_main:
             return
         replace_whole(self.out / "summary.json", json.dumps(summary, indent=2))  # never seen half-written
-        if not plot:
+        if not self.curves:
             return
         from grpokit.run.plots import (
             plot_training_curves,  # lazy: matplotlib is slow to import, needed only here

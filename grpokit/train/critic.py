@@ -17,8 +17,8 @@ In one step (grpokit.trainers.grpo, ``train_step``):
 
 V(s_t) is read at the position whose hidden state predicts completion token t (the state before t), as
 OpenRLHF and TRL do; the value after the last token is 0 (terminal). ``Critic`` is the part a trainer
-composes (its interface in its docstring); a run without a critic-based estimator has none, and
-``trainer.critic = trainer.critic_optimizer = None``.
+composes (its interface in its docstring); a run without a critic-based estimator has none
+(``trainer.critic is None``).
 """
 
 from __future__ import annotations

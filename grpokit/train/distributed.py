@@ -30,6 +30,11 @@ so the trainer calls them unconditionally. Under torchrun:
 - rank 0 alone writes (``main_only``, ``on_main``); checkpoints are consolidated on rank 0 (full model
   state dict -> ``save_pretrained``; full optimizer state dict) with every rank's RNG state, and can be
   resumed at the same world size only (refused otherwise, naming both sizes).
+- what it knows is ranks, sizes and reductions (sum, max, gather, agree, ``reduce`` a dict of numbers as
+  told, ``gather_rows`` of a batch, ``my_share``); the owners of the numbers say how they add up over
+  ranks: a scored batch (grpokit.rollout.batch: ``ScoredBatch.across_ranks``, ``advantage_abs_mean``),
+  the update's sums (``UpdateStats.over_ranks``), the sampling and episode metrics (grpokit.train.sampler),
+  batch-wide advantage estimators (grpokit.train.advantages), a step's costs (grpokit.train.costs).
 - refused before joining, with the numbers: prompts_per_step not divisible by N or smaller than N,
   model.device=cuda:K (each rank takes cuda:LOCAL_RANK), float16 loss scaling under fsdp.
 """
@@ -42,7 +47,7 @@ import copy
 import functools
 import inspect
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -53,9 +58,12 @@ from torch import nn
 from grpokit.core.errors import ConfigError
 
 STRATEGIES = ("auto", "fsdp", "ddp")
-GROUP_LOCAL_ADVANTAGES = ("group_std", "group_centre", "leave_one_out", "process_group")
-"""Estimators that read one group at a time: exact on each rank's whole groups. Any other (batch std,
-whitening over the batch, your own) is computed on the gathered global batch (``advantages``)."""
+REDUCTIONS: dict[str, Callable[[list[float]], float]] = {
+    "sum": sum,
+    "mean": lambda values: sum(values) / len(values),
+    "max": max,
+}
+"""How ``Distributed.reduce`` combines one number's values over ranks, in rank order."""
 _SEED_STRIDE = 506_952_113  # rank r samples with seed + r * this (mod 2**31): far apart, rank 0 unchanged
 
 
@@ -149,7 +157,6 @@ class Distributed:
         self._forward: dict[int, nn.Module] = {}  # id(model) -> its FSDP/DDP root (PolicyForward)
         self._gen: nn.Module | None = None  # fsdp: the unsharded copy used for sampling
         self._gen_version: Any = None
-        self._view: tuple[Any, Any] | None = None  # (local batch, its global view), see global_view
 
     @classmethod
     def from_env(cls, cfg, batch_size: int | None = None) -> Distributed:
@@ -236,6 +243,33 @@ class Distributed:
             return value
         return next((v for v in self.gather(value) if v is not None), None)
 
+    def reduce(self, values: dict[str, float], how: dict[str, str]) -> dict[str, float]:
+        """Each of ``values`` over ranks as ``how[key]`` says: "sum", "mean" or "max" (plain floats, added in
+        rank order, so every rank gets the same numbers). Alone: ``values``. The owner of the numbers
+        says how each adds up (e.g. throughput sums, a peak is the largest)."""
+        if not self.active:
+            return values
+        parts = self.gather(values)
+        return {key: REDUCTIONS[how[key]]([p[key] for p in parts]) for key in values}
+
+    def gather_rows(self, rows: dict[str, torch.Tensor | list]) -> dict[str, torch.Tensor | list]:
+        """Every rank's ``rows`` (each entry n rows: a tensor (n,) or (n, L), or a list) joined in rank order,
+        as one process holding the whole batch would have them: tensors on the CPU, (n, L) ones right-padded
+        with 0 to the longest L. Alone: ``rows``. ``my_share`` takes this rank's rows back."""
+        if not self.active:
+            return rows
+        parts = self.gather({k: v.cpu() if isinstance(v, torch.Tensor) else v for k, v in rows.items()})
+
+        def joined(values: list) -> torch.Tensor | list:
+            if not isinstance(values[0], torch.Tensor):
+                return [x for v in values for x in v]
+            if values[0].dim() == 2:
+                width = max(v.shape[1] for v in values)
+                values = [torch.nn.functional.pad(v, (0, width - v.shape[1])) for v in values]
+            return torch.cat(values)
+
+        return {key: joined([p[key] for p in parts]) for key in rows}
+
     def barrier(self) -> None:
         if self.active:
             dist.barrier()
@@ -252,8 +286,8 @@ class Distributed:
 
     # ------------------------------------------------------------------ splitting the work
 
-    def my_share(self, items: list) -> list:
-        """This rank's contiguous slice of ``items`` (len divisible by the world size)."""
+    def my_share(self, items: Sequence) -> Sequence:
+        """This rank's contiguous slice of ``items`` (a list or a tensor's rows; len divisible by the world size)."""
         n = len(items) // self.world
         return items[self.rank * n : (self.rank + 1) * n]
 
@@ -379,156 +413,3 @@ class Distributed:
                 "on at another size, start a new run from the checkpoint's weights "
                 f"(model.name_or_path={path})."
             )
-
-    def advantages(self, fn: Callable[..., torch.Tensor], rewards, group_size: int, algo, **inputs):
-        """``fn(rewards, group_size, algo, **inputs)`` (compute_advantages) as one process would compute
-        it: a group-local estimator on this rank's groups; any other on every rank's rows gathered (the
-        (N, L) inputs padded to the longest), returning this rank's rows. (N,) or (N, L)."""
-        from grpokit.algos import ADVANTAGE_ALIASES
-
-        name = algo.advantage.estimator
-        if not self.active or ADVANTAGE_ALIASES.get(name, name) in GROUP_LOCAL_ADVANTAGES:
-            return fn(rewards, group_size, algo, **inputs)
-        n, device = rewards.shape[0], rewards.device
-        rowwise = {k: v for k, v in inputs.items() if isinstance(v, (torch.Tensor, list)) and len(v) == n}
-        parts = self.gather(
-            {k: v.cpu() if isinstance(v, torch.Tensor) else v for k, v in {**rowwise, "r": rewards}.items()}
-        )
-
-        def joined(key: str):
-            values = [p[key] for p in parts]
-            if not isinstance(values[0], torch.Tensor):
-                return [x for v in values for x in v]
-            if values[0].dim() == 2:
-                width = max(v.shape[1] for v in values)
-                values = [torch.nn.functional.pad(v, (0, width - v.shape[1])) for v in values]
-            return torch.cat(values).to(device)
-
-        full = fn(joined("r"), group_size, algo, **{**inputs, **{k: joined(k) for k in rowwise}})
-        mine = full[self.rank * n : (self.rank + 1) * n]  # (n,) or (n, L_global)
-        width = inputs["completion_mask"].shape[1] if inputs.get("completion_mask") is not None else None
-        return mine[:, :width] if mine.dim() == 2 and width is not None else mine
-
-    # ------------------------------------------------------------------ global metrics
-
-    def global_view(self, batch):
-        """The step's batch as one process would see it, for metrics and the reward-spread checks: every
-        rank's rows, texts, rewards and completion lengths (prompt and token tensors are left out)."""
-        if not self.active:
-            return batch
-        if self._view is not None and self._view[0] is batch:
-            return self._view[1]
-        from grpokit.rollout.batch import ScoredBatch, batch_reward_metrics
-        from grpokit.rollout.generation import Rollout
-
-        r = batch.rollout
-        parts = self.gather(
-            {
-                "rows": batch.rows,
-                "texts": batch.texts,
-                "rewards": batch.rewards.cpu(),
-                "per_function": batch.per_function,
-                "reward_metrics": batch.reward_metrics,
-                "lengths": r.completion_mask.sum(1).cpu(),
-                "truncated": r.truncated.cpu(),
-                "step_rewards": batch.step_rewards,
-            }
-        )
-        lengths = torch.cat([p["lengths"] for p in parts])  # (N,)
-        N, L = len(lengths), max(1, int(lengths.max()))
-        mask = (torch.arange(L)[None, :] < lengths[:, None]).long()  # (N, L): the mask is a prefix
-        zeros = torch.zeros(N, 1, dtype=torch.long)
-        view = ScoredBatch(
-            rollout=Rollout(
-                prompt_ids=zeros,
-                prompt_mask=zeros,
-                completion_ids=torch.zeros(N, L, dtype=torch.long),
-                completion_mask=mask,
-                logprobs=torch.zeros(N, L),
-                truncated=torch.cat([p["truncated"] for p in parts]),
-            ),
-            rows=[row for p in parts for row in p["rows"]],
-            texts=[t for p in parts for t in p["texts"]],
-            rewards=torch.cat([p["rewards"] for p in parts]),
-            per_function={k: [v for p in parts for v in p["per_function"][k]] for k in batch.per_function},
-            reward_metrics={},
-            step_rewards=None if batch.step_rewards is None else [s for p in parts for s in p["step_rewards"]],
-        )
-        # counters add up over ranks, means and stds are recomputed over the global rows
-        view.reward_metrics = batch_reward_metrics(view, [p["reward_metrics"] for p in parts])
-        self._view = (batch, view)
-        return view
-
-    def step_metrics(
-        self, batch, advantages, update_metrics, sampling, accuracy_name: str
-    ) -> dict[str, float]:
-        """grpokit.rollout.batch.step_metrics over the global batch (every rank gets the same numbers)."""
-        from grpokit.rollout.batch import step_metrics
-
-        if not self.active:
-            return step_metrics(batch, advantages, update_metrics, sampling, accuracy_name)
-        view = self.global_view(batch)
-        if advantages.dim() == 2:  # per token: over generated tokens
-            gen = batch.rollout.completion_mask.to(advantages.device).bool()
-            local = [float(advantages[gen].abs().sum()), float(gen.sum())]
-        else:
-            local = [float(advantages.abs().sum()), float(advantages.numel())]
-        parts = self.gather((local, sampling))
-        abs_sum, count = sum(p[0][0] for p in parts), sum(p[0][1] for p in parts)
-        samplings = [p[1] for p in parts]
-        merged = dict(sampling)
-        merged["zero_variance_frac"] = sum(s["zero_variance_frac"] for s in samplings) / self.world
-        if "dynamic_sampling/discarded_groups" in sampling:
-            counts = [s["dynamic_sampling/discarded_groups"] for s in samplings]
-            merged["dynamic_sampling/discarded_groups"] = float(sum(counts))
-            means = [(s["dynamic_sampling/discarded_reward_mean"], c) for s, c in zip(samplings, counts) if c]
-            merged.pop("dynamic_sampling/discarded_reward_mean", None)
-            if means:
-                merged["dynamic_sampling/discarded_reward_mean"] = sum(m * c for m, c in means) / sum(counts)
-        flat_adv = torch.full((1,), abs_sum / max(count, 1.0))  # its abs().mean() is the global mean
-        return step_metrics(view, flat_adv, update_metrics, merged, accuracy_name)
-
-    def reduce_update_stats(self, stats) -> None:
-        """Sum an UpdateStats' sums over ranks (in place): its metrics() are then the global batch's."""
-        if not self.active:
-            return
-        parts = self.gather(
-            (
-                stats.weighted,
-                stats.weight,
-                stats.loss_sum,
-                stats.sample_diff_sum,
-                stats.sample_diff_max,
-                stats.sample_tokens,
-                stats.entropy_sum,
-                stats.entropy_tokens,
-            )
-        )
-        stats.weighted = {k: sum(p[0].get(k, 0.0) for p in parts) for k in stats.weighted}
-        stats.weight, stats.loss_sum = sum(p[1] for p in parts), sum(p[2] for p in parts)
-        stats.sample_diff_sum, stats.sample_diff_max = sum(p[3] for p in parts), max(p[4] for p in parts)
-        stats.sample_tokens = sum(p[5] for p in parts)
-        stats.entropy_sum, stats.entropy_tokens = sum(p[6] for p in parts), sum(p[7] for p in parts)
-
-    def finish_metrics(self, metrics: dict[str, float]) -> None:
-        """Throughput and tool counts summed over ranks, peak memory, times and episode/turns_max the
-        largest rank's, the other episode numbers (per-episode means; every rank has as many episodes)
-        averaged over ranks (in place)."""
-        if not self.active:
-            return
-        summed = ("tokens_per_s", "tools/calls", "tools/errors", "tools/timeouts")
-        parts = self.gather(
-            {
-                k: v
-                for k, v in metrics.items()
-                if k in ("tokens_per_s", "peak_memory_mb") or k.startswith(("time/", "episode/", "tools/"))
-            }
-        )
-        for key in parts[0]:
-            values = [p[key] for p in parts]
-            if key in summed:
-                metrics[key] = sum(values)
-            elif key.startswith(("episode/", "tools/")) and key != "episode/turns_max":
-                metrics[key] = sum(values) / len(values)
-            else:
-                metrics[key] = max(values)

@@ -7,16 +7,18 @@ save), the ``generator`` (grpokit.rollout.generation), the reward runner, and th
 and ``dist`` to split prompts over ranks. Nothing here computes a gradient.
 
     sampler = Sampler(cfg, algo, model, tokenizer, train_rows, rewards, reward_names, dist=dist)
-    batch, timing, sampling = sampler.sample_batch(step)          # ScoredBatch, seconds, sampling metrics
-    stop = sampler.check_spread(batch, step)                      # why to stop early (solved), or None
-    rollout = sampler.rollout(prompt_ids, seed=s, step=step)      # the pieces, for other trainers
+    batch, timing, sampling = sampler.sample_batch(step, log_history)  # ScoredBatch, seconds, sampling metrics
+    stop = sampler.check_spread(batch.across_ranks(dist), step)        # why to stop early (solved), or None
+    rollout = sampler.rollout(prompt_ids, seed=s, step=step)           # the pieces, for other trainers
     batch = sampler.score(rollout, rows, step=step)
+
+``log_history`` (the metrics of the steps logged so far) is what reward functions' trainer_state holds.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Sequence
 
 import torch
 
@@ -37,11 +39,9 @@ from grpokit.rollout.batch import (
     flat_rewards_message,
     step_seed,
 )
-from grpokit.rollout.episodes import EpisodeSampler
+from grpokit.rollout.episodes import OVER_RANKS, EpisodeSampler
 from grpokit.rollout.generation import FastGenerator, HFGenerator, Rollout
 from grpokit.train.distributed import Distributed
-
-Score = Callable[[Rollout, list[dict]], ScoredBatch]
 
 
 def encode_rows(data: DataConfig, rows: list[dict], tokenizer) -> list[list[int]]:
@@ -75,7 +75,6 @@ class Sampler:
         has_critic: bool = False,
         episodes: EpisodeSampler | None = None,
         encoded: list[list[int]] | None = None,
-        log_history: list[dict[str, float]] | None = None,
         say: Notices | None = None,
     ):
         self.cfg, self.algo, self.model, self.tokenizer = cfg, algo, model, tokenizer
@@ -83,9 +82,6 @@ class Sampler:
         self.dist = dist or Distributed()
         self.has_critic = has_critic
         self.episodes = episodes  # multi-turn rollouts (grpokit.rollout.episodes), or None
-        self.log_history = (
-            log_history if log_history is not None else []
-        )  # the trainer's, read for TrainerState
         self.say = say or Notices()
         self.eos_ids = eos_token_ids(tokenizer, model)
         # the prompts' token ids (given when already encoded, as the trainer does before the model loads)
@@ -99,12 +95,11 @@ class Sampler:
         self.had_spread, self.best_reward = False, float("-inf")  # for telling "solved" from "stuck"
 
     def sample_batch(
-        self, step: int, score: Score | None = None
+        self, step: int, log_history: Sequence[dict[str, float]] = ()
     ) -> tuple[ScoredBatch, dict[str, float], dict[str, float]]:
-        """P groups of G scored completions for the run's ``step``. With DAPO's dynamic sampling, groups whose
-        rewards all match are dropped and more prompts are sampled until P groups remain. ``score(rollout,
-        rows)``: how a round is scored (default ``self.score`` at this step)."""
-        score = score or (lambda rollout, rows: self.score(rollout, rows, step=step))
+        """(batch, seconds by stage, sampling metrics): P groups of G scored completions (this rank's share)
+        for the run's ``step``. With DAPO's dynamic sampling, groups whose rewards all match are dropped and
+        more prompts are sampled until P groups remain. The sampling metrics are every rank's."""
         P, G = self.cfg.rollout.prompts_per_step // self.dist.world, self.cfg.rollout.group_size  # per rank
         timing = {"generation": 0.0, "scoring": 0.0}
         kept: list[ScoredBatch] = []
@@ -128,10 +123,10 @@ class Sampler:
             timing["generation"] += time.perf_counter() - t
             t = time.perf_counter()
             if self.episodes is not None:
-                state = self._trainer_state(step)
+                state = self._trainer_state(step, log_history)
                 scored = self.episodes.score(episodes, rows, self.rewards, self.tokenizer, state, step)
             else:
-                scored = score(rollout, rows)
+                scored = self.score(rollout, rows, step=step, log_history=log_history)
             timing["scoring"] += time.perf_counter() - t
             round_metrics.append(scored.reward_metrics)
             spread = scored.rewards.view(P, G)
@@ -167,13 +162,13 @@ class Sampler:
                 sampling["dynamic_sampling/discarded_reward_mean"] = float(
                     torch.cat(discarded_rewards).mean()
                 )
-        return batch, timing, sampling
+        return batch, timing, sampling_over_ranks(sampling, self.dist)
 
     def check_spread(self, batch: ScoredBatch, step: int) -> str | None:
         """Warn at the first step in which no group has any reward spread (every advantage is 0, so the
         step teaches nothing) and stop after train.stop_after_flat_steps of them in a row: FlatRewardsError
-        when stuck, or the reason to stop early (returned) when every completion earns the run's best."""
-        batch = self.dist.global_view(batch)  # torchrun: every rank's groups, so all ranks decide alike
+        when stuck, or the reason to stop early (returned) when every completion earns the run's best.
+        ``batch``: the step's batch over every rank (``ScoredBatch.across_ranks``), so all ranks decide alike."""
         best_before = self.best_reward
         self.best_reward = max(self.best_reward, float(batch.rewards.max()))
         flat = flat_groups(batch.rewards, self.cfg.rollout.group_size, batch.step_rewards, batch.scored)
@@ -250,10 +245,15 @@ class Sampler:
         return out
 
     def episode_metrics(self) -> dict[str, float]:
-        """Multi-turn rollouts' metrics since the last call (episode/turns_mean, tools/calls...), else {}."""
-        return self.episodes.take_metrics() if self.episodes is not None else {}
+        """Multi-turn rollouts' metrics since the last call (episode/turns_mean, tools/calls...) over every
+        rank (grpokit.rollout.episodes.OVER_RANKS), else {}."""
+        if self.episodes is None:
+            return {}
+        metrics = self.episodes.take_metrics()
+        reduced = self.dist.reduce({k: v for k, v in metrics.items() if k in OVER_RANKS}, OVER_RANKS)
+        return {**metrics, **reduced}  # the same keys in the same order, the numbers every rank's
 
-    def _trainer_state(self, step: int) -> TrainerState:
+    def _trainer_state(self, step: int, log_history: Sequence[dict[str, float]]) -> TrainerState:
         P = self.cfg.rollout.prompts_per_step
         n = max(len(self.train_rows), 1)
         return TrainerState(
@@ -261,10 +261,12 @@ class Sampler:
             max_steps=self.cfg.train.steps,
             epoch=step * P / n,
             num_train_epochs=self.cfg.train.steps * P / n,
-            log_history=list(self.log_history),
+            log_history=list(log_history),
         )
 
-    def score(self, rollout: Rollout, rows: list[dict], *, step: int = 0) -> ScoredBatch:
+    def score(
+        self, rollout: Rollout, rows: list[dict], *, step: int = 0, log_history: Sequence[dict[str, float]] = ()
+    ) -> ScoredBatch:
         """Run the reward functions on each completion; the group's prompt row gives the columns."""
         G = rollout.completion_ids.shape[0] // len(rows)
         per_completion_rows = [row for row in rows for _ in range(G)]
@@ -272,7 +274,7 @@ class Sampler:
         texts = rollout.decode(self.tokenizer)  # (N,) what the reward functions read
         columns = reward_columns(per_completion_rows, self.cfg.data.prompt_column)
         columns["completion_ids"] = completion_ids
-        columns["trainer_state"] = self._trainer_state(step)
+        columns["trainer_state"] = self._trainer_state(step, log_history)
         prompts = [row[self.cfg.data.prompt_column] for row in per_completion_rows]
         completions = as_completions(prompts, texts)  # TRL's shapes: messages for chat prompts, else text
         result = self.rewards(prompts, completions, columns)
@@ -296,3 +298,22 @@ class Sampler:
                 self.algo, self.rewards.functions, result, self.tokenizer, completion_ids, texts
             ),
         )
+
+
+def sampling_over_ranks(sampling: dict[str, float], dist: Distributed) -> dict[str, float]:
+    """A step's sampling metrics over every rank's share, as one process would report them:
+    zero_variance_frac averaged (every rank samples as many groups), discarded groups summed, their mean
+    reward weighted by each rank's count; sampling_rounds is the same on every rank (``all_true``)."""
+    if not dist.active:
+        return sampling
+    everyone = dist.gather(sampling)
+    merged = dict(sampling)
+    merged["zero_variance_frac"] = sum(s["zero_variance_frac"] for s in everyone) / dist.world
+    if "dynamic_sampling/discarded_groups" in sampling:
+        counts = [s["dynamic_sampling/discarded_groups"] for s in everyone]
+        merged["dynamic_sampling/discarded_groups"] = float(sum(counts))
+        means = [(s["dynamic_sampling/discarded_reward_mean"], c) for s, c in zip(everyone, counts) if c]
+        merged.pop("dynamic_sampling/discarded_reward_mean", None)
+        if means:
+            merged["dynamic_sampling/discarded_reward_mean"] = sum(m * c for m, c in means) / sum(counts)
+    return merged

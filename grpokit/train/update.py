@@ -7,8 +7,9 @@ the preset's loss (grpokit.algos), and reads the frozen reference (a KL) when th
 
     updater = PolicyUpdate(learner, algo, cfg.optim, temperature=cfg.rollout.temperature, seed=cfg.train.seed,
                            dist=dist, ref_model=ref_model)
-    old, ref, seconds = updater.rollout_logprobs(rollout)            # (N, Lc) each, or None
-    metrics = updater.update(rollout, advantages, old, ref, step=s)  # advantages (N,) or (N, Lc)
+    old, ref, seconds = updater.rollout_logprobs(rollout)                # (N, Lc) each, or None
+    metrics, _ = updater.update(rollout, advantages, old, ref, step=s)   # advantages (N,) or (N, Lc)
+    metrics = updater.waiting_metrics(rollout, old, ref)                 # PPO's critic warm-up: no update
 
 Also here, shared with PPO's critic (grpokit.train.critic): the loss mask, the mini-batch order, a micro-batch's
 tensors and the no-grad row loop.
@@ -22,7 +23,7 @@ from collections.abc import Callable, Iterator
 
 import torch
 
-from grpokit.algos import AlgoSettings, get_loss
+from grpokit.algos import AlgoSettings, get_loss, kl_estimate
 from grpokit.config.schema import OptimConfig
 from grpokit.rollout.batch import length_sorted, step_seed
 from grpokit.rollout.generation import Rollout
@@ -173,16 +174,14 @@ class PolicyUpdate:
         ref_logprobs: torch.Tensor | None = None,
         *,
         step: int = 0,
-        clip_and_step: Callable[[bool], float | None] | None = None,
         record: TokenRecorder | None = None,
     ) -> tuple[dict[str, float], float]:
         """mu passes over the rollout ``r``, one optimizer step per mini-batch. advantages: (N,) or (N, Lc).
         old/ref log-probs as from ``rollout_logprobs`` (computed here when both are None). ``step``: the
-        run's step (seeds the mini-batch order). ``clip_and_step(finite)``: the optimizer step (default the
-        learner's). ``record``: a rollout_record.TokenRecorder to fill with the per-token numbers the loss
-        used. Returns the metrics and the seconds spent on the reference here."""
+        run's step (seeds the mini-batch order). ``record``: a rollout_record.TokenRecorder to fill with the
+        per-token numbers the loss used. Returns the metrics (the global batch's under torchrun) and the
+        seconds spent on the reference here."""
         learner = self.learner
-        clip_and_step = clip_and_step or (lambda finite: learner.clip_and_step(finite, step))
         mask = loss_mask(r, self.algo.batch.mask_truncated)  # (N, Lc)
         ref_seconds = 0.0
         if old_logprobs is None and ref_logprobs is None:
@@ -202,12 +201,24 @@ class PolicyUpdate:
                 lengths[mb],
             )
             stats.merge(part)
-            stats.add_step(clip_and_step(finite))
+            stats.add_step(learner.clip_and_step(finite, step))
 
-        self.dist.reduce_update_stats(stats)  # torchrun: the global batch's sums
+        stats.over_ranks(self.dist)  # torchrun: the global batch's sums
         metrics = stats.metrics(n_updates=self.optim.epochs * self.optim.mini_batches)
         metrics.update(learner.metrics())  # lr, loss_scale, micro_batch_size
         return metrics, ref_seconds
+
+    def waiting_metrics(
+        self, r: Rollout, old_logprobs: torch.Tensor | None, ref_logprobs: torch.Tensor | None
+    ) -> dict[str, float]:
+        """What the update logs on a step it does not take (PPO's critic warm-up): lr, and with a reference
+        the KL of the samples to it over the tokens the loss would train on."""
+        metrics = {"lr": self.learner.scheduler.get_last_lr()[0]}
+        if ref_logprobs is not None and old_logprobs is not None:
+            mask = loss_mask(r, self.algo.batch.mask_truncated).bool()  # (N, Lc)
+            kl = kl_estimate(old_logprobs, ref_logprobs, self.algo.kl.kind)  # (N, Lc)
+            metrics["kl"] = float(kl[mask].mean()) if mask.any() else 0.0
+        return metrics
 
     def _mini_batch_gradients(
         self, r, mb, rows, advantages, mask, lengths, old_logprobs, ref_logprobs, first, record=None

@@ -1,6 +1,6 @@
 """What one rollout's update reports, summed as micro-batches go by and averaged at the end.
 
-Kept apart from the gradient loop so that `GRPOTrainer.update` reads as the optimisation alone.
+Kept apart from the gradient loop so that `PolicyUpdate.update` reads as the optimisation alone.
 Each mini-batch fills its own UpdateStats (an out-of-memory retry throws a partial one away) and
 `merge`s it into the rollout's after it finished.
 """
@@ -66,6 +66,18 @@ class UpdateStats:
         self.sample_tokens += other.sample_tokens
         self.entropy_sum += other.entropy_sum
         self.entropy_tokens += other.entropy_tokens
+
+    def over_ranks(self, ranks) -> None:
+        """Sum the sums over ranks, the largest sampler difference (in place), so that metrics() are the
+        global batch's. ``ranks``: grpokit.train.distributed.Distributed; alone, nothing changes."""
+        if not ranks.active:
+            return
+        fields = ("weight", "loss_sum", "sample_diff_sum", "sample_tokens", "entropy_sum", "entropy_tokens")
+        parts = ranks.gather((self.weighted, self.sample_diff_max, [getattr(self, f) for f in fields]))
+        self.weighted = {k: sum(p[0].get(k, 0.0) for p in parts) for k in self.weighted}
+        self.sample_diff_max = max(p[1] for p in parts)
+        for i, field in enumerate(fields):
+            setattr(self, field, sum(p[2][i] for p in parts))
 
     def metrics(self, n_updates: int) -> dict[str, float]:
         """Loss metrics averaged over loss tokens, loss averaged over optimizer steps, and the rest."""

@@ -4,22 +4,23 @@
             -> mu passes of mini-batched, gradient-accumulated clipped updates -> metrics
             -> evaluation -> checkpoint
 
-``GRPOTrainer`` composes parts that each own their state, and passes values between them:
+``GRPOTrainer`` composes parts that each own their state; ``train_step`` passes values between them, and
+no part calls back into the trainer:
 
-    Sampler      (grpokit.train.sampler)   prompts, generator, rewards     -> ScoredBatch (rollout, rewards)
-    advantages   (grpokit.algos)      rewards, log-probs, values      -> advantages (N,) or (N, Lc)
+    Sampler      (grpokit.train.sampler)    prompts, generator, rewards     -> ScoredBatch (rollout, rewards)
+    advantages   (grpokit.train.advantages) rewards, log-probs, values      -> advantages (N,) or (N, Lc)
     PolicyUpdate (grpokit.train.update)     rollout, advantages             -> steps the Learner, update metrics
     Learner      (grpokit.train.learner)    the policy, precision, optimizer, schedule, micro-batching
     Critic       (grpokit.train.critic)     PPO's value model, its own Learner -> values, critic metrics
-    RunState     (grpokit.run.state)  the output folder, checkpoints, resume
-    Distributed  (grpokit.train.distributed) torchrun's process group (a no-op in one process)
+    RunState     (grpokit.run.state)        the output folder, checkpoints, resume
+    Distributed  (grpokit.train.distributed) torchrun's ranks and reductions (a no-op in one process)
 
-The maths lives in ``grpokit.algos``; this file only moves values between the parts.
+The run around the steps (log, signals, callbacks, evaluation and checkpoint cadence, summary) is
+grpokit.run.loop's, shared with SFT. The maths lives in ``grpokit.algos``.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -28,12 +29,11 @@ from typing import Any
 
 import torch
 
-from grpokit.algos import compute_advantages, kl_estimate
-from grpokit.compat.trl.api import fire, trl_arguments
+from grpokit.compat.trl.api import trl_arguments
 from grpokit.compat.trl.names import with_trl_names
 from grpokit.config.checks import check_settings_in_use
 from grpokit.config.schema import Config, ConfigError, resolve_algo, validated
-from grpokit.core.errors import FlatRewardsError, TrainingError  # noqa: F401
+from grpokit.core.errors import TrainingError  # noqa: F401 (the CLI and tests catch it from here)
 from grpokit.core.notices import Notices
 from grpokit.data.prompts import check_reward_columns, load_train_eval
 from grpokit.data.templates import describe_templates
@@ -46,33 +46,22 @@ from grpokit.model.loading import (
 from grpokit.rewards import RewardRunner, resolve_reward, resolve_reward_specs
 from grpokit.rewards.process import check_process_setup
 from grpokit.rewards.which_accuracy import pick_accuracy_reward
-
-# noqa F401: some of these names are only re-exported (length_sorted, AUTO_MICRO_TOKENS...): they were
-# defined in this file, and code and tests import them from grpokit.trainers.grpo
-from grpokit.rollout.batch import (  # noqa: F401
-    ANSWER_FORMAT_HINT,
-    PromptStream,
-    ScoredBatch,
-    batch_reward_metrics,
-    concat_batches,
-    flat_groups,
-    flat_rewards_message,
-    length_sorted,
-    step_metrics,
-)
+from grpokit.rollout.batch import ANSWER_FORMAT_HINT, ScoredBatch, advantage_abs_mean, step_metrics
 from grpokit.rollout.episodes import EpisodeSampler, multi_turn, name_callables
 from grpokit.rollout.evaluate import evaluate
-from grpokit.rollout.generation import Rollout, rollout_metrics
+from grpokit.rollout.generation import rollout_metrics
 from grpokit.rollout.record import TokenRecorder, sample_rows, write_rollouts
-from grpokit.run.lock import run_holding_lock
 from grpokit.run.log import RunLogger, reward_metric_names
+from grpokit.run.loop import run_training
 from grpokit.run.preflight import check_context, check_positions, check_tracker_login
-from grpokit.run.state import RunState, StopOnSignals, run_callbacks  # noqa: F401
+from grpokit.run.state import RunState
+from grpokit.train.advantages import batch_advantages
+from grpokit.train.costs import step_costs
 from grpokit.train.critic import Critic
 from grpokit.train.distributed import Distributed
-from grpokit.train.learner import AUTO_MICRO_TOKENS, Learner, load_model, peak_memory_mb  # noqa: F401
+from grpokit.train.learner import Learner, load_model
 from grpokit.train.sampler import Sampler, encode_rows
-from grpokit.train.update import PolicyUpdate, loss_mask
+from grpokit.train.update import PolicyUpdate
 
 
 class GRPOTrainer:
@@ -94,6 +83,14 @@ class GRPOTrainer:
     ``trainer.stop(reason)`` ends it cleanly instead. TRL's forms are taken too (grpokit.compat.trl.api): model as a
     path or id, processing_class, reward_funcs as bare functions or names, peft_config (a peft.LoraConfig),
     transformers.TrainerCallback objects with their events and control.should_training_stop.
+
+    sampler, updater, critic: the classes the parts are built from (``Sampler``, ``PolicyUpdate``,
+    ``Critic``); a subclass swaps a stage, as tests do to see what a stage was given.
+
+    What a user reads or calls: ``cfg``, ``model``, ``tokenizer``, ``step``, ``log_history``,
+    ``stopped_early``, ``train()``, ``train_step()``, ``evaluate()``, ``save()``, ``stop(reason)``; the parts
+    are attributes too (``sampler``, ``learner``: the optimizer and schedule, ``updater``, ``critic``: PPO's
+    or None, ``run``: the output folder, ``dist``).
     """
 
     def __init__(
@@ -112,6 +109,9 @@ class GRPOTrainer:
         peft_config=None,
         processing_class=None,
         reward_funcs=None,
+        sampler: type[Sampler] = Sampler,
+        updater: type[PolicyUpdate] = PolicyUpdate,
+        critic: type[Critic] = Critic,
         **unexpected: Any,
     ):
         if unexpected:  # e.g. TRL's args=GRPOConfig(...)
@@ -136,7 +136,6 @@ class GRPOTrainer:
         self.dist = Distributed.from_env(cfg)  # torchrun: the process group (grpokit.train.distributed)
         # the output folder: not in use by another run; train() locks it until it ends (grpokit.run.lock)
         self.run = RunState(cfg, self.dist, resume=resume, overwrite=overwrite, resolved_algo=self.algo)
-        self.out = self.run.out
         self.callbacks = list(callbacks)
         self.log_history: list[dict[str, float]] = []  # every step's metrics, as TRL's state.log_history
 
@@ -195,7 +194,7 @@ class GRPOTrainer:
         self.dist.wrap(model, self.ref_model, self.run.resume_from)  # torchrun: FSDP2 / DDP
         if episodes is not None:
             episodes.check_tokenizer(self.tokenizer)  # a template that cannot render tools or turns
-        self.sampler = Sampler(
+        self.sampler = sampler(
             cfg,
             self.algo,
             model,
@@ -207,7 +206,6 @@ class GRPOTrainer:
             has_critic=self.algo.uses_critic,
             episodes=episodes,
             encoded=encoded,
-            log_history=self.log_history,
             say=self.say,
         )
         self.learner = Learner(
@@ -220,7 +218,7 @@ class GRPOTrainer:
             say=self.say,
             make_room=self.sampler.generator.release,  # an OOM in the update first frees the KV cache
         )
-        self.updater = PolicyUpdate(
+        self.updater = updater(
             self.learner,
             self.algo,
             cfg.optim,
@@ -229,14 +227,17 @@ class GRPOTrainer:
             dist=self.dist,
             ref_model=self.ref_model,
         )
-        self.critic_part = (
-            Critic.build(self.learner, cfg, self.algo, self.dist) if self.algo.uses_critic else None
-        )
+        self.critic = critic.build(self.learner, cfg, self.algo, self.dist) if self.algo.uses_critic else None
         self.step = 0
         self.stopped_early: str | None = None  # why the run ended before train.steps (not an error)
-        self.log: RunLogger | None = None
+        self._log: RunLogger | None = None  # the run's log while train() runs: samples go there
         if self.run.resume_from is not None:
             self._resume()
+
+    @property
+    def model(self) -> torch.nn.Module:
+        """The policy being trained (under torchrun: this rank's FSDP shards, or its DDP replica)."""
+        return self.learner.model
 
     def _reward_functions(self, given: list[tuple[str, Any, float]] | None) -> tuple[list, dict[str, str]]:
         """(name, fn, weight) per reward: the given ones or cfg.rewards', the overlong penalty when the preset
@@ -265,137 +266,29 @@ class GRPOTrainer:
         state = self.run.load_resume_state()  # checks the world size, restores this rank's RNG
         # under torchrun the weights were loaded before sharding (dist.wrap)
         self.learner.load_state(state, weights_from=None if self.dist.active else self.run.resume_from)
-        if self.critic_part is not None:
-            self.critic_part.load(state, self.run.resume_from)  # PPO's critic/ folder and optimizer
+        if self.critic is not None:
+            self.critic.load(state, self.run.resume_from)  # PPO's critic/ folder and optimizer
         self.sampler.stream.load_state(state["stream"])
         self.step = state["step"]
 
-    # ----------------------------------------------------------------------------- the parts, as attributes
+    # ----------------------------------------------------------------------------- the run
 
-    # read-only views kept for code and tests written against the single-class trainer
-    model = property(lambda self: self.learner.model)
-    optimizer = property(lambda self: self.learner.optimizer)
-    scheduler = property(lambda self: self.learner.scheduler)
-    scaler = property(lambda self: self.learner.scaler)
-    precision = property(lambda self: self.learner.precision)
-    device = property(lambda self: self.learner.device)
-    uses_reference = property(lambda self: self.algo.uses_reference)
-    resume_from = property(lambda self: self.run.resume_from)
-    output_lock = property(lambda self: self.run.lock)  # (grpokit.run.lock's decorators read it)
-    episodes = property(lambda self: self.sampler.episodes)
-    rewards = property(lambda self: self.sampler.rewards)
-    encoded = property(lambda self: self.sampler.encoded)
-    stream = property(lambda self: self.sampler.stream)
-    generator = property(lambda self: self.sampler.generator)
-    flat_steps = property(lambda self: self.sampler.flat_steps)
-    critic = property(lambda self: self.critic_part.model if self.critic_part else None)
-    critic_optimizer = property(lambda self: self.critic_part.learner.optimizer if self.critic_part else None)
-
-    @property
-    def eos_ids(self) -> list[int]:
-        return self.sampler.eos_ids
-
-    @eos_ids.setter
-    def eos_ids(self, ids: list[int]) -> None:
-        self.sampler.eos_ids = ids
-
-    # ----------------------------------------------------------------------------- the loop
-
-    @run_holding_lock
     def train(self) -> dict[str, Any]:
-        """Run cfg.train.steps steps; returns the summary also written to OUTPUT/summary.json.
+        """Run cfg.train.steps steps (grpokit.run.loop); returns the summary also written to
+        OUTPUT/summary.json. SIGINT/SIGTERM stop the run at the end of the current step with a checkpoint;
+        the summary then holds ``stopped_by`` (the signal's name) and is not written (a second Ctrl-C stops
+        at once)."""
+        return run_training(self)
 
-        SIGINT/SIGTERM stop the run at the end of the current step with a checkpoint; the summary then
-        holds ``stopped_by`` (the signal's name) and is not written (a second Ctrl-C stops at once)."""
-        cfg = self.cfg
-        summary: dict[str, Any] = {}
-        self.dist.on_main(self.run.start)
-        with (
-            self.dist.main_only(RunLogger)(
-                self.out,
-                total_steps=cfg.train.steps,
-                tensorboard=cfg.train.tensorboard,
-                resume=self.step > 0,
-                report_to=cfg.train.report_to,
-                config=dataclasses.asdict(cfg),
-            ) as log,
-            StopOnSignals() as stop,
-        ):
-            self.log = self.say.log = log
-            prompts = [row[cfg.data.prompt_column] for row in self.train_rows]
-            log.print(f"prompts: {describe_templates(prompts, cfg.data.template)}")  # TRL's convention or not
-            log.print(
-                f"accuracy: reward {self.accuracy_name!r} ({self.accuracy_why})"
-            )  # never a format reward
-            fire(self.callbacks, "on_train_begin", self)
-            if self.eval_rows and cfg.eval.enabled and self.step == 0:
-                examples: list[dict] = []
-                before = self.evaluate(examples)
-                log.log_eval(0, before)
-                fire(self.callbacks, "on_evaluate", self, before)
-                if (
-                    before.get("greedy_score", 1) == 0
-                    and before.get(f"mean_at_{cfg.eval.num_samples}", 0) == 0
-                ):
-                    ex = examples[0]
-                    log.print(
-                        f"WARNING evaluation before training: every held-out row scored 0 with "
-                        f"'{self.accuracy_name}'. The verifier may not read this model's answer format "
-                        f"({ANSWER_FORMAT_HINT}), or the task is too hard. Sample: {str(ex['prompt'])[:200]!r} -> "
-                        f"{ex['completion'][:300]!r}, score {ex['score']}."
-                    )
-                summary["eval_accuracy_before"] = before["accuracy"]
-            start = time.perf_counter()
-            while self.step < cfg.train.steps and not stop.signal_name and not self.stopped_early:
-                try:
-                    metrics = self.train_step()
-                except FlatRewardsError as e:
-                    where = f" Checkpoint of step {self.step}: {self.save()}." if self.step > 0 else ""
-                    raise FlatRewardsError(f"{e}{where}") from None
-                if self.stopped_early:
-                    break  # the step was not taken: the prompts are solved
-                log.log_step(self.step, metrics)
-                self.run.step_logged()  # --overwrite: the run replaced goes once this one has a step
-                self.log_history.append({"step": self.step, **metrics})
-                self._run_callbacks(metrics)
-                stop.signal_name = self.dist.agree(stop.signal_name)  # every rank stops at the same step
-                if stop.signal_name:
-                    break  # the safe point: this step is done and logged
-                if (
-                    cfg.eval.every
-                    and self.eval_rows
-                    and self.step % cfg.eval.every == 0
-                    and self.step < cfg.train.steps
-                ):
-                    during = self.evaluate()
-                    log.log_eval(self.step, during)
-                    fire(self.callbacks, "on_evaluate", self, during)
-                if cfg.train.save_every and self.step % cfg.train.save_every == 0:
-                    fire(self.callbacks, "on_save", self, self.save())
-            if stop.signal_name:
-                checkpoint = self.save() if self.step > 0 else None
-                return {
-                    "stopped_by": stop.signal_name,
-                    "steps": self.step,
-                    "checkpoint": checkpoint and str(checkpoint),
-                }
-            summary["train_seconds"] = time.perf_counter() - start
-            if self.stopped_early:
-                log.print(self.stopped_early)
-                summary["stopped_early"] = self.stopped_early
-            if self.eval_rows and cfg.eval.enabled:
-                after = self.evaluate()
-                log.log_eval(self.step, after)
-                fire(self.callbacks, "on_evaluate", self, after)
-                summary["eval_accuracy_after"] = after["accuracy"]
-                summary["eval_after"] = after
-            final = self.save()
-            fire(self.callbacks, "on_save", self, final)
-            summary.update(steps=self.step, checkpoint=str(final), output_dir=str(self.out))
-            summary.update(self.run.previous_summary(summary))
-            self.run.finish(summary)  # summary.json, curves.png
-            fire(self.callbacks, "on_train_end", self, summary)
-        return summary
+    def begin(self, log: RunLogger) -> None:
+        """The run's log is open (grpokit.run.loop): the parts' messages and the samples go there."""
+        self._log = self.say.log = log
+        prompts = [row[self.cfg.data.prompt_column] for row in self.train_rows]
+        log.print(f"prompts: {describe_templates(prompts, self.cfg.data.template)}")  # TRL's convention or not
+        log.print(f"accuracy: reward {self.accuracy_name!r} ({self.accuracy_why})")  # never a format reward
+
+    def finish(self, summary: dict[str, Any], final: Path) -> None:
+        """Nothing of GRPO's own goes into the summary."""
 
     def stop(self, reason: str) -> None:
         """End the run after the current step as a finished one (final evaluation, checkpoint, summary with
@@ -404,194 +297,111 @@ class GRPOTrainer:
 
     def train_step(self) -> dict[str, float]:
         """One rollout and its updates, in the order the data flows: sample -> score -> advantages -> update
-        -> metrics. Each stage is a part's method given the values it needs (its docstring says which)."""
+        -> metrics. Each stage is a part given the values it needs; it returns what the next one takes."""
+        cfg, step, dist, device = self.cfg, self.step, self.dist, self.learner.device
         t0 = time.perf_counter()
-        batch, timing, sampling = self.sample_batch()  # ScoredBatch: rollout (N = P*G rows), rewards (N,)
-        solved = self.sampler.check_spread(batch, self.step)  # raises FlatRewardsError if stuck
+        # sample and score: N = P*G rows (this rank's share), rewards (N,)
+        batch, timing, sampling = self.sampler.sample_batch(step, self.log_history)
+        everyone = batch.across_ranks(dist)  # torchrun: every rank's rows, for the spread check and metrics
+        solved = self.sampler.check_spread(everyone, step)  # raises FlatRewardsError if stuck
         if solved:
             self.stopped_early = solved  # the prompts are solved: the step is not taken
             return {}
         t_update = time.perf_counter()
-        old_logprobs, ref_logprobs, timing["reference"] = self.rollout_logprobs(
-            batch.rollout
-        )  # (N, Lc) | None
-        values = (
-            self.critic_part.values(batch.rollout) if self.critic_part else None
-        )  # (N, Lc) PPO, else None
-        advantages = self.advantages(batch, old_logprobs, ref_logprobs, values)  # (N,) or (N, Lc)
+        # the log-probs before the update, (N, Lc) or None: the ratio's denominator, the reference's for a KL
+        old_logprobs, ref_logprobs, timing["reference"] = self.updater.rollout_logprobs(batch.rollout)
+        values = self.critic.values(batch.rollout) if self.critic else None  # (N, Lc) PPO, else None
+        G = cfg.rollout.group_size
+        advantages = batch_advantages(  # (N,) or (N, Lc)
+            batch, self.algo, G, old_logprobs, ref_logprobs, values, device=device, dist=dist
+        )
         # the steps whose rollouts are saved: the update records its per-token numbers (grpokit.rollout.record)
-        sampled = self.cfg.train.samples_every and (self.step + 1) % self.cfg.train.samples_every == 0
-        record = TokenRecorder(*batch.rollout.completion_ids.shape) if sampled and self.dist.is_main else None
-        if self.policy_trains():
-            update_metrics, _ = self.update(batch, advantages, old_logprobs, ref_logprobs, record=record)
+        sampled = cfg.train.samples_every and (step + 1) % cfg.train.samples_every == 0
+        record = TokenRecorder(*batch.rollout.completion_ids.shape) if sampled and dist.is_main else None
+        if self.critic is None or self.critic.policy_trains(step):
+            update_metrics, _ = self.updater.update(
+                batch.rollout, advantages, old_logprobs, ref_logprobs, step=step, record=record
+            )
         else:  # PPO's critic warm-up: the policy waits; log what its update would have
-            update_metrics = self._warmup_metrics(batch, old_logprobs, ref_logprobs)
-        update_metrics.update(self.critic_update(batch, values, old_logprobs, ref_logprobs))  # critic/*
+            update_metrics = self.updater.waiting_metrics(batch.rollout, old_logprobs, ref_logprobs)
+        if self.critic is not None:
+            update_metrics.update(self.critic.update(batch, values, old_logprobs, ref_logprobs, step=step))
         timing["update"] = time.perf_counter() - t_update - timing["reference"]
         self.step += 1
         self.learner.scheduler.step()
-        metrics = self._step_metrics(batch, advantages, update_metrics, sampling)
-        step_seconds = time.perf_counter() - t0
-        metrics.update({f"time/{k}": v for k, v in timing.items()})
-        metrics["time/step"] = step_seconds
+        # metrics: the global batch's under torchrun
+        abs_mean = advantage_abs_mean(advantages, batch.rollout.completion_mask, dist)
+        metrics = step_metrics(everyone, abs_mean, update_metrics, sampling, self.accuracy_name)
         generated = float(batch.rollout.completion_mask.sum())
-        metrics["tokens_per_s"] = generated / step_seconds
-        metrics["peak_memory_mb"] = peak_memory_mb(self.device)
-        metrics.update(
-            rollout_metrics(self.sampler.generator)
-        )  # rollout/cuda_graphs, rollout/static_kv_cache
+        metrics.update(step_costs(time.perf_counter() - t0, generated, device, dist, timing))
+        metrics.update(rollout_metrics(self.sampler.generator))  # rollout/cuda_graphs, rollout/static_kv_cache
         metrics.update(self.sampler.episode_metrics())  # multi-turn: episode/turns_mean, tools/calls...
-        self.dist.finish_metrics(metrics)
         with_trl_names(metrics)  # TRL's names beside ours where they mean the same (grpokit.compat.trl.names)
         if sampled:
             self._save_samples(batch, advantages, record)
         return metrics
 
-    # ----------------------------------------------------------------------------- the stages
-
-    def sample_batch(self) -> tuple[ScoredBatch, dict[str, float], dict[str, float]]:
-        """(batch, timing, sampling metrics) of this step (grpokit.train.sampler), scored by ``self.score``."""
-        return self.sampler.sample_batch(self.step, score=self.score)
-
-    def rollout(self, prompt_ids: list[list[int]], **kwargs) -> Rollout:
-        return self.sampler.rollout(prompt_ids, step=self.step, **kwargs)
-
-    def score(self, rollout: Rollout, rows: list[dict]) -> ScoredBatch:
-        return self.sampler.score(rollout, rows, step=self.step)
-
-    def rollout_logprobs(self, r: Rollout) -> tuple[torch.Tensor | None, torch.Tensor | None, float]:
-        """(old_logprobs, ref_logprobs, seconds spent on the reference): ``PolicyUpdate.rollout_logprobs``."""
-        return self.updater.rollout_logprobs(r)
-
-    def advantages(
-        self,
-        batch: ScoredBatch,
-        old_logprobs: torch.Tensor | None,
-        ref_logprobs: torch.Tensor | None,
-        values=None,
-    ) -> torch.Tensor:
-        """(N,) or (N, Lc) advantages from the preset's estimator. With a KL in the reward (kl_reward_coef
-        > 0) the estimator also gets k1 = old - ref per token, the sampling policy's KL to the reference."""
-        kl_coef = self.algo.kl.reward_coef
-        kl = None
-        if kl_coef > 0:
-            kl = kl_estimate(old_logprobs, ref_logprobs, "k1").to(self.device)  # (N, Lc)
-        d = self.device
-        return self.dist.advantages(  # torchrun: batch-wide estimators see every rank's rows
-            compute_advantages,
-            batch.rewards.to(d),
-            self.cfg.rollout.group_size,
-            self.algo,
-            completion_mask=batch.rollout.completion_mask.to(d),
-            kl=kl,
-            kl_coef=kl_coef,
-            old_logprobs=old_logprobs.to(d) if old_logprobs is not None else None,
-            ref_logprobs=ref_logprobs.to(d) if ref_logprobs is not None else None,
-            values=values.to(d) if values is not None else None,
-            step_rewards=batch.step_rewards,
-            scored=batch.scored.to(d),  # rows no reward function scored: out of the statistics, advantage 0
-            # algo.mask_truncated: per-token whitening over the tokens the loss trains on
-            trained_mask=loss_mask(batch.rollout, True).to(d) if self.algo.batch.mask_truncated else None,
-        )
-
-    def update(
-        self,
-        batch: ScoredBatch,
-        advantages: torch.Tensor,
-        old_logprobs: torch.Tensor | None = None,
-        ref_logprobs: torch.Tensor | None = None,
-        record: TokenRecorder | None = None,
-    ) -> tuple[dict[str, float], float]:
-        """The policy's update on this step's batch (``PolicyUpdate.update``): metrics, seconds on the reference.
-        ``record``: the TokenRecorder to fill with the per-token numbers (train_step gives one on the steps
-        whose rollouts are saved)."""
-        return self.updater.update(
-            batch.rollout,
-            advantages,
-            old_logprobs,
-            ref_logprobs,
-            step=self.step,
-            clip_and_step=self._clip_and_step,
-            record=record,
-        )
-
-    def _lr_factor(self, step: int) -> float:
-        return self.learner.lr_factor(step)
-
-    def _clip_and_step(self, finite: bool) -> float | None:
-        return self.learner.clip_and_step(finite, self.step)
-
-    def policy_trains(self) -> bool:
-        """False during PPO's critic warm-up (critic.warmup_steps): only the critic is updated then."""
-        return self.critic_part is None or self.critic_part.policy_trains(self.step)
-
-    def critic_update(self, batch: ScoredBatch, values, old_logprobs, ref_logprobs) -> dict[str, float]:
-        """PPO's critic update (``Critic.update``): critic/* metrics, {} without a critic."""
-        if self.critic_part is None:
-            return {}
-        return self.critic_part.update(batch, values, old_logprobs, ref_logprobs, step=self.step)
-
-    def _warmup_metrics(self, batch: ScoredBatch, old_logprobs, ref_logprobs) -> dict[str, float]:
-        """What a skipped policy update would have logged: lr and the KL of the samples to the reference."""
-        metrics = {"lr": self.learner.scheduler.get_last_lr()[0]}
-        if ref_logprobs is not None and old_logprobs is not None:
-            mask = loss_mask(batch.rollout, self.algo.batch.mask_truncated).bool()  # (N, Lc)
-            kl = kl_estimate(old_logprobs, ref_logprobs, self.algo.kl.kind)  # (N, Lc)
-            metrics["kl"] = float(kl[mask].mean()) if mask.any() else 0.0
-        return metrics
-
-    # ----------------------------------------------------------------------------- metrics, eval, io
-
-    def _step_metrics(self, batch: ScoredBatch, advantages, update_metrics, sampling) -> dict[str, float]:
-        return self.dist.step_metrics(batch, advantages, update_metrics, sampling, self.accuracy_name)
+    # ----------------------------------------------------------------------------- samples, eval, io
 
     def save(self) -> Path:
         """Checkpoint this step (grpokit.run.state): the policy, its optimizer, the prompt stream, the critic."""
-        critic = self.critic_part
+        critic = self.critic
         state = {"stream": self.sampler.stream.state(), "critic": critic.state() if critic else None}
         subfolders = critic.folders() if critic else {}
         return self.run.save(self.step, self.learner, self.tokenizer, state, subfolders)
-
-    def _run_callbacks(self, metrics: dict[str, float]) -> None:
-        run_callbacks(self, metrics)  # one that raises: checkpoint, TrainingError (grpokit.run.state)
 
     def _save_samples(
         self, batch: ScoredBatch, advantages: torch.Tensor, record: TokenRecorder | None
     ) -> None:
         """samples/step_N.jsonl: every completion with its rewards and advantage (TRL's log_completions, also a
         W&B table); rollouts/step_N.parquet: the same with the per-token numbers ``record`` holds."""
+        if self._log is None:  # train_step() outside train(): nothing is written to the output folder
+            return
         G, column = self.cfg.rollout.group_size, self.cfg.data.prompt_column
-        self.log.log_samples(self.step, sample_rows(batch, advantages, G, column))
+        self._log.log_samples(self.step, sample_rows(batch, advantages, G, column))
         if record is not None:
             write_rollouts(
-                self.out, self.step, batch, record, advantages=advantages, group_size=G,
+                self.run.out, self.step, batch, record, advantages=advantages, group_size=G,
                 prompt_column=column, tokenizer=self.tokenizer, algo=self.algo,
             )  # fmt: skip
 
     def evaluate(self, examples: list[dict] | None = None) -> dict[str, float]:
-        was = self.model.training
-        if self.episodes is not None:  # multi-turn: greedy episodes scored on their transcripts
-            result = self.episodes.evaluate(
-                self.sampler.generator, self.dist.generation_model(self.model, self.step), self.tokenizer,
-                self.eval_rows, self.accuracy_fn, eos_token_ids=self.eos_ids, seed=self.cfg.train.seed,
-                examples=examples,
+        """Held-out accuracy (greedy pass@1) and mean/pass/maj@k on ``eval_rows``, scored by the accuracy
+        reward (grpokit.rollout.evaluate; multi-turn: greedy episodes). ``examples`` receives the first greedy
+        {prompt, completion, score}. Before training (step 0), every row scoring 0 is warned about."""
+        examples = [] if examples is None else examples
+        model, cfg, eos_ids = self.model, self.cfg, self.sampler.eos_ids
+        was = model.training
+        generating = self.dist.generation_model(model, self.step)
+        if self.sampler.episodes is not None:  # multi-turn: greedy episodes scored on their transcripts
+            result = self.sampler.episodes.evaluate(
+                self.sampler.generator, generating, self.tokenizer, self.eval_rows, self.accuracy_fn,
+                eos_token_ids=eos_ids, seed=cfg.train.seed, examples=examples,
             )  # fmt: skip
-            self.model.train(was)
-            return result
-        result = evaluate(
-            self.dist.generation_model(self.model, self.step),
-            self.tokenizer,
-            self.eval_rows,
-            accuracy_fn=self.accuracy_fn,
-            generator=self.sampler.generator,
-            data_cfg=self.cfg.data,
-            eos_token_ids=self.eos_ids,
-            num_samples=self.cfg.eval.num_samples,
-            temperature=self.cfg.eval.temperature,
-            max_new_tokens=self.cfg.eval.max_new_tokens or self.cfg.rollout.max_new_tokens,
-            seed=self.cfg.train.seed,
-            examples=examples,
-            split=self.dist if self.dist.active else None,
-        )
-        self.model.train(was)
+        else:
+            result = evaluate(
+                generating,
+                self.tokenizer,
+                self.eval_rows,
+                accuracy_fn=self.accuracy_fn,
+                generator=self.sampler.generator,
+                data_cfg=cfg.data,
+                eos_token_ids=eos_ids,
+                num_samples=cfg.eval.num_samples,
+                temperature=cfg.eval.temperature,
+                max_new_tokens=cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens,
+                seed=cfg.train.seed,
+                examples=examples,
+                split=self.dist if self.dist.active else None,
+            )
+        model.train(was)
+        sampled_zero = result.get(f"mean_at_{cfg.eval.num_samples}", 0) == 0
+        if self.step == 0 and result.get("greedy_score", 1) == 0 and sampled_zero:  # before any training
+            ex = examples[0]
+            self.say(
+                f"WARNING evaluation before training: every held-out row scored 0 with "
+                f"'{self.accuracy_name}'. The verifier may not read this model's answer format "
+                f"({ANSWER_FORMAT_HINT}), or the task is too hard. Sample: {str(ex['prompt'])[:200]!r} -> "
+                f"{ex['completion'][:300]!r}, score {ex['score']}."
+            )
         return result

@@ -5,16 +5,16 @@
     optimizer step (grpokit.train.learner.Learner) -> metrics -> held-out loss and accuracy -> checkpoint
 
 Everything around the loss is the RL trainer's: the model is loaded and stepped by a ``Learner`` (precision
-modes, LoRA, micro-batching with the OOM retry, clipping), torchrun by ``Distributed``, the output folder
-(checkpoints with exact resume, metrics.jsonl, trackers, signals) by grpokit.run.state / checkpoint /
-runlog, held-out accuracy by grpokit.rollout.evaluate. A step takes ``sft.batch_size`` examples from a seeded
+modes, LoRA, micro-batching with the OOM retry, clipping), torchrun by ``Distributed``, the run (its log,
+signals, callbacks, evaluation and checkpoint cadence, summary) by grpokit.run.loop, the output folder
+(checkpoints with exact resume, metrics.jsonl, trackers) by grpokit.run.state / checkpoint / log,
+held-out accuracy by grpokit.rollout.evaluate. A step takes ``sft.batch_size`` examples from a seeded
 stream reshuffled each pass; the data position is part of every checkpoint.
 """
 
 from __future__ import annotations
 
 import copy
-import dataclasses
 import math
 import shutil
 import time
@@ -33,12 +33,13 @@ from grpokit.data.sft import collate, detect_format, encode_examples, load_sft_r
 from grpokit.model.loading import check_tokenizer_fits, eos_token_ids, read_model_config
 from grpokit.model.logprobs import token_logprobs
 from grpokit.rollout.batch import PromptStream, length_sorted
-from grpokit.run.lock import run_holding_lock
 from grpokit.run.log import RunLogger
+from grpokit.run.loop import run_training
 from grpokit.run.preflight import check_tracker_login, model_positions
-from grpokit.run.state import RunState, StopOnSignals, run_callbacks
+from grpokit.run.state import RunState
+from grpokit.train.costs import step_costs
 from grpokit.train.distributed import Distributed
-from grpokit.train.learner import Learner, load_model, peak_memory_mb
+from grpokit.train.learner import Learner, load_model
 
 
 class SFTTrainer:
@@ -46,7 +47,8 @@ class SFTTrainer:
 
     model/tokenizer/train_rows/eval_rows/reward_functions may be passed in (tests, notebooks), as to
     GRPOTrainer; resume (True: the newest complete checkpoint, or a path), overwrite and
-    allow_changed_config mean what they mean there, and so do callbacks ``fn(step, metrics, trainer)``.
+    allow_changed_config mean what they mean there, and so do callbacks ``fn(step, metrics, trainer)`` and
+    ``trainer.stop(reason)``.
     Data, rewards, the output folder and the checkpoint to resume from are checked before the model loads;
     every row is tokenized and checked before the first step."""
 
@@ -69,9 +71,11 @@ class SFTTrainer:
         check_tracker_login(cfg.train.report_to)  # wandb without a login fails now, not after the model loads
         self.cfg = cfg
         self.callbacks = list(callbacks)
+        self.log_history: list[dict[str, float]] = []  # every step's metrics, as TRL's state.log_history
         torch.manual_seed(cfg.train.seed)
         self.dist = Distributed.from_env(cfg, batch_size=cfg.sft.batch_size)
-        self.run = RunState(cfg, self.dist, resume=resume, overwrite=overwrite)  # checks the output folder
+        # checks the output folder; no curves.png (its panels are GRPO's)
+        self.run = RunState(cfg, self.dist, resume=resume, overwrite=overwrite, curves=False)
 
         # data and rewards, checked before the model loads
         self.train_rows, self.eval_rows = load_sft_rows(cfg.data, train_rows, eval_rows)
@@ -100,6 +104,7 @@ class SFTTrainer:
         self.learner = Learner(model, precision, device, cfg.optim, self.dist, total_steps=cfg.train.steps)
         self.stream = PromptStream(list(range(len(self.examples))), cfg.train.seed, cfg.data.shuffle)
         self.step = 0
+        self.stopped_early: str | None = None  # why the run ended before train.steps (stop), or None
         if resume_from is not None:
             state = self.run.load_resume_state()  # RNG restored
             self.learner.load_state(state, weights_from=None if self.dist.active else resume_from)
@@ -132,60 +137,27 @@ class SFTTrainer:
                         f"data.max_length={found[1]} with data.truncate=true."
                     )
 
-    # ----------------------------------------------------------------------------- the loop
+    # ----------------------------------------------------------------------------- the run
 
-    output_lock = property(lambda self: self.run.lock)  # what grpokit.run.lock's run_holding_lock takes
-
-    @run_holding_lock
     def train(self) -> dict[str, Any]:
-        """Run cfg.train.steps steps; returns the summary also written to OUTPUT/summary.json. SIGINT/SIGTERM
-        stop after the current step with a checkpoint (``stopped_by`` in the summary, none written)."""
-        cfg = self.cfg
-        summary: dict[str, Any] = {}
-        self.dist.on_main(self.run.start)
-        with (
-            self.dist.main_only(RunLogger)(
-                self.run.out,
-                total_steps=cfg.train.steps,
-                tensorboard=cfg.train.tensorboard,
-                resume=self.step > 0,
-                report_to=cfg.train.report_to,
-                config=dataclasses.asdict(cfg),
-            ) as log,
-            StopOnSignals() as stop,
-        ):
-            if self.eval_rows and cfg.eval.enabled and self.step == 0:
-                before = self.evaluate()
-                log.log_eval(0, before)
-                summary.update(self._eval_summary(before, "before"))
-            start = time.perf_counter()
-            while self.step < cfg.train.steps and not stop.signal_name:
-                metrics = self.train_step()
-                log.log_step(self.step, metrics)
-                self.run.step_logged()  # --overwrite: the run replaced goes once this one has a step
-                run_callbacks(self, metrics)  # one that raises: checkpoint, TrainingError
-                stop.signal_name = self.dist.agree(stop.signal_name)  # every rank stops at the same step
-                if stop.signal_name:
-                    break
-                if cfg.eval.every and self.eval_rows and self.step % cfg.eval.every == 0 and self.step < cfg.train.steps:
-                    log.log_eval(self.step, self.evaluate())
-                if cfg.train.save_every and self.step % cfg.train.save_every == 0:
-                    self.save()
-            if stop.signal_name:
-                checkpoint = self.save() if self.step > 0 else None
-                return {"stopped_by": stop.signal_name, "steps": self.step, "checkpoint": checkpoint and str(checkpoint)}
-            summary["train_seconds"] = time.perf_counter() - start
-            if self.eval_rows and cfg.eval.enabled:
-                after = self.evaluate()
-                log.log_eval(self.step, after)
-                summary.update(self._eval_summary(after, "after"))
-            final = self.save()
-            summary.update(steps=self.step, checkpoint=str(final), output_dir=str(self.run.out))
-            if self.cfg.lora.enabled:  # the next stage loads a plain model folder, not an adapter
-                summary.update(checkpoint=str(self.export_merged(self.run.out / "model")), adapter_checkpoint=str(final))
-            summary.update(self.run.previous_summary(summary))
-            self.run.finish(summary, plot=False)
-        return summary
+        """Run cfg.train.steps steps (grpokit.run.loop); returns the summary also written to
+        OUTPUT/summary.json. SIGINT/SIGTERM stop after the current step with a checkpoint (``stopped_by`` in
+        the summary, none written)."""
+        return run_training(self)
+
+    def begin(self, log: RunLogger) -> None:
+        """The run's log is open (grpokit.run.loop): SFT has nothing of its own to say first."""
+
+    def finish(self, summary: dict[str, Any], final: Path) -> None:
+        """With LoRA the next stage loads a plain model folder, not an adapter: the summary's checkpoint is
+        the merged model (OUTPUT/model), the adapter ``final`` its adapter_checkpoint."""
+        if self.cfg.lora.enabled:
+            summary.update(checkpoint=str(self.export_merged(self.run.out / "model")), adapter_checkpoint=str(final))
+
+    def stop(self, reason: str) -> None:
+        """End the run after the current step as a finished one (final evaluation, checkpoint, summary with
+        ``stopped_early``): for callbacks."""
+        self.stopped_early = reason
 
     def train_step(self) -> dict[str, float]:
         """One optimizer step on the next sft.batch_size examples (this rank's share under torchrun)."""
@@ -213,11 +185,9 @@ class SFTTrainer:
             "tokens/input": float(self.dist.sum(lengths.sum().float())),
             "epoch": float(self.stream.epoch),
             **self.learner.metrics(),
-            "time/step": seconds,
-            "tokens_per_s": float(lengths.sum()) / seconds,
-            "peak_memory_mb": peak_memory_mb(self.device),
+            # time/step, tokens_per_s (summed over ranks under torchrun), peak_memory_mb (the largest)
+            **step_costs(seconds, float(lengths.sum()), self.device, self.dist),
         }
-        self.dist.finish_metrics(metrics)  # torchrun: throughput summed over ranks, the largest peak
         return metrics
 
     def _batch(self, examples) -> dict[str, Any]:
@@ -285,15 +255,6 @@ class SFTTrainer:
             )
             self.model.train(was)
         return result
-
-    @staticmethod
-    def _eval_summary(result: dict[str, float], when: str) -> dict[str, Any]:
-        out = {f"eval_loss_{when}": result["loss"]}
-        if "accuracy" in result:
-            out[f"eval_accuracy_{when}"] = result["accuracy"]
-        if when == "after":
-            out["eval_after"] = result
-        return out
 
     def save(self) -> Path:
         """Checkpoint this step (OUTPUT/checkpoints/step_N: a Hugging Face folder plus the trainer state)."""

@@ -100,9 +100,9 @@ def test_a_torn_tensor_is_caught_by_its_checksum_and_the_previous_checkpoint_is_
     problem = verify_checkpoint(step2)
     assert problem and "model.safetensors" in problem and "SHA-256" in problem
     resumed = trainer(out, steps=3, resume=True)
-    assert resumed.step == 1 and resumed.resume_from.name == "step_000001"
+    assert resumed.step == 1 and resumed.run.resume_from.name == "step_000001"
     assert "step_000002 is damaged (model.safetensors: SHA-256" in capsys.readouterr().err
-    resumed.output_lock.release()
+    resumed.run.lock.release()
     with pytest.raises(ConfigError, match="--resume-from step_000002: model.safetensors: SHA-256"):
         trainer(out, steps=3, resume="step_000002")
 
@@ -119,6 +119,6 @@ def test_weights_of_another_architecture_are_skipped_like_a_damaged_checkpoint(t
     assert resumed.step == 1
     err = capsys.readouterr().err
     assert "step_000002 does not fit the model (tensor" in err and "another architecture" in err
-    resumed.output_lock.release()
+    resumed.run.lock.release()
     with pytest.raises(ConfigError, match="--resume-from .*step_000002: its weights do not fit the model"):
         trainer(out, steps=3, resume="step_000002")

@@ -7,6 +7,7 @@ import torch
 from tiny_model import make_tiny_model
 
 from grpokit.config.schema import load_config
+from grpokit.rollout.batch import step_metrics
 from grpokit.trainers.grpo import GRPOTrainer
 
 ROWS = [{"prompt": f"{a}+{b}=", "a": a} for a in range(6) for b in range(6)]
@@ -39,7 +40,7 @@ def test_dynamic_sampling_metrics_come_from_the_kept_groups(tmp_path):
     trainer = GRPOTrainer(
         cfg, model=model, tokenizer=tok, train_rows=ROWS, reward_functions=[("half_flat", half_flat, 1.0)]
     )
-    batch, _, sampling = trainer.sample_batch()
+    batch, _, sampling = trainer.sampler.sample_batch(trainer.step)
     assert sampling["sampling_rounds"] >= 2  # seed 0 draws flat groups in the first round
     kept = batch.rewards.view(-1, G)
     assert bool(((kept.max(1).values - kept.min(1).values) > 0).all())  # only groups with a spread kept
@@ -55,14 +56,14 @@ def test_dynamic_sampling_metrics_come_from_the_kept_groups(tmp_path):
     assert 0.0 <= sampling["dynamic_sampling/discarded_reward_mean"] < 0.5
     # the cost counters add up over every round (each round scored P * G completions)
     assert m["reward/half_flat/seconds"] > 0
-    metrics = trainer._step_metrics(batch, torch.zeros(len(batch.texts)), {}, sampling)
+    metrics = step_metrics(batch, 0.0, {}, sampling, trainer.accuracy_name)
     assert metrics["reward/total/std"] == 0.5  # not recomputed with another ddof
 
 
 def test_round_metrics_counters_add_up_and_logged_values_average():
     from types import SimpleNamespace
 
-    from grpokit.trainers.grpo import batch_reward_metrics
+    from grpokit.rollout.batch import batch_reward_metrics
 
     kept = SimpleNamespace(per_function={"f": [1.0, None, 0.0, 1.0]}, rewards=torch.tensor([1.0, 0.0, 0.0, 1.0]))
     rounds = [

@@ -276,7 +276,7 @@ def test_lora_trains_the_adapter_only_and_uses_the_base_as_reference(tmp_path):
 def test_micro_batch_split_and_length_sorting_leave_the_gradient_unchanged(tmp_path, agg):
     """One step with the whole batch in one micro-batch, and with micro-batches of 3 rows grouped by
     length: same rollout (same seed), same gradient, same loss."""
-    from grpokit.trainers.grpo import length_sorted
+    from grpokit.rollout.batch import length_sorted
 
     lengths = torch.tensor([5, 2, 9, 2, 7])
     assert length_sorted(torch.tensor([4, 0, 1, 3]), lengths).tolist() == [1, 3, 0, 4]
@@ -290,11 +290,11 @@ def test_micro_batch_split_and_length_sorting_leave_the_gradient_unchanged(tmp_p
             "rollout.max_new_tokens=10",
             "train.samples_every=0",
             f"algo.agg={agg}",
+            eos_ids=[1, *range(30, 40)],  # frequent EOS ids: completions of many lengths
         )
-        trainer.eos_ids = [1, *range(30, 40)]  # frequent EOS ids: completions of many lengths
         grads = []
         model = trainer.model
-        trainer.optimizer.register_step_pre_hook(
+        trainer.learner.optimizer.register_step_pre_hook(
             lambda *_, g=grads, m=model: g.extend(p.grad.detach().clone() for p in m.parameters())
         )
         metrics = trainer.train_step()

@@ -106,7 +106,7 @@ def test_flat_steps_counter_resets_and_zero_disables_the_stop(tmp_path):
     trainer = make_trainer(tmp_path / "b", ("zero", zero, 1.0), "train.stop_after_flat_steps=0")
     for _ in range(5):
         trainer.train_step()
-    assert trainer.step == 5 and trainer.flat_steps == 5
+    assert trainer.step == 5 and trainer.sampler.flat_steps == 5
 
 
 def test_eval_scoring_zero_before_training_warns(tmp_path, capfd):

@@ -157,7 +157,7 @@ def test_environment_turn_rewards_drive_grpo_process(tmp_path):
         "train.samples_every=0",
         rewards=[("turns_reward", turns_reward, 1.0)],
     )
-    batch, _, _ = trainer.sample_batch()
+    batch, _, _ = trainer.sampler.sample_batch(trainer.step)
     assert batch.step_rewards is not None
     for steps, rewards in zip(batch.step_rewards, batch.per_function["turns_reward"]):
         # each rewarded turn is a step (0 or 1) at its last token, then the outcome (here their sum) at the end
@@ -176,7 +176,7 @@ def test_micro_batch_split_leaves_the_multi_turn_gradient_unchanged(tmp_path):
             tmp_path / f"m{micro}", f"optim.micro_batch_size={micro}", "train.samples_every=0"
         )
         grads = []
-        trainer.optimizer.register_step_pre_hook(
+        trainer.learner.optimizer.register_step_pre_hook(
             lambda *_, g=grads, m=trainer.model: g.extend(p.grad.detach().clone() for p in m.parameters())
         )
         results[micro] = (grads, trainer.train_step())
@@ -249,7 +249,7 @@ def test_python_api_takes_functions_and_saves_their_names(tmp_path):
     model, tok = tool_model()
     trainer = GRPOTrainer(cfg, model=model, tokenizer=tok, train_rows=ROWS, reward_functions=[("u", used_tool, 1.0)])
     assert cfg.rollout.tools == ["test_multiturn_training:count_digits"]  # what config.yaml will hold
-    batch, _, _ = trainer.sample_batch()
+    batch, _, _ = trainer.sampler.sample_batch(trainer.step)
     assert batch.rollout.context_mask is not None
     cfg = make_cfg(tmp_path, "rollout.tools=[]")
     cfg.rollout.environment = Countdown

@@ -67,7 +67,7 @@ def test_two_trainers_built_for_one_folder_only_one_trains(tmp_path):
     second = api_trainer(out)
     first.train()
     assert len(refused) == 1 and f"in use by another grpokit run (pid {os.getpid()}" in refused[0]
-    assert not first.output_lock.held  # released when train() ends
+    assert not first.run.lock.held  # released when train() ends
     with pytest.raises(ConfigError, match="already holds a run"):
         second.train()
     api_trainer(out, steps=2, resume=True).train()  # the same folder, continued

@@ -38,15 +38,15 @@ def test_resume_with_the_critic_reproduces_the_uninterrupted_run(tmp_path):
     first.train_step(), first.train_step()
     checkpoint = first.save()  # step_000002 with critic/ and the critic's optimizer state
     second = make_trainer(tmp_path / "b", *PPO, "train.steps=3", resume=True)
-    assert second.step == 2 and second.resume_from == checkpoint
+    assert second.step == 2 and second.run.resume_from == checkpoint
     got = second.train_step()
     assert got["critic/value_loss"] > 0
     for k in KEYS:
         assert got[k] == pytest.approx(want[k], rel=1e-5, abs=1e-7), k
-    for (name, a), b in zip(straight.critic.named_parameters(), second.critic.parameters()):
+    for (name, a), b in zip(straight.critic.model.named_parameters(), second.critic.model.parameters()):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7, msg=name)
     # the critic's Adam state came back too: 3 steps x 2 mini-batches = 6 optimizer steps
-    state = second.critic_optimizer.state_dict()["state"]
+    state = second.critic.learner.optimizer.state_dict()["state"]
     assert state and all(int(s["step"]) == 6 for s in state.values())
 
 
@@ -56,51 +56,51 @@ def test_the_critic_folder_loads_with_plain_transformers(tmp_path):
     folder = trainer.save() / "critic"
     assert json.loads((folder / "config.json").read_text())["architectures"] == ["Qwen2ForTokenClassification"]
     loaded = AutoModelForTokenClassification.from_pretrained(folder)
-    for (name, a), b in zip(trainer.critic.named_parameters(), loaded.parameters()):
+    for (name, a), b in zip(trainer.critic.model.named_parameters(), loaded.parameters()):
         assert torch.equal(a, b), name
     # and it computes the same values as the trainer's critic on real ids
     ids = torch.tensor([[2, 11, 20, 12]])
     mask = torch.ones_like(ids)
     with torch.no_grad():
         v1 = completion_values(loaded.eval(), ids[:, :2], mask[:, :2], ids[:, 2:], mask[:, 2:])
-        v2 = completion_values(trainer.critic.eval(), ids[:, :2], mask[:, :2], ids[:, 2:], mask[:, 2:])
+        v2 = completion_values(trainer.critic.model.eval(), ids[:, :2], mask[:, :2], ids[:, 2:], mask[:, 2:])
     assert v1.shape == (1, 2) and torch.equal(v1, v2) and v1.abs().max() > 0
 
 
 def test_critic_starts_as_the_policy_backbone_with_a_zero_head_or_from_critic_path(tmp_path):
     trainer = make_trainer(tmp_path / "a", *PPO)
     policy_backbone = dict(trainer.model.model.named_parameters())
-    for name, p in trainer.critic.model.named_parameters():
+    for name, p in trainer.critic.model.model.named_parameters():
         assert torch.equal(p, policy_backbone[name]), name
-    assert trainer.critic.score.weight.abs().max() == 0 and trainer.critic.score.bias.abs().max() == 0
-    assert trainer.critic.dropout.p == 0.0  # values at sampling and in the update must agree
+    assert trainer.critic.model.score.weight.abs().max() == 0 and trainer.critic.model.score.bias.abs().max() == 0
+    assert trainer.critic.model.dropout.p == 0.0  # values at sampling and in the update must agree
 
     # critic.path = a causal LM folder: its backbone, a zero head
     lm = save_tiny_model(tmp_path / "lm", seed=3)
     other = make_trainer(tmp_path / "b", *PPO, f"critic.path={lm}")
     ref = AutoModelForTokenClassification.from_pretrained(lm, num_labels=1)
-    for (name, p), q in zip(other.critic.model.named_parameters(), ref.model.parameters()):
+    for (name, p), q in zip(other.critic.model.model.named_parameters(), ref.model.parameters()):
         assert torch.equal(p, q), name
-    assert other.critic.score.weight.abs().max() == 0
+    assert other.critic.model.score.weight.abs().max() == 0
     # critic.path = a saved critic: taken as it is, head included
     with torch.no_grad():
-        trainer.critic.score.weight.fill_(0.5)
-    trainer.critic.save_pretrained(tmp_path / "critic")
+        trainer.critic.model.score.weight.fill_(0.5)
+    trainer.critic.model.save_pretrained(tmp_path / "critic")
     third = make_trainer(tmp_path / "c", *PPO, f"critic.path={tmp_path / 'critic'}")
-    assert torch.equal(third.critic.score.weight, trainer.critic.score.weight)
+    assert torch.equal(third.critic.model.score.weight, trainer.critic.model.score.weight)
 
 
 def test_lora_gives_the_critic_its_own_adapter_and_it_resumes(tmp_path):
     lora = ["lora.enabled=true", "lora.r=4", "optim.mini_batches=1", "train.steps=1"]
     trainer = make_trainer(tmp_path, *PPO, *lora)
-    trainable = [n for n, p in trainer.critic.named_parameters() if p.requires_grad]
+    trainable = [n for n, p in trainer.critic.model.named_parameters() if p.requires_grad]
     assert trainable and all("lora_" in n or "score" in n for n in trainable)
     assert any("score" in n for n in trainable)  # the head is trained in full
     trainer.train_step()
     folder = trainer.save() / "critic"
     assert (folder / "adapter_model.safetensors").is_file()
     resumed = make_trainer(tmp_path, *PPO, *lora[:-1], "train.steps=2", resume=True)
-    for (name, a), b in zip(trainer.critic.named_parameters(), resumed.critic.parameters()):
+    for (name, a), b in zip(trainer.critic.model.named_parameters(), resumed.critic.model.parameters()):
         assert torch.equal(a, b), name
 
 
@@ -136,5 +136,5 @@ def test_a_damaged_critic_makes_resume_skip_that_checkpoint(tmp_path, capsys):
     assert verify_checkpoint(first) is None
     assert verify_checkpoint(second).startswith("critic/model.safetensors: ")
     resumed = make_trainer(tmp_path, *PPO, "train.steps=3", "optim.mini_batches=1", resume=True)
-    assert resumed.step == 1 and resumed.resume_from == first
+    assert resumed.step == 1 and resumed.run.resume_from == first
     assert "step_000002 is damaged (critic/model.safetensors" in capsys.readouterr().err

@@ -77,4 +77,4 @@ def test_a_short_process_supervised_run_on_a_small_warm_start(tmp_path):
     trainer = GRPOTrainer(config_from_dict(values))
     metrics = trainer.train_step()
     assert metrics["advantage/abs_mean"] >= 0 and "reward/step_checks/mean" in metrics
-    assert trainer.rewards.functions[0][1] is step_checks
+    assert trainer.sampler.rewards.functions[0][1] is step_checks

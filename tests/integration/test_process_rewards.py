@@ -5,7 +5,7 @@ import os
 
 import pytest
 import torch
-from grpo_runs import ROWS, has_seven, make_cfg
+from grpo_runs import ROWS, has_seven, make_cfg, spies
 from tiny_model import make_tiny_model, make_tiny_tokenizer
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
@@ -99,8 +99,11 @@ def test_the_runner_keeps_the_steps_and_scores_the_last_one():
     assert result.per_function["where"] == [float(os.getpid())] * 3  # in_process: run in this process
 
 
-def make_process_trainer(tmp_path, *extra, functions=(("digit_steps", digit_steps, 1.0),)):
+def make_process_trainer(tmp_path, *extra, functions=(("digit_steps", digit_steps, 1.0),), eos_ids=None, **parts):
+    """eos_ids: more ids that end a completion (completions of many lengths); parts: GRPOTrainer's."""
     model, tok = make_tiny_model("qwen2", seed=0)
+    if eos_ids is not None:
+        model.generation_config.eos_token_id = list(eos_ids)
     return GRPOTrainer(
         make_cfg(tmp_path, "algo.preset=grpo_process", "train.samples_every=0", *extra),
         model=model,
@@ -108,10 +111,12 @@ def make_process_trainer(tmp_path, *extra, functions=(("digit_steps", digit_step
         train_rows=ROWS,
         eval_rows=ROWS[:4],
         reward_functions=list(functions),
+        **parts,
     )
 
 
 def test_grpo_process_end_to_end_with_a_rule_based_step_reward_and_an_outcome_reward(tmp_path):
+    seen = {}  # what the last step sampled and the update was given (grpo_runs.spies)
     trainer = make_process_trainer(
         tmp_path,
         "train.steps=2",
@@ -119,16 +124,9 @@ def test_grpo_process_end_to_end_with_a_rule_based_step_reward_and_an_outcome_re
         "eval.enabled=false",
         "train.accuracy_reward=digit_steps",  # two rewards, neither a known verifier: say which
         functions=[("digit_steps", digit_steps, 1.0), ("has_seven", has_seven, 0.5)],
+        eos_ids=[1, *range(30, 36)],  # completions of many lengths
+        **spies(seen),
     )
-    trainer.eos_ids = [1, *range(30, 36)]  # completions of many lengths
-    seen = {}
-    update = trainer.update
-
-    def spy(batch, advantages, old_logprobs=None, ref_logprobs=None, record=None):
-        seen.update(batch=batch, advantages=advantages)
-        return update(batch, advantages, old_logprobs, ref_logprobs, record=record)
-
-    trainer.update = spy
     for _ in range(2):
         metrics = trainer.train_step()
         trainer.step += 1
@@ -162,10 +160,10 @@ def test_micro_batch_split_leaves_the_gradient_unchanged_with_process_advantages
             f"optim.micro_batch_size={micro}",
             "optim.mini_batches=1",
             "rollout.max_new_tokens=10",
+            eos_ids=[1, *range(30, 40)],
         )
-        trainer.eos_ids = [1, *range(30, 40)]
         grads = []
-        trainer.optimizer.register_step_pre_hook(
+        trainer.learner.optimizer.register_step_pre_hook(
             lambda *_, g=grads, m=trainer.model: g.extend(p.grad.detach().clone() for p in m.parameters())
         )
         results[micro] = (grads, trainer.train_step())

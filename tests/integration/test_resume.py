@@ -112,7 +112,7 @@ def test_damaged_newest_checkpoint_resumes_from_the_previous_one(run, damage, ca
     DAMAGE[damage](checkpoints / "step_000003")
     assert verify_checkpoint(checkpoints / "step_000003") is not None
     trainer = make_trainer(run, "train.steps=4", resume=True)
-    assert trainer.resume_from.name == "step_000002" and trainer.step == 2
+    assert trainer.run.resume_from.name == "step_000002" and trainer.step == 2
     assert "step_000003 is damaged" in capsys.readouterr().err
     saved = load_file(checkpoints / "step_000002" / "model.safetensors")
     params = dict(trainer.model.named_parameters())
@@ -190,7 +190,7 @@ def test_torn_last_metrics_line_is_dropped_on_resume(run, capsys):
 def test_sigint_stops_at_the_end_of_the_step_with_a_checkpoint(tmp_path):
     trainer = make_trainer(tmp_path / "run", "train.steps=50", "train.save_every=0")
     # the signal arrives in the middle of step 2 (from its optimizer step), as Ctrl-C would
-    trainer.optimizer.register_step_pre_hook(
+    trainer.learner.optimizer.register_step_pre_hook(
         lambda *_: os.kill(os.getpid(), signal.SIGINT) if trainer.step == 1 else None
     )
     summary = trainer.train()
@@ -301,10 +301,10 @@ def test_the_summary_is_read_by_rank_0_only_and_written_whole(tmp_path):
     out = tmp_path / "run"
     out.mkdir()
     (out / "summary.json").write_text("")  # as another rank would see it in the middle of a write
-    state = RunState(load_config(None, [f"train.output_dir={out}"]), resume=True)
+    state = RunState(load_config(None, [f"train.output_dir={out}"]), resume=True, curves=False)
     state.dist = SimpleNamespace(is_main=False)
     assert state.previous_summary({}) == {}
     state.dist = SimpleNamespace(is_main=True)
-    state.finish({"eval_accuracy_before": 0.25, "steps": 3}, plot=False)
+    state.finish({"eval_accuracy_before": 0.25, "steps": 3})
     assert [p.name for p in out.iterdir()] == ["summary.json"]
     assert state.previous_summary({}) == {"eval_accuracy_before": 0.25}

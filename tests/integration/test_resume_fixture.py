@@ -56,13 +56,13 @@ def test_checkpoint_of_the_old_trainer_resumes_exactly_and_trains_on(tmp_path):
     run = tmp_path / "run"
     shutil.copytree(FIXTURE, run / "checkpoints" / FIXTURE.name)
     trainer = make_trainer(run, "train.steps=3", resume=True)
-    assert trainer.resume_from.name == "step_000002" and trainer.step == 2
+    assert trainer.run.resume_from.name == "step_000002" and trainer.step == 2
     _assert_weights(trainer.model, load_file(FIXTURE / "model.safetensors"))
-    _assert_weights(trainer.critic, load_file(FIXTURE / "critic" / "model.safetensors"))
+    _assert_weights(trainer.critic.model, load_file(FIXTURE / "critic" / "model.safetensors"))
     state = torch.load(FIXTURE / "trainer_state.pt", weights_only=False)
     optimizers = (
-        (trainer.optimizer, state["optimizer"]),
-        (trainer.critic_optimizer, state["critic"]["optimizer"]),
+        (trainer.learner.optimizer, state["optimizer"]),
+        (trainer.critic.learner.optimizer, state["critic"]["optimizer"]),
     )
     for optimizer, saved in optimizers:
         loaded = optimizer.state_dict()["state"]
@@ -70,7 +70,7 @@ def test_checkpoint_of_the_old_trainer_resumes_exactly_and_trains_on(tmp_path):
         for k, moments in saved["state"].items():
             for name, value in moments.items():
                 torch.testing.assert_close(loaded[k][name], value, rtol=0, atol=0)
-    assert trainer.stream.state() == state["stream"]
+    assert trainer.sampler.stream.state() == state["stream"]
     summary = trainer.train()
     assert summary["steps"] == 3 and (run / "checkpoints" / "step_000003").is_dir()
 

@@ -16,6 +16,7 @@ from transformers import (
 )
 
 from grpokit.rewards import RewardConfigError, resolve_reward_specs
+from grpokit.train.sampler import Sampler
 from grpokit.trainers.grpo import GRPOTrainer
 
 CLASSES = {"seq": LlamaForSequenceClassification, "tok": LlamaForTokenClassification, "lm": LlamaForCausalLM}
@@ -191,10 +192,14 @@ def test_two_step_training_runs_with_a_learned_reward(tmp_path, kind):
         extra = ["algo.preset=grpo_process"]
     model, tok = make_tiny_model("qwen2", seed=0)
     cfg = make_cfg(tmp_path, rewards, "train.steps=2", "eval.enabled=false", "train.samples_every=0", *extra)
-    trainer = GRPOTrainer(cfg, model=model, tokenizer=tok, train_rows=ROWS)
     batches = []
-    score = trainer.score
-    trainer.score = lambda rollout, rows: batches.append(score(rollout, rows)) or batches[-1]
+
+    class KeepScored(Sampler):  # the sampler, keeping every batch it scored
+        def score(self, rollout, rows, **kwargs):
+            batches.append(super().score(rollout, rows, **kwargs))
+            return batches[-1]
+
+    trainer = GRPOTrainer(cfg, model=model, tokenizer=tok, train_rows=ROWS, sampler=KeepScored)
     summary = trainer.train()
     assert summary["steps"] == 2
     last = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[-1])

@@ -151,10 +151,10 @@ def test_adam_epsilon_and_warmup_ratio_reach_the_optimizer(tmp_path):
                              "model.device=cpu", "eval.enabled=false", "optim.lr=1e-3", "rollout.max_new_tokens=8"])
     rows = [{"prompt": f"{i}+1=", "answer": str(i + 1)} for i in range(3)]
     trainer = GRPOTrainer(cfg, model=model, tokenizer=tok, train_rows=rows, reward_functions=[("r", lambda completions, **k: [0.0] * len(completions), 1.0)])
-    assert trainer.optimizer.param_groups[0]["eps"] == 1e-5
+    assert trainer.learner.optimizer.param_groups[0]["eps"] == 1e-5
     assert trainer.cfg.train.steps == 3  # ceil(2 epochs * 3 prompts / 2 per step)
     # warm-up ceil(0.5 * 3) = 2 steps: lr 0, then 1e-3 / 2, then the linear decay (3 - 2) / (3 - 2)
-    assert [trainer._lr_factor(s) for s in range(3)] == [0.0, 0.5, 1.0]
+    assert [trainer.learner.lr_factor(s) for s in range(3)] == [0.0, 0.5, 1.0]
 
 
 # ------------------------------------------------------------------ item 4: TRL's config, mapped or refused

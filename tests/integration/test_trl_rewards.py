@@ -186,16 +186,19 @@ def test_nine_trl_documentation_rewards_train_on_chat_data(tmp_path):
 def test_evaluation_scores_chat_data_with_a_trl_accuracy_reward(tmp_path):
     model, tok = make_tiny_model("qwen2", seed=0)
     cfg = make_cfg(tmp_path, "eval.num_samples=2", "train.accuracy_reward=accuracy_reward")
-    funcs = [("accuracy_reward", accuracy_reward, 1.0)]
+    broken = []  # once it holds True, the accuracy reward fails on every row (a missing column)
+
+    def accuracy(completions, **kwargs):
+        if broken:
+            raise KeyError("solution")
+        return accuracy_reward(completions, **kwargs)
+
+    funcs = [("accuracy_reward", accuracy, 1.0)]
     trainer = GRPOTrainer(
         cfg, model=model, tokenizer=tok, train_rows=CHAT_ROWS, eval_rows=CHAT_ROWS[:3], reward_functions=funcs
     )
     assert trainer.evaluate()["num_examples"] == 3.0  # accuracy_reward reads completion[0]["content"]
-
-    def broken(completions, **kwargs):
-        raise KeyError("solution")
-
-    trainer.accuracy_fn = broken  # failing on every row of the evaluation stops it with the reason
+    broken.append(True)  # failing on every row of the evaluation stops it with the reason
     with pytest.raises(ValueError, match=r"evaluation: .*every one of the 3 .*raised KeyError: 'solution'"):
         trainer.evaluate()
 

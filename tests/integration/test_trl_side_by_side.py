@@ -20,6 +20,7 @@ from grpokit.config.schema import config_from_dict  # noqa: E402
 from grpokit.config.trl import from_trl  # noqa: E402
 from grpokit.rollout.batch import ScoredBatch  # noqa: E402
 from grpokit.rollout.generation import Rollout  # noqa: E402
+from grpokit.train.advantages import batch_advantages  # noqa: E402
 
 PROMPTS = ["1+2=", "3+4=", "5+5=", "9+1="]
 
@@ -95,16 +96,18 @@ def grpokit_step(tmp_path, trl_args: dict, captured: dict, tok):
         rollout=rollout, rows=[{"prompt": p} for p in captured["prompts"]], texts=texts,
         rewards=torch.tensor([s or 0.0 for s in scores]), per_function={"digits_reward": scores}, reward_metrics={},
     )  # fmt: skip
-    advantages = trainer.advantages(batch, None, None)
+    G = cfg.rollout.group_size
+    device = trainer.learner.device
+    advantages = batch_advantages(batch, trainer.algo, G, None, None, device=device, dist=trainer.dist)
     assert N == len(scores)
     grads: dict = {}
 
-    def capture_and_skip(*a, **k):
+    def capture(*_):  # the first optimizer step's gradient, as the optimizer is given it
         if not grads:
             grads.update({n: p.grad.detach().clone() for n, p in trainer.model.named_parameters()})
 
-    trainer.optimizer.step = capture_and_skip
-    trainer.update(batch, advantages)
+    trainer.learner.optimizer.register_step_pre_hook(capture)
+    trainer.updater.update(batch.rollout, advantages)
     return advantages, grads, scores
 
 

@@ -194,8 +194,9 @@ class TrainerCallbackAdapter:
         s.log_history = getattr(trainer, "log_history", [])
         hook = getattr(self.callback, event, None)
         if callable(hook):
-            extra = dict(model=trainer.model, processing_class=trainer.tokenizer, optimizer=trainer.optimizer,
-                         lr_scheduler=trainer.scheduler)  # fmt: skip
+            learner = trainer.learner  # the policy's optimizer and schedule (grpokit.train.learner)
+            extra = dict(model=trainer.model, processing_class=trainer.tokenizer, optimizer=learner.optimizer,
+                         lr_scheduler=learner.scheduler)  # fmt: skip
             out = hook(self._args(trainer), s, self.control, **extra, **kwargs)
             if isinstance(out, TrainerControl):
                 self.control = out

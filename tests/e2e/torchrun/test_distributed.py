@@ -87,7 +87,22 @@ def equivalence_worker(out: str) -> None:
     from tiny_model import make_tiny_model
 
     from grpokit.config.schema import load_config
+    from grpokit.train.advantages import batch_advantages
+    from grpokit.train.learner import Learner
+    from grpokit.train.update import PolicyUpdate
     from grpokit.trainers.grpo import GRPOTrainer
+
+    class FirstGradient(Learner):
+        """The policy's learner, keeping the first optimizer step's gradient as it is before clipping."""
+
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.grads: dict[str, torch.Tensor] = {}
+
+        def clip_and_step(self, finite, step=0, label="update"):
+            if not self.grads:
+                self.grads = {n: _full(p.grad) for n, p in self.model.named_parameters() if p.grad is not None}
+            return super().clip_and_step(finite, step, label)
 
     results = {}
     for name, extra in CASES.items():
@@ -101,58 +116,62 @@ def equivalence_worker(out: str) -> None:
             train_rows=ROWS,
             reward_functions=[("distinct_chars", distinct_chars, 1.0)],
         )
+        sampler, dist = trainer.sampler, trainer.dist
         if name == "fsdp":  # evaluation split over ranks in chunks of 2 prompts: the one-process numbers
             from grpokit.rollout.evaluate import evaluate
 
             results["eval"] = evaluate(
-                trainer.dist.generation_model(trainer.model, 0),
+                dist.generation_model(trainer.model, 0),
                 tok,
                 ROWS[:5],
                 accuracy_fn=distinct_chars,
-                generator=trainer.generator,
+                generator=sampler.generator,
                 data_cfg=cfg.data,
-                eos_token_ids=trainer.eos_ids,
+                eos_token_ids=sampler.eos_ids,
                 num_samples=2,
                 max_new_tokens=6,
                 batch_prompts=2,
-                split=trainer.dist if trainer.dist.active else None,
+                split=dist if dist.active else None,
             )
+        # the policy update of the trainer's model, stepping a learner that keeps the first gradient
+        policy = trainer.learner
+        learner = FirstGradient(
+            trainer.model, policy.precision, policy.device, cfg.optim, dist, total_steps=cfg.train.steps
+        )
+        updater = PolicyUpdate(
+            learner,
+            trainer.algo,
+            cfg.optim,
+            temperature=cfg.rollout.temperature,
+            seed=cfg.train.seed,
+            dist=dist,
+            ref_model=trainer.ref_model,
+        )
         # the global batch, the same on every rank: prompts 0..P-1, one seed, the full weights
-        rollout = trainer.rollout([trainer.encoded[i] for i in range(P)], seed=123)
-        batch = trainer.score(rollout, ROWS[:P])
+        rollout = sampler.rollout([sampler.encoded[i] for i in range(P)], seed=123)
+        batch = sampler.score(rollout, ROWS[:P])
         assert len(set(batch.rewards.tolist())) > 1, "the rewards need some spread"
-        local = batch.select_groups(trainer.dist.my_share(list(range(P))), G)  # this rank's whole groups
-        old, ref, _ = trainer.rollout_logprobs(local.rollout)
-        advantages = trainer.advantages(local, old, ref)
-        grads: dict[str, torch.Tensor] = {}
-        step = trainer._clip_and_step
-
-        def capture(finite: bool, grads=grads, step=step, trainer=trainer):
-            if not grads:  # the first optimizer step's gradient, before clipping
-                grads.update(
-                    {n: _full(p.grad) for n, p in trainer.model.named_parameters() if p.grad is not None}
-                )
-            return step(finite)
-
-        trainer._clip_and_step = capture
-        metrics, _ = trainer.update(local, advantages, old, ref)
+        local = batch.select_groups(dist.my_share(list(range(P))), G)  # this rank's whole groups
+        old, ref, _ = updater.rollout_logprobs(local.rollout)
+        advantages = batch_advantages(local, trainer.algo, G, old, ref, device=policy.device, dist=dist)
+        metrics, _ = updater.update(local.rollout, advantages, old, ref)
         trainable = {n for n, p in trainer.model.named_parameters() if p.requires_grad}
         weights = {n: _full(p) for n, p in trainer.model.named_parameters() if n in trainable}
         results[name] = {
-            "grads": grads,
+            "grads": learner.grads,
             "weights": weights,
             "loss": metrics["loss"],
             "rows": len(local.texts),
         }
         # a NaN on the last rank only: every rank must skip (the global gradient norm is NaN everywhere)
         poisoned = advantages.clone()
-        if trainer.dist.rank == trainer.dist.world - 1:
+        if dist.rank == dist.world - 1:
             poisoned[0] = float("nan")
-        nan_metrics, _ = trainer.update(local, poisoned, old, ref)
+        nan_metrics, _ = updater.update(local.rollout, poisoned, old, ref)
         kept = all(
             torch.equal(_full(p), weights[n]) for n, p in trainer.model.named_parameters() if n in trainable
         )
-        results[name]["nan"] = trainer.dist.gather((nan_metrics["skipped_updates"], kept))
+        results[name]["nan"] = dist.gather((nan_metrics["skipped_updates"], kept))
     results["dynamic"] = dynamic_sampling_rounds(out)
     if trainer.dist.is_main:
         torch.save(results, out)
@@ -178,12 +197,12 @@ def dynamic_sampling_rounds(out: str) -> list:
     )
     steps = []
     for _ in range(3):
-        batch, _, sampling = trainer.sample_batch()
+        batch, _, sampling = trainer.sampler.sample_batch(trainer.step)
         mine = (
             sampling["sampling_rounds"],
             batch.rewards.numel() // G,
             bool(flat_groups(batch.rewards, G).any()),
-            trainer.stream.state(),
+            trainer.sampler.stream.state(),
         )
         steps.append(trainer.dist.gather(mine))
     return steps

@@ -2,33 +2,20 @@
 
 import pytest
 import torch
-from grpo_runs import make_trainer
+from grpo_runs import make_trainer, spies
 
 from grpokit.algos import reinforce_pp_advantages
 
 
-def _capture_update(trainer):
-    """Wrap trainer.update to record what it was given."""
-    seen = {}
-    update = trainer.update
-
-    def spy(batch, advantages, old_logprobs=None, ref_logprobs=None, record=None):
-        seen.update(batch=batch, advantages=advantages, old=old_logprobs, ref=ref_logprobs)
-        return update(batch, advantages, old_logprobs, ref_logprobs, record=record)
-
-    trainer.update = spy
-    return seen
-
-
 def test_reinforce_pp_puts_k1_in_the_reward_and_logs_kl(tmp_path):
+    seen = {}  # what the sampler returned and the update was given (grpo_runs.spies)
     trainer = make_trainer(
-        tmp_path, "algo.preset=reinforce_pp", "optim.mini_batches=1", "train.samples_every=0"
+        tmp_path, "algo.preset=reinforce_pp", "optim.mini_batches=1", "train.samples_every=0", **spies(seen)
     )
-    assert trainer.uses_reference and trainer.algo.kl.beta == 0.0  # the KL is in the reward only
+    assert trainer.algo.uses_reference and trainer.algo.kl.beta == 0.0  # the KL is in the reward only
     with torch.no_grad():  # move the policy away from its frozen reference so that k1 != 0
         for p in trainer.model.parameters():
             p.add_(0.05 * torch.randn_like(p))
-    seen = _capture_update(trainer)
     metrics = trainer.train_step()
     batch, adv, old, ref = seen["batch"], seen["advantages"], seen["old"], seen["ref"]
     mask = batch.rollout.completion_mask
@@ -47,7 +34,7 @@ def test_kl_is_logged_whenever_there_is_a_reference(tmp_path):
     no_ref = make_trainer(
         tmp_path / "dapo", "algo.preset=dapo", "algo.dynamic_sampling=false", "train.samples_every=0"
     )
-    assert not no_ref.uses_reference and "kl" not in no_ref.train_step()
+    assert not no_ref.algo.uses_reference and "kl" not in no_ref.train_step()
     kl_reward_only = make_trainer(
         tmp_path / "dr",
         "algo.preset=dr_grpo",
@@ -55,7 +42,7 @@ def test_kl_is_logged_whenever_there_is_a_reference(tmp_path):
         "optim.mini_batches=1",
         "train.samples_every=0",
     )
-    assert kl_reward_only.uses_reference and "kl" in kl_reward_only.train_step()
+    assert kl_reward_only.algo.uses_reference and "kl" in kl_reward_only.train_step()
 
 
 @pytest.mark.parametrize("preset", ["reinforce_pp", "reinforce_pp_baseline"])
@@ -69,10 +56,10 @@ def test_micro_batch_split_leaves_the_gradient_unchanged_with_token_advantages(t
             "optim.mini_batches=1",
             "rollout.max_new_tokens=10",
             "train.samples_every=0",
+            eos_ids=[1, *range(30, 40)],  # frequent EOS ids: completions of many lengths
         )
-        trainer.eos_ids = [1, *range(30, 40)]  # frequent EOS ids: completions of many lengths
         grads = []
-        trainer.optimizer.register_step_pre_hook(
+        trainer.learner.optimizer.register_step_pre_hook(
             lambda *_, g=grads, m=trainer.model: g.extend(p.grad.detach().clone() for p in m.parameters())
         )
         results[micro] = (grads, trainer.train_step())

@@ -6,6 +6,7 @@ import argparse
 import json
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -78,19 +79,16 @@ def test_critic_roles_come_from_critic_and_critic_optimizer():
         module(torch.ones(1, 10)).sum().backward()
         o.step()
 
-    class T:
-        model, optimizer, ref_model = policy, opt, None
-
-    t = T()
-    assert role_bytes(t)["critic_weights"] == 0  # no critic attribute: GRPO
-    t.critic, t.critic_optimizer = critic, critic_opt
+    t = SimpleNamespace(model=policy, learner=SimpleNamespace(optimizer=opt), ref_model=None, critic=None)
+    assert role_bytes(t)["critic_weights"] == 0  # no critic: GRPO
+    t.critic = SimpleNamespace(model=critic, learner=SimpleNamespace(optimizer=critic_opt))  # PPO's part
     got = role_bytes(t)
     # AdamW: exp_avg + exp_avg_sq per parameter tensor (float32), plus a 4 B step per tensor
     assert got["policy_weights"] == 440 and got["policy_gradients"] == 440
     assert got["policy_optimizer"] == 2 * 440 + 2 * 4
     assert got["critic_weights"] == 4 * 49 and got["critic_gradients"] == 4 * 49
     assert got["critic_optimizer"] == 2 * 4 * 49 + 4 * 4
-    t.critic = torch.nn.ModuleList([policy])  # a critic made of the policy's own tensors adds no weights
+    t.critic.model = torch.nn.ModuleList([policy])  # a critic made of the policy's own tensors adds no weights
     assert role_bytes(t)["critic_weights"] == 0
 
 

@@ -51,7 +51,7 @@ def make_trainer(tmp_path, precision, *extra, dtype=torch.float32, lr=1e-6):
 def fixed_batch(tmp_path_factory):
     """One rollout batch from the float32 model and fixed random advantages (N,)."""
     trainer = make_trainer(tmp_path_factory.mktemp("batch"), "fp32")
-    batch, _, _ = trainer.sample_batch()
+    batch, _, _ = trainer.sampler.sample_batch(trainer.step)
     advantages = torch.randn(len(batch.texts), generator=torch.Generator().manual_seed(0))
     return batch, advantages
 
@@ -59,12 +59,12 @@ def fixed_batch(tmp_path_factory):
 def master_update(trainer, batch, advantages, updates=UPDATES):
     """(flat change of the optimizer's master weights over ``updates`` updates, skipped updates)."""
     params = [p for p in trainer.model.parameters() if p.requires_grad]
-    before = [master_weights(p, trainer.optimizer).clone() for p in params]
+    before = [master_weights(p, trainer.learner.optimizer).clone() for p in params]
     skipped = 0
     for _ in range(updates):
-        metrics, _ = trainer.update(batch, advantages)
+        metrics, _ = trainer.updater.update(batch.rollout, advantages)
         skipped += int(metrics["skipped_updates"])
-    after = [master_weights(p, trainer.optimizer) for p in params]
+    after = [master_weights(p, trainer.learner.optimizer) for p in params]
     return torch.cat([(a - b).flatten() for a, b in zip(after, before)]), skipped
 
 
@@ -103,10 +103,10 @@ def test_bf16_pure_loses_most_updates(tmp_path, fixed_batch, fp32_update):
 
 def test_bf16_model_defaults_to_kahan_with_bf16_optimizer_state(tmp_path):
     trainer = make_trainer(tmp_path, "auto", dtype=torch.bfloat16)
-    assert trainer.precision.name == "bf16_kahan"
+    assert trainer.learner.precision.name == "bf16_kahan"
     assert all(p.dtype == torch.bfloat16 for p in trainer.model.parameters())
     trainer.train_step()
-    state = trainer.optimizer.state[next(trainer.model.parameters())]
+    state = trainer.learner.optimizer.state[next(trainer.model.parameters())]
     assert {k: v.dtype for k, v in state.items() if torch.is_tensor(v) and v.dim()} == {
         "exp_avg": torch.bfloat16,
         "exp_avg_sq": torch.bfloat16,
@@ -118,17 +118,17 @@ def test_fp16_trains_with_loss_scaling(tmp_path, fixed_batch, tmp_path_factory):
     """float16 compute over float32 master weights: overflowing updates are skipped and counted (the
     scale halves), the others equal a float32 run of as many updates; weights never go NaN; saving works."""
     trainer = make_trainer(tmp_path, "fp16_mixed")
-    assert trainer.precision.loss_scaling and trainer.scaler is not None
-    scale_before = trainer.scaler.get_scale()
+    assert trainer.learner.precision.loss_scaling and trainer.learner.scaler is not None
+    scale_before = trainer.learner.scaler.get_scale()
     delta, skipped = master_update(trainer, *fixed_batch)
     assert skipped < UPDATES
-    assert trainer.scaler.get_scale() == scale_before / 2**skipped  # halved once per overflow, no growth yet
+    assert trainer.learner.scaler.get_scale() == scale_before / 2**skipped  # halved once per overflow, no growth yet
     assert all(torch.isfinite(p).all() for p in trainer.model.parameters())
     reference = make_trainer(tmp_path_factory.mktemp("fp32_short"), "fp32")
     ref_delta, _ = master_update(reference, *fixed_batch, updates=UPDATES - skipped)
     assert relative_error(delta, ref_delta) < 0.15
     metrics = trainer.train_step()
-    assert metrics["loss_scale"] == trainer.scaler.get_scale()
+    assert metrics["loss_scale"] == trainer.learner.scaler.get_scale()
     path = trainer.save()
     from safetensors.torch import load_file
 
@@ -157,12 +157,12 @@ def test_bytes_per_param_match_the_optimizer_state(tmp_path):
         params = [p for p in trainer.model.parameters() if p.requires_grad]
         for p in params:
             p.grad = torch.zeros_like(p)
-        trainer.optimizer.step()
+        trainer.learner.optimizer.step()
         n = sum(p.numel() for p in params)
         state_bytes = sum(
             t.numel() * t.element_size()
             for p in params
-            for t in trainer.optimizer.state[p].values()
+            for t in trainer.learner.optimizer.state[p].values()
             if torch.is_tensor(t) and t.dim()  # skip the scalar step counters
         )
         weight_grad = sum(2 * p.numel() * p.element_size() for p in params)

@@ -5,34 +5,17 @@ import math
 
 import pytest
 import torch
-from grpo_runs import make_trainer
+from grpo_runs import make_trainer, spies
 
 from grpokit.algos import whiten_tokens
 from grpokit.algos.ppo import explained_variance, gae_targets, whitened_gae
 
 
-def _spy(trainer):
-    """Record what critic_update and update were given."""
-    seen = {}
-    critic_update, update = trainer.critic_update, trainer.update
-
-    def spy_critic(batch, values, old, ref):
-        seen.update(batch=batch, values=values.clone(), old=old, ref=ref)
-        return critic_update(batch, values, old, ref)
-
-    def spy_update(batch, advantages, old=None, ref=None, record=None):
-        seen["advantages"] = advantages.detach().cpu()
-        return update(batch, advantages, old, ref, record=record)
-
-    trainer.critic_update, trainer.update = spy_critic, spy_update
-    return seen
-
-
 def _constant_critic(trainer, c):
     """V(s) = c for every state: zero head weight, bias c."""
     with torch.no_grad():
-        trainer.critic.score.weight.zero_()
-        trainer.critic.score.bias.fill_(c)
+        trainer.critic.model.score.weight.zero_()
+        trainer.critic.model.score.bias.fill_(c)
 
 
 def test_gae_targets_hand_numbers():
@@ -74,6 +57,7 @@ def test_critic_targets_and_value_loss_through_the_trainer(tmp_path):
     """Known critic V = 0.25, no KL in the reward, gamma 1, lambda 0.5: with a score s at the last of T
     tokens, delta_t = 0 before it and s - 0.25 there, so A_t = 0.5^(T-1-t) (s - 0.25), R_t = 0.25 + A_t.
     The first (only) critic step's loss is 0.5 * mean over all tokens of A_t^2 (V = V_old: no clipping)."""
+    seen = {}  # what the sampler returned and the updates were given (grpo_runs.spies)
     trainer = make_trainer(
         tmp_path,
         "algo.preset=ppo",
@@ -81,10 +65,10 @@ def test_critic_targets_and_value_loss_through_the_trainer(tmp_path):
         "algo.lam=0.5",
         "optim.mini_batches=1",
         "train.samples_every=0",
+        **spies(seen),
     )
     c = 0.25
     _constant_critic(trainer, c)
-    seen = _spy(trainer)
     metrics = trainer.train_step()
     batch = seen["batch"]
     mask = batch.rollout.completion_mask
@@ -105,23 +89,23 @@ def test_critic_targets_and_value_loss_through_the_trainer(tmp_path):
     assert metrics["critic/explained_variance"] == pytest.approx(0.0, abs=1e-9)
     # the policy got those advantages whitened over the batch's tokens
     want = whiten_tokens(advantages, mask)
-    torch.testing.assert_close(seen["advantages"], want, rtol=0, atol=1e-5)
+    torch.testing.assert_close(seen["advantages"].cpu(), want, rtol=0, atol=1e-5)
     assert metrics["critic/lr"] == pytest.approx(1e-5)
 
 
 def test_value_loss_and_explained_variance_match_a_naive_loop_with_kl(tmp_path):
     """After one update the critic's values vary by token; with PPO's KL in the reward (0.05 * k1) the
     targets, clipped value loss and explained variance equal a plain-Python recomputation."""
+    seen = {}  # what the sampler returned and the critic's update was given (grpo_runs.spies)
     trainer = make_trainer(
-        tmp_path, "algo.preset=ppo", "optim.mini_batches=1", "train.samples_every=0", "critic.lr=3e-2"
+        tmp_path, "algo.preset=ppo", "optim.mini_batches=1", "train.samples_every=0", "critic.lr=3e-2", **spies(seen)
     )
     with torch.no_grad():  # move the policy from its reference so that k1 != 0
         for p in trainer.model.parameters():
             p.add_(0.05 * torch.randn_like(p))
     trainer.train_step()
-    seen = _spy(trainer)
-    metrics = trainer.train_step()
-    batch, V, old, ref = seen["batch"], seen["values"], seen["old"], seen["ref"]
+    metrics = trainer.train_step()  # seen: this second step's
+    batch, V, old, ref = seen["batch"], seen["values"], seen["critic_old"], seen["critic_ref"]
     mask = batch.rollout.completion_mask
     assert V[mask.bool()].std() > 1e-4  # the critic now tells states apart
     gamma, lam, beta, clip = 1.0, 0.95, 0.05, 0.2
@@ -152,12 +136,12 @@ def test_warmup_updates_only_the_critic(tmp_path):
         tmp_path, "algo.preset=ppo", "critic.warmup_steps=2", "train.samples_every=0", "critic.lr=1e-2"
     )
     policy0 = [p.detach().clone() for p in trainer.model.parameters()]
-    critic0 = [p.detach().clone() for p in trainer.critic.parameters()]
+    critic0 = [p.detach().clone() for p in trainer.critic.model.parameters()]
     for step in (1, 2):
         metrics = trainer.train_step()
         assert metrics["critic/warmup"] == 1.0 and "loss" not in metrics and "lr" in metrics
         assert all(torch.equal(a, b) for a, b in zip(policy0, trainer.model.parameters())), step
-    assert not all(torch.equal(a, b) for a, b in zip(critic0, trainer.critic.parameters()))
+    assert not all(torch.equal(a, b) for a, b in zip(critic0, trainer.critic.model.parameters()))
     metrics = trainer.train_step()  # step 3: the policy learns too
     assert metrics["critic/warmup"] == 0.0 and "loss" in metrics
     assert not all(torch.equal(a, b) for a, b in zip(policy0, trainer.model.parameters()))
@@ -173,13 +157,14 @@ def test_micro_batch_split_leaves_the_critic_gradient_unchanged(tmp_path):
             "optim.mini_batches=1",
             "rollout.max_new_tokens=10",
             "train.samples_every=0",
+            eos_ids=[1, *range(30, 40)],  # frequent EOS ids: completions of many lengths
         )
-        trainer.eos_ids = [1, *range(30, 40)]  # frequent EOS ids: completions of many lengths
+        critic = trainer.critic.model
         with torch.no_grad():  # a head that is not zero, so the backbone gets a gradient too
-            trainer.critic.score.weight.normal_(0.0, 0.5)
+            critic.score.weight.normal_(0.0, 0.5)
         grads = []
-        trainer.critic_optimizer.register_step_pre_hook(
-            lambda *_, g=grads, m=trainer.critic: g.extend(p.grad.detach().clone() for p in m.parameters())
+        trainer.critic.learner.optimizer.register_step_pre_hook(
+            lambda *_, g=grads, m=critic: g.extend(p.grad.detach().clone() for p in m.parameters())
         )
         results[micro] = (grads, trainer.train_step())
     (g_one, m_one), (g_split, m_split) = results[16], results[3]

@@ -1,0 +1,166 @@
+"""One training run, the same for every trainer (GRPO, SFT), in the order it happens:
+
+    lock the output folder -> start it (config.yaml) -> open the run's log, catch SIGINT / SIGTERM
+    -> evaluate before training (a fresh run with held-out rows)
+    -> until train.steps: train_step -> log it -> callbacks -> a signal? stop here, with a checkpoint
+                          -> evaluate every eval.every steps -> checkpoint every train.save_every steps
+    -> evaluate after -> the last checkpoint -> summary.json (and curves.png)
+
+    summary = run_training(trainer)          # what trainer.train() returns
+
+The trainer supplies what is its own (``Trainer`` below): one step, its evaluation, its checkpoint, the
+lines it opens the log with, its entries in the summary. Every rank runs the loop; rank 0 alone writes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from pathlib import Path
+from typing import Any, Protocol
+
+from grpokit.compat.trl.api import fire
+from grpokit.core.errors import FlatRewardsError, TrainingError
+from grpokit.run.lock import holding
+from grpokit.run.log import RunLogger
+from grpokit.run.state import RunState, StopOnSignals
+from grpokit.train.distributed import Distributed
+
+
+class Trainer(Protocol):
+    """What the loop reads of a trainer (GRPOTrainer, SFTTrainer), and the five things it supplies."""
+
+    cfg: Any  # train.steps / save_every / report_to / tensorboard, eval.enabled / every
+    dist: Distributed  # torchrun's ranks (one process: a no-op)
+    run: RunState  # the output folder: its lock, checkpoints and summary
+    step: int  # steps taken; train_step() takes the next
+    callbacks: list[Any]  # fn(step, metrics, trainer); TRL callbacks' events too (grpokit.compat.trl.api)
+    log_history: list[dict[str, float]]  # every logged step's metrics (TRL's state.log_history)
+    stopped_early: str | None  # why to end as a finished run before train.steps (trainer.stop), or None
+    eval_rows: list[dict]  # held-out rows: evaluated before, every eval.every steps, after
+
+    def begin(self, log: RunLogger) -> None:
+        """The run's log is open: the trainer's first lines, and where it writes while the run lasts."""
+
+    def train_step(self) -> dict[str, float]:
+        """One step; its metrics, or {} when it was not taken (``stopped_early`` then says why)."""
+
+    def evaluate(self) -> dict[str, float]:
+        """The held-out metrics at this step."""
+
+    def save(self) -> Path:
+        """A checkpoint of this step."""
+
+    def finish(self, summary: dict[str, Any], final: Path) -> None:
+        """The trainer's own entries in ``summary``, once the last checkpoint ``final`` is written."""
+
+
+def run_training(trainer: Trainer) -> dict[str, Any]:
+    """Run ``trainer`` from its step to cfg.train.steps (the module docstring); returns the summary also
+    written to OUTPUT/summary.json. SIGINT/SIGTERM stop the run at the end of the current step with a
+    checkpoint; the summary then holds ``stopped_by`` (the signal's name) and is not written (a second
+    Ctrl-C stops at once)."""
+    cfg, run, dist = trainer.cfg, trainer.run, trainer.dist
+    evaluates = bool(trainer.eval_rows) and cfg.eval.enabled
+    summary: dict[str, Any] = {}
+    with holding(run.lock):
+        dist.on_main(run.start)
+        with (
+            dist.main_only(RunLogger)(
+                run.out,
+                total_steps=cfg.train.steps,
+                tensorboard=cfg.train.tensorboard,
+                resume=trainer.step > 0,
+                report_to=cfg.train.report_to,
+                config=dataclasses.asdict(cfg),
+            ) as log,
+            StopOnSignals() as stop,
+        ):
+            trainer.begin(log)
+            fire(trainer.callbacks, "on_train_begin", trainer)
+            if evaluates and trainer.step == 0:
+                summary.update(eval_summary(evaluate(trainer, log), "before"))
+            start = time.perf_counter()
+            while trainer.step < cfg.train.steps and not stop.signal_name and not trainer.stopped_early:
+                metrics = take_step(trainer)
+                if trainer.stopped_early:
+                    break  # the step was not taken (GRPO: the prompts are solved)
+                log.log_step(trainer.step, metrics)
+                run.step_logged()  # --overwrite: the run replaced goes once this one has a step
+                trainer.log_history.append({"step": trainer.step, **metrics})
+                run_callbacks(trainer, metrics)  # one that raises: checkpoint, TrainingError
+                stop.signal_name = dist.agree(stop.signal_name)  # every rank stops at the same step
+                if stop.signal_name:
+                    break  # the safe point: this step is done and logged
+                every = cfg.eval.every
+                if (
+                    every
+                    and trainer.eval_rows
+                    and trainer.step % every == 0
+                    and trainer.step < cfg.train.steps
+                ):
+                    evaluate(trainer, log)
+                if cfg.train.save_every and trainer.step % cfg.train.save_every == 0:
+                    fire(trainer.callbacks, "on_save", trainer, trainer.save())
+            if stop.signal_name:
+                checkpoint = trainer.save() if trainer.step > 0 else None
+                return {
+                    "stopped_by": stop.signal_name,
+                    "steps": trainer.step,
+                    "checkpoint": checkpoint and str(checkpoint),
+                }
+            summary["train_seconds"] = time.perf_counter() - start
+            if trainer.stopped_early:
+                log.print(trainer.stopped_early)
+                summary["stopped_early"] = trainer.stopped_early
+            if evaluates:
+                summary.update(eval_summary(evaluate(trainer, log), "after"))
+            final = trainer.save()
+            fire(trainer.callbacks, "on_save", trainer, final)
+            summary.update(steps=trainer.step, checkpoint=str(final), output_dir=str(run.out))
+            trainer.finish(summary, final)
+            summary.update(run.previous_summary(summary))  # a resumed run keeps its first leg's "before"
+            run.finish(summary)  # summary.json, curves.png
+            fire(trainer.callbacks, "on_train_end", trainer, summary)
+    return summary
+
+
+def take_step(trainer: Trainer) -> dict[str, float]:
+    """``trainer.train_step()``; a run stopped for flat rewards (FlatRewardsError) gets a checkpoint of the
+    last step taken, named in its message."""
+    try:
+        return trainer.train_step()
+    except FlatRewardsError as e:
+        where = f" Checkpoint of step {trainer.step}: {trainer.save()}." if trainer.step > 0 else ""
+        raise FlatRewardsError(f"{e}{where}") from None
+
+
+def evaluate(trainer: Trainer, log: RunLogger) -> dict[str, float]:
+    """The trainer's held-out metrics at this step, logged (eval.jsonl) and given to the callbacks."""
+    result = trainer.evaluate()
+    log.log_eval(trainer.step, result)
+    fire(trainer.callbacks, "on_evaluate", trainer, result)
+    return result
+
+
+def eval_summary(result: dict[str, float], when: str) -> dict[str, Any]:
+    """eval_loss_<when> and eval_accuracy_<when> (those ``result`` has), and after training the whole
+    ``result`` as eval_after."""
+    out: dict[str, Any] = {f"eval_{key}_{when}": result[key] for key in ("loss", "accuracy") if key in result}
+    if when == "after":
+        out["eval_after"] = result
+    return out
+
+
+def run_callbacks(trainer: Trainer, metrics: dict[str, float]) -> None:
+    """``fn(step, metrics, trainer)`` for each of ``trainer.callbacks``, in order; one that raises stops the
+    run with a checkpoint (``trainer.save()``) and a TrainingError naming the callback."""
+    for callback in trainer.callbacks:
+        try:
+            callback(trainer.step, metrics, trainer)
+        except Exception as e:
+            name = getattr(callback, "__qualname__", repr(callback))
+            raise TrainingError(
+                f"callback {name} stopped the run at step {trainer.step}: {type(e).__name__}: {e} "
+                f"(checkpoint of step {trainer.step}: {trainer.save()})."
+            ) from e
