@@ -1,7 +1,7 @@
 """Checks made before anything heavy loads: the output folder, the model's positions, a resume's settings.
 
 Each failure is a ``ConfigError`` whose one line names the key, the value, what is allowed and an
-example. Config values themselves are range-checked in ``grpokit.config.checks`` (``RANGES``).
+example. Config values themselves are range-checked from their declarations (``grpokit.config.declare``).
 """
 
 from __future__ import annotations

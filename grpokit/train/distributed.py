@@ -55,9 +55,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from grpokit.config.schema import STRATEGIES  # the names, declared with train.distributed
 from grpokit.core.errors import ConfigError
 
-STRATEGIES = ("auto", "fsdp", "ddp")
 REDUCTIONS: dict[str, Callable[[list[float]], float]] = {
     "sum": sum,
     "mean": lambda values: sum(values) / len(values),

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 
-SCHEDULES = ("constant", "cosine", "linear")
+from grpokit.config.schema import SCHEDULES  # the names, declared with optim.schedule
 
 
 def warmup_steps(steps: int, warmup_steps: int, warmup_ratio: float) -> int:
@@ -26,6 +26,8 @@ def warmup_steps(steps: int, warmup_steps: int, warmup_ratio: float) -> int:
 
 def lr_factor(step: int, schedule: str, warmup: int, total: int) -> float:
     """Factor on the base learning rate at scheduler step `step`; see the module doc."""
+    if schedule not in SCHEDULES:
+        raise ValueError(f"unknown schedule {schedule!r}; one of {SCHEDULES}")
     if schedule == "linear":  # transformers.get_linear_schedule_with_warmup, exactly
         if step < warmup:
             return step / max(1, warmup)

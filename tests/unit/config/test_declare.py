@@ -2,6 +2,7 @@
 reference page (grpokit.config.reference) all read the one declaration."""
 
 import dataclasses
+import math
 import subprocess
 import sys
 import typing
@@ -126,14 +127,17 @@ def test_registries_above_the_config_layer_hold_the_names_the_config_allows():
     from grpokit.data.templates import TEMPLATE_NAMES
     from grpokit.model.loading import DTYPES
     from grpokit.model.precision import PRECISION_CHOICES
-    from grpokit.train.distributed import STRATEGIES
-    from grpokit.train.schedules import SCHEDULES
+    from grpokit.train.schedules import lr_factor
 
     assert schema.TEMPLATE_NAMES == TEMPLATE_NAMES
     assert schema.DTYPES == ("auto", *DTYPES)
     assert schema.PRECISION_MODES == PRECISION_CHOICES
-    assert schema.STRATEGIES == STRATEGIES
-    assert schema.SCHEDULES == SCHEDULES
+    # train/ takes SCHEDULES and STRATEGIES from the config itself; each declared schedule is implemented
+    assert [lr_factor(3, name, warmup=2, total=10) for name in schema.SCHEDULES] == pytest.approx(
+        [1.0, 0.5 * (1 + math.cos(math.pi * 1 / 8)), 7 / 8]
+    )
+    with pytest.raises(ValueError, match="unknown schedule 'step'"):
+        lr_factor(3, "step", warmup=2, total=10)
 
 
 def test_importing_the_config_imports_no_torch():

@@ -177,7 +177,7 @@ def test_micro_batch_split_leaves_the_critic_gradient_unchanged(tmp_path):
 
 
 def test_ppo_raises_the_reward_on_a_tiny_task_and_the_critic_learns_it(tmp_path):
-    """The cheap learning check (the demo's measurement is in README): 12 PPO steps on "contains a 7"."""
+    """The cheap learning check (the demo's measurement is in docs/algorithms/ppo.md): 12 PPO steps on "contains a 7"."""
     trainer = make_trainer(
         tmp_path,
         "algo.preset=ppo",

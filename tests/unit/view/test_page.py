@@ -84,7 +84,7 @@ def big_run(tmp_path_factory):
 
 
 def test_page_size_for_500_steps_saving_every_10(big_run, capsys):
-    """The bound the README states: 500 steps, rollouts every 10 at the demo's shape (50 x 128 completions)."""
+    """The bound docs/guides/view.md states: 500 steps, rollouts every 10 at the demo's shape (50 x 128 completions)."""
     assert main(["view", str(big_run)]) == 0
     page = big_run / "view.html"
     assert capsys.readouterr().out.strip() == str(page)
