@@ -64,6 +64,7 @@ def test_end_to_end_metrics_checkpoint_and_reload(tmp_path):
         assert torch.equal(p, q), name
 
 
+@pytest.mark.slow
 def test_resume_reproduces_uninterrupted_run(tmp_path):
     keys = ["reward/total/mean", "loss", "kl", "grad_norm", "entropy", "clip_frac", "completion_len/mean"]
     straight = make_trainer(tmp_path / "a", "train.steps=4")

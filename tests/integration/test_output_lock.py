@@ -106,6 +106,7 @@ def test_a_stale_lock_of_a_killed_process_is_taken_over(tmp_path):
     lock.release()
 
 
+@pytest.mark.slow
 def test_two_cli_runs_started_together_one_runs_one_is_refused(world, tmp_path):
     out = tmp_path / "run"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
@@ -178,6 +179,7 @@ def test_overwrite_of_a_folder_without_a_run_touches_none_of_its_files(tmp_path)
     assert (out / "metrics.jsonl").is_file()
 
 
+@pytest.mark.slow
 def test_an_overwrite_killed_before_its_first_step_gives_the_old_run_back(world, tmp_path):
     """SIGKILL while the new run is still before its first step: the next start puts the old run back."""
     out = tmp_path / "run"

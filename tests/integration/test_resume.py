@@ -241,6 +241,7 @@ def test_output_folder_holding_a_run_is_refused_and_left_untouched(run, cli_conf
     assert [r["step"] for r in read_metrics(run / "metrics.jsonl")] == [1]
 
 
+@pytest.mark.slow
 def test_sigterm_saves_a_checkpoint_and_exits_143(cli_config, tmp_path):
     out = tmp_path / "cli_run"
     proc = subprocess.Popen(
@@ -276,6 +277,7 @@ def _can_mount_tmpfs() -> bool:
     return probe.returncode == 0
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not _can_mount_tmpfs(), reason="needs unshare and user namespaces to mount a small tmpfs")
 def test_disk_full_is_named_as_such(cli_config, tmp_path):
     """A 160 KiB filesystem: the weights (94 KB) fit, the trainer state (217 KB) does not."""

@@ -230,6 +230,7 @@ def test_what_grpokit_cannot_honour_is_refused_by_name(fields, message):
         from_trl(fields)
 
 
+@pytest.mark.slow
 def test_a_flat_trl_yaml_trains_and_converts_from_the_cli(tmp_path):
     import subprocess
     import sys

@@ -292,6 +292,7 @@ def test_a_reward_failing_on_every_row_stops_the_cli_with_its_reason(tmp_path, c
     assert "first failing row 0: raised KeyError: 'solution'" in err and "prompt: '" in err
 
 
+@pytest.mark.slow
 def test_nan_rewards_stop_the_run_or_count_within_the_allowed_share(tmp_path):
     def nan_everywhere(completions, **kwargs):
         return [math.nan] * len(completions)

@@ -119,6 +119,7 @@ CASES = [  # (loss_type, scale_rewards, per_device_train_batch_size, gradient_ac
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("loss_type,scale,per_device,accumulation", CASES)
 def test_one_step_matches_trl(tmp_path, loss_type, scale, per_device, accumulation):
     trl_args = dict(

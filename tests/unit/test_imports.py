@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from paths import REPO
 
 PACKAGE = REPO / "grpokit"
@@ -72,6 +73,7 @@ def internal_imports(name: str, path: Path, modules: dict[str, Path]) -> set[str
     return found
 
 
+@pytest.mark.slow
 def test_every_module_imports_first_in_a_fresh_interpreter():
     names = list(module_names())
     done = subprocess.run(

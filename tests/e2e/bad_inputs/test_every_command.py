@@ -191,6 +191,7 @@ def test_a_gpu_index_past_the_visible_ones_is_named(world, tmp_path, capsys):
     assert f"model.device='cuda:{index}'" in err and "visible" in err and "Traceback" not in err
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", ["model-type-unknown", "yaml-binary"])
 def test_the_real_cli_exits_2_with_one_line(world, tmp_path, case):
     """The same through a real process: the exit status a shell sees, no traceback."""

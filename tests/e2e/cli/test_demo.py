@@ -24,6 +24,7 @@ def test_demo_answers_are_scored_by_math_accuracy():
     assert got == [1.0, 0.0]
 
 
+@pytest.mark.slow
 def test_warm_start_is_cached(tmp_path):
     messages = []
     first = prepare_demo(SMALL, cache=tmp_path, log=messages.append)

@@ -261,6 +261,7 @@ def equivalence(two_ranks, tmp_path_factory):
     return torch.load(one), torch.load(two_ranks[0] / "two.pt")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", list(CASES))
 def test_two_ranks_give_the_one_process_gradient_and_weights(equivalence, case):
     one, two = equivalence[0][case], equivalence[1][case]

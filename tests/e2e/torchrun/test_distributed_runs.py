@@ -57,6 +57,7 @@ def sft_setup(tmp_path_factory):
     return folder, cfg, one
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
 def test_sft_on_two_ranks_gives_the_one_process_losses_and_weights(sft_setup, strategy):
     folder, cfg, one = sft_setup
@@ -78,6 +79,7 @@ def every_turn_calls(text: str) -> list:
     return [ToolCall("count_digits", {"text": text})]
 
 
+@pytest.mark.slow
 def test_multiturn_tool_rollouts_on_two_ranks_log_global_numbers_and_resume(tmp_path):
     """2 ranks, 3 steps of tool episodes: exit 0, rank 0 logs one line per step with the episode and tool
     numbers, and a resume from step 2 by the same 2 ranks repeats step 3. (The CLI's ranks sample their

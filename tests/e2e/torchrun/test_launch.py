@@ -64,6 +64,7 @@ def _launch(args: list[str], **kw) -> subprocess.Popen:
     return subprocess.Popen([*command, *args], env=env, stderr=subprocess.PIPE, text=True, cwd=REPO, **kw)
 
 
+@pytest.mark.slow
 def test_a_bad_setting_exits_2_from_the_launcher(sft_config, tmp_path):
     """Each rank refuses the value (exit 2); torchrun alone would exit 1."""
     proc = _launch(["sft", str(sft_config), "optim.lr=fast", f"--output-dir={tmp_path / 'run'}"])
@@ -73,6 +74,7 @@ def test_a_bad_setting_exits_2_from_the_launcher(sft_config, tmp_path):
     assert "exited with code 2" in err and "Traceback" not in err
 
 
+@pytest.mark.slow
 def test_sigterm_to_the_launcher_saves_on_every_rank_and_exits_143(sft_config, tmp_path):
     out = tmp_path / "run"
     proc = _launch(["sft", str(sft_config), f"--output-dir={out}"])

@@ -64,6 +64,7 @@ def test_shapes_match_the_anchor():
     )
 
 
+@pytest.mark.slow
 def test_run_bench_tiny(tiny_model, tmp_path):
     shape = bench.BENCH_SHAPES["tiny"]
     r = bench.run_bench(tiny_model, "tiny", steps=2, output_dir=tmp_path)
@@ -120,6 +121,7 @@ def test_decode_roofline_compute_bound_and_defaults():
     assert (d["mem_bw_bytes_s"], d["peak_flops"]) == (3.35e12, 989e12)  # H100 SXM
 
 
+@pytest.mark.slow
 def test_cli_tiny_prints_a_result_line(cache_dir, tiny_model, tmp_path, capsys):
     out_json = tmp_path / "bench.json"
     args = _parser().parse_args(
@@ -186,6 +188,7 @@ def test_run_trl_passes_the_shape_and_parses_result(tiny_model, tmp_path, monkey
         bench.parse_result_line("no result here")
 
 
+@pytest.mark.slow
 def test_trl_out_of_memory_is_a_result_not_a_failure(tiny_model, tmp_path, monkeypatch, capsys):
     """A TRL run that dies of CUDA OOM is reported as such (the shape TRL cannot fit), with our numbers."""
     fake = tmp_path / "oom_trl.py"
@@ -213,6 +216,7 @@ def test_trl_out_of_memory_is_a_result_not_a_failure(tiny_model, tmp_path, monke
         bench.run_trl(tiny_model, "tiny", steps=2, script=crash)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("trl") is None, reason="TRL is not installed (pip install trl)")
 def test_run_trl_for_real_on_the_tiny_shape(tiny_model):
     """TRL's GRPOTrainer itself, in the subprocess, on the tiny shape (CPU): the harness end to end."""
@@ -229,6 +233,7 @@ def test_memory_fraction_is_the_cap_over_the_device():
             bench.run.memory_fraction(bad, 80 * 2**30)
 
 
+@pytest.mark.slow
 def test_cli_set_overrides_reach_the_config_and_a_cap_needs_cuda(cache_dir, tiny_model, tmp_path, capsys):
     base = ["bench", "--shape", "tiny", "--model-size", "tiny", "--cache-dir", str(cache_dir), "--steps", "1"]
     args = _parser().parse_args(base + ["--set", "algo.beta=0", "--set", "rollout.temperature=0.5"])

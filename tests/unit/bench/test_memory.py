@@ -31,6 +31,7 @@ def one_thread():
     torch.set_num_threads(before)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the CPU peak is read from /proc")
 def test_roles_add_up_to_the_measured_cpu_peak(cache_dir, tmp_path, one_thread):
     """The "30m" model in float32 on the tiny shape, grpo (beta 0.04: a reference model).
@@ -92,6 +93,7 @@ def test_critic_roles_come_from_critic_and_critic_optimizer():
     assert role_bytes(t)["critic_weights"] == 0
 
 
+@pytest.mark.slow
 def test_cli_algos_runs_each_preset_and_gives_the_ratios(cache_dir, tmp_path, capsys, one_thread):
     parser = argparse.ArgumentParser(prog="grpokit")
     bench.add_bench_parser(parser.add_subparsers(dest="command"))
@@ -130,6 +132,7 @@ def _has_ppo() -> bool:
     return "ppo" in PRESETS
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not _has_ppo(), reason="algo.preset=ppo is not there yet (issue 15)")
 def test_algos_grpo_ppo_counts_the_critic(cache_dir, tmp_path, one_thread):
     """PPO's trainer has a critic and its optimizer: their roles are counted; GRPO has none."""

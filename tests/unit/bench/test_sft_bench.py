@@ -8,6 +8,7 @@ from grpokit.bench.model import build_random_model
 from grpokit.bench.sft import SFT_SHAPES, compare_sft, run_sft_bench, run_trl_sft, sft_rows
 
 
+@pytest.mark.slow
 def test_rows_are_exactly_the_shape_and_grpokit_trains_on_the_completion(tmp_path):
     model_dir = build_random_model("tiny", tmp_path)
     rows = sft_rows(3, SFT_SHAPES["tiny"], 1000, seed=1)

@@ -106,6 +106,7 @@ def test_save_to_disk_folder_still_read_by_the_local_reader(tmp_path):
     assert load_prompts(tmp_path / "saved") == TRAIN
 
 
+@pytest.mark.slow
 def test_unknown_hub_id_offline_names_both_readings(tmp_path):
     """A name that is neither a local path nor a loadable hub dataset (offline: the hub is not asked)."""
     code = (
@@ -121,6 +122,7 @@ def test_unknown_hub_id_offline_names_both_readings(tmp_path):
     assert "check the path, or the hub id and the network" in out.stdout
 
 
+@pytest.mark.slow
 def test_unknown_hub_id_without_a_hub_fails_in_seconds(tmp_path):
     """No hub at HF_ENDPOINT (a closed local port): the probe switches offline mode on, so datasets reads
     its cache once instead of retrying for ~23 s (1 + 2 + 4 + 8 + 8 s of backoff), and the error says why."""

@@ -114,6 +114,7 @@ def test_bf16_model_defaults_to_kahan_with_bf16_optimizer_state(tmp_path):
     }
 
 
+@pytest.mark.slow
 def test_fp16_trains_with_loss_scaling(tmp_path, fixed_batch, tmp_path_factory):
     """float16 compute over float32 master weights: overflowing updates are skipped and counted (the
     scale halves), the others equal a float32 run of as many updates; weights never go NaN; saving works."""

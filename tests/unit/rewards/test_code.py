@@ -263,6 +263,7 @@ def scores():
     return {r[0]: (s, r[3]) for r, s in zip(rows, out)}, connections
 
 
+@pytest.mark.slow
 @needs_isolation
 @pytest.mark.parametrize("name", [r[0] for r in ROWS] + ["opens a socket"])
 def test_row(scores, name):
@@ -501,6 +502,7 @@ def test_refuses_without_isolation_unless_asked():
     assert "isolation='none'" in proc.stderr and "signal or ptrace" in proc.stderr
 
 
+@pytest.mark.slow
 def test_fallback_isolation_none_still_scores_and_limits():
     weak = make_code_tests(timeout_s=2.0, memory_mb=256, isolation="none", workers=2)
     rows = [
@@ -535,6 +537,7 @@ def test_many_threads_are_limited():
     assert reward([None], [code], tests=["assert count() < 100"]) == [1.0]
 
 
+@pytest.mark.slow
 @needs_isolation
 def test_one_looping_completion_costs_one_budget_and_no_other_score():
     """8 stdin/stdout cases and 4 completions, one looping: the loop costs one budget (not 8), scores 0,

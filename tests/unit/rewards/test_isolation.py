@@ -83,6 +83,7 @@ def test_everything_a_reward_started_dies_when_the_runner_closes(spawner):
     assert left_alive(pids) == []
 
 
+@pytest.mark.slow
 def test_sigkill_of_the_trainer_leaves_no_process_of_its_rewards(spawner, tmp_path):
     model = save_tiny_model(tmp_path / "model")
     (tmp_path / "data.jsonl").write_text("".join(json.dumps(r) + "\n" for r in ADDITION_ROWS))
@@ -108,6 +109,7 @@ def test_sigkill_of_the_trainer_leaves_no_process_of_its_rewards(spawner, tmp_pa
     assert left_alive(pids + workers) == []  # the keepers, the workers, and all three of the reward's
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "body, words",
     [

@@ -141,6 +141,7 @@ def test_negative(name, completion, gold):
     assert score(completion, gold) == 0.0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name,completion,gold", ADVERSARIAL, ids=[r[0] for r in ADVERSARIAL])
 def test_adversarial(name, completion, gold):
     assert score(completion, gold) == 0.0

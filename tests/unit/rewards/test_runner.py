@@ -90,6 +90,7 @@ BAD = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("isolation", ["process", "thread"])
 @pytest.mark.parametrize("name,fn,message", BAD, ids=[b[0] for b in BAD])
 def test_runner_reports_bad_functions(name, fn, message, isolation, caplog):
@@ -141,6 +142,7 @@ def test_a_call_that_raises_is_retried_row_by_row(isolation):
     assert list(res.row_errors["picky"]) == [1] and "ZeroDivisionError" in res.errors["picky"]
 
 
+@pytest.mark.slow
 def test_async_functions_log_metric_log_extra_and_trainer_state():
     import asyncio
 
@@ -179,6 +181,7 @@ def _pids(folder: Path) -> list[int]:
     return [int(p.name) for p in folder.iterdir()]
 
 
+@pytest.mark.slow
 def test_slow_completions_score_zero_and_never_zero_the_others(tmp_path):
     def slow_on_marker(prompts, completions, **kw):
         if completions[0] == "slow":
@@ -227,6 +230,7 @@ def test_slow_completions_score_zero_and_never_zero_the_others(tmp_path):
     runner.close()
 
 
+@pytest.mark.slow
 def test_the_batch_deadline_stops_batch_functions_but_never_per_completion_work():
     def sleepy(prompts, completions, **kw):
         while completions[0] == "loop":
@@ -248,6 +252,7 @@ def test_the_batch_deadline_stops_batch_functions_but_never_per_completion_work(
     runner.close()
 
 
+@pytest.mark.slow
 def test_slow_math_completions_never_zero_the_correct_ones():
     # The batch: some completions hold expressions math-verify chews on for seconds (a
     # tower of powers takes ~5 s here); the correct ones must keep their 1.0.
@@ -261,6 +266,7 @@ def test_slow_math_completions_never_zero_the_correct_ones():
     runner.close()
 
 
+@pytest.mark.slow
 def test_a_reward_stuck_in_a_cpu_loop_is_killed_at_its_timeout(tmp_path):
     def stuck(prompts, completions, **kw):
         child = subprocess.Popen(["sleep", "60"])  # what it started dies with it

@@ -32,6 +32,7 @@ def check(result: dict, token: str) -> None:
     assert [p for p in hp.marks(token) if os.path.exists(p)] == []
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(os.geteuid() != 0, reason="runs as root only; the unprivileged run is the other test")
 def test_hostile_suite_as_root():
     token = "gk" + uuid.uuid4().hex[:10]
@@ -83,6 +84,7 @@ def _as_unprivileged_user(token: str, *mode: str) -> dict:
     return json.loads(proc.stdout)
 
 
+@pytest.mark.slow
 def test_hostile_suite_as_unprivileged_user():
     token = "gk" + uuid.uuid4().hex[:10]
     result = _as_unprivileged_user(token)
@@ -90,6 +92,7 @@ def test_hostile_suite_as_unprivileged_user():
     check(result, token)
 
 
+@pytest.mark.slow
 def test_python_tool_under_the_hostile_programs_as_unprivileged_user():
     """The multi-turn python tool (grpokit/rollout/tools/python.py) under the same programs as user nobody (the root
     run is tests/unit/rollout/test_tools.py): every call answers, nothing is left behind, honest code still runs."""

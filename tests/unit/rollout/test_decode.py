@@ -106,6 +106,7 @@ def test_static_generator_equals_hf_generate_greedy_and_dynamic_sampling(attn):
     torch.testing.assert_close(sampled.logprobs, ref.logprobs, rtol=0, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_static_engine_runs_peft_lora_and_follows_weight_updates():
     from peft import LoraConfig, get_peft_model
 
@@ -204,6 +205,7 @@ def test_cuda_graph_replay_equals_eager_static_and_dynamic(dtype):
         assert same >= 0.9, f"only {same:.0%} of tokens agree with the dynamic cache"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kv_cache", ["static", "dynamic"])
 def test_checking_finished_rows_less_often_changes_nothing(kv_cache):
     """check_every=5 (fewer device syncs) gives the rollout of check_every=1, early EOS and compaction included."""

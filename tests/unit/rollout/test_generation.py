@@ -58,6 +58,7 @@ def _check_layout(r, prompts, G, eos):
     assert r.completion_mask[:, 0].all() and r.completion_mask.sum(-1).max() == r.completion_ids.shape[1]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arch", ["qwen2", "llama"])
 def test_greedy_equals_hf_generate_with_early_eos(arch):
     model, _ = make_tiny_model(arch)
@@ -93,6 +94,7 @@ def test_sampled_logprobs_match_full_forward(gen):
     torch.testing.assert_close(r.logprobs, _full_logprobs(model, r, 0.7), rtol=0, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_sampling_is_reproducible_and_compaction_does_not_change_it():
     model, _ = make_tiny_model("llama", seed=2)
     kw = dict(group_size=4, max_new_tokens=10, temperature=1.0, eos_token_ids=[1, 49, 13], pad_token_id=PAD)

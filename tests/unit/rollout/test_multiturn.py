@@ -159,6 +159,7 @@ def test_episodes_end_on_done_max_turns_and_budget_with_the_flag():
     assert budget.rollout.truncated.tolist() == [True] * 4
 
 
+@pytest.mark.slow
 def test_both_generators_and_one_episode_at_a_time_give_the_same_greedy_episodes():
     model, tok = tool_model()
     fast = episodes(model, tok, [Echo() for _ in range(4)], temperature=0.0)

@@ -67,6 +67,7 @@ def run(tmp_path_factory):
     return tmp / "run", list(SEEN), trainer
 
 
+@pytest.mark.slow
 def test_shapes_and_metadata(run):
     folder, _, trainer = run
     files = rollout_files(folder)
@@ -153,6 +154,7 @@ def test_not_a_rollouts_file_is_named(tmp_path):
         read_rollouts(tmp_path / "plain.parquet")
 
 
+@pytest.mark.slow
 def test_samples_go_to_wandb_as_a_table(tmp_path, monkeypatch):
     """report_to wandb: a step's samples become a W&B table "completions" (TRL's key), every row and column."""
     pytest.importorskip("wandb")

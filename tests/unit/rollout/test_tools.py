@@ -140,6 +140,7 @@ def test_hermes_parser():
         get_parser("mistral")
 
 
+@pytest.mark.slow
 def test_runner_turns_every_failure_into_a_message_and_goes_on():
     runner = ToolRunner(
         load_tools([multiply, boom, hang, huge, die]), timeout_s=2.0, max_result_chars=100, workers=2
@@ -207,6 +208,7 @@ def test_runner_turns_every_failure_into_a_message_and_goes_on():
         runner.close()
 
 
+@pytest.mark.slow
 def test_python_tool_under_the_hostile_programs():
     """Each hostile program (tests/hostile_programs.py), its functions called, through the python tool on a
     ToolRunner (hostile_programs.run_tool_suite, in this process as root; as user nobody in

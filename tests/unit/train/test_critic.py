@@ -147,6 +147,7 @@ def test_warmup_updates_only_the_critic(tmp_path):
     assert not all(torch.equal(a, b) for a, b in zip(policy0, trainer.model.parameters()))
 
 
+@pytest.mark.slow
 def test_micro_batch_split_leaves_the_critic_gradient_unchanged(tmp_path):
     results = {}
     for micro in (16, 3):
@@ -176,6 +177,7 @@ def test_micro_batch_split_leaves_the_critic_gradient_unchanged(tmp_path):
     assert m_one["critic/value_loss"] == pytest.approx(m_split["critic/value_loss"], rel=1e-5)
 
 
+@pytest.mark.slow
 def test_ppo_raises_the_reward_on_a_tiny_task_and_the_critic_learns_it(tmp_path):
     """The cheap learning check (the demo's measurement is in docs/algorithms/ppo.md): 12 PPO steps on "contains a 7"."""
     trainer = make_trainer(

@@ -83,6 +83,7 @@ def big_run(tmp_path_factory):
     return synth_run(tmp_path_factory.mktemp("synth") / "run500")
 
 
+@pytest.mark.slow
 def test_page_size_for_500_steps_saving_every_10(big_run, capsys):
     """The bound docs/guides/view.md states: 500 steps, rollouts every 10 at the demo's shape (50 x 128 completions)."""
     assert main(["view", str(big_run)]) == 0
