@@ -41,7 +41,7 @@ import torch
 from torch import Tensor
 
 from ._checks import check_choice, check_groups, lookup
-from .ppo import discounted_returns, token_level_rewards, whitened_gae
+from .ppo import discounted_returns, gae, token_level_rewards
 from .process import process_group_advantages
 from .whiten import whiten_tokens
 
@@ -359,6 +359,36 @@ def _process_group(a: AdvantageInputs) -> Tensor:
             "reward, e.g. rewards: [{name: process_reward_model, kwargs: {path: DIR}}] (see grpokit.rewards.process)"
         )
     return process_group_advantages(a.step_rewards, a.group_size, a.mask(), std_ddof=a.std_ddof, eps=a.eps)
+
+
+def gae_targets(inputs: AdvantageInputs) -> tuple[Tensor, Tensor]:
+    """PPO-RLHF's advantages and critic targets from the estimator inputs (Ouyang et al. arXiv 2203.02155):
+
+      r_{i,t} = -kl_coef * k1_{i,t}  (+ the score r_i at the last masked-in token)   `token_level_rewards`
+      A, R    = gae(r, V, mask, gamma, lam)                                          R = A + V, the returns
+
+    Worked example, one completion of 2 tokens, score 1, no KL, V = [0.5, 0.8], gamma = 1, lam = 0.5:
+    delta = [0 + 0.8 - 0.5, 1 + 0 - 0.8] = [0.3, 0.2]; A = [0.3 + 0.5 * 0.2, 0.2] = [0.4, 0.2];
+    R = A + V = [0.9, 1.0].
+
+    Returns: advantages (N, L) (not whitened) and returns (N, L), 0 at masked-out positions.
+    Raises: ValueError without values (the estimator needs a critic).
+    """
+    if inputs.values is None:
+        raise ValueError(
+            "advantage 'gae' needs a critic's values (N, L) in AdvantageInputs.values; the trainer builds a "
+            "critic for it (algo.preset=ppo or algo.advantage=gae)"
+        )
+    mask = inputs.mask()  # (N, L)
+    token_rewards = inputs.token_rewards()  # (N, L)
+    return gae(token_rewards, inputs.values.to(token_rewards.dtype), mask, inputs.gamma, inputs.lam)
+
+
+def whitened_gae(inputs: AdvantageInputs) -> Tensor:
+    """GAE advantages whitened per token over the batch (`whiten_tokens`: masked mean and population std),
+    as TRL's PPOTrainer and OpenRLHF do before the clipped policy loss. (N, L)"""
+    advantages, _ = gae_targets(inputs)  # (N, L)
+    return whiten_tokens(advantages, inputs.whiten_mask(), eps=inputs.eps)  # (N, L) over the trained tokens
 
 
 def _gae(a: AdvantageInputs) -> Tensor:

@@ -7,15 +7,8 @@ positions are skipped by the recursions (the next masked-in token is "t+1"), so 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 from torch import Tensor
-
-from .whiten import whiten_tokens
-
-if TYPE_CHECKING:  # type hints only: advantages.py imports this module
-    from .advantages import AdvantageInputs
 
 
 def token_level_rewards(rewards: Tensor, kl: Tensor, completion_mask: Tensor, *, beta: float) -> Tensor:
@@ -114,36 +107,6 @@ def value_loss(
         "num_tokens": n_local.detach(),
     }
     return loss, metrics
-
-
-def gae_targets(inputs: AdvantageInputs) -> tuple[Tensor, Tensor]:
-    """PPO-RLHF's advantages and critic targets from the estimator inputs (Ouyang et al. arXiv 2203.02155):
-
-      r_{i,t} = -kl_coef * k1_{i,t}  (+ the score r_i at the last masked-in token)   `token_level_rewards`
-      A, R    = gae(r, V, mask, gamma, lam)                                          R = A + V, the returns
-
-    Worked example, one completion of 2 tokens, score 1, no KL, V = [0.5, 0.8], gamma = 1, lam = 0.5:
-    delta = [0 + 0.8 - 0.5, 1 + 0 - 0.8] = [0.3, 0.2]; A = [0.3 + 0.5 * 0.2, 0.2] = [0.4, 0.2];
-    R = A + V = [0.9, 1.0].
-
-    Returns: advantages (N, L) (not whitened) and returns (N, L), 0 at masked-out positions.
-    Raises: ValueError without values (the estimator needs a critic).
-    """
-    if inputs.values is None:
-        raise ValueError(
-            "advantage 'gae' needs a critic's values (N, L) in AdvantageInputs.values; the trainer builds a "
-            "critic for it (algo.preset=ppo or algo.advantage=gae)"
-        )
-    mask = inputs.mask()  # (N, L)
-    token_rewards = inputs.token_rewards()  # (N, L)
-    return gae(token_rewards, inputs.values.to(token_rewards.dtype), mask, inputs.gamma, inputs.lam)
-
-
-def whitened_gae(inputs: AdvantageInputs) -> Tensor:
-    """GAE advantages whitened per token over the batch (`whiten_tokens`: masked mean and population std),
-    as TRL's PPOTrainer and OpenRLHF do before the clipped policy loss. (N, L)"""
-    advantages, _ = gae_targets(inputs)  # (N, L)
-    return whiten_tokens(advantages, inputs.whiten_mask(), eps=inputs.eps)  # (N, L) over the trained tokens
 
 
 def explained_variance(values: Tensor, returns: Tensor, mask: Tensor) -> Tensor:

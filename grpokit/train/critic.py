@@ -10,7 +10,7 @@ trained in full, PEFT's modules_to_save).
 In one step (grpokit.trainers.grpo, ``train_step``):
 
     values  = V(s_t) of the sampled completions, no gradient           Critic.values       (N, Lc)
-    A, R    = GAE over r_t = score at EOS - kl_reward_coef * k1_t      algos.ppo.gae_targets (R = A + V)
+    A, R    = GAE over r_t = score at EOS - kl_reward_coef * k1_t      algos.advantages.gae_targets (R = A + V)
     policy  : the clipped loss on whitened A (skipped for critic.warmup_steps steps)
     critic  : 0.5 * max((V - R)^2, (clip(V, V_old +- c) - R)^2), token-mean over each mini-batch, over the
               policy's epochs and mini-batches (the same rows in the same order), its own AdamW (critic.lr)
@@ -33,7 +33,8 @@ import torch
 from torch import Tensor
 
 from grpokit.algos import AdvantageInputs, kl_estimate
-from grpokit.algos.ppo import explained_variance, gae_targets, value_loss
+from grpokit.algos.advantages import gae_targets
+from grpokit.algos.ppo import explained_variance, value_loss
 from grpokit.core.errors import ConfigError, TrainingError
 from grpokit.model.checkpoint import load_weights_into
 from grpokit.model.checks import first_line

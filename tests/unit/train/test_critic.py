@@ -8,7 +8,8 @@ import torch
 from grpo_runs import make_trainer, spies
 
 from grpokit.algos import whiten_tokens
-from grpokit.algos.ppo import explained_variance, gae_targets, whitened_gae
+from grpokit.algos.advantages import gae_targets, whitened_gae
+from grpokit.algos.ppo import explained_variance
 
 
 def _constant_critic(trainer, c):
