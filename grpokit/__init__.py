@@ -21,7 +21,7 @@ from grpokit.core.version import VERSION as __version__
 # public name -> module that defines it
 _EXPORTS = {
     "GRPOTrainer": "grpokit.trainers.grpo",
-    "TrainingError": "grpokit.trainers.grpo",
+    "TrainingError": "grpokit.core.errors",
     "Config": "grpokit.config.schema",
     "ConfigError": "grpokit.config.schema",
     "load_config": "grpokit.config.schema",
@@ -55,10 +55,11 @@ __all__ = [
 if TYPE_CHECKING:
     from grpokit.config.schema import Config, ConfigError, config_from_dict, load_config
     from grpokit.config.sft import SFTConfig, load_sft_config
+    from grpokit.core.errors import TrainingError
     from grpokit.data.prompts import DataError, load_prompts
     from grpokit.rollout.evaluate import evaluate
     from grpokit.run.plots import plot_training_curves
-    from grpokit.trainers.grpo import GRPOTrainer, TrainingError
+    from grpokit.trainers.grpo import GRPOTrainer
     from grpokit.trainers.sft import SFTTrainer
 
 

@@ -168,9 +168,10 @@ def cmd_sft(args: argparse.Namespace) -> int:
 
 def _run(cfg, args: argparse.Namespace, trainer_cls=None) -> int:
     from grpokit.config.schema import ConfigError
+    from grpokit.core.errors import TrainingError
     from grpokit.data.prompts import DataError
     from grpokit.model.checkpoint import CheckpointError
-    from grpokit.trainers.grpo import GRPOTrainer, TrainingError
+    from grpokit.trainers.grpo import GRPOTrainer
 
     start = time.perf_counter()
     try:

@@ -51,7 +51,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Column
 
 # the trackers' names are a config rule (train.report_to), checked with the rest of the config
-from grpokit.config.checks import REPORT_TO, check_report_to  # noqa: F401 (re-exported)
+from grpokit.config.checks import check_report_to
 from grpokit.core.files import replace_whole
 
 # The console summary: (metric key, format), in display order. Keys missing from a step are left out.

@@ -29,7 +29,7 @@ from grpokit.rollout.batch import length_sorted, step_seed
 from grpokit.rollout.generation import Rollout
 from grpokit.rollout.record import TokenRecorder
 from grpokit.train.distributed import Distributed
-from grpokit.train.learner import AUTO_MICRO_TOKENS, Learner, peak_memory_mb  # noqa: F401 (re-exported)
+from grpokit.train.learner import Learner
 from grpokit.train.update_stats import UpdateStats
 
 

@@ -33,7 +33,6 @@ from grpokit.compat.trl.api import trl_arguments
 from grpokit.compat.trl.names import with_trl_names
 from grpokit.config.checks import check_settings_in_use
 from grpokit.config.schema import Config, ConfigError, resolve_algo, validated
-from grpokit.core.errors import TrainingError  # noqa: F401 (the CLI and tests catch it from here)
 from grpokit.core.notices import Notices
 from grpokit.data.prompts import check_reward_columns, load_train_eval
 from grpokit.data.templates import describe_templates

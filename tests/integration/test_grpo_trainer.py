@@ -8,7 +8,8 @@ from grpo_runs import ROWS, has_seven, make_cfg, make_trainer
 from tiny_model import make_tiny_model
 from transformers import AutoModelForCausalLM
 
-from grpokit.trainers.grpo import GRPOTrainer, TrainingError
+from grpokit.core.errors import TrainingError
+from grpokit.trainers.grpo import GRPOTrainer
 
 STEP_FIELDS = [
     "reward/total/mean",
@@ -124,7 +125,7 @@ def test_every_preset_trains(tmp_path, preset):
 
 
 def test_dynamic_sampling_gives_up_with_clear_error(tmp_path):
-    from grpokit.trainers.grpo import TrainingError
+    from grpokit.core.errors import TrainingError
 
     model, tok = make_tiny_model("qwen2", seed=0)
     cfg = make_cfg(

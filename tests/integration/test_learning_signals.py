@@ -10,9 +10,10 @@ from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
 from grpokit.config.schema import ConfigError, load_config
+from grpokit.core.errors import TrainingError
 from grpokit.model.loading import check_tokenizer_fits, load_tokenizer
 from grpokit.rewards import resolve_reward
-from grpokit.trainers.grpo import GRPOTrainer, TrainingError
+from grpokit.trainers.grpo import GRPOTrainer
 
 ROWS = [{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a in range(6) for b in range(6)]
 

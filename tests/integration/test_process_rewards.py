@@ -12,9 +12,10 @@ from transformers import PreTrainedTokenizerFast
 
 from grpokit.algos.process import process_group_advantages
 from grpokit.config.schema import ConfigError
+from grpokit.core.errors import TrainingError
 from grpokit.rewards import RewardRunner
 from grpokit.rewards.process import check_char_steps, step_ends, token_step_ends
-from grpokit.trainers.grpo import GRPOTrainer, TrainingError
+from grpokit.trainers.grpo import GRPOTrainer
 
 
 def digit_steps(prompts, completions, **kw):

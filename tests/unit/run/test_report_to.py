@@ -8,8 +8,9 @@ import time
 
 import pytest
 
+from grpokit.config.checks import check_report_to
 from grpokit.config.schema import ConfigError, load_config
-from grpokit.run.log import RunLogger, check_report_to
+from grpokit.run.log import RunLogger
 
 
 def test_check_report_to_names_and_order():
