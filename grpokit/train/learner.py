@@ -91,6 +91,7 @@ class MicroBatchSize:
         self.setting, self.device, self.dist = setting, device, dist
         self.say = say or Notices()
         self.make_room = make_room  # frees device memory held elsewhere (the sampler's KV cache); True if any
+        self.room_first = False  # once room had to be made, it is made before every pass (the sampler rebuilds it)
         self.cap: int | None = None
         self.last = 0
 
@@ -109,8 +110,11 @@ class MicroBatchSize:
     def run(self, fn: Callable[[int], Any], lengths: torch.Tensor, on_oom: Callable[[], None]) -> Any:
         """``fn(rows)`` with rows = rows(lengths). After an out-of-memory error ``on_oom`` drops the partial
         gradient; then, first, ``make_room`` frees what the sampler holds on the device and the same rows are
-        tried again; after that, under auto, half the rows. With a batch-wide loss normaliser the retried
-        gradient is the one the first try would have given."""
+        tried again, and from then on room is made before every pass (the next rollout rebuilds the cache:
+        waiting for it to fail again would cost a failed try a pass); after that, under auto, half the rows.
+        With a batch-wide loss normaliser the retried gradient is the one the first try would have given."""
+        if self.room_first and self.make_room():
+            torch.cuda.empty_cache()
         while True:
             rows = self.rows(lengths)
             try:
@@ -123,6 +127,7 @@ class MicroBatchSize:
             on_oom()
             if self.make_room is not None and self.make_room():
                 torch.cuda.empty_cache()
+                self.room_first = True
                 self.say(f"out of GPU memory at {rows} rows per micro-batch: freed the sampler's KV cache, retrying")
                 continue
             if self.setting != "auto" or rows == 1 or self.dist.active:

@@ -77,6 +77,31 @@ def test_room_is_made_before_rows_are_halved():
     assert micro.run(fn, torch.full((16,), 10), on_oom=lambda: None) == "ran 4" and tried == [4]
 
 
+def test_once_room_was_needed_it_is_made_before_every_pass():
+    """The sampler rebuilds its KV cache at every rollout: after the first time freeing it let the rows fit,
+    the next passes free it first instead of failing once more each time."""
+    cache = {"held": True}
+    tried, notes = [], []
+
+    def make_room() -> bool:
+        held, cache["held"] = cache["held"], False
+        return held
+
+    def fn(rows: int) -> int:
+        tried.append(rows)
+        if cache["held"]:
+            raise _oom()
+        return rows
+
+    micro = MicroBatchSize("auto", CUDA, Distributed(), notes.append, make_room)
+    assert micro.run(fn, torch.full((8,), 10), on_oom=lambda: None) == 8 and tried == [8, 8]
+    for _ in range(3):  # three more passes, each after a rollout that rebuilt the cache
+        cache["held"] = True
+        tried.clear()
+        assert micro.run(fn, torch.full((8,), 10), on_oom=lambda: None) == 8 and tried == [8]
+    assert len(notes) == 1 and micro.cap is None  # one failed try in all, no halving
+
+
 def test_the_failed_try_is_freed_before_room_is_made():
     """The activations of the try that failed must be gone when memory is freed and the rows retried: an
     exception's traceback keeps the failed frame (and its tensors) alive inside an ``except`` block."""
