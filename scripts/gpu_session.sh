@@ -13,6 +13,7 @@
 #     fit16-full the two full fine-tunes of fit16 alone
 #     extras     0.5b standard without gradient checkpointing; with the dynamic KV cache
 #     xlong      0.5b, completion 4096, beside TRL (the memory shape)
+#     profile    0.5b standard: torch.profiler over one step (scripts/profile_step.py): phases, top kernels
 #
 # Each part has its own time limit (a hang costs that part, not the call); each bench appends its JSON
 # result, labelled, to $OUT/results.jsonl and its table to $OUT/log.txt (the device tool brings back at
@@ -97,6 +98,12 @@ for part in "$@"; do
     extras)
       bench standard-no-checkpointing 100 --shape standard --model-size 0.5b --steps 3 --no-gradient-checkpointing
       bench standard-dynamic 100 --shape standard --model-size 0.5b --steps 3 --kv-cache dynamic
+      ;;
+    profile)
+      echo "=== profile ($(date -u +%T))" | tee -a "$LOG"
+      timeout -k 10 150 python3 scripts/profile_step.py --model-size 0.5b --shape standard --out "$OUT/profile.txt" \
+        > /dev/null 2>> "$LOG"
+      echo "=== profile: exit $? ($(date -u +%T))" | tee -a "$LOG"
       ;;
     xlong) bench xlong 500 --shape xlong --model-size 0.5b --steps 2 --compare trl ;;
     *) echo "unknown part $part" | tee -a "$LOG" ;;
