@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import tempfile
 import time
 from pathlib import Path
 
@@ -56,7 +57,7 @@ def main() -> None:
                 engine="fast", kv_cache="auto", cuda_graphs=True, seed=0)
     cfg = load_config(None, [*bench_overrides(shape, steps, algo="grpo", beta=None, **opts), *args.set])
     cfg.model.name_or_path = str(model_dir)
-    cfg.train.output_dir = str(Path(args.out).parent / "profile-run")
+    cfg.train.output_dir = tempfile.mkdtemp(prefix="grpokit-profile-")  # the run folder: not beside --out
     trainer = GRPOTrainer(cfg, train_rows=rows, reward_functions=[("random", random_reward(0), 1.0)],
                           overwrite=True)
     trainer.sampler.rollout = marked("phase: rollout (generate + score)", trainer.sampler.rollout)
