@@ -6,7 +6,10 @@
   clipping      l_{i,t} = -min(rho A, clip(rho, 1 - eps_low, 1 + eps_high) A)
                 clip-higher eps_high > eps_low (DAPO, arXiv 2503.14476); dual clip for A < 0:
                 l = min(l, -c A) (Ye et al. arXiv 1912.09729, as in verl)
-  KL            l += beta * kl_{i,t}, kl from `kl_estimate` (k3: DeepSeekMath arXiv 2402.03300 eq. 4)
+  surrogate     "clip" above, or its second generation (objectives.py): cispo, sapo, gmpo, dppo_tv, dppo_kl
+  masks         the off-policy sequence mask of DeepSeek-V3.2 (masks.py) multiplies the surrogate
+  KL            l += beta * kl_{i,t}, kl from `kl_estimate` (k3: DeepSeekMath arXiv 2402.03300 eq. 4); with
+                kl_is_correction the KL is weighted by the ratio, rho * kl (DeepSeek-V3.2's unbiased estimate)
   aggregation   "seq-mean-token-mean"  (1/B) sum_i (1/|o_i|) sum_t m l      (DeepSeekMath GRPO)
                 "token-mean"           sum_{i,t} m l / sum_{i,t} m          (DAPO)
                 "seq-sum-norm"         sum_{i,t} m l / (B * norm_len)       (Dr. GRPO, arXiv 2503.20783)
@@ -24,6 +27,8 @@ from torch import Tensor
 
 from ._checks import check_choice, lookup
 from .kl import KL_KINDS, kl_estimate
+from .masks import off_policy_mask as off_policy_keep
+from .objectives import SURROGATES, TOKEN_ONLY, surrogate_terms
 
 RATIO_LEVELS = ("token", "sequence", "sequence_token")
 AGG_MODES = ("seq-mean-token-mean", "token-mean", "seq-sum-norm")
@@ -47,12 +52,21 @@ def policy_loss(
     dual_clip: float | None = None,
     num_sequences: int | float | Tensor | None = None,
     num_tokens: int | float | Tensor | None = None,
+    surrogate: str = "clip",
+    sapo_tau_pos: float = 1.0,
+    sapo_tau_neg: float = 1.05,
+    is_cap: float = 20.0,
+    off_policy_mask: float | None = None,
+    sample_logprobs: Tensor | None = None,
+    kl_is_correction: bool = False,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """Clipped surrogate loss (+ optional KL) aggregated over one (micro-)batch; see module docstring.
 
     Per token:  l_{i,t} = -min(rho A, clip(rho, 1 - eps_low, 1 + eps_high) A) + beta * kl_{i,t}
     with rho chosen by `ratio_level`; with `dual_clip` = c > 1, for A < 0 the surrogate part is
-    min(that, -c A) (= c |A|). The log-ratio is clamped to [-20, 20] before exp.
+    min(that, -c A) (= c |A|). The log-ratio is clamped to [-20, 20] before exp. Another `surrogate`
+    replaces the first term (objectives.py); `off_policy_mask` = delta multiplies it by DeepSeek-V3.2's
+    sequence mask (masks.py), from `sample_logprobs`; `kl_is_correction` weights the KL by rho.
 
     Normalisers (the whole optimisation batch's totals; default to this call's own):
       seq-mean-token-mean: sum_i (1/|o_i|) sum_t m l / num_sequences   (|o_i| from this call's mask)
@@ -74,12 +88,17 @@ def policy_loss(
         norm_len: the constant L of seq-sum-norm (e.g. the max completion length); required by it.
         dual_clip: None or c > 1.
         num_sequences, num_tokens: global B and sum m (python numbers or 0-d tensors).
+        surrogate: one of objectives.SURROGATES; sapo_tau_pos / sapo_tau_neg: SAPO's temperatures;
+            is_cap: the cap C of DPPO's truncated IS weight.
+        off_policy_mask: None or delta >= 0; needs sample_logprobs (B, T), the sampler's log-probs.
+        kl_is_correction: multiply the per-token KL by the ratio (value 1 on-policy, its gradient is not 0).
     Returns:
         loss: () scalar to call backward on.
         metrics: detached 0-d tensors, averaged over this call's masked-in tokens: clip_frac_low
             (A < 0 and rho < 1 - eps_low), clip_frac_high (A > 0 and rho > 1 + eps_high), clip_frac,
             ratio_mean, ratio_min, ratio_max, pg_loss (token mean of the surrogate part), kl_mean
-            (if ref_logprobs), dual_clip_frac (if dual_clip), num_tokens (this call's sum m).
+            (if ref_logprobs), dual_clip_frac (if dual_clip), num_tokens (this call's sum m), and the share of
+            tokens each mask took out: masked_frac/trust_region (dppo_*), masked_frac/off_policy (off_policy_mask).
     Raises:
         ValueError: unknown ratio_level / agg / kl_kind, shape mismatch, beta > 0 without ref_logprobs,
             seq-sum-norm without norm_len, dual_clip <= 1, negative eps.
@@ -87,6 +106,13 @@ def policy_loss(
     check_choice("ratio_level", ratio_level, RATIO_LEVELS)
     check_choice("agg", agg, AGG_MODES)
     check_choice("kl_kind", kl_kind, KL_KINDS)
+    check_choice("surrogate", surrogate, SURROGATES)
+    if surrogate in TOKEN_ONLY and ratio_level != "token":
+        raise ValueError(f"surrogate={surrogate!r} builds its own token ratio; set ratio_level='token'")
+    if off_policy_mask is not None and sample_logprobs is None:
+        raise ValueError(
+            "off_policy_mask needs sample_logprobs (the sampler's log-probs of the completion tokens)"
+        )
     eps_high = eps_low if eps_high is None else eps_high
     if eps_low < 0 or eps_high < 0:
         raise ValueError(f"clip ranges must be >= 0, got eps_low={eps_low}, eps_high={eps_high}")
@@ -103,6 +129,7 @@ def policy_loss(
         ("old_logprobs", old_logprobs),
         ("completion_mask", completion_mask),
         ("ref_logprobs", ref_logprobs),
+        ("sample_logprobs", sample_logprobs),
     ):
         if t is not None and t.shape != shape:
             raise ValueError(f"{name} has shape {tuple(t.shape)}, expected {tuple(shape)} like logprobs")
@@ -126,13 +153,35 @@ def policy_loss(
 
     ratio = _ratio(logp, old, m, ratio_level)  # (B, T)
 
-    pg, dual_active = clipped_surrogate(ratio, adv, eps_low, eps_high, dual_clip)  # (B, T) each
+    pg, flags = surrogate_terms(
+        surrogate,
+        ratio,
+        logp,
+        old,
+        adv,
+        m,
+        eps_low=eps_low,
+        eps_high=eps_high,
+        dual_clip=dual_clip,
+        sapo_tau_pos=sapo_tau_pos,
+        sapo_tau_neg=sapo_tau_neg,
+        is_cap=is_cap,
+    )  # (B, T) each
+    masked = {}  # reason -> (B, T) bool, the tokens a mask took out of the surrogate
+    if "trust_region" in flags:
+        masked["trust_region"] = flags["trust_region"]
+    if off_policy_mask is not None:
+        keep = off_policy_keep(adv, logp, sample_logprobs, mask, off_policy_mask)  # (B, T)
+        masked["off_policy"] = ~keep
+        pg = pg * keep  # (B, T) the normaliser still counts the dropped tokens, as TRL's
     per_token = pg  # (B, T)
 
     kl = None
     if ref_logprobs is not None:
         ref = torch.where(mask, ref_logprobs.to(logp.dtype), zero)  # (B, T)
         kl = kl_estimate(logp, ref, kl_kind)  # (B, T), 0 at masked positions
+        if kl_is_correction:  # DeepSeek-V3.2: E_old[rho k3] is the KL of the current policy, not of pi_old
+            kl = ratio * kl  # (B, T)
         if beta > 0:
             per_token = per_token + beta * kl  # (B, T)
     per_token = torch.where(mask, per_token, zero)  # (B, T)
@@ -149,7 +198,7 @@ def policy_loss(
     with torch.no_grad():
         n_local = m.sum()  # ()
         denom = n_local.clamp(min=1)  # ()
-        low, high = clip_sides(ratio, adv, mask, eps_low, eps_high)  # (B, T) each
+        low, high = flags["low"] & mask, flags["high"] & mask  # (B, T) each
         metrics = {
             "clip_frac_low": low.sum() / denom,
             "clip_frac_high": high.sum() / denom,
@@ -163,39 +212,11 @@ def policy_loss(
         if kl is not None:
             metrics["kl_mean"] = torch.where(mask, kl, zero).sum() / denom
         if dual_clip is not None:
-            metrics["dual_clip_frac"] = (dual_active & mask).sum() / denom
+            metrics["dual_clip_frac"] = (flags["dual"] & mask).sum() / denom
+        for reason, out in masked.items():
+            metrics[f"masked_frac/{reason}"] = (out & mask).sum() / denom
         metrics = {k: v.detach() for k, v in metrics.items()}
     return loss, metrics
-
-
-def clipped_surrogate(
-    ratio: Tensor, adv: Tensor, eps_low: float, eps_high: float, dual_clip: float | None = None
-) -> tuple[Tensor, Tensor]:
-    """(pg, dual_active), each (B, T), from (B, T) ratios and advantages:
-
-      pg = -min(rho A, clip(rho, 1 - eps_low, 1 + eps_high) A), then for A < 0 with dual_clip = c:
-           min(pg, -c A) (= c |A|, Dual-clip PPO);
-      dual_active: where that cap bites (all False without dual_clip).
-
-    The one place the clipped surrogate is written: `policy_loss` aggregates it, `token_terms` shows it."""
-    lo, hi = 1.0 - eps_low, 1.0 + eps_high
-    pg = torch.maximum(-adv * ratio, -adv * ratio.clamp(lo, hi))  # (B, T)
-    dual_active = torch.zeros_like(pg, dtype=torch.bool)  # (B, T)
-    if dual_clip is not None:
-        cap = -adv * dual_clip  # (B, T) = c |A| where A < 0
-        dual_active = (adv < 0) & (cap < pg)  # (B, T)
-        pg = torch.where(adv < 0, torch.minimum(pg, cap), pg)  # (B, T)
-    return pg, dual_active
-
-
-def clip_sides(
-    ratio: Tensor, adv: Tensor, mask: Tensor, eps_low: float, eps_high: float
-) -> tuple[Tensor, Tensor]:
-    """(low, high) bool (B, T): the clipped tokens, A < 0 and rho < 1 - eps_low / A > 0 and
-    rho > 1 + eps_high, inside the mask (clip_frac_low / clip_frac_high count them)."""
-    low = (adv < 0) & (ratio < 1.0 - eps_low) & mask  # (B, T)
-    high = (adv > 0) & (ratio > 1.0 + eps_high) & mask  # (B, T)
-    return low, high
 
 
 def importance_ratio(

@@ -28,6 +28,20 @@ The formulas, per preset:
                (+ score at EOS); A = GAE(gamma 1, lambda 0.95) whitened per token over the batch; token
                ratio clip 0.2; token-mean; clipped value loss R = A + V (critic.* settings). TRL's PPOConfig
                defaults (kl_coef 0.05, k1, gamma 1.0, lam 0.95).
+  cispo        CISPO, MiniMax-M1 arXiv 2506.13585. GRPO advantage; l = -sg(min(rho, 5)) A logp on every token
+               (the IS weight clipped, never the token: eps_low 1 = no lower bound, eps_high 4, the cap 5 of
+               ScaleRL and TRL's recommendation); token-mean; no KL.
+  sapo         SAPO, arXiv 2511.20347. GRPO advantage; l = -(4/tau) sigmoid(tau (rho - 1)) A, tau 1.0 for A > 0
+               and 1.05 otherwise (TRL's defaults); (1/B) sum_i (1/|o_i|) sum_t l; no KL.
+  gmpo         GMPO, arXiv 2507.20673. GRPO advantage; l_i = -A_i exp(mean_t clip(log rho_t, -0.4, 0.4)), the
+               geometric mean of the token ratios clipped in log space (e^+-0.4) on the pessimistic side; mean over
+               sequences; no KL.
+  dppo_tv      DPPO-Binary-TV, arXiv 2602.04879. Dr. GRPO advantage and loss (sum / (B * L_max)); l = -A
+               sg(min(rho, 20)) logp, masked where |p - p_old| leaves 0.15 on the side A pushes; no KL.
+  dppo_kl      DPPO-Binary-KL, arXiv 2602.04879. The same with the binary KL of the token's probability, bound 0.05.
+  luspo        LUSPO as TRL 1.16 defines it (loss_type="luspo"; TRL cites arXiv 2602.05261): GRPO advantage,
+               sequence ratio (GSPO), clip 0.2; loss (1/B) sum_i sum_t l, summed over tokens, not averaged
+               (seq-sum-norm with L = 1); no KL.
 """
 
 from __future__ import annotations
@@ -80,6 +94,45 @@ PRESETS: dict[str, AlgoSettings] = {
     "ppo": AlgoSettings.of(
         advantage="gae", agg="token-mean", kl_kind="k1", kl_reward_coef=0.05, gamma=1.0, lam=0.95
     ),
+    # CISPO, MiniMax-M1 arXiv 2506.13585: clipped stop-gradient IS weight (cap 1 + 4 = 5, no lower bound) times
+    # A logp, token-mean, no KL.
+    "cispo": AlgoSettings.of(
+        advantage="group_std", surrogate="cispo", eps_low=1.0, eps_high=4.0, agg="token-mean"
+    ),
+    # SAPO, arXiv 2511.20347: soft sigmoid gate, tau 1.0 / 1.05 (TRL's defaults), seq-mean-token-mean, no KL.
+    "sapo": AlgoSettings.of(
+        advantage="group_std",
+        surrogate="sapo",
+        sapo_tau_pos=1.0,
+        sapo_tau_neg=1.05,
+        agg="seq-mean-token-mean",
+    ),
+    # GMPO, arXiv 2507.20673: geometric mean of the token ratios, clipped in log space to (e^-0.4, e^0.4).
+    "gmpo": AlgoSettings.of(
+        advantage="group_std", surrogate="gmpo", eps_low=0.4, eps_high=0.4, agg="seq-mean-token-mean"
+    ),
+    # DPPO-Binary-TV, arXiv 2602.04879: trust-region mask |p - p_old| <= 0.15, Dr. GRPO advantage and loss
+    # (verl's run_qwen30b_dppo.sh).
+    "dppo_tv": AlgoSettings.of(
+        advantage="group_centre",
+        surrogate="dppo_tv",
+        eps_low=0.15,
+        eps_high=0.15,
+        agg="seq-sum-norm",
+        norm_len="max_completion_length",
+    ),
+    # DPPO-Binary-KL, arXiv 2602.04879: the mask from the binary KL of the token's probability, bound 0.05.
+    "dppo_kl": AlgoSettings.of(
+        advantage="group_centre",
+        surrogate="dppo_kl",
+        eps_low=0.05,
+        eps_high=0.05,
+        agg="seq-sum-norm",
+        norm_len="max_completion_length",
+    ),
+    # LUSPO as TRL 1.16 defines it, arXiv 2602.05261: GSPO's sequence ratio, the loss summed over each
+    # sequence's tokens and averaged over sequences.
+    "luspo": AlgoSettings.of(advantage="group_std", ratio_level="sequence", agg="seq-sum-norm", norm_len=1),
 }
 
 SETTING_KEYS = tuple(KNOBS)
@@ -94,6 +147,12 @@ PAPERS = {
     "reinforce_pp": "arXiv 2501.03262",
     "reinforce_pp_baseline": "arXiv 2501.03262",
     "ppo": "arXiv 2203.02155",
+    "cispo": "arXiv 2506.13585",
+    "sapo": "arXiv 2511.20347",
+    "gmpo": "arXiv 2507.20673",
+    "dppo_tv": "arXiv 2602.04879",
+    "dppo_kl": "arXiv 2602.04879",
+    "luspo": "arXiv 2602.05261",
 }
 
 
@@ -115,18 +174,23 @@ def preset_table() -> str:
             "sequence": "sequence (geometric mean)",
             "sequence_token": "sequence-token",
         }
-        ratio = f"{level[s.ratio.level]}, {clip}" + (
-            f", dual clip {s.ratio.dual_clip:g}" if s.ratio.dual_clip else ""
-        )
+        kind = {
+            "clip": f"{level[s.ratio.level]}, {clip}",
+            "cispo": f"CISPO: sg(clip(rho, {1 - s.ratio.eps_low:g}, {1 + s.ratio.eps_high:g})) A logp",
+            "sapo": f"SAPO gate, tau {s.ratio.sapo_tau_pos:g} / {s.ratio.sapo_tau_neg:g}",
+            "gmpo": f"GMPO: geometric mean of token ratios, log-clip {clip}",
+            "dppo_tv": f"DPPO-TV mask, p - p_old within {clip}, IS cap {s.ratio.is_cap:g}",
+            "dppo_kl": f"DPPO-KL mask, binary KL <= {clip}, IS cap {s.ratio.is_cap:g}",
+        }
+        ratio = kind[s.ratio.surrogate] + (f", dual clip {s.ratio.dual_clip:g}" if s.ratio.dual_clip else "")
         kl = [f"{s.kl.kind} in the loss, beta {s.kl.beta:g}"] if s.kl.beta > 0 else []
         kl += [f"k1 in the reward, {s.kl.reward_coef:g}"] if s.kl.reward_coef > 0 else []
         agg = s.loss.agg
         if agg == "seq-sum-norm":
-            agg = (
-                "sum / (B * max_len)"
-                if s.loss.norm_len == "max_completion_length"
-                else f"sum / (B * {s.loss.norm_len})"
-            )
+            agg = {
+                "max_completion_length": "sum / (B * max_len)",
+                1: "sum over tokens, mean over sequences",
+            }.get(s.loss.norm_len, f"sum / (B * {s.loss.norm_len})")
         batch = [
             text
             for on, text in (

@@ -2,9 +2,10 @@
 
     AlgoSettings
       advantage  AdvantageSettings  which estimator, its std convention
-      ratio      RatioSettings      token / sequence ratio, clip range, dual clip
+      ratio      RatioSettings      token / sequence ratio, the surrogate (clip, cispo, sapo, ...), its range
       kl         KLSettings         KL in the loss (beta, estimator), KL in the reward (k1 coefficient)
       loss       LossSettings       aggregation of the per-token loss into one scalar, its constant
+      masks      MaskSettings       masks on the surrogate: DeepSeek-V3.2's off-policy sequence mask
       batch      BatchSettings      DAPO's batch-level pieces: dynamic sampling, overlong shaping/filtering
       gae        GAESettings        PPO's GAE discount and lambda (estimators that read a critic's values)
 
@@ -25,6 +26,7 @@ from grpokit.core.intervals import in_interval
 from .advantages import ADVANTAGE_ALIASES, ADVANTAGES, CRITIC_ADVANTAGES
 from .kl import KL_KINDS
 from .loss import AGG_MODES, LOSSES, RATIO_LEVELS
+from .objectives import SURROGATES, TOKEN_ONLY
 
 
 def knob(
@@ -51,6 +53,10 @@ def _advantage_names() -> tuple[str, ...]:
 
 def _ratio_levels() -> tuple[str, ...]:
     return RATIO_LEVELS
+
+
+def _surrogates() -> tuple[str, ...]:
+    return SURROGATES
 
 
 def _agg_modes() -> tuple[str, ...]:
@@ -94,9 +100,42 @@ class RatioSettings:
         key="ratio_level",
         choices=_ratio_levels,
     )
-    eps_low: float = knob(0.2, "Lower clip range: ratio >= 1 - eps_low.", interval="[0, 1)", example=0.2)
+    surrogate: str = knob(
+        "clip",
+        "Per-token surrogate: clip (PPO/GRPO) | cispo | sapo | gmpo | dppo_tv | dppo_kl (grpokit.algos.objectives); "
+        "gmpo reads eps_low / eps_high as log-ratio bounds, dppo_* as divergence bounds.",
+        choices=_surrogates,
+    )
+    eps_low: float = knob(
+        0.2,
+        "Lower clip range: ratio >= 1 - eps_low.",
+        interval="[0, 1]",
+        example=0.2,
+        meaning="1 = no lower clip (cispo)",
+    )
     eps_high: float = knob(
-        0.2, "Upper clip range: ratio <= 1 + eps_high (DAPO clip-higher).", interval="[0, inf)", example=0.28
+        0.2,
+        "Upper clip range: ratio <= 1 + eps_high (DAPO clip-higher).",
+        interval="[0, inf)",
+        example=0.28,
+    )
+    sapo_tau_pos: float = knob(
+        1.0,
+        "SAPO's gate temperature for tokens with A > 0 (TRL sapo_temperature_pos).",
+        interval="(0, inf)",
+        example=1.0,
+    )
+    sapo_tau_neg: float = knob(
+        1.05,
+        "SAPO's gate temperature for tokens with A <= 0 (TRL sapo_temperature_neg).",
+        interval="(0, inf)",
+        example=1.05,
+    )
+    is_cap: float = knob(
+        20.0,
+        "DPPO: cap C of the stop-gradient IS weight min(ratio, C) (verl clip_ratio_c).",
+        interval="[1, inf)",
+        example=20.0,
     )
     dual_clip: float | None = knob(
         None,
@@ -128,6 +167,23 @@ class KLSettings:
         interval="[0, inf)",
         example=0.01,
         meaning="0 = no KL in the reward",
+    )
+    is_correction: bool = knob(
+        False,
+        "Weight the KL of the loss by the importance ratio, rho * kl: DeepSeek-V3.2's unbiased estimate (TRL "
+        "use_bias_correction_kl).",
+        key="kl_is_correction",
+    )
+
+
+@dataclass(frozen=True)
+class MaskSettings:
+    off_policy_mask: float | None = knob(
+        None,
+        "DeepSeek-V3.2's off-policy sequence mask: drop sequences with A < 0 whose mean KL to the sampler exceeds "
+        "this delta (TRL off_policy_mask_threshold; None = off).",
+        interval="[0, inf)",
+        example=0.5,
     )
 
 
@@ -194,6 +250,7 @@ PARTS = {
     "advantage": AdvantageSettings,
     "ratio": RatioSettings,
     "kl": KLSettings,
+    "masks": MaskSettings,
     "loss": LossSettings,
     "batch": BatchSettings,
     "gae": GAESettings,
@@ -249,6 +306,7 @@ class AlgoSettings:
     advantage: AdvantageSettings = AdvantageSettings()
     ratio: RatioSettings = RatioSettings()
     kl: KLSettings = KLSettings()
+    masks: MaskSettings = MaskSettings()
     loss: LossSettings = LossSettings()
     batch: BatchSettings = BatchSettings()
     gae: GAESettings = GAESettings()
@@ -316,6 +374,26 @@ class AlgoSettings:
                         f"algo.{key}={self.get(key):g}: only a critic-based estimator (gae: algo.preset=ppo) "
                         f"discounts; advantage {estimator} ignores it"
                     )
+        surrogate = self.ratio.surrogate
+        if surrogate in TOKEN_ONLY and self.ratio.level != "token":
+            out.append(
+                f"algo.surrogate={surrogate} builds its own token ratio, so algo.ratio_level={self.ratio.level} "
+                "cannot apply: set algo.ratio_level=token"
+            )
+        readers = {
+            "sapo_tau_pos": ("sapo",),
+            "sapo_tau_neg": ("sapo",),
+            "is_cap": ("dppo_tv", "dppo_kl"),
+            "dual_clip": ("clip",),
+        }
+        for key in sorted(given & set(readers)):
+            if surrogate not in readers[key] and self.get(key) is not None:
+                out.append(
+                    f"algo.{key}={self.get(key):g}: only algo.surrogate={' or '.join(readers[key])} reads it, "
+                    f"not {surrogate}"
+                )
+        if "kl_is_correction" in given and self.kl.is_correction and self.kl.beta == 0:
+            out.append("algo.kl_is_correction=true weights the KL of the loss, which is off (algo.beta=0)")
         if "norm_len" in given and self.loss.agg != "seq-sum-norm":
             out.append(
                 f"algo.norm_len={self.loss.norm_len}: only algo.agg=seq-sum-norm divides by it, not {self.loss.agg}"
@@ -334,6 +412,12 @@ class AlgoSettings:
             "eps_high": self.ratio.eps_high,
             "ratio_level": self.ratio.level,
             "dual_clip": self.ratio.dual_clip,
+            "surrogate": self.ratio.surrogate,
+            "sapo_tau_pos": self.ratio.sapo_tau_pos,
+            "sapo_tau_neg": self.ratio.sapo_tau_neg,
+            "is_cap": self.ratio.is_cap,
+            "off_policy_mask": self.masks.off_policy_mask,
+            "kl_is_correction": self.kl.is_correction,
             "agg": self.loss.agg,
             "norm_len": self.loss.norm_len,
             "beta": self.kl.beta,

@@ -1,5 +1,5 @@
 """The clipped loss of `policy_loss` taken apart token by token, for showing and saving (no gradient).
-The surrogate itself is `loss.clipped_surrogate`, shared with `policy_loss`; this module only keeps
+The surrogate itself is `objectives.surrogate_terms`, shared with `policy_loss`; this module only keeps
 each token's terms instead of reducing them.
 
 `policy_loss` returns one number and token-averaged fractions; the run explorer (`grpokit view`) and the
@@ -7,9 +7,9 @@ saved rollouts (`grpokit.rollout.record`) need each token's own terms:
 
   ratio  rho_{i,t}     the importance ratio at `ratio_level` (importance_ratio: exp(logp - old), ...)
   clip   c_{i,t}       -1 where A < 0 and rho < 1 - eps_low, +1 where A > 0 and rho > 1 + eps_high, else 0
-                       (the tokens policy_loss counts in clip_frac_low / clip_frac_high)
+                       (the tokens policy_loss counts in clip_frac_low / clip_frac_high; per surrogate)
   pg     l_{i,t}       -min(rho A, clip(rho, 1 - eps_low, 1 + eps_high) A), dual-clipped to min(l, -c A)
-                       for A < 0 when dual_clip = c
+                       for A < 0 when dual_clip = c; or the chosen `surrogate`'s term (objectives.py)
   kl     kl_{i,t}      kl_estimate(logp, ref, kl_kind), NaN without a reference
   loss   l + beta kl   the per-token term that `policy_loss` aggregates
 
@@ -24,7 +24,8 @@ from torch import Tensor
 
 from ._checks import check_choice
 from .kl import kl_estimate
-from .loss import AGG_MODES, clip_sides, clipped_surrogate, importance_ratio
+from .loss import AGG_MODES, importance_ratio
+from .objectives import surrogate_terms
 
 
 @torch.no_grad()
@@ -41,6 +42,10 @@ def token_terms(
     beta: float = 0.0,
     kl_kind: str = "k3",
     dual_clip: float | None = None,
+    surrogate: str = "clip",
+    sapo_tau_pos: float = 1.0,
+    sapo_tau_neg: float = 1.05,
+    is_cap: float = 20.0,
     **_: object,
 ) -> dict[str, Tensor]:
     """{ratio, clip, pg, kl, loss}, each (B, T) float32, from (B, T) log-probs and mask and (B,) or (B, T)
@@ -57,8 +62,22 @@ def token_terms(
     adv = adv.unsqueeze(-1).expand(logp.shape) if adv.dim() == 1 else adv  # (B, T)
     adv = torch.where(mask, adv, zero)  # (B, T)
     ratio = importance_ratio(logp, old_logprobs.float(), mask, ratio_level)  # (B, T)
-    pg, _ = clipped_surrogate(ratio, adv, eps_low, eps_high, dual_clip)  # (B, T)
-    low, high = clip_sides(ratio, adv, mask, eps_low, eps_high)  # (B, T) each
+    old = torch.where(mask, old_logprobs.float(), zero)  # (B, T)
+    pg, flags = surrogate_terms(
+        surrogate,
+        ratio,
+        logp,
+        old,
+        adv,
+        mask.float(),
+        eps_low=eps_low,
+        eps_high=eps_high,
+        dual_clip=dual_clip,
+        sapo_tau_pos=sapo_tau_pos,
+        sapo_tau_neg=sapo_tau_neg,
+        is_cap=is_cap,
+    )  # (B, T)
+    low, high = flags["low"] & mask, flags["high"] & mask  # (B, T) each
     clip = high.float() - low.float()  # (B, T)
     if ref_logprobs is not None:
         ref = torch.where(mask, ref_logprobs.float(), zero)  # (B, T)

@@ -262,6 +262,7 @@ class PolicyUpdate:
                 **algo.loss_kwargs(),
                 num_sequences=len(mb) * dist.world,
                 num_tokens=num_tokens,
+                sample_logprobs=tensors["sample_logprobs"][:, :width],  # the sampler's (off-policy mask)
             )
             if not torch.isfinite(loss) and not dist.active:  # ranks: the global norm is NaN, all skip
                 return stats, False

@@ -192,6 +192,12 @@ ARXIV = {
     "reinforce_pp": "2501.03262",
     "reinforce_pp_baseline": "2501.03262",
     "ppo": "2203.02155",
+    "cispo": "2506.13585",
+    "sapo": "2511.20347",
+    "gmpo": "2507.20673",
+    "dppo_tv": "2602.04879",
+    "dppo_kl": "2602.04879",
+    "luspo": "2602.05261",
 }
 
 
@@ -218,6 +224,12 @@ def test_every_preset_is_complete_and_cites_its_paper():
         "mask_truncated",
         "gamma",
         "lam",
+        "surrogate",  # issue 35: the second generation of objectives and their masks
+        "sapo_tau_pos",
+        "sapo_tau_neg",
+        "is_cap",
+        "off_policy_mask",
+        "kl_is_correction",
     }
     assert set(SETTING_KEYS) == expected_keys
     source = inspect.getsource(presets_module)
@@ -227,7 +239,7 @@ def test_every_preset_is_complete_and_cites_its_paper():
         settings = preset.flat()
         assert set(settings) == expected_keys, name
         assert settings["advantage"] in algos.ADVANTAGE_KINDS
-        assert settings["norm_len"] in (None, "max_completion_length")
+        assert settings["norm_len"] in (None, "max_completion_length", 1)  # 1: luspo's sum over tokens
         assert isinstance(settings["dynamic_sampling"], bool) and isinstance(settings["mask_truncated"], bool)
         # the comment right above the entry cites the paper, and so does the module docstring
         m = re.search(rf'((?:\n\s*#[^\n]*)+)\n\s*"{name}": ', source)  # the comment block above
@@ -248,7 +260,13 @@ def test_every_preset_runs_policy_loss_and_advantages(name):
     kl = kl_estimate(old, ref, "k1")  # (B, T) the KL-in-reward's k1 at the sampling policy
     steps = [[(1, float(r)), (T - 1, float(r))] for r in rewards]  # process rewards: two steps each
     adv = compute_advantages(
-        rewards, G, name, completion_mask=mask, kl=kl, kl_coef=s["kl_reward_coef"], step_rewards=steps,
+        rewards,
+        G,
+        name,
+        completion_mask=mask,
+        kl=kl,
+        kl_coef=s["kl_reward_coef"],
+        step_rewards=steps,
         values=0.1 * torch.randn(B, T, generator=gen, dtype=F64),  # a critic's (ppo)
     )
     assert adv.shape in ((B,), (B, T))
