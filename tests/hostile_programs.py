@@ -375,6 +375,95 @@ def programs(token: str, port: int, caller_pid: int) -> list[tuple]:
             "time.sleep(0.8)\ndef add(a, b): return a + b\n",
             ADD_TESTS,
         ),
+        # --- memory no process maps (memory_mb=256): all counted with the processes' own, or refused
+        (
+            "SysV shared memory, detached",
+            "import ctypes, time\nlibc = ctypes.CDLL(None, use_errno=True)\nlibc.shmat.restype = ctypes.c_void_p\nheld = 0\n"
+            "for _ in range(5):\n    sid = libc.shmget(0, 64 << 20, 0o1600)\n    addr = libc.shmat(sid, None, 0)\n"
+            "    if sid < 0 or addr in (None, 2 ** 64 - 1): break\n    ctypes.memset(addr, 1, 64 << 20)\n"
+            "    libc.shmdt(ctypes.c_void_p(addr))\n    held += 64\ntime.sleep(0.2)\n"
+            "def add(a, b): return a + b if held >= 320 else 0\n",
+            ADD_TESTS,
+        ),
+        (
+            "SysV message queues",
+            "import ctypes, time\nlibc = ctypes.CDLL(None, use_errno=True)\nbuf = ctypes.create_string_buffer(8 + 8000)\n"
+            "buf[0] = 1\nheld = 0\nfor _ in range(32000):\n    q = libc.msgget(0, 0o1600)\n    if q < 0: break\n"
+            "    while held < (300 << 20) and libc.msgsnd(q, buf, 8000, 0o4000) == 0: held += 8000\n"
+            "    if held >= (300 << 20): break\ntime.sleep(0.2)\ndef add(a, b): return a + b if held >= (300 << 20) else 0\n",
+            ADD_TESTS,
+        ),
+        (
+            "queued socket data on top of its memory",
+            "import os, socket, time\ndef fill():\n    keep, held = [], 0\n    for _ in range(28):\n        a, b = socket.socketpair()\n"
+            "        for s in (a, b):\n            s.setblocking(False)\n            try:\n                while True: held += s.send(b'x' * 65536)\n"
+            "            except OSError: pass\n        keep.append((a, b))\n    return keep, held\n"
+            "for _ in range(3):\n    if os.fork() == 0:\n        kept = fill()\n        time.sleep(2)\n        os._exit(0)\n"
+            "kept = fill()\nx = b'x' * (160 << 20)\ntime.sleep(0.3)\ndef add(a, b): return a + b if kept[1] > (8 << 20) else 0\n",
+            ADD_TESTS,
+        ),
+        (
+            "memfds no process maps",
+            "import os, time\nheld, keep = 0, []\ntry:\n    for _ in range(40):\n        fd = os.memfd_create('x')\n"
+            "        os.write(fd, b'x' * (12 << 20))\n        keep.append(fd)\n        held += 12\nexcept OSError: pass\ntime.sleep(0.2)\n"
+            "def add(a, b): return a + b if held >= 400 else 0\n",
+            ADD_TESTS,
+        ),
+        (
+            "POSIX message queue",
+            "import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\nq = libc.syscall(240, b'q', 0o102, 0o600, None)  # mq_open\n"
+            "def add(a, b): return a + b if q >= 0 else 0\n",
+            ADD_TESTS,
+        ),
+        (
+            "pipes beyond the quota",
+            "import os, time\nkeep = []\nfor _ in range(5):\n    if os.fork() == 0:\n        try:\n"
+            "            while True:\n                r, w = os.pipe()\n                os.close(r)\n                keep.append(w)\n"
+            "        except OSError: pass\n        time.sleep(2)\n        os._exit(0)\n"
+            "try:\n    while True:\n        r, w = os.pipe()\n        os.close(r)\n        keep.append(w)\nexcept OSError: pass\n"
+            "time.sleep(0.3)\ndef add(a, b): return a + b\n",
+            ADD_TESTS,
+        ),
+        (
+            "makes itself undumpable to hide what it holds",
+            "import ctypes, time\nctypes.CDLL(None).prctl(4, 0, 0, 0, 0)\ntime.sleep(0.3)\ndef add(a, b): return a + b\n",
+            ADD_TESTS,
+        ),
+        # --- channels between completions and to the trainer
+        (
+            "watches a stdlib folder (F_NOTIFY)",
+            "import fcntl, os, sys\ndef add(a, b):\n    fd = os.open(os.path.dirname(os.__file__), os.O_RDONLY)\n"
+            "    fcntl.fcntl(fd, fcntl.F_NOTIFY, fcntl.DN_ACCESS | fcntl.DN_MULTISHOT)\n    return a + b\n",
+            ADD_TESTS,
+        ),
+        (
+            "evicts a page from the page cache",
+            "import os\ndef add(a, b):\n    fd = os.open(os.__file__, os.O_RDONLY)\n    os.read(fd, 4096)\n"
+            "    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)\n"
+            "    try:\n        os.preadv(fd, [bytearray(4096)], 0, os.RWF_NOWAIT)\n        return 0  # still cached: not evicted\n"
+            "    except BlockingIOError:\n        return a + b\n",
+            ADD_TESTS,
+        ),
+        (
+            "probes the page cache without reading (RWF_NOWAIT)",
+            "import os\ndef add(a, b):\n    fd = os.open(os.__file__, os.O_RDONLY)\n"
+            "    try:\n        os.preadv(fd, [bytearray(4096)], 0, os.RWF_NOWAIT)\n    except BlockingIOError:\n        pass\n    return a + b\n",
+            ADD_TESTS,
+        ),
+        (
+            "probes the page cache (mincore)",
+            "import ctypes, mmap, os\nlibc = ctypes.CDLL(None, use_errno=True)\ndef add(a, b):\n"
+            "    m = mmap.mmap(os.open(os.__file__, os.O_RDONLY), 4096, access=mmap.ACCESS_COPY)\n"
+            "    addr = ctypes.addressof(ctypes.c_char.from_buffer(m))\n    vec = ctypes.create_string_buffer(1)\n"
+            "    return a + b if libc.mincore(ctypes.c_void_p(addr), 4096, vec) == 0 else 0\n",
+            ADD_TESTS,
+        ),
+        (
+            "reads the kernel keys of its uid (/proc/keys)",
+            "import os\ndef add(a, b):\n    st = os.stat('/proc/keys')\n    open('/proc/keys').read()\n"
+            "    return 0 if st.st_rdev == os.makedev(1, 3) else a + b  # /dev/null bound over it\n",
+            ADD_TESTS,
+        ),
         (
             "nested namespaces and mounts",
             "import os, ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\nr1 = libc.unshare(0x10000000 | 0x00020000)\n"
@@ -531,6 +620,57 @@ def run_tool_suite(token: str, workers: int = 4) -> dict:
     }
 
 
+QUOTA_HOG = (  # takes every per-user quota it can (POSIX timers, message queues, pipe pages), then waits
+    "import ctypes, fcntl, os, time\nlibc = ctypes.CDLL(None, use_errno=True)\ntaken = {'timers': 0, 'queues': 0, 'pipe_pages': 0}\n"
+    "timer = ctypes.c_long()\nwhile taken['timers'] < 200000 and libc.timer_create(1, None, ctypes.byref(timer)) == 0:\n"
+    "    taken['timers'] += 1\nwhile taken['queues'] < 5000 and libc.syscall(240, b'q%d' % taken['queues'], 0o102, 0o600, None) >= 0:\n"
+    "    taken['queues'] += 1\nkeep = []\ntry:\n    while True:\n        r, w = os.pipe()\n        keep.append((r, w))\n"
+    "        taken['pipe_pages'] += 16\n        taken['pipe_pages'] += fcntl.fcntl(w, fcntl.F_SETPIPE_SZ, 1 << 20) // 4096 - 16\n"
+    "except OSError: pass\nprint(taken, flush=True)\ntime.sleep(4)\n"
+)
+
+
+def trainer_quotas(token: str) -> dict:
+    """While a sandbox holds every per-user quota it can, what this process (the trainer) can still do:
+    create a POSIX timer, open a message queue, grow a pipe to 1 MiB. As an unprivileged user the
+    sandbox's uid is this process's, and these quotas are counted per uid."""
+    import ctypes
+    import fcntl
+    import threading
+
+    from grpokit.rewards.sandbox import SandboxLimits, run_program
+
+    out = {}
+    hog = threading.Thread(
+        target=lambda: out.update(run=run_program(QUOTA_HOG, limits=SandboxLimits(wall_s=8, cpu_s=8)).stdout),
+        daemon=True,
+    )
+    hog.start()
+    time.sleep(3.0)
+    libc = ctypes.CDLL(None, use_errno=True)
+    timer = ctypes.c_long()
+    out["timer_create"] = libc.timer_create(1, None, ctypes.byref(timer)) == 0
+    name = f"{token}q".encode()
+    q = libc.syscall(240, name, 0o102, 0o600, None)
+    out["mq_open"] = q >= 0
+    if q >= 0:
+        os.close(q)
+        libc.syscall(241, name)  # mq_unlink
+    r, w = os.pipe()
+    try:
+        out["pipe_1mib"] = fcntl.fcntl(w, fcntl.F_SETPIPE_SZ, 1 << 20) >= 1 << 20
+    except OSError:
+        out["pipe_1mib"] = False
+    os.close(r)
+    os.close(w)
+    hog.join()
+    out["uid"] = os.geteuid()
+    return out
+
+
 if __name__ == "__main__":
-    suite = run_tool_suite if sys.argv[2:] == ["tool"] else run_suite
-    print(json.dumps(suite(sys.argv[1])))
+    if sys.argv[2:] == ["quota"]:
+        print(json.dumps(trainer_quotas(sys.argv[1])))
+    else:
+        suite = run_tool_suite if sys.argv[2:] == ["tool"] else run_suite
+        print(json.dumps(suite(sys.argv[1])))

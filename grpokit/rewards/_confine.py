@@ -1,43 +1,71 @@
 """What the sandbox adds to its namespaces (loaded by file path by `_harness.py`, never imported by
-grpokit): a seccomp filter, and pid 1 of the sandbox as a guard that bounds the memory of all its
-processes together.
+grpokit): a seccomp filter, and pid 1 of the sandbox as a guard that bounds the memory its processes
+hold together.
 
 Seccomp (x86_64; any other architecture's system calls fail with EPERM). Refused:
   - the kernel keyrings: keyctl, add_key, request_key (EPERM). The sandbox inherits its caller's
-    session keyring; without these calls it can neither read a key nor leave one for the next run;
+    session keyring; without these calls it can neither read a key nor leave one for the next run
+    (/proc/keys and /proc/key-users, which list the keys of its uid, are masked by `_harness.py`);
   - AF_VSOCK sockets (EAFNOSUPPORT): the network namespace does not cover vsock, the host's or a
-    hypervisor's (a Firecracker or QEMU guest talks to its host over it);
+    hypervisor's (a Firecracker or QEMU guest talks to its host over it); AF_NETLINK sockets
+    (EAFNOSUPPORT): the kernel queues their answers in memory the guard does not count;
   - file locks: flock, and fcntl's F_SETLK/F_SETLKW/F_OFD_SETLK/F_OFD_SETLKW/F_SETLEASE (ENOLCK).
     The read-only files bound from the host are the same inodes as the host's: a lock on one is a
     channel between concurrent sandboxes and can block a host process that locks it too. Programs
     that lock their own files in /tmp (sqlite) fail;
-  - inotify and fanotify instances (EPERM): they are counted per user, the trainer's user too, and
-    a sandbox could use them all up;
+  - watching files: inotify, fanotify and fcntl's F_NOTIFY (EPERM). A watch on a host directory bound
+    read-only reports what another completion, or the trainer, reads there; inotify instances are also
+    counted per user, the trainer's user too;
+  - the page cache as a channel between completions: posix_fadvise and readahead do nothing (they
+    return 0: they are advice), so do madvise's MADV_COLD/MADV_PAGEOUT; mincore and cachestat
+    (EPERM) and preadv2/pwritev2 with RWF_NOWAIT (EOPNOTSUPP) are refused, so a completion can
+    neither evict a page of a shared file nor ask whether one is cached. Timing reads remains
+    possible: timing side channels are out of scope;
+  - memory outside any process and file system: memfd_create and memfd_secret (EPERM). Files in /tmp
+    count against `tmpfs_mb`;
+  - pipes larger than 64 KiB: fcntl's F_SETPIPE_SZ (EPERM). Pipe pages are counted per user, and
+    as an unprivileged user the sandbox's user is the trainer's;
   - io_uring (its operations bypass this filter), bpf, userfaultfd, perf_event_open (EPERM).
 
 Memory: RLIMIT_AS bounds each process at `memory_mb`; pid 1 (`guard`) forks the candidate, then
-every 10 ms adds up the resident memory (RSS) of every process of the pid namespace and kills them
-all (by exiting: the kernel kills the namespace with its init) when the sum passes `memory_mb`. So
-the completion as a whole holds at most `memory_mb` MiB plus what its processes can touch in 10 ms
-(each one is capped at `memory_mb` by RLIMIT_AS). RSS counts pages shared by forked processes once
-per process (conservative). The writable /tmp (`tmpfs_mb`) comes on top. A memory cgroup would be
-exact, but needs a writable, delegated cgroup tree that unprivileged users and containers rarely
-have; this works for root and non-root alike. pid 1 is not dumpable, so the candidate (same uid,
-no capabilities) can neither ptrace it nor read its memory, and signals from inside the namespace
-do not reach it (it installs no handlers).
+every 10 ms adds up what the processes of the sandbox hold (`held_bytes`) and kills them all (by
+exiting: the kernel kills the namespace with its init) when the sum passes `memory_mb`:
+  - the resident memory (RSS) of every process; RSS counts pages shared by forked processes once per
+    process (conservative);
+  - the pipes they hold open, at their largest size (64 KiB each); more than MAX_PIPES pipes kills
+    the sandbox whatever its memory (a quota on the pipe pages of the uid);
+  - SysV IPC objects, which outlive the processes that made them: shared memory segments no process
+    has attached (their rss + swap; attached ones are in RSS), the bytes queued in message queues,
+    semaphore sets. The sandbox has an IPC namespace of its own, so /proc/sysvipc lists its objects
+    and only its objects, and they are all freed when its last process ends;
+  - the data queued in its Unix sockets (sock_diag's sk_rmem_alloc + sk_wmem_alloc of every socket of
+    its network namespace: sockets no process holds any more and sockets in flight as passed
+    descriptors included).
+A process that makes itself undumpable (its descriptors can no longer be counted) kills the sandbox.
+So the completion as a whole holds at most `memory_mb` MiB plus what it can allocate in 10 ms, plus
+the /tmp files (`tmpfs_mb`). Not counted: kernel objects bounded elsewhere (64 descriptors per
+process, RLIMIT_NPROC processes), and page tables. POSIX message queues are refused
+(RLIMIT_MSGQUEUE 0) and queued signals and POSIX timers are limited to 64 (RLIMIT_SIGPENDING; both
+are charged to the trainer's uid as well), see `_harness.py`. A memory cgroup would be exact, but
+needs a writable, delegated cgroup tree that unprivileged users and containers rarely have; this
+works for root and non-root alike. pid 1 is not dumpable, so the candidate (same uid, no
+capabilities) can neither ptrace it nor read its memory, and signals from inside the namespace do not
+reach it (it installs no handlers).
 """
 
 import ctypes
 import os
+import select
 import signal
+import socket
 import struct
-import time
 
 AUDIT_ARCH_X86_64 = 0xC000003E
 SECCOMP_RET_ALLOW, SECCOMP_RET_ERRNO = 0x7FFF0000, 0x00050000
-EPERM, ENOLCK, EAFNOSUPPORT = 1, 37, 97
+EPERM, ENOLCK, EAFNOSUPPORT, EOPNOTSUPP = 1, 37, 97, 95
 PR_SET_DUMPABLE, PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 4, 22, 2
-DENIED = {  # x86_64 system call numbers
+DENIED = {  # x86_64 system call numbers: EPERM
+    "mincore": 27,
     "flock": 73,
     "add_key": 248,
     "request_key": 249,
@@ -46,15 +74,31 @@ DENIED = {  # x86_64 system call numbers
     "inotify_init1": 294,
     "perf_event_open": 298,
     "fanotify_init": 300,
+    "memfd_create": 319,
     "bpf": 321,
     "userfaultfd": 323,
     "io_uring_setup": 425,
     "io_uring_enter": 426,
     "io_uring_register": 427,
+    "memfd_secret": 447,
+    "cachestat": 451,
 }
-SOCKET, FCNTL, AF_VSOCK = 41, 72, 40
-LOCK_CMDS = (6, 7, 37, 38, 1024)  # F_SETLK, F_SETLKW, F_OFD_SETLK, F_OFD_SETLKW, F_SETLEASE
+NO_OPS = {"readahead": 187, "fadvise64": 221}  # advice only: "done" (0), and nothing happens
+SOCKET, FCNTL, MADVISE, PREADV2, PWRITEV2 = 41, 72, 28, 327, 328
+AF_NETLINK, AF_VSOCK = 16, 40
+SOCKET_DOMAINS = ((AF_VSOCK, EAFNOSUPPORT), (AF_NETLINK, EAFNOSUPPORT))
+FCNTL_CMDS = (  # F_SETLK, F_SETLKW, F_OFD_SETLK, F_OFD_SETLKW, F_SETLEASE; F_NOTIFY; F_SETPIPE_SZ
+    *((cmd, ENOLCK) for cmd in (6, 7, 37, 38, 1024)),
+    (1026, EPERM),
+    (1031, EPERM),
+)
+MADV_NO_OPS = (20, 21)  # MADV_COLD, MADV_PAGEOUT: "done" (0), and nothing happens
+RWF_NOWAIT = 0x8
 POLL_S = 0.01
+MAX_PIPES = 256
+"""Pipes one sandbox may hold open (each at most 64 KiB: F_SETPIPE_SZ is refused)."""
+PIPE_BYTES = 16 * 4096
+SEM_BYTES, IPC_OBJECT_BYTES = 64, 256  # kernel memory of one SysV semaphore, of one IPC object
 
 
 def _filter() -> bytes:
@@ -62,35 +106,42 @@ def _filter() -> bytes:
     prog = []  # (code, jt, jf, k); jumps are relative to the next instruction
 
     def ld(offset):
-        prog.append((0x20, 0, 0, offset))  # BPF_LD | BPF_W | BPF_ABS
+        return [(0x20, 0, 0, offset)]  # BPF_LD | BPF_W | BPF_ABS
 
     def ret(value):
-        prog.append((0x06, 0, 0, value))  # BPF_RET | BPF_K
+        return [(0x06, 0, 0, value)]  # BPF_RET | BPF_K
 
     def jeq(k, jt=0, jf=0):
-        prog.append((0x15, jt, jf, k))  # BPF_JMP | BPF_JEQ | BPF_K
+        return [(0x15, jt, jf, k)]  # BPF_JMP | BPF_JEQ | BPF_K
 
-    ld(4)  # arch
-    jeq(AUDIT_ARCH_X86_64, 1, 0)
-    ret(SECCOMP_RET_ERRNO | EPERM)
-    ld(0)  # nr
-    prog.append((0x35, 0, 1, 0x40000000))  # BPF_JGE: x32 system calls
-    ret(SECCOMP_RET_ERRNO | EPERM)
+    def on_arg(offset, cases):
+        """Load the argument at `offset` (its low 32 bits); return value v where it equals k, for each
+        (k, v) of cases; else allow."""
+        body = ld(offset)
+        for k, v in cases:
+            body += jeq(k, 0, 1) + ret(v)
+        return body + ret(SECCOMP_RET_ALLOW)
+
+    def when(nr, body):  # the body runs only for system call nr, and always returns
+        return jeq(nr, 0, len(body)) + body
+
+    prog += ld(4)  # arch
+    prog += jeq(AUDIT_ARCH_X86_64, 1, 0) + ret(SECCOMP_RET_ERRNO | EPERM)
+    prog += ld(0)  # nr
+    prog += [(0x35, 0, 1, 0x40000000)] + ret(SECCOMP_RET_ERRNO | EPERM)  # BPF_JGE: x32 system calls
     for nr in DENIED.values():
-        jeq(nr, 0, 1)
-        ret(SECCOMP_RET_ERRNO | EPERM)
-    jeq(SOCKET, 0, 4)
-    ld(16)  # args[0] (low 32 bits): the domain
-    jeq(AF_VSOCK, 0, 1)
-    ret(SECCOMP_RET_ERRNO | EAFNOSUPPORT)
-    ret(SECCOMP_RET_ALLOW)
-    jeq(FCNTL, 0, 3 + len(LOCK_CMDS))
-    ld(24)  # args[1] (low 32 bits): the command
-    for i, cmd in enumerate(LOCK_CMDS):
-        jeq(cmd, len(LOCK_CMDS) - i, 0)
-    ret(SECCOMP_RET_ALLOW)
-    ret(SECCOMP_RET_ERRNO | ENOLCK)
-    ret(SECCOMP_RET_ALLOW)
+        prog += jeq(nr, 0, 1) + ret(SECCOMP_RET_ERRNO | EPERM)
+    for nr in NO_OPS.values():
+        prog += jeq(nr, 0, 1) + ret(SECCOMP_RET_ERRNO | 0)
+    # args[i] is at 16 + 8 * i (the low 32 bits on little-endian x86_64)
+    prog += when(SOCKET, on_arg(16, [(d, SECCOMP_RET_ERRNO | e) for d, e in SOCKET_DOMAINS]))
+    prog += when(FCNTL, on_arg(24, [(c, SECCOMP_RET_ERRNO | e) for c, e in FCNTL_CMDS]))
+    prog += when(MADVISE, on_arg(32, [(a, SECCOMP_RET_ERRNO | 0) for a in MADV_NO_OPS]))
+    nowait = ld(56) + [(0x45, 0, 1, RWF_NOWAIT)]  # BPF_JMP | BPF_JSET: flags & RWF_NOWAIT
+    nowait += ret(SECCOMP_RET_ERRNO | EOPNOTSUPP) + ret(SECCOMP_RET_ALLOW)
+    prog += when(PREADV2, nowait) + when(PWRITEV2, nowait)
+    prog += ret(SECCOMP_RET_ALLOW)
+    assert all(jt < 256 and jf < 256 for _, jt, jf, _ in prog)
     return b"".join(struct.pack("<HBBI", *ins) for ins in prog)
 
 
@@ -111,23 +162,122 @@ def apply_seccomp(libc) -> None:
         raise OSError(err, f"seccomp: {os.strerror(err)}")
 
 
-def _resident_bytes(page: int) -> int:
-    total = 0
+def _process_bytes(page: int) -> tuple[int, int]:
+    """(resident memory of every process of the namespace, pipes they hold open), from /proc."""
+    total, pipes = 0, set()
     for name in os.listdir("/proc"):
         if name.isdigit():
             try:
                 with open(f"/proc/{name}/statm", "rb") as f:
                     total += int(f.read().split()[1]) * page
+                fd_dir = f"/proc/{name}/fd"
+                for fd in os.listdir(fd_dir):
+                    target = os.readlink(f"{fd_dir}/{fd}")
+                    if target.startswith("pipe:"):
+                        pipes.add(target)
+            except PermissionError:  # undumpable, or exiting (its memory already gone: statm is 0)
+                if name != "1" and _has_memory(name):  # undumpable: what it holds cannot be counted
+                    return 1 << 62, 0
             except (OSError, ValueError, IndexError):
                 pass  # gone meanwhile
+    return total, len(pipes)
+
+
+def _has_memory(pid: str) -> bool:
+    try:
+        with open(f"/proc/{pid}/statm", "rb") as f:
+            return int(f.read().split()[0]) > 0
+    except (OSError, ValueError, IndexError):
+        return False
+
+
+def _sysv_bytes(page: int) -> int:
+    """Memory held by the IPC namespace's SysV objects, which no process maps: shared memory segments
+    attached by no process (rss + swap; attached ones are in their processes' RSS), queued messages,
+    semaphore sets. Read from /proc/sysvipc, which shows the reader's IPC namespace (the sandbox's)."""
+    total = 0
+    for kind in ("shm", "msg", "sem"):
+        try:
+            with open(f"/proc/sysvipc/{kind}") as f:
+                header = f.readline().split()
+                rows = [dict(zip(header, line.split())) for line in f]
+        except OSError:
+            continue
+        for row in rows:
+            try:
+                if kind == "shm":
+                    if int(row["nattch"]) == 0:
+                        total += int(row.get("rss", row["size"])) + int(row.get("swap", 0))
+                elif kind == "msg":
+                    total += int(row["cbytes"]) + IPC_OBJECT_BYTES * (1 + int(row["qnum"]))
+                else:
+                    total += SEM_BYTES * int(row["nsems"]) + IPC_OBJECT_BYTES
+            except (KeyError, ValueError):
+                total += IPC_OBJECT_BYTES
     return total
 
 
-def guard(child: int, memory_mb: int, libc) -> None:
-    """pid 1 of the sandbox after forking the candidate `child`: reap every process, bound their
-    memory together, and exit with the candidate's status (the kernel then kills the rest)."""
+# sock_diag (netlink) for the Unix sockets of the network namespace, with their memory
+SOCK_DIAG_BY_FAMILY, NLM_F_REQUEST, NLM_F_DUMP, NLMSG_DONE, NLMSG_ERROR = 20, 1, 0x300, 3, 2
+UDIAG_SHOW_MEMINFO, UNIX_DIAG_MEMINFO = 0x20, 5
+
+
+def diag_socket() -> socket.socket:
+    """The guard's sock_diag socket, opened before the seccomp filter (which refuses AF_NETLINK)."""
+    return socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, 4)  # NETLINK_SOCK_DIAG
+
+
+def _socket_bytes(diag: socket.socket) -> int:
+    """Memory queued in every Unix socket of the namespace (sk_rmem_alloc + sk_wmem_alloc), the ones
+    that no process holds any more but whose data is still queued (or in flight as a passed descriptor)
+    included: they are all in the namespace's table, which sock_diag dumps."""
+    req = struct.pack("<BBHIII8x", socket.AF_UNIX, 0, 0, 0xFFFFFFFF, 0, UDIAG_SHOW_MEMINFO)
+    diag.send(
+        struct.pack("<IHHII", 16 + len(req), SOCK_DIAG_BY_FAMILY, NLM_F_REQUEST | NLM_F_DUMP, 1, 0) + req
+    )
+    total = 0
+    while True:
+        data = diag.recv(1 << 16)
+        i = 0
+        while i + 16 <= len(data):
+            length, kind = struct.unpack_from("<IH", data, i)
+            if kind in (NLMSG_DONE, NLMSG_ERROR) or length < 16:
+                return total
+            j, end = i + 16 + 16, i + length  # past nlmsghdr and unix_diag_msg: the attributes
+            while j + 4 <= end:
+                alen, atype = struct.unpack_from("<HH", data, j)
+                if alen < 4:
+                    break
+                if atype == UNIX_DIAG_MEMINFO and alen >= 4 + 12:
+                    rmem, _, wmem = struct.unpack_from("<III", data, j + 4)
+                    total += rmem + wmem
+                j += (alen + 3) & ~3
+            i += (length + 3) & ~3
+        if not data:
+            return total
+
+
+def held_bytes(page: int, diag: socket.socket | None) -> int:
+    """What the sandbox's processes hold together: resident memory, pipes (at their largest size, 64 KiB),
+    SysV objects no process maps, and Unix socket buffers; more than MAX_PIPES pipes counts as unbounded."""
+    resident, pipes = _process_bytes(page)
+    if pipes > MAX_PIPES:
+        return 1 << 62
+    total = resident + pipes * PIPE_BYTES + _sysv_bytes(page)
+    if diag is not None:
+        try:
+            total += _socket_bytes(diag)
+        except OSError:
+            return 1 << 62  # the count cannot be made: as if over
+    return total
+
+
+def guard(child: int, memory_mb: int, libc, diag: socket.socket | None = None) -> None:
+    """pid 1 of the sandbox after forking the candidate `child`: reap every process, bound the memory
+    they hold together (`held_bytes`), and exit with the candidate's status (the kernel then kills the rest)."""
     libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
     limit, page = memory_mb << 20, os.sysconf("SC_PAGE_SIZE")
+    candidate = os.pidfd_open(child)
     while True:
         while True:
             try:
@@ -139,6 +289,6 @@ def guard(child: int, memory_mb: int, libc) -> None:
             if pid == child:
                 code = os.waitstatus_to_exitcode(status)
                 os._exit(code & 0xFF if code >= 0 else 128 - code)
-        if _resident_bytes(page) > limit:
+        if held_bytes(page, diag) > limit:
             os._exit(128 + signal.SIGKILL)  # as if killed: the namespace goes with us
-        time.sleep(POLL_S)
+        select.select([candidate], [], [], POLL_S)  # wakes at once when the candidate ends

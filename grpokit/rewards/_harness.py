@@ -60,6 +60,11 @@ SANDBOX_ID = 1000
 ROOT = "/tmp"  # mount point of the new root's tmpfs, inside the private mount namespace only
 HOST_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib64", "/lib32", "/libx32")
 DEVICES = ("null", "zero", "full", "random", "urandom")
+MASKED_PROC = ("keys", "key-users")
+STOP_GRACE_S = 0.05
+SIGPENDING = 64
+"""Signals queued and POSIX timers of one sandbox together (RLIMIT_SIGPENDING): the count is also charged
+to the trainer's uid, whose quota it must not use up."""
 
 
 def _load(name):
@@ -150,6 +155,9 @@ def _build_root(cfg, sources):
         os.close(fd)
     os.mkdir(ROOT + "/proc")
     _mount("proc", ROOT + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    for name in MASKED_PROC:  # they show the kernel keys of the trainer's uid (the same uid as nobody)
+        if os.path.exists(f"{ROOT}/proc/{name}"):
+            _mount(f"{ROOT}/dev/null", f"{ROOT}/proc/{name}", None, MS_BIND)
     os.mkdir(ROOT + "/tmp")
     _mount("tmpfs", ROOT + "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, f"size={int(cfg['tmpfs_mb'])}m,mode=700")
     os.chdir(ROOT)
@@ -184,6 +192,8 @@ def _limit(cfg):
     both(resource.RLIMIT_NOFILE, 64)
     both(resource.RLIMIT_CORE, 0)
     both(resource.RLIMIT_NPROC, int(cfg["max_processes"]))
+    both(resource.RLIMIT_MSGQUEUE, 0)  # no POSIX message queue: their memory is charged to the uid
+    both(resource.RLIMIT_SIGPENDING, SIGPENDING)
 
 
 def _serve(cfg, req, resp):
@@ -257,18 +267,30 @@ def _candidate(cfg, fds, sources):
     os.environ.clear()
     os.environ.update(PATH="/usr/local/bin:/usr/bin:/bin", LANG="C.UTF-8", HOME=workdir, TMPDIR=workdir)
     _limit(cfg)
+    diag = confine.diag_socket() if cfg["isolate"] else None  # before the filter refuses AF_NETLINK
     confine.apply_seccomp(libc)
     if cfg["isolate"]:  # pid 1 stays as the guard of the sandbox's memory; the candidate is pid 2
+        ready_r, ready_w = os.pipe()
         child = os.fork()
         if child != 0:
+            os.close(ready_w)
             null = os.open("/dev/null", os.O_RDWR)
             for fd in (0, 1, 2):
                 os.dup2(null, fd)  # only the candidate holds the pipes: their end of file is its end
             for fd in (fds["req"], fds["resp"]):
                 if fd is not None:
                     os.close(fd)
-            confine.guard(child, int(cfg["memory_mb"]), libc)
+            os.read(ready_r, 1)  # the candidate is dumpable (or gone)
+            os.close(ready_r)
+            confine.guard(child, int(cfg["memory_mb"]), libc, diag)
+        diag.close()
+        os.close(ready_r)
+        # The uid change left the process undumpable: the guard (same uid, no capabilities) could not
+        # see its descriptors. A process that makes itself undumpable again ends the run (`_confine.py`).
+        libc.prctl(confine.PR_SET_DUMPABLE, 1, 0, 0, 0)
+        os.close(ready_w)
     sys.setrecursionlimit(10_000)
+    sys.set_int_max_str_digits(0)  # printing a 5,000-digit answer costs only the candidate's own CPU
     if cfg["mode"] == "serve":
         _serve(cfg, fds["req"], fds["resp"])
     else:
@@ -317,6 +339,8 @@ def main(cfg=None):
     # Wait for the candidate to end or the parent to say stop (or die: end of file on ctl).
     child = os.pidfd_open(pid)
     ready, _, _ = select.select([child, fds["ctl"]], [], [])
+    if child not in ready:  # a candidate that has just ended is let finish its exit (its status is kept)
+        ready, _, _ = select.select([child], [], [], STOP_GRACE_S)
     if child not in ready:
         os.kill(pid, signal.SIGKILL)  # pid 1 of its namespace: the kernel kills all the rest
     if not cfg["isolate"]:

@@ -21,16 +21,24 @@ the same guarantees:
     visible, so nothing outside can be signalled. When the run ends, or the parent or the trainer dies, the
     harness kills pid 1 and the kernel kills every process of the namespace: no fork, daemon or
     setsid escape outlives the call.
-  - resources: memory_mb for all the sandbox's processes together (RLIMIT_AS per process, and pid 1
-    kills the sandbox when their resident memory adds up to more: see `_confine.py`), RLIMIT_CPU
-    (cpu_s), RLIMIT_NPROC (max_processes, counted per sandbox), RLIMIT_FSIZE, RLIMIT_NOFILE, no
-    core dumps; the wall clock is enforced by the parent; output beyond max_output_bytes fails the run.
+  - resources: memory_mb for what all the sandbox's processes hold together (RLIMIT_AS per process,
+    and pid 1 kills the sandbox when their resident memory, their pipes, the SysV shared memory,
+    message queues and semaphores of its IPC namespace and the data queued in its Unix sockets add
+    up to more: see `_confine.py`), RLIMIT_CPU (cpu_s), RLIMIT_NPROC (max_processes, counted per
+    sandbox), RLIMIT_FSIZE, RLIMIT_NOFILE, no core dumps; per-user quotas it shares with the trainer
+    kept small: no POSIX message queue (RLIMIT_MSGQUEUE 0), 64 queued signals and timers
+    (RLIMIT_SIGPENDING), 256 pipes of at most 64 KiB; the wall clock is enforced by the parent;
+    output beyond max_output_bytes fails the run.
   - system calls (seccomp, `_confine.py`): no kernel keyrings (the inherited session keyring can be
-    neither read nor written), no AF_VSOCK sockets, no file locks (a lock on a file bound from the
-    host would be a channel between sandboxes), no inotify/fanotify, io_uring, bpf, userfaultfd.
+    neither read nor written; /proc/keys and /proc/key-users are masked), no AF_VSOCK or AF_NETLINK
+    sockets, no file locks (a lock on a file bound from the host would be a channel between
+    sandboxes), no watching files (inotify, fanotify, F_NOTIFY), no evicting or probing the page
+    cache (posix_fadvise and readahead do nothing; mincore, cachestat, RWF_NOWAIT refused), no
+    memfd, no pipe resizing, io_uring, bpf, userfaultfd.
   - environment: PATH, LANG, HOME, TMPDIR only; the interpreter is the fork server's (`_zygote.py`:
     `python -I -B -S`, no user site, PYTHON* ignored), forked, never a new interpreter start.
-Kernel exploits and side channels are out of scope: use a VM or gVisor for hostile code at scale.
+Kernel exploits and timing side channels (how long a read of a shared file takes, CPU caches) are
+out of scope: use a VM or gVisor for hostile code at scale.
 
 Without isolation (`isolation="none"`, which must be asked for; `auto` refuses to run model-written
 code when namespaces are unavailable): rlimits, a new session, a scratch directory, the timeout.

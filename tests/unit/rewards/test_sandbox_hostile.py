@@ -2,6 +2,7 @@
 at least 40 programs, none rewarded, none able to leave a file, a process or a connection behind
 or to harm the process that scores them."""
 
+import ast
 import json
 import os
 import subprocess
@@ -64,7 +65,8 @@ def _python_for(uid: int) -> str | None:
 def _as_unprivileged_user(token: str, *mode: str) -> dict:
     """`hostile_programs.py TOKEN *mode` as user nobody (a torch-less interpreter may be the one that runs)."""
     if os.geteuid() != 0:  # this process is the unprivileged user
-        return hp.run_tool_suite(token) if mode == ("tool",) else hp.run_suite(token)
+        suites = {("tool",): hp.run_tool_suite, ("quota",): hp.trainer_quotas}
+        return suites.get(mode, hp.run_suite)(token)
     exe = _python_for(NOBODY)
     if exe is None:
         pytest.skip("no Python interpreter that user nobody (65534) can run")
@@ -107,3 +109,22 @@ def test_python_tool_under_the_hostile_programs_as_unprivileged_user():
     assert result["processes_left"] == [] and hp.leftover_processes(token) == []
     assert result["connections"] == 0
     assert [p for p in hp.marks(token) if os.path.exists(p)] == []
+
+
+@pytest.mark.slow
+def test_a_sandbox_cannot_use_up_the_trainers_per_user_quotas():
+    """As user nobody the sandbox's processes count against the trainer's own uid. A program that takes
+    every POSIX timer (RLIMIT_SIGPENDING), message queue (RLIMIT_MSGQUEUE) and pipe page it can gets a
+    small share (64 timers, no queue, no pipe above 64 KiB): meanwhile the trainer still creates a
+    timer, opens a queue and grows a pipe to 1 MiB (before: 96,365 timers taken, timer_create and
+    mq_open failed in the trainer)."""
+    token = "gk" + uuid.uuid4().hex[:10]
+    result = _as_unprivileged_user(token, "quota")
+    assert result["uid"] != 0
+    assert {k: result[k] for k in ("timer_create", "mq_open", "pipe_1mib")} == {
+        "timer_create": True,
+        "mq_open": True,
+        "pipe_1mib": True,
+    }
+    taken = ast.literal_eval(result["run"])  # the hog's own count, printed as a dict
+    assert taken["timers"] <= 64 and taken["queues"] == 0 and taken["pipe_pages"] <= 16
