@@ -1,0 +1,184 @@
+"""TRL 1.16 parity of the second-generation objectives (issue 35): TRL's own loss code (GRPOTrainer._compute_loss,
+and the experimental GMPOTrainer's) run on the same tensors as grpokit's policy_loss, loss and gradient compared.
+
+TRL's loss is a trainer method; it is called here unbound on a stand-in for the trainer that holds exactly the
+attributes the method reads, and whose "model forward" returns our log-probs (a leaf with a gradient). One process,
+no gradient accumulation, one optimizer step per generation: the setting in which TRL's normalisers are the
+whole batch's, as grpokit's always are. Tolerance: rtol 1e-5 / atol 1e-7 in float32 (the two sum in different orders)."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from grpokit.algos import PRESETS, policy_loss
+
+trl = pytest.importorskip("trl")
+pytestmark = pytest.mark.slow  # importing trl takes ~18 s on the 2-core CPU; each comparison then < 0.1 s
+
+B, T = 6, 5
+
+
+class OneProcess:
+    """The accelerator calls TRL's loss makes, for one process."""
+
+    num_processes = 1
+    sync_gradients = True
+
+    def gather(self, x):
+        return x
+
+    def gather_for_metrics(self, x):
+        return x
+
+    def reduce(self, x, reduction="sum"):
+        return x
+
+    def pad_across_processes(self, x, dim=0, pad_index=0):
+        return x
+
+
+def batch(seed: int = 0) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    mask = torch.ones(B, T)
+    mask[1, 3:] = 0
+    mask[4, 1:] = 0
+    old = -torch.rand(B, T, generator=g) * 2 - 0.05  # (B, T) log-probs in (-2.05, -0.05)
+    logp = (old + (torch.rand(B, T, generator=g) - 0.5) * 0.8).clamp(max=-1e-3)  # ratios in e^(+-0.4)
+    return {
+        "logp": logp,
+        "old": old,
+        "ref": old + 0.2 * torch.randn(B, T, generator=g),
+        "sample": old + 0.5 * torch.randn(B, T, generator=g),
+        "adv": torch.tensor([1.3, -0.4, 0.0, -1.1, 0.8, -0.6]),
+        "mask": mask,
+    }
+
+
+def trl_loss(t: dict, trainer_cls=None, **settings) -> tuple[float, torch.Tensor]:
+    """(loss, d loss / d logp) from TRL's _compute_loss on the batch ``t``; settings: GRPOConfig's names."""
+    from trl import GRPOTrainer
+
+    trainer_cls = trainer_cls or GRPOTrainer
+    logp = t["logp"].clone().requires_grad_(True)
+    args = SimpleNamespace(
+        delta=None,
+        sapo_temperature_pos=settings.get("sapo_temperature_pos", 1.0),
+        sapo_temperature_neg=settings.get("sapo_temperature_neg", 1.05),
+        use_bias_correction_kl=settings.get("use_bias_correction_kl", True),
+        steps_per_generation=1,
+    )
+    eps = settings.get("epsilon", 0.2)
+    me = SimpleNamespace(
+        _get_per_token_logps_and_entropies=lambda *a, **k: (logp, torch.ones(B, T), None),
+        top_entropy_quantile=1.0,
+        off_policy_mask_threshold=settings.get("off_policy_mask_threshold"),
+        importance_sampling_level=settings.get("importance_sampling_level", "token"),
+        beta=settings.get("beta", 0.0),
+        loss_type=settings.get("loss_type", "grpo"),
+        epsilon_low=eps,
+        epsilon_high=settings.get("epsilon_high", eps),
+        args=args,
+        use_vllm=False,
+        model=SimpleNamespace(training=True),
+        current_gradient_accumulation_steps=1,
+        accelerator=OneProcess(),
+        _metrics={"train": defaultdict(list)},
+        _entropy_bonus_enabled=False,
+        aux_loss_enabled=False,
+        max_completion_length=T,
+        get_off_policy_mask=GRPOTrainer.get_off_policy_mask,
+        get_gamma_weights=GRPOTrainer.get_gamma_weights,
+    )
+    inputs = {
+        "prompt_ids": torch.zeros(B, 1, dtype=torch.long),
+        "prompt_mask": torch.ones(B, 1, dtype=torch.long),
+        "completion_ids": torch.zeros(B, T, dtype=torch.long),
+        "completion_mask": t["mask"],
+        "advantages": t["adv"],
+        "old_per_token_logps": t["old"],
+        "ref_per_token_logps": t["ref"],
+        "sampling_per_token_logps": t["sample"],
+        "num_items_in_batch": t["mask"].sum(),
+    }
+    loss = trainer_cls._compute_loss(me, None, inputs)
+    loss.backward()
+    return loss.detach(), logp.grad
+
+
+def our_loss(t: dict, **kw) -> tuple[torch.Tensor, torch.Tensor]:
+    logp = t["logp"].clone().requires_grad_(True)
+    loss, _ = policy_loss(
+        logp, t["old"], t["adv"], t["mask"].bool(), ref_logprobs=t["ref"], sample_logprobs=t["sample"], **kw
+    )
+    loss.backward()
+    return loss.detach(), logp.grad
+
+
+def assert_same(ours, theirs):
+    torch.testing.assert_close(ours[0], theirs[0], rtol=1e-5, atol=1e-7)
+    torch.testing.assert_close(ours[1], theirs[1], rtol=1e-5, atol=1e-7)
+    assert ours[1].abs().sum() > 0  # a gradient to compare, not two zeros
+
+
+def preset_kwargs(name: str, **over) -> dict:
+    kw = PRESETS[name].override(**over).loss_kwargs()
+    return kw | {"norm_len": T if kw["norm_len"] == "max_completion_length" else kw["norm_len"]}
+
+
+def test_cispo_is_trls_cispo():
+    # TRL's epsilon_high is the cap of the weight itself (5.0 recommended): grpokit's 1 + eps_high, eps_low 1
+    t = batch(1)
+    assert_same(our_loss(t, **preset_kwargs("cispo")), trl_loss(t, loss_type="cispo", epsilon_high=5.0))
+    # a cap that bites: 1.1 (eps_high 0.1)
+    assert_same(
+        our_loss(t, **preset_kwargs("cispo", eps_high=0.1)), trl_loss(t, loss_type="cispo", epsilon_high=1.1)
+    )
+
+
+@pytest.mark.parametrize("taus", [(1.0, 1.05), (0.5, 2.0)])
+def test_sapo_is_trls_sapo(taus):
+    t = batch(2)
+    ours = our_loss(t, **preset_kwargs("sapo", sapo_tau_pos=taus[0], sapo_tau_neg=taus[1]))
+    assert_same(
+        ours, trl_loss(t, loss_type="sapo", sapo_temperature_pos=taus[0], sapo_temperature_neg=taus[1])
+    )
+
+
+def test_luspo_is_trls_luspo():
+    t = batch(3)
+    ours = our_loss(t, **preset_kwargs("luspo"))
+    assert_same(ours, trl_loss(t, loss_type="luspo", importance_sampling_level="sequence"))
+
+
+def test_gmpo_is_trls_experimental_gmpo():
+    from trl.experimental.gmpo import GMPOTrainer
+
+    t = batch(4)
+    t["logp"] = t["old"] + (t["logp"] - t["old"]) * 2  # log-ratios up to +-0.8: the 0.4 clip bites
+    assert_same(our_loss(t, **preset_kwargs("gmpo")), trl_loss(t, GMPOTrainer, epsilon=0.4))
+
+
+@pytest.mark.parametrize("delta", [0.1, 0.3])
+def test_off_policy_mask_is_trls(delta):
+    t = batch(5)
+    # mean KL to the sampler per row 0.05, 0.2, 0.5, 0.6, 0.05, 0.4: with A = [1.3, -0.4, 0, -1.1, 0.8, -0.6]
+    # delta 0.1 drops rows 1, 3, 5; delta 0.3 rows 3 and 5
+    t["sample"] = t["logp"] + torch.tensor([0.05, 0.2, 0.5, 0.6, 0.05, 0.4]).unsqueeze(1)
+    ours = our_loss(t, **preset_kwargs("grpo", beta=0.0, off_policy_mask=delta))
+    assert_same(ours, trl_loss(t, loss_type="grpo", off_policy_mask_threshold=delta))
+    # and it drops something here, so the comparison is not the unmasked loss twice
+    plain = our_loss(t, **preset_kwargs("grpo", beta=0.0))
+    assert not torch.allclose(plain[1], ours[1])
+
+
+def test_bias_corrected_kl_is_trls_use_bias_correction_kl():
+    t = batch(6)
+    ours = our_loss(t, **preset_kwargs("grpo", beta=0.04, kl_is_correction=True))
+    assert_same(ours, trl_loss(t, loss_type="grpo", beta=0.04, use_bias_correction_kl=True))
+    plain = our_loss(t, **preset_kwargs("grpo", beta=0.04))
+    assert_same(plain, trl_loss(t, loss_type="grpo", beta=0.04, use_bias_correction_kl=False))
+    assert not torch.allclose(plain[1], ours[1])
