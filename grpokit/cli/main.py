@@ -35,16 +35,124 @@ from grpokit.config.declare import field_docs
 
 
 def _print_table(before: float | None, after: float | None) -> None:
-    from rich.console import Console
+    """The demo's result on stdout (progress and notices go to stderr), never cut in a log file."""
     from rich.table import Table
 
-    table = Table(title="held-out accuracy (greedy pass@1)")
-    table.add_column("before")
-    table.add_column("after")
-    table.add_column("change")
+    from grpokit.run.log import result_console
+
+    table = Table()
+    for column in ("held-out accuracy", "before", "after", "change"):
+        table.add_column(column)
     if before is not None and after is not None:
-        table.add_row(f"{before:.1%}", f"{after:.1%}", f"{after - before:+.1%}")
-    Console(stderr=True).print(table)
+        table.add_row("greedy pass@1", f"{before:.1%}", f"{after:.1%}", f"{after - before:+.1%}")
+    result_console().print(table)
+
+
+def _print_tool_table(results: dict) -> None:
+    """The tool demo's result: held-out accuracy with and without the tool, before and after, on stdout."""
+    from rich.table import Table
+
+    from grpokit.run.log import result_console
+
+    table = Table(title="held-out accuracy (greedy, whole episodes)")
+    for column in ("", "before", "after", "change", "called the tool (before -> after)"):
+        table.add_column(column)
+    for key, label in (("tool", "with the tool"), ("no_tool", "without it")):
+        b, a = results["before"][key], results["after"][key]
+        table.add_row(
+            label, f"{b['accuracy']:.1%}", f"{a['accuracy']:.1%}", f"{a['accuracy'] - b['accuracy']:+.1%}",
+            f"{b['called_tool']:.0%} -> {a['called_tool']:.0%}",
+        )  # fmt: skip
+    result_console().print(table)
+
+
+DEMOS = {
+    "addition": "two-number addition scored by math_accuracy, GRPO (the default; runs/demo)",
+    "steps": "three-number addition in steps, each step scored: GRPO process supervision (runs/demo_steps)",
+    "tools": "4-digit multiplication with a multiply tool: multi-turn GRPO (runs/demo_tools)",
+    "r1": "the four stages of DeepSeek-R1 and RL alone beside them: a pipeline (runs/r1-demo)",
+}
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    """grpokit demo [NAME] [key=value ...]: one of DEMOS (default addition), in --output-dir by the
+    run-folder rules of grpokit train (refused when it holds a run, unless --resume or --overwrite)."""
+    name = "addition"
+    if args.overrides and "=" not in args.overrides[0]:
+        name = args.overrides.pop(0)
+    if name not in DEMOS:
+        return _fail(args, f"demo: there is no demo {name!r}; the demos: {', '.join(DEMOS)}", 2)
+    if args.print_model_path:
+        print(demo_model_path(name))
+        return 0
+    _one_thread_for_tiny_models()
+    if name in ("addition", "steps"):
+        if name == "steps":
+            args.overrides.insert(0, "data.train=demo_steps")
+        return cmd_train(args)
+    if name == "r1":
+        if args.overrides:
+            return _fail(args, "demo r1: takes no overrides (its stages are in OUTPUT/pipeline.yaml)", 2)
+        from grpokit.cli.pipeline import cmd_pipeline
+
+        ns = argparse.Namespace(**{**vars(args), "demo": True, "file": None, "check": False, "rerun_changed": False})
+        return cmd_pipeline(ns)
+    from grpokit.config.schema import ConfigError
+    from grpokit.core.errors import TrainingError
+    from grpokit.data.prompts import DataError
+    from grpokit.demos.tools import run_demo
+
+    overrides = list(args.overrides)
+    if args.output_dir is not None:
+        overrides.append(f"train.output_dir={args.output_dir}")
+    try:
+        results = run_demo(
+            overrides, resume=args.resume, overwrite=args.overwrite, log=lambda m: print(m, file=sys.stderr)
+        )
+    except (ConfigError, DataError, TrainingError) as e:
+        return _fail(args, f"demo tools: {e}", 2)
+    _print_tool_table(results)
+    print(f"done: training {results['train_seconds']:.0f}s, results {results['output_dir']}/demo_results.json")
+    return 0
+
+
+def demo_model_path(name: str) -> Path:
+    """Where a demo's warm-started model is: the package's own for addition (and r1's base starts from it),
+    the cache for the others (built first when it is not there; minutes, with progress on stderr)."""
+    log = lambda m: print(m, file=sys.stderr)  # noqa: E731
+    if name in ("addition", "r1"):
+        from grpokit.demos.default import prepare_demo
+
+        if name == "r1":
+            from grpokit.demos.r1 import prepare_r1_demo
+
+            return prepare_r1_demo(log=log)["base"]
+        return prepare_demo(log=log)["model"]
+    if name == "steps":
+        from grpokit.demos.steps import prepare
+
+        return prepare(log=log)["model"]
+    from grpokit.demos.tools import prepare as prepare_tools
+
+    return prepare_tools(log=log)["model"]
+
+
+def _stderr_is_tty() -> bool:
+    try:
+        return sys.stderr.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
+def _one_thread_for_tiny_models() -> None:
+    """The demos' models have 0.3M parameters: one torch thread runs them fastest, and does not slow to a
+    crawl when the other cores are busy (two threads on a busy 2-core machine: 10-100x slower steps).
+    OMP_NUM_THREADS, when set, is the user's choice and is kept."""
+    if "OMP_NUM_THREADS" in os.environ:
+        return
+    import torch
+
+    torch.set_num_threads(1)
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -68,6 +176,13 @@ def cmd_train(args: argparse.Namespace) -> int:
         return 0
     try:
         if demo:
+            _one_thread_for_tiny_models()
+            from grpokit.run.preflight import check_output_dir
+
+            # a folder that holds a run is refused before a variant's warm start (minutes), not after
+            planned = _demo_config(overrides, build=False)
+            check_output_dir(Path(planned.train.output_dir), resume=bool(args.resume or args.resume_from),
+                             overwrite=args.overwrite)  # fmt: skip
             cfg = _demo_config(overrides)
         else:
             cfg = load_config(config_path, overrides)
@@ -93,7 +208,12 @@ def describe_config(cfg) -> str:
         for i, f in enumerate(dataclasses.fields(obj)):
             lead = first_prefix if (first_prefix is not None and i == 0) else indent
             doc = docs.get(f.name, "")
-            out.append(f"{lead}{f.name}: {value_text(getattr(obj, f.name))}" + (f"  # {doc}" if doc else ""))
+            value = getattr(obj, f.name)
+            if dataclasses.is_dataclass(value):  # a section inside a section: rollout.vllm
+                out.append(f"{lead}{f.name}:" + (f"  # {doc}" if doc else ""))
+                out += fields(value, indent + "  ")
+                continue
+            out.append(f"{lead}{f.name}: {value_text(value)}" + (f"  # {doc}" if doc else ""))
         return out
 
     lines = []
@@ -208,8 +328,8 @@ def _run(cfg, args: argparse.Namespace, trainer_cls=None) -> int:
     print(
         f"done in {time.perf_counter() - start:.0f}s: metrics {out / 'metrics.jsonl'}{curves}, "
         f"model {summary['checkpoint']}",
-        file=sys.stderr,
-    )
+        flush=True,
+    )  # a result: stdout, with the table (progress and notices are on stderr)
     return 0
 
 
@@ -373,10 +493,18 @@ def build_parser() -> argparse.ArgumentParser:
     config.set_defaults(func=cmd_config)
 
     demo = sub.add_parser(
-        "demo", help="the embedded demo: a tiny model learns arithmetic on the CPU", parents=[run]
+        "demo",
+        help="the embedded demos, no download, CPU: addition (default), steps, tools, r1",
+        parents=[run],
+        description="Tiny models built locally that learn on the CPU in minutes: "
+        + "; ".join(f"{k}: {v}" for k, v in DEMOS.items()),
+        epilog="e.g. grpokit demo tools --output-dir runs/tools; grpokit demo --print-model-path",
     )
-    demo.add_argument("overrides", nargs="*", help="section.key=value overrides")
-    demo.set_defaults(func=cmd_train, demo=True)
+    demo.add_argument("overrides", nargs="*", help="[NAME] then section.key=value overrides")
+    demo.add_argument(
+        "--print-model-path", action="store_true", help="print the folder of the demo's warm-started model, and exit"
+    )
+    demo.set_defaults(func=cmd_demo, demo=True)
 
     ev = sub.add_parser("eval", help="held-out accuracy of a model directory on a dataset", parents=[common])
     ev.add_argument("model")
@@ -426,6 +554,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def _main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if not _stderr_is_tty():  # Hugging Face's loading bars redraw with \r: noise in a log file
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     if not argv:
         argv = ["train"]
     if argv[0] == "launch":  # torchrun's own options follow: argparse must not read them

@@ -9,8 +9,10 @@ teacher's habit, so its greedy answers are mostly off by one: held-out accuracy 
 Its samples still contain the right answer often enough for GRPO to find it, and the reward
 (not the teacher) then moves it to the right answer: accuracy rises to 80%+ within minutes on a CPU.
 
-The warm-started model is cached (``$GRPOKIT_CACHE`` or ``~/.cache/grpokit``), so a second run
-skips that phase.
+The default demo's warm-started model ships with the package (``grpokit/demos/model``, float16
+weights, built by ``python -m grpokit.demos.shipped``), so the first run goes straight to GRPO; a spec
+other than ``DemoSpec()`` (and the variants) is warm-started here and cached (``$GRPOKIT_CACHE`` or
+``~/.cache/grpokit``), so a second run skips that phase.
 
 The process-reward variant (``grpokit train data.train=demo_steps``, in ``grpokit.demos.steps``):
 three-number addition written in steps, ``"3+14+9="`` -> ``"17 26 <answer>26</answer>"``, each
@@ -30,6 +32,9 @@ from pathlib import Path
 import torch
 
 DEMO_VERSION = 1
+SHIPPED_DIR = Path(__file__).with_name("model")
+"""The default demo's warm-started model, shipped with the package (grpokit.demos.shipped builds it)."""
+SHIPPED_MANIFEST = "warm_start.json"
 
 
 @dataclass(frozen=True)
@@ -166,6 +171,24 @@ def spec_key(spec: WarmStartSpec) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
+def shipped_key(spec: WarmStartSpec) -> str:
+    """The key the shipped model is recorded under: the spec and DEMO_VERSION (not the library versions:
+    weights in safetensors read the same under any of them)."""
+    blob = json.dumps({"spec": asdict(spec), "v": DEMO_VERSION})
+    return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
+def shipped_model(spec: WarmStartSpec) -> Path | None:
+    """The shipped warm-started model's folder when it was built from ``spec``, else None."""
+    try:
+        manifest = json.loads((SHIPPED_DIR / SHIPPED_MANIFEST).read_text())
+    except (OSError, ValueError):
+        return None
+    if manifest.get("key") != shipped_key(spec) or not (SHIPPED_DIR / "model.safetensors").is_file():
+        return None
+    return SHIPPED_DIR
+
+
 def prepare_demo(
     spec: DemoSpec = DemoSpec(),
     *,
@@ -181,6 +204,13 @@ def prepare_demo(
     Returns {"model": dir, "train": jsonl, "eval": jsonl}."""
     root = (cache or cache_root()) / f"{prefix}-{spec_key(spec)}"
     model_dir, train_path, eval_path = root / "model", root / "train.jsonl", root / "eval.jsonl"
+    shipped = shipped_model(spec) if prefix == "demo" and problems is make_problems and teacher is None else None
+    if shipped is not None:  # the data is written in a second; the model is the package's own
+        if not (train_path.is_file() and eval_path.is_file()):
+            root.mkdir(parents=True, exist_ok=True)
+            _write_rows(dict(zip((train_path, eval_path), problems(spec))))
+        log(f"demo: the warm-started model shipped with grpokit ({shipped})")
+        return {"model": shipped, "train": train_path, "eval": eval_path}
     if (model_dir / "config.json").is_file() and train_path.is_file() and eval_path.is_file():
         log(f"demo: using the cached warm-start model in {model_dir}")
         return {"model": model_dir, "train": train_path, "eval": eval_path}
@@ -203,14 +233,21 @@ def prepare_demo(
     tmp = root / "model.tmp"
     model.save_pretrained(tmp)
     save_local_tokenizer(tokenizer, tmp)
-    for path, rows in ((train_path, train_rows), (eval_path, eval_rows)):
-        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    _write_rows({train_path: train_rows, eval_path: eval_rows})
     if model_dir.exists():
         import shutil
 
         shutil.rmtree(model_dir)
     tmp.rename(model_dir)
     return {"model": model_dir, "train": train_path, "eval": eval_path}
+
+
+def _write_rows(files: dict[Path, list[dict]]) -> None:
+    """Each JSONL file whole or not at all (a second process may be reading the cache)."""
+    for path, rows in files.items():
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        tmp.replace(path)
 
 
 def demo_overrides(paths: dict[str, Path]) -> dict:

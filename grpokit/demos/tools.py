@@ -1,7 +1,7 @@
 """The tool-use demo: 4-digit multiplication, which the tiny model cannot do in its head but can with a
 ``multiply`` tool (multi-turn rollouts, grpokit.rollout.episodes). No download; about CPU minutes.
 
-    python -m grpokit.demos.tools            # warm start (cached), accuracy before, GRPO, accuracy after
+    grpokit demo tools --output-dir runs/demo_tools    # warm start (cached), accuracy before, GRPO, after
 
 Episode:  <|user|>1234*5678=<|assistant|><tool_call>{"name": "multiply", "arguments": {"a": 1234, "b": 5678}}
           </tool_call><eos><|tool|>7006652<|assistant|><answer>7006652</answer><eos>
@@ -271,41 +271,56 @@ def accuracy(model, tokenizer, rows: list[dict], *, with_tool: bool, batch: int 
     return {"accuracy": right / len(rows), "called_tool": called / len(rows)}
 
 
-def main(steps: int = 30) -> dict:
-    """Warm start (cached), held-out accuracy with and without the tool, GRPO, the same after."""
+def run_demo(
+    overrides_given: list[str] = (),
+    *,
+    resume: bool = False,
+    overwrite: bool = False,
+    log=print,
+) -> dict:
+    """Warm start (cached), held-out accuracy with and without the tool, GRPO, the same after; the run in
+    ``train.output_dir`` (default runs/demo_tools) follows the run-folder rules of ``grpokit train``
+    (refused when it holds a run, unless resume or overwrite). ``grpokit demo tools`` runs it.
+    Returns {"before": {...}, "after": {...}, "train_seconds": s, "output_dir": path}; the same JSON is
+    written to OUTPUT/demo_results.json."""
     from transformers import AutoModelForCausalLM
 
-    from grpokit.config.schema import config_from_dict
+    from grpokit.config.schema import apply_overrides, config_from_dict
     from grpokit.model.loading import load_tokenizer
+    from grpokit.run.preflight import check_output_dir
     from grpokit.trainers.grpo import GRPOTrainer
 
-    paths = prepare()
+    placeholders = {name: Path(f"<demo {name}>") for name in ("model", "train", "eval")}
+    checked = config_from_dict(apply_overrides(overrides(placeholders), list(overrides_given)))
+    out = Path(checked.train.output_dir)
+    check_output_dir(out, resume=resume, overwrite=overwrite)  # before minutes of warm start and evaluation
+    paths = prepare(log=log)
+    cfg = config_from_dict(apply_overrides(overrides(paths), list(overrides_given)))
     tokenizer = load_tokenizer(str(paths["model"]))
     tokenizer.chat_template = CHAT_TEMPLATE
     eval_rows = [json.loads(line) for line in paths["eval"].read_text().splitlines()]
     model = AutoModelForCausalLM.from_pretrained(paths["model"], dtype=torch.float32)
-    results = {
-        "before": {
-            k: accuracy(model, tokenizer, eval_rows, with_tool=k == "tool") for k in ("tool", "no_tool")
-        }
+    log(f"demo_tools: held-out accuracy before training ({len(eval_rows)} problems, with and without the tool)")
+    results: dict = {
+        "before": {k: accuracy(model, tokenizer, eval_rows, with_tool=k == "tool") for k in ("tool", "no_tool")}
     }
-    print(json.dumps(results))
-    cfg = config_from_dict(overrides(paths, steps))
-    trainer = GRPOTrainer(cfg, model=model, tokenizer=tokenizer, overwrite=True)
+    trainer = GRPOTrainer(cfg, model=model, tokenizer=tokenizer, resume=resume, overwrite=overwrite)
     t0 = time.perf_counter()
-    trainer.train()
+    summary = trainer.train()
     results["train_seconds"] = time.perf_counter() - t0
+    results["steps"] = summary.get("steps")
+    log("demo_tools: held-out accuracy after training")
     results["after"] = {
         k: accuracy(trainer.model, tokenizer, eval_rows, with_tool=k == "tool") for k in ("tool", "no_tool")
     }
-    print(json.dumps(results))
+    results["output_dir"] = str(out)
+    (out / "demo_results.json").write_text(json.dumps(results, indent=2) + "\n")
     return results
 
 
-if __name__ == "__main__":
-    import sys
-
-    main(int(sys.argv[1]) if len(sys.argv) > 1 else 30)
+def main(steps: int = 30) -> dict:
+    """``python -m grpokit.demos.tools [STEPS]``: as ``grpokit demo tools train.steps=STEPS --overwrite``."""
+    return run_demo([f"train.steps={steps}"], overwrite=True)
 
 
 def rollout_speed(
@@ -359,3 +374,9 @@ def rollout_speed(
         "batched_tool_time_share": batched.metrics["time/tools"] / t_batched,
         "turns_mean": batched.metrics["episode/turns_mean"],
     }
+
+
+if __name__ == "__main__":
+    import sys
+
+    print(json.dumps(main(int(sys.argv[1]) if len(sys.argv) > 1 else 30)))

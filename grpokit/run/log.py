@@ -541,6 +541,16 @@ def _format_duration(seconds: float) -> str:
     return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
 
 
+def result_console() -> Console:
+    """A console for results (tables) on stdout: the terminal's width on a terminal, else wide enough
+    that a table in a log file or a pipe is never cut (rich would cut it to 80 columns)."""
+    try:
+        tty = sys.stdout.isatty()
+    except (AttributeError, ValueError):
+        tty = False
+    return Console(file=sys.stdout, width=None if tty else 200)
+
+
 def _stderr_is_tty() -> bool:
     try:
         return sys.stderr.isatty()

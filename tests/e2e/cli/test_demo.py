@@ -50,3 +50,90 @@ def test_readme_demo_command_learns(tmp_path, monkeypatch):
     assert summary["eval_accuracy_before"] <= 0.4
     assert summary["eval_accuracy_after"] >= 0.8
     assert (out / "metrics.jsonl").is_file() and (out / "curves.png").is_file()
+
+
+def test_demo_print_model_path_names_the_shipped_model(tmp_path, monkeypatch, capsys):
+    from grpokit.cli.main import main
+    from grpokit.demos.default import SHIPPED_DIR
+
+    monkeypatch.setenv("GRPOKIT_CACHE", str(tmp_path / "cache"))
+    assert main(["demo", "--print-model-path"]) == 0
+    out = capsys.readouterr().out
+    assert out.strip() == str(SHIPPED_DIR) and (SHIPPED_DIR / "config.json").is_file()
+
+
+def test_demo_names_the_demos_when_one_is_unknown(capsys):
+    from grpokit.cli.main import main
+
+    assert main(["demo", "tool"]) == 2
+    err = capsys.readouterr().err
+    assert "no demo 'tool'" in err and "addition, steps, tools, r1" in err
+
+
+@pytest.mark.parametrize("name", ["tools", "steps"])
+def test_demo_refuses_a_folder_holding_a_run_before_building_anything(name, tmp_path, monkeypatch, capsys):
+    """The run-folder rules of grpokit train, checked before the warm start (minutes) and the evaluation."""
+    from grpokit.cli.main import main
+
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("GRPOKIT_CACHE", str(cache))
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "metrics.jsonl").write_text('{"step": 1}\n')
+    assert main(["demo", name, "--output-dir", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "already holds a run" in err and "--overwrite" in err
+    assert not cache.exists() or not any(cache.iterdir())  # nothing was built
+
+
+def test_demos_run_with_one_torch_thread_unless_omp_num_threads_is_set(monkeypatch):
+    import torch
+
+    from grpokit.cli.main import _one_thread_for_tiny_models
+
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        monkeypatch.setenv("OMP_NUM_THREADS", "2")
+        _one_thread_for_tiny_models()
+        assert torch.get_num_threads() == 2  # the user's choice
+        monkeypatch.delenv("OMP_NUM_THREADS")
+        _one_thread_for_tiny_models()
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_result_tables_are_not_cut_in_a_log_file(capsys):
+    """rich cuts a table to 80 columns when stdout is not a terminal; results are printed whole."""
+    from rich.table import Table
+
+    from grpokit.run.log import result_console
+
+    table = Table()
+    for k in range(6):
+        table.add_column(f"column {k} with a long header")
+    table.add_row(*[f"value {k} that is long as well" for k in range(6)])
+    result_console().print(table)
+    out = capsys.readouterr().out
+    assert "value 5 that is long as well" in out and "…" not in out
+
+
+@pytest.mark.slow
+def test_results_go_to_stdout_and_progress_to_stderr(tmp_path):
+    """`grpokit train --output-dir D > log`: the table and the done line on stdout, every step's line and
+    the notices on stderr."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "GRPOKIT_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(
+        [sys.executable, "-m", "grpokit", "train", "--output-dir", str(tmp_path / "d"), "train.steps=2",
+         "data.eval_limit=16", "eval.num_samples=1", "train.tensorboard=false"],
+        env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "held-out accuracy" in done.stdout and "done in" in done.stdout
+    assert "step 2/2" in done.stderr and "step 2/2" not in done.stdout
+    assert "shipped" in done.stderr and "warm start 1/" not in done.stderr
