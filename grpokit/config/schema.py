@@ -346,6 +346,34 @@ class OptimConfig:
     logprob_chunk_size: int = setting(
         1024, "Rows of hidden states projected to the vocabulary at a time.", range="[1, inf)", example=1024
     )
+    packing: bool = setting(
+        False,
+        """Padding-free micro-batches in the update and every log-prob pass (policy, old policy, reference,
+        critic): a micro-batch's rows laid end to end, positions restarting at each, attention kept inside
+        each row, at most optim.micro_batch_tokens real tokens a micro-batch (optim.micro_batch_size is not
+        read). The same gradient as padded; the model's attention must read packed position_ids (checked
+        when the trainer is built). grpokit sft: the same as sft.packing.""",
+    )
+    micro_batch_tokens: int | str = setting(
+        "auto",
+        """Under optim.packing: real tokens (prompt + completion) per micro-batch; a longer row goes alone.
+        auto: on CUDA the whole mini-batch, halved after an out-of-memory error; elsewhere 4096.""",
+        check=check_micro_batch_size,
+        allowed="auto or an integer >= 1",
+    )
+    offload_optimizer: bool = setting(
+        False,
+        """AdamW's states and its copy of the weights in CPU memory, stepped there: the GPU keeps weights and
+        gradients only (grpokit.model.offload). Not with fp16_mixed.""",
+    )
+    offload_reference: bool = setting(
+        False, "The frozen reference model kept in CPU memory, moved to the GPU for its log-prob pass only."
+    )
+    offload_activations: bool = setting(
+        False,
+        """Tensors the backward pass needs (with model.gradient_checkpointing: each layer's input) kept in
+        CPU memory until then.""",
+    )
     precision: str = setting(
         "auto",
         """auto | fp32 | bf16_mixed | fp16_mixed | bf16_kahan | bf16_pure: how weights are stored, computed

@@ -200,11 +200,14 @@ def collate(examples: Sequence[SFTExample], pad_token_id: int, packing: bool) ->
     token is predicted across the boundary."""
     import torch
 
-    if packing:
+    if packing:  # grpokit.data.packing: the RL passes' packing too
+        from grpokit.data.packing import pack_sequences
+
+        input_ids, position_ids = pack_sequences([e.input_ids for e in examples])  # (1, T) each
         return {
-            "input_ids": torch.tensor([[t for e in examples for t in e.input_ids]]),  # (1, T)
+            "input_ids": input_ids,
             "loss_mask": torch.tensor([[m for e in examples for m in e.loss_mask]]),  # (1, T)
-            "position_ids": torch.tensor([[p for e in examples for p in range(len(e.input_ids))]]),  # (1, T)
+            "position_ids": position_ids,
             "attention_mask": None,
         }
     width = max(len(e.input_ids) for e in examples)

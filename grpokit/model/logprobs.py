@@ -19,6 +19,7 @@ from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
 from grpokit.algos.entropy import entropy_from_logits, selective_log_softmax
+from grpokit.data.packing import pack_masked, pack_sequences
 
 
 def base_model(model: torch.nn.Module) -> torch.nn.Module:
@@ -71,6 +72,7 @@ def completion_logprobs(
     chunk_size: int = 1024,
     with_entropy: bool = False,
     context_mask: Tensor | None = None,
+    packed: bool = False,
 ) -> tuple[Tensor, Tensor | None]:
     """Per-token log-probs ``log softmax(logits / T)[o_t]`` of the completion tokens, and optionally entropy.
 
@@ -87,6 +89,10 @@ def completion_logprobs(
         context_mask: (N, Lc) multi-turn rollouts: 1 for every real completion-side token (the model's and
             the tools'), all attended to; completion_mask then picks the model's tokens that are scored.
             None: completion_mask is both (grpokit.rollout.generation.Rollout.context_mask).
+        packed: run the decoder padding-free: the rows' real tokens in one row, positions restarting at
+            each (grpokit.data.packing.pack_masked), so the micro-batch costs its real tokens, not rows x
+            the longest. The same values as padded up to float rounding; needs a model whose attention
+            reads packed position_ids (check_packed_attention).
 
     Returns:
         logprobs: (N, Lc) float32, 0 where completion_mask is 0; differentiable w.r.t. the model.
@@ -109,21 +115,10 @@ def completion_logprobs(
     lm_head = base.get_output_embeddings()
     softcap = _final_logit_softcap(base.config)
 
-    Lp = prompt_ids.shape[1]
-    input_ids = torch.cat([prompt_ids, completion_ids], dim=1)  # (N, Lp + Lc)
-    attended = completion_mask if context_mask is None else context_mask  # (N, Lc)
-    attention_mask = torch.cat([prompt_mask, attended], dim=1).long()  # (N, Lp + Lc)
-    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)  # (N, Lp + Lc)
-    hidden = decoder(
-        input_ids=input_ids,
-        attention_mask=attention_mask,
-        position_ids=position_ids,
-        use_cache=False,
-    ).last_hidden_state  # (N, Lp + Lc, H)
-    hidden = hidden[:, Lp - 1 : -1]  # (N, Lc, H): position Lp-1+t predicts completion token t
-
     keep = completion_mask.reshape(-1).bool()  # (N*Lc,)
-    hidden = hidden.reshape(-1, hidden.shape[-1])[keep]  # (K, H) only real completion tokens
+    hidden = scoring_states(
+        decoder, prompt_ids, prompt_mask, completion_ids, completion_mask, context_mask, packed=packed
+    )  # (K, H) only real completion tokens
     targets = completion_ids.reshape(-1)[keep]  # (K,)
     lp_chunks, ent_chunks = _chunked(lm_head, hidden, targets, temperature, softcap, with_entropy, chunk_size)
 
@@ -139,6 +134,74 @@ def completion_logprobs(
             entropy[keep] = torch.cat(ent_chunks).detach()
         entropy = entropy.view(N, Lc)  # (N, Lc)
     return logprobs, entropy
+
+
+def scoring_states(
+    decoder, prompt_ids, prompt_mask, completion_ids, completion_mask, context_mask=None, *, packed: bool = False
+) -> Tensor:
+    """(K, out) the outputs of ``decoder`` (a base decoder: hidden states; or a token classifier: its
+    logits, the critic's values) at the positions predicting the K completion tokens where
+    ``completion_mask`` is 1, in row-major order. Inputs as completion_logprobs'; ``packed``: one
+    padding-free forward instead of the padded (N, Lp + Lc) batch."""
+    if packed:
+        return _packed_states(decoder, prompt_ids, prompt_mask, completion_ids, completion_mask, context_mask)
+    states = _padded_states(decoder, prompt_ids, prompt_mask, completion_ids, completion_mask, context_mask)
+    return states.reshape(-1, states.shape[-1])[completion_mask.reshape(-1).bool()]  # (K, out)
+
+
+def _padded_states(decoder, prompt_ids, prompt_mask, completion_ids, completion_mask, context_mask) -> Tensor:
+    """(N, Lc, out) the outputs of ``decoder`` at the positions that predict each completion token, on the
+    padded (N, Lp + Lc) batch."""
+    Lp = prompt_ids.shape[1]
+    input_ids = torch.cat([prompt_ids, completion_ids], dim=1)  # (N, Lp + Lc)
+    attended = completion_mask if context_mask is None else context_mask  # (N, Lc)
+    attention_mask = torch.cat([prompt_mask, attended], dim=1).long()  # (N, Lp + Lc)
+    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)  # (N, Lp + Lc)
+    out = decoder(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
+    states = out.last_hidden_state if hasattr(out, "last_hidden_state") else out.logits  # (N, Lp + Lc, out)
+    return states[:, Lp - 1 : -1]  # (N, Lc, out): position Lp-1+t predicts completion token t
+
+
+def _packed_states(
+    decoder, prompt_ids, prompt_mask, completion_ids, completion_mask, context_mask
+) -> Tensor:
+    """(K, out) the outputs of ``decoder`` at the positions predicting the K completion tokens where
+    ``completion_mask`` is 1 (row-major order), from one padding-free forward of the rows' real tokens
+    (grpokit.data.packing.pack_masked). Token t is predicted by the token just before it in its row, which
+    must itself be real (a prompt is left-padded, an attended completion a prefix): checked."""
+    N, Lp = prompt_ids.shape
+    ids = torch.cat([prompt_ids, completion_ids], dim=1)  # (N, Lp + Lc)
+    attended = completion_mask if context_mask is None else context_mask  # (N, Lc)
+    real = torch.cat([prompt_mask, attended], dim=1)  # (N, Lp + Lc)
+    input_ids, position_ids, where = pack_masked(ids, real)  # (1, T), (1, T), (N, Lp + Lc)
+    before = where[:, Lp - 1 : -1][completion_mask.bool()]  # (K,) packed index of each predicting token
+    if bool((before < 0).any()):
+        raise ValueError(
+            "a scored completion token follows a masked-out one (a gap inside a row): packing needs each row's "
+            "real tokens contiguous; score such rows padded (optim.packing=false)"
+        )
+    out = decoder(input_ids=input_ids, position_ids=position_ids, use_cache=False)
+    states = out.last_hidden_state if hasattr(out, "last_hidden_state") else out.logits  # (1, T, out)
+    return states[0, before]  # (K, out)
+
+
+@torch.no_grad()
+def check_packed_attention(model: torch.nn.Module, device: torch.device) -> bool:
+    """Whether ``model``'s attention keeps packed rows apart: two short rows scored packed (no attention
+    mask, position_ids restarting) give the log-probs they give one by one (SFT's and the RL passes'
+    packing rely on it; a model that ignores packed position_ids would let rows attend to each other)."""
+    vocab = model.get_input_embeddings().weight.shape[0]
+    a = (torch.arange(3, 9, device=device) % vocab)[None]  # (1, 6)
+    b = (torch.arange(9, 13, device=device) % vocab)[None]  # (1, 4)
+    ma, mb = torch.ones_like(a), torch.ones_like(b)
+    ma[:, 0] = mb[:, 0] = 0
+    was = model.training
+    model.eval()
+    apart = torch.cat([token_logprobs(model, a, ma), token_logprobs(model, b, mb)])
+    input_ids, positions = pack_sequences([a[0], b[0]])
+    packed = token_logprobs(model, input_ids.to(device), torch.cat([ma, mb], 1), position_ids=positions.to(device))
+    model.train(was)
+    return bool(torch.allclose(packed.float(), apart.float(), atol=1e-2, rtol=1e-2))
 
 
 def _chunked(

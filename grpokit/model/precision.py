@@ -34,6 +34,7 @@ from dataclasses import dataclass
 import torch
 
 from grpokit.config.schema import ConfigError
+from grpokit.model.offload import CPU, OffloadedOptimizer
 
 
 @dataclass(frozen=True)
@@ -110,7 +111,19 @@ def resolve_precision(precision: str, model_dtype: str, device: torch.device) ->
 
 
 def make_optimizer(params: list[torch.Tensor], precision: Precision, optim_cfg, device: torch.device):
-    """AdamW for ``precision``: torch's (fused on CUDA) or torch-optimi's with Kahan summation."""
+    """AdamW for ``precision``: torch's (fused on CUDA) or torch-optimi's with Kahan summation; with
+    optim.offload_optimizer its states and weight copy in CPU memory (grpokit.model.offload)."""
+    if getattr(optim_cfg, "offload_optimizer", False):
+        if precision.loss_scaling:
+            raise ConfigError(
+                f"optim.offload_optimizer=true does not work with optim.precision={precision.name} (float16 loss "
+                "scaling unscales gradients on the device); use bf16_kahan or bf16_mixed, or no offload"
+            )
+        return OffloadedOptimizer(params, lambda cpu_params: _adamw(cpu_params, precision, optim_cfg, CPU))
+    return _adamw(params, precision, optim_cfg, device)
+
+
+def _adamw(params: list[torch.Tensor], precision: Precision, optim_cfg, device: torch.device):
     betas = (optim_cfg.adam_beta1, optim_cfg.adam_beta2)
     if precision.optimizer == "adamw_kahan":
         try:
@@ -135,8 +148,9 @@ def master_weights(param: torch.Tensor, optimizer) -> torch.Tensor:
     """The float32 value the optimizer is tracking for ``param``: the weight itself, plus the Kahan
     compensation in ``bf16_kahan`` (what a float32 run would hold, up to bf16 rounding of the buffer)."""
     value = param.detach().float()
-    comp = optimizer.state.get(param, {}).get("kahan_comp")
-    return value + comp.float() if comp is not None else value
+    state = optimizer.master_state(param) if isinstance(optimizer, OffloadedOptimizer) else optimizer.state.get(param, {})
+    comp = state.get("kahan_comp")
+    return value + comp.float().to(value.device) if comp is not None else value
 
 
 def make_grad_scaler(precision: Precision, device: torch.device):

@@ -38,7 +38,7 @@ from grpokit.algos.ppo import explained_variance, value_loss
 from grpokit.core.errors import ConfigError, TrainingError
 from grpokit.model.checkpoint import load_weights_into
 from grpokit.model.checks import first_line
-from grpokit.model.logprobs import base_model
+from grpokit.model.logprobs import base_model, scoring_states
 from grpokit.rollout.batch import length_sorted, step_seed
 from grpokit.train.distributed import Distributed
 from grpokit.train.learner import Learner
@@ -135,22 +135,19 @@ def completion_values(
     completion_ids: Tensor,
     completion_mask: Tensor,
     context_mask: Tensor | None = None,
+    *,
+    packed: bool = False,
 ) -> Tensor:
     """V(s_t) for every completion token t: the head's output at the position that predicts token t.
 
     prompt_ids/mask (N, Lp) left-padded, completion_ids/mask (N, Lc) right-padded, context_mask as
-    completion_logprobs' (multi-turn), with the same position ids. Returns (N, Lc) float32, 0 where
-    completion_mask is 0."""
-    Lp = prompt_ids.shape[1]
-    input_ids = torch.cat([prompt_ids, completion_ids], dim=1)  # (N, Lp + Lc)
-    attended = completion_mask if context_mask is None else context_mask  # (N, Lc)
-    attention_mask = torch.cat([prompt_mask, attended], dim=1).long()  # (N, Lp + Lc)
-    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)  # (N, Lp + Lc)
-    out = critic(
-        input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
-    ).logits  # (N, Lp + Lc, 1)
-    values = out[:, Lp - 1 : -1, 0].float()  # (N, Lc): position Lp-1+t holds the state before token t
-    return torch.where(completion_mask.bool(), values, 0.0)  # (N, Lc)
+    completion_logprobs' (multi-turn), with the same position ids; ``packed``: one padding-free forward
+    (grpokit.model.logprobs.scoring_states). Returns (N, Lc) float32, 0 where completion_mask is 0."""
+    states = scoring_states(
+        critic, prompt_ids, prompt_mask, completion_ids, completion_mask, context_mask, packed=packed
+    )  # (K, 1): position Lp-1+t holds the state before token t
+    values = torch.zeros(completion_mask.shape, dtype=torch.float32, device=states.device)  # (N, Lc)
+    return values.masked_scatter(completion_mask.bool(), states[:, 0].float())  # (N, Lc)
 
 
 class Critic:
@@ -239,6 +236,7 @@ class Critic:
                 t["completion_ids"],
                 t["completion_mask"],
                 t.get("context_mask"),
+                packed=self.learner.micro.packed,
             ),
         )
 
@@ -293,16 +291,17 @@ class Critic:
         return metrics
 
     def _gradients(self, r, mb, rows, values, returns, mask, lengths) -> tuple[dict, bool]:
-        """Accumulate the value-loss gradient of mini-batch ``mb`` over micro-batches of ``rows`` rows; the
-        normaliser is the mini-batch's token count, so the split never changes the gradient."""
+        """Accumulate the value-loss gradient of mini-batch ``mb`` over micro-batches of ``rows`` rows (packed:
+        of at most ``rows`` tokens, learner.micro); the normaliser is the mini-batch's token count, so the
+        split never changes the gradient."""
         learner = self.learner
         learner.optimizer.zero_grad(set_to_none=True)  # an out-of-memory retry starts afresh
         d = learner.device
         num_tokens = mask[mb].sum().clamp(min=1).to(d)
         part = {"loss": 0.0, "clipped": 0.0, "tokens": 0.0}
-        for micro in length_sorted(mb, lengths).split(rows):
+        for micro in learner.micro.split(length_sorted(mb, lengths), lengths, rows):
             t = micro_tensors(r, micro, mask, d)
-            with learner.precision.autocast(d):
+            with learner.precision.autocast(d), learner.activations_offloaded():
                 v = completion_values(
                     self.model,
                     t["prompt_ids"],
@@ -310,6 +309,7 @@ class Critic:
                     t["completion_ids"],
                     t["completion_mask"],
                     t.get("context_mask"),
+                    packed=learner.micro.packed,
                 )  # (n, L)
             width = v.shape[1]
             loss, stats = value_loss(

@@ -33,10 +33,13 @@ from typing import Any
 import torch
 
 from grpokit.config.schema import Config, OptimConfig
-from grpokit.core.errors import TrainingError
+from grpokit.core.errors import ConfigError, TrainingError
 from grpokit.core.notices import Notices
+from grpokit.data.packing import token_budget_batches
 from grpokit.model.checkpoint import load_weights_into
 from grpokit.model.loading import load_policy, pick_device, prepare_policy
+from grpokit.model.logprobs import base_model, check_packed_attention
+from grpokit.model.offload import activations_on_cpu
 from grpokit.model.precision import Precision, make_grad_scaler, make_optimizer, resolve_precision
 from grpokit.train.distributed import Distributed
 from grpokit.train.schedules import lr_factor, warmup_steps
@@ -76,9 +79,15 @@ def _lr_factor(step: int, *, schedule: str, warmup: int, total: int) -> float:
 
 
 class MicroBatchSize:
-    """Rows per micro-batch, and the retry after an out-of-memory error. ``setting``: optim.micro_batch_size
-    (a number, used as given, or "auto"). ``cap``: under auto on CUDA, the rows that last fitted (None until
-    an OOM); ``last``: the rows of the last pass that succeeded (the micro_batch_size metric)."""
+    """How a batch is cut into micro-batches, and the retry after an out-of-memory error.
+
+    Padded (``tokens`` None): micro-batches of rows, ``setting`` = optim.micro_batch_size (a number, used as
+    given, or "auto"). Packed (``tokens`` = optim.micro_batch_tokens, a number or "auto"): padding-free
+    micro-batches of at most that many real tokens (grpokit.data.packing.token_budget_batches); auto learns
+    the budget as the padded auto learns rows. ``limit(lengths)`` is the rows, or the token budget, of the
+    next pass; ``split(order, lengths, limit)`` its micro-batches. ``cap``: under auto on CUDA, the limit
+    that last fitted (None until an OOM); ``last``: the most rows a micro-batch of the last successful pass
+    held (the micro_batch_size metric)."""
 
     def __init__(
         self,
@@ -87,13 +96,47 @@ class MicroBatchSize:
         dist: Distributed,
         say: Notices | None = None,
         make_room: Callable[[], bool] | None = None,
+        *,
+        tokens: int | str | None = None,
     ):
         self.setting, self.device, self.dist = setting, device, dist
+        self.tokens = tokens
+        # torchrun: every rank must run as many micro-batches, so they stay sized in rows (still packed)
+        self.by_tokens = tokens is not None and not dist.active
         self.say = say or Notices()
         self.make_room = make_room  # frees device memory held elsewhere (the sampler's KV cache); True if any
         self.room_first = False  # once room had to be made, it is made before every pass (the sampler rebuilds it)
         self.cap: int | None = None
         self.last = 0
+        self._most_rows = 0  # packed: the most rows of a micro-batch split in the current pass
+
+    @property
+    def packed(self) -> bool:
+        """Padding-free micro-batches sized in tokens (optim.packing)."""
+        return self.tokens is not None
+
+    def limit(self, lengths: torch.Tensor) -> int:
+        """Rows per micro-batch (padded, see ``rows``), or packed its token budget: optim.micro_batch_tokens
+        as given; under auto on CUDA every row at once until an out-of-memory error halves it, elsewhere
+        AUTO_MICRO_TOKENS. Under torchrun packed micro-batches are sized in rows (equal counts on ranks)."""
+        if not self.by_tokens:
+            return self.rows(lengths)
+        if self.tokens != "auto":
+            return int(self.tokens)
+        if self.device.type == "cuda":
+            total = max(1, int(lengths.sum()))
+            return min(total, self.cap or total)
+        return AUTO_MICRO_TOKENS
+
+    def split(self, order: torch.Tensor, lengths: torch.Tensor, limit: int) -> list[torch.Tensor]:
+        """``order`` (M,) row indices in micro-batches: of ``limit`` rows (padded), or of at most ``limit``
+        tokens, a row costing ``lengths[row]`` (packed)."""
+        if not self.by_tokens:
+            micros = list(order.split(limit))
+        else:
+            micros = token_budget_batches(order, lengths, limit)
+        self._most_rows = max([self._most_rows, *(len(m) for m in micros)])
+        return micros
 
     def rows(self, lengths: torch.Tensor) -> int:
         """Rows per micro-batch for rows of ``lengths`` (real tokens each). auto: on CUDA every row at once
@@ -116,10 +159,11 @@ class MicroBatchSize:
         if self.room_first and self.make_room():
             torch.cuda.empty_cache()
         while True:
-            rows = self.rows(lengths)
+            rows = self.limit(lengths)  # packed: a token budget
+            self._most_rows = 0
             try:
                 result = fn(rows)
-                self.last = rows
+                self.last = self._most_rows if self.by_tokens else rows
                 return result
             except torch.cuda.OutOfMemoryError as e:
                 message = str(e).split(". ")[0]
@@ -129,6 +173,18 @@ class MicroBatchSize:
                 torch.cuda.empty_cache()
                 self.room_first = True
                 self.say(f"out of GPU memory at {rows} rows per micro-batch: freed the sampler's KV cache, retrying")
+                continue
+            if self.by_tokens:
+                longest = int(lengths.max()) if len(lengths) else 1
+                if self.tokens != "auto" or rows <= longest:  # every micro-batch is one row already
+                    raise TrainingError(
+                        f"out of GPU memory with micro-batches of {rows} tokens ({message}): lower "
+                        "optim.micro_batch_tokens, set it to auto, turn on model.gradient_checkpointing or "
+                        "optim.offload_activations"
+                    )
+                torch.cuda.empty_cache()
+                self.cap = max(longest, rows // 2)
+                self.say(f"out of GPU memory at {rows} tokens per micro-batch: retrying with {self.cap} (auto)")
                 continue
             if self.setting != "auto" or rows == 1 or self.dist.active:
                 raise TrainingError(
@@ -155,12 +211,24 @@ class Learner:
         micro: MicroBatchSize | None = None,
         say: Notices | None = None,
         make_room: Callable[[], bool] | None = None,
+        packing: bool | None = None,
     ):
         self.model, self.precision, self.device = model, precision, device
         self.dist = dist or Distributed()
         self.max_grad_norm = optim.max_grad_norm
         self.say = say or Notices()
-        self.micro = micro or MicroBatchSize(optim.micro_batch_size, device, self.dist, self.say, make_room)
+        self.offload_activations = optim.offload_activations
+        packing = optim.packing if packing is None else packing
+        if micro is None:
+            tokens = optim.micro_batch_tokens if packing else None
+            micro = MicroBatchSize(optim.micro_batch_size, device, self.dist, self.say, make_room, tokens=tokens)
+            if packing and not check_packed_attention(model, device):
+                raise ConfigError(
+                    f"packing (optim.packing / sft.packing): {type(base_model(model)).__name__} lets packed rows "
+                    "attend to each other (its attention does not read packed position_ids), so packing would "
+                    "change the loss; set optim.packing=false and sft.packing=false"
+                )
+        self.micro = micro
         params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = make_optimizer(params, precision, optim, device)
         self.scaler = make_grad_scaler(precision, device)  # float16 loss scaling, else None
@@ -191,7 +259,7 @@ class Learner:
             self.optimizer.zero_grad(set_to_none=True)  # a retry starts afresh
             stats: list[dict] = []
             for micro in split(rows):
-                with self.precision.autocast(self.device):
+                with self.precision.autocast(self.device), self.activations_offloaded():
                     loss_sum, micro_stats = loss_fn(self.model, micro)
                 loss = loss_sum / normaliser
                 if not torch.isfinite(loss) and not self.dist.active:  # ranks: the global norm is NaN
@@ -202,6 +270,11 @@ class Learner:
 
         stats, finite = self.run_micro(accumulate, lengths)
         return self.clip_and_step(finite, step), stats
+
+    def activations_offloaded(self):
+        """Context of a training forward: what it saves for the backward pass kept in CPU memory under
+        optim.offload_activations (grpokit.model.offload.activations_on_cpu), else a no-op."""
+        return activations_on_cpu(self.offload_activations, self.device)
 
     def run_micro(self, fn: Callable[[int], Any], lengths: torch.Tensor) -> Any:
         """``fn(rows)`` sized by ``micro``; after an OOM this learner's partial gradient is dropped first."""

@@ -25,6 +25,8 @@ import torch
 
 from grpokit.algos import AlgoSettings, get_loss, kl_estimate
 from grpokit.config.schema import OptimConfig
+from grpokit.core.errors import ConfigError
+from grpokit.model.offload import CPU, on_device
 from grpokit.rollout.batch import length_sorted, step_seed
 from grpokit.rollout.generation import Rollout
 from grpokit.rollout.record import TokenRecorder
@@ -85,13 +87,14 @@ def rows_no_grad(
     learner: Learner, r: Rollout, forward: Callable[[dict[str, torch.Tensor]], torch.Tensor]
 ) -> torch.Tensor:
     """(N, Lc) on the CPU: ``forward(tensors)`` -> (n, L) over micro-batches of length-sorted rows (tensors
-    as from micro_tensors), under the learner's autocast, sized and retried as its updates are."""
+    as from micro_tensors), under the learner's autocast, sized, packed (learner.micro.packed) and retried
+    as its updates are."""
     N, Lc = r.completion_ids.shape
     out = torch.zeros(N, Lc)
     lengths = r.row_lengths  # (N,)
 
-    def run(rows: int) -> None:
-        for micro in length_sorted(torch.arange(N), lengths).split(rows):
+    def run(limit: int) -> None:  # rows per micro-batch, or packed a token budget
+        for micro in learner.micro.split(length_sorted(torch.arange(N), lengths), lengths, limit):
             t = micro_tensors(r, micro, r.completion_mask, learner.device)
             with learner.precision.autocast(learner.device):  # the same numerics as the update
                 values = forward(t)  # (n, L)
@@ -120,6 +123,12 @@ class PolicyUpdate:
         self.dist = dist or Distributed()
         self.ref_model = ref_model  # None with LoRA too: the reference is then the adapter-less base
         self.uses_reference = algo.uses_reference
+        # optim.offload_reference: the reference waits in CPU memory, on the device for its pass only
+        self.offload_reference = optim.offload_reference and ref_model is not None
+        if self.offload_reference:
+            if self.dist.active:
+                raise ConfigError("optim.offload_reference is not supported under torchrun yet; set it to false")
+            ref_model.to(CPU)
 
     def rollout_logprobs(self, r: Rollout) -> tuple[torch.Tensor | None, torch.Tensor | None, float]:
         """(old_logprobs, ref_logprobs, seconds spent on the reference), each (N, Lc) or None.
@@ -158,10 +167,12 @@ class PolicyUpdate:
                 temperature=self.temperature,
                 chunk_size=self.optim.logprob_chunk_size,
                 context_mask=t.get("context_mask"),
+                packed=self.learner.micro.packed,
             )
             return logprobs  # (n, L)
 
-        with ctx:
+        offload = reference and self.offload_reference
+        with ctx, on_device(model, self.learner.device, offload):
             out = rows_no_grad(self.learner, r, forward)
         policy.train(was_training)
         return out
@@ -223,9 +234,10 @@ class PolicyUpdate:
     def _mini_batch_gradients(
         self, r, mb, rows, advantages, mask, lengths, old_logprobs, ref_logprobs, first, record=None
     ) -> tuple[UpdateStats, bool]:
-        """Accumulate the gradient of mini-batch ``mb`` (M,) over micro-batches of ``rows`` rows, sorted by
-        length. Returns its UpdateStats (loss metrics; sampler-vs-trainer log-prob differences and entropy
-        on the first mini-batch) and whether every loss was finite (a NaN/inf loss stops the accumulation).
+        """Accumulate the gradient of mini-batch ``mb`` (M,) over micro-batches of ``rows`` rows (packed: of at
+        most ``rows`` tokens), sorted by length. Returns its UpdateStats (loss metrics; sampler-vs-trainer
+        log-prob differences and entropy on the first mini-batch) and whether every loss was finite (a NaN/inf
+        loss stops the accumulation).
         Nothing outside changes but the parameters' .grad, and ``record`` (a rollout_record.TokenRecorder, at
         the steps whose rollouts are saved), which gets each micro-batch's per-token numbers as the loss saw them."""
         algo, learner, dist = self.algo, self.learner, self.dist
@@ -234,9 +246,9 @@ class PolicyUpdate:
         # the whole mini-batch's normaliser, over every rank under torchrun (grpokit.train.distributed)
         num_tokens = dist.sum(mask[mb].sum()).clamp(min=1).to(device)
         stats = UpdateStats()
-        for micro in length_sorted(mb, lengths).split(rows):
+        for micro in learner.micro.split(length_sorted(mb, lengths), lengths, rows):
             tensors = micro_tensors(r, micro, mask, device)
-            with learner.precision.autocast(device):
+            with learner.precision.autocast(device), learner.activations_offloaded():
                 logprobs, entropy = dist.logprobs_fn(learner.model)(
                     tensors["prompt_ids"],
                     tensors["prompt_mask"],
@@ -246,6 +258,7 @@ class PolicyUpdate:
                     chunk_size=self.optim.logprob_chunk_size,
                     with_entropy=first or record is not None,
                     context_mask=tensors.get("context_mask"),
+                    packed=learner.micro.packed,
                 )  # (n, L), float32
             micro_mask = tensors["loss_mask"]
             width = logprobs.shape[1]

@@ -31,7 +31,7 @@ from grpokit.config.sft import SFTConfig, prompt_data_config, validated_sft
 from grpokit.data.prompts import DataError
 from grpokit.data.sft import collate, detect_format, encode_examples, load_sft_rows, prompt_rows
 from grpokit.model.loading import check_tokenizer_fits, eos_token_ids, read_model_config
-from grpokit.model.logprobs import token_logprobs
+from grpokit.model.logprobs import check_packed_attention, token_logprobs
 from grpokit.rollout.batch import PromptStream, length_sorted
 from grpokit.run.log import RunLogger
 from grpokit.run.loop import run_training
@@ -98,10 +98,13 @@ class SFTTrainer:
             cfg.train.steps = math.ceil(cfg.train.num_train_epochs * len(self.examples) / cfg.sft.batch_size)
         self.eval_examples = encode_examples(self.eval_rows, tokenizer, cfg.data, cfg.sft.loss_on, self.sources[1])
         self._check_positions(model.config.to_dict())
-        if cfg.sft.packing:
+        self.packing = cfg.sft.packing or cfg.optim.packing
+        if self.packing:
             check_packing(model, device)
         self.dist.wrap(model, None, resume_from, forward=token_logprobs)  # torchrun: FSDP2 / DDP
-        self.learner = Learner(model, precision, device, cfg.optim, self.dist, total_steps=cfg.train.steps)
+        self.learner = Learner(
+            model, precision, device, cfg.optim, self.dist, total_steps=cfg.train.steps, packing=self.packing
+        )
         self.stream = PromptStream(list(range(len(self.examples))), cfg.train.seed, cfg.data.shuffle)
         self.step = 0
         self.stopped_early: str | None = None  # why the run ended before train.steps (stop), or None
@@ -169,8 +172,9 @@ class SFTTrainer:
         num_tokens = self.dist.sum(torch.tensor(float(trained))).to(self.device)  # the step's normaliser
         order = length_sorted(torch.arange(len(examples)), lengths)  # similar lengths share a micro-batch
 
-        def split(rows: int) -> list[dict[str, Any]]:
-            return [self._batch([examples[i] for i in chunk.tolist()]) for chunk in order.split(rows)]
+        def split(limit: int) -> list[dict[str, Any]]:  # rows, or packed a token budget (learner.micro)
+            micros = self.learner.micro.split(order, lengths, limit)
+            return [self._batch([examples[i] for i in chunk.tolist()]) for chunk in micros]
 
         grad_norm, parts = self.learner.step(lengths, split, self._loss_sum, num_tokens, step=self.step)
         self.step += 1
@@ -191,7 +195,7 @@ class SFTTrainer:
         return metrics
 
     def _batch(self, examples) -> dict[str, Any]:
-        tensors = collate(examples, self.tokenizer.pad_token_id, self.cfg.sft.packing)
+        tensors = collate(examples, self.tokenizer.pad_token_id, self.packing)
         return {k: v.to(self.device) if v is not None else None for k, v in tensors.items()}
 
     def _loss_sum(self, model, batch: dict[str, Any]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
@@ -218,7 +222,8 @@ class SFTTrainer:
         examples = self.eval_examples
         lengths = torch.tensor([len(e.input_ids) for e in examples])  # (E,)
         total, count = 0.0, 0
-        for chunk in length_sorted(torch.arange(len(examples)), lengths).split(self.learner.micro.rows(lengths)):
+        micro = self.learner.micro
+        for chunk in micro.split(length_sorted(torch.arange(len(examples)), lengths), lengths, micro.limit(lengths)):
             batch = self._batch([examples[i] for i in chunk.tolist()])
             with self.learner.precision.autocast(self.device):
                 loss, _ = self._loss_sum(self.model, batch)
@@ -277,18 +282,9 @@ class SFTTrainer:
 @torch.no_grad()
 def check_packing(model, device: torch.device) -> None:
     """Refuse sft.packing for a model whose attention does not keep packed examples apart: two short
-    examples scored packed (position_ids restarting) must give their log-probs scored one by one."""
-    a = torch.arange(3, 9, device=device)[None] % model.get_input_embeddings().weight.shape[0]  # (1, 6)
-    b = torch.arange(9, 13, device=device)[None] % model.get_input_embeddings().weight.shape[0]  # (1, 4)
-    ma, mb = torch.ones_like(a), torch.ones_like(b)
-    ma[:, 0] = mb[:, 0] = 0
-    was = model.training
-    model.eval()
-    apart = torch.cat([token_logprobs(model, a, ma), token_logprobs(model, b, mb)])
-    positions = torch.cat([torch.arange(6), torch.arange(4)]).to(device)[None]
-    packed = token_logprobs(model, torch.cat([a, b], 1), torch.cat([ma, mb], 1), position_ids=positions)
-    model.train(was)
-    if not torch.allclose(packed.float(), apart.float(), atol=1e-2, rtol=1e-2):
+    examples scored packed (position_ids restarting) must give their log-probs scored one by one
+    (grpokit.model.logprobs.check_packed_attention, the RL passes' check too)."""
+    if not check_packed_attention(model, device):
         raise ConfigError(
             f"sft.packing=true: {type(model).__name__} lets packed examples attend to each other (its attention "
             "does not read packed position_ids), so packing would change the loss; set sft.packing=false."
