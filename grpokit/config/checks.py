@@ -31,6 +31,10 @@ MULTI_TURN = (
     "tool_workers",
     "max_tool_result_chars",
     "tool_parser",
+    "env_timeout_s",
+    "episode_timeout_s",
+    "step_timeout_s",
+    "tool_memory_mb",
 )
 """rollout.* settings of multi-turn rollouts (grpokit.rollout.episodes): taken only with rollout.tools or rollout.environment."""
 

@@ -214,9 +214,39 @@ class RolloutConfig:
     )
     max_tool_result_chars: int = setting(
         2000,
-        "Multi-turn: a tool result longer than this is cut, with a note saying so.",
+        "Multi-turn: a tool result (or an environment's message) longer than this is cut, with a note saying so.",
         range="[1, inf)",
         example=2000,
+    )
+    env_timeout_s: float = setting(
+        60.0,
+        """Multi-turn: wall-clock budget of one reset or step of rollout.environment (each episode's environment
+        runs in its own worker); past it the worker is killed and that episode fails (episodes/failed).""",
+        range="(0, inf)",
+        example=60,
+    )
+    episode_timeout_s: float = setting(
+        60.0,
+        """Multi-turn: seconds one episode's tool calls and environment steps may take in all; the call running
+        when it is spent is stopped, and the episode ends there (truncated, episodes/over_budget) and is scored
+        on its transcript so far.""",
+        range="(0, inf)",
+        example=60,
+    )
+    step_timeout_s: float = setting(
+        300.0,
+        """Multi-turn: seconds a rollout (a step's sampling round) may wait on tools and environments in all;
+        when spent, the calls running are stopped and every episode still going ends (episodes/over_budget).""",
+        range="(0, inf)",
+        example=300,
+    )
+    tool_memory_mb: float = setting(
+        2048.0,
+        """Multi-turn: a tool worker's address space is capped at this many MiB above its start (a call past it
+        gets MemoryError), and a worker whose resident memory grew by more than half of it (a leaking tool) is
+        replaced after its call.""",
+        range="(0, inf)",
+        example=2048,
     )
 
 

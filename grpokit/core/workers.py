@@ -64,3 +64,75 @@ def fork_worker(
     os.close(req_r)
     os.close(rep_w)
     return pid, req_w, rep_r
+
+
+class OutputTail:
+    """In a worker: its stdout and stderr (file descriptors 1 and 2, and sys.stdout/sys.stderr) go into a pipe
+    that a thread drains, keeping the last ``keep_bytes``; nothing the worker's code prints reaches the
+    trainer's streams. ``take()`` returns what was printed since the last take (its last ``keep_bytes``)."""
+
+    MARK = b"\0grpokit-output-mark\0"
+
+    def __init__(self, keep_bytes: int = 4000):
+        import sys
+        import threading
+
+        self.keep = keep_bytes
+        self._buffer = bytearray()
+        self._lock = threading.Lock()
+        self._marked = threading.Event()
+        read_end, write_end = os.pipe()
+        for std in (1, 2):
+            os.dup2(write_end, std)
+        os.close(write_end)
+        stream = open(1, "w", buffering=1, encoding="utf-8", errors="replace", closefd=False)  # noqa: SIM115
+        sys.stdout = sys.stderr = stream
+        self._stream = stream
+        threading.Thread(target=self._drain, args=(read_end,), daemon=True).start()
+
+    def _drain(self, fd: int) -> None:
+        pending = b""
+        while chunk := os.read(fd, 1 << 16):
+            pending += chunk
+            at = pending.find(self.MARK)
+            with self._lock:
+                self._buffer += pending[: at if at >= 0 else max(0, len(pending) - len(self.MARK))]
+                del self._buffer[: max(0, len(self._buffer) - self.keep)]
+            if at >= 0:
+                pending = pending[at + len(self.MARK) :]
+                self._marked.set()
+            else:
+                pending = pending[max(0, len(pending) - len(self.MARK)) :]
+
+    def take(self, wait_s: float = 1.0) -> str:
+        try:
+            self._stream.flush()
+            self._marked.clear()
+            os.write(1, self.MARK)
+            self._marked.wait(wait_s)
+        except (OSError, ValueError):  # the code closed its stdout: what was drained so far
+            pass
+        with self._lock:
+            text, self._buffer = bytes(self._buffer).decode("utf-8", "replace"), bytearray()
+        return text
+
+
+def limit_address_space(extra_mb: float) -> None:
+    """In a worker: cap its address space (soft RLIMIT_AS) at ``extra_mb`` MiB above its size now, so that a
+    runaway allocation raises MemoryError there instead of taking the machine's memory. A forked worker
+    starts with the trainer's mappings, hence relative to now."""
+    import resource
+
+    with open("/proc/self/statm") as f:
+        size = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+    _, hard = resource.getrlimit(resource.RLIMIT_AS)
+    soft = size + int(extra_mb * (1 << 20))
+    if hard != resource.RLIM_INFINITY:
+        soft = min(soft, hard)
+    resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+
+
+def resident_bytes() -> int:
+    """This process's resident memory (RSS) in bytes."""
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")

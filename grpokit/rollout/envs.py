@@ -9,10 +9,17 @@ The protocol (one instance per episode, made by a factory with no arguments, TRL
             ...
 
 ``EnvStep.messages`` are appended to the conversation (rendered by the chat template; role "tool" for
-tool results, "user" for a game's or a simulated user's reply); ``reward`` is an optional per-turn reward
-(it reaches reward functions as the ``turn_rewards`` column and drives ``grpo_process``, each turn a step);
-``done`` ends the episode. An empty ``messages`` list ends it too. ``reset`` must give the same messages
-for the same row (the G episodes of a group share their prompt).
+tool results, "user" for a game's or a simulated user's reply, or "system"); ``reward`` is an optional
+per-turn reward (it reaches reward functions as the ``turn_rewards`` column and drives ``grpo_process``,
+each turn a step); ``done`` ends the episode. An empty ``messages`` list ends it too. ``reset`` must give
+the same messages for the same row (the G episodes of a group share their prompt).
+
+What an environment answers is checked (:func:`check_first`, :func:`check_step`): a list of messages, each
+a dict with a known role and string fields; a reward None or a finite number; ``done`` a bool. Their text
+is data (invalid Unicode replaced; a step's message cut at ``max_chars``). In the trainer each episode's
+environment lives in its own forked worker (:class:`EnvPool`), each ``reset``/``step`` within a time
+budget; a raise, a hang, a crash or a wrong answer fails that episode with a message naming the
+environment, the method and the row (grpokit.rollout.multiturn).
 
 :class:`ToolEnvironment` is the environment of tool use: the model's turn is parsed for tool calls
 (grpokit.rollout.tools.parsers), each runs on a :class:`~grpokit.rollout.tools.ToolRunner`, and the results come back
@@ -21,12 +28,28 @@ as ``tool`` messages; a turn without a call is the answer and ends the episode.
 
 from __future__ import annotations
 
+import functools
+import math
+import numbers
+import os
+import pickle
+import threading
+import time
+import traceback
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from grpokit.core.chat_text import clean_text, cut_text
+from grpokit.core.workers import OutputTail
 from grpokit.rollout.tools.parsers import ToolCall
-from grpokit.rollout.tools.runner import ToolRunner
+from grpokit.rollout.tools.runner import _HEADER, ToolRunner, Worker, _read_exact, _write_frame
+
+FIRST_ROLES = ("system", "developer", "user", "assistant", "tool")
+"""Roles the first messages (reset) may have."""
+STEP_ROLES = ("user", "tool", "system")
+"""Roles an environment's answer may have: never "assistant" (the model's turns are its own tokens)."""
 
 
 @dataclass
@@ -39,6 +62,7 @@ class EnvStep:
     tool_calls: int = 0  # counted by the tool environment for the step metrics
     tool_errors: int = 0
     tool_timeouts: int = 0
+    over_budget: bool = False  # set by the tool environment: the episode's or the step's time ran out
 
 
 class Environment(Protocol):
@@ -73,14 +97,244 @@ class ToolEnvironment:
         return first_messages(row, self.prompt_column, self.system_prompt)
 
     def step(self, text: str) -> EnvStep:
-        calls = self.parser(text)
+        return self.step_until(text, None)
+
+    def step_until(self, text: str, deadline: float | None) -> EnvStep:
+        """The step, its calls run within what is left before ``deadline`` (time.monotonic; None: no
+        limit but each call's): a call the deadline stops or keeps from starting ends the episode
+        (``over_budget``). A parser that raises is an error message to the model, not a crash."""
+        try:
+            calls = self.parser(text)
+            if not isinstance(calls, list):
+                raise TypeError(f"it returned a {type(calls).__name__}, not a list of ToolCall")
+        except Exception as e:  # noqa: BLE001 - the model's text broke the parser: the model reads it
+            calls = [ToolCall(None, error=f"the tool calls could not be read ({type(e).__name__})")]
         if not calls:
             return EnvStep(done=True)  # an answer without a call ends the episode
         out = EnvStep()
         for call in calls:
-            result = self.runner.call(call)
-            out.messages.append({"role": "tool", "name": call.name or "unknown", "content": result.content})
-            out.tool_calls += 1
-            out.tool_errors += int(result.error)
+            left = None if deadline is None else deadline - time.monotonic()
+            if not isinstance(call, ToolCall):
+                call = ToolCall(None, error=f"the parser gave a {type(call).__name__}, not a ToolCall")
+            result = self.runner.call(call, left)
+            known = isinstance(call.name, str) and call.name in self.runner.tools
+            out.messages.append(
+                {"role": "tool", "name": call.name if known else "unknown", "content": result.content}
+            )
+            out.tool_calls += int(not result.over_budget or result.timed_out)
+            out.tool_errors += int(result.error and (not result.over_budget or result.timed_out))
             out.tool_timeouts += int(result.timed_out)
+            if result.over_budget:
+                out.over_budget = True
+                break
         return out
+
+
+class EnvFailure(Exception):
+    """One episode's environment failed (raised, hung, crashed, answered something that is not an answer)."""
+
+
+def check_messages(value: object, roles: tuple[str, ...], max_chars: int | None) -> list[dict]:
+    """``value`` as a list of messages with their text as data, or ValueError saying what is wrong: each
+    message a dict with a role of ``roles`` and string values (content, name, ...); text cleaned of invalid
+    Unicode and cut at ``max_chars`` (None: not cut)."""
+    if not isinstance(value, (list, tuple)):
+        raise ValueError(f"gave a {type(value).__name__} where a list of messages was expected")
+    out = []
+    for k, m in enumerate(value):
+        if not isinstance(m, dict):
+            raise ValueError(f"message {k} is a {type(m).__name__}, not a dict with 'role' and 'content'")
+        role = m.get("role")
+        if role not in roles:
+            shown = repr(role) if isinstance(role, str) else f"a {type(role).__name__}"
+            raise ValueError(f"message {k} has the role {shown[:60]}, which is not one of {list(roles)}")
+        if not isinstance(m.get("content"), str):
+            raise ValueError(
+                f"message {k} ({role}) has content of type {type(m.get('content')).__name__}, not str"
+            )
+        clean = {"role": role}
+        for key, v in m.items():
+            if key == "role":
+                continue
+            if not isinstance(key, str) or not isinstance(v, str):
+                raise ValueError(
+                    f"message {k} ({role}): the value of {str(key)[:40]!r} is a {type(v).__name__}, not str"
+                )
+            v = clean_text(v)
+            clean[key] = cut_text(v, max_chars) if max_chars is not None and key == "content" else v[:200]
+        out.append(clean)
+    return out
+
+
+def check_first(value: object) -> list[dict]:
+    """The first messages a reset gave, checked (:func:`check_messages`), or ValueError."""
+    messages = check_messages(value, FIRST_ROLES, None)
+    if not messages:
+        raise ValueError("gave no messages")
+    return messages
+
+
+def check_step(value: object, max_chars: int | None) -> EnvStep:
+    """The EnvStep a step gave, checked: its messages (:func:`check_messages`, roles STEP_ROLES), a reward
+    None or a finite number, done a bool, the counters integers; or ValueError saying what is wrong."""
+    if not isinstance(value, EnvStep):
+        raise ValueError(f"returned a {type(value).__name__}, not an EnvStep")
+    messages = check_messages(value.messages, STEP_ROLES, max_chars)
+    reward = value.reward
+    if reward is not None:
+        if isinstance(reward, bool) or not isinstance(reward, numbers.Real):
+            raise ValueError(f"gave a reward of type {type(reward).__name__}; a reward is a number or None")
+        reward = float(reward)
+        if not math.isfinite(reward):
+            raise ValueError(f"gave the reward {reward}; a reward must be finite")
+    if not isinstance(value.done, (bool, int)) or isinstance(value.done, float):
+        raise ValueError(f"gave done of type {type(value.done).__name__}, not a bool")
+    counts = (value.tool_calls, value.tool_errors, value.tool_timeouts)
+    if not all(isinstance(c, int) and c >= 0 for c in counts):
+        raise ValueError("gave tool_calls/tool_errors/tool_timeouts that are not counts (integers >= 0)")
+    return EnvStep(messages, reward, bool(value.done), *counts, over_budget=bool(value.over_budget))
+
+
+def describe_error(e: BaseException) -> str:
+    """ "Type: message (at file:line in function)", cut, for a failure message."""
+    try:
+        text = f"{type(e).__name__}: {e}"
+    except Exception:  # noqa: BLE001 - str(e) raised
+        text = type(e).__name__
+    frames = traceback.extract_tb(e.__traceback__)
+    if frames:
+        last = frames[-1]
+        text += f" (at {os.path.basename(last.filename)}:{last.lineno} in {last.name})"
+    return cut_text(clean_text(text), 500)
+
+
+def _serve_environment(factory: Callable[[], object], requests: int, replies: int) -> None:
+    """An environment worker's loop: ("reset", row) makes a fresh environment and resets it, ("step", text)
+    steps it; the reply ("ok", value, printed) or ("error", method, reason, printed)."""
+    output = OutputTail(2000)
+    env = None
+    while True:
+        header = _read_exact(requests, _HEADER.size, None)
+        if header is None:
+            return
+        op, arg = pickle.loads(_read_exact(requests, _HEADER.unpack(header)[0], None))
+        method = "step"
+        try:
+            if op == "reset":
+                method, env = "its factory", None
+                env = factory()
+                method = "reset"
+                value = env.reset(arg)
+            elif env is None:
+                raise RuntimeError("step before reset")
+            else:
+                value = env.step(arg)
+            data = pickle.dumps(("ok", value, output.take()))
+        except BaseException as e:  # noqa: BLE001 - SystemExit and all: that episode fails, named
+            data = pickle.dumps(("error", method, describe_error(e), output.take(0.2)))
+        _write_frame(replies, _Raw(data))
+
+
+class _Raw(bytes):
+    """Already pickled (so that an unpicklable value is an error reply, not a dead worker)."""
+
+    def __reduce__(self):
+        return (pickle.loads, (bytes(self),))
+
+
+class EnvProcess:
+    """One episode's environment in its own forked worker: ``reset(row)`` makes a fresh environment there
+    (the factory) and resets it, ``step(text)`` steps it, each within ``timeout_s`` (or less: ``until``);
+    past it the worker is SIGKILLed (a fresh one serves the next reset). A raise, a hang, a crash or an
+    answer that cannot be sent back raises :class:`EnvFailure`; a stop at ``until`` before ``timeout_s``
+    raises TimeoutError (the episode's or the step's time ran out). The answer is not checked here."""
+
+    def __init__(self, pool: EnvPool):
+        self.pool = pool
+        self.worker: Worker | None = None
+        self.printed = ""
+
+    def reset(self, row: dict, until: float | None = None) -> object:
+        return self._call("reset", row, until)
+
+    def step(self, text: str, until: float | None = None) -> object:
+        return self._call("step", text, until)
+
+    def _call(self, op: str, arg: object, until: float | None) -> object:
+        if self.worker is None:
+            if op == "step":
+                raise EnvFailure("step: its worker was replaced after a failure; the episode cannot go on")
+            self.worker = self.pool.spawn()
+        timeout = self.pool.timeout_s
+        cut = until is not None and until - time.monotonic() < timeout
+        if cut:
+            timeout = until - time.monotonic()
+            if timeout <= 0:
+                raise TimeoutError
+        try:
+            reply = self.worker.call(op, arg, timeout)
+        except TimeoutError:
+            self.kill()
+            if cut:
+                raise
+            raise EnvFailure(
+                f"{op}: did not finish within {self.pool.timeout_s:g} s (rollout.env_timeout_s)"
+            ) from None
+        except Exception as e:  # noqa: BLE001 - a reply that cannot be read back
+            self.kill()
+            raise EnvFailure(
+                f"{op}: its answer could not be read back ({type(e).__name__}: {str(e)[:200]})"
+            ) from None
+        if reply is None:
+            self.kill()
+            raise EnvFailure(f"{op}: its worker process died (it exited or was killed)")
+        self.printed = reply[-1]
+        if reply[0] == "ok":
+            return reply[1]
+        tail = f"; it printed: {reply[3][-300:]!r}" if reply[3].strip() else ""
+        raise EnvFailure(f"{reply[1]} raised {reply[2]}{tail}")
+
+    def kill(self) -> None:
+        if self.worker is not None:
+            self.worker.kill()
+            self.worker = None
+
+
+class EnvPool:
+    """The trainer's environment workers: one per episode, forked on first use and kept between steps
+    (a killed one is forked again). ``environments(n)``: n handles for a rollout's episodes."""
+
+    def __init__(self, factory: Callable[[], object], timeout_s: float):
+        if timeout_s <= 0:
+            raise ValueError("timeout_s must be > 0")
+        self.factory, self.timeout_s = factory, timeout_s
+        self._handles: list[EnvProcess] = []
+        self._lock = threading.Lock()
+        # forked from one long-lived thread: PR_SET_PDEATHSIG fires when the thread that forked exits
+        self._spawner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grpokit-envs")
+        self.owner = os.getpid()
+
+    def spawn(self) -> Worker:
+        return self._spawner.submit(Worker, functools.partial(_serve_environment, self.factory)).result()
+
+    def environments(self, n: int) -> list[EnvProcess]:
+        with self._lock:
+            while len(self._handles) < n:
+                self._handles.append(EnvProcess(self))
+            return self._handles[:n]
+
+    def close(self) -> None:
+        """Kill every worker (call when done)."""
+        if os.getpid() != self.owner:
+            return
+        with self._lock:
+            handles, self._handles = self._handles, []
+        for h in handles:
+            h.kill()
+        self._spawner.shutdown(wait=False)
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass

@@ -31,11 +31,19 @@ from grpokit.core.user_code import describe, load_module
 from grpokit.data.prompts import reward_columns
 from grpokit.rewards.process import PROCESS_ADVANTAGES, is_process_reward
 from grpokit.rollout.batch import ScoredBatch
-from grpokit.rollout.envs import Environment, ToolEnvironment
+from grpokit.rollout.envs import Environment, EnvPool, ToolEnvironment
 from grpokit.rollout.multiturn import ChatDelta, EpisodeBatch, episode_step_rewards, run_episodes
 from grpokit.rollout.tools import ToolDefinitionError, ToolRunner, get_parser, load_tools
 
-SUMMED = ("tools/calls", "tools/errors", "tools/timeouts", "time/turn_generation", "time/tools")
+SUMMED = (
+    "tools/calls",
+    "tools/errors",
+    "tools/timeouts",
+    "episodes/over_budget",
+    "episodes/failed",
+    "time/turn_generation",
+    "time/tools",
+)
 """Episode metrics that add up over a step's sampling rounds; the others are averaged."""
 OVER_RANKS = {
     "episode/turns_mean": "mean",  # per-episode means: every rank has as many episodes
@@ -45,6 +53,8 @@ OVER_RANKS = {
     "tools/calls": "sum",
     "tools/errors": "sum",
     "tools/timeouts": "sum",
+    "episodes/over_budget": "sum",
+    "episodes/failed": "sum",
     "time/turn_generation": "max",  # the step waits for the slowest rank
     "time/tools": "max",
 }
@@ -105,11 +115,17 @@ class EpisodeSampler:
         for key in ("max_turns", "tool_workers", "max_tool_result_chars"):
             if getattr(r, key) < 1:
                 raise ConfigError(f"rollout.{key}={getattr(r, key)} must be >= 1")
-        if r.max_episode_tokens < 0 or r.tool_timeout_s <= 0:
-            raise ConfigError(
-                "rollout.max_episode_tokens must be >= 0 (0: max_turns x max_new_tokens) and "
-                "rollout.tool_timeout_s > 0"
-            )
+        if r.max_episode_tokens < 0:
+            raise ConfigError("rollout.max_episode_tokens must be >= 0 (0: max_turns x max_new_tokens)")
+        for key in (
+            "tool_timeout_s",
+            "env_timeout_s",
+            "episode_timeout_s",
+            "step_timeout_s",
+            "tool_memory_mb",
+        ):
+            if not getattr(r, key) > 0:
+                raise ConfigError(f"rollout.{key}={getattr(r, key)} must be > 0")
         if r.ignore_eos:
             raise ConfigError(
                 "rollout.ignore_eos cannot end a model turn; turn it off for multi-turn rollouts"
@@ -124,12 +140,15 @@ class EpisodeSampler:
         self.tools = load_tools(list(r.tools))  # ToolDefinitionError before the model loads
         self.parser = get_parser(r.tool_parser)
         self.factory = load_environment(r.environment) if r.environment else None
+        # each episode's environment in its own killable worker, each reset/step within env_timeout_s
+        self.envs = EnvPool(self.factory, r.env_timeout_s) if self.factory is not None else None
         self.runner = (
             ToolRunner(
                 self.tools,
                 timeout_s=r.tool_timeout_s,
                 max_result_chars=r.max_tool_result_chars,
                 workers=r.tool_workers,
+                memory_mb=r.tool_memory_mb,
             )
             if self.tools
             else None
@@ -138,18 +157,27 @@ class EpisodeSampler:
         self.delta: ChatDelta | None = None
         self._rounds: list[dict[str, float]] = []
 
-    def new_environment(self) -> Environment:
-        if self.factory is None:
-            return ToolEnvironment(
+    def environments(self, n: int) -> list:
+        """n environments for a rollout's episodes: the tool environment, or handles on n workers that each
+        make the configured environment afresh at reset (grpokit.rollout.envs.EnvPool)."""
+        if self.envs is not None:
+            return self.envs.environments(n)
+        return [
+            ToolEnvironment(
                 self.runner, self.parser, self.cfg.data.prompt_column, self.cfg.data.system_prompt
             )
-        env = self.factory()
-        if not (callable(getattr(env, "reset", None)) and callable(getattr(env, "step", None))):
-            raise ConfigError(
-                f"rollout.environment={self.cfg.rollout.environment!r} made a {type(env).__name__} without "
-                "reset(row) and step(text) (grpokit.rollout.envs.Environment)"
-            )
-        return env
+            for _ in range(n)
+        ]
+
+    def episode_settings(self) -> dict:
+        """run_episodes' budgets and limits from the config."""
+        r = self.cfg.rollout
+        return dict(
+            episode_budget_s=r.episode_timeout_s,
+            step_budget_s=r.step_timeout_s,
+            max_message_chars=r.max_tool_result_chars,
+            env_name=r.environment or "tools",
+        )
 
     def check_tokenizer(self, tokenizer) -> None:
         """Builds the chat-template delta: a template that cannot render the tools or turns is a ConfigError."""
@@ -162,12 +190,13 @@ class EpisodeSampler:
         """G episodes for each of ``rows`` (the per-rank share of the step's prompts)."""
         r = self.cfg.rollout
         self.check_tokenizer(tokenizer)
-        envs = [self.new_environment() for _ in range(len(rows) * r.group_size)]
+        envs = self.environments(len(rows) * r.group_size)
         batch = run_episodes(
             generator, model, tokenizer, self.delta, envs, rows,
             group_size=r.group_size, max_turns=r.max_turns, max_new_tokens=r.max_new_tokens,
             max_episode_tokens=self.max_episode_tokens, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
             eos_token_ids=eos_token_ids, pad_token_id=tokenizer.pad_token_id, seed=seed, threads=r.tool_workers,
+            **self.episode_settings(),
         )  # fmt: skip
         self._rounds.append(batch.metrics)
         return batch
@@ -185,6 +214,9 @@ class EpisodeSampler:
         columns["trainer_state"] = trainer_state
         prompts = [ep.messages[: ep.n_first] for ep in episodes]
         completions = [ep.completion for ep in episodes]
+        env_problem = self.env_failure(episodes)
+        if env_problem:
+            raise TrainingError(f"step {step + 1}: {env_problem}")
         result = rewards(prompts, completions, columns)
         problem = result.failure(cfg.train.max_reward_failure_frac, prompts, completions)
         if problem:
@@ -203,15 +235,36 @@ class EpisodeSampler:
         if estimator in PROCESS_ADVANTAGES:
             outcome = result.total if any(w != 0 for _, _, w in self.reward_functions) else None
             step_rewards = episode_step_rewards(episodes, outcome)
+        totals = [0.0 if ep.failed is not None else t for ep, t in zip(episodes, result.total)]
         return ScoredBatch(
             rollout=r,
             rows=per_episode_rows,
             texts=texts,
-            rewards=torch.tensor(result.total, dtype=torch.float32),
+            rewards=torch.tensor(totals, dtype=torch.float32),
             per_function=result.per_function,
             reward_metrics=result.metrics(),
             extra={k: v for k, v in result.extra.items() if len(v) == len(texts)},
             step_rewards=step_rewards,
+        )
+
+    def env_failure(self, episodes) -> str | None:
+        """Why the episodes whose environment failed must stop the run, or None: the reward functions' rule
+        (train.max_reward_failure_frac): on every episode, or on more than that share of them. The others
+        score 0 (every reward function's value is kept in the logs, the total is 0)."""
+        failed = [ep.failed for ep in episodes if ep.failed is not None]
+        frac = self.cfg.train.max_reward_failure_frac
+        n = len(episodes)
+        if not failed or (len(failed) < n and len(failed) / max(n, 1) <= frac):
+            return None
+        share = (
+            f"every one of the {n}"
+            if len(failed) == n
+            else f"{len(failed)} of {n} (allowed: {frac:g} of them)"
+        )
+        return (
+            f"the environment failed on {share} episodes; the first: {failed[0]}\nFix the environment "
+            "(or raise rollout.env_timeout_s if it is only slow). train.max_reward_failure_frac="
+            f"{frac:g} is the share of a step's episodes that may fail and still count 0 there."
         )
 
     def evaluate(
@@ -230,11 +283,15 @@ class EpisodeSampler:
         for start in range(0, len(rows), batch_prompts):
             part = rows[start : start + batch_prompts]
             batch = run_episodes(
-                generator, model, tokenizer, self.delta, [self.new_environment() for _ in part], part,
+                generator, model, tokenizer, self.delta, self.environments(len(part)), part,
                 group_size=1, max_turns=r.max_turns, max_new_tokens=r.max_new_tokens,
                 max_episode_tokens=self.max_episode_tokens, temperature=0.0, eos_token_ids=eos_token_ids,
-                pad_token_id=tokenizer.pad_token_id, seed=seed + start,
+                pad_token_id=tokenizer.pad_token_id, seed=seed + start, threads=r.tool_workers,
+                **self.episode_settings(),
             )  # fmt: skip
+            failed = [ep.failed for ep in batch.episodes if ep.failed is not None]
+            if failed and len(failed) == len(part):
+                raise ValueError(f"evaluation: every episode's environment failed; the first: {failed[0]}")
             columns = reward_columns(part, self.cfg.data.prompt_column)
             columns["completion_ids"] = batch.rollout.completion_token_ids()
             columns["turn_rewards"] = [list(ep.turn_rewards) for ep in batch.episodes]
@@ -245,7 +302,10 @@ class EpisodeSampler:
             problem = result.failure(1.0, prompts, completions)
             if problem:
                 raise ValueError(f"evaluation: {problem}")
-            values = [float(v) if v is not None else 0.0 for v in result.per_function["accuracy"]]
+            values = [
+                float(v) if v is not None and ep.failed is None else 0.0
+                for v, ep in zip(result.per_function["accuracy"], batch.episodes)
+            ]  # an episode whose environment failed scores 0
             if examples is not None and not examples:
                 examples.append(
                     {
@@ -280,6 +340,8 @@ class EpisodeSampler:
     def close(self) -> None:
         if self.runner is not None:
             self.runner.close()
+        if self.envs is not None:
+            self.envs.close()
 
 
 __all__ = ["EpisodeSampler", "ToolDefinitionError", "load_environment", "multi_turn", "name_callables"]

@@ -23,15 +23,19 @@ it as the "completion", with ``completion_mask`` 1 on the model's tokens only (l
 
 from __future__ import annotations
 
+import sys
 import time
+from array import array
+from collections import OrderedDict, defaultdict
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import torch
 
+from grpokit.core.chat_text import encode_pieces, pieces_text, render_pieces
 from grpokit.core.errors import ConfigError, TrainingError
-from grpokit.rollout.envs import Environment, EnvStep
+from grpokit.rollout.envs import EnvFailure, Environment, EnvProcess, check_first, check_step, describe_error
 from grpokit.rollout.generation import Rollout, left_pad
 
 SENTINEL = "GRPOKIT_TURN_SENTINEL"
@@ -49,6 +53,8 @@ class Episode:
     tool_errors: int = 0
     tool_timeouts: int = 0
     truncated: bool = False
+    over_budget: bool = False  # ended by the episode's or the step's time budget (also truncated)
+    failed: str | None = None  # why its environment failed (raise, hang, crash, wrong answer): scored 0
 
     @property
     def completion(self) -> list[dict]:
@@ -69,9 +75,14 @@ class ChatDelta:
 
     After a turn that ended with the EOS, the appended ids are: the rest of the template's closing of an
     assistant message after the EOS (Qwen: the "\\n" after <|im_end|>), the new messages, and the opening
-    of the next assistant turn; found by rendering a fixed conversation with and without them."""
+    of the next assistant turn; found by rendering a fixed conversation with and without them.
 
-    def __init__(self, tokenizer, tools: list[dict] | None = None):
+    The messages' text is data (grpokit.core.chat_text): a tool result or an environment message holding
+    "<|im_end|>" is encoded as those characters, never as the template's turn boundary; invalid Unicode
+    is replaced. Observations are cached by their messages, at most ``cache_bytes`` of them (text and ids),
+    and only those that fit the episode (``observation_ids(max_tokens=...)``)."""
+
+    def __init__(self, tokenizer, tools: list[dict] | None = None, cache_bytes: int = 64 << 20):
         if not getattr(tokenizer, "chat_template", None):
             raise ConfigError(
                 f"multi-turn rollouts render turns with the tokenizer's chat template, and "
@@ -94,7 +105,11 @@ class ChatDelta:
                 "the chat template drops the assistant's content; multi-turn rollouts cannot use it"
             )
         self.closing = self.base_text[at + len(SENTINEL) :]  # e.g. "<|im_end|>\n"
-        self.cache: dict[tuple, list[int]] = {}
+        self.cache_bytes = cache_bytes
+        self.cache: OrderedDict[tuple, tuple[array, int]] = (
+            OrderedDict()
+        )  # (ids, bytes); least recently used first
+        self.cached_bytes = 0
 
     def _render(self, messages: list[dict], generation_prompt: bool, with_tools: bool = True) -> str:
         return self.tokenizer.apply_chat_template(
@@ -104,46 +119,73 @@ class ChatDelta:
             add_generation_prompt=generation_prompt,
         )
 
-    def _encode(self, text: str) -> list[int]:
-        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
-
     def prompt_ids(self, messages: list[dict]) -> list[int]:
-        """The first messages rendered with the tools and the opening of the model's turn."""
+        """The first messages rendered with the tools and the opening of the model's turn (their text as data)."""
         if messages[-1]["role"] == "assistant":
-            text = self.tokenizer.apply_chat_template(
-                messages, tools=self.tools, tokenize=False, continue_final_message=True
-            )
+            kwargs = {"continue_final_message": True}
         else:
-            text = self._render(messages, True)
-        return self._encode(text)
+            kwargs = {"add_generation_prompt": True}
+        return encode_pieces(
+            self.tokenizer, render_pieces(self.tokenizer, messages, tools=self.tools, **kwargs)
+        )
 
-    def observation_ids(self, messages: list[dict], eos_text: str) -> list[int]:
-        """Ids appended after a model turn that ended with the token ``eos_text``."""
-        key = (eos_text, tuple((m.get("role"), m.get("name"), str(m.get("content"))) for m in messages))
-        if key not in self.cache:
-            try:
-                text = self._render(self.base + messages, True)
-            except Exception as e:
-                roles = sorted({str(m.get("role")) for m in messages})
-                raise TrainingError(
-                    f"the chat template cannot render the environment's messages (roles {roles}): "
-                    f"{type(e).__name__}: {e}; use a template that knows these roles"
-                ) from e
-            if not text.startswith(self.base_text):
-                raise TrainingError(
-                    "the chat template renders earlier turns differently once new messages follow them, so the "
-                    "ids already generated would not match what the model is trained on; use a template whose "
-                    "rendering of a conversation is a prefix of the rendering of its continuation"
-                )
-            tail = (
-                self.closing[len(eos_text) :]
-                if eos_text and self.closing.startswith(eos_text)
-                else self.closing
+    def observation_ids(
+        self, messages: list[dict], eos_text: str, max_tokens: int | None = None
+    ) -> list[int] | None:
+        """Ids appended after a model turn that ended with the token ``eos_text``; None when they are more
+        than ``max_tokens`` (then nothing is cached). Raises TrainingError when the template cannot render them."""
+        key = (eos_text, tuple(tuple(sorted((k, str(v)) for k, v in m.items())) for m in messages))
+        hit = self.cache.get(key)
+        if hit is not None:
+            self.cache.move_to_end(key)
+            return None if max_tokens is not None and len(hit[0]) > max_tokens else list(hit[0])
+        try:
+            pieces = render_pieces(
+                self.tokenizer, self.base + messages, tools=self.tools, add_generation_prompt=True
             )
-            if len(self.cache) > 4096:
-                self.cache.clear()
-            self.cache[key] = self._encode(tail + text[len(self.base_text) :])
-        return self.cache[key]
+        except Exception as e:
+            roles = sorted({str(m.get("role")) for m in messages})
+            raise TrainingError(
+                f"the chat template cannot render the environment's messages (roles {roles}): "
+                f"{type(e).__name__}: {str(e)[:300]}; use a template that knows these roles"
+            ) from e
+        tail = _after(pieces, self.base_text)
+        if tail is None:
+            raise TrainingError(
+                "the chat template renders earlier turns differently once new messages follow them, so the "
+                "ids already generated would not match what the model is trained on; use a template whose "
+                "rendering of a conversation is a prefix of the rendering of its continuation"
+            )
+        closing = (
+            self.closing[len(eos_text) :] if eos_text and self.closing.startswith(eos_text) else self.closing
+        )
+        ids = encode_pieces(self.tokenizer, [(closing, False), *tail])
+        if max_tokens is not None and len(ids) > max_tokens:
+            return None
+        size = 8 * len(ids) + sum(sys.getsizeof(v) for m in key[1] for _, v in m) + 256
+        if size <= self.cache_bytes:
+            while self.cached_bytes + size > self.cache_bytes:
+                _, (_, old) = self.cache.popitem(last=False)
+                self.cached_bytes -= old
+            self.cache[key] = (array("q", ids), size)
+            self.cached_bytes += size
+        return ids
+
+
+def _after(pieces: list[tuple[str, bool]], prefix: str) -> list[tuple[str, bool]] | None:
+    """The pieces after the text ``prefix``, None when the pieces' text does not start with it."""
+    if not pieces_text(pieces).startswith(prefix):
+        return None
+    at, out = 0, []
+    for text, is_data in pieces:
+        if at >= len(prefix):
+            out.append((text, is_data))
+        elif at + len(text) > len(prefix):  # the piece holding the boundary
+            if is_data:  # the boundary inside a message's text: the prefix is not the template's own
+                return None
+            out.append((text[len(prefix) - at :], False))
+        at += len(text)
+    return out
 
 
 def _turn_seed(seed: int | None, turn: int) -> int | None:
@@ -169,11 +211,21 @@ def run_episodes(
     pad_token_id: int,
     seed: int | None = None,
     threads: int = 4,
+    episode_budget_s: float | None = None,
+    step_budget_s: float | None = None,
+    max_message_chars: int | None = None,
+    env_name: str | None = None,
 ) -> EpisodeBatch:
-    """G episodes for each of the P ``rows`` (``envs``: P * G fresh environments, prompt-major).
+    """G episodes for each of the P ``rows`` (``envs``: P * G environments, prompt-major; an
+    :class:`~grpokit.rollout.envs.EnvProcess` runs in its own killable worker, another object in a thread here).
 
     max_new_tokens caps one model turn; max_episode_tokens caps everything after the first prompt (the
-    model's tokens and the environment's). Returns the batch with its metrics."""
+    model's tokens and the environment's). Time for environments (tools included): episode_budget_s per
+    episode, step_budget_s for the whole call (None: no limit); an episode that meets one ends, truncated
+    and ``over_budget``. An environment that raises, hangs past its worker's clock, crashes or answers
+    something that is not an answer (envs.check_first / check_step; messages cut at max_message_chars)
+    ends its episode with ``failed`` set to a message naming ``env_name``, the method and the row; the
+    others go on. Returns the batch with its metrics."""
     G, P = group_size, len(rows)
     N = P * G
     if len(envs) != N:
@@ -181,24 +233,88 @@ def run_episodes(
     if max_turns < 1 or max_episode_tokens < 1:
         raise ValueError("max_turns and max_episode_tokens must be >= 1")
     eos = set(eos_token_ids)
-    episodes = []
-    for i, env in enumerate(envs):
-        first = env.reset(rows[i // G])
-        episodes.append(Episode(messages=list(first), n_first=len(first)))
-    prompts = [delta.prompt_ids(ep.messages) for ep in episodes]
-    for i in range(N):
-        if prompts[i] != prompts[(i // G) * G]:
-            raise TrainingError(
-                f"the environment's reset gave different first messages for the {G} episodes of row {i // G}; "
-                "reset(row) must depend on the row only (draw randomness from the row, e.g. a seed column)"
-            )
-    comp: list[list[int]] = [[] for _ in range(N)]  # completion-side ids: model's and environment's
-    is_model: list[list[int]] = [[] for _ in range(N)]
-    lps: list[list[float]] = [[] for _ in range(N)]
-    active = list(range(N))
+    name = env_name or type(envs[0]).__name__ if envs else "environment"
+    clock = _Clock(episode_budget_s, step_budget_s)
+    episodes = [Episode(messages=[], n_first=0) for _ in range(N)]
     t_generation = t_env = 0.0
     pool = ThreadPoolExecutor(max_workers=max(1, threads))
+
+    def act(job: tuple[int, str, object]) -> tuple[object, str | None, bool, float]:
+        """One reset or step of episode i: (answer, why it failed, over budget, seconds); never raises."""
+        i, op, arg = job
+        t0 = time.monotonic()
+        until = clock.until(i, t0)
+        answer, failure, over = None, None, False
+        try:
+            if until is not None and until <= t0:
+                raise TimeoutError
+            value = _env_call(envs[i], op, arg, until)
+            try:
+                answer = check_first(value) if op == "reset" else check_step(value, max_message_chars)
+            except ValueError as e:
+                failure = f"{op} {e}"
+            over = op == "step" and answer is not None and answer.over_budget
+        except TimeoutError:
+            over = True
+        except EnvFailure as e:
+            failure = str(e)
+        except Exception as e:  # noqa: BLE001 - the environment's own code raised, in this process
+            failure = f"{op} raised {describe_error(e)}"
+        seconds = time.monotonic() - t0
+        over = over or (until is not None and time.monotonic() > until and failure is None)
+        if failure is not None:
+            row = i // G
+            failure = f"environment {name}: {failure} (row {row} of the batch, episode {i}; row: {_excerpt(rows[row])})"
+        return answer, failure, over, seconds
+
+    def fail(i: int, why: str) -> None:
+        episodes[i].failed = why
+        if i in active:
+            active.remove(i)
+
+    active = list(range(N))
     try:
+        t0 = time.perf_counter()
+        clock.start_phase()
+        firsts = list(pool.map(act, [(i, "reset", rows[i // G]) for i in range(N)]))
+        clock.end_phase()
+        t_env += time.perf_counter() - t0
+        prompts: list[list[int] | None] = [None] * N
+        for i, (first, failure, _, seconds) in enumerate(firsts):
+            clock.used[i] += seconds
+            if failure is not None or first is None:
+                fail(i, failure or f"environment {name}: reset did not finish within the step's time")
+                episodes[i].over_budget = failure is None
+                continue
+            try:
+                prompts[i] = delta.prompt_ids(first)
+            except Exception as e:  # noqa: BLE001 - the template cannot render these first messages
+                fail(i, f"environment {name}: the chat template cannot render reset's messages on row {i // G}: "
+                        f"{type(e).__name__}: {str(e)[:300]}")  # fmt: skip
+                continue
+            episodes[i].messages, episodes[i].n_first = list(first), len(first)
+        for g in range(P):  # the G episodes of a row share their first messages (one prefill per row)
+            members = range(g * G, (g + 1) * G)
+            lead = next((i for i in members if prompts[i] is not None), None)
+            for i in members:
+                if lead is None or i == lead:
+                    continue
+                if prompts[i] is None:
+                    episodes[i].messages = list(episodes[lead].messages)
+                    episodes[i].n_first = episodes[lead].n_first
+                elif prompts[i] != prompts[lead]:
+                    fail(i, f"environment {name}: reset gave different first messages for the episodes of row "
+                            f"{g}; reset(row) must depend on the row only (draw randomness from the row, e.g. a "
+                            "seed column)")  # fmt: skip
+                    episodes[i].messages = list(episodes[lead].messages)
+                    episodes[i].n_first = episodes[lead].n_first
+                prompts[i] = prompts[lead]
+            if lead is None:  # every reset of the row failed: a stand-in prompt, never generated from
+                for i in members:
+                    prompts[i] = _stand_in(delta, pad_token_id)
+        comp: list[list[int]] = [[] for _ in range(N)]  # completion-side ids: model's and environment's
+        is_model: list[list[int]] = [[] for _ in range(N)]
+        lps: list[list[float]] = [[] for _ in range(N)]
         for turn in range(max_turns):
             if not active:
                 break
@@ -214,17 +330,21 @@ def run_episodes(
                 pad_token_id=pad_token_id,
                 seed=_turn_seed(seed, turn),
             )
-            if turn == 0:  # every episode is active: each prompt prefilled once for its G episodes
+            if turn == 0 and len(active) == N:  # each prompt prefilled once for its G episodes
                 out = generator.generate(model, [prompts[g * G] for g in range(P)], group_size=G, **common)
+                rows_out = list(range(N))
             else:
                 out = generator.generate(
                     model, [prompts[i] + comp[i] for i in active], group_size=1, **common
                 )
+                rows_out = list(active)
             t_generation += time.perf_counter() - t0
             gen_ids = out.completion_token_ids()  # (B,) lists, EOS included
             gen_lps = out.logprobs.float().cpu()  # (B, Lc)
-            stepping: list[tuple[int, str]] = []
-            for k, i in enumerate(active):
+            stepping: list[tuple[int, str, object]] = []
+            for k, i in enumerate(rows_out):
+                if i not in left:
+                    continue
                 ids = gen_ids[k][: left[i]]
                 comp[i] += ids
                 is_model[i] += [1] * len(ids)
@@ -235,27 +355,46 @@ def run_episodes(
                 text = tokenizer.decode(ids, skip_special_tokens=True)
                 ep.messages.append({"role": "assistant", "content": text})
                 if ids and ids[-1] in eos:
-                    stepping.append((i, text))
+                    stepping.append((i, "step", text))
                 else:  # cut at max_new_tokens or by the budget: the turn is unfinished
                     ep.truncated = True
             t0 = time.perf_counter()
-            answers: list[EnvStep] = list(pool.map(lambda job: envs[job[0]].step(job[1]), stepping))
+            clock.start_phase()
+            answers = list(pool.map(act, stepping))
+            clock.end_phase()
             t_env += time.perf_counter() - t0
             next_active = []
-            for (i, _), step in zip(stepping, answers):
+            for (i, _, _), (step, failure, over, seconds) in zip(stepping, answers):
                 ep = episodes[i]
+                clock.used[i] += seconds
+                if failure is not None:
+                    ep.failed = failure
+                    continue
+                if step is None:  # stopped by the episode's or the step's budget before it answered
+                    ep.over_budget = ep.truncated = True
+                    continue
                 ep.turn_rewards[-1] = step.reward
                 ep.tool_calls += step.tool_calls
                 ep.tool_errors += step.tool_errors
                 ep.tool_timeouts += step.tool_timeouts
-                if step.done or not step.messages:
+                if over:
+                    ep.over_budget = ep.truncated = True
                     ep.messages += step.messages  # a last word the model never reads: the transcript keeps it
+                    continue
+                if step.done or not step.messages:
+                    ep.messages += step.messages
                     continue
                 if turn == max_turns - 1:
                     ep.truncated = True  # it would go on: cut by max_turns
                     continue
-                obs = delta.observation_ids(step.messages, tokenizer.decode(comp[i][-1:]))
-                if len(comp[i]) + len(obs) >= max_episode_tokens:  # not even one more model token fits
+                try:  # not even one more model token after them: cut (and never cached)
+                    obs = delta.observation_ids(
+                        step.messages, tokenizer.decode(comp[i][-1:]), max_episode_tokens - len(comp[i]) - 1
+                    )
+                except TrainingError as e:
+                    ep.failed = f"environment {name}: step on row {i // G} (episode {i}): {e}"
+                    continue
+                if obs is None:
                     ep.truncated = True
                     continue
                 comp[i] += obs
@@ -263,11 +402,68 @@ def run_episodes(
                 lps[i] += [0.0] * len(obs)
                 ep.messages += step.messages
                 next_active.append(i)
+            if clock.step_spent():  # the step's time for environments is spent: the rest end here
+                for i in next_active:
+                    episodes[i].over_budget = episodes[i].truncated = True
+                next_active = []
             active = next_active
     finally:
         pool.shutdown(wait=True)
     rollout = _as_rollout(prompts, comp, is_model, lps, episodes, pad_token_id)
     return EpisodeBatch(rollout, episodes, episode_metrics(episodes, rollout, t_generation, t_env))
+
+
+class _Clock:
+    """The time budgets for environments: per episode (the seconds its resets and steps took) and for the
+    whole rollout (the seconds of its environment phases; each phase ends at what is left of it)."""
+
+    def __init__(self, episode_s: float | None, step_s: float | None):
+        self.episode_s, self.step_s, self.step_left = episode_s, step_s, step_s
+        self.used: dict[int, float] = defaultdict(float)
+        self.phase_start, self.phase_end = 0.0, None
+
+    def start_phase(self) -> None:
+        self.phase_start = time.monotonic()
+        self.phase_end = None if self.step_left is None else self.phase_start + self.step_left
+
+    def end_phase(self) -> None:
+        if self.step_left is not None:
+            self.step_left -= time.monotonic() - self.phase_start
+
+    def until(self, i: int, now: float) -> float | None:
+        """When episode i's reset or step must end (time.monotonic), None for no limit."""
+        ends = [] if self.phase_end is None else [self.phase_end]
+        if self.episode_s is not None:
+            ends.append(now + self.episode_s - self.used[i])
+        return min(ends) if ends else None
+
+    def step_spent(self) -> bool:
+        return self.step_left is not None and self.step_left <= 0
+
+
+def _env_call(env, op: str, arg: object, until: float | None) -> object:
+    """env.reset(row) / env.step(text), handing the deadline to those that take one."""
+    if isinstance(env, EnvProcess):
+        return getattr(env, op)(arg, until)
+    if op == "step" and hasattr(env, "step_until"):
+        return env.step_until(arg, until)
+    return getattr(env, op)(arg)
+
+
+def _stand_in(delta: ChatDelta, pad_token_id: int) -> list[int]:
+    """The prompt of an episode whose row has no first messages (every reset failed): an empty user turn."""
+    try:
+        return delta.prompt_ids([{"role": "user", "content": ""}]) or [pad_token_id]
+    except Exception:  # noqa: BLE001 - a template that refuses an empty turn
+        return [pad_token_id]
+
+
+def _excerpt(row: object, limit: int = 120) -> str:
+    try:
+        text = repr(row)
+    except Exception:  # noqa: BLE001
+        text = f"<a {type(row).__name__}>"
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def _as_rollout(prompts, comp, is_model, lps, episodes, pad_token_id: int) -> Rollout:
@@ -299,7 +495,8 @@ def _as_rollout(prompts, comp, is_model, lps, episodes, pad_token_id: int) -> Ro
 def episode_metrics(
     episodes: list[Episode], rollout: Rollout, t_generation: float, t_env: float
 ) -> dict[str, float]:
-    """turns per episode, tool calls / errors / timeouts (per episode and in all), the share of the
+    """turns per episode, tool calls / errors / timeouts (per episode and in all), episodes ended by a time
+    budget and episodes whose environment failed (counts), the share of the
     completion-side tokens that are masked (the environment's), and the seconds spent generating / waiting."""
     n = max(1, len(episodes))
     real = float(rollout.attention_mask.sum())
@@ -311,6 +508,8 @@ def episode_metrics(
         "tools/calls": float(sum(e.tool_calls for e in episodes)),
         "tools/errors": float(sum(e.tool_errors for e in episodes)),
         "tools/timeouts": float(sum(e.tool_timeouts for e in episodes)),
+        "episodes/over_budget": float(sum(e.over_budget for e in episodes)),
+        "episodes/failed": float(sum(e.failed is not None for e in episodes)),
         "masked_token_frac": 1.0 - float(rollout.completion_mask.sum()) / real if real else 0.0,
         "time/turn_generation": t_generation,
         "time/tools": t_env,

@@ -117,7 +117,15 @@ TRAIN: dict[str, Metric] = {
     "tools/errors": Metric(
         "count", "calls answered with an Error: message (bad call, raise, crash)", "multi-turn"
     ),
-    "tools/timeouts": Metric("count", "calls killed at rollout.tool_timeout_s", "multi-turn"),
+    "tools/timeouts": Metric(
+        "count", "calls stopped by a clock: rollout.tool_timeout_s, the tool's own, or a time budget", "multi-turn"
+    ),
+    "episodes/over_budget": Metric(
+        "count", "episodes ended by rollout.episode_timeout_s or rollout.step_timeout_s", "multi-turn"
+    ),
+    "episodes/failed": Metric(
+        "count", "episodes whose environment raised, hung, crashed or answered wrongly (scored 0)", "multi-turn"
+    ),
     "masked_token_frac": Metric(
         "share", "episode tokens written by tools or the environment (no loss)", "multi-turn"
     ),

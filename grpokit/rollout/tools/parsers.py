@@ -33,20 +33,27 @@ MAX_CALLS_PER_TURN = 8
 run a tool hundreds of times per turn)."""
 
 
+def _loads(text: str) -> object:
+    """json.loads for model-written text: every way it can fail (bad JSON, nesting past the recursion
+    limit, an integer of more than 4,300 digits: Python's int_max_str_digits) raises ValueError."""
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError, MemoryError) as e:  # JSONDecodeError is a ValueError
+        raise ValueError(f"{type(e).__name__}: {str(e)[:80]}") from None
+
+
 def _one_call(body: str) -> ToolCall:
     try:
-        data = json.loads(body)
-    except (json.JSONDecodeError, RecursionError) as e:
-        return ToolCall(
-            None, error=f"the tool call is not valid JSON ({e.__class__.__name__}: {str(e)[:80]})"
-        )
+        data = _loads(body)
+    except ValueError as e:
+        return ToolCall(None, error=f"the tool call is not valid JSON ({e})")
     if not isinstance(data, dict) or not isinstance(data.get("name"), str):
         return ToolCall(None, error='a tool call must be a JSON object {"name": ..., "arguments": {...}}')
     arguments = data.get("arguments", data.get("parameters", {}))
     if isinstance(arguments, str):  # some models write the arguments as a JSON string
         try:
-            arguments = json.loads(arguments)
-        except (json.JSONDecodeError, RecursionError):
+            arguments = _loads(arguments)
+        except ValueError:
             return ToolCall(data["name"], error="the arguments are a string that is not a JSON object")
     if not isinstance(arguments, dict):
         return ToolCall(data["name"], error="the arguments of a tool call must be a JSON object")

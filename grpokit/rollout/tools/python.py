@@ -10,13 +10,15 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from grpokit.rewards.sandbox import SandboxLimits, resolve_isolation, run_program
+from grpokit.rollout.tools.runner import Stopped
 
 TOOL_LIMITS = SandboxLimits(wall_s=5.0, cpu_s=5.0, max_output_bytes=1 << 16)
 """The python tool's default limits: shorter than the code rewards' (a call happens inside a rollout)."""
 
 
 def make_python_tool(limits: SandboxLimits = TOOL_LIMITS, isolation: str = "auto") -> Callable[[str], str]:
-    """A ``python(code) -> str`` tool: what the program prints (stdout, then stderr), or why it stopped.
+    """A ``python(code) -> str`` tool: what the program prints (stdout, then stderr), or why it stopped
+    (past its wall clock: a :class:`~grpokit.rollout.tools.runner.Stopped` result, counted as a timeout).
     Its time budget in the ToolRunner (rollout.tool_timeout) should exceed ``limits.wall_s``."""
     resolve_isolation(isolation)  # raises now where `auto`/`namespaces` cannot be honoured
 
@@ -30,8 +32,8 @@ def make_python_tool(limits: SandboxLimits = TOOL_LIMITS, isolation: str = "auto
         out = run.stdout
         if run.stderr:
             out += ("\n" if out else "") + run.stderr.strip()[-2000:]
-        if run.timed_out:
-            out += f"\n[stopped: the program ran past {limits.wall_s:g} s]"
+        if run.timed_out:  # Stopped: the call counts in tools/timeouts
+            return Stopped((out + f"\n[stopped: the program ran past {limits.wall_s:g} s]").strip())
         elif run.output_exceeded:
             out += f"\n[stopped: the program printed more than {limits.max_output_bytes} bytes]"
         elif run.returncode not in (0, None):

@@ -10,6 +10,7 @@ Not a sandbox: tools are the user's own trusted code. Model-written code runs in
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import pickle
@@ -19,12 +20,14 @@ import signal
 import struct
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from grpokit.core.workers import fork_worker
+from grpokit.core.chat_text import clean_text, cut_text
+from grpokit.core.workers import OutputTail, fork_worker, limit_address_space, resident_bytes
 from grpokit.rollout.tools.parsers import ToolCall
-from grpokit.rollout.tools.spec import Tool, check_arguments
+from grpokit.rollout.tools.spec import Tool, check_arguments, echo
 
 _HEADER = struct.Struct("<Q")
 _PARENT_FDS: set[int] = set()  # parent-side pipe ends of all live workers: a new child closes them
@@ -36,8 +39,12 @@ class ToolResult:
 
     content: str
     error: bool = False  # the call failed (unknown tool, bad arguments, the tool raised or died, timeout)
-    timed_out: bool = False
+    timed_out: bool = (
+        False  # stopped by a clock: the call's, the tool's own (Stopped) or the episode's budget
+    )
     seconds: float = 0.0
+    over_budget: bool = False  # stopped (or not started) because the episode's or the step's time ran out
+    printed: str = ""  # what the tool printed (its last max_result_chars), kept from the trainer's streams
 
 
 def as_text(value: object, max_chars: int) -> str:
@@ -50,9 +57,7 @@ def as_text(value: object, max_chars: int) -> str:
             text = json.dumps(value)
         except (TypeError, ValueError, RecursionError):
             text = str(value)
-    if len(text) > max_chars:
-        text = text[:max_chars] + f"... [cut: {len(text) - max_chars} more characters]"
-    return text
+    return cut_text(clean_text(text), max_chars)
 
 
 def _read_exact(fd: int, n: int, deadline: float | None) -> bytes | None:
@@ -71,42 +76,64 @@ def _read_exact(fd: int, n: int, deadline: float | None) -> bytes | None:
     return b"".join(chunks)
 
 
-def _write_frame(fd: int, obj: object) -> None:
+def _write_frame(fd: int, obj: object, deadline: float | None = None) -> None:
+    """One pickled frame to fd; TimeoutError when the reader has not taken it by the (monotonic) deadline."""
     data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
     view = memoryview(_HEADER.pack(len(data)) + data)
     while view:
-        view = view[os.write(fd, view) :]
+        if deadline is not None:
+            wait = deadline - time.monotonic()
+            if wait <= 0 or not select.select([], [fd], [], wait)[1]:
+                raise TimeoutError
+        view = view[os.write(fd, view[: 1 << 16]) :]
 
 
-def _serve(tools: dict[str, Tool], requests: int, replies: int, max_chars: int) -> None:
-    """The worker's loop: (name, arguments) in, ("ok" | "error", text) out."""
+class Stopped(str):
+    """A tool's result saying that the tool's own clock stopped it (the python tool's sandbox clock): the
+    model reads it as any result, and the call counts in tools/timeouts."""
+
+
+def _serve(
+    tools: dict[str, Tool], max_chars: int, memory_mb: float | None, requests: int, replies: int
+) -> None:
+    """The worker's loop: (name, arguments) in, (status, text, printed, grown) out, status "ok" | "error" |
+    "timeout"; printed: what the tool printed (never shown to the trainer's streams); grown: the bytes its
+    resident memory grew by since the worker started."""
+    output = OutputTail(max_chars)
+    if memory_mb:
+        limit_address_space(memory_mb)
+    start = resident_bytes()
     while True:
         header = _read_exact(requests, _HEADER.size, None)
         if header is None:
             return
         name, arguments = pickle.loads(_read_exact(requests, _HEADER.unpack(header)[0], None))
         try:
-            reply = ("ok", as_text(tools[name].fn(**arguments), max_chars))
+            value = tools[name].fn(**arguments)
+            reply = ("timeout" if isinstance(value, Stopped) else "ok", as_text(value, max_chars))
         except BaseException as e:  # noqa: BLE001 - SystemExit and all: the model reads what went wrong
-            reply = ("error", as_text(f"{type(e).__name__}: {e}", max_chars))
-        _write_frame(replies, reply)
+            try:
+                reply = ("error", as_text(f"{type(e).__name__}: {e}", max_chars))
+            except BaseException:  # noqa: BLE001 - str(e) itself raised
+                reply = ("error", type(e).__name__)
+        _write_frame(replies, (*reply, output.take(), resident_bytes() - start))
 
 
-class _Worker:
-    """One forked worker and its pipes (parent side)."""
+class Worker:
+    """One forked worker and its pipes (parent side): ``serve(requests_fd, replies_fd)`` runs in the child
+    (the tool runner's, or an environment's: grpokit.rollout.envs), reading pickled requests, writing replies."""
 
-    def __init__(self, tools: dict[str, Tool], max_chars: int):
-        def serve(parent: int, requests: int, replies: int) -> None:
-            _serve(tools, requests, replies, max_chars)
-
-        self.pid, self.to_child, self.from_child = fork_worker(serve, _PARENT_FDS)
+    def __init__(self, serve: Callable[[int, int], None]):
+        self.pid, self.to_child, self.from_child = fork_worker(
+            lambda parent, requests, replies: serve(requests, replies), _PARENT_FDS
+        )
         _PARENT_FDS.update((self.to_child, self.from_child))
 
-    def call(self, name: str, arguments: dict, timeout_s: float) -> tuple[str, str] | None:
-        """The reply, None when the worker died; TimeoutError past ``timeout_s``."""
+    def call(self, name: str, arguments: object, timeout_s: float) -> object | None:
+        """The reply to the request (name, arguments), None when the worker died; TimeoutError past ``timeout_s``."""
         deadline = time.monotonic() + timeout_s
         try:
-            _write_frame(self.to_child, (name, arguments))
+            _write_frame(self.to_child, (name, arguments), deadline)
         except (BrokenPipeError, OSError):
             return None
         header = _read_exact(self.from_child, _HEADER.size, deadline)
@@ -141,26 +168,40 @@ class ToolRunner:
     """Runs :class:`ToolCall` s on forked workers, each call within ``timeout_s`` seconds.
 
     max_result_chars: a result longer than this is cut (with a note); the python tool's output too.
-    workers: processes, i.e. calls that run at the same time. Counters (calls, errors, timeouts,
-    seconds) add up over the runner's life; the engine reads their change over a rollout."""
+    workers: processes, i.e. calls that run at the same time. memory_mb: a worker's address space is capped
+    at this many MiB above its start (a call past it gets MemoryError), and a worker whose resident memory
+    grew by more than half of it (a leaking tool) is replaced after the call (None: neither). What a tool prints is kept
+    from the trainer's streams (ToolResult.printed). Counters (calls, errors, timeouts, seconds, recycled
+    workers) add up over the runner's life."""
 
     def __init__(
-        self, tools: list[Tool], *, timeout_s: float = 10.0, max_result_chars: int = 2000, workers: int = 2
+        self,
+        tools: list[Tool],
+        *,
+        timeout_s: float = 10.0,
+        max_result_chars: int = 2000,
+        workers: int = 2,
+        memory_mb: float | None = 2048,
     ):
-        if timeout_s <= 0 or max_result_chars < 1 or workers < 1:
-            raise ValueError("timeout_s must be > 0, max_result_chars and workers >= 1")
+        if (
+            timeout_s <= 0
+            or max_result_chars < 1
+            or workers < 1
+            or (memory_mb is not None and memory_mb <= 0)
+        ):
+            raise ValueError("timeout_s and memory_mb must be > 0, max_result_chars and workers >= 1")
         self.tools = {t.name: t for t in tools}
-        self.timeout_s, self.max_chars = timeout_s, max_result_chars
-        self._idle: queue.SimpleQueue[_Worker | None] = queue.SimpleQueue()
+        self.timeout_s, self.max_chars, self.memory_mb = timeout_s, max_result_chars, memory_mb
+        self._idle: queue.SimpleQueue[Worker | None] = queue.SimpleQueue()
         for _ in range(workers):
             self._idle.put(None)  # started on first use
         self._lock = threading.Lock()
-        self._all: list[_Worker] = []
+        self._all: list[Worker] = []
         # Workers are forked from this one long-lived thread: PR_SET_PDEATHSIG fires when the *thread* that
         # forked a child exits, and calls come from the engine's short-lived step threads.
         self._spawner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grpokit-tools")
         self.owner = os.getpid()
-        self.counts = {"calls": 0, "errors": 0, "timeouts": 0, "seconds": 0.0}
+        self.counts = {"calls": 0, "errors": 0, "timeouts": 0, "seconds": 0.0, "recycled": 0}
 
     def _count(self, result: ToolResult) -> ToolResult:
         with self._lock:
@@ -170,37 +211,46 @@ class ToolRunner:
             self.counts["seconds"] += result.seconds
         return result
 
-    def call(self, call: ToolCall) -> ToolResult:
-        """Run one call; never raises for anything the model or the tool does."""
+    def call(self, call: ToolCall, budget_s: float | None = None) -> ToolResult:
+        """Run one call within ``timeout_s``, or within ``budget_s`` where that is less (what is left of the
+        episode's or the step's time: a call it stops, or does not let start, is ``over_budget``); never
+        raises for anything the model or the tool does."""
         t0 = time.perf_counter()
-        if call.error is not None:
-            return self._count(ToolResult(f"Error: {call.error}", error=True))
-        tool = self.tools.get(call.name)
-        if tool is None:
-            return self._count(
-                ToolResult(
-                    f"Error: there is no tool {call.name!r:.60}; the tools are {sorted(self.tools)}",
-                    error=True,
-                )
-            )
-        problem = check_arguments(tool, call.arguments)
-        if problem:
+        try:
+            problem = self._problem(call)
+        except Exception as e:  # noqa: BLE001 - a user parser's odd ToolCall: the model reads an error
+            problem = f"the tool call could not be read ({type(e).__name__})"
+        if problem is not None:
             return self._count(ToolResult(f"Error: {problem}", error=True))
+        timeout = self.timeout_s if budget_s is None else min(self.timeout_s, budget_s)
+        if timeout <= 0:
+            return ToolResult(
+                f"Error: {call.name} was not run: the episode's time for tools ran out",
+                error=True,
+                timed_out=False,
+                over_budget=True,
+            )
+        tool = self.tools[call.name]
         worker = self._idle.get()
         if worker is None:
-            worker = self._spawner.submit(_Worker, self.tools, self.max_chars).result()
+            try:
+                serve = functools.partial(_serve, self.tools, self.max_chars, self.memory_mb)
+                worker = self._spawner.submit(Worker, serve).result()
+            except Exception:
+                self._idle.put(None)
+                raise
             with self._lock:
                 self._all.append(worker)
         try:
-            reply = worker.call(tool.name, call.arguments, self.timeout_s)
+            reply = worker.call(tool.name, call.arguments, timeout)
         except TimeoutError:
             self._retire(worker)
             seconds = time.perf_counter() - t0
-            return self._count(
-                ToolResult(
-                    f"Error: {tool.name} did not finish within {self.timeout_s:g} s", True, True, seconds
-                )
-            )
+            if timeout < self.timeout_s:
+                text = f"Error: {tool.name} was stopped after {timeout:.3g} s: the episode's time for tools ran out"
+            else:
+                text = f"Error: {tool.name} did not finish within {self.timeout_s:g} s"
+            return self._count(ToolResult(text, True, True, seconds, over_budget=timeout < self.timeout_s))
         except Exception as e:  # noqa: BLE001 - an unpicklable reply or a broken pipe: replace the worker
             self._retire(worker)
             return self._count(
@@ -214,13 +264,34 @@ class ToolRunner:
             return self._count(
                 ToolResult(f"Error: {tool.name} crashed (its process exited)", True, False, seconds)
             )
-        self._idle.put(worker)
-        status, text = reply
+        status, text, printed, grown = reply
+        if (self.memory_mb and grown > self.memory_mb * (1 << 19)) or text.startswith("MemoryError"):
+            self._retire(worker)  # a leaking tool: a fresh worker for the next call
+            with self._lock:
+                self.counts["recycled"] += 1
+        else:
+            self._idle.put(worker)
+        text = clean_text(text)
         return self._count(
-            ToolResult(text if status == "ok" else f"Error: {text}", status != "ok", False, seconds)
+            ToolResult(
+                text if status != "error" else f"Error: {text}",
+                error=status != "ok",
+                timed_out=status == "timeout",
+                seconds=seconds,
+                printed=clean_text(printed),
+            )
         )
 
-    def _retire(self, worker: _Worker) -> None:
+    def _problem(self, call: ToolCall) -> str | None:
+        """Why ``call`` cannot run (an unreadable call, an unknown tool, arguments that do not fit), or None."""
+        if call.error is not None:
+            return cut_text(clean_text(str(call.error)), 300)
+        tool = self.tools.get(call.name) if isinstance(call.name, str) else None
+        if tool is None:
+            return f"there is no tool {echo(call.name)}; the tools are {sorted(self.tools)}"
+        return check_arguments(tool, call.arguments)
+
+    def _retire(self, worker: Worker) -> None:
         worker.kill()
         with self._lock:
             if worker in self._all:

@@ -147,14 +147,28 @@ def check_arguments(tool: Tool, arguments: object) -> str | None:
         return f"the arguments of {tool.name} must be a JSON object, got {type(arguments).__name__}"
     unknown = sorted(set(arguments) - set(props))
     if unknown:
-        return f"{tool.name} has no argument {unknown[0]!r}; its arguments are {sorted(props)}"
+        return f"{tool.name} has no argument {echo(unknown[0])}; its arguments are {sorted(props)}"
     missing = [n for n in params.get("required", []) if n not in arguments]
     if missing:
         return f"{tool.name} needs the argument {missing[0]!r}"
     for name, value in arguments.items():
         spec = props[name]
         if not _type_ok(value, spec):
-            return f"argument {name!r} of {tool.name} must be of type {spec.get('type')}, got {value!r:.60}"
+            return f"argument {name!r} of {tool.name} must be of type {spec.get('type')}, got {echo(value)}"
         if "enum" in spec and value not in spec["enum"]:
-            return f"argument {name!r} of {tool.name} must be one of {spec['enum']}, got {value!r:.60}"
+            return f"argument {name!r} of {tool.name} must be one of {spec['enum']}, got {echo(value)}"
     return None
+
+
+ECHO_CHARS = 60
+"""The most characters of the model's own text that an error message repeats back (a name, a value)."""
+
+
+def echo(value: object) -> str:
+    """repr(value) cut to ECHO_CHARS characters, for an error message the model reads; never raises (a
+    value nested past the recursion limit, an int of more than 4,300 digits: its type)."""
+    try:
+        text = repr(value)
+    except (ValueError, RecursionError, MemoryError):
+        return f"<a {type(value).__name__}>"
+    return text if len(text) <= ECHO_CHARS else text[:ECHO_CHARS] + "..."
