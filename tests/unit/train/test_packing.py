@@ -333,3 +333,75 @@ def test_sft_learner_step_packed_by_tokens_equals_padded():
     assert [(s["rows"], s["width"]) for s in stats["packed"]] == [(1, 9), (1, 5), (1, 7)]
     assert [(s["rows"], s["width"]) for s in stats["padded"]] == [(5, 7)]
     assert_close_grads(grads["packed"], grads["padded"])
+
+
+def test_auto_token_budget_halves_after_an_out_of_memory_error_and_stops_at_the_longest_row():
+    """On CUDA (a device object only: nothing is allocated) auto starts from the batch's 40 tokens, halves
+    to 20, then to the longest row (12) at least, and says so; a budget that still fails is an error."""
+    from grpokit.core.errors import TrainingError
+    from grpokit.train.distributed import Distributed
+
+    lengths = torch.tensor([12, 8, 6, 4, 10])  # 40 tokens
+    notes, tried, dropped = [], [], []
+
+    def fn(limit: int) -> int:
+        tried.append(limit)
+        if limit > 12:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 MiB")
+        return len(micro.split(lengths.argsort(stable=True), lengths, limit))
+
+    micro = MicroBatchSize("auto", torch.device("cuda"), Distributed(), notes.append, tokens="auto")
+    assert micro.run(fn, lengths, on_oom=lambda: dropped.append(1)) == 4  # 4+6, 8, 10, 12
+    assert tried == [40, 20, 12] and micro.cap == 12 and len(dropped) == 2
+    assert micro.last == 2  # the most rows a micro-batch held
+    assert notes == [
+        "out of GPU memory at 40 tokens per micro-batch: retrying with 20 (auto)",
+        "out of GPU memory at 20 tokens per micro-batch: retrying with 12 (auto)",
+    ]
+
+    def never(limit: int) -> None:
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 MiB")
+
+    with pytest.raises(TrainingError, match="micro-batches of 12 tokens.*optim.micro_batch_tokens"):
+        micro.run(never, lengths, on_oom=lambda: None)
+
+
+@pytest.mark.slow
+def test_a_ppo_trainer_step_packed_gives_the_padded_gradients(tmp_path):
+    """The whole trainer (sampling, reference, critic values, GAE, both updates): packed by 24 tokens vs
+    padded rows of 16, the same rollouts, the same policy and critic gradients."""
+    from grpo_runs import make_trainer
+
+    results = {}
+    for label, extra in (
+        ("padded", ["optim.micro_batch_size=16"]),
+        ("packed", ["optim.packing=true", "optim.micro_batch_tokens=24"]),
+    ):
+        trainer = make_trainer(
+            tmp_path / label,
+            "algo.preset=ppo",
+            "algo.beta=0.04",
+            "rollout.max_new_tokens=10",
+            "train.samples_every=0",
+            *extra,
+            eos_ids=[1, *range(30, 40)],  # completions of many lengths
+        )
+        with torch.no_grad():
+            trainer.critic.model.score.weight.normal_(0.0, 0.5)  # the backbone gets a gradient too
+        grads = {"policy": [], "critic": []}
+        for part, learner in (("policy", trainer.learner), ("critic", trainer.critic.learner)):
+            learner.optimizer.register_step_pre_hook(
+                lambda *_, g=grads[part], m=learner.model: g.extend(
+                    p.grad.detach().clone() for p in m.parameters() if p.grad is not None
+                )
+            )
+        results[label] = (grads, trainer.train_step())
+    (g0, m0), (g1, m1) = results["padded"], results["packed"]
+    assert m0["completion_len/min"] < m0["completion_len/max"]  # ragged rows
+    assert m1["micro_batch_size"] < 16  # the budget cut the batch into several packed micro-batches
+    for part in ("policy", "critic"):
+        assert len(g0[part]) == len(g1[part]) > 0
+        for a, b in zip(g0[part], g1[part]):
+            assert float((a - b).abs().max()) <= 1e-5 * float(a.abs().max()) + 1e-8, part
+    assert m1["loss"] == pytest.approx(m0["loss"], rel=1e-5, abs=1e-7)
+    assert m1["critic/value_loss"] == pytest.approx(m0["critic/value_loss"], rel=1e-5)
