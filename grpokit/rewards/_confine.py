@@ -28,8 +28,9 @@ Seccomp (x86_64; any other architecture's system calls fail with EPERM). Refused
   - io_uring (its operations bypass this filter), bpf, userfaultfd, perf_event_open (EPERM).
 
 Memory: RLIMIT_AS bounds each process at `memory_mb`; pid 1 (`guard`) forks the candidate, then
-every 10 ms adds up what the processes of the sandbox hold (`held_bytes`) and kills them all (by
-exiting: the kernel kills the namespace with its init) when the sum passes `memory_mb`:
+adds up what the processes of the sandbox hold (`_resident_bytes` + `unmapped_bytes`) and kills them all (by
+exiting: the kernel kills the namespace with its init) when the sum passes `memory_mb`; resident
+memory is counted every 10 ms, the rest every 50 ms (its count costs more):
   - the resident memory (RSS) of every process; RSS counts pages shared by forked processes once per
     process (conservative);
   - the pipes they hold open, at their largest size (64 KiB each); more than MAX_PIPES pipes kills
@@ -42,7 +43,8 @@ exiting: the kernel kills the namespace with its init) when the sum passes `memo
     its network namespace: sockets no process holds any more and sockets in flight as passed
     descriptors included).
 A process that makes itself undumpable (its descriptors can no longer be counted) kills the sandbox.
-So the completion as a whole holds at most `memory_mb` MiB plus what it can allocate in 10 ms, plus
+So the completion as a whole holds at most `memory_mb` MiB plus what it can allocate in 10 ms (50 ms
+outside its processes' memory), plus
 the /tmp files (`tmpfs_mb`). Not counted: kernel objects bounded elsewhere (64 descriptors per
 process, RLIMIT_NPROC processes), and page tables. POSIX message queues are refused
 (RLIMIT_MSGQUEUE 0) and queued signals and POSIX timers are limited to 64 (RLIMIT_SIGPENDING; both
@@ -95,6 +97,8 @@ FCNTL_CMDS = (  # F_SETLK, F_SETLKW, F_OFD_SETLK, F_OFD_SETLKW, F_SETLEASE; F_NO
 MADV_NO_OPS = (20, 21)  # MADV_COLD, MADV_PAGEOUT: "done" (0), and nothing happens
 RWF_NOWAIT = 0x8
 POLL_S = 0.01
+FULL_COUNT_EVERY = 5
+"""Resident memory is counted every POLL_S, the rest (`unmapped_bytes`) every 5th poll (50 ms)."""
 MAX_PIPES = 256
 """Pipes one sandbox may hold open (each at most 64 KiB: F_SETPIPE_SZ is refused)."""
 PIPE_BYTES = 16 * 4096
@@ -162,25 +166,37 @@ def apply_seccomp(libc) -> None:
         raise OSError(err, f"seccomp: {os.strerror(err)}")
 
 
-def _process_bytes(page: int) -> tuple[int, int]:
-    """(resident memory of every process of the namespace, pipes they hold open), from /proc."""
-    total, pipes = 0, set()
+def _resident_bytes(page: int) -> tuple[int, list[str]]:
+    """(resident memory of every process of the namespace, their pids), from /proc/<pid>/statm."""
+    total, pids = 0, []
     for name in os.listdir("/proc"):
         if name.isdigit():
             try:
                 with open(f"/proc/{name}/statm", "rb") as f:
                     total += int(f.read().split()[1]) * page
-                fd_dir = f"/proc/{name}/fd"
-                for fd in os.listdir(fd_dir):
-                    target = os.readlink(f"{fd_dir}/{fd}")
-                    if target.startswith("pipe:"):
-                        pipes.add(target)
-            except PermissionError:  # undumpable, or exiting (its memory already gone: statm is 0)
-                if name != "1" and _has_memory(name):  # undumpable: what it holds cannot be counted
-                    return 1 << 62, 0
+                pids.append(name)
             except (OSError, ValueError, IndexError):
                 pass  # gone meanwhile
-    return total, len(pipes)
+    return total, pids
+
+
+def _pipes(pids: list[str]) -> int:
+    """How many pipes the processes `pids` hold open; 1 << 40 when one of them made itself undumpable
+    (its descriptors cannot be listed: what it holds cannot be counted)."""
+    pipes = set()
+    for name in pids:
+        fd_dir = f"/proc/{name}/fd"
+        try:
+            for fd in os.listdir(fd_dir):
+                target = os.readlink(f"{fd_dir}/{fd}")
+                if target.startswith("pipe:"):
+                    pipes.add(target)
+        except PermissionError:  # undumpable, or exiting (its memory already gone: statm is 0)
+            if name != "1" and _has_memory(name):
+                return 1 << 40
+        except OSError:
+            pass  # gone meanwhile
+    return len(pipes)
 
 
 def _has_memory(pid: str) -> bool:
@@ -257,27 +273,29 @@ def _socket_bytes(diag: socket.socket) -> int:
             return total
 
 
-def held_bytes(page: int, diag: socket.socket | None) -> int:
-    """What the sandbox's processes hold together: resident memory, pipes (at their largest size, 64 KiB),
-    SysV objects no process maps, and Unix socket buffers; more than MAX_PIPES pipes counts as unbounded."""
-    resident, pipes = _process_bytes(page)
+def unmapped_bytes(page: int, pids: list[str], diag: socket.socket | None) -> int:
+    """What the sandbox's processes hold besides their resident memory: pipes (at their largest size,
+    64 KiB), SysV objects no process maps, and Unix socket buffers; more than MAX_PIPES pipes, or a
+    count that cannot be made, is 1 << 62 (over any limit)."""
+    pipes = _pipes(pids)
     if pipes > MAX_PIPES:
         return 1 << 62
-    total = resident + pipes * PIPE_BYTES + _sysv_bytes(page)
+    total = pipes * PIPE_BYTES + _sysv_bytes(page)
     if diag is not None:
         try:
             total += _socket_bytes(diag)
         except OSError:
-            return 1 << 62  # the count cannot be made: as if over
+            return 1 << 62
     return total
 
 
 def guard(child: int, memory_mb: int, libc, diag: socket.socket | None = None) -> None:
     """pid 1 of the sandbox after forking the candidate `child`: reap every process, bound the memory
-    they hold together (`held_bytes`), and exit with the candidate's status (the kernel then kills the rest)."""
+    they hold together (resident + `unmapped_bytes`), and exit with the candidate's status (the kernel then kills the rest)."""
     libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
     limit, page = memory_mb << 20, os.sysconf("SC_PAGE_SIZE")
     candidate = os.pidfd_open(child)
+    unmapped, polls = 0, 0
     while True:
         while True:
             try:
@@ -289,6 +307,10 @@ def guard(child: int, memory_mb: int, libc, diag: socket.socket | None = None) -
             if pid == child:
                 code = os.waitstatus_to_exitcode(status)
                 os._exit(code & 0xFF if code >= 0 else 128 - code)
-        if held_bytes(page, diag) > limit:
+        resident, pids = _resident_bytes(page)
+        if polls % FULL_COUNT_EVERY == 0:  # the costlier count (descriptors, IPC, sockets) less often
+            unmapped = unmapped_bytes(page, pids, diag)
+        polls += 1
+        if resident + unmapped > limit:
             os._exit(128 + signal.SIGKILL)  # as if killed: the namespace goes with us
         select.select([candidate], [], [], POLL_S)  # wakes at once when the candidate ends
