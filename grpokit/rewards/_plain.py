@@ -9,6 +9,7 @@ gets Python's own types back (a tuple stays a tuple, `(8, 13) == candidate(123)`
   {"t": [..]} tuple   {"s": [..]} set   {"fs": [..]} frozenset   {"d": [[k, v], ..]} dict (any keys)
   {"f": "nan"|"inf"|"-inf"} float   {"c": [re, im]} complex   {"b": "<hex>"} bytes
   {"ba": "<hex>"} bytearray   {"q": [n, d]} Fraction   {"dec": "<str>"} Decimal
+  {"i": "<hex>"} an int of more than MAX_JSON_INT_BITS bits
 Subclasses of these (Counter, OrderedDict, namedtuple, IntEnum, ...) are sent as the base type.
 Anything else is not plain data: `encode` raises NotPlain. `decode` accepts exactly this grammar
 and builds new objects of the built-in types (and Fraction/Decimal) in the decoding process.
@@ -21,6 +22,9 @@ import math
 import os
 
 MAX_DEPTH = 200
+MAX_JSON_INT_BITS = 12_000
+"""Larger ints travel as hex ({"i": "0x..."}): JSON writes ints in decimal, which Python refuses past
+4,300 digits (and which costs quadratic time); hex is linear and has no such limit."""
 HEADER = 8
 
 
@@ -37,7 +41,8 @@ def encode(value, depth=0):
     if isinstance(value, bool):
         return bool(value)
     if isinstance(value, int):
-        return int.__int__(value)
+        v = int.__int__(value)
+        return v if v.bit_length() <= MAX_JSON_INT_BITS else {"i": hex(v)}
     if isinstance(value, float):
         v = float.__float__(value)
         return v if math.isfinite(v) else {"f": repr(v)}
@@ -116,6 +121,8 @@ def decode(x, depth=0, strict=False):
         if strict and body == "nan":
             raise Refused("NaN")
         return float(body)
+    if tag == "i" and type(body) is str:
+        return int(body, 16)
     if tag in ("b", "ba") and type(body) is str:
         return bytes.fromhex(body) if tag == "b" else bytearray.fromhex(body)
     if tag == "dec" and type(body) is str and len(body) < 10_000:
@@ -151,7 +158,7 @@ def decode(x, depth=0, strict=False):
     if tag == "q" and len(body) == 2:
         from fractions import Fraction
 
-        return Fraction(_int(body[0]), _int(body[1]))
+        return Fraction(_int(decode(body[0], d, strict)), _int(decode(body[1], d, strict)))
     raise ValueError(f"unknown tag {tag!r}")
 
 

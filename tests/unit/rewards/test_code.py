@@ -648,3 +648,92 @@ def test_the_fork_server_dies_with_the_process_that_scores():
     while alive(server[0]) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not alive(server[0])
+
+
+POLY_HELPER = (  # HumanEval/32's prompt: the tests call its poly
+    "import math\n\n\ndef poly(xs: list, x: float):\n    return sum(c * math.pow(x, i) for i, c in enumerate(xs))\n\n\n"
+    'def find_zero(xs: list):\n    """ find x such that poly(x) = 0 """\n'
+)
+POLY_CHECK = (
+    "def check(candidate):\n    import math, random\n    rng = random.Random(3)\n    for _ in range(10):\n"
+    "        coeffs = [rng.randint(1, 10) * rng.choice([-1, 1]) for _ in range(2 * rng.randint(1, 3))]\n"
+    "        assert math.fabs(poly(coeffs, candidate(list(coeffs)))) < 1e-4\n"
+)
+POLY_BISECT = (
+    "import math\ndef find_zero(xs):\n    f = lambda x: sum(c * math.pow(x, i) for i, c in enumerate(xs))\n    lo, hi = -1.0, 1.0\n"
+    "    while f(lo) * f(hi) > 0:\n        lo, hi = lo * 2, hi * 2\n    while hi - lo > 1e-10:\n        mid = (lo + hi) / 2\n"
+    "        if f(mid) * f(lo) > 0: lo = mid\n        else: hi = mid\n    return lo\n"
+)
+STUB_HELPER = "def poly(xs, x):\n    return 0.0\n\ndef find_zero(xs):\n    return 0.0\n"
+
+
+@needs_isolation
+def test_the_prompts_helpers_are_found_in_every_prompt_shape():
+    """A candidate that redefines the prompt's helper as a stub (poly -> 0, so any x "is a root") must not
+    pass, whatever the prompt's shape; the bisection passes in each. Before: with an instruction line
+    before the code, or a chat prompt with a system message, the stub passed."""
+    shapes = {
+        "plain": POLY_HELPER,
+        "instruction first": "Complete the following function.\n" + POLY_HELPER,
+        "instruction after": POLY_HELPER + "\nWrite only the body.",
+        "fenced": f"Complete it:\n```python\n{POLY_HELPER}```\n",
+        "chat with a system message": [
+            {"role": "system", "content": "You are a careful Python programmer."},
+            {"role": "user", "content": "Complete the following function.\n" + POLY_HELPER},
+        ],
+        "chat, content parts": [
+            {"role": "system", "content": [{"type": "text", "text": "Answer with code."}]},
+            {"role": "user", "content": [{"type": "text", "text": "Here:\n" + POLY_HELPER}]},
+        ],
+    }
+    tests = POLY_CHECK + "\ncheck(find_zero)\n"
+    prompts, completions = [], []
+    for prompt in shapes.values():
+        prompts += [prompt, prompt]
+        completions += [fenced(POLY_BISECT), fenced(STUB_HELPER)]
+    scores = reward(prompts, completions, tests=[tests] * len(prompts))
+    assert dict(zip(shapes, zip(scores[::2], scores[1::2]))) == {name: (1.0, 0.0) for name in shapes}
+
+
+HUMANEVAL_0 = (  # HumanEval/0 as the dataset has it: prompt, canonical solution (a body), test, entry point
+    "from typing import List\n\n\ndef has_close_elements(numbers: List[float], threshold: float) -> bool:\n"
+    '    """ Check if in given list of numbers, are any two numbers closer to each other than\n'
+    '    given threshold.\n    >>> has_close_elements([1.0, 2.0, 3.0], 0.5)\n    False\n    """\n',
+    "    for idx, elem in enumerate(numbers):\n        for idx2, elem2 in enumerate(numbers):\n            if idx != idx2:\n"
+    "                distance = abs(elem - elem2)\n                if distance < threshold:\n                    return True\n\n"
+    "    return False\n",
+    "\n\nMETADATA = {\n    'author': 'jt',\n    'dataset': 'test'\n}\n\n\ndef check(candidate):\n"
+    "    assert candidate([1.0, 2.0, 3.9, 4.0, 5.0, 2.2], 0.3) == True\n    assert candidate([1.0, 2.0, 3.9, 4.0, 5.0, 2.2], 0.05) == False\n"
+    "    assert candidate([1.0, 2.0, 5.9, 4.0, 5.0], 0.95) == True\n    assert candidate([1.1, 2.2, 3.1, 4.1, 5.1], 1.0) == True\n\n",
+    "has_close_elements",
+)
+
+
+@needs_isolation
+def test_entry_point_rows_score_canonical_solutions_and_call_check():
+    """HumanEval's own columns: the completion is the body that continues the prompt, and the test defines
+    check(candidate) without calling it. The canonical body scores 1 (before: 0, it did not define the
+    function); a wrong body or a wrong full function scores 0 (before: 1, check was never called), with
+    or without the entry_point column (the prompt's last function is the one asked)."""
+    prompt, body, test, entry = HUMANEVAL_0
+    wrong_body = "    return False\n"
+    wrong_function = "def has_close_elements(numbers, threshold):\n    return False\n"
+    completions = [body, wrong_body, fenced(wrong_function), fenced(prompt + body)]
+    expected = [1.0, 0.0, 0.0, 1.0]
+    n = len(completions)
+    assert reward([prompt] * n, completions, tests=[test] * n, entry_point=[entry] * n) == expected
+    assert reward([prompt] * n, completions, tests=[test] * n) == expected
+    with pytest.raises(ValueError, match="entry_point"):  # nothing names the function check should get
+        reward([None], [fenced(wrong_function)], tests=[test])
+
+
+@needs_isolation
+def test_answers_past_pythons_integer_string_limit():
+    """Python refuses ints of more than 4,300 digits in str() and int(); a right answer that large
+    scored 0: the value now travels as hex, and the program's own print/int have no limit."""
+    tests = "assert power(7, 20000) == 7 ** 20000\nassert power(2, 10) == 1024\n"
+    right, wrong = "def power(a, b):\n    return a ** b\n", "def power(a, b):\n    return a ** b + 1\n"
+    assert reward([None, None], [fenced(right), fenced(wrong)], tests=[tests, tests]) == [1.0, 0.0]
+    io = [{"input": "8" * 5000 + "\n", "output": "8" * 4999 + "9\n"}]
+    add_one = "print(int(input()) + 1)\n"
+    assert reward([None, None], [fenced(add_one), fenced("print(1)\n")], tests=[io, io]) == [1.0, 0.0]
