@@ -11,6 +11,8 @@
 #     roles      0.5b standard: --algos grpo,ppo (memory by role); --precision bf16_mixed (TRL's numerics)
 #     fit16      1.5b shapes under a 16 GiB cap (torch.cuda.set_per_process_memory_fraction)
 #     fit16-full the two full fine-tunes of fit16 alone
+#     fit16-offload  issue 40: the full bf16_kahan 1.5B fine-tune in 16 GiB with AdamW's states offloaded to
+#                the CPU and packed micro-batches (beta 0), then with the reference too (beta 0.04, offloaded)
 #     extras     0.5b standard without gradient checkpointing; with the dynamic KV cache
 #     xlong      0.5b, completion 4096, beside TRL (the memory shape)
 #     profile    0.5b standard: torch.profiler over one step (scripts/profile_step.py): phases, top kernels
@@ -88,6 +90,15 @@ for part in "$@"; do
         --beta 0 --set optim.micro_batch_size=auto
       bench 1.5b-full-pure-beta0-cap16 150 --shape standard --model-size 1.5b --steps 3 --memory-cap-gib 16 \
         --beta 0 --precision bf16_pure --set optim.micro_batch_size=auto
+      ;;
+    fit16-offload)
+      # GPU holds bf16 weights + gradients (4 B/param, 5.7 GiB) and packed activations; AdamW + Kahan in CPU memory
+      bench 1.5b-full-kahan-offload-packed-beta0-cap16 300 --shape standard --model-size 1.5b --steps 3 \
+        --memory-cap-gib 16 --beta 0 --precision bf16_kahan --set optim.offload_optimizer=true \
+        --set optim.packing=true --set optim.micro_batch_tokens=16384
+      bench 1.5b-full-kahan-offload-ref-packed-cap16 280 --shape standard --model-size 1.5b --steps 3 \
+        --memory-cap-gib 16 --beta 0.04 --precision bf16_kahan --set optim.offload_optimizer=true \
+        --set optim.offload_reference=true --set optim.packing=true --set optim.micro_batch_tokens=16384
       ;;
     fit16-full)
       bench 1.5b-full-kahan-beta0-cap16 130 --shape standard --model-size 1.5b --steps 3 --memory-cap-gib 16 \

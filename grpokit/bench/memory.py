@@ -43,12 +43,14 @@ ROLES = (
 """The roles, in the order they are counted (a shared storage counts for the first)."""
 
 
-def tensor_bytes(tensors: Iterable, seen: set) -> int:
+def tensor_bytes(tensors: Iterable, seen: set, device: str | None = None) -> int:
     """Bytes of the storages of ``tensors`` not in ``seen`` (which it extends): a view or a tied weight
-    counts once, with its whole storage."""
+    counts once, with its whole storage. ``device``: only tensors on that device type ("cuda", "cpu")."""
     total = 0
     for t in tensors:
         if not isinstance(t, torch.Tensor) or t.device.type == "meta":
+            continue
+        if device is not None and t.device.type != device:
             continue
         storage = t.untyped_storage()
         key = (str(t.device), storage.data_ptr())
@@ -65,35 +67,44 @@ def module_tensors(module: torch.nn.Module | None) -> list[torch.Tensor]:
     return [*module.parameters(), *module.buffers()]
 
 
-def gradient_bytes(module: torch.nn.Module | None) -> int:
-    """numel x element size of every trainable parameter: its gradient's size (same dtype)."""
+def gradient_bytes(module: torch.nn.Module | None, device: str | None = None) -> int:
+    """numel x element size of every trainable parameter (on ``device`` when given): its gradient's size
+    (same dtype, same device)."""
     if module is None:
         return 0
-    return sum(p.numel() * p.element_size() for p in module.parameters() if p.requires_grad)
+    return sum(
+        p.numel() * p.element_size()
+        for p in module.parameters()
+        if p.requires_grad and (device is None or p.device.type == device)
+    )
 
 
 def optimizer_tensors(optimizer: torch.optim.Optimizer | None) -> list[torch.Tensor]:
+    """Every tensor of ``optimizer.state``, and an offloaded optimizer's copy of the weights
+    (grpokit.model.offload.OffloadedOptimizer.cpu_params)."""
     if optimizer is None:
         return []
-    return [v for state in optimizer.state.values() for v in state.values() if isinstance(v, torch.Tensor)]
+    states = [v for state in optimizer.state.values() for v in state.values() if isinstance(v, torch.Tensor)]
+    return [*states, *getattr(optimizer, "cpu_params", [])]
 
 
-def role_bytes(trainer) -> dict[str, int]:
+def role_bytes(trainer, device: str | None = None) -> dict[str, int]:
     """Bytes per role (``ROLES``) of a built trainer, from its public attributes: ``model``, ``learner``
     (its ``optimizer``), ``ref_model`` and ``critic`` (None, or PPO's part: its ``model`` and its
-    ``learner.optimizer``). Call it once the optimizer has stepped (its state exists from the first step on)."""
+    ``learner.optimizer``). Call it once the optimizer has stepped (its state exists from the first step on).
+    ``device``: only what lives on that device type (on a GPU run, "cpu" gives what was offloaded)."""
     part = getattr(trainer, "critic", None)
     critic = part.model if part is not None else None
     critic_opt = part.learner.optimizer if part is not None else None
     seen: set = set()
     return {
-        "policy_weights": tensor_bytes(module_tensors(trainer.model), seen),
-        "policy_gradients": gradient_bytes(trainer.model),
-        "policy_optimizer": tensor_bytes(optimizer_tensors(trainer.learner.optimizer), seen),
-        "reference_model": tensor_bytes(module_tensors(getattr(trainer, "ref_model", None)), seen),
-        "critic_weights": tensor_bytes(module_tensors(critic), seen),
-        "critic_gradients": gradient_bytes(critic),
-        "critic_optimizer": tensor_bytes(optimizer_tensors(critic_opt), seen),
+        "policy_weights": tensor_bytes(module_tensors(trainer.model), seen, device),
+        "policy_gradients": gradient_bytes(trainer.model, device),
+        "policy_optimizer": tensor_bytes(optimizer_tensors(trainer.learner.optimizer), seen, device),
+        "reference_model": tensor_bytes(module_tensors(getattr(trainer, "ref_model", None)), seen, device),
+        "critic_weights": tensor_bytes(module_tensors(critic), seen, device),
+        "critic_gradients": gradient_bytes(critic, device),
+        "critic_optimizer": tensor_bytes(optimizer_tensors(critic_opt), seen, device),
     }
 
 
@@ -176,13 +187,15 @@ def _ru_maxrss_kib() -> int:
 
 def memory_report(trainer, meter: PeakMeter) -> dict:
     """The measured peak, the bytes of each role and what the roles leave: activations_other."""
-    roles = role_bytes(trainer)
+    roles = role_bytes(trainer, "cuda" if meter.cuda else None)  # on a GPU, what the GPU holds
+    offloaded = role_bytes(trainer, "cpu") if meter.cuda else {}  # optim.offload_*: in CPU memory instead
     peak = meter.peak_bytes()
     return {
         "peak_bytes": peak,
         "peak_kind": meter.kind,
         "baseline_bytes": meter.base,
         "roles": roles,
+        "offloaded_to_cpu": {k: v for k, v in offloaded.items() if v},
         "activations_other_bytes": peak - sum(roles.values()),
         "gradients": "computed: numel x element size of the trainable parameters (held during backward)",
     }

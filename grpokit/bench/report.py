@@ -63,6 +63,8 @@ def print_table(result: dict[str, Any], file=None) -> None:
             if size:
                 rows.append((f"  {role.replace('_', ' ')}", size / 2**30, None, None))
         rows.append(("  activations/other", memory["activations_other_bytes"] / 2**30, None, None))
+        for role, size in memory.get("offloaded_to_cpu", {}).items():  # optim.offload_*: not in the peak
+            rows.append((f"  (in CPU memory) {role.replace('_', ' ')}", size / 2**30, None, None))
     roof = result["roofline_h100"]
     rows.append(("H100 decode bound s", roof["seconds"], None, None))
     oom = bool(trl and trl.get("out_of_memory"))

@@ -89,7 +89,9 @@ def test_critic_roles_come_from_critic_and_critic_optimizer():
     assert got["policy_optimizer"] == 2 * 440 + 2 * 4
     assert got["critic_weights"] == 4 * 49 and got["critic_gradients"] == 4 * 49
     assert got["critic_optimizer"] == 2 * 4 * 49 + 4 * 4
-    t.critic.model = torch.nn.ModuleList([policy])  # a critic made of the policy's own tensors adds no weights
+    t.critic.model = torch.nn.ModuleList(
+        [policy]
+    )  # a critic made of the policy's own tensors adds no weights
     assert role_bytes(t)["critic_weights"] == 0
 
 
@@ -147,3 +149,27 @@ def test_algos_grpo_ppo_counts_the_critic(cache_dir, tmp_path, one_thread):
     assert ppo["critic_optimizer"] >= 2 * ppo["critic_gradients"]  # AdamW: two moments per trainable value
     ratios = bench.compare_algos(results)["grpo/ppo"]
     assert ratios["peak_memory"] > 0 and ratios["step_s"] > 0
+
+
+def test_an_offloaded_optimizer_counts_in_cpu_memory_not_on_the_gpu():
+    """role_bytes by device: AdamW's two fp32 moments and the weight copy of an OffloadedOptimizer are in
+    CPU memory: 3 x 4 bytes per parameter there, and a float32 step count per tensor (weight and bias),
+    nothing on CUDA (grpokit.model.offload)."""
+    from types import SimpleNamespace
+
+    from grpokit.config.schema import load_config
+    from grpokit.model.precision import PRECISIONS, make_optimizer
+
+    model = torch.nn.Linear(6, 5)  # 35 parameters
+    cfg = load_config(None, ["optim.offload_optimizer=true"])
+    optimizer = make_optimizer(list(model.parameters()), PRECISIONS["fp32"], cfg.optim, torch.device("cpu"))
+    model(torch.ones(2, 6)).sum().backward()
+    optimizer.step()
+    trainer = SimpleNamespace(
+        model=model, learner=SimpleNamespace(optimizer=optimizer), ref_model=None, critic=None
+    )
+    assert role_bytes(trainer, "cpu")["policy_optimizer"] == 35 * 3 * 4 + 2 * 4
+    assert (
+        role_bytes(trainer, "cuda")["policy_optimizer"] == 0
+        and role_bytes(trainer, "cuda")["policy_weights"] == 0
+    )
