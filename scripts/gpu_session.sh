@@ -96,7 +96,7 @@ for part in "$@"; do
       bench 1.5b-full-kahan-offload-packed-beta0-cap16 300 --shape standard --model-size 1.5b --steps 3 \
         --memory-cap-gib 16 --beta 0 --precision bf16_kahan --set optim.offload_optimizer=true \
         --set optim.packing=true --set optim.micro_batch_tokens=16384
-      bench 1.5b-full-kahan-offload-ref-packed-cap16 280 --shape standard --model-size 1.5b --steps 3 \
+      bench 1.5b-full-kahan-offload-ref-packed-cap16 220 --shape standard --model-size 1.5b --steps 2 \
         --memory-cap-gib 16 --beta 0.04 --precision bf16_kahan --set optim.offload_optimizer=true \
         --set optim.offload_reference=true --set optim.packing=true --set optim.micro_batch_tokens=16384
       ;;
