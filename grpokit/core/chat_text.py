@@ -93,3 +93,31 @@ def encode_text(tokenizer, text: str, *, plain: bool) -> list[int]:
     if plain:
         return list(tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"])
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def encode_pieces_with_offsets(
+    tokenizer, pieces: Sequence[tuple[str, bool]], add_special_tokens: bool = False
+) -> tuple[list[int], list[tuple[int, int]]]:
+    """:func:`encode_pieces` with each token's (start, end) characters in the pieces' joined text (a fast
+    tokenizer's offset mapping, piece by piece); ``add_special_tokens``: the tokenizer's own BOS/EOS around
+    them, at (0, 0), as ``tokenizer(text)`` adds them."""
+    ids: list[int] = []
+    offsets: list[tuple[int, int]] = []
+    at = 0
+    for text, is_data in pieces:
+        text = clean_text(text)
+        if text:
+            enc = tokenizer(
+                text, add_special_tokens=False, split_special_tokens=is_data, return_offsets_mapping=True
+            )
+            ids += list(enc["input_ids"])
+            offsets += [(at + s, at + e) for s, e in enc["offset_mapping"]]
+        at += len(text)
+    if add_special_tokens:
+        probe = list(tokenizer("a", add_special_tokens=False)["input_ids"])
+        full = list(tokenizer("a", add_special_tokens=True)["input_ids"])
+        k = next((k for k in range(len(full)) if full[k : k + len(probe)] == probe), 0)
+        before, after = full[:k], full[k + len(probe) :]
+        ids = before + ids + after
+        offsets = [(0, 0)] * len(before) + offsets + [(0, 0)] * len(after)
+    return ids, offsets

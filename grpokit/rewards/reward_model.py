@@ -21,6 +21,8 @@ process (a GPU model cannot run in a forked worker, and it would load again ther
 Input text: for a prompt given as chat messages, and a tokenizer with a chat template, the
 conversation prompt + [assistant: completion] through the reward model's own template (the PRM: the
 prompt with the generation prompt, then the completion); otherwise prompt + completion as plain text.
+The messages' and the completion's text is data (grpokit.core.chat_text): chat markers typed in a
+completion ("<|im_end|><|im_start|>user ...") are tokenized as characters, never as turn boundaries.
 
 Padding rule: rows are padded on the right with the tokenizer's pad token; a tokenizer without one
 takes the model config's pad_token_id; with neither the entry is refused (a classifier finds the last
@@ -42,6 +44,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+from grpokit.core.chat_text import encode_pieces, encode_pieces_with_offsets, render_pieces
 from grpokit.rewards._text import is_conversational, to_text
 from grpokit.rewards.process import step_ends
 
@@ -95,6 +98,19 @@ def _load(path: str, kinds: tuple[str, ...], what: str, device: str, dtype: str)
     return model, tokenizer, kind
 
 
+def _right_padded(rows: list[list[int]], pad_id: int):
+    """(input_ids, attention_mask), each (B, T), the rows padded on the right with ``pad_id``."""
+    import torch
+
+    width = max(1, max(len(r) for r in rows))
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)  # (B, T)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)  # (B, T)
+    for b, r in enumerate(rows):
+        ids[b, : len(r)] = torch.tensor(r, dtype=torch.long)
+        mask[b, : len(r)] = 1
+    return ids, mask
+
+
 def _batches(n: int, size: int):
     for start in range(0, n, size):
         yield range(start, min(n, start + size))
@@ -113,29 +129,27 @@ def make_reward_model(
     limit = max_length or (tokenizer.model_max_length if tokenizer.model_max_length < 1_000_000 else None)
     device_ = next(model.parameters()).device
 
-    def text_of(prompt, completion) -> str:
+    def ids_of(prompt, completion) -> list[int]:
+        """The model's input ids: the template's markers as special tokens, every text as plain text."""
         answer = to_text(completion)
         if is_conversational(prompt) and tokenizer.chat_template:
             messages = [*prompt, {"role": "assistant", "content": answer}]
-            return tokenizer.apply_chat_template(messages, tokenize=False)
-        return to_text(prompt) + answer
+            ids = encode_pieces(tokenizer, render_pieces(tokenizer, messages))
+        else:
+            ids, _ = encode_pieces_with_offsets(
+                tokenizer, [(to_text(prompt) + answer, True)], add_special_tokens=True
+            )
+        return ids[-limit:] if limit else ids  # longer inputs lose their beginning
 
     def reward_model(prompts, completions, **kwargs) -> list[float]:
         import torch  # here, not at the top: grpokit.rewards imports without torch (the sandbox)
 
-        texts = [text_of(p, c) for p, c in zip(prompts, completions)]
+        encoded = [ids_of(p, c) for p, c in zip(prompts, completions)]
         scores: list[float] = []
-        for rows in _batches(len(texts), batch_size):
-            enc = tokenizer(
-                [texts[i] for i in rows],
-                return_tensors="pt",
-                padding=True,
-                truncation=limit is not None,
-                max_length=limit,
-                add_special_tokens=not any(is_conversational(prompts[i]) for i in rows),
-            ).to(device_)
+        for rows in _batches(len(encoded), batch_size):
+            input_ids, mask = _right_padded([encoded[i] for i in rows], tokenizer.pad_token_id)
             with torch.inference_mode():
-                logits = model(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"]).logits
+                logits = model(input_ids=input_ids.to(device_), attention_mask=mask.to(device_)).logits
             scores += logits[:, 0].float().tolist()  # (B,)
         return scores
 
@@ -176,20 +190,24 @@ def make_process_reward_model(
     elif model.config.num_labels > 1 and not 0 <= positive_label < model.config.num_labels:
         raise ValueError(f"positive_label={positive_label} but {path} has {model.config.num_labels} labels")
 
-    def encode(prompt, completion) -> tuple[str, list[int], list[int]]:
-        """(model input text, each step's end offset in it, each step's char_end in the completion)."""
+    def encode(prompt, completion) -> tuple[list[int], list[tuple[int, int]], list[int], list[int]]:
+        """(input ids, their character offsets, each step's end offset in the input text, each step's
+        char_end in the completion); the texts as data, the template's markers and the step tag not."""
         answer = to_text(completion)
         if is_conversational(prompt) and tokenizer.chat_template:
-            text = tokenizer.apply_chat_template(list(prompt), tokenize=False, add_generation_prompt=True)
+            pieces = render_pieces(tokenizer, list(prompt), add_generation_prompt=True)
         else:
-            text = to_text(prompt)
+            pieces = [(to_text(prompt), True)]
+        length = sum(len(text) for text, _ in pieces)
         ends, at, start = [], [], 0
         for end in step_ends(answer, step_separator):
-            text += answer[start:end] + (step_tag or "")
-            at.append(len(text))
+            pieces += [(answer[start:end], True), (step_tag or "", False)]
+            length += end - start + len(step_tag or "")
+            at.append(length)
             ends.append(end)
             start = end
-        return text, at, ends
+        ids, offsets = encode_pieces_with_offsets(tokenizer, pieces, add_special_tokens=True)
+        return ids, offsets, at, ends
 
     def process_reward_model(prompts, completions, **kwargs) -> list[list[tuple[int, float]]]:
         import torch  # here, not at the top: grpokit.rewards imports without torch (the sandbox)
@@ -197,12 +215,10 @@ def make_process_reward_model(
         encoded = [encode(p, c) for p, c in zip(prompts, completions)]
         out: list[list[tuple[int, float]]] = []
         for rows in _batches(len(encoded), batch_size):
-            texts = [encoded[i][0] for i in rows]
-            enc = tokenizer(texts, return_tensors="pt", padding=True, return_offsets_mapping=True)
-            offsets = enc.pop("offset_mapping").tolist()  # (B, T, 2)
-            enc = enc.to(device_)
+            input_ids, mask = _right_padded([encoded[i][0] for i in rows], tokenizer.pad_token_id)
+            offsets = [encoded[i][1] for i in rows]  # (B, T_b, 2)
             with torch.inference_mode():
-                logits = model(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"]).logits
+                logits = model(input_ids=input_ids.to(device_), attention_mask=mask.to(device_)).logits
             if kind == CAUSAL:
                 probs = logits[..., pair].float().softmax(-1)[..., 0]  # (B, T) P(good)
             elif logits.shape[-1] == 1:
@@ -210,7 +226,7 @@ def make_process_reward_model(
             else:
                 probs = logits.float().softmax(-1)[..., positive_label]  # (B, T)
             for b, i in enumerate(rows):
-                _, at, ends = encoded[i]
+                _, _, at, ends = encoded[i]
                 spans = offsets[b]
                 steps = []
                 for position, end in zip(at, ends):

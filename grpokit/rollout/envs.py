@@ -187,12 +187,13 @@ def check_step(value: object, max_chars: int | None) -> EnvStep:
         reward = float(reward)
         if not math.isfinite(reward):
             raise ValueError(f"gave the reward {reward}; a reward must be finite")
-    if not isinstance(value.done, (bool, int)) or isinstance(value.done, float):
-        raise ValueError(f"gave done of type {type(value.done).__name__}, not a bool")
+    done = value.done
+    if not (isinstance(done, (bool, numbers.Integral)) and done in (0, 1)) and type(done).__name__ != "bool_":
+        raise ValueError(f"gave done of type {type(done).__name__}, not a bool")  # (numpy's bool_ is one)
     counts = (value.tool_calls, value.tool_errors, value.tool_timeouts)
-    if not all(isinstance(c, int) and c >= 0 for c in counts):
+    if not all(isinstance(c, numbers.Integral) and c >= 0 for c in counts):
         raise ValueError("gave tool_calls/tool_errors/tool_timeouts that are not counts (integers >= 0)")
-    return EnvStep(messages, reward, bool(value.done), *counts, over_budget=bool(value.over_budget))
+    return EnvStep(messages, reward, bool(done), *map(int, counts), over_budget=value.over_budget is True)
 
 
 def describe_error(e: BaseException) -> str:

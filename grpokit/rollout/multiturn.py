@@ -258,7 +258,7 @@ def run_episodes(
             over = True
         except EnvFailure as e:
             failure = str(e)
-        except Exception as e:  # noqa: BLE001 - the environment's own code raised, in this process
+        except (Exception, SystemExit) as e:  # noqa: BLE001 - the environment's own code raised, in this process
             failure = f"{op} raised {describe_error(e)}"
         seconds = time.monotonic() - t0
         over = over or (until is not None and time.monotonic() > until and failure is None)
