@@ -6,7 +6,10 @@ the trainer imports it itself (a module that returns or raises in the child is t
 trainer, so import-time side effects run twice).
 
 A fork, not a fresh interpreter: the child already holds everything the trainer imported (torch, ...),
-so the probe costs about the module's own import time."""
+so the probe costs about the module's own import time. The child dies with the trainer (a parent-death
+signal: killing the trainer, SIGKILL included, leaves no probe behind) and its stdin, stdout and stderr
+are /dev/null, so nothing it starts holds the trainer's output open (what the module prints at import
+time is printed once, by the trainer's own import)."""
 
 from __future__ import annotations
 
@@ -84,6 +87,7 @@ def probe_import(load: Callable[[], object], timeout_s: float | None = None) -> 
     if timeout_s is None:
         timeout_s = float(os.environ.get("GRPOKIT_REWARD_IMPORT_TIMEOUT_S") or IMPORT_TIMEOUT_S)
     read_fd, write_fd = os.pipe()
+    parent = os.getpid()
     with warnings.catch_warnings():  # Python >= 3.12 warns on fork with threads: the child only imports
         warnings.filterwarnings("ignore", message=".*fork", category=DeprecationWarning)
         pid = os.fork()
@@ -91,6 +95,10 @@ def probe_import(load: Callable[[], object], timeout_s: float | None = None) -> 
         code = 0
         try:
             os.close(read_fd)
+            _die_with(parent)
+            null = os.open(os.devnull, os.O_RDWR)
+            for fd in (0, 1, 2):  # never the trainer's stdout: a `| tee` or a CI log would wait for it
+                os.dup2(null, fd)
             os.setpgid(0, 0)  # its own group: whatever the module starts is killed with it
             for sig in (signal.SIGINT, signal.SIGTERM):
                 signal.signal(sig, signal.SIG_DFL)
@@ -120,6 +128,18 @@ def probe_import(load: Callable[[], object], timeout_s: float | None = None) -> 
     if os.WIFSIGNALED(status):
         return f"importing it killed the process (signal {signal.Signals(os.WTERMSIG(status)).name})"
     return f"importing it ended the process (exit code {os.waitstatus_to_exitcode(status)})"
+
+
+def _die_with(parent: int) -> None:
+    """Linux: the kernel kills this process when its parent (the trainer) dies, SIGKILLed included."""
+    try:
+        import ctypes  # noqa: PLC0415 - only in the probe's child
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass  # not Linux: the parent's timeout still ends a hung import
+    if os.getppid() != parent:  # the parent died before the signal was armed
+        os._exit(1)
 
 
 def _read_until_closed(fd: int, timeout_s: float) -> tuple[bytes, bool]:

@@ -96,12 +96,17 @@ def test_sigkill_of_the_trainer_leaves_no_process_of_its_rewards(spawner, tmp_pa
         *SMALL_RUN,
     ]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    trainer = subprocess.Popen([sys.executable, "-m", "grpokit", "train", *argv], env=env, stderr=subprocess.DEVNULL)
+    trainer = subprocess.Popen(
+        [sys.executable, "-m", "grpokit", "train", *argv], env=env, stderr=subprocess.DEVNULL
+    )
     try:
         pids = wait_for_pids(spawner.with_suffix(".pids"))
-        workers = [int(p) for p in subprocess.run(
-            ["pgrep", "-P", str(trainer.pid)], capture_output=True, text=True
-        ).stdout.split()]
+        workers = [
+            int(p)
+            for p in subprocess.run(
+                ["pgrep", "-P", str(trainer.pid)], capture_output=True, text=True
+            ).stdout.split()
+        ]
         assert workers and all(alive(p) for p in pids)
     finally:
         trainer.send_signal(signal.SIGKILL)
@@ -119,11 +124,15 @@ def test_sigkill_of_the_trainer_leaves_no_process_of_its_rewards(spawner, tmp_pa
     ],
     ids=["exit-7", "killed", "hangs"],
 )
-def test_a_reward_file_that_ends_or_hangs_at_import_is_a_named_error(tmp_path, monkeypatch, capsys, body, words):
+def test_a_reward_file_that_ends_or_hangs_at_import_is_a_named_error(
+    tmp_path, monkeypatch, capsys, body, words
+):
     monkeypatch.setenv("GRPOKIT_REWARD_IMPORT_TIMEOUT_S", "2")
     path = tmp_path / "bad_rewards.py"
     path.write_text(body + "\ndef score(prompts, completions, **kw):\n    return [0.0] * len(completions)\n")
-    with pytest.raises(RewardConfigError, match=f"rewards\\[0\\].name='{path}:score': running {path} failed: .*{words}"):
+    with pytest.raises(
+        RewardConfigError, match=f"rewards\\[0\\].name='{path}:score': running {path} failed: .*{words}"
+    ):
         resolve_reward_specs([{"name": f"{path}:score"}])
     (tmp_path / "data.jsonl").write_text('{"prompt": "1+1=", "answer": "2"}\n')
     code = main(["train", "model.name_or_path=/nonexistent", f"train.output_dir={tmp_path / 'run'}",
@@ -137,3 +146,32 @@ def test_a_module_that_ends_the_process_at_import_is_a_named_error(tmp_path, mon
     monkeypatch.syspath_prepend(str(tmp_path))
     with pytest.raises(RewardConfigError, match="importing module 'exits_at_import' failed: .*exit code 3"):
         resolve_reward_specs([{"name": "exits_at_import:score"}])
+
+
+@pytest.mark.slow
+def test_sigkill_of_the_trainer_during_the_import_probe_leaves_nothing_holding_its_output(tmp_path):
+    """The trainer is killed while the probe child imports a slow reward file: the probe dies with it
+    (parent-death signal) and never held the trainer's stdout, so a reader of that output (`| tee`, a
+    CI log) sees its end at once. Before: the probe lived on under init for the file's whole sleep,
+    holding the pipe open."""
+    mark = tmp_path / "probe.pid"
+    slow = tmp_path / "slow_rewards.py"
+    slow.write_text(f"import os, time\nopen({str(mark)!r}, 'w').write(str(os.getpid()))\ntime.sleep(120)\n")
+    script = (
+        f"from grpokit.core.user_code import load_module\nload_module({str(slow)!r}, 'score', 'rewards[0]')\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    trainer = subprocess.Popen([sys.executable, "-c", script], env=env, stdout=subprocess.PIPE)
+    deadline = time.monotonic() + 60
+    while not (mark.exists() and mark.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    probe = int(mark.read_text())
+    trainer.kill()
+    trainer.wait()
+    start = time.monotonic()
+    assert trainer.stdout.read() == b""  # end of file: nobody holds the pipe any more
+    assert time.monotonic() - start < 10
+    deadline = time.monotonic() + 5
+    while alive(probe) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not alive(probe)
