@@ -18,9 +18,14 @@ with k > 1 TRL's schedule is followed as a staircase of k equal steps (said in t
 
 Loss normalisers. TRL's loss is per micro-batch (per_device_train_batch_size rows) divided by the
 gradient accumulation steps; grpokit's always uses the whole mini-batch's normaliser. They agree for
-grpo (mean over sequences), dr_grpo (sum / (rows x max_completion_length)) and dapo (tokens of the
-generation batch) when k = 1; bnpo (each micro-batch's own token count) only without accumulation.
-The other cases are refused, naming the nearest setting.
+grpo and sapo (mean over sequences), luspo (mean over sequences of their token sums), dr_grpo (sum / (rows x
+max_completion_length)) and dapo and cispo (tokens of the generation batch) when k = 1; bnpo (each micro-batch's
+own token count) only without accumulation. The other cases are refused, naming the nearest setting.
+
+The second generation (issue 35): loss_type cispo and sapo choose algo.surrogate (cispo's epsilon_high is the cap
+of the weight itself, grpokit's 1 + eps_high), off_policy_mask_threshold is algo.off_policy_mask (its KL is to the
+sampler's log-probs, as TRL's sampling_per_token_logps), use_bias_correction_kl with beta > 0 is
+algo.kl_is_correction. vespo, top_entropy_quantile and the entropy bonus are refused.
 """
 
 from __future__ import annotations
@@ -32,8 +37,16 @@ from grpokit.core.errors import ConfigError
 SCALE_REWARDS = {"group": "group_std", "batch": "group_centre_reward_std", "none": "group_centre"}
 """TRL's scale_rewards -> algo.advantage (batch: std of the batch's rewards, not of the centred ones)."""
 
-LOSS_TYPES = {"grpo": "seq-mean-token-mean", "dr_grpo": "seq-sum-norm", "dapo": "token-mean", "bnpo": "token-mean"}
-"""TRL's loss_type -> algo.agg (conditions in the module doc)."""
+LOSS_TYPES = {
+    "grpo": "seq-mean-token-mean", "dr_grpo": "seq-sum-norm", "dapo": "token-mean", "bnpo": "token-mean",
+    "cispo": "token-mean", "sapo": "seq-mean-token-mean", "luspo": "seq-sum-norm",
+}  # fmt: skip
+"""TRL's loss_type -> algo.agg (conditions in the module doc); cispo and sapo also choose algo.surrogate, luspo
+sums over tokens (algo.norm_len=1). TRL's normaliser of cispo is dapo's, of sapo grpo's, of luspo a mean over
+sequences of the token sums."""
+
+SURROGATES = {"cispo": "cispo", "sapo": "sapo"}
+"""TRL's loss_type -> algo.surrogate where it is not the clipped one."""
 
 TRL_DEFAULTS: dict[str, Any] = {
     "num_generations": 8, "max_completion_length": 512, "temperature": 1.0, "top_p": 1.0, "top_k": 0,
@@ -43,6 +56,8 @@ TRL_DEFAULTS: dict[str, Any] = {
     "lr_scheduler_type": "linear", "warmup_steps": 0, "max_steps": -1,
     "num_train_epochs": 3.0, "seed": 42, "beta": 0.0, "epsilon": 0.2, "epsilon_high": None,
     "importance_sampling_level": "token", "loss_type": "dapo", "scale_rewards": "group",
+    "sapo_temperature_pos": 1.0, "sapo_temperature_neg": 1.05, "off_policy_mask_threshold": None,
+    "use_bias_correction_kl": True,
     "mask_truncated_completions": False, "gradient_checkpointing": True, "shuffle_dataset": True,
     "logging_steps": 10, "save_steps": 500, "save_total_limit": None, "eval_steps": None,
     "eval_strategy": "no", "report_to": "none", "log_completions": False, "output_dir": "trainer_output",
@@ -76,7 +91,6 @@ REFUSED_UNLESS_DEFAULT: dict[str, tuple[Any, str]] = {
     "top_entropy_quantile": (1.0, "no entropy mask on the loss"),
     "entropy_coef": (0.0, "no entropy bonus"),
     "use_adaptive_entropy": (False, "no entropy bonus"),
-    "off_policy_mask_threshold": (None, "no off-policy sequence mask"),
     "disable_dropout": (False, "the policy keeps its dropout (0 in most LMs)"),
     "cast_lm_head_to_fp32": (False, "log-probs are computed chunk by chunk in the model's dtype"),
     "max_tool_calling_iterations": (None, "tool calls: see grpokit's multi-turn rollouts"),
@@ -101,7 +115,7 @@ SCRIPT_KEYS = {
 
 TRL_KEYS = frozenset(TRL_DEFAULTS) | INERT | frozenset(REFUSED_UNLESS_DEFAULT) | frozenset(SCRIPT_KEYS) | {
     "model_init_kwargs", "trust_remote_code", "num_generations_eval", "chat_template_kwargs",
-    "max_prompt_length", "reward_weights", "reward_funcs", "use_bias_correction_kl", "warmup_ratio",
+    "max_prompt_length", "reward_weights", "reward_funcs", "warmup_ratio",
 }
 """Every key from_trl knows (what makes a flat YAML look like a TRL one)."""
 
@@ -169,7 +183,7 @@ def from_trl(values: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
     scale = {True: "group", False: "none"}.get(scale, scale)
     if loss_type not in LOSS_TYPES:
         raise ConfigError(
-            f"TRL loss_type={loss_type!r} is not supported (cispo, sapo, luspo, vespo have no grpokit loss); "
+            f"TRL loss_type={loss_type!r} is not supported (vespo has no grpokit surrogate); "
             f"choose one of {sorted(LOSS_TYPES)}"
         )
     if scale not in SCALE_REWARDS:
@@ -180,28 +194,39 @@ def from_trl(values: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
             "token count (the result depends on how the batch is split; 13.5% off in one test); grpokit "
             "normalises by the whole mini-batch: use loss_type='dapo' (the same, split-free) or accumulation 1"
         )
-    if loss_type == "dapo" and mini_batches > 1:
+    if loss_type in ("dapo", "cispo") and mini_batches > 1:
         raise ConfigError(
-            "TRL loss_type='dapo' with steps_per_generation > gradient_accumulation_steps divides every "
+            f"TRL loss_type={loss_type!r} with steps_per_generation > gradient_accumulation_steps divides every "
             "optimizer step by the generation batch's tokens / steps (not the step's own tokens); grpokit "
             "uses the mini-batch's own token count: set steps_per_generation = gradient_accumulation_steps"
         )
     beta = float(v["beta"])
-    if beta > 0 and v.get("use_bias_correction_kl", True):
-        raise ConfigError(
-            "TRL beta > 0 with use_bias_correction_kl=True (TRL's default) multiplies the KL by the "
-            "importance ratio; grpokit's KL term has no such correction: set use_bias_correction_kl: false "
-            "to train with the plain k3 KL"
-        )
     eps = float(v["epsilon"])
+    eps_high = float(v["epsilon_high"] if v["epsilon_high"] is not None else eps)
+    # TRL's cispo caps the weight at epsilon_high itself, min(rho, epsilon_high), with no lower bound
+    if loss_type == "cispo":
+        if eps_high <= 1:
+            raise ConfigError(
+                f"TRL loss_type='cispo' caps the importance weight at epsilon_high={eps_high:g} itself (not at "
+                "1 + epsilon_high), so every token's weight would be below 1; set epsilon_high above 1 (TRL "
+                "recommends 5.0)"
+            )
+        eps, eps_high = 1.0, eps_high - 1.0
     out["algo"].update(
         preset="grpo", advantage=SCALE_REWARDS[scale], std_ddof=1, std_eps=1e-4, agg=LOSS_TYPES[loss_type],
-        eps_low=eps, eps_high=float(v["epsilon_high"] if v["epsilon_high"] is not None else eps), beta=beta,
-        kl_kind="k3", ratio_level=v["importance_sampling_level"],
+        eps_low=eps, eps_high=eps_high, beta=beta, kl_kind="k3", ratio_level=v["importance_sampling_level"],
+        surrogate=SURROGATES.get(loss_type, "clip"), kl_is_correction=beta > 0 and bool(v["use_bias_correction_kl"]),
         mask_truncated=bool(v["mask_truncated_completions"]), dynamic_sampling=False, overlong_shaping=False,
     )  # fmt: skip
     if loss_type == "dr_grpo":
         out["algo"]["norm_len"] = int(v["max_completion_length"])
+    if loss_type == "luspo":
+        out["algo"]["norm_len"] = 1
+    if loss_type == "sapo":
+        taus = float(v["sapo_temperature_pos"]), float(v["sapo_temperature_neg"])
+        out["algo"].update(sapo_tau_pos=taus[0], sapo_tau_neg=taus[1])
+    if v["off_policy_mask_threshold"] is not None:
+        out["algo"]["off_policy_mask"] = float(v["off_policy_mask_threshold"])
 
     # optimisation
     out["optim"].update(

@@ -210,8 +210,9 @@ def test_trl_algorithm_fields_map_to_the_same_algorithm():
     [
         ({"loss_type": "bnpo", "gradient_accumulation_steps": 2}, "loss_type='bnpo' with gradient_accumulation_steps > 1"),
         ({"loss_type": "dapo", "steps_per_generation": 2}, "steps_per_generation = gradient_accumulation_steps"),
-        ({"loss_type": "cispo"}, "loss_type='cispo' is not supported"),
-        ({"beta": 0.04}, "use_bias_correction_kl"),
+        ({"loss_type": "vespo"}, "loss_type='vespo' is not supported"),
+        ({"loss_type": "cispo"}, "caps the importance weight at epsilon_high=0.2 itself"),
+        ({"loss_type": "cispo", "epsilon_high": 5.0, "steps_per_generation": 2}, "loss_type='cispo' with steps_per"),
         ({"max_steps": 10, "steps_per_generation": 4, "loss_type": "grpo"}, "use a multiple of 4"),
         ({"min_p": 0.1}, "min_p=0.1 is not supported: not implemented"),
         ({"repetition_penalty": 1.1}, "repetition_penalty=1.1 is not supported"),

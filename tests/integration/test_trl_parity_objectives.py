@@ -182,3 +182,38 @@ def test_bias_corrected_kl_is_trls_use_bias_correction_kl():
     plain = our_loss(t, **preset_kwargs("grpo", beta=0.04))
     assert_same(plain, trl_loss(t, loss_type="grpo", beta=0.04, use_bias_correction_kl=False))
     assert not torch.allclose(plain[1], ours[1])
+
+
+# ------------------------------------------------------------------ the importer (grpokit.config.trl)
+
+
+@pytest.mark.parametrize(
+    "fields,algo",
+    [
+        (
+            {"loss_type": "cispo", "epsilon_high": 5.0},
+            {"surrogate": "cispo", "eps_low": 1.0, "eps_high": 4.0, "agg": "token-mean"},
+        ),
+        (
+            {"loss_type": "sapo", "sapo_temperature_pos": 0.5, "sapo_temperature_neg": 2.0},
+            {"surrogate": "sapo", "sapo_tau_pos": 0.5, "sapo_tau_neg": 2.0, "agg": "seq-mean-token-mean"},
+        ),
+        (
+            {"loss_type": "luspo", "importance_sampling_level": "sequence"},
+            {"surrogate": "clip", "ratio_level": "sequence", "agg": "seq-sum-norm", "norm_len": 1},
+        ),
+        ({"off_policy_mask_threshold": 0.5}, {"off_policy_mask": 0.5, "kl_is_correction": False}),
+        (
+            {"beta": 0.04},
+            {"beta": 0.04, "kl_is_correction": True},
+        ),  # TRL's default use_bias_correction_kl=True
+        ({"beta": 0.04, "use_bias_correction_kl": False}, {"kl_is_correction": False}),
+    ],
+)
+def test_the_importer_maps_the_second_generation(fields, algo):
+    from grpokit.algos import AlgoSettings
+    from grpokit.config.trl import from_trl
+
+    got = from_trl(fields)[0]["algo"]
+    assert {k: got.get(k) for k in algo} == algo
+    AlgoSettings.of(**{k: v for k, v in got.items() if k != "preset"})  # a valid algorithm
