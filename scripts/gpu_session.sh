@@ -4,6 +4,7 @@
 #   here, once:    bash scripts/gpu_session.sh fetch     # wheels the device image lacks -> .whl/
 #                                                        # and the TRL anchor script -> shared/bench/
 #   on the GPU:    bash scripts/gpu_session.sh PART [PART ...]   (carry .whl), parts:
+#     gputests   the GPU-marked tests alone (CUDA-only paths: graphs, offload, packing's kernels)
 #     tests      GPU-marked tests, then the decode/generation/trainer/learner/precision tests on a CUDA host
 #     standard   0.5b, standard shape, beside TRL
 #     long       0.5b, long shape, beside TRL
@@ -69,6 +70,10 @@ for part in "$@"; do
       timeout -k 10 120 python3 -m pytest -q -m gpu tests -p no:cacheprovider 2>&1 | tail -30 | tee -a "$LOG"
       timeout -k 10 200 python3 -m pytest -q -p no:cacheprovider tests/integration/test_grpo_trainer.py tests/unit/rollout/test_generation.py \
         tests/integration/test_multiturn_training.py tests/unit/model/test_precision.py tests/unit/train/test_critic.py 2>&1 | tail -40 | tee -a "$LOG"
+      ;;
+    gputests)
+      echo "=== gputests ($(date -u +%T))" | tee -a "$LOG"
+      timeout -k 10 150 python3 -m pytest -q -m gpu tests -p no:cacheprovider 2>&1 | tail -30 | tee -a "$LOG"
       ;;
     standard) bench standard 330 --shape standard --model-size 0.5b --steps 4 --compare trl ;;
     long) bench long 420 --shape long --model-size 0.5b --steps 3 --compare trl ;;
