@@ -93,8 +93,8 @@ def check_critic(cfg: Any) -> None:
 def check_settings_in_use(cfg: Any) -> None:
     """Settings changed from their default in a part that is off would be silently ignored: refused, as
     critic.* without a critic is: lora.* without lora.enabled, the multi-turn rollout.* settings without
-    rollout.tools or rollout.environment, the fast engine's cache settings with rollout.engine=hf. Checked
-    when a trainer starts (a Python API user may set rollout.tools in code after load_config)."""
+    rollout.tools or rollout.environment, the fast engine's cache settings with rollout.engine=hf, rollout.vllm.*
+    without rollout.engine=vllm. Checked when a trainer starts (a Python API user may set rollout.tools in code after load_config)."""
     lora = [f.name for f in dataclasses.fields(cfg.lora) if f.name != "enabled"]
     checks = [(cfg.lora, "lora", lora, cfg.lora.enabled, "lora.enabled=true")]
     r = getattr(cfg, "rollout", None)
@@ -109,6 +109,9 @@ def check_settings_in_use(cfg: Any) -> None:
             ),
             (r, "rollout", ["kv_cache", "cuda_graphs"], r.engine == "fast", "rollout.engine=fast"),
         ]
+        if hasattr(r, "vllm"):
+            vllm = [f.name for f in dataclasses.fields(r.vllm)]
+            checks.append((r.vllm, "rollout.vllm", vllm, r.engine == "vllm", "rollout.engine=vllm"))
     for section, prefix, names, on, how in checks:
         if on:
             continue

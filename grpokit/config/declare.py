@@ -241,6 +241,7 @@ def sections(cfg: Any) -> Iterator[tuple[str, Any]]:
             )
         elif dataclasses.is_dataclass(value):
             yield f.name, value
+            yield from ((f"{f.name}.{key}", inner) for key, inner in sections(value))  # rollout.vllm
 
 
 def check_tree(cfg: Any, skip: Iterable[str] = ()) -> None:

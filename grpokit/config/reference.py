@@ -78,6 +78,8 @@ def section_table(prefix: str, section: Any) -> list[str]:
         if declared is None:
             raise TypeError(f"{prefix}.{f.name} is not declared with grpokit.config.declare.setting")
         tp = hints[f.name]
+        if section_class(tp) is not None:
+            continue  # a section inside a section (rollout.vllm): its own table, nested_tables
         cells = [
             f"`{prefix}.{f.name}`",
             _cell(type_text(tp)),
@@ -106,8 +108,20 @@ def tree_markdown(command: str, what: str, cls: type) -> str:
             out += section_table(f"{f.name}[]", item_cls())
         else:
             out += section_table(f.name, value)
+            out += nested_tables(f.name, value)
         out.append("")
     return "\n".join(out)
+
+
+def nested_tables(prefix: str, section: Any) -> list[str]:
+    """A heading, description and table for each section inside ``section`` (rollout.vllm)."""
+    out: list[str] = []
+    hints = typing.get_type_hints(type(section))
+    for f in dataclasses.fields(section):
+        if section_class(hints[f.name]) is not None:
+            key = f"{prefix}.{f.name}"
+            out += ["", f"#### {key}", "", declaration(f).doc, "", *section_table(key, getattr(section, f.name))]
+    return out
 
 
 def settings_markdown() -> str:

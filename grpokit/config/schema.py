@@ -44,8 +44,13 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 """model.dtype: the dtypes a model loads in (grpokit.model.loading.DTYPES, and auto)."""
 TEMPLATE_NAMES = ("auto", "chat", "plain", "r1_zero")
 """data.template: grpokit.data.templates.TEMPLATE_NAMES."""
-ENGINES = ("fast", "hf")
-"""rollout.engine: the generators of grpokit.rollout.generation (FastGenerator, HFGenerator)."""
+ENGINES = ("fast", "hf", "vllm")
+"""rollout.engine: the generators of grpokit.rollout.generation (FastGenerator, HFGenerator) and
+grpokit.rollout.vllm (VLLMGenerator)."""
+VLLM_MODES = ("colocate",)
+"""rollout.vllm.mode: the ways grpokit.rollout.vllm runs the engine."""
+MISMATCH_CORRECTIONS = ("auto", "none", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
+"""rollout.mismatch_correction: auto, and grpokit.algos.mismatch.IS_MODES."""
 KV_CACHES = ("auto", "static", "dynamic")
 """rollout.kv_cache: the fast engine's KV cache (grpokit.rollout.decode)."""
 SCHEDULES = ("constant", "cosine", "linear")
@@ -138,6 +143,53 @@ class DataConfig:
 
 
 @dataclass
+class VLLMConfig:
+    mode: str = setting(
+        "colocate", "colocate: the engine in the trainer's process, beside the model it copies.", choices=VLLM_MODES
+    )
+    sync_every: int = setting(
+        1,
+        """Push the trainer's weights to the engine before a training rollout when this many steps passed since
+        the last push; > 1 samples off-policy (up to sync_every - 1 steps behind: rollout/weight_lag).
+        Evaluation and grpokit sample always push changed weights.""",
+        range="[1, inf)",
+        example=1,
+    )
+    check_weights: bool = setting(
+        True,
+        """After each push, and before each rollout meant to see current weights, compare the engine's readable
+        weights (embedding, norms, LM head) with the trainer's; a difference stops the run (WeightSyncError).""",
+    )
+    cpu_kv_cache_gib: int = setting(
+        1,
+        "CPU engine: GiB of KV cache (VLLM_CPU_KVCACHE_SPACE unless set; vLLM's default takes most of the RAM).",
+        range="[1, inf)",
+        example=1,
+    )
+    gpu_memory_utilization: float = setting(
+        0.3,
+        "GPU engine: share of the GPU's memory vLLM may take (weights and KV cache); the trainer needs the rest.",
+        range="(0, 1]",
+        example=0.3,
+    )
+    sleep: bool = setting(
+        False,
+        """GPU engine: sleep between rollouts (level 1: weights offloaded to CPU, KV cache freed), so the update
+        has that memory; woken for the next rollout. Not supported by vLLM on CPU (ignored there).""",
+    )
+    enforce_eager: bool | None = setting(
+        None,
+        "No torch.compile / CUDA graphs in the engine (null: true on CPU, where compiling takes minutes, else false).",
+    )
+    max_model_len: int | None = setting(
+        None,
+        "Prompt plus completion tokens the engine accepts (null: data.max_prompt_tokens + the completion budget).",
+        range="[1, inf)",
+        example=2048,
+    )
+
+
+@dataclass
 class RolloutConfig:
     group_size: int = setting(8, "G: completions sampled per prompt.", allowed=">= 2 (GRPO compares them)")
     prompts_per_step: int = setting(
@@ -162,7 +214,40 @@ class RolloutConfig:
     top_p: float = setting(1.0, "Nucleus sampling threshold.", range="(0, 1]", example=1.0, meaning="1 = off")
     top_k: int = setting(0, "Top-k sampling (0 = off).", range="[0, inf)", example=50, meaning="0 = off")
     engine: str = setting(
-        "fast", "fast (shared-prefix KV cache decode loop) | hf (transformers generate).", choices=ENGINES
+        "fast",
+        "fast (shared-prefix KV cache decode loop) | hf (transformers generate) | vllm (a vLLM engine, rollout.vllm).",
+        choices=ENGINES,
+    )
+    vllm: VLLMConfig = setting(VLLMConfig(), "The vLLM engine (rollout.engine=vllm; docs/guides/vllm.md).")
+    mismatch_correction: str = setting(
+        "auto",
+        """Importance weights pi_trainer / pi_sampler on each token's policy-gradient term, for the gap between
+        the engine's log-probs and the trainer's (grpokit.algos.mismatch; TRL's vllm_importance_sampling_mode):
+        token_truncate | token_mask | sequence_truncate | sequence_mask | none; auto: token_truncate with
+        rollout.engine=vllm, none otherwise.""",
+        choices=MISMATCH_CORRECTIONS,
+    )
+    mismatch_cap: float | None = setting(
+        2.0,
+        "Upper bound C of those weights: truncate caps them at C, mask zeroes the tokens above C (TRL's _clip_max).",
+        range="(0, inf)",
+        example=2.0,
+        meaning="null = no upper bound",
+    )
+    mismatch_floor: float | None = setting(
+        None,
+        "Lower bound of those weights: truncate raises them to it, mask zeroes the tokens below (TRL's _clip_min).",
+        range="[0, inf)",
+        example=0.5,
+        meaning="null = no lower bound",
+    )
+    max_sampler_kl: float = setting(
+        0.01,
+        """KL(sampler || trainer) per token (sampler_kl, k3) above which a run is warned, and stopped after 3
+        steps above it in a row, each higher than the last (the gap growing until collapse).""",
+        range="[0, inf)",
+        example=0.01,
+        meaning="0 = never warn or stop",
     )
     kv_cache: str = setting(
         "auto",

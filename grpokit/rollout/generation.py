@@ -216,11 +216,13 @@ def sample_tokens(
 
 def rollout_metrics(generator) -> dict[str, float]:
     """How the last rollout was decoded, as step metrics: ``rollout/cuda_graphs`` (1 when its decode
-    steps replayed CUDA graphs) and ``rollout/static_kv_cache`` (1 when it ran over the static KV cache)."""
+    steps replayed CUDA graphs), ``rollout/static_kv_cache`` (1 when it ran over the static KV cache) and
+    ``rollout/weight_lag`` (steps the engine's copy of the weights was behind: vllm's sync_every, else 0)."""
     stats = getattr(generator, "stats", {})
     return {
         "rollout/cuda_graphs": float(bool(stats.get("cuda_graphs", False))),
         "rollout/static_kv_cache": float(stats.get("engine") == "static"),
+        "rollout/weight_lag": float(stats.get("weight_lag", 0)),
     }
 
 

@@ -93,6 +93,21 @@ TRAIN: dict[str, Metric] = {
         "nats", "mean |trainer log-prob - sampler log-prob| of the sampled tokens (engine mismatch)"
     ),
     "sampler_logprob_diff/max": Metric("nats", "largest such difference"),
+    "sampler_kl": Metric(
+        "nats/token",
+        "KL(sampler || trainer) of the sampled tokens, k3 estimate (grpokit.algos.mismatch); rollout.max_sampler_kl",
+    ),
+    "mismatch/weight_mean": Metric(
+        "ratio", "mean importance weight pi_old / pi_sampler over loss tokens, bounded", "a mismatch correction"
+    ),
+    "mismatch/weight_min": Metric("ratio", "smallest such weight", "a mismatch correction"),
+    "mismatch/weight_max": Metric("ratio", "largest such weight", "a mismatch correction"),
+    "mismatch/bounded_frac": Metric(
+        "share", "loss tokens whose weight the cap or floor truncated or masked", "a mismatch correction"
+    ),
+    "rollout/weight_lag": Metric(
+        "steps", "steps the engine's weights are behind the trainer's (rollout.vllm.sync_every > 1)"
+    ),
     # PPO's critic: grpokit.train.critic
     "critic/value_loss": Metric(
         "loss", "clipped value loss, mean over the critic's optimizer steps", "a critic"
@@ -152,6 +167,13 @@ TRAIN: dict[str, Metric] = {
     "completions/max_length": Metric("tokens", f"{TRL_ALIAS}: completion_len/max"),
     "completions/clipped_ratio": Metric("share", f"{TRL_ALIAS}: truncated_frac"),
     "learning_rate": Metric("lr", f"{TRL_ALIAS}: lr"),
+    "sampling/sampling_logp_difference/mean": Metric("nats", f"{TRL_ALIAS}: sampler_logprob_diff/mean"),
+    "sampling/sampling_logp_difference/max": Metric("nats", f"{TRL_ALIAS}: sampler_logprob_diff/max"),
+    "sampling/importance_sampling_ratio/mean": Metric(
+        "ratio", f"{TRL_ALIAS}: mismatch/weight_mean", "a mismatch correction"
+    ),
+    "sampling/importance_sampling_ratio/min": Metric("ratio", f"{TRL_ALIAS}: mismatch/weight_min", "a mismatch correction"),
+    "sampling/importance_sampling_ratio/max": Metric("ratio", f"{TRL_ALIAS}: mismatch/weight_max", "a mismatch correction"),
 }
 
 # what an evaluation by generation reports (grpokit.rollout.evaluate, grpokit.rollout.episodes)

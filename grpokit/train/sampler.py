@@ -39,8 +39,9 @@ from grpokit.rollout.batch import (
     flat_rewards_message,
     step_seed,
 )
+from grpokit.rollout.engines import make_generator
 from grpokit.rollout.episodes import OVER_RANKS, EpisodeSampler
-from grpokit.rollout.generation import FastGenerator, HFGenerator, Rollout
+from grpokit.rollout.generation import Rollout
 from grpokit.train.distributed import Distributed
 
 
@@ -87,10 +88,9 @@ class Sampler:
         # the prompts' token ids (given when already encoded, as the trainer does before the model loads)
         self.encoded = encoded if encoded is not None else encode_rows(cfg.data, train_rows, tokenizer)
         self.stream = PromptStream(list(range(len(train_rows))), cfg.train.seed, cfg.data.shuffle)
-        if cfg.rollout.engine == "fast":
-            self.generator = FastGenerator(kv_cache=cfg.rollout.kv_cache, cuda_graphs=cfg.rollout.cuda_graphs)
-        else:
-            self.generator = HFGenerator()
+        self.generator = make_generator(  # rollout.engine (grpokit.rollout.engines)
+            cfg.rollout, max_model_len=max_model_len(cfg), seed=cfg.train.seed, say=self.say
+        )
         self.flat_steps = 0  # consecutive steps with no reward spread in any group
         self.had_spread, self.best_reward = False, float("-inf")  # for telling "solved" from "stuck"
 
@@ -229,8 +229,12 @@ class Sampler:
         """G completions of each prompt (token ids), sampled from the policy as it is at ``step``."""
         r = self.cfg.rollout
         self.model.eval()
+        model = self.dist.generation_model(self.model, step)
+        sync = getattr(self.generator, "sync", None)
+        if sync is not None:  # an engine holding a copy of the weights (vllm): pushed as rollout.vllm says
+            sync(model, step)
         out = self.generator.generate(
-            self.dist.generation_model(self.model, step),
+            model,
             prompt_ids,
             group_size=group_size or r.group_size,
             max_new_tokens=max_new_tokens or r.max_new_tokens,
@@ -298,6 +302,16 @@ class Sampler:
                 self.algo, self.rewards.functions, result, self.tokenizer, completion_ids, texts
             ),
         )
+
+
+def max_model_len(cfg: Config) -> int:
+    """Prompt plus completion tokens a rollout or evaluation of ``cfg`` can hold: what an engine that
+    reserves its KV cache by length (vllm) is sized for."""
+    r = cfg.rollout
+    completion = max(r.max_new_tokens, cfg.eval.max_new_tokens or 0)
+    if r.tools or r.environment:  # multi-turn: the whole episode after the prompt
+        completion = max(completion, r.max_episode_tokens or r.max_turns * r.max_new_tokens)
+    return cfg.data.max_prompt_tokens + completion
 
 
 def sampling_over_ranks(sampling: dict[str, float], dist: Distributed) -> dict[str, float]:

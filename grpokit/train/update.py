@@ -32,6 +32,7 @@ from grpokit.rollout.generation import Rollout
 from grpokit.rollout.record import TokenRecorder
 from grpokit.train.distributed import Distributed
 from grpokit.train.learner import Learner
+from grpokit.train.mismatch import MismatchCorrection
 from grpokit.train.update_stats import UpdateStats
 
 
@@ -117,8 +118,10 @@ class PolicyUpdate:
         seed: int,
         dist: Distributed | None = None,
         ref_model: torch.nn.Module | None = None,
+        correction: MismatchCorrection | None = None,
     ):
         self.learner, self.algo, self.optim = learner, algo, optim
+        self.correction = correction  # rollout.mismatch_correction: importance weights pi_old / pi_sampler
         self.temperature, self.seed = temperature, seed
         self.dist = dist or Distributed()
         self.ref_model = ref_model  # None with LoRA too: the reference is then the adapter-less base
@@ -266,6 +269,11 @@ class PolicyUpdate:
             ref = ref_logprobs[micro][:, :width].to(device) if ref_logprobs is not None else None
             adv = advantages[micro.to(device)]  # (n,) or (n, Lc)
             adv = adv[:, :width] if adv.dim() == 2 else adv  # (n,) or (n, L)
+            if self.correction is not None:  # the sampler/trainer mismatch: A * pi_old / pi_sampler per token
+                sampled = tensors["sample_logprobs"][:, :width]  # (n, L)
+                w, unbounded = self.correction.weights(old, sampled, micro_mask)  # (n, L) each
+                adv = (adv[:, None] if adv.dim() == 1 else adv) * w  # (n, L)
+                stats.add_is_weights(w, unbounded, micro_mask)
             loss, loss_stats = loss_fn(
                 logprobs,
                 old,

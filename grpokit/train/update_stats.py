@@ -11,6 +11,8 @@ import math
 
 import torch
 
+from grpokit.algos.mismatch import mismatch_sums
+
 
 class UpdateStats:
     """Sums over micro-batches; `metrics()` turns them into the logged means."""
@@ -22,6 +24,9 @@ class UpdateStats:
         self.grad_norms: list[float] = []
         self.skipped = 0
         self.sample_diff_sum = self.sample_diff_max = self.sample_tokens = 0.0
+        self.sample_kl_sum = 0.0  # sum over the sampled tokens of k3(old, sampler) (grpokit.algos.mismatch)
+        self.is_sum = self.is_bounded = self.is_tokens = 0.0  # the mismatch correction's weights
+        self.is_min, self.is_max = math.inf, -math.inf
         self.entropy_sum = self.entropy_tokens = 0.0
 
     def add_loss(self, loss: torch.Tensor, stats: dict[str, torch.Tensor], tokens: float) -> None:
@@ -35,12 +40,25 @@ class UpdateStats:
     def add_sampler_diff(
         self, logprobs: torch.Tensor, sample_logprobs: torch.Tensor, mask: torch.Tensor
     ) -> None:
-        """|trainer log-prob - sampler log-prob| over the generated tokens `mask`. All (n, L)."""
-        diff = (logprobs.detach() - sample_logprobs).abs()[mask]  # (tokens,)
-        if diff.numel():
-            self.sample_diff_sum += float(diff.sum())
-            self.sample_diff_max = max(self.sample_diff_max, float(diff.max()))
-            self.sample_tokens += diff.numel()
+        """|trainer log-prob - sampler log-prob| and the KL estimate k3 over the generated tokens `mask`, from
+        the update's first mini-batch (where the trainer's log-probs are the old policy's). All (n, L)."""
+        sums = mismatch_sums(logprobs, sample_logprobs, mask)
+        if sums["tokens"]:
+            self.sample_diff_sum += sums["abs_diff"]
+            self.sample_diff_max = max(self.sample_diff_max, sums["max_abs_diff"])
+            self.sample_kl_sum += sums["kl_k3"]
+            self.sample_tokens += sums["tokens"]
+
+    def add_is_weights(self, weights: torch.Tensor, raw_equal: torch.Tensor, mask: torch.Tensor) -> None:
+        """The mismatch correction's weights (n, L) over the loss tokens `mask`; `raw_equal` (n, L) bool: where
+        the weight is the unbounded ratio (elsewhere the cap or floor truncated or masked it)."""
+        m = mask.bool()
+        w = weights.detach()[m]
+        if w.numel():
+            self.is_sum += float(w.sum())
+            self.is_bounded += float((~raw_equal[m]).sum())
+            self.is_tokens += w.numel()
+            self.is_min, self.is_max = min(self.is_min, float(w.min())), max(self.is_max, float(w.max()))
 
     def add_entropy(self, entropy: torch.Tensor | None, mask: torch.Tensor) -> None:
         """Per-token entropy (n, L) over the generated tokens `mask` (n, L)."""
@@ -64,6 +82,11 @@ class UpdateStats:
         self.sample_diff_sum += other.sample_diff_sum
         self.sample_diff_max = max(self.sample_diff_max, other.sample_diff_max)
         self.sample_tokens += other.sample_tokens
+        self.sample_kl_sum += other.sample_kl_sum
+        self.is_sum += other.is_sum
+        self.is_bounded += other.is_bounded
+        self.is_tokens += other.is_tokens
+        self.is_min, self.is_max = min(self.is_min, other.is_min), max(self.is_max, other.is_max)
         self.entropy_sum += other.entropy_sum
         self.entropy_tokens += other.entropy_tokens
 
@@ -72,10 +95,15 @@ class UpdateStats:
         global batch's. ``ranks``: grpokit.train.distributed.Distributed; alone, nothing changes."""
         if not ranks.active:
             return
-        fields = ("weight", "loss_sum", "sample_diff_sum", "sample_tokens", "entropy_sum", "entropy_tokens")
-        parts = ranks.gather((self.weighted, self.sample_diff_max, [getattr(self, f) for f in fields]))
+        fields = (
+            "weight", "loss_sum", "sample_diff_sum", "sample_tokens", "entropy_sum", "entropy_tokens",
+            "sample_kl_sum", "is_sum", "is_bounded", "is_tokens",
+        )  # fmt: skip
+        extremes = (self.sample_diff_max, self.is_min, self.is_max)
+        parts = ranks.gather((self.weighted, extremes, [getattr(self, f) for f in fields]))
         self.weighted = {k: sum(p[0].get(k, 0.0) for p in parts) for k in self.weighted}
-        self.sample_diff_max = max(p[1] for p in parts)
+        self.sample_diff_max = max(p[1][0] for p in parts)
+        self.is_min, self.is_max = min(p[1][1] for p in parts), max(p[1][2] for p in parts)
         for i, field in enumerate(fields):
             setattr(self, field, sum(p[2][i] for p in parts))
 
@@ -91,4 +119,10 @@ class UpdateStats:
             self.sample_diff_sum / self.sample_tokens if self.sample_tokens else nan
         )
         out["sampler_logprob_diff/max"] = self.sample_diff_max
+        out["sampler_kl"] = self.sample_kl_sum / self.sample_tokens if self.sample_tokens else nan
+        if self.is_tokens:  # rollout.mismatch_correction is on
+            out["mismatch/weight_mean"] = self.is_sum / self.is_tokens
+            out["mismatch/weight_min"] = self.is_min
+            out["mismatch/weight_max"] = self.is_max
+            out["mismatch/bounded_frac"] = self.is_bounded / self.is_tokens
         return out

@@ -59,6 +59,7 @@ from grpokit.train.costs import step_costs
 from grpokit.train.critic import Critic
 from grpokit.train.distributed import Distributed
 from grpokit.train.learner import Learner, load_model
+from grpokit.train.mismatch import MismatchCorrection, MismatchGuard
 from grpokit.train.sampler import Sampler, encode_rows
 from grpokit.train.update import PolicyUpdate
 
@@ -225,7 +226,9 @@ class GRPOTrainer:
             seed=cfg.train.seed,
             dist=self.dist,
             ref_model=self.ref_model,
+            correction=MismatchCorrection.from_settings(cfg.rollout),  # rollout.mismatch_correction
         )
+        self.mismatch = MismatchGuard(cfg.rollout.max_sampler_kl, self.say)  # grpokit.train.mismatch
         self.critic = critic.build(self.learner, cfg, self.algo, self.dist) if self.algo.uses_critic else None
         self.step = 0
         self.stopped_early: str | None = None  # why the run ended before train.steps (not an error)
@@ -335,6 +338,7 @@ class GRPOTrainer:
         metrics.update(step_costs(time.perf_counter() - t0, generated, device, dist, timing))
         metrics.update(rollout_metrics(self.sampler.generator))  # rollout/cuda_graphs, rollout/static_kv_cache
         metrics.update(self.sampler.episode_metrics())  # multi-turn: episode/turns_mean, tools/calls...
+        self.mismatch.check(metrics, self.step)  # the sampler drifting from the trainer: a notice, then a stop
         with_trl_names(metrics)  # TRL's names beside ours where they mean the same (grpokit.compat.trl.names)
         if sampled:
             self._save_samples(batch, advantages, record)

@@ -54,8 +54,8 @@ def keys(path: Path) -> set[str]:
 
 
 def grpo_run(out: Path) -> Path:
-    """GRPO (beta 0.04: kl) with eval, float16 loss scaling, the dual clip, dynamic sampling and a reward that
-    logs a metric of its own: every optional metric of a single-turn run."""
+    """GRPO (beta 0.04: kl) with eval, float16 loss scaling, the dual clip, dynamic sampling, the sampler
+    mismatch correction and a reward that logs a metric of its own: every optional metric of a single-turn run."""
     model, tok = make_tiny_model("qwen2", seed=0)
     cfg = load_config(
         None,
@@ -69,6 +69,7 @@ def grpo_run(out: Path) -> Path:
             "algo.dual_clip=3",
             "algo.dynamic_sampling=true",
             "algo.max_sampling_rounds=20",
+            "rollout.mismatch_correction=token_truncate",  # mismatch/* (any engine; vllm's default)
         ],
     )
     rewards = [("has_seven", has_seven, 1.0), ("sevens_logged", sevens_logged, 0.5)]

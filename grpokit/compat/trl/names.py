@@ -10,6 +10,8 @@ read); each alias holds the same number.
 | completions/mean_length (min, max) | completion_len/mean (min, max) | completion tokens, EOS included      |
 | completions/clipped_ratio     | truncated_frac             | share of completions cut at max length          |
 | learning_rate                 | lr                         | the policy's learning rate                      |
+| sampling/sampling_logp_difference/mean (max) | sampler_logprob_diff/mean (max) | |trainer - sampler| log-prob |
+| sampling/importance_sampling_ratio/mean (min, max) | mismatch/weight_mean (min, max) | the IS weights |
 | kl, entropy, grad_norm, loss  | the same                   | (already TRL's names)                           |
 
 Left out because they differ: TRL's reward_std and rewards/<fn>/std are unbiased (grpokit's divide by
@@ -26,6 +28,11 @@ ALIASES = {
     "completion_len/max": "completions/max_length",
     "truncated_frac": "completions/clipped_ratio",
     "lr": "learning_rate",
+    "sampler_logprob_diff/mean": "sampling/sampling_logp_difference/mean",
+    "sampler_logprob_diff/max": "sampling/sampling_logp_difference/max",
+    "mismatch/weight_mean": "sampling/importance_sampling_ratio/mean",
+    "mismatch/weight_min": "sampling/importance_sampling_ratio/min",
+    "mismatch/weight_max": "sampling/importance_sampling_ratio/max",
 }
 
 

@@ -102,11 +102,15 @@ def test_the_reference_lists_every_key_of_every_tree_with_its_default():
                 )
             else:
                 prefix = section.name
-            for f in dataclasses.fields(value):
-                row = f"| `{prefix}.{f.name}` | "
-                default = f"`{value_text(getattr(value, f.name))}`"
+            # a section inside a section (rollout.vllm) is listed key by key under its own dotted prefix
+            inner = [(f"{prefix}.{f.name}", getattr(value, f.name)) for f in dataclasses.fields(value)]
+            keys = [(prefix, value, f) for f in dataclasses.fields(value) if not dataclasses.is_dataclass(getattr(value, f.name))]
+            keys += [(p, v, f) for p, v in inner if dataclasses.is_dataclass(v) for f in dataclasses.fields(v)]
+            for where, holder, f in keys:
+                row = f"| `{where}.{f.name}` | "
+                default = f"`{value_text(getattr(holder, f.name))}`"
                 assert any(line.startswith(row) and default in line for line in text.splitlines()), (
-                    f"{tree.__name__}: {prefix}.{f.name} missing, or without its default {default}"
+                    f"{tree.__name__}: {where}.{f.name} missing, or without its default {default}"
                 )
     assert "| `optim.lr` | float | `2.0e-05` |" in text  # grpokit sft's own default
     assert "## `grpokit train`" in text and "## `grpokit sft`" in text and "## `grpokit sample`" in text

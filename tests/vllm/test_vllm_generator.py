@@ -1,0 +1,221 @@
+"""VLLMGenerator (grpokit.rollout.vllm) on vLLM's CPU engine: group sampling into the same Rollout, the sampled
+tokens' log-probs against the trainer's recomputation, weight pushes, the check that catches a push that did
+not arrive, and the prefix cache reset. One engine for the module (starting one takes 10-45 s here); each test
+brings its own model object, whose weights the first call pushes."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("vllm.sampling_params", reason="vLLM is not installed (tests/vllm run in .venv-vllm, .ci/run)")
+
+import torch  # noqa: E402
+from tiny_model import SAMPLE_PROMPTS  # noqa: E402
+from vllm_models import settings, vllm_model  # noqa: E402
+
+from grpokit.model.logprobs import completion_logprobs  # noqa: E402
+from grpokit.rollout.generation import HFGenerator  # noqa: E402
+from grpokit.rollout.vllm import VLLMGenerator, WeightSyncError, trainer_weights  # noqa: E402
+
+pytestmark = pytest.mark.slow
+EOS = [1, 59]  # <eos>, and a character the random model writes often, so that completions end early too
+LOGPROB_TOL = 1e-4  # float32 on both sides; measured 2e-6 here (the engine's kernels sum in another order)
+
+
+@pytest.fixture(scope="module")
+def generator():
+    gen = VLLMGenerator(settings(), max_model_len=512, seed=0)
+    yield gen
+    gen.close()
+
+
+def sample(gen, model, **kw):
+    args = dict(group_size=4, max_new_tokens=12, temperature=1.0, eos_token_ids=EOS, pad_token_id=0, seed=3)
+    return gen.generate(model, SAMPLE_PROMPTS, **{**args, **kw})
+
+
+def trainer_logprobs(model, r, temperature):
+    lp, _ = completion_logprobs(
+        model, r.prompt_ids, r.prompt_mask, r.completion_ids, r.completion_mask, temperature=temperature
+    )
+    return lp.detach()
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7, 1.6])
+def test_group_logprobs_are_the_trainers_recomputation(generator, temperature):
+    model, _ = vllm_model(seed=0)
+    r = sample(generator, model, temperature=temperature)
+    N = len(SAMPLE_PROMPTS) * 4
+    assert r.completion_ids.shape[0] == N and r.prompt_ids.shape[0] == N
+    # prompt-major: rows 4i..4i+3 are prompt i's, left-padded
+    for i, p in enumerate(SAMPLE_PROMPTS):
+        for row in range(4 * i, 4 * i + 4):
+            assert r.prompt_ids[row][r.prompt_mask[row].bool()].tolist() == p
+    # the mask runs up to and including the EOS; truncated exactly when no EOS ended the row
+    for row in range(N):
+        ids = r.completion_ids[row][r.completion_mask[row].bool()].tolist()
+        assert ids and (ids[-1] in EOS) != bool(r.truncated[row])
+        assert not any(t in EOS for t in ids[:-1])
+    assert r.truncated.any() and not r.truncated.all()  # both kinds present: the checks above bite
+    # G samples of a prompt differ (their own seeds), and so do prompts
+    assert len({tuple(x) for x in r.completion_ids.tolist()}) > N // 2
+    mask = r.completion_mask.bool()
+    diff = (trainer_logprobs(model, r, temperature) - r.logprobs)[mask].abs()
+    assert float(diff.max()) < LOGPROB_TOL
+    assert (r.logprobs[~mask] == 0).all()
+
+
+def test_a_seed_gives_the_same_rollout_and_another_seed_another(generator):
+    model, _ = vllm_model(seed=0)
+    a, b, c = sample(generator, model, seed=11), sample(generator, model, seed=11), sample(generator, model, seed=12)
+    assert torch.equal(a.completion_ids, b.completion_ids) and torch.equal(a.logprobs, b.logprobs)
+    assert not torch.equal(a.completion_ids, c.completion_ids)
+
+
+def test_greedy_rollouts_match_hf_and_log_probs_are_at_temperature_one(generator):
+    model, _ = vllm_model(seed=1)
+    r = sample(generator, model, temperature=0.0, group_size=1)
+    hf = HFGenerator().generate(
+        model, SAMPLE_PROMPTS, group_size=1, max_new_tokens=12, temperature=0.0, eos_token_ids=EOS, pad_token_id=0
+    )
+    assert torch.equal(r.completion_ids, hf.completion_ids)
+    diff = (trainer_logprobs(model, r, 1.0) - r.logprobs)[r.completion_mask.bool()].abs()
+    assert float(diff.max()) < LOGPROB_TOL
+
+
+def optimizer_step(model, lr=1e-2):
+    """One AdamW step on a next-token loss: every weight moves (in place, as the trainer's optimizer does)."""
+    opt = torch.optim.AdamW(model.parameters(), lr=lr)
+    ids = torch.tensor([SAMPLE_PROMPTS[0]])
+    model.train()
+    loss = model(input_ids=ids, labels=ids).loss
+    loss.backward()
+    opt.step()
+    opt.zero_grad()
+    model.eval()
+
+
+def test_after_an_optimizer_step_the_engine_samples_from_the_new_weights(generator):
+    model, _ = vllm_model(seed=2)
+    before = sample(generator, model, temperature=0.0, group_size=1)
+    pushes = generator.pushes
+    optimizer_step(model)
+    after = sample(generator, model, temperature=0.0, group_size=1)
+    assert generator.pushes == pushes + 1  # the changed weights were pushed, once
+    hf = HFGenerator().generate(
+        model, SAMPLE_PROMPTS, group_size=1, max_new_tokens=12, temperature=0.0, eos_token_ids=EOS, pad_token_id=0
+    )
+    assert torch.equal(after.completion_ids, hf.completion_ids)  # the trainer model's greedy output
+    assert not torch.equal(before.completion_ids, after.completion_ids)  # the step changed it: the check bites
+    diff = (trainer_logprobs(model, after, 1.0) - after.logprobs)[after.completion_mask.bool()].abs()
+    assert float(diff.max()) < LOGPROB_TOL
+    sample(generator, model, temperature=0.0, group_size=1)
+    assert generator.pushes == pushes + 1  # unchanged weights are not pushed again
+
+
+class SkippingPush(VLLMGenerator):
+    """A sync that never arrives (the bug of TRL #5312): the transfer is skipped, the rest goes on."""
+
+    def _reload(self, llm, weights):
+        pass
+
+
+def test_a_push_that_did_not_arrive_stops_with_a_named_error(generator):
+    model, _ = vllm_model(seed=3)
+    sample(generator, model, temperature=0.0, group_size=1)  # the engine holds this model's weights
+    optimizer_step(model)
+    generator.__class__ = SkippingPush
+    try:
+        with pytest.raises(WeightSyncError, match="is not the trainer's"):
+            sample(generator, model, temperature=0.0, group_size=1)
+    finally:
+        generator.__class__ = VLLMGenerator
+    sample(generator, model, temperature=0.0, group_size=1)  # a real push makes them equal again
+
+
+def test_sync_every_lets_the_engine_lag_and_says_by_how_much(generator):
+    model, _ = vllm_model(seed=4)
+    generator.settings.sync_every = 2
+    try:
+        generator.sync(model, 0)
+        first = sample(generator, model, temperature=0.0, group_size=1)  # step 0: pushed (a new model)
+        optimizer_step(model)
+        generator.sync(model, 1)  # one step after the push: the engine may lag
+        assert generator.stats["weight_lag"] == 1
+        lagging = sample(generator, model, temperature=0.0, group_size=1)
+        assert torch.equal(lagging.completion_ids, first.completion_ids)  # sampled from the old weights
+        generator.sync(model, 2)  # two steps: pushed
+        assert generator.stats["weight_lag"] == 0
+        fresh = sample(generator, model, temperature=0.0, group_size=1)
+        assert not torch.equal(fresh.completion_ids, first.completion_ids)
+    finally:
+        generator.settings.sync_every = 1
+
+
+class NoCacheReset(VLLMGenerator):
+    """A push that leaves the prefix cache as it was."""
+
+    def push(self, model):
+        llm = self.engine_for(model)
+        llm.reset_prefix_cache = lambda: True
+        try:
+            super().push(model)
+        finally:
+            del llm.reset_prefix_cache
+
+
+def test_the_prefix_cache_is_reset_with_every_push(generator):
+    """A prompt long enough to fill cached KV blocks (vLLM caches whole blocks only), seen before the push: with the cache
+    kept, the next rollout reuses the old weights' keys and values and its log-probs are off; with it reset
+    (every push does), they are the trainer's."""
+    model, _ = vllm_model(seed=5)
+    long_prompt = [[2] + [4 + (i * 7) % 50 for i in range(300)]]
+
+    def rollout():
+        return generator.generate(
+            model, long_prompt, group_size=2, max_new_tokens=4, temperature=1.0, eos_token_ids=EOS,
+            pad_token_id=0, seed=1,
+        )  # fmt: skip
+
+    def gap(r):
+        return float((trainer_logprobs(model, r, 1.0) - r.logprobs)[r.completion_mask.bool()].abs().max())
+
+    rollout()
+    optimizer_step(model, lr=3e-2)
+    generator.__class__ = NoCacheReset
+    try:
+        stale = rollout()
+    finally:
+        generator.__class__ = VLLMGenerator
+    assert gap(stale) > 1e-2  # what a stale cache does: the check below bites
+    rollout()
+    optimizer_step(model, lr=3e-2)
+    assert gap(rollout()) < LOGPROB_TOL
+
+
+def test_lora_is_pushed_merged_and_the_engine_matches_the_adapter_model(generator):
+    peft = pytest.importorskip("peft")
+    base, _ = vllm_model(seed=6)
+    model = peft.get_peft_model(base, peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
+    with torch.no_grad():  # a trained adapter: B != 0, so it changes the outputs
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0.0, 0.5)
+    state = trainer_weights(model)
+    assert not any("lora" in k or "base_layer" in k for k in state)
+    q = base.model.layers[0].self_attn.q_proj
+    expected = q.base_layer.weight + q.get_delta_weight("default")
+    assert torch.equal(state["model.layers.0.self_attn.q_proj.weight"], expected)
+    r = sample(generator, model, temperature=0.0, group_size=1)
+    hf = HFGenerator().generate(
+        model, SAMPLE_PROMPTS, group_size=1, max_new_tokens=12, temperature=0.0, eos_token_ids=EOS, pad_token_id=0
+    )
+    assert torch.equal(r.completion_ids, hf.completion_ids)
+    with model.disable_adapter():
+        plain = HFGenerator().generate(
+            model, SAMPLE_PROMPTS, group_size=1, max_new_tokens=12, temperature=0.0, eos_token_ids=EOS,
+            pad_token_id=0,
+        )  # fmt: skip
+    assert not torch.equal(plain.completion_ids, hf.completion_ids)  # the adapter matters: the check bites
+    diff = (trainer_logprobs(model, r, 1.0) - r.logprobs)[r.completion_mask.bool()].abs()
+    assert float(diff.max()) < LOGPROB_TOL
