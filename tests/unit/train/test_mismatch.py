@@ -66,7 +66,8 @@ def test_without_a_correction_the_gradient_ignores_the_samplers_log_probs():
         assert MismatchCorrection.from_settings(cfg.rollout) is None  # auto on the fast engine: off
         updater = PolicyUpdate(learner, resolve_algo(cfg), cfg.optim, temperature=1.0, seed=0)
         out = {}
-        grads.append(grads_of_one_step(learner, lambda: out.update(updater.update(r, advantages)[0])))
+        run = lambda out=out, updater=updater: out.update(updater.update(r, advantages)[0])  # noqa: E731
+        grads.append(grads_of_one_step(learner, run))
         assert not any(k.startswith("mismatch/") for k in out)
     for name in grads[0]:
         assert torch.equal(grads[0][name], grads[1][name]), name
