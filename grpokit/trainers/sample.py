@@ -222,7 +222,39 @@ def run_sample(
         f"prompts (pass rate {summary['pass_rate_mean']:.1%}, {summary['prompts_with_a_pass']} prompts with "
         f"one passing) -> {summary['output']}"
     )
+    if not kept:
+        raise NothingKept(_why_nothing_kept(candidates, thresholds, cfg.keep, out))
     return summary
+
+
+class NothingKept(SampleError):
+    """Every completion failed the thresholds or the keep rules: the samples file is empty (exit code 2)."""
+
+
+def _why_nothing_kept(
+    candidates: list[dict], thresholds: dict[str, float | None], keep: KeepConfig, out: Path
+) -> str:
+    """One line: how many candidates each rule refused, and what to change."""
+    reasons = []
+    if keep.drop_truncated:
+        reasons.append(f"{sum(bool(c.get('truncated')) for c in candidates)} truncated (keep.drop_truncated)")
+    if keep.drop_empty:
+        reasons.append(
+            f"{sum(not _text(c['completion']).strip() for c in candidates)} empty (keep.drop_empty)"
+        )
+    for name, low in thresholds.items():
+        if low is not None:
+            below = sum(
+                name in c.get("failed", ())
+                or (c["scores"].get(name) is not None and c["scores"].get(name) < low)
+                for c in candidates
+            )
+            reasons.append(f"{below} below {name} min {low:g}")
+    return (
+        f"sample: no completion was kept: of {len(candidates)} completions, {', '.join(reasons) or 'none passed'}; "
+        f"the candidates and pass rates are in {out}; lower a reward's min, sample more (sample.n, "
+        "sample.max_new_tokens) or use a stronger model"
+    )
 
 
 def _sample_all(cfg, model, tokenizer, rows, encoded, runner, out: Path, log) -> list[dict]:
