@@ -96,6 +96,8 @@ def encode_examples(
     if not rows:
         return []
     fmt = detect_format(rows, data, source)
+    if fmt == "prompt_completion":
+        check_one_kind(rows, data, source)
     out = []
     for index, row in enumerate(rows):
         where = f"{source}, row index {index}"
@@ -118,6 +120,23 @@ def encode_examples(
             )
         out.append(example)
     return out
+
+
+def check_one_kind(rows: Sequence[dict], data: SFTDataConfig, source: str) -> None:
+    """prompt + completion rows are all chat (the prompt or the completion a list of messages) or all plain
+    text: a file mixing them would train on two renderings of the same kind of example (the chat
+    template's and data.template's). DataError names the first row of the other kind."""
+    kinds = [
+        isinstance(row.get(data.prompt_column), list) or isinstance(row.get(data.completion_column), list)
+        for row in rows
+    ]
+    if any(k != kinds[0] for k in kinds):
+        index = kinds.index(not kinds[0])
+        name = {True: "chat (prompt or completion given as messages)", False: "plain text (strings)"}
+        raise DataError(
+            f"{source}, row index {index}: a {name[kinds[index]]} row, while row index 0 is {name[kinds[0]]}; "
+            "one file holds one kind: convert the rows to one form, or split the file"
+        )
 
 
 def encode_example(row: dict, fmt: str, tokenizer: Any, data: SFTDataConfig, loss_on: str) -> SFTExample:

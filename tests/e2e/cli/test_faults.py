@@ -36,3 +36,29 @@ def test_sample_that_keeps_nothing_exits_non_zero_naming_why(tmp_path, capsys):
     assert "no completion was kept: of 6 completions, 6 below never min 1" in err
     assert "Traceback" not in err
     assert (tmp_path / "run" / "pass_rates.jsonl").is_file()  # what there is to look at stays
+
+
+@pytest.mark.slow
+def test_sft_refuses_a_file_mixing_chat_and_plain_rows(tmp_path, capsys):
+    """One plain prompt/completion row, then one whose prompt is chat messages: exit 2 naming the row
+    (before: trained on both renderings silently)."""
+    model = save_tiny_model(tmp_path / "model")
+    rows = [
+        {"prompt": "1+1=", "completion": "2"},
+        {"prompt": "2+2=", "completion": "4"},
+        {"prompt": [{"role": "user", "content": "3+3="}], "completion": "6"},
+    ]
+    (tmp_path / "sft.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    code = main(
+        [
+            "sft",
+            f"model.name_or_path={model}",
+            f"data.train={tmp_path / 'sft.jsonl'}",
+            f"train.output_dir={tmp_path / 'run'}",
+            "train.steps=1",
+        ]
+    )
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "sft.jsonl, row index 2: a chat (prompt or completion given as messages) row" in err
+    assert "row index 0 is plain text" in err and "Traceback" not in err
