@@ -7,7 +7,8 @@
                 clip-higher eps_high > eps_low (DAPO, arXiv 2503.14476); dual clip for A < 0:
                 l = min(l, -c A) (Ye et al. arXiv 1912.09729, as in verl)
   surrogate     "clip" above, or its second generation (objectives.py): cispo, sapo, gmpo, dppo_tv, dppo_kl
-  masks         the off-policy sequence mask of DeepSeek-V3.2 (masks.py) multiplies the surrogate
+  masks         the off-policy sequence mask of DeepSeek-V3.2 and the high-entropy token mask (masks.py)
+                multiply the surrogate (the normaliser still counts the tokens they drop, as TRL's)
   KL            l += beta * kl_{i,t}, kl from `kl_estimate` (k3: DeepSeekMath arXiv 2402.03300 eq. 4); with
                 kl_is_correction the KL is weighted by the ratio, rho * kl (DeepSeek-V3.2's unbiased estimate)
   aggregation   "seq-mean-token-mean"  (1/B) sum_i (1/|o_i|) sum_t m l      (DeepSeekMath GRPO)
@@ -59,6 +60,7 @@ def policy_loss(
     off_policy_mask: float | None = None,
     sample_logprobs: Tensor | None = None,
     kl_is_correction: bool = False,
+    entropy_mask: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """Clipped surrogate loss (+ optional KL) aggregated over one (micro-)batch; see module docstring.
 
@@ -92,13 +94,16 @@ def policy_loss(
             is_cap: the cap C of DPPO's truncated IS weight.
         off_policy_mask: None or delta >= 0; needs sample_logprobs (B, T), the sampler's log-probs.
         kl_is_correction: multiply the per-token KL by the ratio (value 1 on-policy, its gradient is not 0).
+        entropy_mask: None or (B, T) bool, the tokens top_entropy_quantile keeps (masks.high_entropy_mask, chosen
+            by the caller over the whole mini-batch so that the split cannot change it).
     Returns:
         loss: () scalar to call backward on.
         metrics: detached 0-d tensors, averaged over this call's masked-in tokens: clip_frac_low
             (A < 0 and rho < 1 - eps_low), clip_frac_high (A > 0 and rho > 1 + eps_high), clip_frac,
             ratio_mean, ratio_min, ratio_max, pg_loss (token mean of the surrogate part), kl_mean
             (if ref_logprobs), dual_clip_frac (if dual_clip), num_tokens (this call's sum m), and the share of
-            tokens each mask took out: masked_frac/trust_region (dppo_*), masked_frac/off_policy (off_policy_mask).
+            tokens each mask took out: masked_frac/trust_region (dppo_*), masked_frac/off_policy (off_policy_mask),
+            masked_frac/entropy (entropy_mask).
     Raises:
         ValueError: unknown ratio_level / agg / kl_kind, shape mismatch, beta > 0 without ref_logprobs,
             seq-sum-norm without norm_len, dual_clip <= 1, negative eps.
@@ -130,6 +135,7 @@ def policy_loss(
         ("completion_mask", completion_mask),
         ("ref_logprobs", ref_logprobs),
         ("sample_logprobs", sample_logprobs),
+        ("entropy_mask", entropy_mask),
     ):
         if t is not None and t.shape != shape:
             raise ValueError(f"{name} has shape {tuple(t.shape)}, expected {tuple(shape)} like logprobs")
@@ -174,6 +180,9 @@ def policy_loss(
         keep = off_policy_keep(adv, logp, sample_logprobs, mask, off_policy_mask)  # (B, T)
         masked["off_policy"] = ~keep
         pg = pg * keep  # (B, T) the normaliser still counts the dropped tokens, as TRL's
+    if entropy_mask is not None:
+        masked["entropy"] = ~entropy_mask.to(torch.bool)
+        pg = pg * entropy_mask  # (B, T)
     per_token = pg  # (B, T)
 
     kl = None

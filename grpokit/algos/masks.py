@@ -33,3 +33,21 @@ def off_policy_mask(
     kl = torch.where(mask, kl, torch.zeros((), dtype=kl.dtype))  # (B, T)
     seq_kl = (kl * m).sum(-1, keepdim=True) / m.sum(-1, keepdim=True).clamp(min=1)  # (B, 1)
     return (advantages >= 0) | (seq_kl <= delta)  # (B, T)
+
+
+def high_entropy_mask(entropy: Tensor, mask: Tensor, quantile: float) -> Tensor:
+    """(B, T) bool, True = keep: tokens of `mask` whose entropy is >= the (1 - quantile) quantile of the entropies
+    under `mask` (torch.quantile, linear interpolation; TRL's get_high_entropy_mask). quantile 1 keeps every token,
+    0 only the highest-entropy one(s).
+
+    Example: entropies [0.1, 2.0, 0.5, 1.5] with quantile 0.5: the 0.5 quantile is (0.5 + 1.5) / 2 = 1.0, so the
+    tokens with 2.0 and 1.5 are kept.
+
+    Args:
+        entropy: (B, T) per-token entropy (no gradient needed); mask: (B, T) bool; quantile: rho in [0, 1].
+    """
+    values = entropy[mask].float()  # (n,)
+    if values.numel() == 0:
+        return torch.zeros_like(mask)
+    threshold = torch.quantile(values, 1.0 - quantile)  # ()
+    return (entropy >= threshold.to(entropy.dtype)) & mask  # (B, T)

@@ -5,7 +5,7 @@
       ratio      RatioSettings      token / sequence ratio, the surrogate (clip, cispo, sapo, ...), its range
       kl         KLSettings         KL in the loss (beta, estimator), KL in the reward (k1 coefficient)
       loss       LossSettings       aggregation of the per-token loss into one scalar, its constant
-      masks      MaskSettings       masks on the surrogate: DeepSeek-V3.2's off-policy sequence mask
+      masks      MaskSettings       masks on the surrogate: DeepSeek-V3.2's off-policy sequence mask, top entropy
       batch      BatchSettings      DAPO's batch-level pieces: dynamic sampling, overlong shaping/filtering
       gae        GAESettings        PPO's GAE discount and lambda (estimators that read a critic's values)
 
@@ -184,6 +184,14 @@ class MaskSettings:
         "this delta (TRL off_policy_mask_threshold; None = off).",
         interval="[0, inf)",
         example=0.5,
+    )
+    top_entropy_quantile: float = knob(
+        1.0,
+        "Train only the tokens in the top quantile of entropy of each mini-batch (arXiv 2506.01939: 0.2; TRL "
+        "top_entropy_quantile). The entropies are the policy's before the update (one extra forward pass).",
+        interval="[0, 1]",
+        example=0.2,
+        meaning="1 = every token",
     )
 
 

@@ -357,6 +357,7 @@ class AlgoConfig:
     sapo_tau_neg: float | None = algo_knob("sapo_tau_neg")
     is_cap: float | None = algo_knob("is_cap")
     off_policy_mask: float | None = algo_knob("off_policy_mask")
+    top_entropy_quantile: float | None = algo_knob("top_entropy_quantile")
     ratio_level: str | None = algo_knob("ratio_level")
     loss: str | None = algo_knob("loss")
     agg: str | None = algo_knob("agg")

@@ -25,7 +25,7 @@ own token count) only without accumulation. The other cases are refused, naming 
 The second generation (issue 35): loss_type cispo and sapo choose algo.surrogate (cispo's epsilon_high is the cap
 of the weight itself, grpokit's 1 + eps_high), off_policy_mask_threshold is algo.off_policy_mask (its KL is to the
 sampler's log-probs, as TRL's sampling_per_token_logps), use_bias_correction_kl with beta > 0 is
-algo.kl_is_correction. vespo, top_entropy_quantile and the entropy bonus are refused.
+algo.kl_is_correction, top_entropy_quantile is algo.top_entropy_quantile. vespo and the entropy bonus are refused.
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ TRL_DEFAULTS: dict[str, Any] = {
     "num_train_epochs": 3.0, "seed": 42, "beta": 0.0, "epsilon": 0.2, "epsilon_high": None,
     "importance_sampling_level": "token", "loss_type": "dapo", "scale_rewards": "group",
     "sapo_temperature_pos": 1.0, "sapo_temperature_neg": 1.05, "off_policy_mask_threshold": None,
-    "use_bias_correction_kl": True,
+    "use_bias_correction_kl": True, "top_entropy_quantile": 1.0,
     "mask_truncated_completions": False, "gradient_checkpointing": True, "shuffle_dataset": True,
     "logging_steps": 10, "save_steps": 500, "save_total_limit": None, "eval_steps": None,
     "eval_strategy": "no", "report_to": "none", "log_completions": False, "output_dir": "trainer_output",
@@ -88,7 +88,6 @@ REFUSED_UNLESS_DEFAULT: dict[str, tuple[Any, str]] = {
     "generation_kwargs": (None, "set rollout.temperature / top_p / top_k / max_new_tokens instead"),
     "cache_implementation": (None, "the fast engine picks its cache (rollout.kv_cache)"),
     "sync_ref_model": (False, "the reference model is frozen"),
-    "top_entropy_quantile": (1.0, "no entropy mask on the loss"),
     "entropy_coef": (0.0, "no entropy bonus"),
     "use_adaptive_entropy": (False, "no entropy bonus"),
     "disable_dropout": (False, "the policy keeps its dropout (0 in most LMs)"),
@@ -225,6 +224,12 @@ def from_trl(values: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
     if loss_type == "sapo":
         taus = float(v["sapo_temperature_pos"]), float(v["sapo_temperature_neg"])
         out["algo"].update(sapo_tau_pos=taus[0], sapo_tau_neg=taus[1])
+    if float(v["top_entropy_quantile"]) < 1:
+        out["algo"]["top_entropy_quantile"] = float(v["top_entropy_quantile"])
+        notes.append(
+            "top_entropy_quantile: the entropies that choose the tokens are the policy's before the update, over "
+            "each mini-batch (TRL: the current policy's, over each micro-batch); the same on one micro-batch"
+        )
     if v["off_policy_mask_threshold"] is not None:
         out["algo"]["off_policy_mask"] = float(v["off_policy_mask_threshold"])
 

@@ -8,7 +8,8 @@ A metric added to a trainer without a line here fails that test.
 Placeholders in a name stand for a part that varies: ``{reward}`` a reward function's name (as in
 ``rewards[i].name``, a file or module path reduced to the function's name), ``{metric}`` a name that
 function logged with ``log_metric``, ``{k}`` the number of sampled completions per prompt
-(``eval.num_samples``). ``when`` says when a metric is written; empty means on every line.
+(``eval.num_samples``), ``{reason}`` the mask that dropped tokens from the policy gradient (``trust_region``,
+``off_policy``, ``entropy``). ``when`` says when a metric is written; empty means on every line.
 """
 
 from __future__ import annotations
@@ -77,10 +78,19 @@ TRAIN: dict[str, Metric] = {
         "a reference is used (algo.beta > 0 or algo.kl_reward_coef > 0)",
     ),
     "entropy": Metric("nats/token", "the policy's entropy over generated tokens"),
+    "entropy/trained": Metric(
+        "nats/token", "the same over the tokens the loss trains on (less what algo.top_entropy_quantile drops)"
+    ),
     "clip_frac": Metric("share", "loss tokens whose ratio was clipped (either side)"),
     "clip_frac_low": Metric("share", "loss tokens clipped at 1 - eps_low (negative advantage)"),
     "clip_frac_high": Metric("share", "loss tokens clipped at 1 + eps_high (positive advantage)"),
     "dual_clip_frac": Metric("share", "loss tokens capped by the dual clip", "algo.dual_clip is set"),
+    "masked_frac/{reason}": Metric(
+        "share",
+        "loss tokens a mask took out of the policy gradient (still counted in the normaliser): trust_region "
+        "(algo.surrogate=dppo_tv / dppo_kl), off_policy (algo.off_policy_mask), entropy (algo.top_entropy_quantile)",
+        "that mask is on",
+    ),
     "ratio_mean": Metric("ratio", "mean importance ratio pi / pi_old over loss tokens"),
     "ratio_min": Metric("ratio", "smallest ratio"),
     "ratio_max": Metric("ratio", "largest ratio"),

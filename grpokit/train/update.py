@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterator
 import torch
 
 from grpokit.algos import AlgoSettings, get_loss, kl_estimate
+from grpokit.algos.masks import high_entropy_mask
 from grpokit.config.schema import OptimConfig
 from grpokit.core.errors import ConfigError
 from grpokit.model.offload import CPU, on_device
@@ -148,9 +149,9 @@ class PolicyUpdate:
         old_logprobs = self.logprobs_no_grad(self.learner.model, r) if needs_old else None
         return old_logprobs, ref_logprobs, ref_seconds
 
-    def logprobs_no_grad(self, model, r: Rollout, reference: bool = False) -> torch.Tensor:
+    def logprobs_no_grad(self, model, r: Rollout, reference: bool = False, entropy: bool = False) -> torch.Tensor:
         """(N, Lc) log-probs of the batch's completions under ``model`` (the reference when asked:
-        with LoRA that is the base model with the adapter disabled)."""
+        with LoRA that is the base model with the adapter disabled); with ``entropy`` their entropies instead."""
         policy = self.learner.model
         if reference and model is None:
             ctx = policy.disable_adapter()
@@ -162,17 +163,18 @@ class PolicyUpdate:
         logprobs_fn = self.dist.logprobs_fn(model)  # torchrun: through FSDP/DDP's root module
 
         def forward(t: dict[str, torch.Tensor]) -> torch.Tensor:
-            logprobs, _ = logprobs_fn(
+            logprobs, token_entropy = logprobs_fn(
                 t["prompt_ids"],
                 t["prompt_mask"],
                 t["completion_ids"],
                 t["completion_mask"],
                 temperature=self.temperature,
                 chunk_size=self.optim.logprob_chunk_size,
+                with_entropy=entropy,
                 context_mask=t.get("context_mask"),
                 packed=self.learner.micro.packed,
             )
-            return logprobs  # (n, L)
+            return token_entropy if entropy else logprobs  # (n, L)
 
         offload = reference and self.offload_reference
         with ctx, on_device(model, self.learner.device, offload):
@@ -202,6 +204,9 @@ class PolicyUpdate:
             old_logprobs, ref_logprobs, ref_seconds = self.rollout_logprobs(r)
         if not several_passes(self.optim):
             old_logprobs = None  # one pass: the ratio's denominator is logprobs.detach(), ratio exactly 1
+        # algo.top_entropy_quantile: the policy's entropies before the update choose the tokens to train
+        top_entropy = self.algo.masks.top_entropy_quantile < 1
+        entropy = self.logprobs_no_grad(self.learner.model, r, entropy=True) if top_entropy else None  # (N, Lc)
 
         stats = UpdateStats()  # what the update reports, kept out of the gradient loop
         lengths = r.row_lengths  # (N,) real tokens per row
@@ -210,7 +215,7 @@ class PolicyUpdate:
         for k, mb in enumerate(order):  # (M,) rows each
             part, finite = learner.run_micro(
                 lambda rows, mb=mb, first=(k == 0): self._mini_batch_gradients(
-                    r, mb, rows, advantages, mask, lengths, old_logprobs, ref_logprobs, first, record
+                    r, mb, rows, advantages, mask, lengths, old_logprobs, ref_logprobs, first, record, entropy
                 ),
                 lengths[mb],
             )
@@ -235,7 +240,7 @@ class PolicyUpdate:
         return metrics
 
     def _mini_batch_gradients(
-        self, r, mb, rows, advantages, mask, lengths, old_logprobs, ref_logprobs, first, record=None
+        self, r, mb, rows, advantages, mask, lengths, old_logprobs, ref_logprobs, first, record=None, rollout_entropy=None
     ) -> tuple[UpdateStats, bool]:
         """Accumulate the gradient of mini-batch ``mb`` (M,) over micro-batches of ``rows`` rows (packed: of at
         most ``rows`` tokens), sorted by length. Returns its UpdateStats (loss metrics; sampler-vs-trainer
@@ -248,6 +253,10 @@ class PolicyUpdate:
         loss_fn = get_loss(algo.loss.name)
         # the whole mini-batch's normaliser, over every rank under torchrun (grpokit.train.distributed)
         num_tokens = dist.sum(mask[mb].sum()).clamp(min=1).to(device)
+        keep = None  # (N, Lc) algo.top_entropy_quantile's tokens, chosen over the whole mini-batch (this rank's)
+        if rollout_entropy is not None:
+            keep = torch.zeros_like(mask, dtype=torch.bool)
+            keep[mb] = high_entropy_mask(rollout_entropy[mb], mask[mb].bool(), algo.masks.top_entropy_quantile)
         stats = UpdateStats()
         for micro in learner.micro.split(length_sorted(mb, lengths), lengths, rows):
             tensors = micro_tensors(r, micro, mask, device)
@@ -284,6 +293,7 @@ class PolicyUpdate:
                 num_sequences=len(mb) * dist.world,
                 num_tokens=num_tokens,
                 sample_logprobs=tensors["sample_logprobs"][:, :width],  # the sampler's (off-policy mask)
+                entropy_mask=None if keep is None else keep[micro][:, :width].to(device),
             )
             if not torch.isfinite(loss) and not dist.active:  # ranks: the global norm is NaN, all skip
                 return stats, False
@@ -294,5 +304,6 @@ class PolicyUpdate:
             if first:
                 generated = tensors["completion_mask"].bool()  # (n, L)
                 stats.add_sampler_diff(logprobs, tensors["sample_logprobs"], generated)
-                stats.add_entropy(entropy, generated)
+                trained = micro_mask.bool() if keep is None else keep[micro][:, :width].to(device)  # (n, L)
+                stats.add_entropy(entropy, generated, trained)
         return stats, True

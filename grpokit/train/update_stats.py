@@ -28,6 +28,7 @@ class UpdateStats:
         self.is_sum = self.is_bounded = self.is_tokens = 0.0  # the mismatch correction's weights
         self.is_min, self.is_max = math.inf, -math.inf
         self.entropy_sum = self.entropy_tokens = 0.0
+        self.trained_entropy_sum = self.trained_tokens = 0.0  # the same over the tokens the loss trains on
 
     def add_loss(self, loss: torch.Tensor, stats: dict[str, torch.Tensor], tokens: float) -> None:
         """One micro-batch's loss and its metrics (token means over `tokens` loss tokens)."""
@@ -60,11 +61,17 @@ class UpdateStats:
             self.is_tokens += w.numel()
             self.is_min, self.is_max = min(self.is_min, float(w.min())), max(self.is_max, float(w.max()))
 
-    def add_entropy(self, entropy: torch.Tensor | None, mask: torch.Tensor) -> None:
-        """Per-token entropy (n, L) over the generated tokens `mask` (n, L)."""
+    def add_entropy(
+        self, entropy: torch.Tensor | None, mask: torch.Tensor, trained: torch.Tensor | None = None
+    ) -> None:
+        """Per-token entropy (n, L) over the generated tokens `mask` (n, L), and over the tokens the loss trains
+        on, `trained` (n, L) bool (the loss mask, less what algo.top_entropy_quantile left out)."""
         if entropy is not None:
             self.entropy_sum += float(entropy[mask].sum())
             self.entropy_tokens += float(mask.sum())
+            if trained is not None:
+                self.trained_entropy_sum += float(entropy[trained].sum())
+                self.trained_tokens += float(trained.sum())
 
     def add_step(self, grad_norm: float | None) -> None:
         """One optimizer step's gradient norm, or None when it was skipped (non-finite)."""
@@ -89,12 +96,16 @@ class UpdateStats:
         self.is_min, self.is_max = min(self.is_min, other.is_min), max(self.is_max, other.is_max)
         self.entropy_sum += other.entropy_sum
         self.entropy_tokens += other.entropy_tokens
+        self.trained_entropy_sum += other.trained_entropy_sum
+        self.trained_tokens += other.trained_tokens
 
     def over_ranks(self, ranks) -> None:
         """Sum the sums over ranks, the largest sampler difference (in place), so that metrics() are the
         global batch's. ``ranks``: grpokit.train.distributed.Distributed; alone, nothing changes."""
         if not ranks.active:
             return
+        trained = ranks.gather((self.trained_entropy_sum, self.trained_tokens))
+        self.trained_entropy_sum, self.trained_tokens = sum(p[0] for p in trained), sum(p[1] for p in trained)
         fields = (
             "weight", "loss_sum", "sample_diff_sum", "sample_tokens", "entropy_sum", "entropy_tokens",
             "sample_kl_sum", "is_sum", "is_bounded", "is_tokens",
@@ -115,6 +126,7 @@ class UpdateStats:
         out["grad_norm"] = sum(self.grad_norms) / len(self.grad_norms) if self.grad_norms else nan
         out["skipped_updates"] = float(self.skipped)
         out["entropy"] = self.entropy_sum / self.entropy_tokens if self.entropy_tokens else nan
+        out["entropy/trained"] = self.trained_entropy_sum / self.trained_tokens if self.trained_tokens else nan
         out["sampler_logprob_diff/mean"] = (
             self.sample_diff_sum / self.sample_tokens if self.sample_tokens else nan
         )

@@ -72,9 +72,10 @@ def trl_loss(t: dict, trainer_cls=None, **settings) -> tuple[float, torch.Tensor
         steps_per_generation=1,
     )
     eps = settings.get("epsilon", 0.2)
+    entropy = t.get("entropy", torch.ones(B, T))
     me = SimpleNamespace(
-        _get_per_token_logps_and_entropies=lambda *a, **k: (logp, torch.ones(B, T), None),
-        top_entropy_quantile=1.0,
+        _get_per_token_logps_and_entropies=lambda *a, **k: (logp, entropy, None),
+        top_entropy_quantile=settings.get("top_entropy_quantile", 1.0),
         off_policy_mask_threshold=settings.get("off_policy_mask_threshold"),
         importance_sampling_level=settings.get("importance_sampling_level", "token"),
         beta=settings.get("beta", 0.0),
@@ -93,6 +94,7 @@ def trl_loss(t: dict, trainer_cls=None, **settings) -> tuple[float, torch.Tensor
         get_off_policy_mask=GRPOTrainer.get_off_policy_mask,
         get_gamma_weights=GRPOTrainer.get_gamma_weights,
     )
+    me.get_high_entropy_mask = lambda *a: GRPOTrainer.get_high_entropy_mask(me, *a)
     inputs = {
         "prompt_ids": torch.zeros(B, 1, dtype=torch.long),
         "prompt_mask": torch.ones(B, 1, dtype=torch.long),
@@ -175,6 +177,18 @@ def test_off_policy_mask_is_trls(delta):
     assert not torch.allclose(plain[1], ours[1])
 
 
+@pytest.mark.parametrize("quantile", [0.2, 0.5])
+def test_top_entropy_quantile_is_trls(quantile):
+    from grpokit.algos.masks import high_entropy_mask
+
+    t = batch(7)
+    t["entropy"] = torch.rand(B, T, generator=torch.Generator().manual_seed(8)) * 3
+    keep = high_entropy_mask(t["entropy"], t["mask"].bool(), quantile)
+    assert 0 < keep.sum() < t["mask"].sum()
+    ours = our_loss(t, **preset_kwargs("dapo"), entropy_mask=keep)
+    assert_same(ours, trl_loss(t, loss_type="dapo", epsilon_high=0.28, top_entropy_quantile=quantile))
+
+
 def test_bias_corrected_kl_is_trls_use_bias_correction_kl():
     t = batch(6)
     ours = our_loss(t, **preset_kwargs("grpo", beta=0.04, kl_is_correction=True))
@@ -208,6 +222,7 @@ def test_bias_corrected_kl_is_trls_use_bias_correction_kl():
             {"beta": 0.04, "kl_is_correction": True},
         ),  # TRL's default use_bias_correction_kl=True
         ({"beta": 0.04, "use_bias_correction_kl": False}, {"kl_is_correction": False}),
+        ({"top_entropy_quantile": 0.2}, {"top_entropy_quantile": 0.2}),
     ],
 )
 def test_the_importer_maps_the_second_generation(fields, algo):

@@ -229,6 +229,7 @@ def test_every_preset_is_complete_and_cites_its_paper():
         "sapo_tau_neg",
         "is_cap",
         "off_policy_mask",
+        "top_entropy_quantile",
         "kl_is_correction",
     }
     assert set(SETTING_KEYS) == expected_keys

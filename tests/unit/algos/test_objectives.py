@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from grpokit.algos import AlgoSettings, policy_loss
-from grpokit.algos.masks import off_policy_mask
+from grpokit.algos.masks import high_entropy_mask, off_policy_mask
 from grpokit.algos.objectives import SURROGATES
 from grpokit.algos.token_terms import token_terms
 
@@ -132,6 +132,27 @@ def test_off_policy_mask_drops_negative_sequences_far_from_the_sampler():
     assert float(m["masked_frac/off_policy"]) == 0.5
     with pytest.raises(ValueError, match="needs sample_logprobs"):
         policy_loss(lp, lp.detach(), torch.tensor([-1.0, -1.0]), torch.ones(2, 2), off_policy_mask=0.5)
+
+
+def test_high_entropy_mask_keeps_the_top_quantile_of_the_masked_tokens():
+    # entropies [0.1, 2.0, 0.5, 1.5] (+ a padded 9.0): the 0.5 quantile of the four is (0.5 + 1.5) / 2 = 1.0,
+    # so rho = 0.5 keeps 2.0 and 1.5; the padding neither counts nor is kept
+    entropy = torch.tensor([[0.1, 2.0, 0.5], [1.5, 9.0, 0.0]])
+    mask = torch.tensor([[True, True, True], [True, False, False]])
+    assert high_entropy_mask(entropy, mask, 0.5).tolist() == [[False, True, False], [True, False, False]]
+    assert high_entropy_mask(entropy, mask, 1.0).tolist() == mask.tolist()  # rho 1: every token
+    assert high_entropy_mask(entropy, mask, 0.0).tolist() == [[False, True, False], [False, False, False]]
+    assert not high_entropy_mask(entropy, torch.zeros_like(mask), 0.5).any()
+    # through the loss: the dropped tokens get no gradient but count in the normaliser
+    lp = torch.zeros(2, 3, requires_grad=True)
+    keep = high_entropy_mask(entropy, mask, 0.5)
+    loss, m = policy_loss(
+        lp, lp.detach(), torch.tensor([1.0, 1.0]), mask, agg="token-mean", entropy_mask=keep
+    )
+    loss.backward()
+    assert (
+        lp.grad.tolist() == [[0.0, -0.25, 0.0], [-0.25, 0.0, 0.0]] and float(m["masked_frac/entropy"]) == 0.5
+    )
 
 
 def test_kl_is_correction_gives_the_k1_gradient_on_policy():
