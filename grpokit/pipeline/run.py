@@ -30,6 +30,7 @@ from grpokit.pipeline.spec import (
     PipelineError,
     can_resume,
     check_stage_configs,
+    missing_outputs,
     read_state,
     stage_command,
     stage_hash,
@@ -144,6 +145,8 @@ def run_pipeline(
         if state is not None and state.get("hash") != digest:
             state = None  # --rerun-changed (_check_states refused it otherwise): start the stage again
         if state is not None and state.get("status") == "done":
+            _check_outputs(stage, state, folder)
+        if state is not None and state.get("status") == "done":
             log(f"{stage.folder}: done before, not rerun")
         else:
             resume_stage = state is not None and can_resume(stage, folder)
@@ -192,6 +195,8 @@ def _check_states(pipe: Pipeline, out: Path, *, rerun_changed: bool) -> None:
     for stage in pipe.stages:
         hashes[stage.index] = digest = stage_hash(stage, hashes, pipe)
         state = read_state(out / stage.folder)
+        if state is not None and state.get("status") == "done" and state.get("hash") == digest:
+            _check_outputs(stage, state, out / stage.folder)
         if state is None or state.get("hash") == digest or rerun_changed:
             continue
         what = "finished" if state.get("status") == "done" else "left running"
@@ -199,6 +204,16 @@ def _check_states(pipe: Pipeline, out: Path, *, rerun_changed: bool) -> None:
             f"stage {stage.folder} changed since it {what} (its config, overrides or an input stage differ from "
             f"the run in {out / stage.folder}); set it back, or pass --rerun-changed to run it again and every "
             "stage that reads it"
+        )
+
+
+def _check_outputs(stage, state: dict[str, Any], folder: Path) -> None:
+    """A stage recorded as done must still have what it made: stage.json alone is not trusted."""
+    gone = missing_outputs(stage, state)
+    if gone:
+        raise PipelineError(
+            f"{stage.folder}: stage.json says the stage finished, but {gone} (deleted?); restore it, or "
+            f"remove {folder / 'stage.json'} to run the stage again"
         )
 
 

@@ -307,9 +307,48 @@ def stage_hash(stage: Stage, hashes: dict[int, str], pipe: Pipeline) -> str:
     return hashlib.sha256(json.dumps(blob, sort_keys=True).encode()).hexdigest()[:16]
 
 
+_DATA_SUFFIXES = (".jsonl", ".ndjson", ".json", ".csv", ".tsv", ".parquet", ".pq", ".arrow", ".txt", ".yaml")
+
+
+def missing_local_path(value: str | None) -> bool:
+    """True when `value` names a local file or folder that does not exist; a hub id (``name`` or
+    ``owner/name``, not starting with ".", "~" or "/", without a data file's extension) is not local."""
+    if not value or value.startswith("<") or any(ch in value for ch in "*?["):
+        return False
+    path = Path(value).expanduser()
+    if path.exists():
+        return False
+    parts = value.split("/")
+    hub_id = (
+        len(parts) <= 2
+        and all(parts)
+        and not value.startswith((".", "~", "/"))
+        and path.suffix.lower() not in _DATA_SUFFIXES
+    )
+    return not hub_id
+
+
+def check_inputs(pipe: Pipeline) -> None:
+    """The base model and every model, data file and config a stage names that is a local path exists."""
+    names = {s.name for s in pipe.stages} | {BASE}
+    if missing_local_path(pipe.model):
+        raise PipelineError(f"{pipe.path}: model: {pipe.model} does not exist (looked in {Path.cwd()})")
+    for stage in pipe.stages:
+        where = f"stages[{stage.index}] ({stage.name})"
+        for key, value in (("model", stage.model), ("data", stage.data)):
+            if value not in names and missing_local_path(value):
+                raise PipelineError(f"{where}.{key}: {value} does not exist (looked in {Path.cwd()})")
+        for override in stage.overrides:
+            key, _, value = override.partition("=")
+            if key in ("model.name_or_path", "data.train", "data.eval") and missing_local_path(value):
+                raise PipelineError(f"{where}.set.{key}: {value} does not exist (looked in {Path.cwd()})")
+
+
 def check_stage_configs(pipe: Pipeline) -> None:
     """Each stage's config as its command would read it (placeholders for outputs not made yet), checked
-    without loading a model: unknown keys and bad values are errors naming the stage."""
+    without loading a model: unknown keys and bad values are errors naming the stage; so are local models
+    and data files that do not exist (`check_inputs`)."""
+    check_inputs(pipe)
     for stage in pipe.stages:
         if stage.config and not Path(stage.config).is_file():
             raise PipelineError(f"stages[{stage.index}] ({stage.name}).config: {stage.config} does not exist")
@@ -360,13 +399,37 @@ def stage_command(stage: Stage, folder: Path, model: str | None, data: str | Non
 
 
 def read_state(folder: Path) -> dict[str, Any] | None:
+    """The stage's stage.json, None when there is none. One that cannot be read is a PipelineError, never
+    a reason to rerun the stage silently (it is written whole, by rename: a kill cannot tear it)."""
     path = folder / "stage.json"
     if not path.is_file():
         return None
     try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError:
-        return None  # torn by a kill while written: the stage starts again (its own --resume decides)
+        state = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise PipelineError(
+            f"{path} is not valid JSON ({type(e).__name__}: {str(e).splitlines()[0][:120]}): it was changed "
+            "outside grpokit; remove it to run the stage again, or --overwrite to rerun every stage"
+        ) from None
+    if not isinstance(state, dict) or not isinstance(state.get("status"), str):
+        raise PipelineError(
+            f"{path} is not a stage state (no status): remove it to run the stage again, or --overwrite to "
+            "rerun every stage"
+        )
+    return state
+
+
+def missing_outputs(stage: Stage, state: dict[str, Any]) -> str | None:
+    """What a stage recorded as done lacks in its folder: the checkpoint (sft, rl) or the samples file
+    (sample) its state names; None when they are there."""
+    outputs = state.get("outputs")
+    if not isinstance(outputs, dict):
+        return "its outputs are not recorded"
+    wanted = [("data", outputs.get("data"))] if stage.kind == "sample" else [("model", outputs.get("model"))]
+    for what, path in wanted:
+        if not path or not Path(path).exists():
+            return f"its {what} {path} is missing"
+    return None
 
 
 def write_state(folder: Path, state: dict[str, Any]) -> None:
