@@ -76,10 +76,10 @@ INERT = {
     "vllm_importance_sampling_mode", "vllm_importance_sampling_cap", "vllm_importance_sampling_clip_max",
     "vllm_importance_sampling_clip_min", "log_multimodal", "bf16_full_eval", "fp16_full_eval",
 }  # fmt: skip
-"""Fields with no effect on what is trained (display, hub, vLLM when use_vllm is off): accepted, ignored."""
+"""Fields with no effect on what is trained (display, hub; the vLLM ones when use_vllm is off, else mapped by
+_vllm): accepted, ignored."""
 
 REFUSED_UNLESS_DEFAULT: dict[str, tuple[Any, str]] = {
-    "use_vllm": (False, "grpokit samples with its own engines (rollout.engine), not vLLM"),
     "delta": (None, "no two-sided clip; algo.dual_clip is another rule (a bound for negative advantages)"),
     "multi_objective_aggregation": ("sum_then_normalize", "rewards are summed then normalised (sum_then_normalize)"),
     "min_p": (None, "not implemented in grpokit's samplers (rollout.top_p / top_k are)"),
@@ -112,7 +112,16 @@ SCRIPT_KEYS = {
 }  # fmt: skip
 """TRL scripts' ScriptArguments / ModelConfig keys, often in the same YAML."""
 
+VLLM_DEFAULTS: dict[str, Any] = {
+    "vllm_mode": "colocate", "vllm_gpu_memory_utilization": 0.3, "vllm_enable_sleep_mode": False,
+    "vllm_max_model_length": None, "vllm_tensor_parallel_size": 1, "vllm_importance_sampling_correction": True,
+    "vllm_importance_sampling_mode": "sequence_mask", "vllm_importance_sampling_clip_max": 3.0,
+    "vllm_importance_sampling_clip_min": None, "vllm_importance_sampling_cap": None,
+}  # fmt: skip
+"""TRL 1.16's defaults of the vLLM fields use_vllm=true maps (rollout.engine=vllm, rollout.vllm.*, the correction)."""
+
 TRL_KEYS = frozenset(TRL_DEFAULTS) | INERT | frozenset(REFUSED_UNLESS_DEFAULT) | frozenset(SCRIPT_KEYS) | {
+    "use_vllm",
     "model_init_kwargs", "trust_remote_code", "num_generations_eval", "chat_template_kwargs",
     "max_prompt_length", "reward_weights", "reward_funcs", "warmup_ratio",
 }
@@ -320,7 +329,36 @@ def from_trl(values: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
             "TRL reward_weights needs the rewards it weighs: add reward_funcs: [math_accuracy, ...] (grpokit "
             "reward names) to the file, or write rewards: [{name: ..., weight: ...}] in a grpokit config"
         )
+    if v.get("use_vllm"):
+        _vllm(v, out, notes)
     return {key: section for key, section in out.items() if section}, notes
+
+
+def _vllm(v: dict[str, Any], out: dict[str, dict[str, Any]], notes: list[str]) -> None:
+    """use_vllm=true: rollout.engine=vllm (colocated), its settings, and TRL's importance-sampling correction
+    as rollout.mismatch_correction / _cap / _floor (grpokit.algos.mismatch: the same four modes)."""
+    w = {**VLLM_DEFAULTS, **{k: v[k] for k in VLLM_DEFAULTS if k in v}}
+    if w["vllm_mode"] != "colocate":
+        raise ConfigError(
+            f"TRL vllm_mode={w['vllm_mode']!r}: grpokit runs vLLM colocated (in the trainer's process) only so far; "
+            "set vllm_mode: colocate"
+        )
+    if int(w["vllm_tensor_parallel_size"]) != 1:
+        raise ConfigError(f"TRL vllm_tensor_parallel_size={w['vllm_tensor_parallel_size']}: grpokit's engine uses one device")
+    vllm = {"gpu_memory_utilization": float(w["vllm_gpu_memory_utilization"]), "sleep": bool(w["vllm_enable_sleep_mode"])}
+    if w["vllm_max_model_length"] is not None:
+        vllm["max_model_len"] = int(w["vllm_max_model_length"])
+    out["rollout"].update(engine="vllm", vllm=vllm)
+    cap = w["vllm_importance_sampling_cap"] if w["vllm_importance_sampling_cap"] is not None else w["vllm_importance_sampling_clip_max"]
+    if not w["vllm_importance_sampling_correction"]:
+        out["rollout"]["mismatch_correction"] = "none"
+        return
+    mode = w["vllm_importance_sampling_mode"]
+    out["rollout"].update(mismatch_correction=mode, mismatch_cap=cap, mismatch_floor=w["vllm_importance_sampling_clip_min"])
+    notes.append(
+        f"use_vllm: rollout.engine=vllm, colocated; TRL's importance-sampling correction as "
+        f"rollout.mismatch_correction={mode} with cap {cap} (grpokit's own default on vllm: token_truncate, cap 2)"
+    )
 
 
 def grpokit_yaml(values: dict[str, Any], notes: list[str], source: str) -> str:

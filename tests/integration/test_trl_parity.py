@@ -166,10 +166,10 @@ def test_trl_defaults_table_is_trls():
 
     from trl import GRPOConfig
 
-    from grpokit.config.trl import TRL_DEFAULTS
+    from grpokit.config.trl import TRL_DEFAULTS, VLLM_DEFAULTS
 
     fields = {f.name: f for f in dataclasses.fields(GRPOConfig)}
-    for key, ours in TRL_DEFAULTS.items():
+    for key, ours in {**TRL_DEFAULTS, **VLLM_DEFAULTS}.items():
         if key == "output_dir":  # None in the dataclass, "trainer_output" when the trainer runs
             continue
         f = fields[key]
@@ -205,6 +205,28 @@ def test_trl_algorithm_fields_map_to_the_same_algorithm():
     assert from_trl({"save_strategy": "no", "save_steps": 7})[0]["train"]["save_every"] == 0
 
 
+def test_use_vllm_maps_to_the_vllm_engine_and_trls_importance_sampling_to_the_mismatch_correction():
+    from grpokit.config.schema import config_from_dict
+    from grpokit.config.trl import from_trl
+
+    rollout = from_trl({"use_vllm": True})[0]["rollout"]  # TRL's defaults: sequence_mask, clip_max 3
+    assert (rollout["engine"], rollout["mismatch_correction"], rollout["mismatch_cap"]) == ("vllm", "sequence_mask", 3.0)
+    values, notes = from_trl(
+        {"use_vllm": True, "vllm_importance_sampling_mode": "token_truncate", "vllm_importance_sampling_cap": 2.5,
+         "vllm_importance_sampling_clip_min": 0.5, "vllm_gpu_memory_utilization": 0.5, "vllm_enable_sleep_mode": True,
+         "vllm_max_model_length": 1024},
+    )  # fmt: skip
+    cfg = config_from_dict(values)
+    r = cfg.rollout
+    assert (r.engine, r.mismatch_correction, r.mismatch_cap, r.mismatch_floor) == ("vllm", "token_truncate", 2.5, 0.5)
+    assert (r.vllm.gpu_memory_utilization, r.vllm.sleep, r.vllm.max_model_len) == (0.5, True, 1024)
+    assert any("rollout.mismatch_correction=token_truncate with cap 2.5" in n for n in notes)
+    off = from_trl({"use_vllm": True, "vllm_importance_sampling_correction": False})[0]["rollout"]
+    assert off["mismatch_correction"] == "none"
+    plain = from_trl({"vllm_importance_sampling_mode": "token_mask"})[0]  # use_vllm off: the vLLM fields are inert
+    assert "engine" not in plain["rollout"] and "mismatch_correction" not in plain["rollout"]
+
+
 @pytest.mark.parametrize(
     "fields,message",
     [
@@ -216,7 +238,8 @@ def test_trl_algorithm_fields_map_to_the_same_algorithm():
         ({"max_steps": 10, "steps_per_generation": 4, "loss_type": "grpo"}, "use a multiple of 4"),
         ({"min_p": 0.1}, "min_p=0.1 is not supported: not implemented"),
         ({"repetition_penalty": 1.1}, "repetition_penalty=1.1 is not supported"),
-        ({"use_vllm": True}, "use_vllm=True is not supported"),
+        ({"use_vllm": True, "vllm_mode": "server"}, "vllm_mode='server': grpokit runs vLLM colocated"),
+        ({"use_vllm": True, "vllm_tensor_parallel_size": 2}, "vllm_tensor_parallel_size=2"),
         ({"multi_objective_aggregation": "normalize_then_sum"}, "sum_then_normalize"),
         ({"reward_weights": [1, 2]}, "reward_weights needs the rewards"),
         ({"frobnicate": 1}, r"\['frobnicate'\] have no grpokit equivalent"),
