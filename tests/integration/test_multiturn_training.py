@@ -8,7 +8,7 @@ import torch
 from tool_model import TOOLS_TEMPLATE, tool_model
 
 from grpokit.config.schema import load_config
-from grpokit.core.errors import ConfigError
+from grpokit.core.errors import ConfigError, TrainingError
 from grpokit.rollout.envs import EnvStep
 from grpokit.rollout.tools import ToolCall, ToolDefinitionError
 from grpokit.trainers.grpo import GRPOTrainer
@@ -109,7 +109,9 @@ def make_trainer(tmp_path, *extra, rewards=(("used_tool", used_tool, 1.0),)):
     ids=["grpo", "dapo", "ppo", "lora-kl-hf"],
 )
 def test_tool_episodes_train_under_each_preset(tmp_path, extra):
-    rewards = [("used_tool", used_tool, 1.0)] + ([("parity", parity, 1.0)] if "algo.preset=dapo" in extra else [])
+    rewards = [("used_tool", used_tool, 1.0)] + (
+        [("parity", parity, 1.0)] if "algo.preset=dapo" in extra else []
+    )
     trainer = make_trainer(tmp_path, *extra, rewards=rewards)
     trainer.train()
     lines = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
@@ -167,6 +169,53 @@ def test_environment_turn_rewards_drive_grpo_process(tmp_path):
     assert max(len(steps) for steps in batch.step_rewards) >= 3
     metrics = trainer.train_step()
     assert metrics["advantage/abs_mean"] > 0 and metrics["episode/turns_mean"] > 1
+
+
+class Flaky(Countdown):
+    """Countdown whose step raises on the row "0+1=" (its episodes fail; the other row's go on)."""
+
+    def reset(self, row):
+        self.row = row
+        return super().reset(row)
+
+    def step(self, text):
+        if self.row["prompt"] == "0+1=":
+            return EnvStep([], float(int("seven")))
+        print("ENV-PRINTS-THIS")  # kept from the trainer's streams
+        return super().step(text)
+
+
+def test_environment_failures_stop_the_run_only_under_the_failure_fraction_rule(tmp_path, capfd):
+    rows = [{"prompt": "0+0=", "answer": "0"}, {"prompt": "0+1=", "answer": "1"}]
+
+    def trainer(frac):
+        model, tok = tool_model()
+        cfg = make_cfg(
+            tmp_path / str(frac), "rollout.tools=[]", "rollout.environment=test_multiturn_training:Flaky",
+            "train.samples_every=0", f"train.max_reward_failure_frac={frac}", "rollout.max_new_tokens=16",
+        )  # fmt: skip
+        return GRPOTrainer(cfg, model=model, tokenizer=tok, train_rows=rows,
+                           reward_functions=[("turns_reward", turns_reward, 1.0)])  # fmt: skip
+
+    strict = trainer(0.0)
+    with pytest.raises(TrainingError) as e:
+        strict.train_step()
+    message = str(e.value)
+    for words in ("environment test_multiturn_training:Flaky", "of 8 (allowed: 0 of them) episodes",
+                  "step raised ValueError: invalid literal for int()", "'0+1='", "max_reward_failure_frac"):  # fmt: skip
+        assert words in message, message
+    strict.sampler.episodes.close()
+    tolerant = trainer(0.5)
+    batch, _, _ = tolerant.sampler.sample_batch(tolerant.step)
+    failing = [k for k, row in enumerate(batch.rows) if row["prompt"] == "0+1="]
+    assert len(failing) == 4 and all(batch.rewards[k] == 0 for k in failing)
+    assert max(batch.rewards.tolist()) > 0  # the other row's episodes keep their scores
+    tolerant.sampler.episodes.take_metrics()  # (that round's counts: the step below samples its own)
+    metrics = tolerant.train_step()  # (a turn cut at max_new_tokens is never stepped: 1 to 4 failures)
+    assert 1 <= metrics["episodes/failed"] <= 4 and metrics["episode/turns_mean"] > 1
+    tolerant.sampler.episodes.close()
+    out, err = capfd.readouterr()
+    assert "ENV-PRINTS-THIS" not in out + err
 
 
 def test_micro_batch_split_leaves_the_multi_turn_gradient_unchanged(tmp_path):
@@ -238,16 +287,22 @@ def test_the_episode_budget_must_fit_the_models_positions(tmp_path):
     from grpokit.run.preflight import check_positions
 
     cfg = make_cfg(tmp_path, "rollout.max_turns=4", "rollout.max_new_tokens=64")  # budget 4 x 64 = 256
-    with pytest.raises(ConfigError, match="rollout.max_episode_tokens=256 is beyond the model's 200 positions"):
+    with pytest.raises(
+        ConfigError, match="rollout.max_episode_tokens=256 is beyond the model's 200 positions"
+    ):
         check_positions(cfg, {"max_position_embeddings": 200}, "m")
-    check_positions(make_cfg(tmp_path, "rollout.max_episode_tokens=150"), {"max_position_embeddings": 200}, "m")
+    check_positions(
+        make_cfg(tmp_path, "rollout.max_episode_tokens=150"), {"max_position_embeddings": 200}, "m"
+    )
 
 
 def test_python_api_takes_functions_and_saves_their_names(tmp_path):
     cfg = make_cfg(tmp_path, "rollout.tools=[]", "train.samples_every=0")
     cfg.rollout.tools = [count_digits]  # TRL's way: the function itself
     model, tok = tool_model()
-    trainer = GRPOTrainer(cfg, model=model, tokenizer=tok, train_rows=ROWS, reward_functions=[("u", used_tool, 1.0)])
+    trainer = GRPOTrainer(
+        cfg, model=model, tokenizer=tok, train_rows=ROWS, reward_functions=[("u", used_tool, 1.0)]
+    )
     assert cfg.rollout.tools == ["test_multiturn_training:count_digits"]  # what config.yaml will hold
     batch, _, _ = trainer.sampler.sample_batch(trainer.step)
     assert batch.rollout.context_mask is not None
