@@ -40,15 +40,17 @@ def test_warm_start_is_cached(tmp_path):
 
 @pytest.mark.slow
 def test_readme_demo_command_learns(tmp_path, monkeypatch):
-    """`grpokit train --output-dir D` (the README's first command): <= 40% before, >= 80% after."""
+    """`grpokit train --output-dir D` (the README's first command) reproduces the numbers the README and
+    docs/getting-started.md quote: 5.0% before, 95.5% after (README: "from 5% to over 90%"), each within 3
+    points (the run is deterministic on one CPU; another CPU's float sums may move a few answers)."""
     from grpokit.cli.main import main
 
     monkeypatch.setenv("GRPOKIT_CACHE", str(tmp_path / "cache"))
     out = tmp_path / "demo"
     assert main(["train", "--output-dir", str(out), "train.tensorboard=false"]) == 0
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["eval_accuracy_before"] <= 0.4
-    assert summary["eval_accuracy_after"] >= 0.8
+    assert abs(summary["eval_accuracy_before"] - 0.050) <= 0.03
+    assert abs(summary["eval_accuracy_after"] - 0.955) <= 0.03 and summary["eval_accuracy_after"] > 0.90
     assert (out / "metrics.jsonl").is_file() and (out / "curves.png").is_file()
 
 
