@@ -33,6 +33,7 @@ from .objectives import SURROGATES, TOKEN_ONLY, surrogate_terms
 
 RATIO_LEVELS = ("token", "sequence", "sequence_token")
 AGG_MODES = ("seq-mean-token-mean", "token-mean", "seq-sum-norm")
+COV_PENALTIES = ("none", "kl_cov", "clip_cov")
 LOG_RATIO_CLAMP = 20.0
 
 
@@ -61,6 +62,9 @@ def policy_loss(
     sample_logprobs: Tensor | None = None,
     kl_is_correction: bool = False,
     entropy_mask: Tensor | None = None,
+    cov_penalty: str = "none",
+    cov_mask: Tensor | None = None,
+    kl_cov_coef: float = 1.0,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """Clipped surrogate loss (+ optional KL) aggregated over one (micro-)batch; see module docstring.
 
@@ -96,6 +100,9 @@ def policy_loss(
         kl_is_correction: multiply the per-token KL by the ratio (value 1 on-policy, its gradient is not 0).
         entropy_mask: None or (B, T) bool, the tokens top_entropy_quantile keeps (masks.high_entropy_mask, chosen
             by the caller over the whole mini-batch so that the split cannot change it).
+        cov_penalty: "none" | "kl_cov" | "clip_cov" (arXiv 2505.22617) on the tokens of cov_mask (B, T) bool
+            (masks.covariance_selection, chosen by the caller over the mini-batch): clip_cov takes them out of the
+            surrogate, kl_cov adds kl_cov_coef * |logp - old| to theirs.
     Returns:
         loss: () scalar to call backward on.
         metrics: detached 0-d tensors, averaged over this call's masked-in tokens: clip_frac_low
@@ -103,7 +110,7 @@ def policy_loss(
             ratio_mean, ratio_min, ratio_max, pg_loss (token mean of the surrogate part), kl_mean
             (if ref_logprobs), dual_clip_frac (if dual_clip), num_tokens (this call's sum m), and the share of
             tokens each mask took out: masked_frac/trust_region (dppo_*), masked_frac/off_policy (off_policy_mask),
-            masked_frac/entropy (entropy_mask).
+            masked_frac/entropy (entropy_mask), masked_frac/clip_cov; cov_penalised_frac (kl_cov).
     Raises:
         ValueError: unknown ratio_level / agg / kl_kind, shape mismatch, beta > 0 without ref_logprobs,
             seq-sum-norm without norm_len, dual_clip <= 1, negative eps.
@@ -112,6 +119,9 @@ def policy_loss(
     check_choice("agg", agg, AGG_MODES)
     check_choice("kl_kind", kl_kind, KL_KINDS)
     check_choice("surrogate", surrogate, SURROGATES)
+    check_choice("cov_penalty", cov_penalty, COV_PENALTIES)
+    if cov_penalty != "none" and cov_mask is None:
+        raise ValueError(f"cov_penalty={cov_penalty!r} needs cov_mask (masks.covariance_selection's tokens)")
     if surrogate in TOKEN_ONLY and ratio_level != "token":
         raise ValueError(f"surrogate={surrogate!r} builds its own token ratio; set ratio_level='token'")
     if off_policy_mask is not None and sample_logprobs is None:
@@ -136,6 +146,7 @@ def policy_loss(
         ("ref_logprobs", ref_logprobs),
         ("sample_logprobs", sample_logprobs),
         ("entropy_mask", entropy_mask),
+        ("cov_mask", cov_mask),
     ):
         if t is not None and t.shape != shape:
             raise ValueError(f"{name} has shape {tuple(t.shape)}, expected {tuple(shape)} like logprobs")
@@ -183,6 +194,11 @@ def policy_loss(
     if entropy_mask is not None:
         masked["entropy"] = ~entropy_mask.to(torch.bool)
         pg = pg * entropy_mask  # (B, T)
+    if cov_penalty == "clip_cov":
+        masked["clip_cov"] = cov_mask.to(torch.bool)
+        pg = pg * ~masked["clip_cov"]  # (B, T)
+    elif cov_penalty == "kl_cov":  # |log rho| on the highest-covariance tokens keeps them near pi_old
+        pg = pg + kl_cov_coef * (logp - old).abs() * cov_mask  # (B, T)
     per_token = pg  # (B, T)
 
     kl = None
@@ -224,6 +240,8 @@ def policy_loss(
             metrics["dual_clip_frac"] = (flags["dual"] & mask).sum() / denom
         for reason, out in masked.items():
             metrics[f"masked_frac/{reason}"] = (out & mask).sum() / denom
+        if cov_penalty == "kl_cov":
+            metrics["cov_penalised_frac"] = (cov_mask.to(torch.bool) & mask).sum() / denom
         metrics = {k: v.detach() for k, v in metrics.items()}
     return loss, metrics
 

@@ -7,6 +7,11 @@ the KL term): `policy_loss` multiplies its surrogate by them and logs each one's
                further down is what destabilises off-policy updates.
   entropy      Beyond the 80/20 rule (arXiv 2506.01939; TRL top_entropy_quantile rho): keep only the tokens whose
                entropy is at or above the (1 - rho) quantile of the batch's, the "forking" tokens.
+  clip_cov     The Entropy Mechanism of RL for Reasoning LMs (arXiv 2505.22617, eq. 11; verl clip_cov): the policy's
+               entropy falls with the covariance Cov_{i,t} = (A_{i,t} - mean A)(logp_{i,t} - mean logp) of the
+               tokens it trains on; Clip-Cov takes a random r * N of the tokens with Cov in (lb, ub) out of the
+               gradient. KL-Cov (eq. 12; verl kl_cov) instead adds coef * |logp - old| to the top r * N tokens by Cov
+               (the loss applies it; `covariance_selection` chooses the tokens for both).
 """
 
 from __future__ import annotations
@@ -51,3 +56,56 @@ def high_entropy_mask(entropy: Tensor, mask: Tensor, quantile: float) -> Tensor:
         return torch.zeros_like(mask)
     threshold = torch.quantile(values, 1.0 - quantile)  # ()
     return (entropy >= threshold.to(entropy.dtype)) & mask  # (B, T)
+
+
+def token_covariance(logprobs: Tensor, advantages: Tensor, mask: Tensor) -> Tensor:
+    """(B, T) Cov_{i,t} = (A_{i,t} - mean A)(logp_{i,t} - mean logp), the means over the tokens of `mask`; 0 outside.
+
+    Example: log-probs [-1, -3] with advantages [1, -1]: means -2 and 0, Cov = [(1)(1), (-1)(-1)] = [1, 1]: both
+    tokens push the entropy down (a likely token rewarded, an unlikely one punished).
+
+    Args:
+        logprobs: (B, T) (no gradient taken); advantages: (B, T) (a (B,) advantage broadcast first); mask: (B, T) bool.
+    """
+    m = mask.to(torch.float64)  # (B, T)
+    lp = torch.where(mask, logprobs.detach().to(torch.float64), 0.0)  # (B, T)
+    adv = torch.where(mask, advantages.to(torch.float64), 0.0)  # (B, T)
+    n = m.sum().clamp(min=1)  # ()
+    cov = (adv - adv.sum() / n) * (lp - lp.sum() / n)  # (B, T)
+    return torch.where(mask, cov, 0.0).to(logprobs.dtype)  # (B, T)
+
+
+def covariance_selection(
+    kind: str,
+    cov: Tensor,
+    mask: Tensor,
+    ratio: float,
+    *,
+    bounds: tuple[float, float] = (1.0, 5.0),
+    generator: torch.Generator | None = None,
+) -> Tensor:
+    """(B, T) bool: the tokens KL-Cov ("kl_cov": the k = max(1, int(ratio * N)) largest Cov) or Clip-Cov ("clip_cov":
+    k drawn at random among those with lb < Cov < ub) act on, N the tokens of `mask` (module docstring).
+
+    Args:
+        cov: (B, T) from token_covariance; mask: (B, T) bool; ratio: r (verl's default 2e-4);
+        bounds: Clip-Cov's (lb, ub) (verl's 1, 5); generator: Clip-Cov's random draw.
+    """
+    flat_mask = mask.reshape(-1)  # (B*T,)
+    out = torch.zeros_like(flat_mask)  # (B*T,)
+    n = int(flat_mask.sum())
+    if n == 0:
+        return out.reshape(mask.shape)
+    k = max(1, int(ratio * n))
+    flat = cov.reshape(-1)  # (B*T,)
+    if kind == "kl_cov":
+        scores = torch.where(flat_mask, flat, torch.tensor(-torch.inf, dtype=flat.dtype))  # (B*T,)
+        out[torch.topk(scores, k).indices] = True
+    elif kind == "clip_cov":
+        lb, ub = bounds
+        candidates = torch.nonzero(flat_mask & (flat > lb) & (flat < ub)).squeeze(-1)  # (c,)
+        pick = torch.randperm(candidates.numel(), generator=generator)[:k]  # (<= k,)
+        out[candidates[pick]] = True
+    else:
+        raise ValueError(f"kind={kind!r} is not valid; choose one of 'kl_cov', 'clip_cov'")
+    return out.reshape(mask.shape)  # (B, T)

@@ -25,7 +25,7 @@ from grpokit.core.intervals import in_interval
 
 from .advantages import ADVANTAGE_ALIASES, ADVANTAGES, CRITIC_ADVANTAGES
 from .kl import KL_KINDS
-from .loss import AGG_MODES, LOSSES, RATIO_LEVELS
+from .loss import AGG_MODES, COV_PENALTIES, LOSSES, RATIO_LEVELS
 from .objectives import SURROGATES, TOKEN_ONLY
 
 
@@ -57,6 +57,10 @@ def _ratio_levels() -> tuple[str, ...]:
 
 def _surrogates() -> tuple[str, ...]:
     return SURROGATES
+
+
+def _cov_penalties() -> tuple[str, ...]:
+    return COV_PENALTIES
 
 
 def _agg_modes() -> tuple[str, ...]:
@@ -193,6 +197,20 @@ class MaskSettings:
         example=0.2,
         meaning="1 = every token",
     )
+    cov_penalty: str = knob(
+        "none",
+        "Entropy control by covariance (arXiv 2505.22617): none | kl_cov (|log ratio| penalty on the highest "
+        "Cov(logp, A) tokens) | clip_cov (a random few with Cov in (clip_cov_lb, clip_cov_ub) get no gradient).",
+        choices=_cov_penalties,
+    )
+    cov_ratio: float = knob(
+        2e-4, "Share r of the loss tokens KL-Cov / Clip-Cov act on (verl: 2e-4).", interval="(0, 1]", example=2e-3
+    )
+    kl_cov_coef: float = knob(
+        1.0, "KL-Cov's coefficient of |logp - old| (verl ppo_kl_coef).", interval="[0, inf)", example=1.0
+    )
+    clip_cov_lb: float = knob(1.0, "Clip-Cov's lower covariance bound (verl: 1).", interval="(-inf, inf)", example=1.0)
+    clip_cov_ub: float = knob(5.0, "Clip-Cov's upper covariance bound (verl: 5).", interval="(-inf, inf)", example=5.0)
 
 
 @dataclass(frozen=True)
@@ -400,6 +418,14 @@ class AlgoSettings:
                     f"algo.{key}={self.get(key):g}: only algo.surrogate={' or '.join(readers[key])} reads it, "
                     f"not {surrogate}"
                 )
+        cov_keys = {"kl_cov_coef": ("kl_cov",), "clip_cov_lb": ("clip_cov",), "clip_cov_ub": ("clip_cov",)}
+        cov_keys["cov_ratio"] = ("kl_cov", "clip_cov")
+        for key in sorted(given & set(cov_keys)):
+            if self.masks.cov_penalty not in cov_keys[key]:
+                out.append(
+                    f"algo.{key}={self.get(key):g}: only algo.cov_penalty={' or '.join(cov_keys[key])} reads it, "
+                    f"not {self.masks.cov_penalty}"
+                )
         if "kl_is_correction" in given and self.kl.is_correction and self.kl.beta == 0:
             out.append("algo.kl_is_correction=true weights the KL of the loss, which is off (algo.beta=0)")
         if "norm_len" in given and self.loss.agg != "seq-sum-norm":
@@ -426,6 +452,8 @@ class AlgoSettings:
             "is_cap": self.ratio.is_cap,
             "off_policy_mask": self.masks.off_policy_mask,
             "kl_is_correction": self.kl.is_correction,
+            "cov_penalty": self.masks.cov_penalty,
+            "kl_cov_coef": self.masks.kl_cov_coef,
             "agg": self.loss.agg,
             "norm_len": self.loss.norm_len,
             "beta": self.kl.beta,

@@ -9,7 +9,7 @@ Placeholders in a name stand for a part that varies: ``{reward}`` a reward funct
 ``rewards[i].name``, a file or module path reduced to the function's name), ``{metric}`` a name that
 function logged with ``log_metric``, ``{k}`` the number of sampled completions per prompt
 (``eval.num_samples``), ``{reason}`` the mask that dropped tokens from the policy gradient (``trust_region``,
-``off_policy``, ``entropy``). ``when`` says when a metric is written; empty means on every line.
+``off_policy``, ``entropy``, ``clip_cov``). ``when`` says when a metric is written; empty means on every line.
 """
 
 from __future__ import annotations
@@ -88,8 +88,17 @@ TRAIN: dict[str, Metric] = {
     "masked_frac/{reason}": Metric(
         "share",
         "loss tokens a mask took out of the policy gradient (still counted in the normaliser): trust_region "
-        "(algo.surrogate=dppo_tv / dppo_kl), off_policy (algo.off_policy_mask), entropy (algo.top_entropy_quantile)",
+        "(algo.surrogate=dppo_tv / dppo_kl), off_policy (algo.off_policy_mask), entropy (algo.top_entropy_quantile), "
+        "clip_cov (algo.cov_penalty=clip_cov)",
         "that mask is on",
+    ),
+    "cov_penalised_frac": Metric(
+        "share", "loss tokens KL-Cov penalises (the highest covariance of log-prob and advantage)", "algo.cov_penalty=kl_cov"
+    ),
+    "cov/logp_adv": Metric(
+        "nats x advantage",
+        "covariance of the sampled tokens' log-probs (the sampler's) and advantages over the loss tokens; the "
+        "entropy falls while it is positive (arXiv 2505.22617)",
     ),
     "ratio_mean": Metric("ratio", "mean importance ratio pi / pi_old over loss tokens"),
     "ratio_min": Metric("ratio", "smallest ratio"),

@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterator
 import torch
 
 from grpokit.algos import AlgoSettings, get_loss, kl_estimate
-from grpokit.algos.masks import high_entropy_mask
+from grpokit.algos.masks import covariance_selection, high_entropy_mask, token_covariance
 from grpokit.config.schema import OptimConfig
 from grpokit.core.errors import ConfigError
 from grpokit.model.offload import CPU, on_device
@@ -213,9 +213,10 @@ class PolicyUpdate:
         learner.model.train()
         order = mini_batch_order(r.completion_ids.shape[0], self.optim, step_seed(self.seed, step, 0))
         for k, mb in enumerate(order):  # (M,) rows each
+            chosen = self.chosen_tokens(r, mb, mask, advantages, entropy, step_seed(self.seed, step, 1000 + k))
             part, finite = learner.run_micro(
-                lambda rows, mb=mb, first=(k == 0): self._mini_batch_gradients(
-                    r, mb, rows, advantages, mask, lengths, old_logprobs, ref_logprobs, first, record, entropy
+                lambda rows, mb=mb, first=(k == 0), chosen=chosen: self._mini_batch_gradients(
+                    r, mb, rows, advantages, mask, lengths, old_logprobs, ref_logprobs, first, record, chosen
                 ),
                 lengths[mb],
             )
@@ -225,7 +226,51 @@ class PolicyUpdate:
         stats.over_ranks(self.dist)  # torchrun: the global batch's sums
         metrics = stats.metrics(n_updates=self.optim.epochs * self.optim.mini_batches)
         metrics.update(learner.metrics())  # lr, loss_scale, micro_batch_size
+        metrics["cov/logp_adv"] = self.logp_adv_covariance(r, mask, advantages)
         return metrics, ref_seconds
+
+    def chosen_tokens(self, r, mb, mask, advantages, entropy, seed: int) -> dict[str, torch.Tensor]:
+        """The tokens of mini-batch ``mb`` (M,) that the masks choose over the whole mini-batch (so the split into
+        micro-batches cannot change them), each (N, Lc) bool, False outside ``mb``: "entropy_mask" for
+        algo.top_entropy_quantile, from ``entropy`` (N, Lc), the policy's before the update; "cov_mask" for
+        algo.cov_penalty (KL-Cov / Clip-Cov), from the sampler's log-probs and the advantages (Clip-Cov's random
+        draw seeded with ``seed``). Keyword arguments of the loss."""
+        masks, out = self.algo.masks, {}
+        m = mask[mb].bool()  # (M, Lc)
+        if entropy is not None:
+            out["entropy_mask"] = torch.zeros_like(mask, dtype=torch.bool)
+            out["entropy_mask"][mb] = high_entropy_mask(entropy[mb], m, masks.top_entropy_quantile)
+        if masks.cov_penalty != "none":
+            logp = r.logprobs[mb]  # (M, Lc) the sampler's: the policy before the update, no extra pass
+            scored = m & ~torch.isnan(logp)  # (M, Lc)
+            cov = token_covariance(torch.nan_to_num(logp), self._token_advantages(advantages, mb, m), scored)
+            picked = covariance_selection(
+                masks.cov_penalty,
+                cov,
+                scored,
+                masks.cov_ratio,
+                bounds=(masks.clip_cov_lb, masks.clip_cov_ub),
+                generator=torch.Generator().manual_seed(seed),
+            )  # (M, Lc)
+            out["cov_mask"] = torch.zeros_like(mask, dtype=torch.bool)
+            out["cov_mask"][mb] = picked
+        return out
+
+    @staticmethod
+    def _token_advantages(advantages: torch.Tensor, rows: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+        """advantages of ``rows`` on the CPU, per token (n, Lc) like ``like``."""
+        adv = advantages[rows.to(advantages.device)].detach().float().cpu()  # (n,) or (n, Lc)
+        return adv[:, None].expand(like.shape) if adv.dim() == 1 else adv  # (n, Lc)
+
+    def logp_adv_covariance(self, r: Rollout, mask: torch.Tensor, advantages: torch.Tensor) -> float:
+        """The covariance of the sampled tokens' log-probs (the sampler's) and their advantages over the loss tokens:
+        the entropy falls when it is positive (arXiv 2505.22617, eq. 6). NaN without loss tokens."""
+        m = mask.bool() & ~torch.isnan(r.logprobs)  # (N, Lc)
+        if not m.any():
+            return float("nan")
+        every = torch.arange(mask.shape[0])
+        cov = token_covariance(torch.nan_to_num(r.logprobs), self._token_advantages(advantages, every, m), m)
+        return float(cov.sum() / m.sum())
 
     def waiting_metrics(
         self, r: Rollout, old_logprobs: torch.Tensor | None, ref_logprobs: torch.Tensor | None
@@ -240,7 +285,7 @@ class PolicyUpdate:
         return metrics
 
     def _mini_batch_gradients(
-        self, r, mb, rows, advantages, mask, lengths, old_logprobs, ref_logprobs, first, record=None, rollout_entropy=None
+        self, r, mb, rows, advantages, mask, lengths, old_logprobs, ref_logprobs, first, record=None, chosen=None
     ) -> tuple[UpdateStats, bool]:
         """Accumulate the gradient of mini-batch ``mb`` (M,) over micro-batches of ``rows`` rows (packed: of at
         most ``rows`` tokens), sorted by length. Returns its UpdateStats (loss metrics; sampler-vs-trainer
@@ -253,10 +298,8 @@ class PolicyUpdate:
         loss_fn = get_loss(algo.loss.name)
         # the whole mini-batch's normaliser, over every rank under torchrun (grpokit.train.distributed)
         num_tokens = dist.sum(mask[mb].sum()).clamp(min=1).to(device)
-        keep = None  # (N, Lc) algo.top_entropy_quantile's tokens, chosen over the whole mini-batch (this rank's)
-        if rollout_entropy is not None:
-            keep = torch.zeros_like(mask, dtype=torch.bool)
-            keep[mb] = high_entropy_mask(rollout_entropy[mb], mask[mb].bool(), algo.masks.top_entropy_quantile)
+        chosen = chosen or {}  # (N, Lc) each: the tokens the masks chose over the whole mini-batch (chosen_tokens)
+        keep = chosen.get("entropy_mask")  # (N, Lc) or None: algo.top_entropy_quantile's
         stats = UpdateStats()
         for micro in learner.micro.split(length_sorted(mb, lengths), lengths, rows):
             tensors = micro_tensors(r, micro, mask, device)
@@ -293,7 +336,7 @@ class PolicyUpdate:
                 num_sequences=len(mb) * dist.world,
                 num_tokens=num_tokens,
                 sample_logprobs=tensors["sample_logprobs"][:, :width],  # the sampler's (off-policy mask)
-                entropy_mask=None if keep is None else keep[micro][:, :width].to(device),
+                **{key: t[micro][:, :width].to(device) for key, t in chosen.items()},
             )
             if not torch.isfinite(loss) and not dist.active:  # ranks: the global norm is NaN, all skip
                 return stats, False

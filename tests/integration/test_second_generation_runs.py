@@ -19,6 +19,8 @@ CASES = {
     "dppo_tv": ["algo.preset=dppo_tv"],
     "dppo_kl": ["algo.preset=dppo_kl"],
     "luspo": ["algo.preset=luspo"],
+    "kl_cov": ["algo.preset=grpo", "algo.cov_penalty=kl_cov", "algo.cov_ratio=0.1"],
+    "clip_cov": ["algo.preset=grpo", "algo.cov_penalty=clip_cov", "algo.cov_ratio=0.1", "algo.clip_cov_lb=0"],
     "masks": [
         "algo.preset=grpo",
         "algo.off_policy_mask=0.0",
@@ -62,6 +64,11 @@ def test_each_objective_trains_a_tiny_model(tmp_path, name):
     assert lines[0]["zero_variance_frac"] < 1  # a signal to train on
     assert len(lines) == 1 and all(torch.isfinite(torch.tensor(line["loss"])) for line in lines)
     assert all(line["entropy/trained"] > 0 for line in lines)
+    assert all(isinstance(line["cov/logp_adv"], float) for line in lines)
+    if name == "kl_cov":
+        assert 0 < lines[0]["cov_penalised_frac"] < 0.3  # max(1, int(0.1 n)) of each mini-batch's n tokens
+    if name == "clip_cov":
+        assert 0 < lines[0]["masked_frac/clip_cov"] < 0.3
     if name.startswith("dppo"):
         assert all("masked_frac/trust_region" in line for line in lines)
     if name == "masks":

@@ -230,6 +230,11 @@ def test_every_preset_is_complete_and_cites_its_paper():
         "is_cap",
         "off_policy_mask",
         "top_entropy_quantile",
+        "cov_penalty",
+        "cov_ratio",
+        "kl_cov_coef",
+        "clip_cov_lb",
+        "clip_cov_ub",
         "kl_is_correction",
     }
     assert set(SETTING_KEYS) == expected_keys

@@ -307,3 +307,96 @@ def test_settings_refuse_what_a_surrogate_cannot_read():
             surrogate="dppo_tv",
             ratio_level="sequence",
         )
+
+
+# ------------------------------------------------------------------ KL-Cov and Clip-Cov (arXiv 2505.22617)
+
+
+def test_token_covariance_and_the_tokens_kl_cov_and_clip_cov_choose():
+    from grpokit.algos.masks import covariance_selection, token_covariance
+
+    # log-probs [-1, -3, -2 | -2] and advantages [2, -2, 0 | 0] over 4 tokens: means -2 and 0, so
+    # Cov = (2)(1), (-2)(-1), (0)(0), (0)(0) = [2, 2, 0, 0]; the padded position is 0
+    logp = torch.tensor([[-1.0, -3.0, -2.0], [-2.0, -9.0, -9.0]])
+    adv = torch.tensor([[2.0, -2.0, 0.0], [0.0, 5.0, 5.0]])
+    mask = torch.tensor([[True, True, True], [True, False, False]])
+    cov = token_covariance(logp, adv, mask)
+    assert cov.tolist() == [[2.0, 2.0, 0.0], [0.0, 0.0, 0.0]]
+    # KL-Cov: k = max(1, int(0.5 * 4)) = 2 largest -> the first two
+    assert covariance_selection("kl_cov", cov, mask, 0.5).tolist() == [
+        [True, True, False],
+        [False, False, False],
+    ]
+    # Clip-Cov: k = 1 drawn among 1 < Cov < 5 (the first two), never outside the bounds
+    picks = [
+        covariance_selection("clip_cov", cov, mask, 0.25, generator=torch.Generator().manual_seed(s))
+        for s in range(8)
+    ]
+    assert all(int(p.sum()) == 1 and not p[0, 2] and not p[1].any() for p in picks)
+    assert {tuple(p[0].tolist()) for p in picks} == {(True, False, False), (False, True, False)}  # both drawn
+    assert not covariance_selection("clip_cov", cov, mask, 0.25, bounds=(2.5, 5.0)).any()
+
+
+def test_clip_cov_and_kl_cov_in_the_loss():
+    # two tokens, A = 1, logp = old + [0.1, 0.1]; the first one chosen. Clip-Cov: no gradient on it; token-mean
+    # gives the other -rho / 2 = -e^0.1 / 2 = -0.552585. KL-Cov with coef 2: + 2 |0.1| on the first, gradient
+    # -e^0.1 / 2 + 2 * 1 / 2 = 0.447415 there
+    chosen = torch.tensor([[True, False]])
+    kw = {"agg": "token-mean", "cov_mask": chosen}
+    _, grad, m = one_row([0.0, 0.0], [-0.1, -0.1], 1.0, cov_penalty="clip_cov", **kw)
+    assert grad == pytest.approx([0.0, -0.552585], abs=1e-6) and float(m["masked_frac/clip_cov"]) == 0.5
+    loss, grad, m = one_row([0.0, 0.0], [-0.1, -0.1], 1.0, cov_penalty="kl_cov", kl_cov_coef=2.0, **kw)
+    assert grad == pytest.approx([0.447415, -0.552585], abs=1e-6) and float(m["cov_penalised_frac"]) == 0.5
+    assert loss == pytest.approx(-math.exp(0.1) + 0.1, abs=1e-6)  # (-2 e^0.1 + 2 * 0.1) / 2
+    with pytest.raises(ValueError, match="needs cov_mask"):
+        one_row([0.0], [0.0], 1.0, cov_penalty="kl_cov")
+
+
+def verl_kl_cov(logp, old, adv, mask, ratio, coef):
+    """The formula of verl's compute_policy_loss_kl_cov (core_algos.py, read not imported), token-mean: the
+    unclipped -A rho on every token, -A rho + coef |log rho| on the top max(1, int(ratio * N)) tokens by
+    (A - mean A)(logp - mean logp) over the valid tokens."""
+    valid = mask.bool()
+    a, lp = adv[valid].detach(), logp[valid].detach()
+    cov = (a - a.mean()) * (lp - lp.mean())
+    top = torch.topk(cov, max(1, int(len(cov) * ratio))).indices
+    picked = torch.zeros(int(valid.sum()), dtype=torch.bool)
+    picked[top] = True
+    chosen = torch.zeros_like(valid)
+    chosen[valid] = picked
+    lr = logp - old
+    per_token = -adv * torch.exp(lr) + coef * lr.abs() * chosen
+    return (per_token * mask).sum() / mask.sum()
+
+
+def test_kl_cov_matches_the_formula_of_verls_code():
+    from grpokit.algos.masks import covariance_selection, token_covariance
+
+    g = torch.Generator().manual_seed(11)
+    B, T = 4, 6
+    old = -torch.rand(B, T, generator=g, dtype=torch.float64) * 3
+    logp0 = old + 0.2 * torch.randn(B, T, generator=g, dtype=torch.float64)
+    adv = torch.randn(B, 1, generator=g, dtype=torch.float64).expand(B, T)
+    mask = torch.rand(B, T, generator=g) < 0.8
+    chosen = covariance_selection("kl_cov", token_covariance(logp0, adv, mask), mask, 0.1)
+    assert int(chosen.sum()) == max(1, int(0.1 * int(mask.sum())))
+    logp = logp0.clone().requires_grad_(True)
+    # verl's kl_cov has no clip: eps_low 1 and a huge eps_high leave the surrogate -A rho
+    loss, _ = policy_loss(
+        logp,
+        old,
+        adv,
+        mask,
+        agg="token-mean",
+        eps_low=1.0,
+        eps_high=1e9,
+        cov_penalty="kl_cov",
+        cov_mask=chosen,
+        kl_cov_coef=1.0,
+    )
+    loss.backward()
+    theirs_lp = logp0.clone().requires_grad_(True)
+    theirs = verl_kl_cov(theirs_lp, old, adv, mask.double(), 0.1, 1.0)
+    theirs.backward()
+    torch.testing.assert_close(loss.detach(), theirs.detach(), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(logp.grad, theirs_lp.grad, rtol=1e-10, atol=1e-12)
