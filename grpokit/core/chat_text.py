@@ -46,14 +46,18 @@ def render_pieces(
 ) -> list[tuple[str, bool]]:
     """The chat template's rendering of ``messages`` as (text, is_data) pieces: the template's own text
     (is_data False) and each message's string fields other than the role (is_data True, the field's real
-    text). ``template_kwargs`` go to ``apply_chat_template`` (add_generation_prompt, continue_final_message)."""
+    text). ``template_kwargs`` go to ``apply_chat_template`` (add_generation_prompt, continue_final_message).
+    ValueError when the template does not render a message's content verbatim."""
     values: list[str] = []
+    contents: set[int] = set()  # the values that are a message's content: the template must render them
     masked = []
     for m in messages:
         out = {}
         for key, value in m.items():
             if key != "role" and isinstance(value, str):
                 out[key] = _SENTINEL.format(len(values))
+                if key == "content":
+                    contents.add(len(values))
                 values.append(value)
             else:
                 out[key] = value
@@ -68,9 +72,15 @@ def render_pieces(
         if match.start() > at:
             pieces.append((text[at : match.start()], False))
         pieces.append((values[k], True))
+        contents.discard(k)
         at = match.end()
     if at < len(text):
         pieces.append((text[at:], False))
+    if contents:
+        raise ValueError(
+            "the chat template does not render a message's content as given (it drops or changes it, e.g. "
+            "with | lower or a slice), so it cannot be encoded as plain text; render message['content'] as is"
+        )
     return pieces
 
 

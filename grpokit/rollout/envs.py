@@ -184,7 +184,10 @@ def check_step(value: object, max_chars: int | None) -> EnvStep:
     if reward is not None:
         if isinstance(reward, bool) or not isinstance(reward, numbers.Real):
             raise ValueError(f"gave a reward of type {type(reward).__name__}; a reward is a number or None")
-        reward = float(reward)
+        try:
+            reward = float(reward)
+        except (OverflowError, ValueError, TypeError):
+            raise ValueError(f"gave a reward ({type(reward).__name__}) that is not a finite float") from None
         if not math.isfinite(reward):
             raise ValueError(f"gave the reward {reward}; a reward must be finite")
     done = value.done

@@ -231,7 +231,17 @@ class ToolRunner:
                 over_budget=True,
             )
         tool = self.tools[call.name]
-        worker = self._idle.get()
+        cut = budget_s is not None and budget_s < self.timeout_s
+        until = time.monotonic() + timeout
+        worker = self._idle.get()  # (waiting for a free worker counts against the budget)
+        timeout = until - time.monotonic() if cut else timeout
+        if timeout <= 0:
+            self._idle.put(worker)
+            return ToolResult(
+                f"Error: {call.name} was not run: the episode's time for tools ran out",
+                error=True,
+                over_budget=True,
+            )
         if worker is None:
             try:
                 serve = functools.partial(_serve, self.tools, self.max_chars, self.memory_mb)
@@ -246,11 +256,11 @@ class ToolRunner:
         except TimeoutError:
             self._retire(worker)
             seconds = time.perf_counter() - t0
-            if timeout < self.timeout_s:
-                text = f"Error: {tool.name} was stopped after {timeout:.3g} s: the episode's time for tools ran out"
+            if cut:
+                text = f"Error: {tool.name} was stopped after {seconds:.3g} s: the episode's time for tools ran out"
             else:
                 text = f"Error: {tool.name} did not finish within {self.timeout_s:g} s"
-            return self._count(ToolResult(text, True, True, seconds, over_budget=timeout < self.timeout_s))
+            return self._count(ToolResult(text, True, True, seconds, over_budget=cut))
         except Exception as e:  # noqa: BLE001 - an unpicklable reply or a broken pipe: replace the worker
             self._retire(worker)
             return self._count(

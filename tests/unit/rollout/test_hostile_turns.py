@@ -155,6 +155,10 @@ class Game:
             return EnvStep([{"role": "assistant", "content": "I give up"}])
         if self.fault == "content":
             return EnvStep([{"role": "user", "content": ["not", "text"]}])
+        if self.fault == "overflow":
+            return EnvStep([{"role": "user", "content": "n"}], 10**400)
+        if self.fault == "done_type":
+            return EnvStep([{"role": "user", "content": "n"}], 1.0, done="yes")
         if self.fault == "reward_type":
             return EnvStep([{"role": "user", "content": "n"}], "1.0")
         if self.fault == "hang":
@@ -176,6 +180,8 @@ class Game:
         ("assistant", ["has the role 'assistant'"]),
         ("content", ["content of type list, not str"]),
         ("reward_type", ["a reward of type str"]),
+        ("overflow", ["a reward (int) that is not a finite float"]),
+        ("done_type", ["done of type str, not a bool"]),
         ("reset", ["reset raised KeyError: 'answer'"]),
     ],
 )
@@ -249,3 +255,15 @@ def test_the_observation_cache_is_bounded_in_bytes_and_keeps_only_what_fits():
     assert delta.observation_ids(long, "<eos>", max_tokens=100) is None  # too long for the episode
     assert delta.cache.keys() == before.keys()  # and never stored
     assert len(delta.observation_ids(long, "<eos>")) > 500
+
+
+def test_a_template_that_changes_a_messages_text_is_refused_not_silently_dropped():
+    from grpokit.core.errors import TrainingError
+
+    _, tok = tool_model()
+    tok.chat_template = tok.chat_template.replace(
+        "result: {{ m['content'] }}", "result: {{ m['content'] | lower }}"
+    )
+    delta = ChatDelta(tok)
+    with pytest.raises(TrainingError, match="does not render a message's content as given"):
+        delta.observation_ids([{"role": "tool", "content": "42"}], "<eos>")
