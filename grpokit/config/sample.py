@@ -49,7 +49,9 @@ class SampleSettings:
         check=check_seed,
         allowed=">= 0 and < 2**63",
     )
-    engine: str = setting("fast", "fast | hf (rollout.engine's generators).", choices=ENGINES)
+    engine: str = setting(
+        "fast", "fast | hf | vllm (rollout.engine's generators; vllm with rollout.vllm's defaults).", choices=ENGINES
+    )
 
 
 @dataclass

@@ -43,6 +43,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -174,6 +175,7 @@ class VLLMGenerator:
 
         base = model.get_base_model() if hasattr(model, "get_base_model") else model
         self.folder = Path(tempfile.mkdtemp(prefix="grpokit-vllm-"))
+        weakref.finalize(self, shutil.rmtree, self.folder, True)  # removed with the generator at the latest
         base.config.save_pretrained(self.folder)
         state = {k: v.detach().cpu().contiguous() for k, v in trainer_weights(model).items()}
         save_file(state, str(self.folder / "model.safetensors"))

@@ -262,11 +262,12 @@ def _sample_all(cfg, model, tokenizer, rows, encoded, runner, out: Path, log) ->
     from grpokit.data.prompts import reward_columns
     from grpokit.model.loading import eos_token_ids
     from grpokit.rewards import TrainerState, as_completions
-    from grpokit.rollout.generation import FastGenerator, HFGenerator
+    from grpokit.rollout.engines import make_generator
     from grpokit.run.state import StopOnSignals
 
     s = cfg.sample
-    generator = FastGenerator() if s.engine == "fast" else HFGenerator()
+    # vllm: an engine of the model's weights, sized for the longest prompt and completion
+    generator = make_generator(s.engine, max_model_len=cfg.data.max_prompt_tokens + s.max_new_tokens, seed=s.seed)
     eos = eos_token_ids(tokenizer, model)
     names = score_names(cfg)
     thresholds = dict(zip(names, (spec.min for spec in cfg.rewards)))
