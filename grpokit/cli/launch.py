@@ -13,12 +13,20 @@ with a traceback of its own:
 Torch kills ranks that have not exited ``--shutdown_timeout`` seconds after the signal; its default (30 s)
 can be shorter than a step plus a checkpoint of a large model, so the launcher sets 600 s unless the
 option or ``TORCH_ELASTIC_SHUTDOWN_TIMEOUT`` is given.
+- SIGKILL to the launcher: each rank dies with it (``grpokit.cli.rank``), and with each rank what it started.
+A bad torchrun option is a one-line error (exit 2) before anything starts. Without ``--log-dir`` (and with
+no ``--redirects`` / ``--tee``, whose files the user may want), torch's log folder is a temporary one,
+removed at the end, instead of a ``/tmp/torchelastic_*`` left by every launch.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import sys
+import tempfile
+
+from grpokit.cli.rank import LAUNCHER_PID
 
 COMMANDS = ("train", "sft", "demo")  # the grpokit commands that split their work over torchrun ranks
 SHUTDOWN_TIMEOUT_S = 600
@@ -75,10 +83,18 @@ def main(argv: list[str]) -> int:
         return 2
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.run import parse_args, run
+    from torch.distributed.run import run
 
     waits = shutdown_timeout(options)
-    args = parse_args([*options, "-m", "grpokit", *command])
+    try:
+        args = parse_options(options, command)
+    except LaunchError as e:
+        print(e, file=sys.stderr)
+        return 2
+    logs = None
+    if not args.log_dir and not (args.redirects or args.tee) or args.redirects == args.tee == "0":
+        logs = args.log_dir = tempfile.mkdtemp(prefix="grpokit-launch-")  # torch's would stay in /tmp
+    os.environ[LAUNCHER_PID] = str(os.getpid())  # each rank dies with this process (grpokit.cli.rank)
     try:
         run(args)
     except SignalException as e:  # the agent has passed the signal on to every rank and waited for them
@@ -95,4 +111,49 @@ def main(argv: list[str]) -> int:
         code = exit_code_of(failure.exitcode)
         print(f"grpokit launch: rank {rank} exited with code {code}; its message is above", file=sys.stderr)
         return code
+    except (
+        ValueError,
+        RuntimeError,
+        OSError,
+    ) as e:  # torch's agent failed before or while starting the ranks
+        text = str(e).strip().splitlines()
+        print(
+            f"grpokit launch: torchrun failed: {type(e).__name__}: {text[0] if text else ''}", file=sys.stderr
+        )
+        return 1
+    finally:
+        if logs is not None:
+            shutil.rmtree(logs, ignore_errors=True)
     return 0
+
+
+def parse_options(options: list[str], command: list[str]):
+    """torchrun's namespace for ``options`` running ``grpokit.cli.rank COMMAND``, checked as torch's
+    ``run`` checks it; a bad option is a one-line LaunchError (torch prints a usage text or a traceback)."""
+    import copy
+
+    from torch.distributed.run import config_from_args, get_args_parser
+
+    parser = get_args_parser()
+
+    def refuse(message: str):
+        raise LaunchError(f"grpokit launch: bad torchrun option: {message}; see torchrun --help")
+
+    parser.error = refuse
+    try:
+        args = parser.parse_args([*options, "-m", "grpokit.cli.rank", *command])
+    except SystemExit as e:  # --help of torchrun's own, or an argparse exit without error()
+        raise LaunchError(f"grpokit launch: torchrun's options stopped with exit code {e.code}") from None
+    from torch.distributed.elastic.rendezvous import rendezvous_handler_registry
+
+    backends = getattr(rendezvous_handler_registry, "_registry", None)
+    if isinstance(backends, dict) and args.rdzv_backend not in backends and not args.standalone:
+        refuse(f"--rdzv_backend={args.rdzv_backend} is not one of {', '.join(sorted(backends))}")
+    trial = copy.deepcopy(args)
+    trial.log_dir = trial.log_dir or os.devnull  # no log folder made for the check
+    try:
+        config_from_args(trial)
+    except (ValueError, RuntimeError, AssertionError, TypeError, KeyError, OSError) as e:
+        text = str(e).strip().splitlines()
+        refuse(f"{type(e).__name__}: {text[0] if text else ''}".rstrip(": "))
+    return args
