@@ -179,7 +179,7 @@ def check_step(value: object, max_chars: int | None) -> EnvStep:
     None or a finite number, done a bool, the counters integers; or ValueError saying what is wrong."""
     if not isinstance(value, EnvStep):
         raise ValueError(f"returned a {type(value).__name__}, not an EnvStep")
-    messages = check_messages(value.messages, STEP_ROLES, max_chars)
+    messages = check_messages([] if value.messages is None else value.messages, STEP_ROLES, max_chars)
     reward = value.reward
     if reward is not None:
         if isinstance(reward, bool) or not isinstance(reward, numbers.Real):

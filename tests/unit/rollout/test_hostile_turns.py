@@ -267,3 +267,43 @@ def test_a_template_that_changes_a_messages_text_is_refused_not_silently_dropped
     delta = ChatDelta(tok)
     with pytest.raises(TrainingError, match="does not render a message's content as given"):
         delta.observation_ids([{"role": "tool", "content": "42"}], "<eos>")
+
+
+def test_a_parser_that_raises_on_the_models_text_is_an_error_the_model_reads():
+    model, tok = tool_model()
+    runner = ToolRunner(load_tools([echo]), timeout_s=10.0, workers=1)
+
+    def parser(text):
+        raise IndexError("the parser choked")
+
+    try:
+        batch = episodes(model, tok, [ToolEnvironment(runner, parser) for _ in range(4)], max_turns=2)
+    finally:
+        runner.close()
+    stepped = [
+        ep for ep in batch.episodes if ep.turn_ends[0] != 15
+    ]  # (a turn cut at 16 tokens is not stepped)
+    assert stepped and all(ep.failed is None and ep.tool_errors >= 1 for ep in stepped)
+    assert all(
+        ep.completion[1]["content"] == "Error: the tool calls could not be read (IndexError)"
+        for ep in stepped
+    )
+
+
+class Moody(Game):
+    """Its reset depends on more than the row: the episodes of a row disagree."""
+
+    count = 0
+
+    def reset(self, row):
+        Moody.count += 1
+        self.row = dict(row, prompt=f"{row['prompt']} {Moody.count % 2}")
+        return [{"role": "user", "content": self.row["prompt"]}]
+
+
+def test_resets_that_disagree_within_a_row_fail_those_episodes_not_the_run():
+    model, tok = tool_model()
+    Moody.count = 0
+    batch = episodes(model, tok, [Moody() for _ in range(4)], env_name="Moody", max_turns=1, threads=1)
+    assert [ep.failed is None for ep in batch.episodes] == [True, False, True, False]
+    assert "reset gave different first messages for the episodes of row 0" in batch.episodes[1].failed
