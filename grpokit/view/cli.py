@@ -53,6 +53,9 @@ def cmd_view(args: argparse.Namespace) -> int:
     except RunReadError as e:
         print(f"grpokit view: error: {e}", file=sys.stderr)
         return 2
+    for run in runs:  # what was left out (a damaged rollouts file, a metrics line that does not parse)
+        for warning in run.get("warnings", []):
+            print(f"grpokit view: warning: {warning}", file=sys.stderr)
     try:
         path = write_page(runs, out)
     except OSError as e:

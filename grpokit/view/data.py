@@ -21,7 +21,6 @@ import torch
 
 from grpokit.algos.token_terms import aggregate, token_terms
 from grpokit.rollout.record import read_rollouts, rollout_files
-from grpokit.run.log import read_metrics
 
 TOKEN_FIELDS = (
     "logprobs", "old_logprobs", "ref_logprobs", "entropy", "advantages", "ratio", "adv_x_ratio",
@@ -49,18 +48,17 @@ def read_run(run_dir: str | Path, *, max_groups: int | None = None) -> dict[str,
         raise RunReadError(
             f"{folder}: no metrics.jsonl, so not a grpokit run folder (give the train.output_dir of a run)"
         )
-    try:
-        metrics = read_metrics(metrics_path)
-        evals = read_metrics(folder / "eval.jsonl") if (folder / "eval.jsonl").is_file() else []
-    except json.JSONDecodeError as e:
-        raise RunReadError(f"{metrics_path.parent}: a line of its metrics does not parse ({e})") from e
+    warnings: list[str] = []  # what was left out; the page and the command show them, nothing is refused
+    metrics = _read_jsonl(metrics_path, warnings)
+    evals = _read_jsonl(folder / "eval.jsonl", warnings) if (folder / "eval.jsonl").is_file() else []
     vocab: dict[int, str] = {}
     steps = []
     for path in rollout_files(folder):
         try:
             steps.append(step_view(path, vocab, max_groups=max_groups))
-        except ValueError as e:
-            raise RunReadError(str(e)) from e
+        except (ValueError, OSError, KeyError) as e:  # a damaged file (pyarrow's errors are ValueErrors)
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            warnings.append(f"{path}: cannot be read ({first}); its step is left out")
     return {
         "name": folder.resolve().name,
         "path": str(folder.resolve()),
@@ -68,7 +66,27 @@ def read_run(run_dir: str | Path, *, max_groups: int | None = None) -> dict[str,
         "eval": _columns(evals),
         "steps": steps,
         "vocab": {str(k): v for k, v in vocab.items()},
+        "warnings": warnings,
     }
+
+
+def _read_jsonl(path: Path, warnings: list[str]) -> list[dict[str, Any]]:
+    """The records of a metrics file; a line that does not parse (or is not an object with an integer
+    step) is left out with a warning naming its line, so one bad line does not hide the run."""
+    records = []
+    for number, line in enumerate(path.read_text(encoding="utf-8", errors="replace").split("\n"), 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as e:
+            warnings.append(f"{path} line {number} does not parse ({e.msg}); left out")
+            continue
+        if not isinstance(record, dict) or not isinstance(record.get("step"), int):
+            warnings.append(f"{path} line {number} is not a step's record (no integer \"step\"); left out")
+            continue
+        records.append(record)
+    return records
 
 
 def step_view(path: Path, vocab: dict[int, str], *, max_groups: int | None = None) -> dict[str, Any]:

@@ -184,3 +184,73 @@ def _k3(logp: float, ref: float) -> float:
 
     d = ref - logp
     return math.exp(d) - d - 1
+
+
+def test_damaged_files_are_left_out_with_a_warning_not_the_whole_page(runs, browser, tmp_path):
+    """A metrics line that does not parse and a rollouts file cut short: `grpokit view` still writes the
+    page, warns about each on stderr and in the page, and shows the rest (issue 38)."""
+    a, _, _ = runs
+    damaged = tmp_path / "damaged"
+    shutil.copytree(a, damaged)
+    lines = (damaged / "metrics.jsonl").read_text().splitlines()
+    (damaged / "metrics.jsonl").write_text("\n".join([lines[0], '{"step": 2, "loss": ', *lines[1:]]) + "\n")
+    first, *others = rollout_files(damaged)
+    first.write_bytes(first.read_bytes()[:100])
+    done = subprocess.run([sys.executable, "-m", "grpokit", "view", str(damaged)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "metrics.jsonl line 2 does not parse" in done.stderr and f"{first.name}: cannot be read" in done.stderr
+    browser.get((damaged / "view.html").as_uri())
+    time.sleep(0.5)
+    assert _errors(browser) == []
+    shown = [li.text for li in browser.find_elements(By.CSS_SELECTOR, "#warnings li")]
+    assert len(shown) == 2 and any("line 2" in w for w in shown)
+    browser.find_element(By.CSS_SELECTOR, 'a[data-tab="steps"]').click()
+    steps = [o.text for o in Select(browser.find_element(By.ID, "step-select")).options]
+    assert len(steps) == len(others) >= 1  # the damaged step is left out, the others are there
+    _shot(browser, "damaged", tmp_path)
+
+
+def test_sft_run_shows_its_curves_without_empty_panels_and_loss_apart_from_grad_norm(browser, tmp_path):
+    """An SFT run logs loss, grad_norm and lr only: three panels, loss and grad norm each on its own axis,
+    and one line naming what the run did not log (before: six empty panels, loss and grad norm on one)."""
+    from grpokit.view.data import read_run
+    from grpokit.view.page import clean, write_page
+
+    run = tmp_path / "sft"
+    run.mkdir()
+    rows = [{"step": s, "loss": 2.0 / s, "grad_norm": 40.0 + s, "lr": 1e-5} for s in range(1, 11)]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    page = write_page([clean(read_run(run))], run / "view.html")
+    browser.get(page.as_uri())
+    time.sleep(0.5)
+    assert _errors(browser) == []
+    titles = [h.text for h in browser.find_elements(By.CSS_SELECTOR, "#charts .chart h3")]
+    assert titles == ["loss", "grad norm (before clipping)", "learning rate"]
+    assert browser.find_elements(By.CSS_SELECTOR, "#charts .empty") == []
+    assert "KL to the reference" in browser.find_element(By.ID, "not-logged").text
+    loss_labels = [e.text for e in browser.find_elements(By.CSS_SELECTOR, "#charts .chart:first-child .u-legend .u-label")]
+    assert any(label.startswith("loss") for label in loss_labels) and not any("grad_norm" in x for x in loss_labels)
+    _shot(browser, "sft", tmp_path)
+
+
+def test_token_line_is_cleared_on_a_step_change_and_nothing_is_clipped_at_800_px(runs, browser, tmp_path):
+    a, _, page = runs
+    browser.set_window_size(800, 1000)
+    try:
+        browser.get(page.as_uri())
+        time.sleep(0.5)
+        browser.find_element(By.CSS_SELECTOR, 'a[data-tab="steps"]').click()
+        browser.find_element(By.CSS_SELECTOR, "#groups tr.group-row").click()
+        browser.find_element(By.CSS_SELECTOR, "#completions tr.completion-row").click()
+        browser.find_element(By.CSS_SELECTOR, "#token-view .tok").click()
+        assert browser.find_element(By.ID, "token-info").text.startswith("token 0")
+        _shot(browser, "steps_800px", tmp_path)
+        width = browser.execute_script("return document.documentElement.clientWidth")
+        scroll = browser.execute_script("return document.documentElement.scrollWidth")
+        assert scroll <= width, f"the page is {scroll} px wide in a {width} px window"
+        select = Select(browser.find_element(By.ID, "step-select"))
+        select.select_by_index(len(select.options) - 1 if select.first_selected_option.text != select.options[-1].text else 0)
+        assert browser.find_element(By.ID, "token-info").text == ""  # before: the other step's token
+        assert _errors(browser) == []
+    finally:
+        browser.set_window_size(1500, 1100)

@@ -18,6 +18,12 @@
     if (v !== 0 && (Math.abs(v) < 1e-3 || Math.abs(v) >= 1e5)) return v.toExponential(d - 1);
     return v.toFixed(d);
   }
+  function tick(v) {
+    // an axis label: 1e-5 as "1.0e-5" (uPlot's default shows a learning rate of 1e-5 as "0")
+    if (v === null || v === undefined) return "";
+    if (v !== 0 && (Math.abs(v) < 1e-3 || Math.abs(v) >= 1e5)) return v.toExponential(2).replace(/\.?0+e/, "e");
+    return String(+v.toPrecision(4));
+  }
   function num(v, digits) {
     // a number cell: the shown text, and the exact value in data-value for readers (and tests)
     const cls = typeof v === "number" ? (v > 0 ? "pos" : v < 0 ? "neg" : "") : "muted";
@@ -25,6 +31,13 @@
   }
   function list(values, digits) {
     return "[" + values.map((v) => fmt(v, digits)).join(", ") + "]";
+  }
+
+  // ------------------------------------------------------------------------------------------- warnings
+  // what grpokit.view.data left out (a damaged rollouts file, a metrics line that does not parse)
+  const WARNINGS = RUNS.flatMap((r) => (r.warnings || []).map((w) => `${r.name}: ${w}`));
+  if (WARNINGS.length) {
+    $("warnings").innerHTML = `<ul>${WARNINGS.map((w) => `<li>${esc(w)}</li>`).join("")}</ul>`;
   }
 
   // ------------------------------------------------------------------------------------------- tabs
@@ -54,19 +67,18 @@
     { title: "completion length: correct vs incorrect", keys: () => ["completion_len/mean", "completion_len/correct", "completion_len/incorrect"] },
     { title: "clip fractions", keys: () => ["clip_frac", "clip_frac_low", "clip_frac_high"] },
     { title: "time per phase (s)", keys: () => ["time/generation", "time/scoring", "time/reference", "time/update", "time/step"] },
-    { title: "loss and grad norm", keys: () => ["loss", "grad_norm"] },
+    // loss and grad norm on axes of their own: their scales differ by orders of magnitude
+    { title: "loss", keys: () => ["loss"] },
+    { title: "grad norm (before clipping)", keys: () => ["grad_norm"] },
+    { title: "learning rate", keys: () => ["lr"] },
   ];
   let chartsDrawn = false;
   function drawCharts() {
     if (chartsDrawn) return;
     chartsDrawn = true;
     const box = $("charts");
+    const missing = [];
     PANELS.forEach((panel, p) => {
-      const div = document.createElement("div");
-      div.className = "chart";
-      div.id = "chart-" + p;
-      div.innerHTML = `<h3>${esc(panel.title)}</h3>`;
-      box.appendChild(div);
       const lines = [];
       RUNS.forEach((run, r) => {
         const keys = panel.keys(run);
@@ -78,9 +90,14 @@
         });
       });
       if (!lines.length) {
-        div.insertAdjacentHTML("beforeend", `<div class="empty">not logged by ${RUNS.length > 1 ? "these runs" : "this run"}</div>`);
+        missing.push(panel.title); // an SFT run has no KL, entropy, clipping...: no empty panel for each
         return;
       }
+      const div = document.createElement("div");
+      div.className = "chart";
+      div.id = "chart-" + p;
+      div.innerHTML = `<h3>${esc(panel.title)}</h3>`;
+      box.appendChild(div);
       const xs = Array.from(new Set(lines.flatMap((l) => l.src.step))).sort((a, b) => a - b);
       const data = [xs];
       const series = [{ label: "step" }];
@@ -101,11 +118,14 @@
         });
       });
       const width = Math.max(300, div.clientWidth - 14);
-      const axes = [{ label: "step", incrs: [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000] }, { size: 60 }];
+      const axes = [{ label: "step", incrs: [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000] }, { size: 60, values: (u, vals) => vals.map(tick) }];
       // a flat series (all 0) gets a small range around its value instead of uPlot's 0..100
       const yRange = (u, min, max) => (min === max ? [min - (Math.abs(min) || 1) * 0.1, max + (Math.abs(max) || 1) * 0.1] : uPlot.rangeNum(min, max, 0.1, true));
       new uPlot({ width: width, height: 220, series: series, scales: { x: { time: false }, y: { range: yRange } }, axes: axes, legend: { live: true } }, data, div);
     });
+    if (missing.length) {
+      box.insertAdjacentHTML("afterend", `<p id="not-logged" class="muted">not logged by ${RUNS.length > 1 ? "these runs" : "this run"}: ${missing.map(esc).join("; ")}</p>`);
+    }
   }
 
   // ------------------------------------------------------------------------------------------- step browser
@@ -176,6 +196,7 @@
     return i < 0 || !m.cols[key] ? null : m.cols[key][i];
   }
   function renderStep() {
+    $("token-info").textContent = ""; // a token picked in another step is not this step's
     const st = currentStep();
     if (!st) {
       $("step-summary").innerHTML = `<p class="muted">This run saved no steps (train.samples_every = 0, or it stopped before the first sampled step).</p>`;
@@ -271,6 +292,7 @@
   }
 
   function renderTokens() {
+    $("token-info").textContent = ""; // the picked token's line belongs to the token view it was picked in
     const st = currentStep();
     if (!st || state.row === null || !state.quantity) return;
     const tok = tokensOf(state.run, state.step);

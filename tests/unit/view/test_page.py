@@ -117,8 +117,12 @@ def test_errors_are_named_with_exit_code_2(tmp_path, capsys):
     assert f"{tmp_path}: no metrics.jsonl" in err and "train.output_dir" in err
     run = synth_run(tmp_path / "run", steps=10, every=10, P=2, G=2)
     (run / "rollouts" / "step_000010.parquet").write_bytes(b"torn")
-    assert main(["view", str(run)]) == 2
-    assert "step_000010.parquet: not a readable rollouts file" in capsys.readouterr().err
+    # a damaged rollouts file is left out with a warning; the page is written (issue 38: one damaged file
+    # no longer refuses the whole page; tests/e2e/test_view_browser.py shows the warning in the page)
+    assert main(["view", str(run)]) == 0
+    err = capsys.readouterr().err
+    assert "warning:" in err and "step_000010.parquet: not a readable rollouts file" in err
+    assert (run / "view.html").is_file()
     assert main(["view", str(run), "--max-groups", "0"]) == 2
 
 
