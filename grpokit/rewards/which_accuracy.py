@@ -7,7 +7,10 @@ flat-reward check): one documented rule, never a format or length reward picked 
      `accuracy_reward`, `reasoning_accuracy_reward`);
   3. else the first reward whose name does not say format / length / overlong / brevity / language,
      announced when the run starts (`pick_accuracy_reward` says why);
-  4. else (only shaping rewards, or several verifiers) an error that asks for `train.accuracy_reward`.
+  4. else, with several verifiers, an error that asks for `train.accuracy_reward`;
+  5. else (only shaping rewards, as TRL's quickstart `reward_len` alone) none: the run trains, as TRL's does,
+     without the accuracy metric or held-out accuracy (the flat-reward check reads the total reward's
+     spread either way), and says so in one line when it starts.
 
 Before issue 30 the first reward listed was taken: with TRL's `think_format_reward` first, "accuracy"
 read 1.0 while the accuracy reward was 0.19.
@@ -27,16 +30,19 @@ def _words(name: str) -> str:
     return name.rsplit(":", 1)[-1].lower()
 
 
-def choose_accuracy_reward(names: list[str], explicit: str | None, aliases: dict[str, str] | None = None) -> str:
+def choose_accuracy_reward(
+    names: list[str], explicit: str | None, aliases: dict[str, str] | None = None
+) -> str | None:
     """The name (as in `names`, the metrics' names) of the reward that accuracy reads; see the module doc."""
     return pick_accuracy_reward(names, explicit, aliases)[0]
 
 
 def pick_accuracy_reward(
     names: list[str], explicit: str | None, aliases: dict[str, str] | None = None
-) -> tuple[str, str]:
-    """(name, why): the reward accuracy reads and the rule that chose it. `aliases` maps the config's
-    names to the metric names (my_rewards.py:brevity -> brevity)."""
+) -> tuple[str | None, str]:
+    """(name, why): the reward accuracy reads and the rule that chose it, or (None, why) when every reward
+    is a format/length one (rule 5). `aliases` maps the config's names to the metric names
+    (my_rewards.py:brevity -> brevity)."""
     aliases = aliases or {}
     if explicit:
         name = aliases.get(explicit, explicit)
@@ -57,7 +63,12 @@ def pick_accuracy_reward(
             f"the first reward that is not a format/length one (of {names}; set train.accuracy_reward to choose)"
         )
         return plain[0], why
-    why = f"{len(verifiers)} look like verifiers ({verifiers})" if verifiers else "all are format/length rewards"
+    if not verifiers:
+        return None, (
+            f"none: the rewards {names} are all format/length ones, so no accuracy metric and no held-out "
+            "accuracy; set train.accuracy_reward to name the one whose 1 means correct"
+        )
+    why = f"{len(verifiers)} look like verifiers ({verifiers})"
     raise ConfigError(
         f"which reward is accuracy? Of the rewards {names}, {why}; set train.accuracy_reward to the one whose "
         "1 means correct (it drives the accuracy metric, evaluation's pass@1 and maj@k, and the flat-reward "

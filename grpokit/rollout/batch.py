@@ -293,23 +293,26 @@ def advantage_abs_mean(advantages: torch.Tensor, completion_mask: torch.Tensor, 
 
 
 def step_metrics(
-    batch: ScoredBatch, advantage_abs: float, update_metrics, sampling, accuracy_name: str
+    batch: ScoredBatch, advantage_abs: float, update_metrics, sampling, accuracy_name: str | None
 ) -> dict[str, float]:
     """The step's metrics line: rewards, accuracy and lengths of ``batch`` (under torchrun every rank's:
-    ``ScoredBatch.across_ranks``), the advantages' mean |A| (``advantage_abs_mean``), sampling and update."""
+    ``ScoredBatch.across_ranks``), the advantages' mean |A| (``advantage_abs_mean``), sampling and update.
+    With no accuracy reward (``accuracy_name`` None: only format/length rewards) there is no accuracy and
+    no length of the correct and incorrect completions."""
     r = batch.rollout
     lengths = r.completion_mask.sum(1).float()  # (N,)
-    acc_values = batch.per_function[accuracy_name]
-    correct = torch.tensor([v is not None and v >= 1.0 - 1e-6 for v in acc_values])
     metrics: dict[str, float] = dict(batch.reward_metrics)
-    metrics["accuracy"] = float(correct.float().mean())
     metrics["completion_len/mean"] = float(lengths.mean())
     metrics["completion_len/min"] = float(lengths.min())
     metrics["completion_len/max"] = float(lengths.max())
-    metrics["completion_len/correct"] = float(lengths[correct].mean()) if correct.any() else float("nan")
-    metrics["completion_len/incorrect"] = (
-        float(lengths[~correct].mean()) if (~correct).any() else float("nan")
-    )
+    if accuracy_name is not None:
+        acc_values = batch.per_function[accuracy_name]
+        correct = torch.tensor([v is not None and v >= 1.0 - 1e-6 for v in acc_values])
+        metrics["accuracy"] = float(correct.float().mean())
+        metrics["completion_len/correct"] = float(lengths[correct].mean()) if correct.any() else float("nan")
+        metrics["completion_len/incorrect"] = (
+            float(lengths[~correct].mean()) if (~correct).any() else float("nan")
+        )
     metrics["truncated_frac"] = float(r.truncated.float().mean())
     metrics["advantage/abs_mean"] = advantage_abs
     metrics.update(sampling)

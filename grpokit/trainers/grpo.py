@@ -163,7 +163,10 @@ class GRPOTrainer:
         self.accuracy_name, self.accuracy_why = pick_accuracy_reward(
             shaped, cfg.train.accuracy_reward, renamed
         )
-        self.accuracy_fn = dict((n, f) for n, f, _ in reward_functions)[self.accuracy_name]
+        # None: only format/length rewards (TRL's quickstart reward_len): no accuracy metric, no evaluation
+        self.accuracy_fn = dict((n, f) for n, f, _ in reward_functions).get(self.accuracy_name)
+        if self.accuracy_fn is None:
+            self.eval_rows = []
         if self.eval_rows and cfg.eval.enabled:  # held-out rows are scored by the accuracy reward
             check_reward_columns(self.eval_rows, [(self.accuracy_name, self.accuracy_fn, 1.0)], cfg.data.eval or "eval_rows")
 
@@ -287,7 +290,10 @@ class GRPOTrainer:
         self._log = self.say.log = log
         prompts = [row[self.cfg.data.prompt_column] for row in self.train_rows]
         log.print(f"prompts: {describe_templates(prompts, self.cfg.data.template)}")  # TRL's convention or not
-        log.print(f"accuracy: reward {self.accuracy_name!r} ({self.accuracy_why})")  # never a format reward
+        if self.accuracy_name is None:  # TRL's behaviour: train on the rewards given, say what is missing
+            log.print(f"accuracy: {self.accuracy_why}")
+        else:
+            log.print(f"accuracy: reward {self.accuracy_name!r} ({self.accuracy_why})")  # never a format reward
 
     def finish(self, summary: dict[str, Any], final: Path) -> None:
         """Nothing of GRPO's own goes into the summary."""

@@ -126,7 +126,7 @@ class SFTTrainer:
         if not functions:
             return None, None
         name = choose_accuracy_reward([n for n, _, _ in functions], self.cfg.train.accuracy_reward)
-        return name, dict((n, f) for n, f, _ in functions)[name]
+        return name, dict((n, f) for n, f, _ in functions).get(name)  # None: only format/length rewards
 
     def _check_positions(self, model_config: dict | None) -> None:
         """No example may be longer than the model's positions (config.json's max_position_embeddings ...)."""

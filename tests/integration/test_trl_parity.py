@@ -103,10 +103,11 @@ def test_accuracy_is_the_verifier_never_a_format_reward_listed_first():
     assert choose(["has_seven"], None) == "has_seven"  # the only reward, not a shaping one
     assert choose(["a", "b"], "b") == "b"
     assert choose(["brevity"], "my_rewards.py:brevity", {"my_rewards.py:brevity": "brevity"}) == "brevity"
-    with pytest.raises(ConfigError, match=r"Of the rewards \['think_format_reward'\], all are format/length"):
-        choose(["think_format_reward"], None)
+    # only format/length rewards: none, and the run trains without accuracy, as TRL's does (issue 38)
+    assert choose(["think_format_reward"], None) is None
+    assert choose(["format_strict", "overlong_penalty"], None) is None
     with pytest.raises(ConfigError, match="set train.accuracy_reward to the one whose 1 means correct"):
-        choose(["format_strict", "overlong_penalty"], None)
+        choose(["math_accuracy", "code_tests"], None)  # several verifiers: which one is asked
     from grpokit.rewards.which_accuracy import pick_accuracy_reward
 
     # no verifier: the first that is not a format/length reward, and the run says so
