@@ -25,6 +25,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.json and (Path(args.json).is_dir() or not Path(args.json).parent.is_dir()):  # not after the bench ran
         where = "is a folder" if Path(args.json).is_dir() else f"its folder {Path(args.json).parent} does not exist or is a file"
         return fail(f"--json {args.json}: {where}; give a file path in an existing folder")
+    if args.plan:
+        return _cmd_plan(args, fail)
+    if args.memory:
+        return _cmd_memory(args, fail)
     if args.mode == "sft":
         return _cmd_sft_bench(args, fail)
     algos = [a.strip() for a in args.algos.split(",") if a.strip()]
@@ -98,6 +102,45 @@ def cmd_bench(args: argparse.Namespace) -> int:
         for r in results.values():
             print_table(r)
         print_algos_table(results, ratios)
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=2))
+    print("RESULT " + json.dumps(result), flush=True)
+    return 0
+
+
+def _cmd_plan(args: argparse.Namespace, fail) -> int:
+    """--plan MODEL_CONFIG --memory-gib N: which settings fit, by role (grpokit.bench.plan), on --shape."""
+    from grpokit.bench.plan import ModelDims, plan, print_plan
+
+    if args.memory_gib is None or args.memory_gib <= 0:
+        return fail("--plan needs --memory-gib N (> 0), the GPU's memory in GiB, e.g. --memory-gib 16")
+    try:
+        dims = ModelDims.from_file(args.plan)
+    except ValueError as e:
+        return fail(str(e))
+    shape = BENCH_SHAPES[args.shape]
+    lengths = [shape.prompt_len + shape.completion_len] * shape.completions
+    rows = plan(dims, args.memory_gib, lengths)
+    print_plan(dims, args.memory_gib, rows, args.shape)
+    result = {"system": "grpokit", "kind": "plan", "memory_gib": args.memory_gib, "shape": args.shape}
+    result["rows"] = rows
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=2))
+    print("RESULT " + json.dumps(result), flush=True)
+    return 0
+
+
+def _cmd_memory(args: argparse.Namespace, fail) -> int:
+    """--memory: the update's peak by role, padded vs packed, on a long-tailed batch
+    (grpokit.bench.update_memory)."""
+    from grpokit.bench.update_memory import VARIANTS, measure, print_memory_table
+
+    try:
+        beta = 0.04 if args.beta is None else args.beta
+        result = measure(list(VARIANTS), steps=max(args.steps, 2), beta=beta, overrides=args.set)
+    except RuntimeError as e:
+        return fail(str(e), code=1)
+    print_memory_table(result)
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2))
     print("RESULT " + json.dumps(result), flush=True)
@@ -227,6 +270,20 @@ def add_bench_parser(subparsers) -> None:
         "as a smaller card would; the grpokit runs only, not TRL's",
     )
     p.add_argument("--beta", type=float, help="algo.beta of every run (default: each preset's; grpo 0.04)")
+    p.add_argument(
+        "--memory",
+        action="store_true",
+        help="the GRPO update's peak memory by role and time, padded vs packed, on a long-tailed batch with a "
+        "few-layer Qwen2.5-shaped model and the real vocabulary, each in its own process "
+        "(grpokit.bench.update_memory)",
+    )
+    p.add_argument(
+        "--plan",
+        metavar="MODEL_CONFIG",
+        help="a model's config.json (or its folder): predict which settings fit --memory-gib GiB, by role, on "
+        "--shape (grpokit.bench.plan); nothing is run",
+    )
+    p.add_argument("--memory-gib", type=float, help="--plan: the GPU's memory in GiB, e.g. 16")
     p.add_argument("--no-gradient-checkpointing", dest="gradient_checkpointing", action="store_false")
     p.add_argument(
         "--cache-dir", help="where random models are built and kept (default $GRPOKIT_CACHE/bench)"

@@ -1,0 +1,236 @@
+"""``grpokit bench --plan MODEL_CONFIG --memory-gib N``: which settings fit a GPU of N GiB, by role.
+
+A prediction, not a measurement: the bytes of each role from the model's config.json and the settings,
+with the activations' per-token constant calibrated on the CPU measurements of ``grpokit bench --memory``
+(grpokit.bench.update_memory; tests/unit/bench/test_plan.py holds the prediction within 15% of them).
+
+Roles of the update's peak (the backward pass of its largest micro-batch):
+
+    weights       parameters x bytes of the precision mode's weight dtype (grpokit.model.precision)
+    gradients     trainable parameters x the same bytes
+    optimizer     AdamW's states (fp32: 8 B/param; bf16_kahan: 6, with the Kahan buffer; bf16_pure: 4);
+                  0 on the GPU with optim.offload_optimizer (they live in CPU memory)
+    reference     a frozen copy of the weights when algo.beta > 0 without LoRA; 0 with offload_reference
+                  (it is on the GPU only during its own pass, when no gradient exists)
+    activations   the largest micro-batch: with gradient checkpointing each layer's input
+                  (positions x hidden x layers) plus one layer recomputed (positions x ACT_PER_POSITION);
+                  positions = rows x the longest row padded, the real tokens packed; plus the LM head's
+                  chunk (logprob_chunk_size x vocabulary x LOGITS_COPIES x 4 B)
+    kv cache      the sampler's, during generation: rows x (prompt + completion) x layers x 2 x kv heads x
+                  head dim x bytes; freed before the update when the update would not fit beside it
+
+The peak is the larger of generation (weights, optimizer, reference, KV cache) and the update (weights,
+gradients, optimizer, reference, activations).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+ACT_HIDDEN = 26.0
+"""Values saved per position and hidden unit by one recomputed decoder layer during its backward pass
+(norms, q/k/v/o, residuals, their gradients); calibrated on the CPU (module docstring)."""
+ACT_INTERMEDIATE = 7.0
+"""The same per unit of the MLP's intermediate size (gate, up, their product, the gradients)."""
+LOGITS_COPIES = 3.0
+"""float32 copies of a (chunk, vocabulary) logits block alive at once in the LM head's backward."""
+
+WEIGHT_BYTES = {"fp32": 4, "bf16_mixed": 4, "fp16_mixed": 4, "bf16_kahan": 2, "bf16_pure": 2}
+COMPUTE_BYTES = {"fp32": 4, "bf16_mixed": 2, "fp16_mixed": 2, "bf16_kahan": 2, "bf16_pure": 2}
+OPTIMIZER_BYTES = {"fp32": 8, "bf16_mixed": 8, "fp16_mixed": 8, "bf16_kahan": 6, "bf16_pure": 4}
+
+
+@dataclass(frozen=True)
+class ModelDims:
+    vocab: int
+    hidden: int
+    intermediate: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    tied: bool
+
+    @classmethod
+    def from_dict(cls, c: dict[str, Any]) -> ModelDims:
+        heads = c["num_attention_heads"]
+        return cls(
+            vocab=c["vocab_size"],
+            hidden=c["hidden_size"],
+            intermediate=c["intermediate_size"],
+            layers=c["num_hidden_layers"],
+            heads=heads,
+            kv_heads=c.get("num_key_value_heads") or heads,
+            head_dim=c.get("head_dim") or c["hidden_size"] // heads,
+            tied=bool(c.get("tie_word_embeddings", False)),
+        )
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> ModelDims:
+        p = Path(path)
+        p = p / "config.json" if p.is_dir() else p
+        try:
+            return cls.from_dict(json.loads(p.read_text()))
+        except (OSError, ValueError, KeyError) as e:
+            raise ValueError(f"--plan {path}: not a transformers config.json of a decoder ({e})") from None
+
+    @property
+    def params(self) -> int:
+        """Qwen2/Llama-style decoder: embeddings, attention (q, o: H x H; k, v: H x kv), MLP (3 x H x I),
+        two norms a layer, q/k/v biases (Qwen2), the final norm and, untied, the LM head."""
+        h, kv = self.hidden, self.kv_heads * self.head_dim
+        attn = h * self.heads * self.head_dim * 2 + h * kv * 2 + self.heads * self.head_dim + 2 * kv
+        layer = attn + 3 * h * self.intermediate + 2 * h
+        return self.vocab * h * (1 if self.tied else 2) + self.layers * layer + h
+
+
+@dataclass(frozen=True)
+class Settings:
+    precision: str = "bf16_kahan"
+    lora: bool = False
+    lora_params: int = 0
+    beta: float = 0.0
+    packing: bool = False
+    micro_batch_rows: int | None = None  # padded: rows per micro-batch (None: every row at once)
+    micro_batch_tokens: int | None = None  # packed: token budget (None: every row at once)
+    gradient_checkpointing: bool = True
+    offload_optimizer: bool = False
+    offload_reference: bool = False
+    logprob_chunk_size: int = 1024
+
+    @classmethod
+    def from_config(cls, cfg, *, beta: float) -> Settings:
+        """The settings of a resolved grpokit config (precision auto read as fp32 on the CPU)."""
+        o = cfg.optim
+        precision = o.precision if o.precision != "auto" else "fp32"
+        return cls(
+            precision=precision,
+            lora=cfg.lora.enabled,
+            beta=beta,
+            packing=o.packing,
+            micro_batch_rows=o.micro_batch_size if isinstance(o.micro_batch_size, int) else None,
+            micro_batch_tokens=o.micro_batch_tokens if isinstance(o.micro_batch_tokens, int) else None,
+            gradient_checkpointing=cfg.model.gradient_checkpointing,
+            offload_optimizer=o.offload_optimizer,
+            offload_reference=o.offload_reference,
+            logprob_chunk_size=o.logprob_chunk_size,
+        )
+
+
+def largest_micro_batch(lengths: list[int], s: Settings) -> int:
+    """Token positions of the largest micro-batch the update runs: rows sorted by length, then cut as
+    learner.MicroBatchSize cuts them (padded: rows x the longest; packed: the real tokens)."""
+    order = sorted(lengths)
+    if s.packing:
+        budget = s.micro_batch_tokens or sum(order)
+        best = used = 0
+        for n in order:
+            used = used + n if used and used + n <= budget else n
+            best = max(best, used)
+        return best
+    rows = s.micro_batch_rows or len(order)
+    return max(len(order[i : i + rows]) * max(order[i : i + rows]) for i in range(0, len(order), rows))
+
+
+def predict(
+    dims: ModelDims, s: Settings, lengths: list[int], *, device: str = "cuda", scored: int | None = None
+) -> dict[str, Any]:
+    """Bytes by role and the peak for rows of ``lengths`` real tokens (prompt + completion) each.
+    ``scored``: the completion tokens of the largest micro-batch, when fewer than a logits chunk.
+    device "cpu": the bench's CPU measurement (no KV cache: the update alone)."""
+    p = dims.params
+    wb, cb = WEIGHT_BYTES[s.precision], COMPUTE_BYTES[s.precision]
+    trainable = s.lora_params if s.lora else p
+    positions = largest_micro_batch(lengths, s)
+    per_position = cb * (ACT_HIDDEN * dims.hidden + ACT_INTERMEDIATE * dims.intermediate)  # one layer
+    saved_inputs = cb * dims.hidden * dims.layers if s.gradient_checkpointing else 0
+    layers_live = 1 if s.gradient_checkpointing else dims.layers
+    chunk = s.logprob_chunk_size if scored is None else min(scored, s.logprob_chunk_size)
+    logits = chunk * dims.vocab * 4 * LOGITS_COPIES
+    roles = {
+        "policy_weights": p * wb,
+        "policy_gradients": trainable * wb,
+        "policy_optimizer": 0 if s.offload_optimizer else trainable * OPTIMIZER_BYTES[s.precision],
+        "reference_model": p * wb if s.beta > 0 and not s.lora and not s.offload_reference else 0,
+        "activations": int(positions * (per_position * layers_live + saved_inputs) + logits),
+    }
+    update_peak = sum(roles.values())
+    kv = 0
+    if device != "cpu":
+        kv = sum(lengths) * dims.layers * 2 * dims.kv_heads * dims.head_dim * cb
+        roles["kv_cache"] = kv
+    gen_peak = roles["policy_weights"] + roles["policy_optimizer"] + roles["reference_model"] + kv
+    return {
+        "roles": roles,
+        "largest_micro_batch_positions": positions,
+        "update_peak_bytes": update_peak,
+        "generation_peak_bytes": gen_peak,
+        "peak_bytes": update_peak if device == "cpu" else max(update_peak, gen_peak),
+    }
+
+
+CANDIDATES: dict[str, dict[str, Any]] = {
+    "full bf16_kahan, padded (32 rows a micro-batch)": dict(precision="bf16_kahan", micro_batch_rows=32),
+    "full bf16_kahan, packed": dict(precision="bf16_kahan", packing=True, micro_batch_tokens=16384),
+    "full bf16_kahan, packed, optimizer offloaded": dict(
+        precision="bf16_kahan", packing=True, micro_batch_tokens=16384, offload_optimizer=True
+    ),
+    "full bf16_kahan, packed, optimizer + reference offloaded (beta 0.04)": dict(
+        precision="bf16_kahan",
+        packing=True,
+        micro_batch_tokens=16384,
+        offload_optimizer=True,
+        offload_reference=True,
+        beta=0.04,
+    ),
+    "full bf16_mixed (TRL's bf16=True), packed": dict(
+        precision="bf16_mixed", packing=True, micro_batch_tokens=16384
+    ),
+    "LoRA r=16 all linear, packed (beta 0.04: the adapter off is the reference)": dict(
+        precision="bf16_kahan", lora=True, packing=True, micro_batch_tokens=16384, beta=0.04
+    ),
+}
+"""The settings ``--plan`` tries, each over the bench's standard shape."""
+
+
+def lora_params(dims: ModelDims, r: int = 16) -> int:
+    """LoRA on every linear layer of every decoder layer: r x (in + out) per matrix."""
+    h, kv, i = dims.hidden, dims.kv_heads * dims.head_dim, dims.intermediate
+    per_layer = r * ((h + h) * 2 + (h + kv) * 2 + (h + i) * 3)
+    return dims.layers * per_layer
+
+
+def plan(dims: ModelDims, memory_gib: float, lengths: list[int]) -> list[dict[str, Any]]:
+    """Each candidate's prediction and whether its peak fits ``memory_gib`` GiB."""
+    rows = []
+    for name, kw in CANDIDATES.items():
+        s = Settings(**kw)
+        if s.lora:
+            s = replace(s, lora_params=lora_params(dims))
+        pred = predict(dims, s, lengths)
+        rows.append({"settings": name, **pred, "fits": pred["peak_bytes"] <= memory_gib * 2**30})
+    return rows
+
+
+def print_plan(dims: ModelDims, memory_gib: float, rows: list[dict[str, Any]], shape: str) -> None:
+    gib = 2**30
+    print(
+        f"plan for {dims.params / 1e9:.2f}B parameters (vocabulary {dims.vocab:,}, {dims.layers} layers) in "
+        f"{memory_gib:g} GiB, shape {shape}; predicted GiB by role:"
+    )
+    keys = [
+        "policy_weights",
+        "policy_gradients",
+        "policy_optimizer",
+        "reference_model",
+        "activations",
+        "kv_cache",
+    ]
+    head = ["weights", "grads", "optim", "ref", "activ", "kv", "peak", "fits"]
+    print(f"{'':<72}" + "".join(f"{h:>8}" for h in head))
+    for r in rows:
+        cells = "".join(f"{r['roles'].get(k, 0) / gib:>8.2f}" for k in keys)
+        print(f"{r['settings']:<72}{cells}{r['peak_bytes'] / gib:>8.2f}{'yes' if r['fits'] else 'no':>8}")
