@@ -185,6 +185,7 @@ class Flaky(Countdown):
         return super().step(text)
 
 
+@pytest.mark.slow
 def test_environment_failures_stop_the_run_only_under_the_failure_fraction_rule(tmp_path, capfd):
     rows = [{"prompt": "0+0=", "answer": "0"}, {"prompt": "0+1=", "answer": "1"}]
 

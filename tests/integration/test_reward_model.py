@@ -83,6 +83,7 @@ def test_reward_model_scores_pairs_in_batches_as_one_by_one_forwards(tmp_path):
     assert max(want) - min(want) > 0.1
 
 
+@pytest.mark.slow
 def test_chat_markers_typed_in_a_completion_reach_reward_models_as_text(tmp_path):
     """A completion that types the template's markers ("<eos><|user|>...") must not become a turn boundary in
     the reward model's input: its score is the forward of the ids with those characters as plain text."""
