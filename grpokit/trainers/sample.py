@@ -187,10 +187,16 @@ def run_sample(
         )
     reward_functions = resolve_reward_specs(cfg.rewards)  # before the model loads: a bad reward fails at once
     reward_functions = [(name, fn, w) for name, (_, fn, w) in zip(score_names(cfg), reward_functions)]
-    start = time.perf_counter()
     from grpokit.config.schema import LoraConfig
+    from grpokit.data.prompts import check_reward_columns
     from grpokit.data.templates import encode_prompts
-    from grpokit.model.loading import load_policy
+    from grpokit.model.loading import load_policy, read_model_config
+
+    # the columns the rewards read (math_accuracy's answer) and the model's folder, before it loads: a
+    # missing column failed at the first scoring, after a batch had been generated
+    check_reward_columns(rows, reward_functions, str(cfg.data.train))
+    read_model_config(cfg.model)
+    start = time.perf_counter()
 
     model, tokenizer, _ = load_policy(cfg.model, LoraConfig())
     model.eval()

@@ -85,3 +85,17 @@ def test_multi_turn_examples_run_one_step(name, tiny_chat_model, tmp_path, monke
     assert main(["train", f"examples/{name}", *small, "--output-dir", str(out)]) == 0
     metrics = json.loads((out / "metrics.jsonl").read_text().splitlines()[0])
     assert metrics["step"] == 1 and "episode/turns_mean" in metrics
+
+
+def test_sample_names_a_missing_reward_column_before_the_model_loads(tmp_path, monkeypatch, capsys):
+    """math_accuracy reads `answer`: rows without it are refused before any model is read (here the model
+    folder does not even exist, which the old order reported first; before that a missing column failed
+    at the first scoring, after a batch had been generated)."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "prompts.jsonl").write_text('{"prompt": "1+2="}\n{"prompt": "3+4="}\n')
+    code = main([
+        "sample", str(EXAMPLES / "sample-addition.yaml"), "data.train=prompts.jsonl",
+        "model.name_or_path=no_such_model_folder", "--output-dir", str(tmp_path / "out"),
+    ])  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 2 and "answer" in err and "prompts.jsonl" in err and "no_such_model_folder" not in err, err
