@@ -177,3 +177,24 @@ def test_a_budget_shorter_than_the_call_timeout_stops_the_call_and_says_why():
         assert r.counts["calls"] == 1 and r.counts["timeouts"] == 1
     finally:
         r.close()
+
+
+@pytest.mark.slow
+def test_the_python_tools_sandbox_clock_counts_in_tools_timeouts():
+    """A model's program that loops is stopped by the sandbox's wall clock, inside the call's budget: before,
+    the model read '[stopped ...]' as an ordinary result and tools/timeouts stayed 0."""
+    from grpokit.rewards.sandbox import SandboxLimits, isolation_report
+    from grpokit.rollout.tools.python import make_python_tool
+
+    if not isolation_report()["namespaces"]:
+        pytest.skip(f"no user namespaces here: {isolation_report()['reason']}")
+    python = make_python_tool(SandboxLimits(wall_s=1.0, cpu_s=5.0, max_output_bytes=1 << 16))
+    r = ToolRunner(load_tools([python]), timeout_s=20.0, workers=1)
+    try:
+        looped = r.call(ToolCall("python", {"code": "print('start')\nwhile True: pass"}))
+        assert looped.timed_out and "[stopped: the program ran past 1 s]" in looped.content
+        honest = r.call(ToolCall("python", {"code": "print(6 * 7)"}))
+        assert honest.content == "42" and not honest.error and not honest.timed_out
+        assert r.counts["timeouts"] == 1 and r.counts["errors"] == 1
+    finally:
+        r.close()
