@@ -6,7 +6,7 @@
   clipping      l_{i,t} = -min(rho A, clip(rho, 1 - eps_low, 1 + eps_high) A)
                 clip-higher eps_high > eps_low (DAPO, arXiv 2503.14476); dual clip for A < 0:
                 l = min(l, -c A) (Ye et al. arXiv 1912.09729, as in verl)
-  surrogate     "clip" above, or its second generation (objectives.py): cispo, sapo, gmpo, dppo_tv, dppo_kl
+  surrogate     "clip" above, or its second generation (objectives.py): cispo, sapo, gmpo, dppo_tv, dppo_kl, vespo
   masks         the off-policy sequence mask of DeepSeek-V3.2 and the high-entropy token mask (masks.py)
                 multiply the surrogate (the normaliser still counts the tokens they drop, as TRL's)
   KL            l += beta * kl_{i,t}, kl from `kl_estimate` (k3: DeepSeekMath arXiv 2402.03300 eq. 4); with
@@ -58,6 +58,8 @@ def policy_loss(
     sapo_tau_pos: float = 1.0,
     sapo_tau_neg: float = 1.05,
     is_cap: float = 20.0,
+    vespo_k: tuple[float, float] = (2.0, 3.0),
+    vespo_lambda: tuple[float, float] = (3.0, 2.0),
     off_policy_mask: float | None = None,
     sample_logprobs: Tensor | None = None,
     kl_is_correction: bool = False,
@@ -95,7 +97,7 @@ def policy_loss(
         dual_clip: None or c > 1.
         num_sequences, num_tokens: global B and sum m (python numbers or 0-d tensors).
         surrogate: one of objectives.SURROGATES; sapo_tau_pos / sapo_tau_neg: SAPO's temperatures;
-            is_cap: the cap C of DPPO's truncated IS weight.
+            is_cap: the cap C of DPPO's truncated IS weight; vespo_k / vespo_lambda: VESPO's (A >= 0, A < 0) k, lambda.
         off_policy_mask: None or delta >= 0; needs sample_logprobs (B, T), the sampler's log-probs.
         kl_is_correction: multiply the per-token KL by the ratio (value 1 on-policy, its gradient is not 0).
         entropy_mask: None or (B, T) bool, the tokens top_entropy_quantile keeps (masks.high_entropy_mask, chosen
@@ -183,6 +185,8 @@ def policy_loss(
         sapo_tau_pos=sapo_tau_pos,
         sapo_tau_neg=sapo_tau_neg,
         is_cap=is_cap,
+        vespo_k=vespo_k,
+        vespo_lambda=vespo_lambda,
     )  # (B, T) each
     masked = {}  # reason -> (B, T) bool, the tokens a mask took out of the surrogate
     if "trust_region" in flags:

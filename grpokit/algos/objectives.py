@@ -18,17 +18,23 @@ With rho = pi / pi_old at the loss's ratio level, A the advantage, logp = log pi
            DPPO, arXiv 2602.04879 (verl dppo_tv / dppo_kl): p = exp(logp) is the token's probability; a token that
            left the trust region is masked (v = 0: no gradient), not clipped; eps_low / eps_high are the divergence
            bounds delta, C the cap of the truncated IS weight (verl clip_ratio_c, 20).
+  vespo    l = -sg(phi(w_i)) A logp,  w_i = exp(sum_t m log rho_{i,t}) the sequence's IS weight (a product, not a
+           geometric mean), phi(w) = e^lambda w^k e^(-lambda w) (a gamma shape, phi(1) = 1), k / lambda by the
+           sign of A (A >= 0: k_pos, lambda_pos)            VESPO, arXiv 2602.10693, as TRL 1.16 defines it
+           (log w clamped to [log 1e-8, 20], a non-finite phi set to 0, as TRL's get_gamma_weights)
 
 Masked positions are handled by the caller (inputs already 0 there); every function returns (B, T) tensors.
 """
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
-SURROGATES = ("clip", "cispo", "sapo", "gmpo", "dppo_tv", "dppo_kl")
-TOKEN_ONLY = ("gmpo", "dppo_tv", "dppo_kl")
+SURROGATES = ("clip", "cispo", "sapo", "gmpo", "dppo_tv", "dppo_kl", "vespo")
+TOKEN_ONLY = ("gmpo", "dppo_tv", "dppo_kl", "vespo")
 """Surrogates that build their own (token) ratio: ratio_level must stay "token"."""
 
 
@@ -46,6 +52,8 @@ def surrogate_terms(
     sapo_tau_pos: float = 1.0,
     sapo_tau_neg: float = 1.05,
     is_cap: float = 20.0,
+    vespo_k: tuple[float, float] = (2.0, 3.0),
+    vespo_lambda: tuple[float, float] = (3.0, 2.0),
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """(pg, flags): the per-token loss l (B, T) of surrogate `name` (module docstring) and bool (B, T) flags:
     "low" / "high" (the tokens whose weight was clipped, for clip_frac_low / clip_frac_high), "dual" (capped by
@@ -55,6 +63,7 @@ def surrogate_terms(
         ratio: (B, T) rho at the loss's ratio level (token for gmpo / dppo_*).
         logp, old: (B, T) log pi (with gradient) and log pi_old, 0 at masked positions.
         adv: (B, T) advantages, 0 at masked positions; m: (B, T) float mask.
+        vespo_k, vespo_lambda: VESPO's (A >= 0, A < 0) exponents k and decays lambda.
     """
     none = torch.zeros_like(ratio, dtype=torch.bool)  # (B, T)
     flags = {"low": none, "high": none, "dual": none}
@@ -98,6 +107,17 @@ def surrogate_terms(
             weight = ratio.clamp(max=is_cap) * valid  # (B, T) sg(min(rho, C)) v
         flags |= {"trust_region": ~valid, "high": valid & (ratio > is_cap)}
         return -adv * weight * logp, flags  # (B, T)
+    if name == "vespo":
+        with torch.no_grad():
+            log_w = ((logp - old).clamp(-20.0, 20.0) * m).sum(-1, keepdim=True)  # (B, 1) log of the product
+            log_w = log_w.clamp(math.log(1e-8), 20.0)  # (B, 1)
+            nonneg = adv >= 0  # (B, T)
+            k = torch.where(nonneg, logp.new_tensor(vespo_k[0]), logp.new_tensor(vespo_k[1]))  # (B, T)
+            lam = torch.where(nonneg, logp.new_tensor(vespo_lambda[0]), logp.new_tensor(vespo_lambda[1]))
+            lam = lam.clamp(min=1e-4)  # (B, T)
+            phi = torch.exp(lam + k * log_w - lam * log_w.exp())  # (B, T) phi(w) = e^lambda w^k e^(-lambda w)
+            phi = phi.nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)  # (B, T)
+        return -phi * adv * logp, flags  # (B, T)
     raise ValueError(f"surrogate={name!r} is not valid; choose one of {', '.join(map(repr, SURROGATES))}")
 
 

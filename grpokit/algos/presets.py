@@ -42,6 +42,9 @@ The formulas, per preset:
   luspo        LUSPO as TRL 1.16 defines it (loss_type="luspo"; TRL cites arXiv 2602.05261): GRPO advantage,
                sequence ratio (GSPO), clip 0.2; loss (1/B) sum_i sum_t l, summed over tokens, not averaged
                (seq-sum-norm with L = 1); no KL.
+  vespo        VESPO as TRL 1.16 defines it (loss_type="vespo", arXiv 2602.10693): GRPO advantage;
+               l = -sg(phi(w_i)) A logp with w_i the sequence's product of token ratios and the gamma-shaped
+               phi(w) = e^lambda w^k e^(-lambda w) (k, lambda = 2, 3 for A >= 0 and 3, 2 otherwise); token-mean.
 """
 
 from __future__ import annotations
@@ -133,6 +136,9 @@ PRESETS: dict[str, AlgoSettings] = {
     # LUSPO as TRL 1.16 defines it, arXiv 2602.05261: GSPO's sequence ratio, the loss summed over each
     # sequence's tokens and averaged over sequences.
     "luspo": AlgoSettings.of(advantage="group_std", ratio_level="sequence", agg="seq-sum-norm", norm_len=1),
+    # VESPO as TRL 1.16 defines it, arXiv 2602.10693: a gamma-shaped weight of the sequence's IS ratio times
+    # A logp, TRL's defaults k / lambda, token-mean.
+    "vespo": AlgoSettings.of(advantage="group_std", surrogate="vespo", agg="token-mean"),
 }
 
 SETTING_KEYS = tuple(KNOBS)
@@ -153,6 +159,7 @@ PAPERS = {
     "dppo_tv": "arXiv 2602.04879",
     "dppo_kl": "arXiv 2602.04879",
     "luspo": "arXiv 2602.05261",
+    "vespo": "arXiv 2602.10693",
 }
 
 
@@ -181,6 +188,8 @@ def preset_table() -> str:
             "gmpo": f"GMPO: geometric mean of token ratios, log-clip {clip}",
             "dppo_tv": f"DPPO-TV mask, p - p_old within {clip}, IS cap {s.ratio.is_cap:g}",
             "dppo_kl": f"DPPO-KL mask, binary KL <= {clip}, IS cap {s.ratio.is_cap:g}",
+            "vespo": f"VESPO gamma weight of the sequence ratio, k {s.ratio.vespo_k_pos:g} / {s.ratio.vespo_k_neg:g}, "
+            f"lambda {s.ratio.vespo_lambda_pos:g} / {s.ratio.vespo_lambda_neg:g}",
         }
         ratio = kind[s.ratio.surrogate] + (f", dual clip {s.ratio.dual_clip:g}" if s.ratio.dual_clip else "")
         kl = [f"{s.kl.kind} in the loss, beta {s.kl.beta:g}"] if s.kl.beta > 0 else []

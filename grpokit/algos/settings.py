@@ -106,7 +106,7 @@ class RatioSettings:
     )
     surrogate: str = knob(
         "clip",
-        "Per-token surrogate: clip (PPO/GRPO) | cispo | sapo | gmpo | dppo_tv | dppo_kl (grpokit.algos.objectives); "
+        "Per-token surrogate: clip (PPO/GRPO) | cispo | sapo | gmpo | dppo_tv | dppo_kl | vespo (grpokit.algos.objectives); "
         "gmpo reads eps_low / eps_high as log-ratio bounds, dppo_* as divergence bounds.",
         choices=_surrogates,
     )
@@ -134,6 +134,18 @@ class RatioSettings:
         "SAPO's gate temperature for tokens with A <= 0 (TRL sapo_temperature_neg).",
         interval="(0, inf)",
         example=1.05,
+    )
+    vespo_k_pos: float = knob(
+        2.0, "VESPO: exponent k for A >= 0 (TRL vespo_k_pos).", interval="[0, inf)", example=2.0
+    )
+    vespo_lambda_pos: float = knob(
+        3.0, "VESPO: decay lambda for A >= 0 (TRL vespo_lambda_pos).", interval="[0, inf)", example=3.0
+    )
+    vespo_k_neg: float = knob(
+        3.0, "VESPO: exponent k for A < 0 (TRL vespo_k_neg).", interval="[0, inf)", example=3.0
+    )
+    vespo_lambda_neg: float = knob(
+        2.0, "VESPO: decay lambda for A < 0 (TRL vespo_lambda_neg).", interval="[0, inf)", example=2.0
     )
     is_cap: float = knob(
         20.0,
@@ -204,13 +216,20 @@ class MaskSettings:
         choices=_cov_penalties,
     )
     cov_ratio: float = knob(
-        2e-4, "Share r of the loss tokens KL-Cov / Clip-Cov act on (verl: 2e-4).", interval="(0, 1]", example=2e-3
+        2e-4,
+        "Share r of the loss tokens KL-Cov / Clip-Cov act on (verl: 2e-4).",
+        interval="(0, 1]",
+        example=2e-3,
     )
     kl_cov_coef: float = knob(
         1.0, "KL-Cov's coefficient of |logp - old| (verl ppo_kl_coef).", interval="[0, inf)", example=1.0
     )
-    clip_cov_lb: float = knob(1.0, "Clip-Cov's lower covariance bound (verl: 1).", interval="(-inf, inf)", example=1.0)
-    clip_cov_ub: float = knob(5.0, "Clip-Cov's upper covariance bound (verl: 5).", interval="(-inf, inf)", example=5.0)
+    clip_cov_lb: float = knob(
+        1.0, "Clip-Cov's lower covariance bound (verl: 1).", interval="(-inf, inf)", example=1.0
+    )
+    clip_cov_ub: float = knob(
+        5.0, "Clip-Cov's upper covariance bound (verl: 5).", interval="(-inf, inf)", example=5.0
+    )
 
 
 @dataclass(frozen=True)
@@ -410,6 +429,10 @@ class AlgoSettings:
             "sapo_tau_pos": ("sapo",),
             "sapo_tau_neg": ("sapo",),
             "is_cap": ("dppo_tv", "dppo_kl"),
+            "vespo_k_pos": ("vespo",),
+            "vespo_lambda_pos": ("vespo",),
+            "vespo_k_neg": ("vespo",),
+            "vespo_lambda_neg": ("vespo",),
             "dual_clip": ("clip",),
         }
         for key in sorted(given & set(readers)):
@@ -450,6 +473,8 @@ class AlgoSettings:
             "sapo_tau_pos": self.ratio.sapo_tau_pos,
             "sapo_tau_neg": self.ratio.sapo_tau_neg,
             "is_cap": self.ratio.is_cap,
+            "vespo_k": (self.ratio.vespo_k_pos, self.ratio.vespo_k_neg),
+            "vespo_lambda": (self.ratio.vespo_lambda_pos, self.ratio.vespo_lambda_neg),
             "off_policy_mask": self.masks.off_policy_mask,
             "kl_is_correction": self.kl.is_correction,
             "cov_penalty": self.masks.cov_penalty,

@@ -46,6 +46,8 @@ def token_terms(
     sapo_tau_pos: float = 1.0,
     sapo_tau_neg: float = 1.05,
     is_cap: float = 20.0,
+    vespo_k: tuple[float, float] = (2.0, 3.0),
+    vespo_lambda: tuple[float, float] = (3.0, 2.0),
     **_: object,
 ) -> dict[str, Tensor]:
     """{ratio, clip, pg, kl, loss}, each (B, T) float32, from (B, T) log-probs and mask and (B,) or (B, T)
@@ -76,6 +78,8 @@ def token_terms(
         sapo_tau_pos=sapo_tau_pos,
         sapo_tau_neg=sapo_tau_neg,
         is_cap=is_cap,
+        vespo_k=vespo_k,
+        vespo_lambda=vespo_lambda,
     )  # (B, T)
     low, high = flags["low"] & mask, flags["high"] & mask  # (B, T) each
     clip = high.float() - low.float()  # (B, T)

@@ -25,7 +25,8 @@ own token count) only without accumulation. The other cases are refused, naming 
 The second generation (issue 35): loss_type cispo and sapo choose algo.surrogate (cispo's epsilon_high is the cap
 of the weight itself, grpokit's 1 + eps_high), off_policy_mask_threshold is algo.off_policy_mask (its KL is to the
 sampler's log-probs, as TRL's sampling_per_token_logps), use_bias_correction_kl with beta > 0 is
-algo.kl_is_correction, top_entropy_quantile is algo.top_entropy_quantile. vespo and the entropy bonus are refused.
+algo.kl_is_correction, top_entropy_quantile is algo.top_entropy_quantile; vespo (+ its k / lambda) is
+algo.surrogate=vespo. The entropy bonus is refused.
 """
 
 from __future__ import annotations
@@ -39,13 +40,13 @@ SCALE_REWARDS = {"group": "group_std", "batch": "group_centre_reward_std", "none
 
 LOSS_TYPES = {
     "grpo": "seq-mean-token-mean", "dr_grpo": "seq-sum-norm", "dapo": "token-mean", "bnpo": "token-mean",
-    "cispo": "token-mean", "sapo": "seq-mean-token-mean", "luspo": "seq-sum-norm",
+    "cispo": "token-mean", "sapo": "seq-mean-token-mean", "luspo": "seq-sum-norm", "vespo": "token-mean",
 }  # fmt: skip
 """TRL's loss_type -> algo.agg (conditions in the module doc); cispo and sapo also choose algo.surrogate, luspo
 sums over tokens (algo.norm_len=1). TRL's normaliser of cispo is dapo's, of sapo grpo's, of luspo a mean over
 sequences of the token sums."""
 
-SURROGATES = {"cispo": "cispo", "sapo": "sapo"}
+SURROGATES = {"cispo": "cispo", "sapo": "sapo", "vespo": "vespo"}
 """TRL's loss_type -> algo.surrogate where it is not the clipped one."""
 
 TRL_DEFAULTS: dict[str, Any] = {
@@ -57,7 +58,8 @@ TRL_DEFAULTS: dict[str, Any] = {
     "num_train_epochs": 3.0, "seed": 42, "beta": 0.0, "epsilon": 0.2, "epsilon_high": None,
     "importance_sampling_level": "token", "loss_type": "dapo", "scale_rewards": "group",
     "sapo_temperature_pos": 1.0, "sapo_temperature_neg": 1.05, "off_policy_mask_threshold": None,
-    "use_bias_correction_kl": True, "top_entropy_quantile": 1.0,
+    "use_bias_correction_kl": True, "top_entropy_quantile": 1.0, "vespo_k_pos": 2.0, "vespo_lambda_pos": 3.0,
+    "vespo_k_neg": 3.0, "vespo_lambda_neg": 2.0,
     "mask_truncated_completions": False, "gradient_checkpointing": True, "shuffle_dataset": True,
     "logging_steps": 10, "save_steps": 500, "save_total_limit": None, "eval_steps": None,
     "eval_strategy": "no", "report_to": "none", "log_completions": False, "output_dir": "trainer_output",
@@ -191,7 +193,7 @@ def from_trl(values: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
     scale = {True: "group", False: "none"}.get(scale, scale)
     if loss_type not in LOSS_TYPES:
         raise ConfigError(
-            f"TRL loss_type={loss_type!r} is not supported (vespo has no grpokit surrogate); "
+            f"TRL loss_type={loss_type!r} is not supported; "
             f"choose one of {sorted(LOSS_TYPES)}"
         )
     if scale not in SCALE_REWARDS:
@@ -202,7 +204,7 @@ def from_trl(values: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
             "token count (the result depends on how the batch is split; 13.5% off in one test); grpokit "
             "normalises by the whole mini-batch: use loss_type='dapo' (the same, split-free) or accumulation 1"
         )
-    if loss_type in ("dapo", "cispo") and mini_batches > 1:
+    if loss_type in ("dapo", "cispo", "vespo") and mini_batches > 1:
         raise ConfigError(
             f"TRL loss_type={loss_type!r} with steps_per_generation > gradient_accumulation_steps divides every "
             "optimizer step by the generation batch's tokens / steps (not the step's own tokens); grpokit "
@@ -233,6 +235,10 @@ def from_trl(values: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
     if loss_type == "sapo":
         taus = float(v["sapo_temperature_pos"]), float(v["sapo_temperature_neg"])
         out["algo"].update(sapo_tau_pos=taus[0], sapo_tau_neg=taus[1])
+    if loss_type == "vespo":
+        out["algo"].update({key: float(v[key]) for key in ("vespo_k_pos", "vespo_lambda_pos", "vespo_k_neg", "vespo_lambda_neg")})
+        if v["importance_sampling_level"] != "token":
+            raise ConfigError("TRL loss_type='vespo' builds its own sequence weight: set importance_sampling_level: token")
     if float(v["top_entropy_quantile"]) < 1:
         out["algo"]["top_entropy_quantile"] = float(v["top_entropy_quantile"])
         notes.append(

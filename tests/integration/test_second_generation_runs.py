@@ -19,6 +19,7 @@ CASES = {
     "dppo_tv": ["algo.preset=dppo_tv"],
     "dppo_kl": ["algo.preset=dppo_kl"],
     "luspo": ["algo.preset=luspo"],
+    "vespo": ["algo.preset=vespo"],
     "kl_cov": ["algo.preset=grpo", "algo.cov_penalty=kl_cov", "algo.cov_ratio=0.1"],
     "clip_cov": ["algo.preset=grpo", "algo.cov_penalty=clip_cov", "algo.cov_ratio=0.1", "algo.clip_cov_lb=0"],
     "masks": [

@@ -233,7 +233,7 @@ def test_use_vllm_maps_to_the_vllm_engine_and_trls_importance_sampling_to_the_mi
     [
         ({"loss_type": "bnpo", "gradient_accumulation_steps": 2}, "loss_type='bnpo' with gradient_accumulation_steps > 1"),
         ({"loss_type": "dapo", "steps_per_generation": 2}, "steps_per_generation = gradient_accumulation_steps"),
-        ({"loss_type": "vespo"}, "loss_type='vespo' is not supported"),
+        ({"loss_type": "vespo", "importance_sampling_level": "sequence"}, "set importance_sampling_level: token"),
         ({"loss_type": "cispo"}, "caps the importance weight at epsilon_high=0.2 itself"),
         ({"loss_type": "cispo", "epsilon_high": 5.0, "steps_per_generation": 2}, "loss_type='cispo' with steps_per"),
         ({"max_steps": 10, "steps_per_generation": 4, "loss_type": "grpo"}, "use a multiple of 4"),

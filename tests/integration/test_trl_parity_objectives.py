@@ -70,6 +70,10 @@ def trl_loss(t: dict, trainer_cls=None, **settings) -> tuple[float, torch.Tensor
         sapo_temperature_neg=settings.get("sapo_temperature_neg", 1.05),
         use_bias_correction_kl=settings.get("use_bias_correction_kl", True),
         steps_per_generation=1,
+        vespo_k_pos=settings.get("vespo_k_pos", 2.0),
+        vespo_lambda_pos=settings.get("vespo_lambda_pos", 3.0),
+        vespo_k_neg=settings.get("vespo_k_neg", 3.0),
+        vespo_lambda_neg=settings.get("vespo_lambda_neg", 2.0),
     )
     eps = settings.get("epsilon", 0.2)
     entropy = t.get("entropy", torch.ones(B, T))
@@ -177,6 +181,13 @@ def test_off_policy_mask_is_trls(delta):
     assert not torch.allclose(plain[1], ours[1])
 
 
+def test_vespo_is_trls_vespo():
+    t = batch(9)
+    assert_same(our_loss(t, **preset_kwargs("vespo")), trl_loss(t, loss_type="vespo"))
+    ours = our_loss(t, **preset_kwargs("vespo", vespo_k_pos=1.0, vespo_lambda_neg=0.5))
+    assert_same(ours, trl_loss(t, loss_type="vespo", vespo_k_pos=1.0, vespo_lambda_neg=0.5))
+
+
 @pytest.mark.parametrize("quantile", [0.2, 0.5])
 def test_top_entropy_quantile_is_trls(quantile):
     from grpokit.algos.masks import high_entropy_mask
@@ -223,6 +234,10 @@ def test_bias_corrected_kl_is_trls_use_bias_correction_kl():
         ),  # TRL's default use_bias_correction_kl=True
         ({"beta": 0.04, "use_bias_correction_kl": False}, {"kl_is_correction": False}),
         ({"top_entropy_quantile": 0.2}, {"top_entropy_quantile": 0.2}),
+        (
+            {"loss_type": "vespo", "vespo_k_neg": 4.0},
+            {"surrogate": "vespo", "vespo_k_neg": 4.0, "agg": "token-mean"},
+        ),
     ],
 )
 def test_the_importer_maps_the_second_generation(fields, algo):

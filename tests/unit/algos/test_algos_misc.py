@@ -198,6 +198,7 @@ ARXIV = {
     "dppo_tv": "2602.04879",
     "dppo_kl": "2602.04879",
     "luspo": "2602.05261",
+    "vespo": "2602.10693",
 }
 
 
@@ -228,6 +229,10 @@ def test_every_preset_is_complete_and_cites_its_paper():
         "sapo_tau_pos",
         "sapo_tau_neg",
         "is_cap",
+        "vespo_k_pos",
+        "vespo_lambda_pos",
+        "vespo_k_neg",
+        "vespo_lambda_neg",
         "off_policy_mask",
         "top_entropy_quantile",
         "cov_penalty",

@@ -198,6 +198,14 @@ def naive_token_loss(name, lp, old, a, eps_low, eps_high, tau_pos=1.0, tau_neg=1
     return -a * rho.detach().clamp(max=cap) * lp * float(valid)
 
 
+def naive_vespo_row(lps, olds, a, k=(2.0, 3.0), lam=(3.0, 2.0)):
+    """-phi(w) A logp on each token, w the product of the token ratios, phi(w) = e^lambda w^k e^(-lambda w)."""
+    w = math.exp(sum(float(lp - old) for lp, old in zip(lps, olds)))
+    kk, ll = (k[0], lam[0]) if a >= 0 else (k[1], lam[1])
+    phi = math.exp(ll) * w**kk * math.exp(-ll * w)
+    return [-phi * a * lp for lp in lps]
+
+
 def naive_gmpo_row(lps, olds, a, eps_low, eps_high):
     """-A exp(mean of the log-ratios clipped on the pessimistic side), one sequence."""
     kept = []
@@ -234,6 +242,8 @@ def test_every_surrogate_matches_a_naive_per_token_loop(name, agg):
         lps = [naive_lp[i, t] for t in range(n)]
         if name == "gmpo":
             row = [naive_gmpo_row(lps, old[i, :n], float(adv[i]), eps_low, eps_high)] * n
+        elif name == "vespo":
+            row = naive_vespo_row(lps, old[i, :n], float(adv[i]))
         else:
             row = [
                 naive_token_loss(name, lps[t], old[i, t], float(adv[i]), eps_low, eps_high) for t in range(n)
@@ -249,7 +259,7 @@ def test_every_surrogate_matches_a_naive_per_token_loop(name, agg):
     torch.testing.assert_close(logp.grad, naive_lp.grad, rtol=1e-10, atol=1e-12)
     # token_terms shows the same per-token surrogate (the view and the saved rollouts)
     terms = token_terms(logp0, old, adv, mask, **kw)
-    if name != "gmpo":
+    if name not in ("gmpo", "vespo"):
         want = [
             [
                 float(naive_token_loss(name, logp0[i, t], old[i, t], float(adv[i]), eps_low, eps_high))
