@@ -5,13 +5,14 @@ Owns: the model (loaded by ``load_model``: weights in the precision mode's dtype
 ``optimizer``, learning-rate ``scheduler`` (grpokit.train.schedules: warm-up, then constant, cosine or linear;
 ``lr_factor(step)`` is its factor), float16 loss ``scaler``
 (else None), and ``micro`` (rows per micro-batch: a fixed number, or auto, halved after a CUDA
-out-of-memory error; one ``MicroBatchSize`` may be shared by several learners, as the policy and the
-critic share it). Reads: ``dist`` (grpokit.train.distributed) for gradient averaging and the global norm.
+out-of-memory error; under optim.packing a token budget per padding-free micro-batch instead; one
+``MicroBatchSize`` may be shared by several learners, as the policy and the critic share it). Reads: ``dist`` (grpokit.train.distributed) for gradient averaging and the global norm.
 
     learner = Learner(model, precision, device, cfg.optim, dist, total_steps=cfg.train.steps)
     grad_norm, stats = learner.step(lengths, split, loss_fn, normaliser)   # one optimizer step, any loss
         lengths (B,)           real tokens per row of the batch (sizes the micro-batches under auto)
-        split(rows)            the batch's micro-batches of at most ``rows`` rows each (re-split after an OOM)
+        split(rows)            the batch's micro-batches of at most ``rows`` rows each (re-split after an OOM;
+                               packed: ``rows`` is a token budget, learner.micro.split cuts by it)
         loss_fn(model, micro)  (loss_sum, stats): the micro-batch's summed loss (0-d, with grad), a dict
         normaliser             the whole batch's divisor (e.g. its token count; under torchrun all ranks')
     The gradient is that of  sum_micro loss_sum / normaliser , so how the batch is split never changes it.
@@ -229,6 +230,11 @@ class Learner:
                     "change the loss; set optim.packing=false and sft.packing=false"
                 )
         self.micro = micro
+        if optim.offload_optimizer and self.dist.active:
+            raise ConfigError(
+                "optim.offload_optimizer is not supported under torchrun yet (FSDP shards the states already); "
+                "set it to false"
+            )
         params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = make_optimizer(params, precision, optim, device)
         self.scaler = make_grad_scaler(precision, device)  # float16 loss scaling, else None
