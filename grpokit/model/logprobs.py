@@ -6,7 +6,9 @@ hidden states, keeps only the completion positions whose mask is 1, and projects
 head a chunk of ``chunk_size`` tokens at a time. Each chunk's fp32 logits live only inside a
 ``torch.utils.checkpoint`` region, so the backward pass recomputes one chunk at a time instead of
 holding every chunk's logits. The log-softmax and entropy of a chunk are grpokit.algos.entropy's (the
-one implementation of both).
+one implementation of both). With ``packed=True`` the decoder runs padding-free: the rows' real tokens in
+one row, positions restarting at each (grpokit.data.packing), so a micro-batch costs its real tokens
+rather than rows x its longest row; ``scoring_states`` is that forward for the critic's values too.
 
 Shapes: N rows, Lp prompt positions (left-padded), Lc completion positions (right-padded), H hidden
 size, V vocabulary, T the sampling temperature.
