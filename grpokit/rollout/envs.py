@@ -46,9 +46,9 @@ from grpokit.core.workers import OutputTail
 from grpokit.rollout.tools.parsers import ToolCall
 from grpokit.rollout.tools.runner import _HEADER, ToolRunner, Worker, _read_exact, _write_frame
 
-FIRST_ROLES = ("system", "developer", "user", "assistant", "tool")
-"""Roles the first messages (reset) may have."""
-STEP_ROLES = ("user", "tool", "system")
+FIRST_ROLES = ("system", "developer", "user", "assistant", "tool", "ipython")
+"""Roles the first messages (reset) may have ("ipython": Llama 3's role of tool results)."""
+STEP_ROLES = ("user", "tool", "ipython", "system")
 """Roles an environment's answer may have: never "assistant" (the model's turns are its own tokens)."""
 
 

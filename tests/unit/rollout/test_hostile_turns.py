@@ -176,7 +176,12 @@ class Game:
         ("raise", ["step raised ValueError: invalid literal for int()", "seven", "test_hostile_turns.py"]),
         ("nan", ["step gave the reward nan; a reward must be finite"]),
         ("type", ["step returned a dict, not an EnvStep"]),
-        ("role", ["step message 0 has the role 'robot', which is not one of ['user', 'tool', 'system']"]),
+        (
+            "role",
+            [
+                "step message 0 has the role 'robot', which is not one of ['user', 'tool', 'ipython', 'system']"
+            ],
+        ),
         ("assistant", ["has the role 'assistant'"]),
         ("content", ["content of type list, not str"]),
         ("reward_type", ["a reward of type str"]),
@@ -203,7 +208,7 @@ def test_each_environment_fault_fails_its_episode_naming_the_environment_method_
         assert ep.failed is None and (ep.turn_rewards[0] == 1.0 or ep.turn_ends[0] == 15)
     assert batch.metrics["episodes/failed"] == 2
     for ep in batch.episodes:  # no unknown role, no NaN reached the transcript
-        assert all(m["role"] in ("user", "assistant", "tool", "system") for m in ep.messages)
+        assert all(m["role"] in ("user", "assistant", "tool", "ipython", "system") for m in ep.messages)
         assert all(r is None or math.isfinite(r) for r in ep.turn_rewards)
 
 
