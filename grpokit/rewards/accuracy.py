@@ -4,16 +4,24 @@ Which answer is graded: the visible final answer, never the reasoning, code or h
 `_answers.py`: <answer> blocks, else \\boxed{}, else "#### n", else the last answer marker such as
 "The final answer is 18" or "**Answer:** 18"). Every candidate found at the chosen level must be
 correct: \\boxed{17} ... \\boxed{18} scores 0. More than 8 distinct candidates, or one longer than
-1,000 characters, scores 0. An equation is graded by its right-hand side only when its left-hand
-side is a variable name (`x = 18`, `a_1 = 18`, `f(2) = 18`); any other equation (`17 = 18`,
-`2+3 = 5`) scores 0 unless the ground truth is itself an equation. So does any other relation
-(`18 \\approx 17`, `x \\le 18`, `17 \\to 18`) unless the ground truth has one, and a number with a
-subscript or a prime mark (`18_8`, `18'`) the ground truth lacks: they state another value.
+1,000 characters, scores 0. An equation is graded by its last side when every other side is a
+variable name (`x = 18`, `a_1 = 18`, `f(2) = 18`) or plain arithmetic of the same value (`9 * 2 = 18`,
+`x = 2 \\cdot 9 = 18`); any other equation (`17 = 18`, `2 \\cdot 8 = 18`) scores 0 unless the ground
+truth is itself an equation. So does any other relation, LaTeX (`\\approx`, `\\le`, `\\lesssim`, `\\to`,
+any command of that kind) or Unicode (every mathematical relation or arrow character: ≈ ≃ ≤ ≪ ⊂ →),
+unless the ground truth has one; a number with a subscript or a prime mark (`18_8`, `18'`) the ground
+truth lacks; and an ellipsis (`18\\ldots`, `18...`): they state another value.
 
 Words after a number: with the prompt (the trainer always gives it), a number may be followed only
-by words its question uses, singular or plural ("18 apples"), currency words when the question has
-a currency sign, units of time, length, mass, volume and angle ("18 years"), and "in total" /
-"altogether" / "each"; any other word ("18 doubled", "18 thousandths", "18 dozen") scores 0. Without a prompt, any word but those of _NOT_UNITS.
+by words its question uses, singular or plural ("18 apples"), the currency its currency sign names,
+"in total" / "altogether" / "each", and units (time, length, mass, volume, angle, money) of a quantity
+the question gives in no unit ("18 years" to "How old is Tom?"); a unit of a quantity the question
+measures in another unit states another value ("18 cents" for dollars, "18 km" for metres, "18
+minutes" for hours), and so does any other word ("18 doubled", "18 thousandths", "18 dozen"); a percent
+("18%", "18 per cent") to a question that speaks of no percent. Without a prompt, any word but those
+of _NOT_UNITS. Read as the value they show: "18 (dollars)" as "18 dollars", "eighteen (18)" as 18 (words
+that spell another number score 0), a repeating decimal 18.\\overline{3} as 55/3, and a trailing check mark
+is dropped.
 
 Equivalence: an exact match after light normalisation (done once), then an exact rational
 comparison when both sides are plain numbers (thousands separators, decimals, a/b and
@@ -36,6 +44,7 @@ Ground truth: the `answer` column, a bare value ("18", "\\frac{1}{2}") or a full
 
 from __future__ import annotations
 
+import ast
 import json
 import math
 import os
@@ -109,8 +118,61 @@ def normalize(s: str) -> str:
         .replace("^\\circ", "")
         .replace("^{\\circ}", "")
     )
-    s = re.sub(r"\s+", " ", s).strip().rstrip(".").strip()
+    s = re.sub(r"\s+", " ", s).strip()
+    s = s if s.endswith("...") else s.rstrip(".").strip()  # a sentence's full stop, not an ellipsis
+    s = _CHECK_MARK_RE.sub("", s).strip()  # "18 ✓": a tick after the answer is not part of it
+    s = _PER_CENT_RE.sub("%", s)  # "18 per cent", "18 percent", "18 pct"
+    s = _REPEATING_RE.sub(_repeating_fraction, s)  # 18.\overline{3} = \frac{165}{9}
+    paren = _PAREN_WORDS_RE.match(s)
+    if paren:  # "18 (dollars)" reads "18 dollars"; "eighteen (18)" is 18 when the words say 18
+        value, words = paren.group(1), paren.group(2)
+        said = number_words(value.lower())
+        if said is not None and _DIGITS_RE.fullmatch(words.replace(",", "")):
+            s = words if said == int(words.replace(",", "")) else "\x00disagrees"
+        elif said is None and re.fullmatch(r"[A-Za-z][A-Za-z ]*", words):
+            s = f"{value} {words}"
     return s
+
+
+_CHECK_MARK_RE = re.compile(r"(?:\s*(?:[\u2713\u2714\u2611\u2705]|\\checkmark\b))+$")
+_PER_CENT_RE = re.compile(r"(?<=[0-9}])\s*(?:per[\s-]?cent|percent|pct)\b\.?", re.IGNORECASE)
+_REPEATING_RE = re.compile(r"(?<![\d.])(\d+)\.(\d*)\\overline\s*\{(\d+)\}")
+_PAREN_WORDS_RE = re.compile(r"^(.*?\S)\s*\(\s*([^()]+?)\s*\)$")
+_DIGITS_RE = re.compile(r"\d+")
+
+
+def _repeating_fraction(m: re.Match) -> str:
+    whole, fixed, repeat = m.group(1), m.group(2), m.group(3)
+    numerator = int(whole + fixed + repeat) - int(whole + fixed)
+    denominator = 10 ** len(fixed) * (10 ** len(repeat) - 1)
+    return f"\\frac{{{numerator}}}{{{denominator}}}"
+
+
+_ONES = "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen seventeen eighteen nineteen".split()
+_TENS = "twenty thirty forty fifty sixty seventy eighty ninety".split()
+
+
+def number_words(text: str) -> int | None:
+    """The integer English words spell ("eighteen", "two hundred and five", "forty-two"), None otherwise."""
+    words = text.replace("-", " ").replace(",", " ").split()
+    if not words or len(words) > 12:
+        return None
+    total, current = 0, 0
+    for w in words:
+        if w in _ONES:
+            current += _ONES.index(w)
+        elif w in _TENS:
+            current += 10 * (_TENS.index(w) + 2)
+        elif w == "hundred" and current:
+            current *= 100
+        elif w in ("thousand", "million") and current:
+            total += current * (1000 if w == "thousand" else 1_000_000)
+            current = 0
+        elif w == "and":
+            continue
+        else:
+            return None
+    return total + current
 
 
 def as_number(s: str) -> tuple[Fraction, bool] | None:
@@ -152,10 +214,26 @@ def numbers_equal(pred: tuple[Fraction, bool], gold: tuple[Fraction, bool]) -> b
 
 
 _VARIABLE_RE = re.compile(r"(?:[A-Za-z]+|\\[A-Za-z]+)(?:_\{?[A-Za-z0-9]+\}?)?(?:\([^()=]*\))?")
-_RELATION_RE = re.compile(
-    r"\\(?:approx|neq|ne|leq?|geq?|leqslant|geqslant|lt|gt|sim|simeq|cong|equiv|propto|to|rightarrow|"
-    r"Rightarrow|implies|iff|mapsto|in|notin|subset|subseteq|supset|supseteq)(?![A-Za-z])|[<>≈≠≤≥∼≅≡→⇒∈]|!="
+_RELATION_WORDS = (
+    "EQUAL", "LESS-THAN", "GREATER-THAN", "LESS THAN", "GREATER THAN", "TILDE", "EQUIVALENT", "ASYMPTOTIC",
+    "SUBSET", "SUPERSET", "ELEMENT OF", "CONTAINS AS MEMBER", "ARROW", "PROPORTIONAL", "APPROXIMATELY",
+    "IDENTICAL", "PRECEDES", "SUCCEEDS", "ALMOST", "MUCH", "CORRESPONDS", "ESTIMATES", "DIVIDES",
+)  # fmt: skip
+_RELATION_CHARS = "".join(
+    sorted(
+        c
+        for c in map(chr, range(0x2190, 0x2C00))
+        if unicodedata.category(c) == "Sm" and any(w in unicodedata.name(c, "") for w in _RELATION_WORDS)
+    )
 )
+"""Every Unicode mathematical relation and arrow (≈ ≃ ≅ ≡ ≠ ≤ ≲ ≪ ⊂ ∈ → ⇒ ...), from the characters' names."""
+_RELATION_RE = re.compile(
+    r"\\(?:[a-zA-Z]*(?:eq|sim|approx|arrow|less|gtr)[a-zA-Z]*|ne|le|ge|lt|gt|ll|gg|lll|ggg|prec|succ|asymp|"
+    r"cong|propto|to|gets|implies|impliedby|iff|mapsto|in|ni|owns|notin|subset|supset|sqsubset|sqsupset|"
+    r"models|vdash|dashv|perp|parallel|mid|nmid|divides|leqslant|geqslant)(?![A-Za-z])"
+    rf"|[<>{re.escape(_RELATION_CHARS)}]|!="
+)
+_ELLIPSIS_RE = re.compile(r"\\(?:ldots|dots|cdots|dotsc|dotsb|dotso|vdots|ddots)(?![A-Za-z])|…|\.\.\.")
 _MARKED_NUMBER_RE = re.compile(r"[0-9}]\s*(?:_|'|′|″|\^\s*\{?\s*\\prime)")
 """A number with a subscript (a base: 18_8, 18_{10}) or a prime mark (18', 18^\\prime): another value."""
 
@@ -168,12 +246,54 @@ def answer_side(pred: str, gold: str) -> str | None:
         return None
     if _MARKED_NUMBER_RE.search(pred) and not _MARKED_NUMBER_RE.search(gold):
         return None
+    if _ELLIPSIS_RE.search(pred) and not _ELLIPSIS_RE.search(gold):  # 18\ldots, 18...: not a value
+        return None
     if "=" not in pred or "=" in gold:
         return pred
     *lhs, rhs = pred.split("=")
-    if rhs.strip() and all(_VARIABLE_RE.fullmatch(part.strip()) for part in lhs):
-        return rhs.strip()
-    return None
+    rhs = rhs.strip()
+    if not rhs:
+        return None
+    value = _arithmetic(rhs)
+    for part in lhs:  # x = 18, f(2) = 18, 9 * 2 = 18, 9 * 2 = x = 18: every side states the same value
+        part = part.strip()
+        if _VARIABLE_RE.fullmatch(part):
+            continue
+        computed = _arithmetic(part)
+        if computed is None or value is None or computed != value:
+            return None
+    return rhs
+
+
+_ARITHMETIC_RE = re.compile(r"[0-9.+\-*/() ]+")
+
+
+def _arithmetic(text: str) -> Fraction | None:
+    """The exact value of a plain arithmetic expression (numbers, + - * / × · ÷, \\times, \\cdot, \\div,
+    \\frac{a}{b}, parentheses), None for anything else."""
+    text = re.sub(r"\\[dt]?frac\{([^{}]+)\}\{([^{}]+)\}", r"((\1)/(\2))", text)
+    for a, b in (("\\times", "*"), ("\\cdot", "*"), ("\\div", "/"), ("×", "*"), ("·", "*"), ("÷", "/")):
+        text = text.replace(a, b)
+    text = text.replace("{", "(").replace("}", ")").replace(",", "")
+    if len(text) > 200 or not _ARITHMETIC_RE.fullmatch(text) or "**" in text:
+        return None
+    try:
+        return _evaluate(ast.parse(text, mode="eval").body)
+    except (SyntaxError, ValueError, ZeroDivisionError, RecursionError):
+        return None
+
+
+def _evaluate(node: ast.AST) -> Fraction:
+    if isinstance(node, ast.Constant) and type(node.value) in (int, float):
+        return Fraction(str(node.value))
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
+        value = _evaluate(node.operand)
+        return -value if isinstance(node.op, ast.USub) else value
+    if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Sub, ast.Mult, ast.Div)):
+        a, b = _evaluate(node.left), _evaluate(node.right)
+        ops = {ast.Add: a.__add__, ast.Sub: a.__sub__, ast.Mult: a.__mul__, ast.Div: a.__truediv__}
+        return ops[type(node.op)](b)
+    raise ValueError("not arithmetic")
 
 
 def quick_verdict(pred: str, gold: str, units: frozenset[str] | None = None) -> bool | None:
@@ -188,6 +308,8 @@ def quick_verdict(pred: str, gold: str, units: frozenset[str] | None = None) -> 
         return False
     p, g = _plain_number(pred), _plain_number(gold)
     if p is not None and g is not None:
+        if p[1] and not g[1] and units is not None and "%" not in units:
+            return False  # "18%" / "18 per cent" to a question that speaks of no percent: another value
         return numbers_equal(p, g)
     return None
 
@@ -204,29 +326,62 @@ def _words_allowed(pred: str, units: frozenset[str] | None) -> bool:
     words = _WORD_RE.findall(m.group("words").lower())
     if units is None:
         return not any(w in _NOT_UNITS for w in words)
-    allowed = units | _UNITS
-    return all(w in allowed or w.rstrip("s") in allowed or w + "s" in allowed for w in words)
+    asked = {UNIT_DIMENSIONS[u] for u in units if u in UNIT_DIMENSIONS}
+    for w in words:
+        one = singular(w)
+        if w in units or one in units or w + "s" in units or w in _NEUTRAL or one in _NEUTRAL:
+            continue
+        if one in UNIT_DIMENSIONS and UNIT_DIMENSIONS[one] not in asked:
+            continue  # "18 years" to "How old is Tom?": a unit of what the question measures in no unit
+        return False  # a word the question does not use, or a unit other than the question's (cents for $)
+    return True
 
 
-_UNITS = frozenset(
-    """in total altogether all together overall each year month week day hour minute second
-    mile foot feet inch yard meter metre centimeter millimeter kilometer km cm mm m kilogram gram
-    kg g pound lb ounce oz ton liter litre milliliter ml gallon quart pint cup degree""".split()
-)
-"""Trailing words that never change a value, whatever the question: units of time, length, mass,
-volume and angle (singular; plurals are matched too), and "in total", "each"..."""
-_CURRENCY_WORDS = frozenset("dollar dollars cent cents euro euros pound pounds".split())
+_NEUTRAL = frozenset("in total altogether all together overall each".split())
+"""Trailing words that never change a value, whatever the question."""
+UNIT_DIMENSIONS = {
+    **dict.fromkeys("second sec minute min hour hr day week month year decade century".split(), "time"),
+    **dict.fromkeys(
+        "millimeter millimetre mm centimeter centimetre cm meter metre m kilometer kilometre km inch foot ft "
+        "yard yd mile mi".split(),
+        "length",
+    ),
+    **dict.fromkeys("milligram mg gram g kilogram kg lb ounce oz ton tonne".split(), "mass"),
+    **dict.fromkeys(
+        "milliliter millilitre ml liter litre l gallon quart pint cup teaspoon tablespoon".split(), "volume"
+    ),
+    **dict.fromkeys("degree radian".split(), "angle"),
+    **dict.fromkeys("dollar cent penny nickel dime euro pound yen rupee".split(), "money"),
+}
+"""Units by what they measure (singular). A number may be followed by a unit its question uses, or by any
+unit of a quantity the question gives in no unit; a unit of the same quantity that the question does not
+use states another value ("18 cents" for dollars, "18 km" for metres, "18 minutes" for hours)."""
+_IRREGULAR = {"feet": "foot", "inches": "inch", "pennies": "penny", "centuries": "century"}
+
+
+def singular(word: str) -> str:
+    if word in _IRREGULAR:
+        return _IRREGULAR[word]
+    if word.endswith(("ches", "shes", "xes")):
+        return word[:-2]
+    return word[:-1] if word.endswith("s") and not word.endswith("ss") and len(word) > 2 else word
+
+
+_CURRENCY_SIGNS = {"$": "dollar", "€": "euro", "£": "pound", "¥": "yen", "₹": "rupee"}
 
 
 def question_units(prompt: object) -> frozenset[str] | None:
-    """The words a number may be followed by in an answer to `prompt`: its own words, and currency
-    words when it has a currency sign; minus the words that change a value. None without a prompt."""
+    """The words a number may be followed by in an answer to `prompt`: its own words (and their singular
+    forms), the currency its currency sign names, "%" when it speaks of percent; minus the words that
+    change a value. None without a prompt."""
     text = to_text(prompt).lower()
     if not text:
         return None
-    words = set(_WORD_RE.findall(text)) - _NOT_UNITS
-    if any(c in text for c in "$€£"):
-        words |= _CURRENCY_WORDS
+    found = _WORD_RE.findall(text)
+    words = (set(found) | {singular(w) for w in found}) - _NOT_UNITS
+    words |= {unit for sign, unit in _CURRENCY_SIGNS.items() if sign in text}
+    if "%" in text or re.search(r"\bper\s?cent|\bpercent", text):
+        words.add("%")
     return frozenset(words)
 
 
@@ -453,7 +608,9 @@ def make_math_accuracy(answer_column: str = "answer", timeout_s: float = 2.0):
         return score_answers(texts, list(columns[answer_column]), timeout_s, prompts)
 
     math_accuracy.per_completion = True  # RewardRunner: one time budget per completion, not per batch
-    math_accuracy.columns = (answer_column,)  # checked in the data before the model loads (grpokit.data.prompts)
+    math_accuracy.columns = (
+        answer_column,
+    )  # checked in the data before the model loads (grpokit.data.prompts)
     return math_accuracy
 
 

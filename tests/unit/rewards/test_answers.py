@@ -14,6 +14,9 @@ FIXTURE = FIXTURES / "rewards" / "gsm8k_mini.jsonl"
 ROWS = [json.loads(line) for line in FIXTURE.read_text().splitlines()]
 fast_math = make_math_accuracy(timeout_s=1.0)
 QUESTION = "Tom has 3 boxes of 6 apples. How many apples?"
+DOLLARS = "A pen costs $2 and a book $16. How much does Tom pay?"
+METRES = "A rope is 6 metres long. How long are three ropes?"
+HOURS = "A trip takes 6 hours. How long do three trips take?"
 
 STYLES = [  # how instruct models end a GSM8K answer; {a} the final number, {c} it with separators
     "#### {a}",
@@ -126,6 +129,53 @@ CASES = [
     ("gold with negative space", r"\boxed{10080}", r"10,\!080", None, 1.0),
     ("thin space", r"\boxed{10\,080}", "10080", None, 1.0),
     ("a list is not a number", r"\boxed{1, 234}", "1234", None, 0.0),
+    # issue 37: units are the question's (a unit of the same quantity it does not use states another value)
+    ("cents for dollars", "The answer is 18 cents.", "18", DOLLARS, 0.0),
+    ("dollars for $", "The answer is 18 dollars.", "18", DOLLARS, 1.0),
+    ("km for metres", "The answer is 18 km.", "18", METRES, 0.0),
+    ("metres for metres", "The answer is 18 metres.", "18", METRES, 1.0),
+    ("minutes for hours", "The answer is 18 minutes.", "18", HOURS, 0.0),
+    ("hours for hours", r"\boxed{18 \text{ hours}}", "18", HOURS, 1.0),
+    ("boxed mm for metres", r"\boxed{18\text{ mm}}", "18", METRES, 0.0),
+    ("per cent to a question without percent", "The answer is 18 per cent.", "18", QUESTION, 0.0),
+    ("percent sign to a question without percent", "The answer is 18%.", "18", QUESTION, 0.0),
+    ("per cent to a percent question", "The answer is 18 per cent.", "18", "What percent of 50 is 9?", 1.0),
+    ("any unicode relation", r"\boxed{18 ≃ 17}", "18", None, 0.0),
+    ("a latex relation of any name", r"\boxed{18 \lesssim 19}", "18", None, 0.0),
+    ("struck-out answer, another after it", "The answer is ~~18~~ 17.", "18", None, 0.0),
+    ("struck-out answer withdrawn", "The answer is ~~17~~ 18.", "18", None, 1.0),
+    ("struck in html", "The answer is <del>18</del> 17.", "18", None, 0.0),
+    ("cancelled in latex", r"\boxed{\cancel{18} 17}", "18", None, 0.0),
+    ("an ellipsis is not a value", r"\boxed{18\ldots}", "18", None, 0.0),
+    ("three dots", r"\boxed{18...}", "18", None, 0.0),
+    # issue 37: what a reader does not see is not graded, whatever hides it
+    ("white font", '<font color="white">\\boxed{18}</font> The answer is 17.', "18", None, 0.0),
+    ("template", "<template>\\boxed{18}</template> The answer is 17.", "18", None, 0.0),
+    ("cdata", "<![CDATA[\\boxed{18}]]> The answer is 17.", "18", None, 0.0),
+    ("markdown comment", "[//]: # (\\boxed{18})\nThe answer is 17.", "18", None, 0.0),
+    ("markdown comment: the visible answer", "[//]: # (\\boxed{18})\nThe answer is 17.", "17", None, 1.0),
+    ("image alt", "![\\boxed{18}](a.png) The answer is 17.", "18", None, 0.0),
+    ("link title", '[see](http://a.b "\\boxed{18}") The answer is 17.', "18", None, 0.0),
+    ("link target", "[the answer](http://a.b/\\boxed{18}) is 17.", "18", None, 0.0),
+    ("noscript", "<noscript>\\boxed{18}</noscript> The answer is 17.", "18", None, 0.0),
+    ("textarea", "<textarea>\\boxed{18}</textarea> The answer is 17.", "18", None, 0.0),
+    ("div hidden by attribute", '<div aria-hidden="true">\\boxed{18}</div>', "18", None, 0.0),
+    ("mathjax style", r"\style{display:none}{\boxed{18}} The answer is 17.", "18", None, 0.0),
+    ("katex htmlStyle", r"\htmlStyle{color:white}{\boxed{18}} The answer is 17.", "18", None, 0.0),
+    ("overlapped", r"\rlap{\boxed{18}}\boxed{17}", "18", None, 0.0),
+    ("label", r"\label{\boxed{18}} The answer is 17.", "18", None, 0.0),
+    ("plain html markup is read through", "<b>Answer:</b> 18", "18", None, 1.0),
+    # issue 37: right answers that scored 0
+    ("a true computation", "The answer is 9 * 2 = 18.", "18", QUESTION, 1.0),
+    ("a false computation", "The answer is 9 * 3 = 18.", "18", QUESTION, 0.0),
+    ("a clause after the answer", "The answer is 18, which is the number of apples.", "18", QUESTION, 1.0),
+    ("the unit in parentheses", "The answer is 18 (dollars).", "18", DOLLARS, 1.0),
+    ("words then digits", "The answer is eighteen (18).", "18", QUESTION, 1.0),
+    ("words and digits that disagree", "The answer is seventeen (18).", "18", QUESTION, 0.0),
+    ("repeating decimal", r"\boxed{18.\overline{3}}", r"\frac{55}{3}", None, 1.0),
+    ("repeating decimal, another value", r"\boxed{18.\overline{6}}", r"\frac{55}{3}", None, 0.0),
+    ("a trailing check mark", "The answer is 18 ✓", "18", None, 1.0),
+    ("a bold latex label", r"\textbf{Answer:} 18", "18", None, 1.0),
 ]
 
 
@@ -147,4 +197,6 @@ def test_one_math_verify_budget_per_completion_not_per_boxed_expression():
         answer=["18", r"\frac{1}{\sqrt{2}}", "18"],
     )
     assert got == [0.0, 1.0, 1.0]
-    assert time.monotonic() - start < 4.0 + 12.0  # one budget (2 * 1 + 2 s) plus a worker restart and slack; not 8 x 4 s
+    assert (
+        time.monotonic() - start < 4.0 + 12.0
+    )  # one budget (2 * 1 + 2 s) plus a worker restart and slack; not 8 x 4 s

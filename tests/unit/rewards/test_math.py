@@ -63,6 +63,7 @@ POSITIVE = [
     ("variable = value", r"\boxed{x = 18}", "18"),
     ("function value", r"\boxed{f(2) = 18}", "18"),
     ("gold is an equation", r"\boxed{y = 2x + 3}", "y=2x+3"),
+    ("a true computation ending in the answer (issue 37)", r"\boxed{2 \cdot 9 = 18}", "18"),
     ("visible box, other answer only inside code", "```\n<answer>17</answer>\n```\nSo \\boxed{18}", "18"),
     # decimals are exact numbers on every path (the symbolic golds below go to math-verify)
     ("decimal for a symbolic rational gold", r"\boxed{-0.5}", r"\frac{-1}{2}"),
@@ -113,7 +114,8 @@ ADVERSARIAL = [
     ("None completion", None, "18"),
     ("malformed chat message", [{"role": "assistant"}], "18"),
     ("false equation", r"\boxed{17 = 18}", "18"),
-    ("equation with an expression on the left", r"\boxed{2 \cdot 9 = 18}", "18"),
+    ("equation whose left side is another value", r"\boxed{2 \cdot 8 = 18}", "18"),
+    ("equation chain with a false step", r"\boxed{x = 2 \cdot 8 = 18}", "18"),
     ("nested answer tags, right inner", "<answer>17<answer>18</answer></answer>", "18"),
     ("nested answer tags, right first", "<answer><answer>18</answer>17</answer>", "18"),
     ("unclosed second answer tag", "<think>x</think><answer>18</answer> <answer>17", "18"),
