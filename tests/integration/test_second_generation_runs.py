@@ -78,3 +78,31 @@ def test_each_objective_trains_a_tiny_model(tmp_path, name):
         assert all(0.5 < line["masked_frac/entropy"] < 1.0 for line in lines)
         assert all(line["entropy/trained"] > line["entropy"] for line in lines)  # the forking tokens
         assert all("masked_frac/off_policy" in line for line in lines)
+
+
+@pytest.mark.slow
+def test_the_masks_chosen_over_the_mini_batch_leave_the_gradient_unchanged_by_the_split(tmp_path):
+    """CISPO with the top-entropy, Clip-Cov and off-policy masks on: one micro-batch or micro-batches of one row
+    (same seed, same rollout) give the same gradients, since the masks choose their tokens over the mini-batch."""
+    knobs = [
+        "algo.preset=cispo",
+        "algo.top_entropy_quantile=0.3",
+        "algo.cov_penalty=clip_cov",
+        "algo.cov_ratio=0.2",
+        "algo.clip_cov_lb=-10",
+        "algo.off_policy_mask=0.0",
+        "rollout.max_new_tokens=8",
+        "rollout.prompts_per_step=3",
+    ]
+    grads = {}
+    for micro in (16, 1):
+        run = trainer(tmp_path / f"micro{micro}", *knobs, f"optim.micro_batch_size={micro}")
+        seen = grads[micro] = []
+        run.learner.optimizer.register_step_pre_hook(
+            lambda *_, g=seen, m=run.model: g.extend(p.grad.detach().clone() for p in m.parameters())
+        )
+        metrics = run.train_step()
+        assert 0 < metrics["masked_frac/entropy"] < 1 and metrics["masked_frac/clip_cov"] > 0
+    assert len(grads[16]) == len(grads[1]) > 0
+    for a, b in zip(grads[16], grads[1]):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
