@@ -74,7 +74,7 @@ def exit_code_of(failure_exitcode: int) -> int:
 def main(argv: list[str]) -> int:
     """Run torchrun on ``-m grpokit COMMAND ARGS``; return what the ranks' ending says (module docstring)."""
     if argv[:1] in (["-h"], ["--help"]):
-        print(USAGE + "\n\n" + (__doc__ or "").split("\n\n", 2)[2])
+        print(USAGE + "\n\n" + (__doc__ or "").split("\n\n", 2)[2].replace("``", ""))  # no RST markup in a terminal
         return 0
     try:
         options, command = split_command_line(argv)

@@ -422,7 +422,7 @@ def setting_doc(key: str) -> str:
 
     section, name = key.split(".")
     cls = typing.get_type_hints(Config)[section]
-    return field_docs(cls)[name].replace("%", "%%")
+    return field_docs(cls)[name].replace("``", "").replace("%", "%%")  # no RST markup in a terminal
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -452,7 +452,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--allow-changed-config",
         action="store_true",
-        help="resume even though settings (group size, lr, preset, ...) differ from the checkpoint's run",
+        help="resume even though settings that change the run's meaning (lr, data, rewards, ...) differ from the checkpoint's",
     )
     run.add_argument("--output-dir", help="shorthand for train.output_dir=...")
     sub = p.add_subparsers(dest="command")

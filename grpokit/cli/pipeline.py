@@ -15,7 +15,7 @@ def add_pipeline_parser(subparsers, parents: list) -> None:
         "pipeline",
         help="run ordered sft / rl / sample stages from a pipeline file, resumably (the R1 recipe)",
         parents=parents,
-        description=pipeline_run.__doc__.split("\n\n")[0],
+        description=pipeline_run.__doc__.split("\n\n")[0].replace("``", ""),
     )
     p.add_argument("file", nargs="?", help="the pipeline YAML file")
     p.add_argument("--demo", action="store_true", help="the embedded R1 demo (tiny model, CPU, no download)")

@@ -15,7 +15,7 @@ def add_sample_parser(subparsers, parents: list) -> None:
         "sample",
         help="rejection sampling: N completions per prompt, keep those the rewards pass, write SFT data",
         parents=parents,
-        description=sample.__doc__.split("\n\n")[0],
+        description=sample.__doc__.split("\n\n")[0].replace("``", ""),
     )
     p.add_argument("overrides", nargs="*", help="[CONFIG.yaml] then section.key=value overrides")
     p.add_argument("--config", metavar="PATH", help="the YAML config (or give it as the first argument)")

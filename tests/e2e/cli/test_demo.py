@@ -139,3 +139,19 @@ def test_results_go_to_stdout_and_progress_to_stderr(tmp_path):
     assert "held-out accuracy" in done.stdout and "done in" in done.stdout
     assert "step 2/2" in done.stderr and "step 2/2" not in done.stdout
     assert "shipped" in done.stderr and "warm start 1/" not in done.stderr
+
+
+@pytest.mark.parametrize("command", ["train", "sft", "demo", "eval", "sample", "pipeline", "view", "config", "launch"])
+def test_help_texts_carry_no_rst_markup(command, capsys):
+    """--help is read in a terminal: no ``double backticks`` (launch printed its module docstring with them,
+    eval's flags their declarations'); sft's help names no RL setting."""
+    from grpokit.cli.main import main
+
+    try:
+        code = main([command, "--help"])
+    except SystemExit as e:
+        code = e.code
+    out = capsys.readouterr().out
+    assert code == 0 and out.strip() and "``" not in out
+    if command == "sft":
+        assert "group size" not in out and "preset" not in out
