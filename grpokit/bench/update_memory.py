@@ -183,14 +183,23 @@ class _Parts:
 
 
 def measure(
-    variants: list[str], *, layers: int = 2, steps: int = 2, beta: float = 0.04, overrides: list[str] = ()
+    variants: list[str],
+    *,
+    layers: int = 2,
+    steps: int = 2,
+    beta: float = 0.04,
+    overrides: list[str] | tuple[str, ...] = (),
+    model: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """``measure_variant`` of each variant in its own process; {"variants": {name: result}, "ratios": ...}."""
+    """``measure_variant`` of each variant in its own process: {"variants": {name: result}, and
+    "padded_over_packed": the peak's and the update time's ratios}. ``model``: other Qwen2 dimensions."""
     results = {}
     for variant in variants:
         print(f"grpokit bench --memory: {variant} (its own process)", file=sys.stderr, flush=True)
         cmd = [sys.executable, "-m", "grpokit.bench.update_memory", variant, "--layers", str(layers)]
         cmd += ["--steps", str(steps), "--beta", str(beta)]
+        if model is not None:
+            cmd += ["--model", json.dumps(model)]
         for o in overrides:
             cmd += ["--set", o]
         done = subprocess.run(cmd, capture_output=True, text=True)
@@ -253,8 +262,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--beta", type=float, default=0.04)
     ap.add_argument("--set", action="append", default=[])
+    ap.add_argument("--model", type=json.loads, help="Qwen2 config keys as JSON (default QWEN_FEW_LAYERS)")
     a = ap.parse_args(argv)
-    result = measure_variant(a.variant, layers=a.layers, steps=a.steps, beta=a.beta, overrides=a.set)
+    result = measure_variant(
+        a.variant, layers=a.layers, steps=a.steps, beta=a.beta, overrides=a.set, model=a.model
+    )
     print("RESULT " + json.dumps(result), flush=True)
     return 0
 

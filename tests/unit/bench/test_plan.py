@@ -99,3 +99,21 @@ def test_the_update_memory_bench_measures_a_packed_update_and_predicts_it():
         == 4 * n + buffers
     )
     assert r["peak_bytes"] > 0 and r["median_update_s"] > 0 and r["micro_batch_rows"] == 4  # one packed micro
+
+
+@pytest.mark.slow
+def test_the_memory_bench_runs_each_variant_in_its_own_process_and_prints_the_table(capsys):
+    from grpokit.bench.update_memory import VARIANTS, measure, print_memory_table
+
+    dims = dict(MODEL_SHAPES["tiny"], tie_word_embeddings=True)
+    result = measure(list(VARIANTS), steps=2, model=dims)
+    assert set(result["variants"]) == {"padded", "packed"}
+    padded, packed = result["variants"]["padded"], result["variants"]["packed"]
+    assert padded["roles"] == packed["roles"]  # the same weights, gradients, AdamW, reference
+    # the default long tail: 8 rows of 16 + 4..24 tokens and one of 16 + 256; padded 8 x 272 positions
+    assert padded["predicted"]["largest_micro_batch_positions"] == 8 * 272
+    assert packed["predicted"]["largest_micro_batch_positions"] < 8 * 272 / 4
+    assert result["padded_over_packed"]["peak"] > 0
+    print_memory_table(result)
+    out = capsys.readouterr().out
+    assert "padded / packed: peak" in out and "policy optimizer" in out
