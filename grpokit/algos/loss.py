@@ -296,7 +296,8 @@ def _at_least_one(n: int | float | Tensor, like: Tensor) -> Tensor:
 
 # Policy losses by name. A loss is called for each micro-batch as
 #   fn(logprobs, old_logprobs, advantages, completion_mask, *, ref_logprobs, num_sequences, num_tokens,
-#      eps_low, eps_high, ratio_level, dual_clip, agg, norm_len, beta, kl_kind) -> (loss, metrics)
+#      sample_logprobs, **AlgoSettings.loss_kwargs() (eps_low, eps_high, ratio_level, dual_clip, agg, norm_len, beta,
+#      kl_kind, surrogate, ...), and entropy_mask / cov_mask when those masks are on) -> (loss, metrics)
 # with the shapes of `policy_loss` (advantages (B,) or (B, T)); it must normalise by the global
 # num_sequences / num_tokens so micro-batches sum to the mini-batch loss. metrics: detached 0-d tensors,
 # averaged over the call's tokens (they are logged under their own names). Take **kwargs to ignore the
