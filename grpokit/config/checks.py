@@ -94,7 +94,7 @@ def check_settings_in_use(cfg: Any) -> None:
     """Settings changed from their default in a part that is off would be silently ignored: refused, as
     critic.* without a critic is: lora.* without lora.enabled, the multi-turn rollout.* settings without
     rollout.tools or rollout.environment, the fast engine's cache settings with rollout.engine=hf, rollout.vllm.*
-    without rollout.engine=vllm. Checked when a trainer starts (a Python API user may set rollout.tools in code after load_config)."""
+    without rollout.engine=vllm, optim.micro_batch_tokens without packing. Checked when a trainer starts (a Python API user may set rollout.tools in code after load_config)."""
     lora = [f.name for f in dataclasses.fields(cfg.lora) if f.name != "enabled"]
     checks = [(cfg.lora, "lora", lora, cfg.lora.enabled, "lora.enabled=true")]
     r = getattr(cfg, "rollout", None)
@@ -112,6 +112,10 @@ def check_settings_in_use(cfg: Any) -> None:
         if hasattr(r, "vllm"):
             vllm = [f.name for f in dataclasses.fields(r.vllm)]
             checks.append((r.vllm, "rollout.vllm", vllm, r.engine == "vllm", "rollout.engine=vllm"))
+    o = getattr(cfg, "optim", None)
+    if o is not None and hasattr(o, "micro_batch_tokens"):
+        packing = o.packing or bool(getattr(getattr(cfg, "sft", None), "packing", False))
+        checks.append((o, "optim", ["micro_batch_tokens"], packing, "optim.packing=true (grpokit sft: or sft.packing)"))
     for section, prefix, names, on, how in checks:
         if on:
             continue

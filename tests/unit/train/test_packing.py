@@ -405,3 +405,18 @@ def test_a_ppo_trainer_step_packed_gives_the_padded_gradients(tmp_path):
             assert float((a - b).abs().max()) <= 1e-5 * float(a.abs().max()) + 1e-8, part
     assert m1["loss"] == pytest.approx(m0["loss"], rel=1e-5, abs=1e-7)
     assert m1["critic/value_loss"] == pytest.approx(m0["critic/value_loss"], rel=1e-5)
+
+
+def test_a_token_budget_without_packing_is_refused_not_ignored():
+    from grpokit.config.checks import check_settings_in_use
+    from grpokit.config.sft import load_sft_config
+    from grpokit.core.errors import ConfigError
+
+    with pytest.raises(
+        ConfigError, match=r"optim.micro_batch_tokens=2048: taken only with optim.packing=true"
+    ):
+        check_settings_in_use(load_config(None, ["optim.micro_batch_tokens=2048"]))
+    check_settings_in_use(load_config(None, ["optim.micro_batch_tokens=2048", "optim.packing=true"]))
+    check_settings_in_use(load_sft_config(None, ["optim.micro_batch_tokens=2048", "sft.packing=true"]))
+    with pytest.raises(ConfigError, match="micro_batch_tokens"):
+        check_settings_in_use(load_sft_config(None, ["optim.micro_batch_tokens=2048"]))
