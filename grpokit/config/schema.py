@@ -157,8 +157,8 @@ class VLLMConfig:
     )
     check_weights: bool = setting(
         True,
-        """After each push, and before each rollout meant to see current weights, compare the engine's readable
-        weights (embedding, norms, LM head) with the trainer's; a difference stops the run (WeightSyncError).""",
+        """After each push, compare the engine's readable weights (embedding, norms, LM head) with the trainer's
+        and its log-probs of a probe sequence with the trainer's; a difference stops the run (WeightSyncError).""",
     )
     cpu_kv_cache_gib: int = setting(
         1,
