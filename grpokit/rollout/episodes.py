@@ -6,6 +6,9 @@ rollout is a batch of episodes (grpokit.rollout.multiturn) instead of single com
       max_turns: 4                             # model turns per episode
       max_new_tokens: 128                      # per model turn
       max_episode_tokens: 0                    # everything after the prompt, tool tokens too (0: max_turns x max_new_tokens)
+      episode_timeout_s: 60                    # an episode's tool calls / environment steps in all
+      step_timeout_s: 300                      # a rollout's waiting on tools and environments in all
+      env_timeout_s: 60                        # one reset or step of rollout.environment, in its own worker
 
 What changes for the rest of the trainer: nothing but the Rollout it gets, whose ``completion_mask`` holds
 the model's own tokens only (loss, KL, entropy, advantages, metrics) and ``context_mask`` every token

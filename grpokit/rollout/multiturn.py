@@ -9,6 +9,14 @@ environment says done (for tools: a turn with no call), at ``max_turns``, or whe
 fit the total token budget ``max_episode_tokens`` (the last two set the truncation flag; so does a turn
 cut at ``max_new_tokens`` without its EOS).
 
+No model output and no environment ends or stalls the rollout: an episode whose environment (tools
+included) has taken ``episode_budget_s`` in all, or when the rollout has waited ``step_budget_s`` on
+environments, ends (truncated, ``over_budget``); an environment that raises, hangs past its worker's clock,
+crashes or answers something that is not an answer (grpokit.rollout.envs.check_step) fails its episode
+(``failed``: a message naming the environment, the method and the row); the others go on, and the caller
+decides what the failures mean (grpokit.rollout.episodes: the reward functions' failure-fraction rule).
+What comes back is data: its text is encoded as plain text (grpokit.core.chat_text).
+
 Token ids, not text, are the record (ALGORITHMS.md sec. 11: re-tokenising a transcript does not give the
 sampled ids back). The model's ids are kept exactly as generated, with their sampling log-probs; what comes
 back is rendered by the chat template as a delta (:class:`ChatDelta`) and tokenized on its own. The
