@@ -254,3 +254,32 @@ def test_token_line_is_cleared_on_a_step_change_and_nothing_is_clipped_at_800_px
         assert _errors(browser) == []
     finally:
         browser.set_window_size(1500, 1100)
+
+
+def test_curves_smoothing_chosen_metric_and_one_cursor(runs, browser, tmp_path):
+    """The curves' controls: smoothing (TensorBoard's debiased moving average, computed here by hand), a
+    panel for any logged metric, and one cursor for every panel."""
+    from selenium.webdriver.common.action_chains import ActionChains
+
+    a, _, page = runs
+    browser.get(page.as_uri())
+    time.sleep(0.5)
+    raw = browser.execute_script("return window.grpokitView.charts[0].data[1].slice()")
+    browser.execute_script(
+        "const s = document.getElementById('smoothing'); s.value = '0.5'; s.dispatchEvent(new Event('input'));"
+    )
+    smoothed = browser.execute_script("return window.grpokitView.charts[0].data[1].slice()")
+    v = [x for x in raw if x is not None]
+    s = [x for x in smoothed if x is not None]
+    assert s[0] == pytest.approx(v[0], rel=1e-9)  # debiased: the first point is itself
+    assert s[1] == pytest.approx((0.5 * 0.5 * v[0] + 0.5 * v[1]) / (1 - 0.25), rel=1e-9)
+    Select(browser.find_element(By.ID, "metric-select")).select_by_value("kl")
+    labels = [e.text for e in browser.find_elements(By.CSS_SELECTOR, "#chart-chosen .u-legend .u-label")]
+    assert any("kl" in label for label in labels), labels
+    first, second = browser.find_elements(By.CSS_SELECTOR, "#charts .chart .u-over")[:2]
+    ActionChains(browser).move_to_element(first).perform()
+    time.sleep(0.2)
+    shown = browser.find_elements(By.CSS_SELECTOR, "#charts .chart")[1].find_element(By.CSS_SELECTOR, ".u-legend .u-value").text
+    assert shown not in ("", "--"), shown  # the second panel follows the cursor of the first
+    assert _errors(browser) == []
+    _shot(browser, "curves_controls", tmp_path)

@@ -72,13 +72,36 @@
     { title: "grad norm (before clipping)", keys: () => ["grad_norm"] },
     { title: "learning rate", keys: () => ["lr"] },
   ];
+  // any logged metric, chosen in the curves' controls, gets a panel of its own
+  const ALL_KEYS = Array.from(new Set(RUNS.flatMap((r) => Object.keys(r.metrics.cols)))).sort();
+  const chosen = { key: "", smoothing: 0 };
+  const charts = []; // the uPlot instances (tests read them through window.grpokitView)
+  window.grpokitView = { charts: charts };
+  function smooth(values, weight) {
+    // TensorBoard's smoothing: an exponential moving average over the logged points, debiased at the start;
+    // gaps (null) stay gaps
+    if (!weight) return values;
+    let last = 0;
+    let n = 0;
+    return values.map((v) => {
+      if (v === null || v === undefined || Number.isNaN(v)) return v;
+      last = last * weight + (1 - weight) * v;
+      n += 1;
+      return last / (1 - Math.pow(weight, n));
+    });
+  }
   let chartsDrawn = false;
   function drawCharts() {
     if (chartsDrawn) return;
     chartsDrawn = true;
     const box = $("charts");
+    box.innerHTML = "";
+    charts.splice(0).forEach((u) => u.destroy());
+    const old = $("not-logged");
+    if (old) old.remove();
     const missing = [];
-    PANELS.forEach((panel, p) => {
+    const panels = chosen.key ? [{ title: "chosen: " + chosen.key, keys: () => [chosen.key], chosen: true }, ...PANELS] : PANELS;
+    panels.forEach((panel, p) => {
       const lines = [];
       RUNS.forEach((run, r) => {
         const keys = panel.keys(run);
@@ -90,12 +113,12 @@
         });
       });
       if (!lines.length) {
-        missing.push(panel.title); // an SFT run has no KL, entropy, clipping...: no empty panel for each
+        if (!panel.chosen) missing.push(panel.title); // an SFT run has no KL, entropy...: no empty panel for each
         return;
       }
       const div = document.createElement("div");
       div.className = "chart";
-      div.id = "chart-" + p;
+      div.id = panel.chosen ? "chart-chosen" : "chart-" + PANELS.indexOf(panel);
       div.innerHTML = `<h3>${esc(panel.title)}</h3>`;
       box.appendChild(div);
       const xs = Array.from(new Set(lines.flatMap((l) => l.src.step))).sort((a, b) => a - b);
@@ -104,7 +127,7 @@
       const keyIndex = {};
       lines.forEach((l) => {
         const at = new Map(l.src.step.map((s, i) => [s, l.src.cols[l.key][i]]));
-        data.push(xs.map((x) => (at.has(x) ? at.get(x) : null)));
+        data.push(smooth(xs.map((x) => (at.has(x) ? at.get(x) : null)), l.points ? 0 : chosen.smoothing));
         if (!(l.label in keyIndex)) keyIndex[l.label] = Object.keys(keyIndex).length;
         const colour = PALETTE[(keyIndex[l.label] + (RUNS.length > 1 ? 0 : 0)) % PALETTE.length];
         series.push({
@@ -121,12 +144,27 @@
       const axes = [{ label: "step", incrs: [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000] }, { size: 60, values: (u, vals) => vals.map(tick) }];
       // a flat series (all 0) gets a small range around its value instead of uPlot's 0..100
       const yRange = (u, min, max) => (min === max ? [min - (Math.abs(min) || 1) * 0.1, max + (Math.abs(max) || 1) * 0.1] : uPlot.rangeNum(min, max, 0.1, true));
-      new uPlot({ width: width, height: 220, series: series, scales: { x: { time: false }, y: { range: yRange } }, axes: axes, legend: { live: true } }, data, div);
+      // one cursor for every panel: hovering a step in one shows that step in all (cursor.sync)
+      const cursor = { sync: { key: "grpokit-steps", setSeries: false } };
+      charts.push(new uPlot({ width: width, height: 220, series: series, scales: { x: { time: false }, y: { range: yRange } }, axes: axes, legend: { live: true }, cursor: cursor }, data, div));
     });
     if (missing.length) {
       box.insertAdjacentHTML("afterend", `<p id="not-logged" class="muted">not logged by ${RUNS.length > 1 ? "these runs" : "this run"}: ${missing.map(esc).join("; ")}</p>`);
     }
   }
+
+  $("metric-select").innerHTML = `<option value="">(none)</option>` + ALL_KEYS.map((k) => `<option value="${esc(k)}">${esc(k)}</option>`).join("");
+  $("metric-select").addEventListener("change", (e) => {
+    chosen.key = e.target.value;
+    chartsDrawn = false;
+    drawCharts();
+  });
+  $("smoothing").addEventListener("input", (e) => {
+    chosen.smoothing = +e.target.value;
+    $("smoothing-value").textContent = chosen.smoothing.toFixed(2);
+    chartsDrawn = false;
+    drawCharts();
+  });
 
   // ------------------------------------------------------------------------------------------- step browser
   const state = { run: 0, step: 0, group: null, row: null, quantity: "adv_x_ratio" };
@@ -141,7 +179,7 @@
     ["kl", "KL to the reference (per token)", "high", 0],
     ["loss", "per-token loss term", "diverging", 0],
     ["step_rewards", "step reward (process supervision)", "diverging", 0],
-    ["loss_mask", "trained (0 = masked: tool tokens, DAPO truncation)", "low", 1],
+    ["loss_mask", "trained (1; 0 = masked: tool tokens, DAPO truncation)", "high", 0],
   ];
   const decoded = new Map();
   function b64(s, Type) {
