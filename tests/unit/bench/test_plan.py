@@ -77,6 +77,7 @@ def test_plan_says_a_full_bf16_kahan_1_5b_fits_16_gib_only_with_the_optimizer_of
         ModelDims.from_file(tmp_path / "nothing.json")
 
 
+@pytest.mark.slow
 def test_the_update_memory_bench_measures_a_packed_update_and_predicts_it():
     """grpokit bench --memory's one variant, in this process, on a tiny Qwen2 (the real run uses the
     151,936-word vocabulary): the roles it reads are the parameters' bytes; the plan predicts the same."""
