@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from grpokit.rewards.sandbox import SandboxLimits, resolve_isolation, run_program
-from grpokit.rollout.tools.runner import Stopped
+from grpokit.rollout.tools.results import Stopped
 
 TOOL_LIMITS = SandboxLimits(wall_s=5.0, cpu_s=5.0, max_output_bytes=1 << 16)
 """The python tool's default limits: shorter than the code rewards' (a call happens inside a rollout)."""
@@ -18,7 +18,7 @@ TOOL_LIMITS = SandboxLimits(wall_s=5.0, cpu_s=5.0, max_output_bytes=1 << 16)
 
 def make_python_tool(limits: SandboxLimits = TOOL_LIMITS, isolation: str = "auto") -> Callable[[str], str]:
     """A ``python(code) -> str`` tool: what the program prints (stdout, then stderr), or why it stopped
-    (past its wall clock: a :class:`~grpokit.rollout.tools.runner.Stopped` result, counted as a timeout).
+    (past its wall clock: a :class:`~grpokit.rollout.tools.results.Stopped` result, counted as a timeout).
     Its time budget in the ToolRunner (rollout.tool_timeout) should exceed ``limits.wall_s``."""
     resolve_isolation(isolation)  # raises now where `auto`/`namespaces` cannot be honoured
 

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from grpokit.core.chat_text import clean_text, cut_text
 from grpokit.core.workers import OutputTail, fork_worker, limit_address_space, resident_bytes
 from grpokit.rollout.tools.parsers import ToolCall
+from grpokit.rollout.tools.results import Stopped
 from grpokit.rollout.tools.spec import Tool, check_arguments, echo
 
 _HEADER = struct.Struct("<Q")
@@ -86,11 +87,6 @@ def _write_frame(fd: int, obj: object, deadline: float | None = None) -> None:
             if wait <= 0 or not select.select([], [fd], [], wait)[1]:
                 raise TimeoutError
         view = view[os.write(fd, view[: 1 << 16]) :]
-
-
-class Stopped(str):
-    """A tool's result saying that the tool's own clock stopped it (the python tool's sandbox clock): the
-    model reads it as any result, and the call counts in tools/timeouts."""
 
 
 def _serve(

@@ -7,7 +7,7 @@ import os
 import pytest
 
 from grpokit.rollout.tools import ToolCall, ToolRunner, check_arguments, hermes, load_tools
-from grpokit.rollout.tools.runner import Stopped
+from grpokit.rollout.tools.results import Stopped
 from grpokit.rollout.tools.spec import ECHO_CHARS
 
 
