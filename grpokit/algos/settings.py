@@ -26,6 +26,7 @@ from grpokit.core.intervals import in_interval
 from .advantages import ADVANTAGE_ALIASES, ADVANTAGES, CRITIC_ADVANTAGES
 from .kl import KL_KINDS
 from .loss import AGG_MODES, COV_PENALTIES, LOSSES, RATIO_LEVELS
+from .multi_reward import REWARD_AGGREGATIONS
 from .objectives import SURROGATES, TOKEN_ONLY
 
 
@@ -57,6 +58,10 @@ def _ratio_levels() -> tuple[str, ...]:
 
 def _surrogates() -> tuple[str, ...]:
     return SURROGATES
+
+
+def _reward_aggregations() -> tuple[str, ...]:
+    return REWARD_AGGREGATIONS
 
 
 def _cov_penalties() -> tuple[str, ...]:
@@ -93,6 +98,12 @@ class AdvantageSettings:
     )
     std_eps: float = knob(
         1e-6, "Added to the std before dividing (TRL: 1e-4).", interval="[0, inf)", example=1e-4
+    )
+    reward_aggregation: str = knob(
+        "sum_then_normalize",
+        "Several rewards: sum_then_normalize (the weighted sum goes to the estimator) | normalize_then_sum (GDPO: "
+        "each reward normalised within its group first, std_eps 1e-4; TRL multi_objective_aggregation).",
+        choices=_reward_aggregations,
     )
 
 

@@ -350,6 +350,7 @@ class AlgoConfig:
     advantage: str | None = algo_knob("advantage")
     std_ddof: int | None = algo_knob("std_ddof")
     std_eps: float | None = algo_knob("std_eps")
+    reward_aggregation: str | None = algo_knob("reward_aggregation")
     surrogate: str | None = algo_knob("surrogate")
     eps_low: float | None = algo_knob("eps_low")
     eps_high: float | None = algo_knob("eps_high")

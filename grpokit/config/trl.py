@@ -26,7 +26,8 @@ The second generation (issue 35): loss_type cispo and sapo choose algo.surrogate
 of the weight itself, grpokit's 1 + eps_high), off_policy_mask_threshold is algo.off_policy_mask (its KL is to the
 sampler's log-probs, as TRL's sampling_per_token_logps), use_bias_correction_kl with beta > 0 is
 algo.kl_is_correction, top_entropy_quantile is algo.top_entropy_quantile; vespo (+ its k / lambda) is
-algo.surrogate=vespo. The entropy bonus is refused.
+algo.surrogate=vespo; multi_objective_aggregation=normalize_then_sum (GDPO) is algo.reward_aggregation with the
+batch-whitened advantage TRL then takes. The entropy bonus is refused.
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ TRL_DEFAULTS: dict[str, Any] = {
     "importance_sampling_level": "token", "loss_type": "dapo", "scale_rewards": "group",
     "sapo_temperature_pos": 1.0, "sapo_temperature_neg": 1.05, "off_policy_mask_threshold": None,
     "use_bias_correction_kl": True, "top_entropy_quantile": 1.0, "vespo_k_pos": 2.0, "vespo_lambda_pos": 3.0,
-    "vespo_k_neg": 3.0, "vespo_lambda_neg": 2.0,
+    "vespo_k_neg": 3.0, "vespo_lambda_neg": 2.0, "multi_objective_aggregation": "sum_then_normalize",
     "mask_truncated_completions": False, "gradient_checkpointing": True, "shuffle_dataset": True,
     "logging_steps": 10, "save_steps": 500, "save_total_limit": None, "eval_steps": None,
     "eval_strategy": "no", "report_to": "none", "log_completions": False, "output_dir": "trainer_output",
@@ -83,7 +84,6 @@ _vllm): accepted, ignored."""
 
 REFUSED_UNLESS_DEFAULT: dict[str, tuple[Any, str]] = {
     "delta": (None, "no two-sided clip; algo.dual_clip is another rule (a bound for negative advantages)"),
-    "multi_objective_aggregation": ("sum_then_normalize", "rewards are summed then normalised (sum_then_normalize)"),
     "min_p": (None, "not implemented in grpokit's samplers (rollout.top_p / top_k are)"),
     "repetition_penalty": (1.0, "not implemented in grpokit's samplers; it would also make the sampling "
                                 "distribution differ from the policy whose log-probs the loss uses"),
@@ -239,6 +239,13 @@ def from_trl(values: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
         out["algo"].update({key: float(v[key]) for key in ("vespo_k_pos", "vespo_lambda_pos", "vespo_k_neg", "vespo_lambda_neg")})
         if v["importance_sampling_level"] != "token":
             raise ConfigError("TRL loss_type='vespo' builds its own sequence weight: set importance_sampling_level: token")
+    aggregation = v["multi_objective_aggregation"]
+    if aggregation not in ("sum_then_normalize", "normalize_then_sum"):
+        raise ConfigError(
+            f"TRL multi_objective_aggregation={aggregation!r}: choose sum_then_normalize or normalize_then_sum"
+        )
+    if aggregation == "normalize_then_sum":  # GDPO: per-reward group normalisation, then the batch's (TRL's code)
+        out["algo"].update(reward_aggregation=aggregation, advantage="batch_whiten")
     if float(v["top_entropy_quantile"]) < 1:
         out["algo"]["top_entropy_quantile"] = float(v["top_entropy_quantile"])
         notes.append(

@@ -14,6 +14,7 @@ import torch
 
 from grpokit.algos import AlgoSettings, compute_advantages, kl_estimate
 from grpokit.algos.advantages import group_local
+from grpokit.algos.multi_reward import normalize_then_sum
 from grpokit.rollout.batch import ScoredBatch
 from grpokit.train.distributed import Distributed
 from grpokit.train.update import loss_mask
@@ -29,15 +30,20 @@ def batch_advantages(
     *,
     device: torch.device,
     dist: Distributed,
+    reward_weights: dict[str, float] | None = None,
 ) -> torch.Tensor:
     """(N,) or (N, Lc) advantages of this rank's ``batch``. old/ref log-probs (N, Lc) or None, as
     PolicyUpdate.rollout_logprobs gives them; values (N, Lc): PPO's critic. With a KL in the reward
     (algo.kl.reward_coef > 0) the estimator also gets k1 = old - ref per token, the sampling policy's KL to
-    the reference. Rows no reward function scored get 0 and stay out of the statistics."""
+    the reference. Rows no reward function scored get 0 and stay out of the statistics. With
+    algo.reward_aggregation=normalize_then_sum (GDPO) the estimator gets, instead of the weighted sum, the sum of
+    each reward normalised within its group, weighted by ``reward_weights`` (name -> weight of batch.per_function)."""
     d = device
     kl_coef = algo.kl.reward_coef
     kl = kl_estimate(old_logprobs, ref_logprobs, "k1").to(d) if kl_coef > 0 else None  # (N, Lc)
     rewards = batch.rewards.to(d)  # (N,)
+    if algo.advantage.reward_aggregation == "normalize_then_sum":
+        rewards = gdpo_rewards(batch, reward_weights, group_size).to(d)  # (N,)
     completion_mask = batch.rollout.completion_mask.to(d)  # (N, Lc)
     inputs = {
         "completion_mask": completion_mask,
@@ -65,3 +71,17 @@ def batch_advantages(
     )
     mine = dist.my_share(full)  # (n,) or (n, L_global)
     return mine[:, : completion_mask.shape[1]] if mine.dim() == 2 else mine
+
+
+def gdpo_rewards(batch: ScoredBatch, weights: dict[str, float] | None, group_size: int) -> torch.Tensor:
+    """(N,) GDPO's total reward of ``batch`` (grpokit.algos.multi_reward.normalize_then_sum): its per-function
+    values (None -> NaN) normalised within each group, weighted by ``weights`` and summed."""
+    names = list(batch.per_function)
+    if weights is None or set(names) - set(weights):
+        raise ValueError(
+            f"algo.reward_aggregation=normalize_then_sum needs the weight of every reward {names}; got {weights}"
+        )
+    table = [[float("nan") if v is None else float(v) for v in batch.per_function[name]] for name in names]
+    per_function = torch.tensor(table, dtype=torch.float64).T.reshape(len(batch.texts), len(names))  # (N, K)
+    w = torch.tensor([float(weights[name]) for name in names], dtype=torch.float64)  # (K,)
+    return normalize_then_sum(per_function, w, group_size).to(batch.rewards.dtype)

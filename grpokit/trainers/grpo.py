@@ -152,6 +152,7 @@ class GRPOTrainer:
         reward_functions, renamed = self._reward_functions(reward_functions)
         check_reward_columns(self.train_rows, reward_functions, cfg.data.train or "train_rows")  # e.g. the answers
         self.reward_names = [name for name, _, _ in reward_functions]
+        self.reward_weights = {name: float(weight) for name, _, weight in reward_functions}  # GDPO's weights
         # grpo_process needs a reward that scores steps (or an environment's per-turn rewards)
         check_process_setup(self.algo, reward_functions, turn_rewards=bool(cfg.rollout.environment))
         # multi-turn rollouts (rollout.tools / rollout.environment): bad tools fail before the model loads
@@ -321,7 +322,8 @@ class GRPOTrainer:
         values = self.critic.values(batch.rollout) if self.critic else None  # (N, Lc) PPO, else None
         G = cfg.rollout.group_size
         advantages = batch_advantages(  # (N,) or (N, Lc)
-            batch, self.algo, G, old_logprobs, ref_logprobs, values, device=device, dist=dist
+            batch, self.algo, G, old_logprobs, ref_logprobs, values, device=device, dist=dist,
+            reward_weights=self.reward_weights,
         )
         # the steps whose rollouts are saved: the update records its per-token numbers (grpokit.rollout.record)
         sampled = cfg.train.samples_every and (step + 1) % cfg.train.samples_every == 0

@@ -36,7 +36,12 @@ def distinct_characters(completions, **kw):
     return [float(len(set(c))) for c in completions]
 
 
-def trainer(out, *overrides: str) -> GRPOTrainer:
+def length_reward(completions, **kw):
+    """A second reward on another scale (characters), for GDPO's per-reward normalisation."""
+    return [float(len(c)) for c in completions]
+
+
+def trainer(out, *overrides: str, rewards=None) -> GRPOTrainer:
     model, tok = make_tiny_model("qwen2", seed=0)
     cfg = load_config(
         None,
@@ -49,7 +54,7 @@ def trainer(out, *overrides: str) -> GRPOTrainer:
             *overrides,
         ],
     )
-    rewards = [("distinct_characters", distinct_characters, 1.0)]
+    rewards = rewards or [("distinct_characters", distinct_characters, 1.0)]
     return GRPOTrainer(cfg, model=model, tokenizer=tok, train_rows=ADDITION_ROWS, reward_functions=rewards)
 
 
@@ -106,3 +111,37 @@ def test_the_masks_chosen_over_the_mini_batch_leave_the_gradient_unchanged_by_th
     assert len(grads[16]) == len(grads[1]) > 0
     for a, b in zip(grads[16], grads[1]):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.slow
+def test_gdpo_trains_on_two_rewards_of_different_scales(tmp_path):
+    """algo.reward_aggregation=normalize_then_sum with the batch-whitened advantage (TRL's GDPO): the advantages
+    are those of the per-reward group z-scores summed, not of the summed rewards."""
+    from grpokit.algos.advantages import batch_whitened_advantages
+    from grpokit.algos.multi_reward import normalize_then_sum
+    from grpokit.train import advantages as step_advantages
+
+    rewards = [("distinct_characters", distinct_characters, 1.0), ("length_reward", length_reward, 0.5)]
+    knobs = [
+        "algo.reward_aggregation=normalize_then_sum",
+        "algo.advantage=batch_whiten",
+        "rollout.group_size=4",
+    ]
+    run = trainer(tmp_path, *knobs, "rollout.max_new_tokens=8", rewards=rewards)
+    seen = []
+    original = step_advantages.gdpo_rewards
+    step_advantages.gdpo_rewards = lambda batch, w, G: seen.append((batch, w)) or original(batch, w, G)
+    try:
+        before = [p.detach().clone() for p in run.model.parameters()]
+        run.train()
+    finally:
+        step_advantages.gdpo_rewards = original
+    assert seen and seen[0][1] == {"distinct_characters": 1.0, "length_reward": 0.5}
+    batch = seen[0][0]
+    table = torch.tensor([batch.per_function["distinct_characters"], batch.per_function["length_reward"]]).T
+    want = normalize_then_sum(table.double(), torch.tensor([1.0, 0.5], dtype=torch.float64), 4)
+    assert not torch.allclose(
+        batch_whitened_advantages(want), batch_whitened_advantages(batch.rewards.double())
+    )
+    moved = sum(float((p.detach() - b).abs().sum()) for p, b in zip(run.model.parameters(), before))
+    assert moved > 0

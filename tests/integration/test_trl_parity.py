@@ -241,7 +241,7 @@ def test_use_vllm_maps_to_the_vllm_engine_and_trls_importance_sampling_to_the_mi
         ({"repetition_penalty": 1.1}, "repetition_penalty=1.1 is not supported"),
         ({"use_vllm": True, "vllm_mode": "server"}, "vllm_mode='server': grpokit runs vLLM colocated"),
         ({"use_vllm": True, "vllm_tensor_parallel_size": 2}, "vllm_tensor_parallel_size=2"),
-        ({"multi_objective_aggregation": "normalize_then_sum"}, "sum_then_normalize"),
+        ({"multi_objective_aggregation": "mean"}, "choose sum_then_normalize or normalize_then_sum"),
         ({"reward_weights": [1, 2]}, "reward_weights needs the rewards"),
         ({"frobnicate": 1}, r"\['frobnicate'\] have no grpokit equivalent"),
         ({"model_init_kwargs": {"device_map": "auto"}}, r"model_init_kwargs \['device_map'\]"),

@@ -212,6 +212,37 @@ def test_vespo_is_trls_vespo():
     assert_same(ours, trl_loss(t, loss_type="vespo", vespo_k_pos=1.0, vespo_lambda_neg=0.5))
 
 
+def test_gdpo_is_trls_normalize_then_sum():
+    """TRL 1.16's normalize_then_sum (grpo_trainer.py, _generate_and_score_completions), written from its code:
+    each reward's group z-score (nanmean / nanstd, 1e-4), weighted nansum, then the batch's z-score; rows no reward
+    scored are NaN there and get advantage 0."""
+    from trl.trainer.utils import nanstd
+
+    from grpokit.algos.advantages import batch_whitened_advantages
+    from grpokit.algos.multi_reward import normalize_then_sum
+
+    G, K = 4, 3
+    g = torch.Generator().manual_seed(10)
+    per_function = torch.randn(3 * G, K, generator=g) * torch.tensor([1.0, 10.0, 0.1])  # three scales
+    per_function[1, 2] = float("nan")  # one reward did not apply
+    per_function[6] = float("nan")  # no reward scored this row
+    weights = torch.tensor([1.0, 0.5, 2.0])
+    grouped = per_function.view(-1, G, K)
+    z = (grouped - torch.nanmean(grouped, dim=1, keepdim=True)) / (
+        nanstd(grouped, dim=1, keepdim=True) + 1e-4
+    )
+    rewards = (z.view(-1, K) * weights).nansum(dim=1)
+    unscorable = torch.isnan(per_function).all(dim=1)
+    rewards[unscorable] = float("nan")
+    theirs = torch.nan_to_num((rewards - torch.nanmean(rewards)) / (nanstd(rewards) + 1e-4), nan=0.0)
+
+    ours = batch_whitened_advantages(
+        normalize_then_sum(per_function, weights, G), eps=1e-4, std_ddof=1, scored=~unscorable
+    )
+    torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-6)
+    assert ours[6] == 0 and ours.abs().sum() > 0
+
+
 @pytest.mark.parametrize("quantile", [0.2, 0.5])
 def test_top_entropy_quantile_is_trls(quantile):
     from grpokit.algos.masks import high_entropy_mask
@@ -258,6 +289,10 @@ def test_bias_corrected_kl_is_trls_use_bias_correction_kl():
         ),  # TRL's default use_bias_correction_kl=True
         ({"beta": 0.04, "use_bias_correction_kl": False}, {"kl_is_correction": False}),
         ({"top_entropy_quantile": 0.2}, {"top_entropy_quantile": 0.2}),
+        (
+            {"multi_objective_aggregation": "normalize_then_sum"},
+            {"reward_aggregation": "normalize_then_sum", "advantage": "batch_whiten", "std_eps": 1e-4},
+        ),
         (
             {"loss_type": "vespo", "vespo_k_neg": 4.0},
             {"surrogate": "vespo", "vespo_k_neg": 4.0, "agg": "token-mean"},

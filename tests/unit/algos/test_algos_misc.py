@@ -236,6 +236,7 @@ def test_every_preset_is_complete_and_cites_its_paper():
         "off_policy_mask",
         "top_entropy_quantile",
         "cov_penalty",
+        "reward_aggregation",
         "cov_ratio",
         "kl_cov_coef",
         "clip_cov_lb",
