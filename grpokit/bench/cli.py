@@ -35,6 +35,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
     problem = _check_algos(algos, args.compare)
     if problem:
         return fail(problem)
+    engines = [e.strip() for e in args.engine.split(",") if e.strip()]
+    bad = [e for e in engines if e not in ENGINES]
+    if bad or not engines:
+        return fail(f"--engine {args.engine}: {bad or 'none given'} not among {', '.join(ENGINES)}")
+    if len(engines) > 1 and (len(algos) > 1 or args.compare):
+        return fail("--engine with several engines compares engines: use one --algos preset and no --compare")
+    if len(engines) > 1:
+        return _cmd_engines(args, engines, algos[0], fail)
     try:
         if args.compare == "trl":
             check_trl(args.trl_python)  # before spending minutes on our side
@@ -147,6 +155,37 @@ def _cmd_memory(args: argparse.Namespace, fail) -> int:
     return 0
 
 
+def _cmd_engines(args: argparse.Namespace, engines: list[str], algo: str, fail) -> int:
+    """--engine hf,fast,vllm: the same model, shape and preset on each engine in turn; a table side by side."""
+    from grpokit.bench.report import print_engines_table
+
+    try:
+        size = args.model_size or ("tiny" if args.shape == "tiny" else "0.5b")
+        model_dir = Path(args.model_dir) if args.model_dir else build_random_model(size, args.cache_dir)
+        common = dict(
+            gradient_checkpointing=args.gradient_checkpointing, dtype=args.dtype, precision=args.precision,
+            kv_cache=args.kv_cache, cuda_graphs=args.cuda_graphs, device=args.device,
+        )  # fmt: skip
+        # the process's one-time costs on a tiny model first (the fast engine: vllm needs head_dim >= 32)
+        run_bench(build_random_model("tiny", args.cache_dir), "tiny", steps=1, algo=algo, engine="fast", **common)
+        results = {}
+        for engine in engines:
+            print(f"grpokit bench: rollout.engine={engine}", file=sys.stderr)
+            out_dir = Path(args.output_dir) / engine if args.output_dir else None
+            results[engine] = run_bench(
+                model_dir, args.shape, steps=args.steps, algo=algo, beta=args.beta, output_dir=out_dir,
+                overrides=args.set, memory_cap_gib=args.memory_cap_gib, engine=engine, **common,
+            )  # fmt: skip
+    except (BenchError, ValueError) as e:
+        return fail(str(e))
+    result = {"system": "grpokit", "engines": results}
+    print_engines_table(results)
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=2))
+    print("RESULT " + json.dumps(result), flush=True)
+    return 0
+
+
 def _cmd_sft_bench(args: argparse.Namespace, fail) -> int:
     """--mode sft: grpokit's SFTTrainer (and with --compare trl TRL's SFTTrainer) on an SFT shape."""
     from grpokit.bench.sft import SFT_SHAPES, compare_sft, print_sft_table, run_sft_bench, run_trl_sft
@@ -246,7 +285,12 @@ def add_bench_parser(subparsers) -> None:
         default="auto",
         help="optim.precision (grpokit.model.precision); bf16_mixed is what TRL's bf16=True does",
     )
-    p.add_argument("--engine", choices=ENGINES, default="fast")
+    p.add_argument(
+        "--engine",
+        default="fast",
+        help=f"rollout engine ({', '.join(ENGINES)}), or several comma-separated (hf,fast,vllm): each runs the "
+        "same model and shape in turn, side by side in one table (vllm needs vLLM installed)",
+    )
     p.add_argument("--kv-cache", choices=KV_CACHES, default="auto", help="fast engine's KV cache")
     p.add_argument("--no-cuda-graphs", dest="cuda_graphs", action="store_false")
     p.add_argument("--device", default="auto")

@@ -78,6 +78,30 @@ def print_table(result: dict[str, Any], file=None) -> None:
     Console(file=file or sys.stdout, width=max(100, shutil.get_terminal_size().columns)).print(table)
 
 
+def print_engines_table(results: dict[str, dict[str, Any]], file=None) -> None:
+    """Step time, its generation and update parts and completion tokens/s for each rollout engine, medians."""
+    from rich.console import Console
+    from rich.table import Table
+
+    first = next(iter(results.values()))
+    caption = (
+        f"shape {first['shape']}: {first['completions_per_step']} completions/step, prompt {first['prompt_len']}, "
+        f"completion {first['completion_len']} tokens; {first['n_params'] / 1e6:.1f}M params, precision "
+        f"{first['precision']}, {first['device']}; median of steps 2..{first['steps']}"
+    )
+    table = Table(title="grpokit bench: rollout engines", caption=caption)
+    table.add_column("")
+    for name in results:
+        table.add_column(name, justify="right")
+    meds = [r["median"] for r in results.values()]
+    table.add_row("s/step", *[_fmt(m["step_s"]) for m in meds])
+    for k in TIME_KEYS:
+        table.add_row(f"  {k} s", *[_fmt(m[f"{k}_s"]) for m in meds])
+    table.add_row("completion tokens/s", *[_fmt(m["tokens_per_s"]) for m in meds])
+    table.add_row("  during generation", *[_fmt(m["generation_tokens_per_s"]) for m in meds])
+    Console(file=file or sys.stdout, width=max(100, shutil.get_terminal_size().columns)).print(table)
+
+
 def print_algos_table(results: dict[str, dict[str, Any]], ratios: dict[str, dict], file=None) -> None:
     """Step time, measured peak and memory by role (GiB) for each algorithm, and the ratios to the first."""
     from rich.console import Console
