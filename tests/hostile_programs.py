@@ -371,8 +371,10 @@ def programs(token: str, port: int, caller_pid: int) -> list[tuple]:
         ),
         (
             "memory spread over processes",
-            "import os, time\nfor _ in range(4):\n    if os.fork() == 0:\n        x = bytearray(120 << 20)\n        time.sleep(3)\n        os._exit(0)\n"
-            "time.sleep(0.8)\ndef add(a, b): return a + b\n",
+            "import os, time\nr, w = os.pipe()\nfor _ in range(4):\n    if os.fork() == 0:\n        x = bytearray(120 << 20)\n"
+            "        os.write(w, b'x')\n        time.sleep(3)\n        os._exit(0)\n"
+            "for _ in range(4):\n    os.read(r, 1)  # every child holds its 120 MiB (a busy machine is slow to fill them)\n"
+            "time.sleep(0.2)\ndef add(a, b): return a + b\n",
             ADD_TESTS,
         ),
         # --- memory no process maps (memory_mb=256): all counted with the processes' own, or refused
