@@ -411,10 +411,10 @@ def read_state(folder: Path) -> dict[str, Any] | None:
             f"{path} is not valid JSON ({type(e).__name__}: {str(e).splitlines()[0][:120]}): it was changed "
             "outside grpokit; remove it to run the stage again, or --overwrite to rerun every stage"
         ) from None
-    if not isinstance(state, dict) or not isinstance(state.get("status"), str):
+    if not isinstance(state, dict):
         raise PipelineError(
-            f"{path} is not a stage state (no status): remove it to run the stage again, or --overwrite to "
-            "rerun every stage"
+            f"{path} is not a stage state (a JSON object): remove it to run the stage again, or --overwrite "
+            "to rerun every stage"
         )
     return state
 
