@@ -26,8 +26,7 @@ import shutil
 import sys
 import tempfile
 
-from grpokit.cli.rank import LAUNCHER_PID
-
+LAUNCHER_PID = "GRPOKIT_LAUNCHER_PID"  # the launcher's pid, for each rank to die with it (grpokit.cli.rank)
 COMMANDS = ("train", "sft", "demo")  # the grpokit commands that split their work over torchrun ranks
 SHUTDOWN_TIMEOUT_S = 600
 USAGE = (

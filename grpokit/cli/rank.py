@@ -14,7 +14,7 @@ import os
 import signal
 import sys
 
-LAUNCHER_PID = "GRPOKIT_LAUNCHER_PID"
+from grpokit.cli.launch import LAUNCHER_PID
 
 
 def die_with_launcher() -> None:
