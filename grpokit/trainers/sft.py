@@ -30,7 +30,12 @@ from grpokit.config.schema import ConfigError
 from grpokit.config.sft import SFTConfig, prompt_data_config, validated_sft
 from grpokit.data.prompts import DataError
 from grpokit.data.sft import collate, detect_format, encode_examples, load_sft_rows, prompt_rows
-from grpokit.model.loading import check_tokenizer_fits, eos_token_ids, read_model_config
+from grpokit.model.loading import (
+    check_tokenizer_fits,
+    eos_token_ids,
+    load_tokenizer_checked,
+    read_model_config,
+)
 from grpokit.model.logprobs import check_packed_attention, token_logprobs
 from grpokit.rollout.batch import PromptStream, length_sorted
 from grpokit.run.log import RunLogger
@@ -87,6 +92,11 @@ class SFTTrainer:
         )
         if model is None:
             read_model_config(cfg.model)  # a missing folder or an unreachable hub fails here, in seconds
+        if model is None and tokenizer is None:
+            # every training row tokenized with the model's tokenizer before the weights load: a row that
+            # cannot be used (too long, no completion) fails in seconds, not after minutes of loading
+            early = load_tokenizer_checked(cfg.model)
+            encode_examples(self.train_rows, early, cfg.data, cfg.sft.loss_on, self.sources[0])
         resume_from = self.run.pick_checkpoint(resume, allow_changed_config)  # None without resume
 
         # the model, and every row tokenized (a bad row fails here, before any step)

@@ -99,3 +99,26 @@ def test_sample_names_a_missing_reward_column_before_the_model_loads(tmp_path, m
     ])  # fmt: skip
     err = capsys.readouterr().err
     assert code == 2 and "answer" in err and "prompts.jsonl" in err and "no_such_model_folder" not in err, err
+
+
+def test_sft_names_a_bad_row_before_the_weights_load(tmp_path, monkeypatch, capsys):
+    """Every training row is tokenized with the model's tokenizer before its weights load: a row longer
+    than data.max_length is named before load_model is called (the old order loaded the model first, minutes
+    for a large one; the spy below stands for that load and fails if it is reached)."""
+    import grpokit.trainers.sft as sft_trainer
+
+    def load_reached(*args, **kwargs):
+        raise AssertionError("the model was loaded before the rows were checked")
+
+    monkeypatch.setattr(sft_trainer, "load_model", load_reached)
+    monkeypatch.chdir(tmp_path)
+    rows = ['{"prompt": "1+2=", "completion": "<answer>3</answer>"}', '{"prompt": "1+2=", "completion": "' + "9" * 80 + '"}']
+    (tmp_path / "sft.jsonl").write_text("\n".join(rows) + "\n")
+    from grpokit.demos.default import SHIPPED_DIR
+
+    code = main([
+        "sft", str(EXAMPLES / "sft-addition.yaml"), f"model.name_or_path={SHIPPED_DIR}", "data.train=sft.jsonl",
+        "--output-dir", str(tmp_path / "out"),
+    ])  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 2 and "data.max_length" in err and "sft.jsonl" in err, err
