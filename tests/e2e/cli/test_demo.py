@@ -155,3 +155,11 @@ def test_help_texts_carry_no_rst_markup(command, capsys):
     assert code == 0 and out.strip() and "``" not in out
     if command == "sft":
         assert "group size" not in out and "preset" not in out
+
+
+def test_demo_r1_takes_no_overrides(capsys):
+    """Its stages live in OUTPUT/pipeline.yaml; an override would be silently dropped, so it is refused."""
+    from grpokit.cli.main import main
+
+    assert main(["demo", "r1", "train.steps=3"]) == 2
+    assert "takes no overrides" in capsys.readouterr().err
