@@ -283,3 +283,21 @@ def test_curves_smoothing_chosen_metric_and_one_cursor(runs, browser, tmp_path):
     assert shown not in ("", "--"), shown  # the second panel follows the cursor of the first
     assert _errors(browser) == []
     _shot(browser, "curves_controls", tmp_path)
+
+
+def test_the_sampler_trainer_mismatch_has_its_panel(browser, tmp_path):
+    """sampler_kl and sampler_logprob_diff/mean (issue 41: any engine, vLLM's above all) share a panel."""
+    from grpokit.view.data import read_run
+    from grpokit.view.page import clean, write_page
+
+    run = tmp_path / "engine"
+    run.mkdir()
+    rows = [
+        {"step": s, "loss": 1.0, "sampler_kl": 1e-6 * s, "sampler_logprob_diff/mean": 1e-3 * s} for s in range(1, 6)
+    ]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    browser.get(write_page([clean(read_run(run))], run / "view.html").as_uri())
+    time.sleep(0.5)
+    assert _errors(browser) == []
+    titles = [h.text for h in browser.find_elements(By.CSS_SELECTOR, "#charts .chart h3")]
+    assert titles == ["sampler vs trainer: KL (k3) and mean |log-prob gap|", "loss"]

@@ -64,6 +64,8 @@
     { title: "accuracy: train, and held-out (eval.jsonl)", keys: () => ["accuracy"], evalKeys: ["accuracy"] },
     { title: "KL to the reference", keys: () => ["kl"] },
     { title: "entropy", keys: () => ["entropy"] },
+    // the rollout engine against the trainer (issue 41): KL(sampler || trainer) and the mean log-prob gap
+    { title: "sampler vs trainer: KL (k3) and mean |log-prob gap|", keys: () => ["sampler_kl", "sampler_logprob_diff/mean"] },
     { title: "completion length: correct vs incorrect", keys: () => ["completion_len/mean", "completion_len/correct", "completion_len/incorrect"] },
     { title: "clip fractions", keys: () => ["clip_frac", "clip_frac_low", "clip_frac_high"] },
     { title: "time per phase (s)", keys: () => ["time/generation", "time/scoring", "time/reference", "time/update", "time/step"] },
