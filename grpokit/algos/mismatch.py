@@ -94,7 +94,7 @@ def mismatch_sums(old_logprobs: Tensor, sampler_logprobs: Tensor, mask: Tensor) 
     Example: delta = (ln 2, 0) -> abs_diff = ln 2, kl_k1 = -ln 2, kl_k3 = (2 - 1 - ln 2) + 0 = 0.3069.
     """
     m = mask.to(torch.bool)
-    delta = (old_logprobs.detach().float() - sampler_logprobs.float())[m]  # (tokens,)
+    delta = (old_logprobs.detach().double() - sampler_logprobs.double())[m]  # (tokens,) float64: k3 ~ delta^2 / 2
     if not delta.numel():
         return {"abs_diff": 0.0, "max_abs_diff": 0.0, "kl_k1": 0.0, "kl_k3": 0.0, "tokens": 0.0}
     clamped = delta.clamp(-LOG_WEIGHT_CLAMP, LOG_WEIGHT_CLAMP)
@@ -102,6 +102,6 @@ def mismatch_sums(old_logprobs: Tensor, sampler_logprobs: Tensor, mask: Tensor) 
         "abs_diff": float(delta.abs().sum()),
         "max_abs_diff": float(delta.abs().max()),
         "kl_k1": float((-delta).sum()),
-        "kl_k3": float((clamped.exp() - 1 - clamped).sum()),
+        "kl_k3": float((torch.expm1(clamped) - clamped).sum()),
         "tokens": float(delta.numel()),
     }

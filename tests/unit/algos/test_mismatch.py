@@ -100,3 +100,13 @@ def test_mismatch_sums_by_hand():
 def test_mismatch_sums_of_nothing_are_zero():
     z = torch.zeros(1, 2)
     assert mismatch_sums(z, z, torch.zeros(1, 2))["tokens"] == 0.0
+
+
+def test_k3_of_tiny_gaps_is_their_half_square_not_float32_rounding():
+    """A float32 engine and trainer differ by ~1e-6 nats: k3 = exp(d) - 1 - d ~ d^2 / 2 = 5e-13 there, which
+    float32's exp(d) - 1 - d rounds to anything within ~1e-7 (before: sampler_kl 1.9e-8 on equal weights)."""
+    sampler = torch.full((1, 4), -2.0)
+    old = sampler + torch.tensor([[1e-6, -1e-6, 2e-6, 0.0]])
+    sums = mismatch_sums(old, sampler, torch.ones(1, 4))
+    delta = (old.double() - sampler.double())[0]  # the float32 inputs' own differences
+    assert sums["kl_k3"] == pytest.approx(float((delta**2 / 2).sum()), rel=1e-3)
