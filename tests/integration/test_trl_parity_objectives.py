@@ -8,9 +8,7 @@ whole batch's, as grpokit's always are. Tolerance: rtol 1e-5 / atol 1e-7 in floa
 
 from __future__ import annotations
 
-import sys
 from collections import defaultdict
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -61,23 +59,9 @@ def batch(seed: int = 0) -> dict[str, torch.Tensor]:
 
 
 def grpo_trainer_class():
-    """trl.GRPOTrainer, imported with tests/ off sys.path: pytest puts tests/ there (tests/conftest.py), where the
-    folder tests/vllm looks like a `vllm` package without a version to TRL's is_vllm_available, and importing
-    TRL's trainer then fails with "Invalid version: 'N/A'"."""
-    tests_dir = Path(__file__).resolve().parents[1]
-    saved_path = list(sys.path)
-    shadow = sys.modules.get("vllm")
-    if (
-        shadow is not None and getattr(shadow, "__file__", None) is None
-    ):  # the folder, imported as a namespace
-        del sys.modules["vllm"]
-    try:
-        sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != tests_dir]
-        from trl import GRPOTrainer
-    finally:
-        sys.path[:] = saved_path
-        if shadow is not None:
-            sys.modules.setdefault("vllm", shadow)
+    """trl.GRPOTrainer (imported here, not at the top: TRL is an optional extra)."""
+    from trl import GRPOTrainer
+
     return GRPOTrainer
 
 
@@ -184,7 +168,6 @@ def test_luspo_is_trls_luspo():
 
 
 def test_gmpo_is_trls_experimental_gmpo():
-    grpo_trainer_class()  # TRL's trainer module first, without the tests/vllm folder in the way
     from trl.experimental.gmpo import GMPOTrainer
 
     t = batch(4)

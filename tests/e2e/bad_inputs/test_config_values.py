@@ -50,7 +50,7 @@ CASES = [
     ("eval-samples-zero", ["eval.num_samples=0"], {}, 2, ["eval.num_samples=0", ">= 1"]),
     ("reward-timeout-zero", ["train.reward_timeout_s=0"], {}, 2, ["train.reward_timeout_s=0", "> 0"]),
     ("dtype-choice", ["model.dtype=float64"], {}, 2, ["model.dtype='float64'", "not one of"]),
-    ("engine-choice", ["rollout.engine=vllm"], {}, 2, ["rollout.engine='vllm'", "not one of"]),
+    ("engine-choice", ["rollout.engine=sglang"], {}, 2, ["rollout.engine='sglang'", "not one of"]),
     ("unknown-key", ["rollout.group_sise=8"], {}, 2, ["unknown config key", "group_size"]),
     ("section-not-mapping", ["optim=3"], {}, 2, ["optim", "expected a mapping"]),
     # config files

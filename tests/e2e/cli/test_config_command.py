@@ -10,11 +10,23 @@ from grpokit.config.schema import Config, config_from_dict
 
 
 def every_key(cfg: Config) -> list[str]:
+    """Every key `grpokit config` prints a line for: the fields of each section, a nested section (rollout.vllm)
+    as its own line and one line per field of it."""
+
+    def walk(prefix: str, item) -> list[str]:
+        keys = []
+        for f in dataclasses.fields(item):
+            keys.append(f"{prefix}.{f.name}")
+            value = getattr(item, f.name)
+            if dataclasses.is_dataclass(value):
+                keys += walk(f"{prefix}.{f.name}", value)
+        return keys
+
     keys = []
     for section in dataclasses.fields(cfg):
         value = getattr(cfg, section.name)
-        items = value if isinstance(value, list) else [value]
-        keys += [f"{section.name}.{f.name}" for item in items for f in dataclasses.fields(item)]
+        for item in value if isinstance(value, list) else [value]:
+            keys += walk(section.name, item)
     return keys
 
 

@@ -108,7 +108,7 @@ def test_vllm_settings_without_the_vllm_engine_are_refused():
     check_settings_in_use(load_config(None, ["rollout.engine=vllm", "rollout.vllm.sync_every=2"]))
 
 
-@pytest.mark.skipif(vllm_missing() is None, reason="vLLM is installed here (its tests are tests/vllm)")
+@pytest.mark.skipif(vllm_missing() is None, reason="vLLM is installed here (its tests are tests/engine_vllm)")
 def test_the_vllm_engine_without_vllm_says_how_to_install_it(tmp_path):
     from tiny_model import small_trainer
 

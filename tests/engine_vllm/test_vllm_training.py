@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-pytest.importorskip("vllm.sampling_params", reason="vLLM is not installed (tests/vllm run in .venv-vllm, .ci/run)")
+pytest.importorskip("vllm.sampling_params", reason="vLLM is not installed (tests/engine_vllm run in .venv-vllm, .ci/run)")
 
 from tiny_model import ADDITION_ROWS, SMALL_RUN  # noqa: E402
 from vllm_models import vllm_model  # noqa: E402

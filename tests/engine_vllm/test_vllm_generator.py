@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-pytest.importorskip("vllm.sampling_params", reason="vLLM is not installed (tests/vllm run in .venv-vllm, .ci/run)")
+pytest.importorskip("vllm.sampling_params", reason="vLLM is not installed (tests/engine_vllm run in .venv-vllm, .ci/run)")
 
 import torch  # noqa: E402
 from tiny_model import SAMPLE_PROMPTS  # noqa: E402

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-pytest.importorskip("vllm.sampling_params", reason="vLLM is not installed (tests/vllm run in .venv-vllm, .ci/run)")
+pytest.importorskip("vllm.sampling_params", reason="vLLM is not installed (tests/engine_vllm run in .venv-vllm, .ci/run)")
 
 import torch  # noqa: E402
 from tiny_model import ADDITION_ROWS, SMALL_RUN  # noqa: E402
