@@ -30,6 +30,9 @@ from grpokit.run.log import RUN_OUTPUTS, holds_run
 LOCK_FILE = ".grpokit.lock"
 REPLACED = ".replaced"
 """Folder under the output folder holding the run being replaced until the new one has a step."""
+MOVING = ".replacing"
+"""REPLACED while it is being filled: renamed to REPLACED once the whole run is in it, so a kill half-way
+through the move leaves this name, never a REPLACED holding part of the run (see set_aside)."""
 
 
 _HELD: set[int] = set()
@@ -184,17 +187,31 @@ def set_aside(folder: Path) -> Path | None:
     kept, and what that attempt wrote is deleted."""
     folder = Path(folder)
     aside = folder / REPLACED
+    _undo_partial_move(folder)
     if aside.is_dir():
         _remove_outputs(folder)
         return aside
     if not holds_run(folder):
         return None
-    aside.mkdir()
+    moving = folder / MOVING
+    moving.mkdir()
     for name in RUN_OUTPUTS:
         path = folder / name
         if path.exists() or path.is_symlink():
-            path.rename(aside / name)
+            path.rename(moving / name)
+    moving.rename(aside)  # atomic: REPLACED appears holding the whole run, or not at all
     return aside
+
+
+def _undo_partial_move(folder: Path) -> None:
+    """A set_aside killed half-way left the old run split between ``folder`` and ``folder/.replacing``
+    (the new run writes nothing before the move ends): the moved part goes back beside the rest."""
+    moving = folder / MOVING
+    if not moving.is_dir():
+        return
+    for path in moving.iterdir():
+        path.rename(folder / path.name)
+    moving.rmdir()
 
 
 def discard_aside(folder: Path) -> None:
@@ -207,6 +224,7 @@ def discard_aside(folder: Path) -> None:
 def restore_aside(folder: Path) -> None:
     """The new run failed before its first step: delete what it wrote and put the replaced run back."""
     folder = Path(folder)
+    _undo_partial_move(folder)  # killed while setting the old run aside: it is whole again, in place
     aside = folder / REPLACED
     if not aside.is_dir():
         return

@@ -15,7 +15,7 @@ from tiny_model import ADDITION_ROWS, SMALL_RUN, has_seven, make_tiny_model, sav
 from grpokit import GRPOTrainer, load_config
 from grpokit.cli.main import main
 from grpokit.config.schema import ConfigError
-from grpokit.run.lock import LOCK_FILE, REPLACED, OutputLock
+from grpokit.run.lock import LOCK_FILE, MOVING, REPLACED, OutputLock, restore_aside, set_aside
 
 ROWS, SETTINGS = ADDITION_ROWS, SMALL_RUN
 
@@ -180,6 +180,26 @@ def test_overwrite_of_a_folder_without_a_run_touches_none_of_its_files(tmp_path)
 
 
 @pytest.mark.slow
+def test_a_kill_while_the_old_run_is_being_set_aside_loses_none_of_it(tmp_path):
+    """set_aside moves the old run file by file: killed half-way (here: the move stopped after the samples),
+    the next start puts the moved part back. Before, REPLACED existed from the first move on, and the restore
+    deleted the old run's files that had not been moved yet as if the new run had written them (seen in CI:
+    samples/ lost when the SIGKILL of the test below landed during the move)."""
+    out = tmp_path / "run"
+    old = make_old_run(out)
+    (out / MOVING).mkdir()
+    (out / "samples").rename(out / MOVING / "samples")  # the move killed after its first entry
+    restore_aside(out)
+    assert contents(out) == old and not (out / MOVING).exists() and not (out / REPLACED).exists()
+
+    aside = set_aside(out)  # a whole move: everything of the run in REPLACED, the user's files stay
+    assert aside == out / REPLACED and not (out / MOVING).exists()
+    users = {"notes.md", "data/mine.jsonl"}
+    assert set(contents(out)) == users | {f"{REPLACED}/{name}" for name in old if name not in users}
+    restore_aside(out)
+    assert contents(out) == old
+
+
 def test_an_overwrite_killed_before_its_first_step_gives_the_old_run_back(world, tmp_path):
     """SIGKILL while the new run is still before its first step: the next start puts the old run back."""
     out = tmp_path / "run"
