@@ -5,6 +5,7 @@ Llama on the CPU; padded and packed run the same float32 arithmetic in another o
 
 import pytest
 import torch
+from test_parts import grads_of_one_step
 from tiny_model import make_tiny_model
 
 from grpokit.config.schema import load_config, resolve_algo
@@ -22,21 +23,6 @@ def make_learner(*overrides: str) -> tuple[Learner, object]:
     cfg = load_config(None, ["model.device=cpu", "optim.max_grad_norm=0", *overrides])
     model, tok, precision, device = load_model(cfg, *make_tiny_model("qwen2", seed=0))
     return Learner(model, precision, device, cfg.optim, total_steps=10), cfg
-
-
-def grads_of_one_step(learner: Learner, run) -> dict[str, torch.Tensor]:
-    """The gradient the learner's optimizer is handed in ``run()`` (clipping is off here)."""
-    seen: dict[str, torch.Tensor] = {}
-
-    def grab(*_):
-        if not seen:
-            seen.update(
-                {n: p.grad.clone() for n, p in learner.model.named_parameters() if p.grad is not None}
-            )
-
-    learner.optimizer.register_step_pre_hook(grab)
-    run()
-    return seen
 
 
 def assert_close_grads(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> None:
