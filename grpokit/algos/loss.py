@@ -22,6 +22,7 @@ summing the losses of its micro-batches gives exactly the full-batch loss.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -117,8 +118,121 @@ def policy_loss(
         ValueError: unknown ratio_level / agg / kl_kind, shape mismatch, beta > 0 without ref_logprobs,
             seq-sum-norm without norm_len, dual_clip <= 1, negative eps.
     """
-    check_choice("ratio_level", ratio_level, RATIO_LEVELS)
     check_choice("agg", agg, AGG_MODES)
+    if agg == "seq-sum-norm" and norm_len is None:
+        raise ValueError("agg='seq-sum-norm' needs norm_len (the constant L, e.g. the max completion length)")
+    t = loss_terms(
+        logprobs,
+        old_logprobs,
+        advantages,
+        completion_mask,
+        eps_low=eps_low,
+        eps_high=eps_high,
+        ratio_level=ratio_level,
+        ref_logprobs=ref_logprobs,
+        beta=beta,
+        kl_kind=kl_kind,
+        dual_clip=dual_clip,
+        surrogate=surrogate,
+        sapo_tau_pos=sapo_tau_pos,
+        sapo_tau_neg=sapo_tau_neg,
+        is_cap=is_cap,
+        vespo_k=vespo_k,
+        vespo_lambda=vespo_lambda,
+        off_policy_mask=off_policy_mask,
+        sample_logprobs=sample_logprobs,
+        kl_is_correction=kl_is_correction,
+        entropy_mask=entropy_mask,
+        cov_penalty=cov_penalty,
+        cov_mask=cov_mask,
+        kl_cov_coef=kl_cov_coef,
+    )
+    mask, m, ratio, zero = t.mask, t.mask.to(t.loss.dtype), t.ratio, t.loss.new_zeros(())
+    loss = aggregate_terms(
+        t.loss, m, agg=agg, norm_len=norm_len, num_sequences=num_sequences, num_tokens=num_tokens
+    )  # ()
+
+    with torch.no_grad():
+        n_local = m.sum()  # ()
+        denom = n_local.clamp(min=1)  # ()
+        low, high = t.flags["low"] & mask, t.flags["high"] & mask  # (B, T) each
+        metrics = {
+            "clip_frac_low": low.sum() / denom,
+            "clip_frac_high": high.sum() / denom,
+            "clip_frac": (low | high).sum() / denom,
+            "ratio_mean": torch.where(mask, ratio, zero).sum() / denom,
+            "ratio_min": torch.where(n_local > 0, torch.where(mask, ratio, torch.inf).amin(), zero),
+            "ratio_max": torch.where(mask, ratio, zero).amax(),
+            "pg_loss": torch.where(mask, t.pg, zero).sum() / denom,
+            "num_tokens": n_local,
+        }
+        if t.kl is not None:
+            metrics["kl_mean"] = torch.where(mask, t.kl, zero).sum() / denom
+        if dual_clip is not None:
+            metrics["dual_clip_frac"] = (t.flags["dual"] & mask).sum() / denom
+        for reason, out in t.masked.items():
+            if reason != "kl_cov":
+                metrics[f"masked_frac/{reason}"] = (out & mask).sum() / denom
+        if "kl_cov" in t.masked:
+            metrics["cov_penalised_frac"] = (t.masked["kl_cov"] & mask).sum() / denom
+        metrics = {k: v.detach() for k, v in metrics.items()}
+    return loss, metrics
+
+
+@dataclass(frozen=True)
+class LossTerms:
+    """The per-token terms of `policy_loss` before aggregation, all (B, T) and 0 outside `mask` (see loss_terms)."""
+
+    mask: Tensor  # bool, the completion mask
+    ratio: Tensor  # rho at the loss's ratio level
+    pg: Tensor  # the surrogate after the masks (and KL-Cov's penalty): the policy-gradient term
+    kl: Tensor | None  # the KL estimate to the reference (rho-weighted with kl_is_correction); None without one
+    loss: Tensor  # pg + beta * kl: what `aggregate_terms` reduces
+    flags: dict[str, Tensor]  # bool: "low" / "high" / "dual" clipped (objectives.surrogate_terms)
+    masked: dict[str, Tensor]  # reason -> bool, the tokens a mask acted on (MASK_REASONS)
+
+
+MASK_REASONS = ("trust_region", "off_policy", "entropy", "clip_cov", "kl_cov")
+"""Why a token's surrogate was changed: dppo_* left the trust region, DeepSeek-V3.2's off-policy sequence mask,
+top_entropy_quantile, Clip-Cov (all four: taken out of the surrogate), KL-Cov (penalised, not taken out)."""
+
+
+def loss_terms(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    completion_mask: Tensor,
+    *,
+    eps_low: float = 0.2,
+    eps_high: float | None = None,
+    ratio_level: str = "token",
+    ref_logprobs: Tensor | None = None,
+    beta: float = 0.0,
+    kl_kind: str = "k3",
+    dual_clip: float | None = None,
+    surrogate: str = "clip",
+    sapo_tau_pos: float = 1.0,
+    sapo_tau_neg: float = 1.05,
+    is_cap: float = 20.0,
+    vespo_k: tuple[float, float] = (2.0, 3.0),
+    vespo_lambda: tuple[float, float] = (3.0, 2.0),
+    off_policy_mask: float | None = None,
+    sample_logprobs: Tensor | None = None,
+    kl_is_correction: bool = False,
+    entropy_mask: Tensor | None = None,
+    cov_penalty: str = "none",
+    cov_mask: Tensor | None = None,
+    kl_cov_coef: float = 1.0,
+) -> LossTerms:
+    """Every per-token term of `policy_loss` (arguments and formulas there), before aggregation: the one place
+    they are formed, so that the loss and the per-token view (token_terms.py: the run explorer, the saved
+    rollouts) cannot differ. Carries the gradient of `logprobs`.
+
+    Raises:
+        ValueError: unknown ratio_level / kl_kind / surrogate / cov_penalty, shape mismatch, beta > 0 without
+            ref_logprobs, dual_clip <= 1, negative eps, a mask without its input.
+    """
+    check_choice("ratio_level", ratio_level, RATIO_LEVELS)
     check_choice("kl_kind", kl_kind, KL_KINDS)
     check_choice("surrogate", surrogate, SURROGATES)
     check_choice("cov_penalty", cov_penalty, COV_PENALTIES)
@@ -135,8 +249,6 @@ def policy_loss(
         raise ValueError(f"clip ranges must be >= 0, got eps_low={eps_low}, eps_high={eps_high}")
     if beta > 0 and ref_logprobs is None:
         raise ValueError(f"beta={beta} > 0 needs ref_logprobs (or set beta=0 to drop the KL term)")
-    if agg == "seq-sum-norm" and norm_len is None:
-        raise ValueError("agg='seq-sum-norm' needs norm_len (the constant L, e.g. the max completion length)")
     if dual_clip is not None and not dual_clip > 1:
         raise ValueError(f"dual_clip must be None or a constant c > 1, got {dual_clip}")
     shape = logprobs.shape
@@ -167,8 +279,6 @@ def policy_loss(
     adv = adv.unsqueeze(-1).expand(shape) if adv.dim() == 1 else adv  # (B, T)
     adv = torch.where(mask, adv, zero)  # (B, T)
     m = mask.to(logp.dtype)  # (B, T)
-    seq_len = m.sum(-1)  # (B,)  |o_i|
-    seq_len_safe = seq_len.clamp(min=1)  # (B,) |o_i| = 0 rows have a zero numerator anyway
 
     ratio = _ratio(logp, old, m, ratio_level)  # (B, T)
 
@@ -188,21 +298,23 @@ def policy_loss(
         vespo_k=vespo_k,
         vespo_lambda=vespo_lambda,
     )  # (B, T) each
-    masked = {}  # reason -> (B, T) bool, the tokens a mask took out of the surrogate
+    masked = {}  # reason -> (B, T) bool, the tokens a mask acted on
     if "trust_region" in flags:
-        masked["trust_region"] = flags["trust_region"]
+        masked["trust_region"] = flags["trust_region"] & mask
     if off_policy_mask is not None:
         keep = off_policy_keep(adv, logp, sample_logprobs, mask, off_policy_mask)  # (B, T)
-        masked["off_policy"] = ~keep
+        masked["off_policy"] = ~keep & mask
         pg = pg * keep  # (B, T) the normaliser still counts the dropped tokens, as TRL's
     if entropy_mask is not None:
-        masked["entropy"] = ~entropy_mask.to(torch.bool)
+        masked["entropy"] = ~entropy_mask.to(torch.bool) & mask
         pg = pg * entropy_mask  # (B, T)
     if cov_penalty == "clip_cov":
-        masked["clip_cov"] = cov_mask.to(torch.bool)
+        masked["clip_cov"] = cov_mask.to(torch.bool) & mask
         pg = pg * ~masked["clip_cov"]  # (B, T)
     elif cov_penalty == "kl_cov":  # |log rho| on the highest-covariance tokens keeps them near pi_old
+        masked["kl_cov"] = cov_mask.to(torch.bool) & mask
         pg = pg + kl_cov_coef * (logp - old).abs() * cov_mask  # (B, T)
+    pg = torch.where(mask, pg, zero)  # (B, T)
     per_token = pg  # (B, T)
 
     kl = None
@@ -211,43 +323,41 @@ def policy_loss(
         kl = kl_estimate(logp, ref, kl_kind)  # (B, T), 0 at masked positions
         if kl_is_correction:  # DeepSeek-V3.2: E_old[rho k3] is the KL of the current policy, not of pi_old
             kl = ratio * kl  # (B, T)
+        kl = torch.where(mask, kl, zero)  # (B, T)
         if beta > 0:
             per_token = per_token + beta * kl  # (B, T)
     per_token = torch.where(mask, per_token, zero)  # (B, T)
+    return LossTerms(mask, torch.where(mask, ratio, ratio.new_ones(())), pg, kl, per_token, flags, masked)
 
-    n_seq = shape[0] if num_sequences is None else num_sequences
+
+def aggregate_terms(
+    per_token: Tensor,
+    completion_mask: Tensor,
+    *,
+    agg: str = "seq-mean-token-mean",
+    norm_len: float | None = None,
+    num_sequences: int | float | Tensor | None = None,
+    num_tokens: int | float | Tensor | None = None,
+) -> Tensor:
+    """() the loss `policy_loss` makes of per-token terms (B, T) (0 outside the mask), module docstring:
+
+      seq-mean-token-mean  sum_i (1/|o_i|) sum_t m l / num_sequences   (a row with |o_i| = 0 gives 0)
+      token-mean           sum m l / num_tokens
+      seq-sum-norm         sum m l / (num_sequences * norm_len)
+
+    num_sequences / num_tokens default to these rows' own (B and sum m); token-mean floors num_tokens at 1."""
+    check_choice("agg", agg, AGG_MODES)
+    m = completion_mask.to(per_token.dtype)  # (B, T)
+    terms = per_token * m  # (B, T)
+    n_seq = per_token.shape[0] if num_sequences is None else num_sequences
     if agg == "seq-mean-token-mean":
-        loss = (per_token.sum(-1) / seq_len_safe).sum() / n_seq  # ()
-    elif agg == "token-mean":
-        n_tok = seq_len.sum() if num_tokens is None else num_tokens
-        loss = per_token.sum() / _at_least_one(n_tok, logp)  # ()
-    else:
-        loss = per_token.sum() / (n_seq * norm_len)  # ()
-
-    with torch.no_grad():
-        n_local = m.sum()  # ()
-        denom = n_local.clamp(min=1)  # ()
-        low, high = flags["low"] & mask, flags["high"] & mask  # (B, T) each
-        metrics = {
-            "clip_frac_low": low.sum() / denom,
-            "clip_frac_high": high.sum() / denom,
-            "clip_frac": (low | high).sum() / denom,
-            "ratio_mean": torch.where(mask, ratio, zero).sum() / denom,
-            "ratio_min": torch.where(n_local > 0, torch.where(mask, ratio, torch.inf).amin(), zero),
-            "ratio_max": torch.where(mask, ratio, zero).amax(),
-            "pg_loss": torch.where(mask, pg, zero).sum() / denom,
-            "num_tokens": n_local,
-        }
-        if kl is not None:
-            metrics["kl_mean"] = torch.where(mask, kl, zero).sum() / denom
-        if dual_clip is not None:
-            metrics["dual_clip_frac"] = (flags["dual"] & mask).sum() / denom
-        for reason, out in masked.items():
-            metrics[f"masked_frac/{reason}"] = (out & mask).sum() / denom
-        if cov_penalty == "kl_cov":
-            metrics["cov_penalised_frac"] = (cov_mask.to(torch.bool) & mask).sum() / denom
-        metrics = {k: v.detach() for k, v in metrics.items()}
-    return loss, metrics
+        return (terms.sum(-1) / m.sum(-1).clamp(min=1)).sum() / n_seq  # ()
+    if agg == "token-mean":
+        n_tok = m.sum() if num_tokens is None else num_tokens
+        return terms.sum() / _at_least_one(n_tok, terms)  # ()
+    if norm_len is None:
+        raise ValueError("agg='seq-sum-norm' needs norm_len (the constant L, e.g. the max completion length)")
+    return terms.sum() / (n_seq * norm_len)  # ()
 
 
 def importance_ratio(

@@ -20,6 +20,9 @@ used. The update fills a ``TokenRecorder`` as its micro-batches go by; ``write_r
   advantages         list<float32>        per token (a per-sequence advantage repeated)
   loss_mask          list<int8>           1 where the loss trains (0: DAPO-masked truncation, tool tokens)
   clip               list<int8>           -1 / +1 clipped below / above, 0 not (grpokit.algos.token_terms)
+  masks              list<int8>           the loss's masks that acted on the token, bits of token_terms.MASK_BITS
+                                          (1 trust region, 2 off-policy, 4 entropy, 8 Clip-Cov out; 16 KL-Cov)
+  sample_logprobs    list<float32>, null  the sampler's log-probs, kept when the off-policy mask reads them
   step_rewards       list<float32>, null  process rewards: the score of the step each token belongs to
   extra              string               the reward functions' log_extra values of the row, as JSON
 
@@ -53,11 +56,13 @@ class TokenRecorder:
     ``add`` is called by the update once per micro-batch, after the loss: ``rows`` (n,) are the batch rows
     of the micro-batch, the tensors (n, L) with L <= Lc (the micro-batch's own trimmed width)."""
 
-    FIELDS = ("logprobs", "old_logprobs", "ref_logprobs", "entropy", "advantages", "loss_mask")
+    FIELDS = ("logprobs", "old_logprobs", "ref_logprobs", "entropy", "advantages", "loss_mask", "sample_logprobs")
+    MASKS = ("entropy_mask", "cov_mask")  # the tokens the loss's masks chose (grpokit.train.update.chosen_tokens)
 
     def __init__(self, n_rows: int, width: int) -> None:
         self.values = {k: torch.full((n_rows, width), float("nan")) for k in self.FIELDS}  # each (N, Lc)
         self.has_ref = False
+        self.masks: dict[str, torch.Tensor] = {}  # each (N, Lc) bool, only those the loss was given
 
     def add(
         self,
@@ -68,8 +73,11 @@ class TokenRecorder:
         advantages: torch.Tensor,
         loss_mask: torch.Tensor,
         entropy: torch.Tensor | None = None,
+        sample_logprobs: torch.Tensor | None = None,
+        **masks: torch.Tensor,
     ) -> None:
-        """Store micro-batch ``rows`` (n,): (n, L) tensors; advantages (n,) or (n, L)."""
+        """Store micro-batch ``rows`` (n,): (n, L) tensors; advantages (n,) or (n, L); ``masks``: the (n, L) bool
+        entropy_mask / cov_mask the loss was given."""
         rows = rows.cpu()
         width = logprobs.shape[1]
         adv = advantages.detach().float().cpu()
@@ -81,11 +89,26 @@ class TokenRecorder:
             "entropy": entropy,
             "advantages": adv,
             "loss_mask": loss_mask,
+            "sample_logprobs": sample_logprobs,
         }
         for key, value in given.items():
             if value is not None:
                 self.values[key][rows, :width] = value.detach().float().cpu()
         self.has_ref = self.has_ref or ref_logprobs is not None
+        for key, value in masks.items():
+            if key not in self.MASKS:
+                raise ValueError(f"TokenRecorder.add: unknown mask {key!r}; known: {', '.join(self.MASKS)}")
+            if key not in self.masks:
+                self.masks[key] = torch.zeros(self.values["logprobs"].shape, dtype=torch.bool)
+            self.masks[key][rows, :width] = value.detach().bool().cpu()
+
+    def mask_inputs(self, loss_kwargs: dict[str, Any]) -> dict[str, torch.Tensor]:
+        """The masks' inputs the loss was given, as keywords of token_terms: the sampler's log-probs when the
+        off-policy mask is on, and the recorded entropy_mask / cov_mask."""
+        out: dict[str, torch.Tensor] = dict(self.masks)
+        if loss_kwargs.get("off_policy_mask") is not None:
+            out["sample_logprobs"] = self.values["sample_logprobs"]  # NaN (not scored): kept, as in the loss
+        return out
 
 
 def write_rollouts(
@@ -108,9 +131,10 @@ def write_rollouts(
     lengths = r.attention_mask.sum(1).long()  # (N,) tokens after the prompt (multi-turn: the tools' too)
     v = recorder.values
     ref = v["ref_logprobs"] if recorder.has_ref else None
+    mask_inputs = recorder.mask_inputs(loss_kwargs)  # what the loss's masks were chosen from
     terms = token_terms(
         v["logprobs"].nan_to_num(), v["old_logprobs"].nan_to_num(), v["advantages"].nan_to_num(),
-        r.completion_mask, ref_logprobs=None if ref is None else ref.nan_to_num(), **loss_kwargs,
+        r.completion_mask, ref_logprobs=None if ref is None else ref.nan_to_num(), **loss_kwargs, **mask_inputs,
     )  # each (N, Lc)
     ids = r.completion_ids.long()  # (N, Lc)
     vocab = _token_texts(tokenizer, ids[r.attention_mask.bool()].unique().tolist())
@@ -146,6 +170,11 @@ def write_rollouts(
     )
     columns["loss_mask"] = pa.array(cut(v["loss_mask"].nan_to_num(), "int8"), pa.list_(pa.int8()))
     columns["clip"] = pa.array(cut(terms["clip"], "int8"), pa.list_(pa.int8()))
+    columns["masks"] = pa.array(cut(terms["masks"], "int8"), pa.list_(pa.int8()))
+    columns["sample_logprobs"] = pa.array(
+        cut(v["sample_logprobs"], "float32") if "sample_logprobs" in mask_inputs else [None] * N,
+        pa.list_(pa.float32()),
+    )
     columns["step_rewards"] = pa.array(
         _step_reward_tokens(batch.step_rewards, lengths.tolist()), pa.list_(pa.float32())
     )

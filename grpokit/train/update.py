@@ -343,7 +343,11 @@ class PolicyUpdate:
             learner.backward(loss)  # x world size: DDP/FSDP average gradients over ranks
             stats.add_loss(loss, loss_stats, float(micro_mask.sum()))
             if record is not None:
-                record.add(micro, logprobs, old, ref, adv, micro_mask, entropy)
+                record.add(
+                    micro, logprobs, old, ref, adv, micro_mask, entropy,
+                    sample_logprobs=tensors["sample_logprobs"][:, :width],
+                    **{key: t[micro][:, :width] for key, t in chosen.items()},
+                )  # fmt: skip
             if first:
                 generated = tensors["completion_mask"].bool()  # (n, L)
                 stats.add_sampler_diff(logprobs, tensors["sample_logprobs"], generated)

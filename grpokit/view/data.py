@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from grpokit.algos.token_terms import aggregate, token_terms
+from grpokit.algos.token_terms import MASK_BITS, aggregate, token_terms
 from grpokit.rollout.record import read_rollouts, rollout_files
 
 TOKEN_FIELDS = (
@@ -118,7 +118,7 @@ def step_view(path: Path, vocab: dict[int, str], *, max_groups: int | None = Non
     ref = padded("ref_logprobs", 0.0) if has_ref else None
     loss_mask = padded("loss_mask", 0.0) * mask  # (N, T)
     kw = meta["loss_kwargs"]
-    terms = token_terms(logp, old, adv, mask, ref_logprobs=ref, **kw)  # each (N, T)
+    terms = token_terms(logp, old, adv, mask, ref_logprobs=ref, **_mask_inputs(kw, meta["algo"], cols, padded))
     per_token = {
         "logprobs": logp, "old_logprobs": old,
         "ref_logprobs": ref if ref is not None else torch.full((N, T), math.nan),
@@ -146,6 +146,28 @@ def step_view(path: Path, vocab: dict[int, str], *, max_groups: int | None = Non
         "totals": _step_totals(per_token, loss_mask, kw, N // G, G, cols["reward"]),
         "tokens": _pack(cols["token_ids"], widths, per_token, loss_mask),
     }
+
+
+def _mask_inputs(kw: dict[str, Any], algo: dict[str, Any], cols: dict[str, list], padded) -> dict[str, Any]:
+    """The loss's keywords with what its masks were chosen from, read back from the saved columns (record.py:
+    "masks", "sample_logprobs"), so the page's per-token terms are those the loss trained on. A file written
+    before those columns existed shows the terms without the masks."""
+    kw = dict(kw)
+    saved = "masks" in cols
+    bits = padded("masks", 0.0).long() if saved else None  # (N, T)
+    if kw.get("off_policy_mask") is not None:
+        if "sample_logprobs" in cols and any(v is not None for v in cols["sample_logprobs"]):
+            kw["sample_logprobs"] = padded("sample_logprobs")
+        else:
+            kw["off_policy_mask"] = None
+    if kw.get("cov_penalty", "none") != "none":
+        if saved:
+            kw["cov_mask"] = (bits & (MASK_BITS["clip_cov"] | MASK_BITS["kl_cov"])) != 0
+        else:
+            kw["cov_penalty"] = "none"
+    if saved and float(algo.get("top_entropy_quantile", 1.0)) < 1:
+        kw["entropy_mask"] = (bits & MASK_BITS["entropy"]) == 0
+    return kw
 
 
 def _group_view(g, G, cols, per_token, loss_mask, meta, reward_names) -> dict[str, Any]:

@@ -1,0 +1,105 @@
+"""The masks the loss trained on are the ones the saved rollouts and the run explorer show (issue 35's review: the
+per-token view repeated the surrogate's call and left the off-policy, entropy and covariance masks out).
+
+A spy loss takes the terms of each micro-batch with grpokit.algos.loss.loss_terms (what policy_loss aggregates) and
+keeps the tokens each mask acted on; the saved rollouts' "masks" column must name the same tokens, and the loss the
+explorer recomputes from the saved file must be the logged one."""
+
+import json
+
+import pytest
+import torch
+from tiny_model import make_tiny_model
+
+from grpokit.algos import policy_loss, register_loss
+from grpokit.algos.loss import loss_terms
+from grpokit.algos.token_terms import MASK_BITS
+from grpokit.config.schema import load_config
+from grpokit.rollout.record import read_rollouts, rollout_files
+from grpokit.trainers.grpo import GRPOTrainer
+
+ROWS = [{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a in range(6) for b in range(6)]
+SEEN: list[dict] = []  # per micro-batch: each row's log-probs and the mask bits the loss's terms had
+
+
+def mask_spy(logprobs, old_logprobs, advantages, completion_mask, **kw):
+    terms_kw = {k: v for k, v in kw.items() if k not in ("agg", "norm_len", "num_sequences", "num_tokens")}
+    t = loss_terms(logprobs.detach(), old_logprobs, advantages, completion_mask, **terms_kw)
+    bits = torch.zeros(t.mask.shape, dtype=torch.int64)
+    for reason, acted in t.masked.items():
+        bits |= acted.long() * MASK_BITS[reason]
+    SEEN.append({"logprobs": logprobs.detach().clone(), "mask": completion_mask.clone(), "bits": bits})
+    return policy_loss(logprobs, old_logprobs, advantages, completion_mask, **kw)
+
+
+register_loss("mask_spy", mask_spy)
+
+
+def has_seven(prompts, completions, **kw):
+    return [float("7" in c) for c in completions]
+
+
+CASES = {
+    "off_policy+entropy+clip_cov": [
+        "algo.off_policy_mask=0.0",
+        "algo.top_entropy_quantile=0.5",
+        "algo.cov_penalty=clip_cov",
+        "algo.cov_ratio=0.3",
+        "algo.clip_cov_lb=-100",
+        "algo.clip_cov_ub=100",
+    ],
+    "dppo_tv+kl_cov": ["algo.preset=dppo_tv", "algo.cov_penalty=kl_cov", "algo.cov_ratio=0.3"],
+}
+
+
+@pytest.fixture(scope="module", params=list(CASES))
+def run(request, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("masks")
+    overrides = [
+        f"train.output_dir={tmp / 'run'}",
+        "train.steps=2",
+        "train.samples_every=2",
+        "train.tensorboard=false",
+        "rollout.group_size=4",
+        "rollout.prompts_per_step=4",
+        "rollout.max_new_tokens=6",
+        "optim.lr=3e-2",
+        "optim.mini_batches=2",
+        "data.template=plain",
+        "model.device=cpu",
+        "algo.preset=grpo",
+        "eval.enabled=false",
+    ]
+    cfg = load_config(None, overrides + CASES[request.param] + ["algo.loss=mask_spy"])
+    model, tok = make_tiny_model("qwen2", seed=0)
+    trainer = GRPOTrainer(
+        cfg, model=model, tokenizer=tok, train_rows=ROWS, reward_functions=[("has_seven", has_seven, 1.0)]
+    )
+    SEEN.clear()
+    trainer.train()
+    return tmp / "run", list(SEEN)
+
+
+@pytest.mark.slow
+def test_saved_masks_are_the_ones_the_loss_trained_on(run):
+    folder, seen = run
+    t = read_rollouts(rollout_files(folder)[0])[0].to_pydict()
+    trained = {}
+    for call in seen[len(seen) // 2 :]:  # the second step's micro-batches: the saved one
+        for j in range(call["logprobs"].shape[0]):
+            n = int(call["mask"][j].sum())
+            trained[tuple(call["logprobs"][j, :n].tolist())] = call["bits"][j, :n].tolist()
+    assert len(trained) == 16
+    for i in range(16):
+        assert t["masks"][i] == trained[tuple(t["logprobs"][i])], i
+    assert any(any(row) for row in t["masks"])  # some mask acted
+
+
+@pytest.mark.slow
+def test_the_explorer_gives_back_the_logged_loss_with_the_masks(run):
+    from grpokit.view.data import step_view
+
+    folder, _ = run
+    logged = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()][-1]
+    totals = step_view(rollout_files(folder)[0], {})["totals"]
+    assert totals["loss"] == pytest.approx(logged["loss"], rel=1e-5, abs=1e-8)
