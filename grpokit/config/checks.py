@@ -115,6 +115,31 @@ def check_settings_in_use(cfg: Any) -> None:
     critic.* without a critic is: lora.* without lora.enabled, the multi-turn rollout.* settings without
     rollout.tools or rollout.environment, the fast engine's cache settings with rollout.engine=hf, rollout.vllm.*
     without rollout.engine=vllm, optim.micro_batch_tokens without packing. Checked when a trainer starts (a Python API user may set rollout.tools in code after load_config)."""
+def check_async(rollout: Any) -> None:
+    """rollout.max_staleness >= 1 (asynchronous rollouts, grpokit.train.async_sampler) with what it cannot run
+    with yet: refused with the reason; rollout.sync_every without it would be ignored: refused too."""
+    k = rollout.max_staleness
+    if not k:
+        if rollout.sync_every != 1:
+            raise ConfigError(
+                f"rollout.sync_every={rollout.sync_every}: taken only with rollout.max_staleness >= 1 (asynchronous "
+                "rollouts), so ignored as it stands; set that, or remove the setting (the vLLM engine's push "
+                "cadence is rollout.vllm.sync_every)."
+            )
+        return
+    if rollout.engine == "vllm":
+        raise ConfigError(
+            f"rollout.max_staleness={k} with rollout.engine=vllm: the asynchronous sampler runs the built-in "
+            "engines (fast, hf) only for now; use rollout.engine=fast, or rollout.max_staleness=0."
+        )
+    if rollout.tools or rollout.environment:
+        raise ConfigError(
+            f"rollout.max_staleness={k} with multi-turn rollouts (rollout.tools / rollout.environment): their tool "
+            "and environment workers belong to the trainer's process, so episodes cannot run in the sampler "
+            "process yet; set rollout.max_staleness=0."
+        )
+
+
     lora = [f.name for f in dataclasses.fields(cfg.lora) if f.name != "enabled"]
     checks = [(cfg.lora, "lora", lora, cfg.lora.enabled, "lora.enabled=true")]
     r = getattr(cfg, "rollout", None)
@@ -301,6 +326,7 @@ def check_config(cfg: Any) -> None:
             f"(rollout.prompts_per_step * rollout.group_size = {batch})."
         )
     if not cfg.rewards:
+    check_async(cfg.rollout)  # rollout.max_staleness with an engine or multi-turn it cannot run with yet
         raise ConfigError("rewards: at least one reward function is needed.")
 
 

@@ -224,7 +224,7 @@ class RolloutConfig:
         """Importance weights pi_trainer / pi_sampler on each token's policy-gradient term, for the gap between
         the engine's log-probs and the trainer's (grpokit.algos.mismatch; TRL's vllm_importance_sampling_mode):
         token_truncate | token_mask | sequence_truncate | sequence_mask | none; auto: token_truncate with
-        rollout.engine=vllm, none otherwise.""",
+        rollout.engine=vllm or rollout.max_staleness >= 1 (stale samples), none otherwise.""",
         choices=MISMATCH_CORRECTIONS,
     )
     mismatch_cap: float | None = setting(
@@ -262,6 +262,23 @@ class RolloutConfig:
         "Training rollouts: an EOS sampled ends nothing; every completion runs to max_new_tokens (benchmarks).",
     )
     tools: list[str] = setting(
+    max_staleness: int = setting(
+        0,
+        """Asynchronous rollouts (docs/guides/async.md): K >= 1 generates and scores the next batches in a sampler
+        process while the trainer updates; a batch more than K policy versions (steps) old is dropped. 0: the
+        synchronous loop, sampling then training. CPU only for now.""",
+        range="[0, inf)",
+        example=1,
+        meaning="0 = synchronous",
+    )
+    sync_every: int = setting(
+        1,
+        """With rollout.max_staleness >= 1: push the trainer's weights to the sampler process every this many
+        steps (> 1 lets batches grow older than K, which are then dropped). rollout.vllm.sync_every is the
+        vLLM engine's own.""",
+        range="[1, inf)",
+        example=1,
+    )
         [],
         """Multi-turn rollouts with tools (grpokit.rollout.episodes): python (the sandboxed interpreter),
         package.module:function or file.py:function, each a typed function with a docstring; results reach the

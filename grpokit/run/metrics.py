@@ -9,7 +9,7 @@ Placeholders in a name stand for a part that varies: ``{reward}`` a reward funct
 ``rewards[i].name``, a file or module path reduced to the function's name), ``{metric}`` a name that
 function logged with ``log_metric``, ``{k}`` the number of sampled completions per prompt
 (``eval.num_samples``), ``{reason}`` the mask that dropped tokens from the policy gradient (``trust_region``,
-``off_policy``, ``entropy``, ``clip_cov``). ``when`` says when a metric is written; empty means on every line.
+``off_policy``, ``entropy``, ``clip_cov``), ``{lag}`` a staleness in steps (0 to ``rollout.max_staleness``). ``when`` says when a metric is written; empty means on every line.
 """
 
 from __future__ import annotations
@@ -126,6 +126,41 @@ TRAIN: dict[str, Metric] = {
     ),
     "rollout/weight_lag": Metric(
         "steps", "steps the engine's weights are behind the trainer's (rollout.vllm.sync_every > 1)"
+    ),
+    "mismatch/ess": Metric(
+        "share",
+        "effective sample size of those weights over the loss tokens, (sum w)^2 / (n sum w^2): 1 = all equal",
+        "a mismatch correction",
+    ),
+    # asynchronous rollouts: grpokit.train.async_sampler
+    "async/staleness_mean": Metric(
+        "steps", "mean over the trained samples of the steps between their policy version and the trainer's",
+        "rollout.max_staleness >= 1",
+    ),
+    "async/staleness_max": Metric("steps", "largest such staleness (never above rollout.max_staleness)", "rollout.max_staleness >= 1"),
+    "async/staleness_{lag}": Metric(
+        "count", "trained samples {lag} steps old (0 ... rollout.max_staleness): the staleness histogram",
+        "rollout.max_staleness >= 1",
+    ),
+    "async/dropped": Metric(
+        "count", "samples dropped before this step for being more than rollout.max_staleness steps old",
+        "rollout.max_staleness >= 1",
+    ),
+    "async/queue_depth": Metric(
+        "batches", "batches made by the sampler process and waiting when this step's was taken",
+        "rollout.max_staleness >= 1",
+    ),
+    "async/wait_s": Metric("s", "seconds the trainer waited for the step's batch", "rollout.max_staleness >= 1"),
+    "async/version": Metric(
+        "step", "the policy version (steps done) whose weights sampled the step's batch", "rollout.max_staleness >= 1"
+    ),
+    "async/sampler_busy": Metric(
+        "share", "the sampler process's seconds on the batch over the seconds since the previous batch was taken",
+        "rollout.max_staleness >= 1, from the second step",
+    ),
+    "async/trainer_busy": Metric(
+        "share", "share of the step the trainer did not wait for its batch (1: generation fully overlapped)",
+        "rollout.max_staleness >= 1",
     ),
     # PPO's critic: grpokit.train.critic
     "critic/value_loss": Metric(

@@ -37,10 +37,12 @@ class MismatchCorrection:
 
     @classmethod
     def from_settings(cls, rollout) -> MismatchCorrection | None:
-        """From a RolloutConfig: auto is token_truncate for rollout.engine=vllm and none for the others."""
+        """From a RolloutConfig: auto is token_truncate for rollout.engine=vllm and for asynchronous rollouts
+        (rollout.max_staleness >= 1: samples of an older policy), none for the others."""
         mode = rollout.mismatch_correction
         if mode == "auto":
-            mode = "token_truncate" if rollout.engine == "vllm" else "none"
+            off_policy = rollout.engine == "vllm" or getattr(rollout, "max_staleness", 0) >= 1
+            mode = "token_truncate" if off_policy else "none"
         if mode == "none":
             return None
         return cls(mode, rollout.mismatch_cap, rollout.mismatch_floor)

@@ -26,6 +26,7 @@ class UpdateStats:
         self.sample_diff_sum = self.sample_diff_max = self.sample_tokens = 0.0
         self.sample_kl_sum = 0.0  # sum over the sampled tokens of k3(old, sampler) (grpokit.algos.mismatch)
         self.is_sum = self.is_bounded = self.is_tokens = 0.0  # the mismatch correction's weights
+        self.is_sq_sum = 0.0  # their squares: the effective sample size
         self.is_min, self.is_max = math.inf, -math.inf
         self.entropy_sum = self.entropy_tokens = 0.0
         self.trained_entropy_sum = self.trained_tokens = 0.0  # the same over the tokens the loss trains on
@@ -57,6 +58,7 @@ class UpdateStats:
         w = weights.detach()[m]
         if w.numel():
             self.is_sum += float(w.sum())
+            self.is_sq_sum += float((w.double() * w.double()).sum())
             self.is_bounded += float((~raw_equal[m]).sum())
             self.is_tokens += w.numel()
             self.is_min, self.is_max = min(self.is_min, float(w.min())), max(self.is_max, float(w.max()))
@@ -91,6 +93,7 @@ class UpdateStats:
         self.sample_tokens += other.sample_tokens
         self.sample_kl_sum += other.sample_kl_sum
         self.is_sum += other.is_sum
+        self.is_sq_sum += other.is_sq_sum
         self.is_bounded += other.is_bounded
         self.is_tokens += other.is_tokens
         self.is_min, self.is_max = min(self.is_min, other.is_min), max(self.is_max, other.is_max)
@@ -108,7 +111,7 @@ class UpdateStats:
         self.trained_entropy_sum, self.trained_tokens = sum(p[0] for p in trained), sum(p[1] for p in trained)
         fields = (
             "weight", "loss_sum", "sample_diff_sum", "sample_tokens", "entropy_sum", "entropy_tokens",
-            "sample_kl_sum", "is_sum", "is_bounded", "is_tokens",
+            "sample_kl_sum", "is_sum", "is_bounded", "is_tokens", "is_sq_sum",
         )  # fmt: skip
         extremes = (self.sample_diff_max, self.is_min, self.is_max)
         parts = ranks.gather((self.weighted, extremes, [getattr(self, f) for f in fields]))
@@ -137,4 +140,6 @@ class UpdateStats:
             out["mismatch/weight_min"] = self.is_min
             out["mismatch/weight_max"] = self.is_max
             out["mismatch/bounded_frac"] = self.is_bounded / self.is_tokens
+            # Kish's effective sample size over the tokens, as a share: (sum w)^2 / (n sum w^2), 1 = all equal
+            out["mismatch/ess"] = self.is_sum**2 / (self.is_tokens * self.is_sq_sum) if self.is_sq_sum else nan
         return out

@@ -55,6 +55,7 @@ from grpokit.run.loop import run_training
 from grpokit.run.preflight import check_context, check_positions, check_tracker_login
 from grpokit.run.state import RunState
 from grpokit.train.advantages import batch_advantages
+from grpokit.train.async_sampler import AsyncSampler, SamplerDiedError
 from grpokit.train.costs import step_costs
 from grpokit.train.critic import Critic
 from grpokit.train.distributed import Distributed
@@ -135,6 +136,11 @@ class GRPOTrainer:
         self.say = Notices()  # the parts' messages: the run's log while train() runs, else stderr
         torch.manual_seed(cfg.train.seed)
         self.dist = Distributed.from_env(cfg)  # torchrun: the process group (grpokit.train.distributed)
+        if cfg.rollout.max_staleness and self.dist.active:
+            raise ConfigError(
+                f"rollout.max_staleness={cfg.rollout.max_staleness} under torchrun (grpokit launch): the "
+                "asynchronous sampler runs in one process only for now; set rollout.max_staleness=0."
+            )
         # the output folder: not in use by another run; train() locks it until it ends (grpokit.run.lock)
         self.run = RunState(cfg, self.dist, resume=resume, overwrite=overwrite, resolved_algo=self.algo)
         self.callbacks = list(callbacks)
@@ -238,8 +244,15 @@ class GRPOTrainer:
         self.step = 0
         self.stopped_early: str | None = None  # why the run ended before train.steps (not an error)
         self._log: RunLogger | None = None  # the run's log while train() runs: samples go there
-        if self.run.resume_from is not None:
-            self._resume()
+        first_batch = self._resume() if self.run.resume_from is not None else self.step
+        # rollout.max_staleness >= 1: batches made by a sampler process beside the update, from the weights
+        # and prompt position restored above (grpokit.train.async_sampler); None: the synchronous loop
+        self.async_sampler = None
+        if cfg.rollout.max_staleness:
+            self.async_sampler = AsyncSampler(
+                self.sampler, self.model, max_staleness=cfg.rollout.max_staleness,
+                sync_every=cfg.rollout.sync_every, version=self.step, first_batch=first_batch,
+            )  # fmt: skip
 
     @property
     def model(self) -> torch.nn.Module:
@@ -268,8 +281,9 @@ class GRPOTrainer:
         renamed = dict(zip(given_names, reward_metric_names(given_names)))
         return [(renamed[name], fn, weight) for name, fn, weight in functions], renamed
 
-    def _resume(self) -> None:
-        """Every part takes its own piece of the checkpoint being resumed."""
+    def _resume(self) -> int:
+        """Every part takes its own piece of the checkpoint being resumed. Returns the index of the next batch
+        to sample (an asynchronous run's batches taken, dropped ones included; else the step)."""
         state = self.run.load_resume_state()  # checks the world size, restores this rank's RNG
         # under torchrun the weights were loaded before sharding (dist.wrap)
         self.learner.load_state(state, weights_from=None if self.dist.active else self.run.resume_from)
@@ -277,6 +291,13 @@ class GRPOTrainer:
             self.critic.load(state, self.run.resume_from)  # PPO's critic/ folder and optimizer
         self.sampler.stream.load_state(state["stream"])
         self.step = state["step"]
+        overlap = state.get("async")  # the stopped run's sampler process: its batches not taken are lost
+        if overlap and overlap["in_flight"]:
+            self.say(
+                f"resuming an asynchronous run at step {self.step}: the {overlap['in_flight']} batch(es) its sampler "
+                f"process had made or was making were discarded; sampling restarts from the weights of step {self.step}."
+            )
+        return overlap["next_batch"] if overlap else self.step
 
     # ----------------------------------------------------------------------------- the run
 
@@ -290,6 +311,13 @@ class GRPOTrainer:
     def begin(self, log: RunLogger) -> None:
         """The run's log is open (grpokit.run.loop): the parts' messages and the samples go there."""
         self._log = self.say.log = log
+        if self.async_sampler is not None:  # the first batch is made while the trainer evaluates
+            self.async_sampler.start()
+            r = self.cfg.rollout
+            log.print(
+                f"asynchronous rollouts: sampler process {self.async_sampler.pid}, batches at most "
+                f"{r.max_staleness} step(s) old, weights pushed every {r.sync_every} step(s)"
+            )
         prompts = [row[self.cfg.data.prompt_column] for row in self.train_rows]
         log.print(f"prompts: {describe_templates(prompts, self.cfg.data.template)}")  # TRL's convention or not
         if self.accuracy_name is None:  # TRL's behaviour: train on the rewards given, say what is missing
@@ -298,7 +326,10 @@ class GRPOTrainer:
             log.print(f"accuracy: reward {self.accuracy_name!r} ({self.accuracy_why})")  # never a format reward
 
     def finish(self, summary: dict[str, Any], final: Path) -> None:
-        """Nothing of GRPO's own goes into the summary."""
+        """Nothing of GRPO's own goes into the summary; an asynchronous run's sampler process stops."""
+        if self.async_sampler is not None:
+            summary["async_dropped_samples"] = self.async_sampler.dropped_total
+            self.async_sampler.close()
 
     def stop(self, reason: str) -> None:
         """End the run after the current step as a finished one (final evaluation, checkpoint, summary with
@@ -311,7 +342,11 @@ class GRPOTrainer:
         cfg, step, dist, device = self.cfg, self.step, self.dist, self.learner.device
         t0 = time.perf_counter()
         # sample and score: N = P*G rows (this rank's share), rewards (N,)
-        batch, timing, sampling = self.sampler.sample_batch(step, self.log_history)
+        if self.async_sampler is None:
+            batch, timing, sampling = self.sampler.sample_batch(step, self.log_history)
+            overlap = {}
+        else:  # made by the sampler process beside the last update: at most rollout.max_staleness steps old
+            batch, timing, sampling, overlap = self._take_async(step)
         everyone = batch.across_ranks(dist)  # torchrun: every rank's rows, for the spread check and metrics
         solved = self.sampler.check_spread(everyone, step)  # raises FlatRewardsError if stuck
         if solved:
@@ -340,11 +375,16 @@ class GRPOTrainer:
         timing["update"] = time.perf_counter() - t_update - timing["reference"]
         self.step += 1
         self.learner.scheduler.step()
+        if self.async_sampler is not None:  # the sampler process gets the new weights every rollout.sync_every steps
+            self.async_sampler.trained(self.model, self.step)
         # metrics: the global batch's under torchrun
         abs_mean = advantage_abs_mean(advantages, batch.rollout.completion_mask, dist)
         metrics = step_metrics(everyone, abs_mean, update_metrics, sampling, self.accuracy_name)
         generated = float(batch.rollout.completion_mask.sum())
         metrics.update(step_costs(time.perf_counter() - t0, generated, device, dist, timing))
+        if overlap:  # async/*: staleness, dropped samples, queue depth, how busy each side was
+            overlap["async/trainer_busy"] = 1.0 - overlap["async/wait_s"] / metrics["time/step"]
+            metrics.update(overlap)
         metrics.update(rollout_metrics(self.sampler.generator))  # rollout/cuda_graphs, rollout/static_kv_cache
         metrics.update(self.sampler.episode_metrics())  # multi-turn: episode/turns_mean, tools/calls...
         self.mismatch.check(metrics, self.step)  # the sampler drifting from the trainer: a notice, then a stop
@@ -353,12 +393,23 @@ class GRPOTrainer:
             self._save_samples(batch, advantages, record)
         return metrics
 
+    def _take_async(self, step: int) -> tuple[ScoredBatch, dict[str, float], dict[str, float], dict[str, float]]:
+        """The asynchronous sampler's next batch; its process dying stops the run with a checkpoint."""
+        try:
+            return self.async_sampler.take(step)
+        except SamplerDiedError as e:
+            where = f" Checkpoint of step {self.step}: {self.save()}." if self.step > 0 else ""
+            raise SamplerDiedError(f"{e}{where}") from None
+
     # ----------------------------------------------------------------------------- samples, eval, io
 
     def save(self) -> Path:
         """Checkpoint this step (grpokit.run.state): the policy, its optimizer, the prompt stream, the critic."""
         critic = self.critic
         state = {"stream": self.sampler.stream.state(), "critic": critic.state() if critic else None}
+        if self.async_sampler is not None:  # the prompts of the batches taken; the sampler's version and backlog
+            state["stream"] = self.async_sampler.stream_state
+            state["async"] = self.async_sampler.checkpoint_state()
         subfolders = critic.folders() if critic else {}
         return self.run.save(self.step, self.learner, self.tokenizer, state, subfolders)
 

@@ -147,11 +147,15 @@ def test_every_metric_written_is_registered_and_every_registered_metric_is_writt
     grpo = grpo_run(tmp_path / "grpo")
     ppo = tmp_path / "ppo"
     small_trainer(ppo, 1, "algo.preset=ppo").train()
+    overlapped = tmp_path / "async"  # async/*: a sampler process beside the trainer (rollout.max_staleness)
+    small_trainer(overlapped, 2, "rollout.max_staleness=1").train()
     multiturn = multiturn_run(tmp_path / "multiturn")
     sft = sft_run(tmp_path / "sft")
 
     check(
-        TRAIN, [keys(run / "metrics.jsonl") for run in (grpo, ppo, multiturn)], "grpokit train metrics.jsonl"
+        TRAIN,
+        [keys(run / "metrics.jsonl") for run in (grpo, ppo, multiturn, overlapped)],
+        "grpokit train metrics.jsonl",
     )
     check(TRAIN_EVAL, [keys(run / "eval.jsonl") for run in (grpo, multiturn)], "grpokit train eval.jsonl")
     check(SFT, [keys(sft / "metrics.jsonl")], "grpokit sft metrics.jsonl")

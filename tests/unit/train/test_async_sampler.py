@@ -1,0 +1,192 @@
+"""Asynchronous rollouts (rollout.max_staleness, grpokit.train.async_sampler) in tiny real runs: K = 0 is the
+synchronous run bit for bit; with K >= 1 no trained batch is older than K, each batch's sampler log-probs are
+those of the weights that made it and are what the importance weights divide by; a killed sampler process
+stops the run with a checkpoint; the settings it cannot run with are refused."""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import time
+
+import pytest
+import torch
+from grpo_runs import ROWS, has_seven, make_cfg, make_trainer
+from test_parts import row_logprobs
+from tiny_model import make_tiny_model
+
+from grpokit.config.schema import ConfigError, load_config
+from grpokit.train.async_sampler import SamplerDiedError
+from grpokit.train.mismatch import MismatchCorrection
+from grpokit.train.update import PolicyUpdate
+from grpokit.train.update_stats import UpdateStats
+from grpokit.trainers.grpo import GRPOTrainer
+
+VARYING = ("time/", "tokens_per_s", "peak_memory_mb")  # wall-clock numbers (and reward/*/seconds): the rest
+# must match exactly
+
+
+def weights(model) -> dict[str, torch.Tensor]:
+    return {name: p.detach().clone() for name, p in model.state_dict().items()}
+
+
+@pytest.mark.slow
+def test_max_staleness_0_is_the_synchronous_run_bit_for_bit(tmp_path):
+    runs = []
+    for name, extra in (("default", ()), ("k0", ("rollout.max_staleness=0",))):
+        trainer = make_trainer(tmp_path / name, *extra)
+        assert trainer.async_sampler is None  # the synchronous code path: no process, no queue
+        trainer.train()
+        lines = [
+            {k: v for k, v in m.items() if not k.startswith(VARYING) and not k.endswith("/seconds")}
+            for m in trainer.log_history
+        ]
+        runs.append((lines, weights(trainer.model)))
+    (lines_a, weights_a), (lines_b, weights_b) = runs
+    assert lines_a == lines_b and len(lines_a) == 3
+    assert not any(k.startswith("async/") for k in lines_a[0])
+    assert weights_a.keys() == weights_b.keys()
+    for name in weights_a:
+        assert torch.equal(weights_a[name], weights_b[name]), name
+
+
+def slow_reward(prompts, completions, **kw):
+    """has_seven, slowly (it runs in the sampler process): the trainer waits for every batch."""
+    time.sleep(0.3)
+    return has_seven(prompts, completions)
+
+
+class RecordingUpdate(PolicyUpdate):
+    """Keeps each update's rollout and what the importance weights were computed from."""
+
+    seen: list[dict] = []
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        inner, seen = self.correction, self.seen
+
+        class Recording:
+            def weights(self, old, sampled, mask):
+                seen[-1]["sampled"].append(sampled.detach().clone())
+                return inner.weights(old, sampled, mask)
+
+        self.correction = Recording()
+
+    def update(self, r, advantages, old_logprobs=None, ref_logprobs=None, **kwargs):
+        self.seen.append({"rollout": r, "sampled": []})
+        return super().update(r, advantages, old_logprobs, ref_logprobs, **kwargs)
+
+
+@pytest.mark.slow
+def test_no_batch_older_than_k_is_trained_and_each_ratio_uses_the_log_probs_of_its_version(tmp_path):
+    """K = 1 with weights pushed every 3 steps: batches can be 2 steps old (the sampler holds version 0 until
+    step 3), so some are dropped; the sampler is slow (its reward sleeps). Every batch trained is at most 1
+    step old; its log-probs are its version's (the weights after that many steps), not the trainer's."""
+    RecordingUpdate.seen = []
+    versions = {0: None}  # version -> the weights after that many steps
+
+    def keep(step, metrics, trainer):
+        versions[step] = weights(trainer.model)
+
+    model, tok = make_tiny_model("qwen2", seed=0)
+    cfg = make_cfg(tmp_path, "rollout.max_staleness=1", "rollout.sync_every=3", "train.steps=6", "train.samples_every=0")
+    trainer = GRPOTrainer(
+        cfg, model=model, tokenizer=tok, train_rows=ROWS, eval_rows=ROWS[:8],
+        reward_functions=[("has_seven", slow_reward, 1.0)], updater=RecordingUpdate, callbacks=[keep],
+    )  # fmt: skip
+    versions[0] = weights(trainer.model)
+    trainer.train()
+    history = trainer.log_history
+    assert len(history) == 6 == len(RecordingUpdate.seen)
+    trained = []
+    for m in history:
+        step = m["step"] - 1  # the trainer's version when it took the batch
+        version = int(m["async/version"])
+        assert 0 <= step - version <= 1 and m["async/staleness_max"] == step - version
+        trained.append(step - version)
+    assert 1 in trained  # overlap happened: some batch was made while the previous one trained
+    # pushes at steps 3 and 6 only: the batches of steps 2 and 5 would be made with versions 0 and 3 (2 old):
+    # each is dropped and the newest weights pushed at once
+    assert sum(m["async/dropped"] for m in history) >= 16 and trainer.async_sampler.dropped_total >= 16
+    model, _ = make_tiny_model("qwen2", seed=0)
+    for m, seen in zip(history, RecordingUpdate.seen):
+        version, step, r = int(m["async/version"]), m["step"] - 1, seen["rollout"]
+        i = 0
+        prompt = r.prompt_ids[i][r.prompt_mask[i].bool()].tolist()
+        completion = r.completion_ids[i][r.completion_mask[i].bool()].tolist()
+        sampled = r.logprobs[i, : len(completion)]
+        with torch.no_grad():
+            model.load_state_dict(versions[version])
+            own = row_logprobs(model, prompt, completion, 1.0)
+            model.load_state_dict(versions[step])
+            current = row_logprobs(model, prompt, completion, 1.0)
+        assert torch.allclose(sampled, own, atol=1e-4), (m["step"], sampled, own)
+        if version != step:  # the trainer's weights had moved on: the sampler's are not its own
+            assert (sampled - current).abs().max() > 1e-3
+        # the importance weights (token_truncate, auto with K >= 1) divided by exactly the batch's log-probs, each
+        # row once (one pass, two mini-batches); padding holds 0
+        given = torch.cat([s.flatten() for s in seen["sampled"]])
+        given = given[given != 0].sort().values
+        assert torch.equal(given, r.logprobs[r.completion_mask.bool()].sort().values)
+
+
+@pytest.mark.slow
+def test_a_killed_sampler_process_stops_the_run_with_a_named_error_and_a_checkpoint(tmp_path):
+    def kill_at_two(step, metrics, trainer):
+        if step == 2:
+            os.kill(trainer.async_sampler.pid, signal.SIGKILL)
+
+    trainer = make_trainer(
+        tmp_path, "rollout.max_staleness=1", "train.steps=8", "train.samples_every=0", callbacks=[kill_at_two]
+    )
+    with pytest.raises(SamplerDiedError, match="killed by SIGKILL") as caught:
+        trainer.train()
+    # the batch it had made before it died may still be trained; then the run stops at the next take
+    assert trainer.step in (2, 3)
+    assert f"Checkpoint of step {trainer.step}" in str(caught.value)
+    assert (tmp_path / "run" / "checkpoints" / f"step_{trainer.step:06d}").is_dir()
+
+
+@pytest.mark.parametrize(
+    "overrides, words",
+    [
+        (["rollout.max_staleness=1", "rollout.engine=vllm"], "built-in engines"),
+        (["rollout.max_staleness=1", "rollout.tools=[python]"], "multi-turn"),
+        (["rollout.max_staleness=1", "rollout.environment=envs.py:Env"], "multi-turn"),
+        (["rollout.sync_every=2"], "taken only with rollout.max_staleness >= 1"),
+        (["rollout.max_staleness=-1"], "rollout.max_staleness"),
+    ],
+)
+def test_settings_async_cannot_run_with_are_refused_with_the_reason(overrides, words):
+    with pytest.raises(ConfigError, match=words):
+        load_config(None, overrides)
+
+
+def test_under_torchrun_async_is_refused_before_the_model_loads(tmp_path, monkeypatch):
+    from grpokit.train.distributed import Distributed
+
+    monkeypatch.setattr(Distributed, "active", property(lambda self: True))  # what torchrun's env would give
+    with pytest.raises(ConfigError, match="under torchrun"):
+        make_trainer(tmp_path, "rollout.max_staleness=1")
+
+
+def test_auto_correction_is_token_truncate_for_stale_samples():
+    cfg = load_config(None, ["rollout.max_staleness=2"])
+    assert MismatchCorrection.from_settings(cfg.rollout) == MismatchCorrection("token_truncate", 2.0, None)
+    cfg = load_config(None, ["rollout.max_staleness=2", "rollout.mismatch_correction=token_mask"])
+    assert MismatchCorrection.from_settings(cfg.rollout).mode == "token_mask"
+    assert MismatchCorrection.from_settings(load_config(None, []).rollout) is None  # synchronous, fast engine
+
+
+def test_effective_sample_size_of_the_weights_by_hand():
+    """Weights (1, 1, 2, 0) over 4 loss tokens, a fifth token outside the mask: (1+1+2+0)^2 / (4 * 6) = 2/3."""
+    stats = UpdateStats()
+    w = torch.tensor([[1.0, 1.0, 2.0, 0.0, 9.0]])
+    mask = torch.tensor([[1, 1, 1, 1, 0]])
+    stats.add_is_weights(w, torch.ones_like(w, dtype=torch.bool), mask)
+    assert stats.metrics(n_updates=1)["mismatch/ess"] == pytest.approx(2 / 3, abs=1e-12)
+    equal = UpdateStats()
+    equal.add_is_weights(torch.full((2, 3), 0.5), torch.ones(2, 3, dtype=torch.bool), torch.ones(2, 3))
+    assert equal.metrics(n_updates=1)["mismatch/ess"] == pytest.approx(1.0, abs=1e-12)
+    assert math.isnan(UpdateStats().metrics(n_updates=1).get("mismatch/ess", math.nan))
