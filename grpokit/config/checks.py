@@ -110,11 +110,6 @@ def check_critic(cfg: Any) -> None:
         )
 
 
-def check_settings_in_use(cfg: Any) -> None:
-    """Settings changed from their default in a part that is off would be silently ignored: refused, as
-    critic.* without a critic is: lora.* without lora.enabled, the multi-turn rollout.* settings without
-    rollout.tools or rollout.environment, the fast engine's cache settings with rollout.engine=hf, rollout.vllm.*
-    without rollout.engine=vllm, optim.micro_batch_tokens without packing. Checked when a trainer starts (a Python API user may set rollout.tools in code after load_config)."""
 def check_async(rollout: Any) -> None:
     """rollout.max_staleness >= 1 (asynchronous rollouts, grpokit.train.async_sampler) with what it cannot run
     with yet: refused with the reason; rollout.sync_every without it would be ignored: refused too."""
@@ -140,6 +135,11 @@ def check_async(rollout: Any) -> None:
         )
 
 
+def check_settings_in_use(cfg: Any) -> None:
+    """Settings changed from their default in a part that is off would be silently ignored: refused, as
+    critic.* without a critic is: lora.* without lora.enabled, the multi-turn rollout.* settings without
+    rollout.tools or rollout.environment, the fast engine's cache settings with rollout.engine=hf, rollout.vllm.*
+    without rollout.engine=vllm, optim.micro_batch_tokens without packing. Checked when a trainer starts (a Python API user may set rollout.tools in code after load_config)."""
     lora = [f.name for f in dataclasses.fields(cfg.lora) if f.name != "enabled"]
     checks = [(cfg.lora, "lora", lora, cfg.lora.enabled, "lora.enabled=true")]
     r = getattr(cfg, "rollout", None)
@@ -314,6 +314,7 @@ def check_config(cfg: Any) -> None:
     check_tree(cfg)  # ranges, choices and the single-setting rules, as declared
     check_critic(cfg)  # critic.* settings need an algorithm that trains a critic
     check_algo_knobs(cfg)  # algo.* knobs the chosen estimator, loss or batch settings would ignore
+    check_async(cfg.rollout)  # rollout.max_staleness with an engine or multi-turn it cannot run with yet
     if cfg.rollout.group_size < 2:
         raise ConfigError(
             f"rollout.group_size={cfg.rollout.group_size}: GRPO needs at least 2 completions per prompt "
@@ -326,7 +327,6 @@ def check_config(cfg: Any) -> None:
             f"(rollout.prompts_per_step * rollout.group_size = {batch})."
         )
     if not cfg.rewards:
-    check_async(cfg.rollout)  # rollout.max_staleness with an engine or multi-turn it cannot run with yet
         raise ConfigError("rewards: at least one reward function is needed.")
 
 

@@ -249,19 +249,6 @@ class RolloutConfig:
         example=0.01,
         meaning="0 = never warn or stop",
     )
-    kv_cache: str = setting(
-        "auto",
-        "fast engine's cache: auto (static where the model supports it) | static | dynamic.",
-        choices=KV_CACHES,
-    )
-    cuda_graphs: bool = setting(
-        True, "fast engine with the static cache on CUDA: record each decode step once, then replay it."
-    )
-    ignore_eos: bool = setting(
-        False,
-        "Training rollouts: an EOS sampled ends nothing; every completion runs to max_new_tokens (benchmarks).",
-    )
-    tools: list[str] = setting(
     max_staleness: int = setting(
         0,
         """Asynchronous rollouts (docs/guides/async.md): K >= 1 generates and scores the next batches in a sampler
@@ -279,6 +266,19 @@ class RolloutConfig:
         range="[1, inf)",
         example=1,
     )
+    kv_cache: str = setting(
+        "auto",
+        "fast engine's cache: auto (static where the model supports it) | static | dynamic.",
+        choices=KV_CACHES,
+    )
+    cuda_graphs: bool = setting(
+        True, "fast engine with the static cache on CUDA: record each decode step once, then replay it."
+    )
+    ignore_eos: bool = setting(
+        False,
+        "Training rollouts: an EOS sampled ends nothing; every completion runs to max_new_tokens (benchmarks).",
+    )
+    tools: list[str] = setting(
         [],
         """Multi-turn rollouts with tools (grpokit.rollout.episodes): python (the sandboxed interpreter),
         package.module:function or file.py:function, each a typed function with a docstring; results reach the
