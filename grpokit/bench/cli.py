@@ -20,11 +20,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
         print(f"grpokit bench: {message}", file=sys.stderr)
         return code
 
-    if args.steps < 1:
+    if args.steps is not None and args.steps < 1:
         return fail(f"--steps must be >= 1, got {args.steps}")
     if args.json and (Path(args.json).is_dir() or not Path(args.json).parent.is_dir()):  # not after the bench ran
         where = "is a folder" if Path(args.json).is_dir() else f"its folder {Path(args.json).parent} does not exist or is a file"
         return fail(f"--json {args.json}: {where}; give a file path in an existing folder")
+    if args.learn:
+        return _cmd_learn(args, fail)
+    args.steps = 4 if args.steps is None else args.steps
     if args.plan:
         return _cmd_plan(args, fail)
     if args.memory:
@@ -110,6 +113,35 @@ def cmd_bench(args: argparse.Namespace) -> int:
         for r in results.values():
             print_table(r)
         print_algos_table(results, ratios)
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=2))
+    print("RESULT " + json.dumps(result), flush=True)
+    return 0
+
+
+def _cmd_learn(args: argparse.Namespace, fail) -> int:
+    """--learn: held-out accuracy per step and per training second, grpokit beside TRL's GRPOTrainer on the
+    demo's addition task, several seeds (grpokit.bench.learn); a table, a plot, RESULT."""
+    from grpokit.bench.learn import FULL, QUICK, plot_learn, print_learn_table, run_learn
+
+    base = QUICK if args.quick else FULL
+    seeds = base["seeds"] if args.seeds is None else args.seeds
+    steps = base["steps"] if args.steps is None else args.steps
+    every = base["eval_every"] if args.eval_every is None else args.eval_every
+    if seeds < 1 or every < 1:
+        return fail(f"--learn: --seeds and --eval-every must be >= 1, got {seeds} and {every}")
+    every = min(every, steps)
+    out_dir = Path(args.output_dir or ".")
+    if not out_dir.is_dir():
+        return fail(f"--output-dir {out_dir}: no such folder (the plot learn.png is written there)")
+    try:
+        check_trl(args.trl_python)
+        result = run_learn(seeds=seeds, steps=steps, eval_every=every, grpokit_set=args.set, trl_set=args.trl_set)
+    except BenchError as e:
+        return fail(str(e), code=1)
+    print_learn_table(result)
+    result["plot"] = str(plot_learn(result, out_dir / "learn.png"))
+    print(f"plot: {result['plot']}", file=sys.stderr)
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2))
     print("RESULT " + json.dumps(result), flush=True)
@@ -267,7 +299,24 @@ def add_bench_parser(subparsers) -> None:
         help="a model directory with a word-level w0 w1 ... tokenizer (e.g. from make_model.py)",
     )
     p.add_argument(
-        "--steps", type=int, default=4, help="steps to run; the median is over steps 2..N (default 4)"
+        "--steps", type=int, help="steps to run; the median is over steps 2..N (default 4; --learn: 60, --quick 20)"
+    )
+    p.add_argument(
+        "--learn",
+        action="store_true",
+        help="held-out accuracy per step and per training second, grpokit beside TRL's GRPOTrainer on the demo's "
+        "addition task from its shipped warm start, each run in its own one-thread process, a seed's two runs "
+        "side by side; a table, the settings that differ and learn.png in --output-dir (grpokit.bench.learn)",
+    )
+    p.add_argument("--seeds", type=int, help="--learn: seeds 0..N-1 (default 3; --quick 1)")
+    p.add_argument("--eval-every", type=int, help="--learn: steps between evaluations (default 10; --quick 5)")
+    p.add_argument("--quick", action="store_true", help="--learn: 1 seed x 20 steps, a smoke run")
+    p.add_argument(
+        "--trl-set",
+        action="append",
+        default=[],
+        metavar="FIELD=VALUE",
+        help="--learn: a TRL GRPOConfig field of the TRL runs (repeatable), e.g. --trl-set adam_beta2=0.99",
     )
     p.add_argument(
         "--compare", choices=["trl"], help="also run TRL's GRPOTrainer on the same model and shape"

@@ -1,0 +1,99 @@
+"""grpokit bench --learn (issue 42): grpokit and TRL's GRPOTrainer from the same checkpoint on the demo's
+addition task, held-out accuracy per step and per training second. No accuracy or timing is asserted here:
+the figures are in docs/benchmarks.md, with their command."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+import torch
+
+from grpokit import bench
+from grpokit.bench.learn import LearnTask, greedy_accuracy, setting_differences, summarize, task_data
+
+
+def _bench_args(argv):
+    parser = argparse.ArgumentParser(prog="grpokit")
+    bench.add_bench_parser(parser.add_subparsers(dest="command"))
+    return parser.parse_args(["bench", *argv])
+
+
+@pytest.mark.slow
+def test_learn_runs_both_frameworks_end_to_end(tmp_path, capsys):
+    """Two steps of each framework, one seed: both frameworks' curves, accuracies in [0, 1], the plot, and the
+    setting given with --set listed among the differences."""
+    args = _bench_args(
+        ["--learn", "--quick", "--steps", "2", "--eval-every", "1", "--output-dir", str(tmp_path)]
+        + ["--set", "optim.weight_decay=0.01", "--json", str(tmp_path / "r.json")]
+    )
+    assert args.func(args) == 0
+    out = capsys.readouterr().out
+    result = json.loads(next(line for line in out.splitlines() if line.startswith("RESULT "))[7:])
+    assert sorted(result["summary"]) == ["grpokit", "trl"]
+    for fw in ("grpokit", "trl"):
+        (run,) = [r for r in result["runs"] if r["framework"] == fw]
+        assert [p["step"] for p in run["curve"]] == [0, 1, 2]
+        assert all(0.0 <= p["accuracy"] <= 1.0 for p in run["curve"])
+        assert run["curve"][2]["train_s"] > run["curve"][1]["train_s"] > 0.0
+    # the same checkpoint and the same evaluation function: step 0 is one number on both sides
+    firsts = {r["framework"]: r["curve"][0]["accuracy"] for r in result["runs"]}
+    assert firsts["grpokit"] == firsts["trl"]
+    assert {"key": "optim.weight_decay", "grpokit": 0.01, "trl": 0.0} in result["differences"]
+    assert (tmp_path / "learn.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "| step | grpokit accuracy | trl accuracy |" in out
+    assert json.loads((tmp_path / "r.json").read_text())["summary"] == result["summary"]
+
+
+def test_differences_come_from_trls_defaults_and_go_when_set_alike():
+    task = LearnTask()
+    keys = {key for key, _, _ in setting_differences(task)}
+    assert "optim.lr" not in keys and "rollout.group_size" not in keys  # named by the task: the same
+    assert "algo.agg" in keys  # grpo preset: seq-mean-token-mean; TRL's loss_type dapo: token-mean
+    # set alike on either side, a difference is gone
+    assert "algo.agg" not in {k for k, _, _ in setting_differences(task, ["algo.agg=token-mean"])}
+    assert "algo.agg" not in {k for k, _, _ in setting_differences(task, trl_set={"loss_type": "grpo"})}
+    # and a setting given on one side only is one
+    assert ("optim.weight_decay", 0.0, 0.1) in setting_differences(task, trl_set={"weight_decay": 0.1})
+
+
+def test_summary_mean_spread_and_seconds_by_hand():
+    runs = [
+        {"framework": "a", "curve": [{"step": 0, "train_s": 0.0, "accuracy": 0.1}, {"step": 5, "train_s": 2.0, "accuracy": 0.2}]},
+        {"framework": "a", "curve": [{"step": 0, "train_s": 0.0, "accuracy": 0.1}, {"step": 5, "train_s": 4.0, "accuracy": 0.4}]},
+    ]  # fmt: skip
+    (first, last) = summarize(runs)["a"]
+    assert first["accuracy_mean"] == pytest.approx(0.1) and first["accuracy_std"] == 0.0
+    # mean 0.3; sample std sqrt(((0.1)^2 + (0.1)^2) / 1) = 0.1414
+    assert last["accuracy_mean"] == pytest.approx(0.3, abs=1e-12)
+    assert last["accuracy_std"] == pytest.approx(0.1414214, abs=1e-6)
+    assert (last["accuracy_min"], last["accuracy_max"], last["train_s_mean"]) == (0.2, 0.4, 3.0)
+
+
+def test_greedy_accuracy_does_not_depend_on_the_batch():
+    """Left padding in a batch must not change a greedy answer: batches of 16 against one row at a time."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model_dir, _, eval_rows = task_data(LearnTask())
+    rows = eval_rows[:16]
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+    tok = AutoTokenizer.from_pretrained(str(model_dir))
+    batched = greedy_accuracy(model, tok, rows, 8, batch=16)
+    one_by_one = [greedy_accuracy(model, tok, [r], 8, batch=1) for r in rows]
+    assert batched == sum(one_by_one) / len(rows)
+    assert not model.training
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--seeds", "0"], "--seeds and --eval-every must be >= 1"),
+        (["--steps", "0"], "--steps must be >= 1"),
+        (["--output-dir", "/nonexistent/folder"], "--output-dir /nonexistent/folder: no such folder"),
+    ],
+)
+def test_bad_learn_arguments_are_refused_by_name(argv, message, capsys):
+    args = _bench_args(["--learn", *argv])
+    assert args.func(args) == 2
+    assert message in capsys.readouterr().err
