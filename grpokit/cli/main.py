@@ -372,6 +372,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
             num_samples=args.num_samples,
             temperature=args.temperature,
             max_new_tokens=args.max_new_tokens,
+            progress=lambda line: print(line, file=sys.stderr, flush=True),  # the result alone on stdout
         )
     except (ConfigError, DataError, ValueError) as e:
         return _fail(args, f"eval: {e}", 2)

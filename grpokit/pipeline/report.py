@@ -22,8 +22,9 @@ def eval_hash(eval_spec: dict[str, Any], model: str) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
-def evaluate_model(model_path: str, eval_spec: dict[str, Any]) -> dict[str, float]:
-    """Greedy held-out accuracy (and format, language when named) of the model folder ``model_path``."""
+def evaluate_model(model_path: str, eval_spec: dict[str, Any], progress=None) -> dict[str, float]:
+    """Greedy held-out accuracy (and format, language when named) of the model folder ``model_path``;
+    ``progress`` (a line printer) gets the evaluation's progress lines."""
     from grpokit.config.schema import DataConfig, LoraConfig, ModelConfig
     from grpokit.data.prompts import load_prompts
     from grpokit.model.loading import eos_token_ids, load_policy
@@ -60,6 +61,7 @@ def evaluate_model(model_path: str, eval_spec: dict[str, Any]) -> dict[str, floa
         num_samples=0,
         max_new_tokens=eval_spec.get("max_new_tokens", 256),
         extra_rewards=[(key, fn) for key, fn in fns.items() if key != "accuracy"],
+        progress=progress,
     )
     return {
         "accuracy": metrics["accuracy"],

@@ -237,7 +237,7 @@ def _evaluate(state: dict[str, Any], pipe: Pipeline, model: str, folder: Path, l
     if state.get("eval_hash") == digest:
         return
     log(f"{folder.name}: evaluating {model}")
-    state["eval"] = evaluate_model(model, pipe.eval)
+    state["eval"] = evaluate_model(model, pipe.eval, progress=lambda line: log(f"{folder.name}: {line}"))
     state["eval_hash"] = digest
     write_state(folder, state)
 

@@ -273,16 +273,20 @@ class EpisodeSampler:
     def evaluate(
         self, generator, model, tokenizer, rows: list[dict], accuracy_fn, *, eos_token_ids: list[int],
         seed: int = 0, examples: list[dict] | None = None, batch_prompts: int = 64,
+        progress: Callable[[str], None] | None = None,
     ) -> dict[str, float]:  # fmt: skip
         """Held-out greedy episodes (one per row) scored by ``accuracy_fn`` on the transcript: accuracy (share
         scoring 1), greedy_score, completion_len/mean (the model's tokens), turns and tool calls per episode.
-        Sampled mean/pass/maj@k are single-turn only (grpokit.rollout.evaluate) and not computed here."""
+        Sampled mean/pass/maj@k are single-turn only (grpokit.rollout.evaluate) and not computed here.
+        ``progress`` (a line printer) gets grpokit.rollout.evaluate.EvalProgress lines as chunks finish."""
         from grpokit.rewards import RewardRunner, TrainerState
+        from grpokit.rollout.evaluate import EvalProgress
 
         runner = RewardRunner([("accuracy", accuracy_fn, 1.0)])
         r = self.cfg.rollout
         self.check_tokenizer(tokenizer)
         scores, lengths, turns, calls = [], [], [], []
+        shown = EvalProgress(progress, len(rows), unit="episodes") if progress is not None and rows else None
         for start in range(0, len(rows), batch_prompts):
             part = rows[start : start + batch_prompts]
             batch = run_episodes(
@@ -321,6 +325,8 @@ class EpisodeSampler:
             lengths += batch.rollout.completion_lengths.tolist()
             turns += [len(ep.turn_ends) for ep in batch.episodes]
             calls += [ep.tool_calls for ep in batch.episodes]
+            if shown is not None:
+                shown("greedy", len(scores))
         runner.close()
         n = max(1, len(scores))
         return {

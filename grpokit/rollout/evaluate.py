@@ -19,6 +19,7 @@ the majority answer 12 scores 1, so the prompt counts as solved; no_answer adds 
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from collections.abc import Callable, Hashable, Sequence
 
@@ -53,6 +54,29 @@ def final_answer(completion: str) -> Hashable | None:
     if not keys:
         return None
     return keys[0] if len(keys) == 1 else tuple(keys)
+
+
+class EvalProgress:
+    """Progress lines of an evaluation, given to ``say`` (stderr: the run's notices or the eval command's),
+    never to the results: after a chunk of prompts, at most one line every ``every_s`` seconds, and the
+    last chunk of each phase always::
+
+        eval: greedy 64/200 prompts (12 s)
+        eval: 4 samples each 200/200 prompts (95 s)
+    """
+
+    def __init__(
+        self, say: Callable[[str], None], total: int, *, unit: str = "prompts", every_s: float = 10.0
+    ):
+        self.say, self.total, self.unit, self.every_s = say, total, unit, every_s
+        self.start = self.last = time.monotonic()
+
+    def __call__(self, phase: str, done: int) -> None:
+        now = time.monotonic()
+        if done < self.total and now - self.last < self.every_s:
+            return
+        self.last = now
+        self.say(f"eval: {phase} {done}/{self.total} {self.unit} ({now - self.start:.0f} s)")
 
 
 UNPARSEABLE = ("", "[unparseable]", "[]")
@@ -105,6 +129,7 @@ def evaluate(
     examples: list[dict] | None = None,
     split=None,
     extra_rewards: Sequence[tuple[str, Callable]] = (),
+    progress: Callable[[str], None] | None = None,
 ) -> dict[str, float]:
     """accuracy = greedy pass@1 (share of prompts whose greedy completion scores 1). With k =
     ``num_samples`` sampled completions per prompt (0 = skipped): mean_at_k = their mean score,
@@ -114,7 +139,9 @@ def evaluate(
     torchrun, a grpokit.train.distributed.Distributed): each rank runs a contiguous block of the chunks of
     ``batch_prompts`` rows, with the chunks' own seeds, and the results are gathered: the same numbers
     as one process. ``extra_rewards`` [(name, fn)] also score the greedy completions (R1's format and
-    language scores beside accuracy): ``greedy/<name>`` is the mean of the values that apply (not None)."""
+    language scores beside accuracy): ``greedy/<name>`` is the mean of the values that apply (not None).
+    ``progress`` (a line printer, e.g. stderr) gets :class:`EvalProgress` lines as chunks finish (under
+    torchrun: this rank's rows)."""
     if not rows:
         raise ValueError("evaluate: no rows to evaluate on")
     model.eval()
@@ -130,12 +157,16 @@ def evaluate(
     runner = RewardRunner([("accuracy", accuracy_fn, 1.0), *((name, fn, 0.0) for name, fn in extra_rewards)])
     extra: dict[str, list] = {name: [] for name, _ in extra_rewards}  # greedy values per extra reward
 
+    starts = list(range(0, len(rows), batch_prompts))
+    if split is not None:  # a contiguous block of chunks per rank, gathered in rank order below
+        per_rank = -(-len(starts) // split.world)
+        starts = starts[split.rank * per_rank : (split.rank + 1) * per_rank]
+    mine = sum(min(batch_prompts, len(rows) - start) for start in starts)  # this rank's prompts
+    shown = EvalProgress(progress, mine) if progress is not None and mine else None
+
     def run(group_size: int, temp: float) -> tuple[list[float], list[int], list[str], list]:
         scores, lengths, all_texts, answers = [], [], [], []
-        starts = list(range(0, len(rows), batch_prompts))
-        if split is not None:  # a contiguous block of chunks per rank, gathered in rank order below
-            per_rank = -(-len(starts) // split.world)
-            starts = starts[split.rank * per_rank : (split.rank + 1) * per_rank]
+        phase, done = ("greedy" if temp == 0 else f"{group_size} samples each"), 0
         for start in starts:
             chunk = list(range(start, min(start + batch_prompts, len(rows))))
             out = generator.generate(
@@ -172,6 +203,9 @@ def evaluate(
             lengths += out.completion_mask.sum(1).tolist()
             all_texts += [t if isinstance(t, str) else str(t) for t in texts]
             answers += voted_answers(accuracy_fn, texts, result.extra) if temp > 0 else [None] * len(texts)
+            done += len(chunk)
+            if shown is not None:
+                shown(phase, done)
         if split is not None:
             parts = split.gather((scores, lengths, all_texts, answers))
             scores, lengths, all_texts, answers = ([x for p in parts for x in p[i]] for i in range(4))

@@ -439,7 +439,7 @@ class GRPOTrainer:
         if self.sampler.episodes is not None:  # multi-turn: greedy episodes scored on their transcripts
             result = self.sampler.episodes.evaluate(
                 self.sampler.generator, generating, self.tokenizer, self.eval_rows, self.accuracy_fn,
-                eos_token_ids=eos_ids, seed=cfg.train.seed, examples=examples,
+                eos_token_ids=eos_ids, seed=cfg.train.seed, examples=examples, progress=self.say,
             )  # fmt: skip
         else:
             result = evaluate(
@@ -456,6 +456,7 @@ class GRPOTrainer:
                 seed=cfg.train.seed,
                 examples=examples,
                 split=self.dist if self.dist.active else None,
+                progress=self.say,  # stderr lines while it runs (the run's log: above the progress bar)
             )
         model.train(was)
         sampled_zero = result.get(f"mean_at_{cfg.eval.num_samples}", 0) == 0

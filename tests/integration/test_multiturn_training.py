@@ -284,6 +284,22 @@ def test_evaluation_runs_greedy_episodes(tmp_path):
     assert examples and isinstance(examples[0]["completion"], str)
 
 
+@pytest.mark.slow
+def test_evaluation_of_episodes_shows_its_progress_on_stderr(tmp_path, capsys):
+    model, tok = tool_model()
+    trainer = GRPOTrainer(
+        make_cfg(tmp_path), model=model, tokenizer=tok, train_rows=ROWS, eval_rows=ROWS[:5],
+        reward_functions=[("used_tool", used_tool, 1.0)],
+    )  # fmt: skip
+    capsys.readouterr()
+    trainer.evaluate()
+    captured = capsys.readouterr()
+    assert [line.split(" (")[0] for line in captured.err.splitlines() if line.startswith("eval: ")] == [
+        "eval: greedy 5/5 episodes"
+    ]
+    assert "eval:" not in captured.out
+
+
 def test_the_episode_budget_must_fit_the_models_positions(tmp_path):
     from grpokit.run.preflight import check_positions
 

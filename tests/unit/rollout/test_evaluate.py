@@ -71,3 +71,67 @@ def test_eval_command_reports_maj_at_k_on_the_test_split_of_a_hub_layout_folder(
     assert result["num_examples"] == 3  # the test split by default
     assert 0.0 <= result["maj_at_3"] <= result["pass_at_3"]
     assert 0.0 <= result["maj_at_3/no_answer"] <= 1.0
+
+
+# ------------------------------------------------------------------ progress lines while it runs
+
+
+def test_eval_progress_prints_the_last_chunk_of_a_phase_always_and_the_others_at_most_every_every_s():
+    from grpokit.rollout.evaluate import EvalProgress
+
+    lines = []
+    every = EvalProgress(lines.append, 5, every_s=0.0)
+    for done in (2, 4, 5):
+        every("greedy", done)
+    assert [line.split(" (")[0] for line in lines] == [
+        "eval: greedy 2/5 prompts",
+        "eval: greedy 4/5 prompts",
+        "eval: greedy 5/5 prompts",
+    ]
+    lines.clear()
+    rare = EvalProgress(lines.append, 5, unit="episodes", every_s=1e9)
+    for done in (2, 4, 5):
+        rare("greedy", done)
+    rare("4 samples each", 5)
+    assert [line.split(" (")[0] for line in lines] == [
+        "eval: greedy 5/5 episodes",
+        "eval: 4 samples each 5/5 episodes",
+    ]
+    assert all(line.endswith(" s)") for line in lines)
+
+
+def test_evaluate_reports_progress_of_both_phases_to_the_printer_it_is_given():
+    from tiny_model import make_tiny_model
+
+    from grpokit.config.schema import DataConfig
+    from grpokit.rollout.evaluate import evaluate
+    from grpokit.rollout.generation import FastGenerator
+
+    model, tok = make_tiny_model("qwen2", seed=0)
+    rows = [{"prompt": f"{a}+1=", "answer": str(a + 1)} for a in range(3)]
+    lines = []
+    evaluate(model, tok, rows, accuracy_fn=math_accuracy, generator=FastGenerator(),
+             data_cfg=DataConfig(template="plain"), eos_token_ids=[tok.eos_token_id], num_samples=2,
+             max_new_tokens=3, batch_prompts=2, progress=lines.append)  # fmt: skip
+    phases = [line.split(" (")[0] for line in lines]
+    # chunks of 2 and 1 prompts; the first chunk's line only when 10 s had passed (a loaded machine)
+    assert phases[-1] == "eval: 2 samples each 3/3 prompts"
+    assert "eval: greedy 3/3 prompts" in phases
+    assert set(phases) <= {f"eval: {p} {n}/3 prompts" for p in ("greedy", "2 samples each") for n in (2, 3)}
+
+
+@pytest.mark.slow
+def test_eval_command_prints_progress_on_stderr_and_only_the_result_on_stdout(tmp_path, capsys):
+    from tiny_model import save_tiny_model
+
+    from grpokit.cli.main import main
+
+    model_dir = save_tiny_model(tmp_path / "m")
+    data = tmp_path / "test.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"{a}+1=", "answer": str(a + 1)}) + "\n" for a in range(3)))
+    args = [str(model_dir), str(data), "--template", "plain", "--max-new-tokens", "3", "--num-samples", "2"]
+    assert main(["eval", *args]) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["num_examples"] == 3  # stdout is the result alone
+    shown = [line.split(" (")[0] for line in captured.err.splitlines() if line.startswith("eval: ")]
+    assert shown == ["eval: greedy 3/3 prompts", "eval: 2 samples each 3/3 prompts"]
