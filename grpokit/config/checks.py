@@ -115,6 +115,11 @@ def check_async(rollout: Any) -> None:
     with yet: refused with the reason; rollout.sync_every without it would be ignored: refused too."""
     k = rollout.max_staleness
     if not k:
+        if rollout.async_ratio != "proximal":
+            raise ConfigError(
+                f"rollout.async_ratio={rollout.async_ratio}: taken only with rollout.max_staleness >= 1 "
+                "(asynchronous rollouts), so ignored as it stands; set that, or remove the setting."
+            )
         if rollout.sync_every != 1:
             raise ConfigError(
                 f"rollout.sync_every={rollout.sync_every}: taken only with rollout.max_staleness >= 1 (asynchronous "

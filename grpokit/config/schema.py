@@ -266,6 +266,14 @@ class RolloutConfig:
         range="[1, inf)",
         example=1,
     )
+    async_ratio: str = setting(
+        "proximal",
+        """With rollout.max_staleness >= 1, the policy ratio's denominator: proximal (the trainer's policy before
+        the update; the importance weights of rollout.mismatch_correction, auto token_truncate, correct for the
+        older sampler: decoupled PPO, AReaL) | behaviour (the sampler's log-probs, so the clip or the dppo_* trust
+        region bounds the distance to the policy that sampled; TRL's AsyncGRPO, prime-rl; auto correction none).""",
+        choices=("proximal", "behaviour"),
+    )
     kv_cache: str = setting(
         "auto",
         "fast engine's cache: auto (static where the model supports it) | static | dynamic.",

@@ -38,10 +38,12 @@ class MismatchCorrection:
     @classmethod
     def from_settings(cls, rollout) -> MismatchCorrection | None:
         """From a RolloutConfig: auto is token_truncate for rollout.engine=vllm and for asynchronous rollouts
-        (rollout.max_staleness >= 1: samples of an older policy), none for the others."""
+        (rollout.max_staleness >= 1: samples of an older policy) with rollout.async_ratio=proximal, none for the
+        others."""
         mode = rollout.mismatch_correction
         if mode == "auto":
-            off_policy = rollout.engine == "vllm" or getattr(rollout, "max_staleness", 0) >= 1
+            stale = getattr(rollout, "max_staleness", 0) >= 1 and rollout.async_ratio == "proximal"
+            off_policy = rollout.engine == "vllm" or stale  # behaviour: the ratio is already to the sampler
             mode = "token_truncate" if off_policy else "none"
         if mode == "none":
             return None

@@ -120,9 +120,12 @@ class PolicyUpdate:
         dist: Distributed | None = None,
         ref_model: torch.nn.Module | None = None,
         correction: MismatchCorrection | None = None,
+        behaviour_ratio: bool = False,
     ):
         self.learner, self.algo, self.optim = learner, algo, optim
         self.correction = correction  # rollout.mismatch_correction: importance weights pi_old / pi_sampler
+        # rollout.async_ratio=behaviour: the ratio's denominator is the sampler's log-probs (stale samples' own)
+        self.behaviour_ratio = behaviour_ratio
         self.temperature, self.seed = temperature, seed
         self.dist = dist or Distributed()
         self.ref_model = ref_model  # None with LoRA too: the reference is then the adapter-less base
@@ -204,6 +207,8 @@ class PolicyUpdate:
             old_logprobs, ref_logprobs, ref_seconds = self.rollout_logprobs(r)
         if not several_passes(self.optim):
             old_logprobs = None  # one pass: the ratio's denominator is logprobs.detach(), ratio exactly 1
+        if self.behaviour_ratio:  # the clip / trust region measured from the policy that sampled (TRL, prime-rl)
+            old_logprobs = r.logprobs  # (N, Lc)
         # algo.top_entropy_quantile: the policy's entropies before the update choose the tokens to train
         top_entropy = self.algo.masks.top_entropy_quantile < 1
         entropy = self.logprobs_no_grad(self.learner.model, r, entropy=True) if top_entropy else None  # (N, Lc)

@@ -238,6 +238,7 @@ class GRPOTrainer:
             dist=self.dist,
             ref_model=self.ref_model,
             correction=MismatchCorrection.from_settings(cfg.rollout),  # rollout.mismatch_correction
+            behaviour_ratio=bool(cfg.rollout.max_staleness) and cfg.rollout.async_ratio == "behaviour",
         )
         self.mismatch = MismatchGuard(cfg.rollout.max_sampler_kl, self.say)  # grpokit.train.mismatch
         self.critic = critic.build(self.learner, cfg, self.algo, self.dist) if self.algo.uses_critic else None

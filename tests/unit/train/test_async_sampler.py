@@ -13,10 +13,10 @@ import time
 import pytest
 import torch
 from grpo_runs import ROWS, has_seven, make_cfg, make_trainer
-from test_parts import row_logprobs
+from test_parts import fixed_rollout, grads_of_one_step, make_learner, row_logprobs
 from tiny_model import make_tiny_model
 
-from grpokit.config.schema import ConfigError, load_config
+from grpokit.config.schema import ConfigError, load_config, resolve_algo
 from grpokit.train.async_sampler import SamplerDiedError
 from grpokit.train.mismatch import MismatchCorrection
 from grpokit.train.update import PolicyUpdate
@@ -190,3 +190,65 @@ def test_effective_sample_size_of_the_weights_by_hand():
     equal.add_is_weights(torch.full((2, 3), 0.5), torch.ones(2, 3, dtype=torch.bool), torch.ones(2, 3))
     assert equal.metrics(n_updates=1)["mismatch/ess"] == pytest.approx(1.0, abs=1e-12)
     assert math.isnan(UpdateStats().metrics(n_updates=1).get("mismatch/ess", math.nan))
+
+
+def current_logprobs(learner, r) -> torch.Tensor:
+    """(N, Lc) the learner's log-probs of fixed_rollout's completions, 0 at padding."""
+    out = torch.zeros(r.completion_ids.shape)
+    for i in range(r.completion_ids.shape[0]):
+        prompt = r.prompt_ids[i][r.prompt_mask[i].bool()].tolist()
+        completion = r.completion_ids[i][r.completion_mask[i].bool()].tolist()
+        with torch.no_grad():
+            out[i, : len(completion)] = row_logprobs(learner.model, prompt, completion, 1.0)
+    return out
+
+
+def test_the_behaviour_ratio_divides_by_the_samplers_log_probs():
+    """rollout.async_ratio=behaviour, one pass, clip eps 0.2, every advantage > 0. Sampler log-probs equal to the
+    policy's: ratio 1, the same gradient as the proximal ratio (bit for bit up to float rounding). Sampler
+    log-probs 3 nats lower on every token: rho = e^3 > 1.2, so each clipped term is the constant 1.2 A and the
+    gradient is 0; the proximal ratio (the policy's own, 1) still has one."""
+    advantages = torch.tensor([1.0, 0.5, 0.25, 2.0])
+    grads = {}
+    for name, behaviour, shift in (("proximal", False, 0.0), ("same", True, 0.0), ("older", True, -3.0)):
+        learner, cfg = make_learner("algo.preset=grpo", "algo.beta=0")
+        r = fixed_rollout()
+        r.logprobs = (current_logprobs(learner, r) + shift) * r.completion_mask
+        updater = PolicyUpdate(
+            learner, resolve_algo(cfg), cfg.optim, temperature=1.0, seed=0, behaviour_ratio=behaviour
+        )
+        grads[name] = grads_of_one_step(learner, lambda u=updater, r=r: u.update(r, advantages))
+    scale = max(float(g.abs().max()) for g in grads["proximal"].values())
+    assert scale > 1e-4
+    for key, g in grads["proximal"].items():
+        assert float((grads["same"][key] - g).abs().max()) <= 1e-5 * scale, key
+        assert float(grads["older"][key].abs().max()) == 0.0, key
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "overrides, metric",
+    [
+        (("rollout.mismatch_correction=token_mask", "rollout.mismatch_cap=1.05"), "mismatch/bounded_frac"),
+        (("rollout.mismatch_correction=sequence_truncate",), "mismatch/weight_mean"),
+        (("rollout.async_ratio=behaviour", "algo.preset=dppo_tv"), "masked_frac/trust_region"),
+    ],
+)
+def test_each_correction_acts_on_stale_batches(tmp_path, overrides, metric):
+    """K = 1 at a high learning rate: the batches of steps 2-4 are one step old. The token mask (cap 1.05) and
+    the sequence weights leave step 1 (sampled by the trainer's own weights) as it is and act on the stale
+    steps; with the behaviour ratio, DPPO's trust region is measured from the sampler's policy and masks
+    tokens of the stale steps (no importance weights then: auto is none)."""
+    trainer = make_trainer(tmp_path, "rollout.max_staleness=1", "train.steps=4", "train.samples_every=0", *overrides)
+    trainer.train()
+    history = trainer.log_history
+    stale = [m for m in history if m["async/staleness_max"] == 1]
+    assert stale, "no step trained a stale batch"
+    if metric == "mismatch/bounded_frac":
+        assert history[0][metric] == 0.0 and max(m[metric] for m in stale) > 0
+    elif metric == "mismatch/weight_mean":
+        assert history[0][metric] == pytest.approx(1.0, abs=1e-3)
+        assert max(abs(m[metric] - 1.0) for m in stale) > 0.01
+    else:
+        assert not any(k.startswith("mismatch/") for k in history[0])
+        assert max(m[metric] for m in stale) > 0
