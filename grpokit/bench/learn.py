@@ -406,7 +406,7 @@ def run_learn(
                     )
                 runs.append(json.loads(out.read_text()))
     versions = {"trl": next((r.get("trl_version") for r in runs if r.get("trl_version")), None)}
-    return {
+    result = {
         "system": "grpokit",
         "kind": "learn",
         "task": asdict(task),
@@ -421,6 +421,8 @@ def run_learn(
         "runs": runs,
         "summary": summarize(runs),
     }
+    result["equal_seconds"] = at_equal_seconds(result["summary"])
+    return result
 
 
 def summarize(runs: list[dict[str, Any]]) -> dict[str, list[dict[str, float]]]:
@@ -444,6 +446,40 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, list[dict[str, float]]]:
                 "n": len(accs),
             })  # fmt: skip
         out[fw] = rows
+    return out
+
+
+def interpolate(xs: list[float], ys: list[float], x: float) -> float | None:
+    """ys at x on the piecewise-linear curve through (xs, ys) (xs increasing); None outside [xs[0], xs[-1]]."""
+    if not xs or x < xs[0] or x > xs[-1]:
+        return None
+    for (x0, y0), (x1, y1) in zip(zip(xs, ys), zip(xs[1:], ys[1:])):
+        if x0 <= x <= x1:
+            return y0 if x1 == x0 else y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+    return ys[-1]
+
+
+def at_equal_seconds(
+    summary: dict[str, list[dict[str, float]]], a: str = "grpokit", b: str = "trl"
+) -> list[dict]:
+    """At each of ``a``'s evaluations (its mean training seconds), ``b``'s mean accuracy at the same seconds,
+    read off ``b``'s mean curve (linear between its evaluations); rows past ``b``'s last second are left out."""
+    if a not in summary or b not in summary:
+        return []
+    xs = [r["train_s_mean"] for r in summary[b]]
+    ys = [r["accuracy_mean"] for r in summary[b]]
+    out = []
+    for r in summary[a]:
+        other = interpolate(xs, ys, r["train_s_mean"])
+        if other is not None and r["step"] > 0:
+            out.append(
+                {
+                    "train_s": r["train_s_mean"],
+                    a: r["accuracy_mean"],
+                    b: other,
+                    "gap": r["accuracy_mean"] - other,
+                }
+            )
     return out
 
 
@@ -479,6 +515,17 @@ def print_learn_table(result: dict[str, Any], file=None) -> None:
         given = result["grpokit_set"] if fw == "grpokit" else result["trl_set"]
         w(fw, " ".join(given) or "defaults", *(f"{r['curve'][-1]['accuracy']:.1%}" for r in runs),
           f"{statistics.fmean(r['curve'][-1]['train_s'] for r in runs):.1f}")  # fmt: skip
+    if result.get("equal_seconds"):
+        print("\nat equal training seconds (TRL's mean curve read at grpokit's mean seconds)\n", file=file)
+        w("train s", "grpokit", "TRL", "grpokit - TRL")
+        w("---", "---", "---", "---")
+        for r in result["equal_seconds"]:
+            w(
+                f"{r['train_s']:.1f}",
+                f"{r['grpokit']:.1%}",
+                f"{r['trl']:.1%}",
+                f"{100 * r['gap']:+.1f} points",
+            )
     print("\nsettings that differ (TRL's in grpokit's terms, grpokit.config.trl)\n", file=file)
     w("setting", "grpokit", f"TRL {result['versions'].get('trl') or ''}".strip())
     w("---", "---", "---")

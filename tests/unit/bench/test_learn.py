@@ -11,7 +11,15 @@ import pytest
 import torch
 
 from grpokit import bench
-from grpokit.bench.learn import LearnTask, greedy_accuracy, setting_differences, summarize, task_data
+from grpokit.bench.learn import (
+    LearnTask,
+    at_equal_seconds,
+    greedy_accuracy,
+    interpolate,
+    setting_differences,
+    summarize,
+    task_data,
+)
 
 
 def _bench_args(argv):
@@ -97,3 +105,17 @@ def test_bad_learn_arguments_are_refused_by_name(argv, message, capsys):
     args = _bench_args(["--learn", *argv])
     assert args.func(args) == 2
     assert message in capsys.readouterr().err
+
+
+def test_accuracy_at_equal_seconds_by_hand():
+    """TRL's mean curve read at grpokit's seconds, linear between its evaluations."""
+    row = lambda step, s, acc: {"step": step, "train_s_mean": s, "accuracy_mean": acc}  # noqa: E731
+    summary = {
+        "grpokit": [row(0, 0.0, 0.1), row(10, 5.0, 0.5), row(20, 30.0, 0.9)],
+        "trl": [row(0, 0.0, 0.1), row(10, 10.0, 0.3), row(20, 20.0, 0.7)],
+    }
+    (only,) = at_equal_seconds(summary)  # 30 s is past TRL's last evaluation (20 s): left out
+    # TRL at 5 s: halfway from (0 s, 0.1) to (10 s, 0.3) = 0.2; grpokit 0.5 there, 0.3 ahead
+    assert only["train_s"] == 5.0 and only["trl"] == pytest.approx(0.2) and only["gap"] == pytest.approx(0.3)
+    assert interpolate([0.0, 10.0], [0.1, 0.3], 10.0) == pytest.approx(0.3)
+    assert interpolate([0.0, 10.0], [0.1, 0.3], 10.5) is None
