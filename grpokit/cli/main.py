@@ -531,6 +531,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_bench_parser(sub)
     add_sample_parser(sub, [common])
+    from grpokit.cli.vllm_serve import add_vllm_serve_parser
+
+    add_vllm_serve_parser(sub, [common])
     add_pipeline_parser(sub, [common])
     from grpokit.view.cli import add_view_parser
 

@@ -119,6 +119,7 @@ VLLM_DEFAULTS: dict[str, Any] = {
     "vllm_max_model_length": None, "vllm_tensor_parallel_size": 1, "vllm_importance_sampling_correction": True,
     "vllm_importance_sampling_mode": "sequence_mask", "vllm_importance_sampling_clip_max": 3.0,
     "vllm_importance_sampling_clip_min": None, "vllm_importance_sampling_cap": None,
+    "vllm_server_base_url": None, "vllm_server_host": "0.0.0.0", "vllm_server_port": 8000, "vllm_server_timeout": 240.0,
 }  # fmt: skip
 """TRL 1.16's defaults of the vLLM fields use_vllm=true maps (rollout.engine=vllm, rollout.vllm.*, the correction)."""
 
@@ -348,19 +349,27 @@ def from_trl(values: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
 
 
 def _vllm(v: dict[str, Any], out: dict[str, dict[str, Any]], notes: list[str]) -> None:
-    """use_vllm=true: rollout.engine=vllm (colocated), its settings, and TRL's importance-sampling correction
+    """use_vllm=true: rollout.engine=vllm (colocated, or vllm_mode server: rollout.vllm.mode=server at TRL's
+    vllm_server_base_url or host:port), its settings, and TRL's importance-sampling correction
     as rollout.mismatch_correction / _cap / _floor (grpokit.algos.mismatch: the same four modes)."""
     w = {**VLLM_DEFAULTS, **{k: v[k] for k in VLLM_DEFAULTS if k in v}}
-    if w["vllm_mode"] != "colocate":
-        raise ConfigError(
-            f"TRL vllm_mode={w['vllm_mode']!r}: grpokit runs vLLM colocated (in the trainer's process) only so far; "
-            "set vllm_mode: colocate"
-        )
+    if w["vllm_mode"] not in ("colocate", "server"):
+        raise ConfigError(f"TRL vllm_mode={w['vllm_mode']!r}: choose colocate or server")
     if int(w["vllm_tensor_parallel_size"]) != 1:
         raise ConfigError(f"TRL vllm_tensor_parallel_size={w['vllm_tensor_parallel_size']}: grpokit's engine uses one device")
-    vllm = {"gpu_memory_utilization": float(w["vllm_gpu_memory_utilization"]), "sleep": bool(w["vllm_enable_sleep_mode"])}
-    if w["vllm_max_model_length"] is not None:
-        vllm["max_model_len"] = int(w["vllm_max_model_length"])
+    if w["vllm_mode"] == "server":  # the engine's own settings are the server's (grpokit vllm-serve options)
+        url = w["vllm_server_base_url"] or f"http://{w['vllm_server_host']}:{int(w['vllm_server_port'])}"
+        vllm = {"mode": "server", "server_url": url, "server_timeout_s": float(w["vllm_server_timeout"])}
+        given = [k for k in ("vllm_gpu_memory_utilization", "vllm_enable_sleep_mode", "vllm_max_model_length") if k in v]
+        notes.append(
+            f"vllm_mode: server: rollout.vllm.mode=server at {url}; start the server with grpokit vllm-serve "
+            "--model MODEL --port PORT (not trl vllm-serve: grpokit pushes weights over HTTP, not NCCL)"
+            + (f"; {', '.join(given)} are the server's options (grpokit vllm-serve --help)" if given else "")
+        )
+    else:
+        vllm = {"gpu_memory_utilization": float(w["vllm_gpu_memory_utilization"]), "sleep": bool(w["vllm_enable_sleep_mode"])}
+        if w["vllm_max_model_length"] is not None:
+            vllm["max_model_len"] = int(w["vllm_max_model_length"])
     out["rollout"].update(engine="vllm", vllm=vllm)
     cap = w["vllm_importance_sampling_cap"] if w["vllm_importance_sampling_cap"] is not None else w["vllm_importance_sampling_clip_max"]
     if not w["vllm_importance_sampling_correction"]:
@@ -369,7 +378,7 @@ def _vllm(v: dict[str, Any], out: dict[str, dict[str, Any]], notes: list[str]) -
     mode = w["vllm_importance_sampling_mode"]
     out["rollout"].update(mismatch_correction=mode, mismatch_cap=cap, mismatch_floor=w["vllm_importance_sampling_clip_min"])
     notes.append(
-        f"use_vllm: rollout.engine=vllm, colocated; TRL's importance-sampling correction as "
+        f"use_vllm: rollout.engine=vllm, {'served' if w['vllm_mode'] == 'server' else 'colocated'}; TRL's importance-sampling correction as "
         f"rollout.mismatch_correction={mode} with cap {cap} (grpokit's own default on vllm: token_truncate, cap 2)"
     )
 

@@ -33,6 +33,12 @@ Each completion is its own request with its own seed (derived from the rollout's
 samples as the first did; the G requests of a prompt share its prefill through vLLM's prefix cache.
 (One request with n = G and a seed gives its G samples the same first tokens on vLLM 0.32.)
 
+Server (``rollout.vllm.mode: server``): the engine runs in a ``grpokit vllm-serve`` process (other GPUs,
+another node, or loopback) at ``rollout.vllm.server_url``; the generator makes the same calls on it over
+HTTP (grpokit.rollout.vllm_remote.ServerEngine, the server grpokit.rollout.vllm_server) that it makes on a
+LocalEngine here: the same requests, pushes, cache reset and checks. It waits for the server's health check
+at the first rollout, then pushes the trainer's weights (the server started from its own --model).
+
 GPU only (skipped without CUDA): ``rollout.vllm.gpu_memory_utilization``; ``rollout.vllm.sleep`` puts the
 engine to sleep (level 1: weights offloaded, KV cache freed) after each rollout so the update has the
 memory, and wakes the weights, pushes, then wakes the KV cache before the next one.
@@ -43,6 +49,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+import time
 import weakref
 from collections.abc import Callable
 from pathlib import Path
@@ -137,6 +144,101 @@ def version_of(model: torch.nn.Module) -> tuple[int, int]:
     return id(model), sum(p._version for p in model.parameters())
 
 
+def start_llm(
+    folder: str | Path,
+    *,
+    dtype: str,
+    seed: int,
+    max_model_len: int | None,
+    enforce_eager: bool | None,
+    cpu_kv_cache_gib: int,
+    gpu_memory_utilization: float,
+    sleep: bool,
+    cuda: bool,
+):
+    """A vLLM engine in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) of the model in ``folder``
+    (config.json and safetensors; its tokenizer is not read: token ids in, token ids out). The colocated
+    generator and ``grpokit vllm-serve`` both start theirs here."""
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine in this process
+    if not cuda:
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(cpu_kv_cache_gib))
+    from vllm import LLM
+
+    extra: dict[str, Any] = {}
+    if cuda:
+        extra["gpu_memory_utilization"] = gpu_memory_utilization
+        extra["enable_sleep_mode"] = sleep
+    return LLM(
+        model=str(folder),
+        dtype=dtype,
+        enforce_eager=enforce_eager if enforce_eager is not None else not cuda,
+        max_model_len=max_model_len or None,
+        seed=seed,
+        skip_tokenizer_init=True,  # token ids in, token ids out
+        logprobs_mode="processed_logprobs",  # log_softmax(logits / T), see the module docstring
+        generation_config="vllm",  # the model's generation_config.json sets no sampling default
+        enable_prefix_caching=True,
+        **extra,
+    )
+
+
+class LocalEngine:
+    """The calls the generator makes on a vLLM engine, on one in this process (``llm``, a ``vllm.LLM``).
+    grpokit.rollout.vllm_remote.ServerEngine makes the same calls over HTTP to ``grpokit vllm-serve``, which
+    serves them with one of these."""
+
+    def __init__(self, llm, dtype: str):
+        self.llm, self.dtype = llm, dtype
+
+    def sample(self, requests: list[tuple[list[int], dict[str, Any]]]) -> list[tuple[list[int], list[float]]]:
+        """One completion per (prompt token ids, SamplingParams arguments) request, in order: its token ids
+        and each sampled token's log-prob."""
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        prompts = [TokensPrompt(prompt_token_ids=list(ids)) for ids, _ in requests]
+        params = [SamplingParams(n=1, logprobs=0, detokenize=False, **kw) for _, kw in requests]
+        outputs = self.llm.generate(prompts, params, use_tqdm=False)
+        completions = [out.outputs[0] for out in outputs]
+        return [
+            (list(c.token_ids), [step[tok].logprob for step, tok in zip(c.logprobs, c.token_ids)])
+            for c in completions
+        ]
+
+    def load_weights(self, weights: list[tuple[str, Tensor]]) -> None:
+        """vLLM's reload_weights on the worker, the tensors handed over in this process."""
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
+
+    def refresh_tied_head(self) -> None:
+        self.llm.apply_model(_refresh_tied_head)
+
+    def reset_prefix_cache(self) -> None:
+        self.llm.reset_prefix_cache()
+
+    def readable(self) -> dict[str, tuple[tuple[int, ...], Tensor]]:
+        """The fingerprint of every tensor the engine keeps readable (_readable_tensors)."""
+        (tensors,) = self.llm.apply_model(_readable_tensors)
+        return tensors
+
+    def prompt_logprobs(self, ids: list[int]) -> list[float]:
+        """log p(ids[t] | ids[:t]) for t >= 1, at T = 1."""
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        params = SamplingParams(max_tokens=1, prompt_logprobs=0, detokenize=False)
+        (out,) = self.llm.generate([TokensPrompt(prompt_token_ids=list(ids))], params, use_tqdm=False)
+        return [step[tok].logprob for step, tok in zip(out.prompt_logprobs[1:], ids[1:])]
+
+    def wake_up(self, tags: list[str]) -> None:
+        self.llm.wake_up(tags=tags)
+
+    def sleep(self) -> None:
+        self.llm.sleep(level=1)
+
+    def close(self) -> None:
+        self.llm = None
+
+
 class VLLMGenerator:
     """The rollout engine over vLLM (see the module docstring). ``settings``: the run's ``rollout.vllm``
     section (grpokit.config.schema.VLLMConfig); ``max_model_len``: prompt plus completion tokens at most
@@ -148,16 +250,12 @@ class VLLMGenerator:
     def __init__(
         self, settings: Any, *, max_model_len: int | None, seed: int = 0, say: Callable[[str], None] | None = None
     ):
-        missing = vllm_missing()
+        missing = vllm_missing() if settings.mode == "colocate" else None  # a server's client needs no vLLM
         if missing:
             raise VLLMUnavailable(missing)
-        if settings.mode != "colocate":
-            raise NotImplementedError(
-                f"rollout.vllm.mode={settings.mode!r}: only colocate (an in-process engine) is implemented so far"
-            )
         self.settings, self.max_model_len, self.seed = settings, max_model_len, seed
         self.say = say or (lambda message: None)
-        self.llm = None
+        self.llm: Any = None  # LocalEngine, or grpokit.rollout.vllm_remote.ServerEngine in server mode
         self.folder: Path | None = None
         self.pushed: tuple[int, int] | None = None  # version_of the trainer's model the engine holds
         self.pushed_step: int | None = None  # the training step of the last push (sync)
@@ -169,21 +267,24 @@ class VLLMGenerator:
     # ----------------------------------------------------------------------------- the engine
 
     def engine_for(self, model: torch.nn.Module):
-        """The vLLM engine, started from ``model``'s weights on first use."""
+        """The engine (LocalEngine, or ServerEngine in server mode), started from ``model``'s weights on
+        first use; a server, started from its own --model, holds none of ours: the first rollout pushes
+        them (with the probe check, which needs that rollout's first prompt)."""
         if self.llm is None:
-            self.llm = self._start(model)
-            self.pushed = version_of(model)
+            if self.settings.mode == "server":
+                from grpokit.rollout.vllm_remote import ServerEngine
+
+                self.llm = ServerEngine(self.settings.server_url, timeout_s=self.settings.server_timeout_s)
+                self.say(f"vLLM server at {self.settings.server_url}: {self.llm.describe()}")
+            else:
+                self.llm = self._start(model)
+                self.pushed = version_of(model)
         return self.llm
 
-    def _start(self, model: torch.nn.Module):
+    def _start(self, model: torch.nn.Module) -> LocalEngine:
         from safetensors.torch import save_file
 
         cuda = next(model.parameters()).device.type == "cuda"
-        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine in this process
-        if not cuda:
-            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(self.settings.cpu_kv_cache_gib))
-        from vllm import LLM
-
         base = model.get_base_model() if hasattr(model, "get_base_model") else model
         self.folder = Path(tempfile.mkdtemp(prefix="grpokit-vllm-"))
         weakref.finalize(self, shutil.rmtree, self.folder, True)  # removed with the generator at the latest
@@ -191,34 +292,26 @@ class VLLMGenerator:
         state = {k: v.detach().cpu().contiguous() for k, v in trainer_weights(model).items()}
         save_file(state, str(self.folder / "model.safetensors"))
         dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
-        extra: dict[str, Any] = {}
-        if cuda:
-            extra["gpu_memory_utilization"] = self.settings.gpu_memory_utilization
-            extra["enable_sleep_mode"] = self.settings.sleep
-        eager = self.settings.enforce_eager if self.settings.enforce_eager is not None else not cuda
         length = self.settings.max_model_len or self.max_model_len
         limit = getattr(base.config, "max_position_embeddings", None)
         if length and limit:
             length = min(length, limit)
-        return LLM(
-            model=str(self.folder),
-            dtype=dtype,
-            enforce_eager=eager,
-            max_model_len=length or None,
-            seed=self.seed,
-            skip_tokenizer_init=True,  # token ids in, token ids out
-            logprobs_mode="processed_logprobs",  # log_softmax(logits / T), see the module docstring
-            generation_config="vllm",  # the model's generation_config.json sets no sampling default
-            enable_prefix_caching=True,
-            **extra,
-        )
+        s = self.settings
+        llm = start_llm(
+            self.folder, dtype=dtype, seed=self.seed, max_model_len=length, enforce_eager=s.enforce_eager,
+            cpu_kv_cache_gib=s.cpu_kv_cache_gib, gpu_memory_utilization=s.gpu_memory_utilization, sleep=s.sleep,
+            cuda=cuda,
+        )  # fmt: skip
+        return LocalEngine(llm, dtype)
 
     def release(self) -> bool:
         """Nothing to free on demand: the engine keeps its KV cache (rollout.vllm.sleep frees it on a GPU)."""
         return False
 
     def close(self) -> None:
-        """Stop the engine and remove its weights folder."""
+        """Stop the engine (a server is left running: it was started apart) and remove its weights folder."""
+        if self.llm is not None:
+            self.llm.close()
         self.llm = None
         if self.folder is not None:
             shutil.rmtree(self.folder, ignore_errors=True)
@@ -232,9 +325,12 @@ class VLLMGenerator:
         the weights the engine holds (off-policy by ``step - pushed_step`` steps)."""
         self.engine_for(model)
         self.lagging = False
-        changed = version_of(model) != self.pushed
         if self.pushed_step is None:
             self.pushed_step = step
+        if self.pushed is None:  # the engine holds none of the trainer's weights yet: generate pushes them
+            self.stats["weight_lag"] = 0
+            return
+        changed = version_of(model) != self.pushed
         due = step - self.pushed_step >= self.settings.sync_every
         if changed and not due:
             self.lagging = True
@@ -247,12 +343,14 @@ class VLLMGenerator:
         """Hand the trainer's weights to the engine, drop its prefix cache, check them."""
         llm = self.engine_for(model)
         self._wake(["weights"])
+        started = time.perf_counter()
         weights = list(trainer_weights(model).items())
         self._reload(llm, weights)
         base = model.get_base_model() if hasattr(model, "get_base_model") else model
         if getattr(base.config, "tie_word_embeddings", False):
-            llm.apply_model(_refresh_tied_head)
+            llm.refresh_tied_head()
         llm.reset_prefix_cache()  # KV blocks of the old weights must not serve the next prompts
+        self.stats["push_s"] = time.perf_counter() - started  # the transfer, before the checks
         self.pushed = None  # until the checks pass: a failed push is pushed again by the next call
         self.pushes += 1
         self.check(model)
@@ -261,14 +359,14 @@ class VLLMGenerator:
 
     def _reload(self, llm, weights: list[tuple[str, Tensor]]) -> None:
         """The transfer itself (a test replaces it to skip a sync)."""
-        llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
+        llm.load_weights(weights)
 
     def check(self, model: torch.nn.Module) -> None:
         """WeightSyncError unless the engine's readable tensors equal the trainer's (rollout.vllm.check_weights)."""
         if not self.settings.check_weights:
             return
         ours = trainer_weights(model)
-        (engine,) = self.llm.apply_model(_readable_tensors)
+        engine = self.llm.readable()
         compared = 0
         for name, (shape, values) in engine.items():
             mine = ours.get(name)
@@ -294,13 +392,8 @@ class VLLMGenerator:
         prompt was seen or with rollout.vllm.check_weights off."""
         if not self.settings.check_weights or self.probe_ids is None:
             return None
-        from vllm import SamplingParams
-        from vllm.inputs import TokensPrompt
-
         ids = self.probe_ids
-        params = SamplingParams(max_tokens=1, prompt_logprobs=0, detokenize=False)
-        (out,) = self.llm.generate([TokensPrompt(prompt_token_ids=ids)], params, use_tqdm=False)
-        engine = torch.tensor([step[tok].logprob for step, tok in zip(out.prompt_logprobs[1:], ids[1:])])
+        engine = torch.tensor(self.llm.prompt_logprobs(ids))
         was = model.training
         model.eval()
         with torch.no_grad():
@@ -310,12 +403,13 @@ class VLLMGenerator:
         model.train(was)
         gap = float((engine - ours).abs().max())
         dtype = next(model.parameters()).dtype
-        tolerance = 1e-3 if dtype == torch.float32 else 0.1
+        full = dtype == torch.float32 and self.llm.dtype == "float32"  # a server may compute in another dtype
+        tolerance = 1e-3 if full else 0.1
         self.stats["probe_gap"] = gap
         if gap > tolerance:
             raise WeightSyncError(
                 f"the vLLM engine's log-probs of a probe sequence are {gap:.3g} nats from the trainer's (tolerance "
-                f"{tolerance:g} in {str(dtype).removeprefix('torch.')}) after push {self.pushes}: the engine computes "
+                f"{tolerance:g}: {'float32' if full else '16-bit'}) after push {self.pushes}: the engine computes "
                 "with other weights than the trainer's (a weight it keeps apart was not updated). Nothing was "
                 "trained on its samples. (rollout.vllm.check_weights)"
             )
@@ -323,11 +417,11 @@ class VLLMGenerator:
 
     def _wake(self, tags: list[str]) -> None:
         if self.settings.sleep and torch.cuda.is_available() and self.llm is not None:
-            self.llm.wake_up(tags=tags)
+            self.llm.wake_up(tags)
 
     def _sleep(self) -> None:
         if self.settings.sleep and torch.cuda.is_available() and self.llm is not None:
-            self.llm.sleep(level=1)
+            self.llm.sleep()
 
     # ----------------------------------------------------------------------------- sampling
 
@@ -347,9 +441,6 @@ class VLLMGenerator:
         seed: int | None = None,
         ignore_eos: bool = False,
     ) -> Rollout:
-        from vllm import SamplingParams
-        from vllm.inputs import TokensPrompt
-
         _validate(group_size, max_new_tokens, temperature, top_p, top_k, eos_token_ids)
         llm = self.engine_for(model)
         if self.probe_ids is None:
@@ -363,40 +454,31 @@ class VLLMGenerator:
         self._wake(["kv_cache"])
         G = group_size
         base_seed = 0 if seed is None else seed
-        requests, params = [], []
+        requests = []  # (prompt, SamplingParams arguments): one request per completion, its own seed
         for i, prompt in enumerate(prompt_ids):
             for j in range(G):
-                requests.append(TokensPrompt(prompt_token_ids=list(prompt)))
-                params.append(
-                    SamplingParams(
-                        n=1,
-                        temperature=temperature,
-                        top_p=top_p,
-                        top_k=top_k,  # 0 = off, as ours
-                        max_tokens=max_new_tokens,
-                        logprobs=0,  # the sampled token's own log-prob
-                        stop_token_ids=None if ignore_eos else list(eos_token_ids),
-                        ignore_eos=ignore_eos,
-                        detokenize=False,
-                        seed=(base_seed * 1_000_003 + i * G + j) % SEED_SPACE,
-                    )
+                params = dict(
+                    temperature=temperature,
+                    top_p=top_p,
+                    top_k=top_k,  # 0 = off, as ours
+                    max_tokens=max_new_tokens,
+                    stop_token_ids=None if ignore_eos else list(eos_token_ids),
+                    ignore_eos=ignore_eos,
+                    seed=(base_seed * 1_000_003 + i * G + j) % SEED_SPACE,
                 )
-        outputs = llm.generate(requests, params, use_tqdm=False)
+                requests.append((list(prompt), params))
+        completions = llm.sample(requests)  # (N,) prompt-major, as requested
         self._sleep()
-        completions = [out.outputs[0] for out in outputs]  # (N,) prompt-major, as requested
-        N, Lc = len(completions), max(1, max(len(c.token_ids) for c in completions))
+        N, Lc = len(completions), max(1, max(len(tokens) for tokens, _ in completions))
         ids = torch.full((N, Lc), pad_token_id, dtype=torch.long)
         mask = torch.zeros((N, Lc), dtype=torch.long)
         logprobs = torch.zeros((N, Lc), dtype=torch.float32)
         truncated = torch.zeros(N, dtype=torch.bool)
         eos = set(eos_token_ids)
-        for r, c in enumerate(completions):
-            tokens = list(c.token_ids)
+        for r, (tokens, token_logprobs) in enumerate(completions):
             ids[r, : len(tokens)] = torch.tensor(tokens, dtype=torch.long)
             mask[r, : len(tokens)] = 1
-            logprobs[r, : len(tokens)] = torch.tensor(
-                [step[tok].logprob for step, tok in zip(c.logprobs, tokens)], dtype=torch.float32
-            )
+            logprobs[r, : len(tokens)] = torch.tensor(token_logprobs, dtype=torch.float32)
             truncated[r] = ignore_eos or not tokens or tokens[-1] not in eos
         p_ids, p_mask = left_pad(prompt_ids, pad_token_id)  # (P, Lp)
         self.stats.update(engine="vllm", pushes=self.pushes)

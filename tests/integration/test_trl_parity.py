@@ -228,6 +228,25 @@ def test_use_vllm_maps_to_the_vllm_engine_and_trls_importance_sampling_to_the_mi
     assert "engine" not in plain["rollout"] and "mismatch_correction" not in plain["rollout"]
 
 
+def test_trls_server_mode_maps_to_grpokits_with_its_address_and_timeout():
+    from grpokit.config.checks import check_settings_in_use
+    from grpokit.config.schema import config_from_dict
+    from grpokit.config.trl import from_trl
+
+    values, notes = from_trl({"use_vllm": True, "vllm_mode": "server", "vllm_server_port": 8123})
+    cfg = config_from_dict(values)
+    assert (cfg.rollout.vllm.mode, cfg.rollout.vllm.server_url) == ("server", "http://0.0.0.0:8123")  # TRL's host
+    assert cfg.rollout.vllm.server_timeout_s == 240.0
+    check_settings_in_use(cfg)  # no colocated engine's setting was written for a server
+    values, notes = from_trl(
+        {"use_vllm": True, "vllm_mode": "server", "vllm_server_base_url": "http://gpu7:9000", "vllm_server_host": "x",
+         "vllm_server_timeout": 60, "vllm_gpu_memory_utilization": 0.8},
+    )  # fmt: skip
+    v = config_from_dict(values).rollout.vllm
+    assert (v.server_url, v.server_timeout_s, v.gpu_memory_utilization) == ("http://gpu7:9000", 60.0, 0.3)
+    assert any("vllm_gpu_memory_utilization are the server's options" in n for n in notes)
+
+
 @pytest.mark.parametrize(
     "fields,message",
     [
@@ -239,7 +258,7 @@ def test_use_vllm_maps_to_the_vllm_engine_and_trls_importance_sampling_to_the_mi
         ({"max_steps": 10, "steps_per_generation": 4, "loss_type": "grpo"}, "use a multiple of 4"),
         ({"min_p": 0.1}, "min_p=0.1 is not supported: not implemented"),
         ({"repetition_penalty": 1.1}, "repetition_penalty=1.1 is not supported"),
-        ({"use_vllm": True, "vllm_mode": "server"}, "vllm_mode='server': grpokit runs vLLM colocated"),
+        ({"use_vllm": True, "vllm_mode": "spmd"}, "vllm_mode='spmd': choose colocate or server"),
         ({"use_vllm": True, "vllm_tensor_parallel_size": 2}, "vllm_tensor_parallel_size=2"),
         ({"multi_objective_aggregation": "mean"}, "choose sum_then_normalize or normalize_then_sum"),
         ({"reward_weights": [1, 2]}, "reward_weights needs the rewards"),
