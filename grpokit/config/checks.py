@@ -45,6 +45,10 @@ REPORT_TO: dict[str, tuple[str, str]] = {
     "none": ("", ""),
 }
 """train.report_to: tracker name -> (the package it needs, how to install it) (grpokit.run.log logs to them)."""
+VLLM_SERVER = ("server_url", "server_timeout_s")
+"""rollout.vllm.* settings of the server mode's client."""
+VLLM_COLOCATED = ("cpu_kv_cache_gib", "gpu_memory_utilization", "sleep", "enforce_eager", "max_model_len")
+"""rollout.vllm.* settings of an engine in the trainer's process (a server's are grpokit vllm-serve options)."""
 
 
 def check_report_to(report_to: str | list[str] | tuple[str, ...], key: str = "train.report_to") -> list[str]:
@@ -82,7 +86,8 @@ def check_vllm_installed(engine: str, key: str, mode: str = "colocate") -> None:
     spec = importlib.util.find_spec("vllm")
     if spec is None or spec.origin is None:  # origin None: a folder named vllm on the path, not the package
         raise ConfigError(
-            f"{key}=vllm needs vLLM, which is not installed here. Install it: {VLLM_INSTALL}"
+            f"{key}=vllm needs vLLM, which is not installed here. Install it: {VLLM_INSTALL}; or sample on a "
+            "server started where it is (rollout.vllm.mode=server: grpokit vllm-serve)"
         )
 
 
@@ -162,6 +167,13 @@ def check_settings_in_use(cfg: Any) -> None:
         if hasattr(r, "vllm"):
             vllm = [f.name for f in dataclasses.fields(r.vllm)]
             checks.append((r.vllm, "rollout.vllm", vllm, r.engine == "vllm", "rollout.engine=vllm"))
+            if r.engine == "vllm":  # each mode's own settings (a server takes the engine's on its command line)
+                server = r.vllm.mode == "server"
+                checks.append((r.vllm, "rollout.vllm", list(VLLM_SERVER), server, "rollout.vllm.mode=server"))
+                checks.append(
+                    (r.vllm, "rollout.vllm", list(VLLM_COLOCATED), not server,
+                     "rollout.vllm.mode=colocate (a server takes them on its command line: grpokit vllm-serve --help)")
+                )  # fmt: skip
     o = getattr(cfg, "optim", None)
     if o is not None and hasattr(o, "micro_batch_tokens"):
         packing = o.packing or bool(getattr(getattr(cfg, "sft", None), "packing", False))

@@ -47,7 +47,7 @@ TEMPLATE_NAMES = ("auto", "chat", "plain", "r1_zero")
 ENGINES = ("fast", "hf", "vllm")
 """rollout.engine: the generators of grpokit.rollout.generation (FastGenerator, HFGenerator) and
 grpokit.rollout.vllm (VLLMGenerator)."""
-VLLM_MODES = ("colocate",)
+VLLM_MODES = ("colocate", "server")
 """rollout.vllm.mode: the ways grpokit.rollout.vllm runs the engine."""
 MISMATCH_CORRECTIONS = ("auto", "none", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
 """rollout.mismatch_correction: auto, and grpokit.algos.mismatch.IS_MODES."""
@@ -145,7 +145,20 @@ class DataConfig:
 @dataclass
 class VLLMConfig:
     mode: str = setting(
-        "colocate", "colocate: the engine in the trainer's process, beside the model it copies.", choices=VLLM_MODES
+        "colocate",
+        """colocate: the engine in the trainer's process, beside the model it copies | server: a grpokit
+        vllm-serve process at rollout.vllm.server_url (other GPUs, another node), weights pushed over HTTP.""",
+        choices=VLLM_MODES,
+    )
+    server_url: str = setting(
+        "http://127.0.0.1:8000",
+        "Server mode: the address of the grpokit vllm-serve process (its --host and --port).",
+    )
+    server_timeout_s: float = setting(
+        240.0,
+        "Server mode: seconds to wait for the server's health check at the start (it may still be loading).",
+        range="(0, inf)",
+        example=240,
     )
     sync_every: int = setting(
         1,
