@@ -1,4 +1,5 @@
-"""A forked worker process that runs the user's code (reward functions, tools) apart from the trainer.
+"""A forked worker process that runs the user's code (reward functions, tools) apart from the trainer, and
+``WorkerPool``: the lifecycle of the workers one owner holds (the tool runner's, the environments').
 
 One fork recipe for both (``grpokit.rewards._workers`` and ``grpokit.rollout.tools.runner``): the child is in its
 own process group (``killpg`` reaches whatever it starts; Ctrl-C at the terminal does not), dies with its
@@ -13,8 +14,11 @@ from __future__ import annotations
 import ctypes
 import os
 import signal
+import threading
 import warnings
 from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Protocol, TypeVar
 
 PR_SET_PDEATHSIG = 1
 
@@ -64,6 +68,67 @@ def fork_worker(
     os.close(req_r)
     os.close(rep_w)
     return pid, req_w, rep_r
+
+
+class Killable(Protocol):
+    def kill(self) -> None: ...
+
+
+W = TypeVar("W", bound=Killable)
+
+
+class WorkerPool:
+    """The worker processes one owner holds (grpokit.rollout.tools.runner.ToolRunner's, grpokit.rollout.envs.EnvPool's),
+    composed into it: ``spawn(make)`` forks one (``make()`` returns an object with ``kill()``) and keeps it,
+    ``retire(worker)`` kills it and lets it go, ``close()`` kills every one kept, and runs when the pool is
+    collected.
+
+    The forks come from one long-lived thread of the pool's: PR_SET_PDEATHSIG fires when the *thread* that
+    forked a child exits, and the callers may be short-lived threads (the multi-turn engine's). Only the
+    process that made the pool closes it: a fork of that process (a worker itself) inherits the object and
+    must not kill its parent's workers."""
+
+    def __init__(self, name: str):
+        self._lock = threading.Lock()
+        self._live: list = []
+        self._spawner = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"grpokit-{name}")
+        self.owner = os.getpid()
+
+    @property
+    def live(self) -> list:
+        """The workers kept now (a copy)."""
+        with self._lock:
+            return list(self._live)
+
+    def spawn(self, make: Callable[[], W]) -> W:
+        """``make()`` run on the pool's forking thread; its worker is kept until retired or closed."""
+        worker = self._spawner.submit(make).result()
+        with self._lock:
+            self._live.append(worker)
+        return worker
+
+    def retire(self, worker: Killable) -> None:
+        """Kill ``worker`` and stop keeping it."""
+        worker.kill()
+        with self._lock:
+            if worker in self._live:
+                self._live.remove(worker)
+
+    def close(self) -> None:
+        """Kill every worker kept and stop the forking thread (in the owning process only)."""
+        if os.getpid() != self.owner:
+            return
+        with self._lock:
+            live, self._live = self._live, []
+        for worker in live:
+            worker.kill()
+        self._spawner.shutdown(wait=False)
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass
 
 
 class OutputTail:

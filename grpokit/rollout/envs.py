@@ -37,12 +37,11 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from grpokit.core.chat_text import clean_text, cut_text
-from grpokit.core.workers import OutputTail
+from grpokit.core.workers import OutputTail, WorkerPool
 from grpokit.rollout.tools.parsers import ToolCall
 from grpokit.rollout.tools.runner import _HEADER, ToolRunner, Worker, _read_exact, _write_frame
 
@@ -300,7 +299,7 @@ class EnvProcess:
 
     def kill(self) -> None:
         if self.worker is not None:
-            self.worker.kill()
+            self.pool.workers.retire(self.worker)
             self.worker = None
 
 
@@ -313,13 +312,11 @@ class EnvPool:
             raise ValueError("timeout_s must be > 0")
         self.factory, self.timeout_s = factory, timeout_s
         self._handles: list[EnvProcess] = []
-        self._lock = threading.Lock()
-        # forked from one long-lived thread: PR_SET_PDEATHSIG fires when the thread that forked exits
-        self._spawner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grpokit-envs")
-        self.owner = os.getpid()
+        self._lock = threading.Lock()  # the handles
+        self.workers = WorkerPool("envs")  # forked on its thread (episodes step in threads), killed at close
 
     def spawn(self) -> Worker:
-        return self._spawner.submit(Worker, functools.partial(_serve_environment, self.factory)).result()
+        return self.workers.spawn(functools.partial(Worker, functools.partial(_serve_environment, self.factory)))
 
     def environments(self, n: int) -> list[EnvProcess]:
         with self._lock:
@@ -328,17 +325,11 @@ class EnvPool:
             return self._handles[:n]
 
     def close(self) -> None:
-        """Kill every worker (call when done)."""
-        if os.getpid() != self.owner:
+        """Kill every worker (call when done; the pool also does when it is collected)."""
+        if os.getpid() != self.workers.owner:
             return
         with self._lock:
             handles, self._handles = self._handles, []
         for h in handles:
-            h.kill()
-        self._spawner.shutdown(wait=False)
-
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except Exception:  # noqa: BLE001 - interpreter shutdown
-            pass
+            h.worker = None  # killed with the rest just below
+        self.workers.close()

@@ -21,11 +21,10 @@ import struct
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from grpokit.core.chat_text import clean_text, cut_text
-from grpokit.core.workers import OutputTail, fork_worker, limit_address_space, resident_bytes
+from grpokit.core.workers import OutputTail, WorkerPool, fork_worker, limit_address_space, resident_bytes
 from grpokit.rollout.tools.parsers import ToolCall
 from grpokit.rollout.tools.results import Stopped
 from grpokit.rollout.tools.spec import Tool, check_arguments, echo
@@ -124,6 +123,7 @@ class Worker:
             lambda parent, requests, replies: serve(requests, replies), _PARENT_FDS
         )
         _PARENT_FDS.update((self.to_child, self.from_child))
+        self.killed = False
 
     def call(self, name: str, arguments: object, timeout_s: float) -> object | None:
         """The reply to the request (name, arguments), None when the worker died; TimeoutError past ``timeout_s``."""
@@ -139,7 +139,11 @@ class Worker:
         return None if body is None else pickle.loads(body)
 
     def kill(self) -> None:
-        """SIGKILL the worker's process group, reap it, close its pipes."""
+        """SIGKILL the worker's process group, reap it, close its pipes; once (a second call does nothing:
+        its pipes' numbers may belong to other files by then)."""
+        if self.killed:
+            return
+        self.killed = True
         for target in (
             lambda: os.killpg(self.pid, signal.SIGKILL),
             lambda: os.kill(self.pid, signal.SIGKILL),
@@ -191,12 +195,8 @@ class ToolRunner:
         self._idle: queue.SimpleQueue[Worker | None] = queue.SimpleQueue()
         for _ in range(workers):
             self._idle.put(None)  # started on first use
-        self._lock = threading.Lock()
-        self._all: list[Worker] = []
-        # Workers are forked from this one long-lived thread: PR_SET_PDEATHSIG fires when the *thread* that
-        # forked a child exits, and calls come from the engine's short-lived step threads.
-        self._spawner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grpokit-tools")
-        self.owner = os.getpid()
+        self._lock = threading.Lock()  # the counters
+        self.workers = WorkerPool("tools")  # forked on its thread, killed at close (the engine calls from threads)
         self.counts = {"calls": 0, "errors": 0, "timeouts": 0, "seconds": 0.0, "recycled": 0}
 
     def _count(self, result: ToolResult) -> ToolResult:
@@ -241,12 +241,10 @@ class ToolRunner:
         if worker is None:
             try:
                 serve = functools.partial(_serve, self.tools, self.max_chars, self.memory_mb)
-                worker = self._spawner.submit(Worker, serve).result()
+                worker = self.workers.spawn(functools.partial(Worker, serve))
             except Exception:
                 self._idle.put(None)
                 raise
-            with self._lock:
-                self._all.append(worker)
         try:
             reply = worker.call(tool.name, call.arguments, timeout)
         except TimeoutError:
@@ -298,24 +296,14 @@ class ToolRunner:
         return check_arguments(tool, call.arguments)
 
     def _retire(self, worker: Worker) -> None:
-        worker.kill()
-        with self._lock:
-            if worker in self._all:
-                self._all.remove(worker)
+        self.workers.retire(worker)
         self._idle.put(None)  # a fresh worker is forked for the next call
 
-    def close(self) -> None:
-        """Kill every worker (call when done; also run at exit of the owning process)."""
-        if os.getpid() != self.owner:
-            return
-        with self._lock:
-            workers, self._all = self._all, []
-        for w in workers:
-            w.kill()
-        self._spawner.shutdown(wait=False)
+    @property
+    def _all(self) -> list[Worker]:
+        """The live workers (the pool's)."""
+        return self.workers.live
 
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except Exception:  # noqa: BLE001 - interpreter shutdown
-            pass
+    def close(self) -> None:
+        """Kill every worker (call when done; the pool also does when it is collected)."""
+        self.workers.close()
