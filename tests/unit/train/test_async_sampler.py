@@ -5,6 +5,7 @@ stops the run with a checkpoint; the settings it cannot run with are refused."""
 
 from __future__ import annotations
 
+import copy
 import math
 import os
 import signal
@@ -17,7 +18,7 @@ from test_parts import fixed_rollout, grads_of_one_step, make_learner, row_logpr
 from tiny_model import make_tiny_model
 
 from grpokit.config.schema import ConfigError, load_config, resolve_algo
-from grpokit.train.async_sampler import SamplerDiedError
+from grpokit.train.async_sampler import SamplerDiedError, trainable_parameters
 from grpokit.train.mismatch import MismatchCorrection
 from grpokit.train.update import PolicyUpdate
 from grpokit.train.update_stats import UpdateStats
@@ -252,3 +253,36 @@ def test_each_correction_acts_on_stale_batches(tmp_path, overrides, metric):
     else:
         assert not any(k.startswith("mismatch/") for k in history[0])
         assert max(m[metric] for m in stale) > 0
+
+
+@pytest.mark.slow
+def test_with_lora_the_adapter_is_pushed_and_sampling_follows_it(tmp_path):
+    """LoRA, K = 1, a push after every step: only the adapter's parameters travel (the frozen base never
+    changes), and the batch of each step is sampled by the policy of its version (the adapter after that
+    many steps), not by the first one: the pushes reach the sampler."""
+    RecordingUpdate.seen = []
+    policies = {}
+
+    def keep(step, metrics, trainer):
+        policies[step] = copy.deepcopy(trainer.model).eval()
+
+    trainer = make_trainer(
+        tmp_path, "rollout.max_staleness=1", "lora.enabled=true", "lora.r=4", "train.steps=4", "eval.enabled=false",
+        "train.samples_every=0", "optim.lr=3e-2", updater=RecordingUpdate, callbacks=[keep],
+    )  # fmt: skip
+    pushed = trainable_parameters(trainer.model)
+    assert pushed and all("lora_" in name for name in pushed)
+    policies[0] = copy.deepcopy(trainer.model).eval()
+    trainer.train()
+    later = [(m, seen) for m, seen in zip(trainer.log_history, RecordingUpdate.seen) if m["async/version"] >= 2]
+    assert later, "no batch of version 2 or later"
+    for m, seen in later:
+        r, version = seen["rollout"], int(m["async/version"])
+        prompt = r.prompt_ids[0][r.prompt_mask[0].bool()].tolist()
+        completion = r.completion_ids[0][r.completion_mask[0].bool()].tolist()
+        with torch.no_grad():
+            own = row_logprobs(policies[version], prompt, completion, 1.0)
+            first = row_logprobs(policies[0], prompt, completion, 1.0)
+        sampled = r.logprobs[0, : len(completion)]
+        assert torch.allclose(sampled, own, atol=1e-4), (version, sampled, own)
+        assert (sampled - first).abs().max() > 1e-3
