@@ -13,7 +13,7 @@ from tiny_model import SAMPLE_PROMPTS, make_tiny_model
 
 from grpokit.config.checks import check_settings_in_use, check_vllm_installed
 from grpokit.config.schema import ConfigError, VLLMConfig, load_config
-from grpokit.rollout.vllm import VLLMGenerator
+from grpokit.rollout.vllm import VLLMGenerator, vllm_missing
 from grpokit.rollout.vllm_remote import (
     VLLMServerError,
     pack_fingerprints,
@@ -71,3 +71,17 @@ def test_no_server_at_the_url_is_a_named_error_after_the_timeout():
             model, SAMPLE_PROMPTS, group_size=2, max_new_tokens=4, temperature=1.0, eos_token_ids=[1], pad_token_id=0
         )
     assert 1.0 <= time.monotonic() - started < 10
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(vllm_missing() is None, reason="vLLM is installed here (the server starts: tests/engine_vllm)")
+def test_grpokit_vllm_serve_without_vllm_says_how_to_install_it(tmp_path):
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-m", "grpokit", "vllm-serve", "--model", str(tmp_path)], capture_output=True, text=True,
+        timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert "grpokit vllm-serve needs vLLM" in done.stderr and "pip install vllm" in done.stderr
