@@ -59,10 +59,17 @@ class MismatchCorrection:
 
 class MismatchGuard:
     """Warns at the first step whose sampler_kl is above ``limit``, stops the run (MismatchError) after
-    GROWING_STEPS steps in a row above it, each higher than the last. ``limit`` 0: off."""
+    GROWING_STEPS steps in a row above it, each higher than the last. ``limit`` 0: off. ``max_staleness``:
+    rollout.max_staleness (asynchronous rollouts), named in the messages: the gap then holds the samples' age."""
 
-    def __init__(self, limit: float, say: Callable[[str], None]):
+    def __init__(self, limit: float, say: Callable[[str], None], max_staleness: int = 0):
         self.limit, self.say = limit, say
+        self.age = (
+            f" With rollout.max_staleness={max_staleness} it also holds the policy's change over the samples' age "
+            "(up to that many steps): a larger gap than a synchronous run's is expected there."
+            if max_staleness
+            else ""
+        )
         self.above: list[float] = []  # sampler_kl of the current run of steps above the limit
         self.warned = False
 
@@ -81,7 +88,7 @@ class MismatchGuard:
                 f"WARNING step {step}: the sampler's log-probs are {kl:.3g} nats/token (KL, k3) from the trainer's, "
                 f"above rollout.max_sampler_kl={self.limit:g}: the rollouts come from another distribution than "
                 "the one being trained (a weight sync, precision or kernel mismatch). rollout.mismatch_correction "
-                "weights the tokens; the run stops if the gap keeps growing."
+                "weights the tokens; the run stops if the gap keeps growing." + self.age
             )
         if len(self.above) >= GROWING_STEPS:
             shown = ", ".join(f"{v:.3g}" for v in self.above[-GROWING_STEPS:])
@@ -89,5 +96,5 @@ class MismatchGuard:
                 f"stopped at step {step}: the sampler/trainer KL grew for {GROWING_STEPS} steps in a row above "
                 f"rollout.max_sampler_kl={self.limit:g} ({shown} nats/token): training on these samples drifts "
                 "the run off the policy that generated them. Check the engine's weight sync and dtype "
-                "(rollout.vllm), lower optim.lr, or raise rollout.max_sampler_kl (0 turns the check off)."
+                "(rollout.vllm), lower optim.lr, or raise rollout.max_sampler_kl (0 turns the check off)." + self.age
             )

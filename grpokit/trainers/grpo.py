@@ -240,7 +240,7 @@ class GRPOTrainer:
             correction=MismatchCorrection.from_settings(cfg.rollout),  # rollout.mismatch_correction
             behaviour_ratio=bool(cfg.rollout.max_staleness) and cfg.rollout.async_ratio == "behaviour",
         )
-        self.mismatch = MismatchGuard(cfg.rollout.max_sampler_kl, self.say)  # grpokit.train.mismatch
+        self.mismatch = MismatchGuard(cfg.rollout.max_sampler_kl, self.say, cfg.rollout.max_staleness)  # train.mismatch
         self.critic = critic.build(self.learner, cfg, self.algo, self.dist) if self.algo.uses_critic else None
         self.step = 0
         self.stopped_early: str | None = None  # why the run ended before train.steps (not an error)

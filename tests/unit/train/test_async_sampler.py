@@ -19,7 +19,7 @@ from tiny_model import make_tiny_model
 
 from grpokit.config.schema import ConfigError, load_config, resolve_algo
 from grpokit.train.async_sampler import SamplerDiedError, trainable_parameters
-from grpokit.train.mismatch import MismatchCorrection
+from grpokit.train.mismatch import MismatchCorrection, MismatchError, MismatchGuard
 from grpokit.train.update import PolicyUpdate
 from grpokit.train.update_stats import UpdateStats
 from grpokit.trainers.grpo import GRPOTrainer
@@ -286,3 +286,15 @@ def test_with_lora_the_adapter_is_pushed_and_sampling_follows_it(tmp_path):
         sampled = r.logprobs[0, : len(completion)]
         assert torch.allclose(sampled, own, atol=1e-4), (version, sampled, own)
         assert (sampled - first).abs().max() > 1e-3
+
+
+def test_the_mismatch_watch_names_the_samples_age_in_asynchronous_runs():
+    said, said_sync = [], []
+    MismatchGuard(0.01, said.append, max_staleness=2).check({"sampler_kl": 0.5}, 3)
+    MismatchGuard(0.01, said_sync.append).check({"sampler_kl": 0.5}, 3)
+    assert "rollout.max_staleness=2" in said[0] and "samples' age" in said[0]
+    assert "max_staleness" not in said_sync[0]
+    guard = MismatchGuard(0.01, lambda m: None, max_staleness=1)
+    with pytest.raises(MismatchError, match="rollout.max_staleness=1"):
+        for step, kl in enumerate((0.1, 0.2, 0.3)):
+            guard.check({"sampler_kl": kl}, step)
