@@ -306,6 +306,12 @@ def _run(cfg, args: argparse.Namespace, trainer_cls=None) -> int:
         return _fail(args, str(e), 2)
     except CheckpointError as e:
         return _fail(args, str(e), 1)
+    except Exception as e:  # a full disk anywhere (the lock, config.yaml, logs): named, with the free space
+        from grpokit.core.files import disk_full_message, no_space
+
+        if not no_space(e):
+            raise
+        return _fail(args, disk_full_message(e, folder=Path(cfg.train.output_dir)), 1)
     if int(os.environ.get("RANK", "0")) > 0:
         return 0  # under torchrun rank 0 alone reports
     if summary.get("stopped_by"):
@@ -585,6 +591,11 @@ def _main(argv: list[str] | None = None) -> int:
     except Exception as e:  # anything unforeseen: one line, the traceback only on request
         if _debug(args):
             raise
+        from grpokit.core.files import disk_full_message, no_space
+
+        if no_space(e):  # a full disk: named as such, with the path and its free space when known
+            print(f"grpokit: {disk_full_message(e)}", file=sys.stderr)
+            return 1
         first = str(e).strip().splitlines()[0] if str(e).strip() else ""
         print(
             f"grpokit: error: {type(e).__name__}: {first} (run again with --debug for the traceback)",

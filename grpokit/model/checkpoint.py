@@ -14,7 +14,6 @@ damaged one is skipped for the newest complete one (``find_resumable``).
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import json
 import random
@@ -29,6 +28,7 @@ from typing import Any
 import torch
 
 from grpokit.core.errors import ConfigError
+from grpokit.core.files import free_bytes, no_space, size_text
 
 STATE_FILE = "trainer_state.pt"
 CHECKSUM_FILE = "checksums.json"
@@ -86,29 +86,28 @@ def save_checkpoint(
         torch.save({**trainer_state, "rng": rng_state()}, tmp / STATE_FILE)
         write_checksums(tmp)
     except BaseException as e:  # every writer (safetensors, tokenizers, torch) raises its own types
+        written = sum(f.stat().st_size for f in tmp.rglob("*") if f.is_file()) if tmp.is_dir() else 0
         shutil.rmtree(tmp, ignore_errors=True)
         if not isinstance(e, Exception):
             raise  # KeyboardInterrupt, SystemExit: the half checkpoint is gone, the stop goes on
-        raise CheckpointError(_write_failed(directory, e)) from e
+        raise CheckpointError(_write_failed(directory, e, written)) from e
     if directory.exists():
         shutil.rmtree(directory)
     tmp.rename(directory)
     return directory
 
 
-def _write_failed(directory: Path, error: BaseException) -> str:
-    """The one-line message of a checkpoint that could not be written: the folder, the free space, why."""
+def _write_failed(directory: Path, error: BaseException, written: int = 0) -> str:
+    """The one-line message of a checkpoint that could not be written: the folder, the free space, why;
+    on a full disk also the bytes it needs, more than the ``written`` ones before the disk filled."""
     parent = directory.parent
-    try:
-        free = _size(shutil.disk_usage(parent).free)
-    except OSError:
-        free = "unknown"
+    free = size_text(free_bytes(parent))
     first = str(error).strip().splitlines()[0][:200] if str(error).strip() else ""
     cause = f"{type(error).__name__}: {first}" if first else type(error).__name__
     if _disk_full(error, parent):
         return (
             f"disk full: no space left on the disk of {parent} while writing checkpoint {directory} ({cause}); "
-            f"{free} free there. "
+            f"{free} free there; it needs more than the {size_text(written)} written before the disk filled. "
             "Free some space (or set train.output_dir to another disk) and continue with --resume; earlier "
             "checkpoints are intact and the partial one was removed."
         )
@@ -118,25 +117,12 @@ def _write_failed(directory: Path, error: BaseException) -> str:
     )
 
 
-def _size(n: float) -> str:
-    for unit in ("bytes", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "bytes" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} GiB"
-
-
 def _disk_full(error: BaseException, where: Path) -> bool:
     """ENOSPC anywhere in the exception chain or its text (safetensors and tokenizers raise their own
     types, with "No space left on device (os error 28)" in the message), or a device with less than
     64 MiB left (torch's stream writer says only "unexpected pos" / "file write failed")."""
-    e: BaseException | None = error
-    while e is not None:
-        if isinstance(e, OSError) and e.errno == errno.ENOSPC:
-            return True
-        if "no space left on device" in str(e).lower() or "os error 28" in str(e):
-            return True
-        e = e.__cause__ or e.__context__
+    if no_space(error):
+        return True
     try:
         return shutil.disk_usage(where).free < 64 * 2**20
     except OSError:

@@ -25,6 +25,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from grpokit.core.errors import ConfigError
+from grpokit.core.files import disk_full_message, no_space
 from grpokit.run.log import RUN_OUTPUTS, holds_run
 
 LOCK_FILE = ".grpokit.lock"
@@ -86,6 +87,8 @@ class OutputLock:
         try:
             fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as e:
+            if no_space(e):  # the run's first file: a full disk named, with its free space
+                raise ConfigError(f"{key}: {disk_full_message(e, where=path)}") from None
             raise ConfigError(
                 f"{key}: cannot create {path} ({e.strerror}); choose a writable folder."
             ) from None
@@ -103,8 +106,14 @@ class OutputLock:
             raise ConfigError(
                 f"{key}: cannot lock {path} ({e.strerror}); put the output folder on a local disk."
             ) from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode(), 0)
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode(), 0)
+        except OSError as e:
+            os.close(fd)
+            if no_space(e):
+                raise ConfigError(f"{key}: {disk_full_message(e, where=path)}") from None
+            raise
         self.fd = fd
         _HELD.add(fd)
 

@@ -1,6 +1,7 @@
 """One training run, the same for every trainer (GRPO, SFT), in the order it happens:
 
-    lock the output folder -> start it (config.yaml) -> open the run's log, catch SIGINT / SIGTERM
+    do its checkpoints fit on the disk? -> lock the output folder -> start it (config.yaml)
+    -> open the run's log, catch SIGINT / SIGTERM
     -> evaluate before training (a fresh run with held-out rows)
     -> until train.steps: train_step -> log it -> callbacks -> a signal? stop here, with a checkpoint
                           -> evaluate every eval.every steps -> checkpoint every train.save_every steps
@@ -25,6 +26,7 @@ from grpokit.run.lock import holding
 from grpokit.run.log import RunLogger
 from grpokit.run.state import RunState, StopOnSignals
 from grpokit.train.distributed import Distributed
+from grpokit.train.learner import Learner
 
 
 class Trainer(Protocol):
@@ -38,6 +40,7 @@ class Trainer(Protocol):
     log_history: list[dict[str, float]]  # every logged step's metrics (TRL's state.log_history)
     stopped_early: str | None  # why to end as a finished run before train.steps (trainer.stop), or None
     eval_rows: list[dict]  # held-out rows: evaluated before, every eval.every steps, after
+    learner: Learner  # the model trained, its precision (sizes the checkpoints: RunState.check_space)
 
     def begin(self, log: RunLogger) -> None:
         """The run's log is open: the trainer's first lines, and where it writes while the run lasts."""
@@ -63,6 +66,7 @@ def run_training(trainer: Trainer) -> dict[str, Any]:
     cfg, run, dist = trainer.cfg, trainer.run, trainer.dist
     evaluates = bool(trainer.eval_rows) and cfg.eval.enabled
     summary: dict[str, Any] = {}
+    run.check_space(trainer.learner, trainer.step)  # a first checkpoint that cannot fit: refused now
     with holding(run.lock):
         dist.on_main(run.start)
         with (

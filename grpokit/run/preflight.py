@@ -1,4 +1,5 @@
-"""Checks made before anything heavy loads: the output folder, the model's positions, a resume's settings.
+"""Checks made before anything heavy loads: the output folder, the model's positions, a resume's settings;
+and, once the model is loaded and before the run writes anything, the free space its checkpoints need.
 
 Each failure is a ``ConfigError`` whose one line names the key, the value, what is allowed and an
 example. Config values themselves are range-checked from their declarations (``grpokit.config.declare``).
@@ -12,6 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from grpokit.config.schema import Config, ConfigError
+from grpokit.core.errors import TrainingError
+from grpokit.core.files import free_bytes, size_text
 from grpokit.run.log import holds_run
 
 # Settings a resumed run may change without --allow-changed-config: how long it runs, what it writes
@@ -102,6 +105,47 @@ def check_output_dir(out: Path, *, resume: bool, overwrite: bool) -> None:
             f"{key} already holds a run ({', '.join(found)}): continue it with --resume, replace it with "
             f"--overwrite, or choose another folder (e.g. train.output_dir={out}-2)."
         )
+
+
+def checkpoint_bytes(model, bytes_per_param: int) -> int:
+    """A checkpoint's rough size in bytes: per trainable parameter its weight and the optimizer's states,
+    ``bytes_per_param`` (grpokit.model.precision: weights + gradients + states) less the gradient, which is
+    not saved (fp32: 16 - 4 = 12; bf16_kahan: 10 - 2 = 8). Frozen weights are not counted: with LoRA the
+    checkpoint holds the adapter only. Tokenizer files, RNG and data positions add a little more."""
+    return sum(p.numel() * (bytes_per_param - p.element_size()) for p in model.parameters() if p.requires_grad)
+
+
+def checkpoints_at_peak(steps_left: int, save_every: int, keep: int, existing: int) -> int:
+    """How many new checkpoints the disk holds at once at worst: one every ``save_every`` steps of the
+    ``steps_left`` and one at the end (the same one when the last step is a multiple of ``save_every``); with
+    ``keep`` > 0 (train.keep_checkpoints) a new one is written before the oldest are pruned, so keep + 1 at
+    once, of which ``existing`` are on the disk already."""
+    saves = max(1, -(-steps_left // save_every)) if save_every else 1  # the last step's save is the final one
+    if keep <= 0:
+        return saves
+    return max(1, min(saves, keep + 1 - existing))
+
+
+def check_free_space(out: Path, one: int, count: int) -> str | None:
+    """Refuse a run whose first checkpoint cannot fit on the disk of ``out`` (``one`` bytes, as from
+    checkpoint_bytes) with a TrainingError naming the folder, the free space and the need: it would fail
+    there after its first steps' work. Returns a warning when ``count`` of them (checkpoints_at_peak) do
+    not fit, None when they do or the free space cannot be read."""
+    free = free_bytes(out)
+    if free is None or free >= one * count:
+        return None
+    key = f"train.output_dir={str(out)!r}"
+    if free < one:
+        raise TrainingError(
+            f"disk full: {key} has {size_text(free)} free on its disk and one checkpoint of this model needs "
+            f"about {size_text(one)} (weights and optimizer state), so the run would fail at its first "
+            "checkpoint. Free some space there or set train.output_dir to a folder on another disk."
+        )
+    return (
+        f"{key} has {size_text(free)} free on its disk; {count} checkpoints of about {size_text(one)} each "
+        f"({size_text(one * count)}) may be on it at once (train.save_every, train.keep_checkpoints): a later "
+        "checkpoint may not fit. Free some space or lower train.keep_checkpoints."
+    )
 
 
 def model_positions(model_config: dict[str, Any] | None) -> tuple[str, int] | None:

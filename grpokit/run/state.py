@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from grpokit.config.schema import Config, ConfigError, save_config
+from grpokit.core.errors import TrainingError
 from grpokit.core.files import replace_whole
 from grpokit.model.checkpoint import (
     CheckpointError,
@@ -45,7 +46,7 @@ from grpokit.model.checkpoint import (
     verify_checkpoint,
 )
 from grpokit.run.lock import OutputLock, claim_output_dir, discard_aside, is_main_rank, set_aside
-from grpokit.run.preflight import config_changes
+from grpokit.run.preflight import check_free_space, checkpoint_bytes, checkpoints_at_peak, config_changes
 from grpokit.train.distributed import Distributed
 from grpokit.train.learner import Learner
 
@@ -105,6 +106,27 @@ class RunState:
         self.curves = curves  # finish() draws curves.png (GRPO's reward, KL, ... panels)
         self.resume_from: Path | None = None
         self.saved: tuple[int, Path] | None = None  # (step, path) of the last checkpoint written or loaded
+
+    def check_space(self, learner: Learner, step: int) -> None:
+        """Before the run writes anything: its checkpoints fit on the disk of the output folder
+        (grpokit.run.preflight.check_free_space, from rank 0's view): a TrainingError on every rank when the
+        first would not fit, a warning when the later ones may not."""
+        refusal = None
+        if self.dist.is_main:
+            t = self.cfg.train
+            one = checkpoint_bytes(learner.model, learner.precision.bytes_per_param)
+            existing = len(list_checkpoints(self.out / "checkpoints"))
+            count = checkpoints_at_peak(t.steps - step, t.save_every, t.keep_checkpoints, existing)
+            try:
+                warning = check_free_space(self.out, one, count)
+            except TrainingError as e:
+                refusal = str(e)
+            else:
+                if warning:
+                    print(f"grpokit: warning: {warning}", file=sys.stderr)
+        refusal = self.dist.agree(refusal)
+        if refusal:
+            raise TrainingError(refusal)
 
     def start(self) -> None:
         """The run starts: only now are run files written. A run being replaced (overwrite) is moved
