@@ -3,8 +3,8 @@
 Axes: advantages (advantages.py; per-token whitening in whiten.py; the trainer's entry point
 compute_advantages in estimate.py), KL estimators (kl.py), the clipped policy loss and its
 aggregations (loss.py), its per-token surrogates (objectives.py: clip, cispo, sapo, gmpo, dppo_*, vespo) and the
-masks on them (masks.py: off-policy, high-entropy, KL-Cov / Clip-Cov), chunked log-softmax / entropy
-(entropy.py), the typed settings of an algorithm
+masks on them (masks.py: off-policy, high-entropy, KL-Cov / Clip-Cov), the entropy bonus and its adaptive
+coefficient (entropy_bonus.py), chunked log-softmax / entropy (entropy.py), the typed settings of an algorithm
 (settings.py), named presets (presets.py),
 and the PPO baseline pieces (ppo.py).
 """

@@ -41,6 +41,17 @@ def entropy_from_logits(logits: Tensor, *, chunk_size: int = 512) -> Tensor:
     return out.reshape(logits.shape[:-1])  # (..., T)
 
 
+def entropy_with_grad(logits: Tensor) -> Tensor:
+    """(R,) entropy of softmax(logits) per row, with its gradient (the entropy bonus), from (R, V) logits.
+
+    H = -sum_v p_v log p_v;  dH/dx_v = -p_v (log p_v + H).
+
+    Plain autograd over the whole (R, V) block: call it on one LM-head chunk (grpokit.model.logprobs does, inside
+    the chunk's checkpoint, so the (R, V) intermediates live only while that chunk's backward runs)."""
+    logp = torch.log_softmax(logits.to(_compute_dtype(logits.dtype)), dim=-1)  # (R, V)
+    return -(logp.exp() * logp).sum(-1)  # (R,)
+
+
 class _SelectiveLogSoftmax(torch.autograd.Function):
     """log_softmax(x)[index] with a chunked forward and a chunked, recomputing backward.
 

@@ -9,6 +9,8 @@
   surrogate     "clip" above, or its second generation (objectives.py): cispo, sapo, gmpo, dppo_tv, dppo_kl, vespo
   masks         the off-policy sequence mask of DeepSeek-V3.2 and the high-entropy token mask (masks.py)
                 multiply the surrogate (the normaliser still counts the tokens they drop, as TRL's)
+  entropy bonus L -= alpha * (token mean of the entropy H over the loss tokens), H with its gradient (entropy_bonus.py:
+                Skywork-OR1's bonus and its adaptive alpha; off unless entropy_coef != 0)
   KL            l += beta * kl_{i,t}, kl from `kl_estimate` (k3: DeepSeekMath arXiv 2402.03300 eq. 4); with
                 kl_is_correction the KL is weighted by the ratio, rho * kl (DeepSeek-V3.2's unbiased estimate)
   aggregation   "seq-mean-token-mean"  (1/B) sum_i (1/|o_i|) sum_t m l      (DeepSeekMath GRPO)
@@ -16,7 +18,8 @@
                 "seq-sum-norm"         sum_{i,t} m l / (B * norm_len)       (Dr. GRPO, arXiv 2503.20783)
 
 B and sum m are the totals of the whole optimisation batch (`num_sequences`, `num_tokens`), so that
-summing the losses of its micro-batches gives exactly the full-batch loss.
+summing the losses of its micro-batches gives exactly the full-batch loss. `loss_terms` forms every per-token term
+(the one place: `policy_loss` aggregates them, `token_terms` shows them).
 """
 
 from __future__ import annotations
@@ -68,6 +71,9 @@ def policy_loss(
     cov_penalty: str = "none",
     cov_mask: Tensor | None = None,
     kl_cov_coef: float = 1.0,
+    entropy: Tensor | None = None,
+    entropy_coef: float = 0.0,
+    entropy_tokens: int | float | Tensor | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """Clipped surrogate loss (+ optional KL) aggregated over one (micro-)batch; see module docstring.
 
@@ -106,6 +112,10 @@ def policy_loss(
         cov_penalty: "none" | "kl_cov" | "clip_cov" (arXiv 2505.22617) on the tokens of cov_mask (B, T) bool
             (masks.covariance_selection, chosen by the caller over the mini-batch): clip_cov takes them out of the
             surrogate, kl_cov adds kl_cov_coef * |logp - old| to theirs.
+        entropy: None or (B, T) the policy's entropy per position, with its gradient (completion_logprobs(entropy_grad=
+            True)); with entropy_coef = alpha != 0 the loss gains -alpha * sum m' H / entropy_tokens, m' the mask less
+            what entropy_mask leaves out and entropy_tokens the mini-batch's sum m' (entropy_bonus.py: Skywork-OR1's
+            bonus, a token mean whatever agg; this call's own count by default).
     Returns:
         loss: () scalar to call backward on.
         metrics: detached 0-d tensors, averaged over this call's masked-in tokens: clip_frac_low
@@ -146,11 +156,16 @@ def policy_loss(
         cov_penalty=cov_penalty,
         cov_mask=cov_mask,
         kl_cov_coef=kl_cov_coef,
+        entropy=entropy,
+        entropy_coef=entropy_coef,
     )
     mask, m, ratio, zero = t.mask, t.mask.to(t.loss.dtype), t.ratio, t.loss.new_zeros(())
     loss = aggregate_terms(
         t.loss, m, agg=agg, norm_len=norm_len, num_sequences=num_sequences, num_tokens=num_tokens
     )  # ()
+    if t.entropy_bonus is not None:  # Skywork-OR1's bonus: a token mean over the mini-batch's m' tokens
+        n_bonus = t.bonus_mask.sum() if entropy_tokens is None else entropy_tokens
+        loss = loss - t.entropy_bonus.sum() / _at_least_one(n_bonus, t.entropy_bonus)  # ()
 
     with torch.no_grad():
         n_local = m.sum()  # ()
@@ -190,6 +205,8 @@ class LossTerms:
     loss: Tensor  # pg + beta * kl: what `aggregate_terms` reduces
     flags: dict[str, Tensor]  # bool: "low" / "high" / "dual" clipped (objectives.surrogate_terms)
     masked: dict[str, Tensor]  # reason -> bool, the tokens a mask acted on (MASK_REASONS)
+    entropy_bonus: Tensor | None = None  # entropy_coef * H on bonus_mask, 0 elsewhere; None without the bonus
+    bonus_mask: Tensor | None = None  # bool, the tokens the bonus acts on: the mask less what entropy_mask drops
 
 
 MASK_REASONS = ("trust_region", "off_policy", "entropy", "clip_cov", "kl_cov")
@@ -223,6 +240,8 @@ def loss_terms(
     cov_penalty: str = "none",
     cov_mask: Tensor | None = None,
     kl_cov_coef: float = 1.0,
+    entropy: Tensor | None = None,
+    entropy_coef: float = 0.0,
 ) -> LossTerms:
     """Every per-token term of `policy_loss` (arguments and formulas there), before aggregation: the one place
     they are formed, so that the loss and the per-token view (token_terms.py: the run explorer, the saved
@@ -261,6 +280,7 @@ def loss_terms(
         ("sample_logprobs", sample_logprobs),
         ("entropy_mask", entropy_mask),
         ("cov_mask", cov_mask),
+        ("entropy", entropy),
     ):
         if t is not None and t.shape != shape:
             raise ValueError(f"{name} has shape {tuple(t.shape)}, expected {tuple(shape)} like logprobs")
@@ -327,7 +347,15 @@ def loss_terms(
         if beta > 0:
             per_token = per_token + beta * kl  # (B, T)
     per_token = torch.where(mask, per_token, zero)  # (B, T)
-    return LossTerms(mask, torch.where(mask, ratio, ratio.new_ones(())), pg, kl, per_token, flags, masked)
+
+    bonus = bonus_mask = None
+    if entropy_coef != 0:
+        if entropy is None:
+            raise ValueError(f"entropy_coef={entropy_coef} needs entropy (B, T), the policy's, with its gradient")
+        bonus_mask = mask if entropy_mask is None else mask & entropy_mask.to(torch.bool)  # (B, T)
+        bonus = entropy_coef * torch.where(bonus_mask, entropy.to(logp.dtype), zero)  # (B, T)
+    ratio = torch.where(mask, ratio, ratio.new_ones(()))  # (B, T)
+    return LossTerms(mask, ratio, pg, kl, per_token, flags, masked, bonus, bonus_mask)
 
 
 def aggregate_terms(
@@ -407,7 +435,8 @@ def _at_least_one(n: int | float | Tensor, like: Tensor) -> Tensor:
 # Policy losses by name. A loss is called for each micro-batch as
 #   fn(logprobs, old_logprobs, advantages, completion_mask, *, ref_logprobs, num_sequences, num_tokens,
 #      sample_logprobs, **AlgoSettings.loss_kwargs() (eps_low, eps_high, ratio_level, dual_clip, agg, norm_len, beta,
-#      kl_kind, surrogate, ...), and entropy_mask / cov_mask when those masks are on) -> (loss, metrics)
+#      kl_kind, surrogate, ...), entropy_mask / cov_mask when those masks are on, and entropy (with its gradient) /
+#      entropy_coef / entropy_tokens when the entropy bonus is on) -> (loss, metrics)
 # with the shapes of `policy_loss` (advantages (B,) or (B, T)); it must normalise by the global
 # num_sequences / num_tokens so micro-batches sum to the mini-batch loss. metrics: detached 0-d tensors,
 # averaged over the call's tokens (they are logged under their own names). Take **kwargs to ignore the

@@ -6,6 +6,7 @@
       kl         KLSettings         KL in the loss (beta, estimator), KL in the reward (k1 coefficient)
       loss       LossSettings       aggregation of the per-token loss into one scalar, its constant
       masks      MaskSettings       masks on the surrogate: DeepSeek-V3.2's off-policy sequence mask, top entropy
+      entropy    EntropySettings    the entropy bonus and its adaptive coefficient (Skywork-OR1)
       batch      BatchSettings      DAPO's batch-level pieces: dynamic sampling, overlong shaping/filtering
       gae        GAESettings        PPO's GAE discount and lambda (estimators that read a critic's values)
 
@@ -244,6 +245,53 @@ class MaskSettings:
 
 
 @dataclass(frozen=True)
+class EntropySettings:
+    coef: float = knob(
+        0.0,
+        "Entropy bonus: the loss gains -coef * (mean entropy of the trained tokens), with its gradient (TRL "
+        "entropy_coef); with adaptive_entropy the starting coefficient. 0 and adaptive off: no bonus, no cost.",
+        key="entropy_coef",
+        interval="[0, inf)",
+        example=0.001,
+        meaning="0 = no entropy bonus",
+    )
+    adaptive: bool = knob(
+        False,
+        "Skywork-OR1's adaptive entropy control (TRL use_adaptive_entropy): after each optimizer step the coefficient "
+        "moves by entropy_coef_delta, up while the trained tokens' entropy is at or below entropy_target, down above "
+        "it, within [entropy_coef_min, entropy_coef_max]; the bonus acts only below the target.",
+        key="adaptive_entropy",
+    )
+    target: float = knob(
+        0.2,
+        "Adaptive entropy control: the target mean entropy per trained token, in nats (TRL entropy_target).",
+        key="entropy_target",
+        interval="[0, inf)",
+        example=0.2,
+    )
+    coef_delta: float = knob(
+        0.005,
+        "Adaptive entropy control: the step of the coefficient per optimizer step (TRL entropy_coef_delta).",
+        key="entropy_coef_delta",
+        interval="[0, inf)",
+        example=0.005,
+    )
+    coef_min: float = knob(
+        0.0, "Adaptive entropy control: lowest coefficient (TRL entropy_coef_min).", key="entropy_coef_min",
+        interval="[0, inf)", example=0.0,
+    )  # fmt: skip
+    coef_max: float = knob(
+        1.0, "Adaptive entropy control: highest coefficient (TRL entropy_coef_max).", key="entropy_coef_max",
+        interval="[0, inf)", example=0.005,
+    )  # fmt: skip
+
+    @property
+    def on(self) -> bool:
+        """The bonus is in the loss (the update then takes the entropy with its gradient)."""
+        return self.coef != 0 or self.adaptive
+
+
+@dataclass(frozen=True)
 class LossSettings:
     name: str = knob(
         "clipped",
@@ -307,6 +355,7 @@ PARTS = {
     "ratio": RatioSettings,
     "kl": KLSettings,
     "masks": MaskSettings,
+    "entropy": EntropySettings,
     "loss": LossSettings,
     "batch": BatchSettings,
     "gae": GAESettings,
@@ -363,6 +412,7 @@ class AlgoSettings:
     ratio: RatioSettings = RatioSettings()
     kl: KLSettings = KLSettings()
     masks: MaskSettings = MaskSettings()
+    entropy: EntropySettings = EntropySettings()
     loss: LossSettings = LossSettings()
     batch: BatchSettings = BatchSettings()
     gae: GAESettings = GAESettings()
@@ -460,6 +510,15 @@ class AlgoSettings:
                     f"algo.{key}={self.get(key):g}: only algo.cov_penalty={' or '.join(cov_keys[key])} reads it, "
                     f"not {self.masks.cov_penalty}"
                 )
+        adaptive_keys = {"entropy_target", "entropy_coef_delta", "entropy_coef_min", "entropy_coef_max"}
+        for key in sorted(given & adaptive_keys):
+            if not self.entropy.adaptive:
+                out.append(f"algo.{key}={self.get(key):g}: only adaptive entropy control reads it; set "
+                           "algo.adaptive_entropy=true")  # fmt: skip
+        if self.entropy.coef_min > self.entropy.coef_max:
+            out.append(
+                f"algo.entropy_coef_min={self.entropy.coef_min:g} > algo.entropy_coef_max={self.entropy.coef_max:g}"
+            )
         if "kl_is_correction" in given and self.kl.is_correction and self.kl.beta == 0:
             out.append("algo.kl_is_correction=true weights the KL of the loss, which is off (algo.beta=0)")
         if "norm_len" in given and self.loss.agg != "seq-sum-norm":

@@ -27,7 +27,8 @@ of the weight itself, grpokit's 1 + eps_high), off_policy_mask_threshold is algo
 sampler's log-probs, as TRL's sampling_per_token_logps), use_bias_correction_kl with beta > 0 is
 algo.kl_is_correction, top_entropy_quantile is algo.top_entropy_quantile; vespo (+ its k / lambda) is
 algo.surrogate=vespo; multi_objective_aggregation=normalize_then_sum (GDPO) is algo.reward_aggregation with the
-batch-whitened advantage TRL then takes. The entropy bonus is refused.
+batch-whitened advantage TRL then takes. entropy_coef, use_adaptive_entropy and its entropy_target / entropy_coef_*
+are algo.entropy_coef, algo.adaptive_entropy and the same names (Skywork-OR1's bonus: grpokit.algos.entropy_bonus).
 """
 
 from __future__ import annotations
@@ -61,6 +62,8 @@ TRL_DEFAULTS: dict[str, Any] = {
     "sapo_temperature_pos": 1.0, "sapo_temperature_neg": 1.05, "off_policy_mask_threshold": None,
     "use_bias_correction_kl": True, "top_entropy_quantile": 1.0, "vespo_k_pos": 2.0, "vespo_lambda_pos": 3.0,
     "vespo_k_neg": 3.0, "vespo_lambda_neg": 2.0, "multi_objective_aggregation": "sum_then_normalize",
+    "entropy_coef": 0.0, "use_adaptive_entropy": False, "entropy_target": 0.2, "entropy_coef_delta": 0.005,
+    "entropy_coef_min": 0.0, "entropy_coef_max": 1.0,
     "mask_truncated_completions": False, "gradient_checkpointing": True, "shuffle_dataset": True,
     "logging_steps": 10, "save_steps": 500, "save_total_limit": None, "eval_steps": None,
     "eval_strategy": "no", "report_to": "none", "log_completions": False, "output_dir": "trainer_output",
@@ -90,8 +93,6 @@ REFUSED_UNLESS_DEFAULT: dict[str, tuple[Any, str]] = {
     "generation_kwargs": (None, "set rollout.temperature / top_p / top_k / max_new_tokens instead"),
     "cache_implementation": (None, "the fast engine picks its cache (rollout.kv_cache)"),
     "sync_ref_model": (False, "the reference model is frozen"),
-    "entropy_coef": (0.0, "no entropy bonus"),
-    "use_adaptive_entropy": (False, "no entropy bonus"),
     "disable_dropout": (False, "the policy keeps its dropout (0 in most LMs)"),
     "cast_lm_head_to_fp32": (False, "log-probs are computed chunk by chunk in the model's dtype"),
     "max_tool_calling_iterations": (None, "tool calls: see grpokit's multi-turn rollouts"),
@@ -255,6 +256,15 @@ def from_trl(values: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
         )
     if v["off_policy_mask_threshold"] is not None:
         out["algo"]["off_policy_mask"] = float(v["off_policy_mask_threshold"])
+    if float(v["entropy_coef"]) != 0 or v["use_adaptive_entropy"]:  # Skywork-OR1's entropy bonus
+        out["algo"]["entropy_coef"] = float(v["entropy_coef"])
+        if v["use_adaptive_entropy"]:
+            keys = ("entropy_target", "entropy_coef_delta", "entropy_coef_min", "entropy_coef_max")
+            out["algo"].update(adaptive_entropy=True, **{key: float(v[key]) for key in keys})
+        notes.append(
+            "entropy_coef: the bonus is the entropy's token mean over each mini-batch (TRL: over each micro-batch, "
+            "divided by the accumulation steps); the same with one micro-batch per optimizer step"
+        )
 
     # optimisation
     out["optim"].update(

@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
-from grpokit.algos.entropy import entropy_from_logits, selective_log_softmax
+from grpokit.algos.entropy import entropy_from_logits, entropy_with_grad, selective_log_softmax
 from grpokit.data.packing import pack_masked, pack_sequences
 
 
@@ -50,14 +50,18 @@ def _chunk_logprobs(
     temperature: float,
     softcap: float | None,
     with_entropy: bool,
+    entropy_grad: bool = False,
 ) -> tuple[Tensor, Tensor]:
-    """log_softmax(head(hidden) / T) at ``targets``, and (no-grad) entropy. hidden: (C, H); targets: (C,)."""
+    """log_softmax(head(hidden) / T) at ``targets``, and entropy: without gradient, or with ``entropy_grad`` with it
+    (grpokit.algos.entropy.entropy_with_grad). hidden: (C, H); targets: (C,)."""
     logits = lm_head(hidden).float()  # (C, V), upcast per chunk only
     if softcap is not None:
         logits = torch.tanh(logits / softcap) * softcap
     logits = logits / temperature  # (C, V)
     rows = max(1, logits.shape[0])  # this chunk is already small: the helpers take it in one piece
     logprobs = selective_log_softmax(logits, targets, chunk_size=rows)  # (C,)
+    if entropy_grad:  # the entropy bonus: its gradient flows back through this chunk's logits (recomputed)
+        return logprobs, entropy_with_grad(logits)  # (C,)
     if not with_entropy:
         return logprobs, logprobs.new_zeros(())
     return logprobs, entropy_from_logits(logits.detach(), chunk_size=rows)  # (C,) no gradient
@@ -75,6 +79,7 @@ def completion_logprobs(
     with_entropy: bool = False,
     context_mask: Tensor | None = None,
     packed: bool = False,
+    entropy_grad: bool = False,
 ) -> tuple[Tensor, Tensor | None]:
     """Per-token log-probs ``log softmax(logits / T)[o_t]`` of the completion tokens, and optionally entropy.
 
@@ -88,6 +93,9 @@ def completion_logprobs(
         temperature: the sampling temperature T; 0 (greedy rollouts) means T = 1, as in grpokit.rollout.generation.
         chunk_size: completion tokens per LM-head chunk; peak logits memory is chunk_size * V fp32.
         with_entropy: also return the entropy of softmax(z / T) per token, computed without gradient.
+        entropy_grad: return that entropy with its gradient instead (the entropy bonus, algo.entropy_coef); it is
+            formed in the same checkpointed LM-head chunk as the log-probs, so its backward recomputes one chunk's
+            logits at a time too. False (the default) runs exactly the code and memory of before.
         context_mask: (N, Lc) multi-turn rollouts: 1 for every real completion-side token (the model's and
             the tools'), all attended to; completion_mask then picks the model's tokens that are scored.
             None: completion_mask is both (grpokit.rollout.generation.Rollout.context_mask).
@@ -98,7 +106,7 @@ def completion_logprobs(
 
     Returns:
         logprobs: (N, Lc) float32, 0 where completion_mask is 0; differentiable w.r.t. the model.
-        entropy: (N, Lc) float32 (0 at padding) or None.
+        entropy: (N, Lc) float32 (0 at padding) or None; differentiable with entropy_grad.
 
     Positions come from the cumulative attention mask, so left padding does not shift them; completion
     padding is masked out of attention (it lies after every real token, so this changes nothing real).
@@ -122,7 +130,9 @@ def completion_logprobs(
         decoder, prompt_ids, prompt_mask, completion_ids, completion_mask, context_mask, packed=packed
     )  # (K, H) only real completion tokens
     targets = completion_ids.reshape(-1)[keep]  # (K,)
-    lp_chunks, ent_chunks = _chunked(lm_head, hidden, targets, temperature, softcap, with_entropy, chunk_size)
+    lp_chunks, ent_chunks = _chunked(
+        lm_head, hidden, targets, temperature, softcap, with_entropy, chunk_size, entropy_grad
+    )
 
     N, Lc = completion_ids.shape
     flat = hidden.new_zeros(N * Lc, dtype=torch.float32)  # (N*Lc,)
@@ -130,7 +140,12 @@ def completion_logprobs(
         flat = flat.masked_scatter(keep, torch.cat(lp_chunks))
     logprobs = flat.view(N, Lc)  # (N, Lc)
     entropy = None
-    if with_entropy:
+    if entropy_grad:
+        entropy = flat.new_zeros(N * Lc)  # (N*Lc,)
+        if ent_chunks:
+            entropy = entropy.masked_scatter(keep, torch.cat(ent_chunks))
+        entropy = entropy.view(N, Lc)  # (N, Lc) with gradient
+    elif with_entropy:
         entropy = torch.zeros(N * Lc, dtype=torch.float32, device=flat.device)
         if ent_chunks:
             entropy[keep] = torch.cat(ent_chunks).detach()
@@ -207,7 +222,14 @@ def check_packed_attention(model: torch.nn.Module, device: torch.device) -> bool
 
 
 def _chunked(
-    lm_head, hidden: Tensor, targets: Tensor, temperature: float, softcap, with_entropy: bool, chunk_size: int
+    lm_head,
+    hidden: Tensor,
+    targets: Tensor,
+    temperature: float,
+    softcap,
+    with_entropy: bool,
+    chunk_size: int,
+    entropy_grad: bool = False,
 ) -> tuple[list[Tensor], list[Tensor]]:
     """_chunk_logprobs over ``chunk_size`` rows of hidden (K, H) / targets (K,) at a time, each chunk's
     logits recomputed in the backward pass (checkpointed) when gradients are on."""
@@ -221,6 +243,7 @@ def _chunked(
             temperature,
             softcap,
             with_entropy,
+            entropy_grad,
         )
         if use_checkpoint:
             lp, ent = checkpoint(_chunk_logprobs, *args, use_reentrant=False)

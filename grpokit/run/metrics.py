@@ -81,6 +81,18 @@ TRAIN: dict[str, Metric] = {
     "entropy/trained": Metric(
         "nats/token", "the same over the tokens the loss trains on (less what algo.top_entropy_quantile drops)"
     ),
+    "entropy/bonus": Metric(
+        "nats/token",
+        "the entropy the bonus was computed on, over the trained tokens of every optimizer step of the update (what "
+        "algo.adaptive_entropy compares with algo.entropy_target)",
+        "the entropy bonus is on (algo.entropy_coef > 0 or algo.adaptive_entropy)",
+    ),
+    "entropy_coef": Metric(
+        "coefficient",
+        "the entropy bonus's coefficient applied, mean over the step's optimizer steps (adaptive: 0 while the entropy "
+        "is above algo.entropy_target); TRL's entropy_coef",
+        "the entropy bonus is on",
+    ),
     "clip_frac": Metric("share", "loss tokens whose ratio was clipped (either side)"),
     "clip_frac_low": Metric("share", "loss tokens clipped at 1 - eps_low (negative advantage)"),
     "clip_frac_high": Metric("share", "loss tokens clipped at 1 + eps_high (positive advantage)"),

@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterator
 import torch
 
 from grpokit.algos import AlgoSettings, get_loss, kl_estimate
+from grpokit.algos.entropy_bonus import EntropyControl
 from grpokit.algos.masks import covariance_selection, high_entropy_mask, token_covariance
 from grpokit.config.schema import OptimConfig
 from grpokit.core.errors import ConfigError
@@ -130,6 +131,8 @@ class PolicyUpdate:
         self.dist = dist or Distributed()
         self.ref_model = ref_model  # None with LoRA too: the reference is then the adapter-less base
         self.uses_reference = algo.uses_reference
+        # algo.entropy_coef / adaptive_entropy: the bonus's coefficient, moved after each optimizer step (checkpointed)
+        self.entropy_control = EntropyControl(algo.entropy.coef)
         # optim.offload_reference: the reference waits in CPU memory, on the device for its pass only
         self.offload_reference = optim.offload_reference and ref_model is not None
         if self.offload_reference:
@@ -217,21 +220,38 @@ class PolicyUpdate:
         lengths = r.row_lengths  # (N,) real tokens per row
         learner.model.train()
         order = mini_batch_order(r.completion_ids.shape[0], self.optim, step_seed(self.seed, step, 0))
+        bonus = self.algo.entropy
+        coefs, bonus_sums = [], torch.zeros(2, dtype=torch.float64)  # alpha per step; sum of H and tokens trained on
         for k, mb in enumerate(order):  # (M,) rows each
             chosen = self.chosen_tokens(r, mb, mask, advantages, entropy, step_seed(self.seed, step, 1000 + k))
+            if bonus.on:  # the coefficient of this optimizer step; the bonus's entropy is filled in by the micro-batches
+                chosen["entropy_coef"] = self.entropy_control.applied(bonus.adaptive, bonus.target)
+                coefs.append(chosen["entropy_coef"])
+            measured = torch.zeros(2, dtype=torch.float64)  # this mini-batch's sum of H, tokens (reset by a retry)
             part, finite = learner.run_micro(
-                lambda rows, mb=mb, first=(k == 0), chosen=chosen: self._mini_batch_gradients(
-                    r, mb, rows, advantages, mask, lengths, old_logprobs, ref_logprobs, first, record, chosen
+                lambda rows, mb=mb, first=(k == 0), chosen=chosen, measured=measured: self._mini_batch_gradients(
+                    r, mb, rows, advantages, mask, lengths, old_logprobs, ref_logprobs, first, record, chosen, measured
                 ),
                 lengths[mb],
             )
             stats.merge(part)
             stats.add_step(learner.clip_and_step(finite, step))
+            if bonus.on:
+                measured = self.dist.sum(measured).cpu()  # torchrun: the whole mini-batch's
+                bonus_sums += measured
+                if bonus.adaptive:  # Skywork-OR1: c moves by delta after each optimizer step
+                    e = float(measured[0] / measured[1]) if measured[1] > 0 else float("nan")
+                    self.entropy_control.observe(
+                        e, target=bonus.target, delta=bonus.coef_delta, coef_min=bonus.coef_min, coef_max=bonus.coef_max
+                    )
 
         stats.over_ranks(self.dist)  # torchrun: the global batch's sums
         metrics = stats.metrics(n_updates=self.optim.epochs * self.optim.mini_batches)
         metrics.update(learner.metrics())  # lr, loss_scale, micro_batch_size
         metrics["cov/logp_adv"] = self.logp_adv_covariance(r, mask, advantages)
+        if bonus.on:
+            metrics["entropy_coef"] = sum(coefs) / len(coefs)  # the alpha applied, averaged over optimizer steps
+            metrics["entropy/bonus"] = float(bonus_sums[0] / bonus_sums[1]) if bonus_sums[1] > 0 else float("nan")
         return metrics, ref_seconds
 
     def chosen_tokens(self, r, mb, mask, advantages, entropy, seed: int) -> dict[str, torch.Tensor]:
@@ -289,8 +309,29 @@ class PolicyUpdate:
             metrics["kl"] = float(kl[mask].mean()) if mask.any() else 0.0
         return metrics
 
+    def entropy_state(self) -> dict[str, float]:
+        """The entropy bonus's coefficient and last measured entropy (trainer_state.pt["entropy_control"])."""
+        return self.entropy_control.state()
+
+    def load_entropy_state(self, state: dict[str, float] | None) -> None:
+        """Resume the coefficient; a checkpoint without one (written before the bonus existed) starts it afresh."""
+        if state is not None:
+            self.entropy_control = EntropyControl.from_state(state)
+
     def _mini_batch_gradients(
-        self, r, mb, rows, advantages, mask, lengths, old_logprobs, ref_logprobs, first, record=None, chosen=None
+        self,
+        r,
+        mb,
+        rows,
+        advantages,
+        mask,
+        lengths,
+        old_logprobs,
+        ref_logprobs,
+        first,
+        record=None,
+        chosen=None,
+        measured=None,
     ) -> tuple[UpdateStats, bool]:
         """Accumulate the gradient of mini-batch ``mb`` (M,) over micro-batches of ``rows`` rows (packed: of at
         most ``rows`` tokens), sorted by length. Returns its UpdateStats (loss metrics; sampler-vs-trainer
@@ -305,6 +346,12 @@ class PolicyUpdate:
         num_tokens = dist.sum(mask[mb].sum()).clamp(min=1).to(device)
         chosen = chosen or {}  # (N, Lc) each: the tokens the masks chose over the whole mini-batch (chosen_tokens)
         keep = chosen.get("entropy_mask")  # (N, Lc) or None: algo.top_entropy_quantile's
+        masks = {key: t for key, t in chosen.items() if key in ("entropy_mask", "cov_mask")}
+        bonus = {}  # the entropy bonus's keywords of the loss (algo.entropy_coef / adaptive_entropy)
+        if "entropy_coef" in chosen:
+            trained = mask[mb].bool() if keep is None else mask[mb].bool() & keep[mb]  # (M, Lc) its tokens
+            bonus = {"entropy_coef": chosen["entropy_coef"], "entropy_tokens": dist.sum(trained.sum()).clamp(min=1).to(device)}
+            measured.zero_()  # a retry after an out-of-memory error starts the sums again
         stats = UpdateStats()
         for micro in learner.micro.split(length_sorted(mb, lengths), lengths, rows):
             tensors = micro_tensors(r, micro, mask, device)
@@ -319,6 +366,7 @@ class PolicyUpdate:
                     with_entropy=first or record is not None,
                     context_mask=tensors.get("context_mask"),
                     packed=learner.micro.packed,
+                    **({"entropy_grad": True} if bonus else {}),  # off: the call (and memory) of before
                 )  # (n, L), float32
             micro_mask = tensors["loss_mask"]
             width = logprobs.shape[1]
@@ -341,17 +389,22 @@ class PolicyUpdate:
                 num_sequences=len(mb) * dist.world,
                 num_tokens=num_tokens,
                 sample_logprobs=tensors["sample_logprobs"][:, :width],  # the sampler's (off-policy mask)
-                **{key: t[micro][:, :width].to(device) for key, t in chosen.items()},
+                **{key: t[micro][:, :width].to(device) for key, t in masks.items()},
+                **(bonus | {"entropy": entropy} if bonus else {}),
             )
             if not torch.isfinite(loss) and not dist.active:  # ranks: the global norm is NaN, all skip
                 return stats, False
+            if bonus:  # the entropy the bonus trained on, for the adaptive coefficient and entropy/bonus
+                on = micro_mask.bool() if keep is None else micro_mask.bool() & keep[micro][:, :width].to(device)
+                entropy = entropy.detach()  # the loss holds its graph; the metrics below take the values
+                measured += torch.stack([entropy[on].double().sum().cpu(), on.sum().double().cpu()])
             learner.backward(loss)  # x world size: DDP/FSDP average gradients over ranks
             stats.add_loss(loss, loss_stats, float(micro_mask.sum()))
             if record is not None:
                 record.add(
                     micro, logprobs, old, ref, adv, micro_mask, entropy,
                     sample_logprobs=tensors["sample_logprobs"][:, :width],
-                    **{key: t[micro][:, :width] for key, t in chosen.items()},
+                    **{key: t[micro][:, :width] for key, t in masks.items()},
                 )  # fmt: skip
             if first:
                 generated = tensors["completion_mask"].bool()  # (n, L)

@@ -291,6 +291,7 @@ class GRPOTrainer:
         if self.critic is not None:
             self.critic.load(state, self.run.resume_from)  # PPO's critic/ folder and optimizer
         self.sampler.stream.load_state(state["stream"])
+        self.updater.load_entropy_state(state.get("entropy_control"))  # the entropy bonus's adaptive coefficient
         self.step = state["step"]
         overlap = state.get("async")  # the stopped run's sampler process: its batches not taken are lost
         if overlap and overlap["in_flight"]:
@@ -411,6 +412,7 @@ class GRPOTrainer:
         if self.async_sampler is not None:  # the prompts of the batches taken; the sampler's version and backlog
             state["stream"] = self.async_sampler.stream_state
             state["async"] = self.async_sampler.checkpoint_state()
+        state["entropy_control"] = self.updater.entropy_state()
         subfolders = critic.folders() if critic else {}
         return self.run.save(self.step, self.learner, self.tokenizer, state, subfolders)
 

@@ -70,6 +70,7 @@ def grpo_run(out: Path) -> Path:
             "algo.off_policy_mask=0.0",  # masked_frac/off_policy (issue 35)
             "algo.top_entropy_quantile=0.5",  # masked_frac/entropy
             "algo.cov_penalty=kl_cov",  # cov_penalised_frac
+            "algo.entropy_coef=0.001",  # entropy_coef, entropy/bonus
             "algo.dynamic_sampling=true",
             "algo.max_sampling_rounds=20",
             "rollout.mismatch_correction=token_truncate",  # mismatch/* (any engine; vllm's default)

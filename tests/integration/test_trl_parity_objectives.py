@@ -289,3 +289,86 @@ def test_the_importer_maps_the_second_generation(fields, algo):
     got = from_trl(fields)[0]["algo"]
     assert {k: got.get(k) for k in algo} == algo
     AlgoSettings.of(**{k: v for k, v in got.items() if k != "preset"})  # a valid algorithm
+
+
+# ------------------------------------------------------------------ the entropy bonus (Skywork-OR1; TRL entropy_coef)
+
+
+def trl_entropy_steps(t: dict, entropies: list[torch.Tensor], **settings) -> list[tuple]:
+    """TRL's _compute_loss with its entropy bonus on, one call per optimizer step (one micro-batch each) over the
+    batch ``t`` with the step's entropies: [(loss, d loss / d logp, d loss / d entropy, TRL's entropy_coef after)]."""
+    GRPOTrainer = grpo_trainer_class()
+    adaptive = settings.get("use_adaptive_entropy", False)
+    args = SimpleNamespace(
+        delta=None, use_bias_correction_kl=True, steps_per_generation=1,
+        entropy_target=settings.get("entropy_target", 0.2), entropy_coef_delta=settings.get("entropy_coef_delta", 0.005),
+        entropy_coef_min=settings.get("entropy_coef_min", 0.0), entropy_coef_max=settings.get("entropy_coef_max", 1.0),
+    )  # fmt: skip
+    me = SimpleNamespace(
+        top_entropy_quantile=1.0, off_policy_mask_threshold=None, importance_sampling_level="token", beta=0.0,
+        loss_type="dapo", epsilon_low=0.2, epsilon_high=0.28, args=args, use_vllm=False,
+        model=SimpleNamespace(training=True), current_gradient_accumulation_steps=1, accelerator=OneProcess(),
+        _metrics={"train": defaultdict(list)}, aux_loss_enabled=False, max_completion_length=T,
+        entropy_coef=settings.get("entropy_coef", 0.0), use_adaptive_entropy=adaptive,
+        _entropy_bonus_enabled=True, _last_world_entropy=float("inf"), _entropy_window_stats=None,
+    )  # fmt: skip
+    inputs = {
+        "prompt_ids": torch.zeros(B, 1, dtype=torch.long), "prompt_mask": torch.ones(B, 1, dtype=torch.long),
+        "completion_ids": torch.zeros(B, T, dtype=torch.long), "completion_mask": t["mask"],
+        "advantages": t["adv"], "old_per_token_logps": t["old"], "num_items_in_batch": t["mask"].sum(),
+    }  # fmt: skip
+    out = []
+    for entropy in entropies:
+        logp, ent = t["logp"].clone().requires_grad_(True), entropy.clone().requires_grad_(True)
+        me._get_per_token_logps_and_entropies = lambda *a, _l=logp, _e=ent, **k: (_l, _e, None)
+        loss = GRPOTrainer._compute_loss(me, None, inputs)
+        loss.backward()
+        out.append((loss.detach(), logp.grad, ent.grad, me.entropy_coef))
+    return out
+
+
+@pytest.mark.parametrize("adaptive", [False, True])
+def test_the_entropy_bonus_is_trls(adaptive):
+    """The same loss and gradients (to logp and to the entropy) as TRL 1.16's entropy bonus, step after step; adaptive:
+    TRL's coefficient sequence too (entropies below, below, above the target 1.0; delta 0.02; coef_max 0.03)."""
+    from grpokit.algos.entropy_bonus import EntropyControl
+
+    t = batch(9)
+    g = torch.Generator().manual_seed(10)
+    entropies = [torch.rand(B, T, generator=g) * s for s in (1.5, 1.5, 4.0, 1.0)]  # means ~0.75, 0.75, 2, 0.5
+    settings = {"entropy_coef": 0.01, "use_adaptive_entropy": adaptive, "entropy_target": 1.0,
+                "entropy_coef_delta": 0.02, "entropy_coef_max": 0.03}  # fmt: skip
+    theirs = trl_entropy_steps(t, entropies, **settings)
+    ctl = EntropyControl(0.01)
+    for entropy, (loss, g_logp, g_ent, coef_after) in zip(entropies, theirs):
+        logp, ent = t["logp"].clone().requires_grad_(True), entropy.clone().requires_grad_(True)
+        ours, _ = policy_loss(
+            logp, t["old"], t["adv"], t["mask"].bool(), **preset_kwargs("dapo"), entropy=ent,
+            entropy_coef=ctl.applied(adaptive, 1.0),
+        )  # fmt: skip
+        ours.backward()
+        assert_same((ours.detach(), logp.grad), (loss, g_logp))
+        ours_ent = ent.grad if ent.grad is not None else torch.zeros_like(entropy)  # alpha 0: no bonus in the graph
+        torch.testing.assert_close(ours_ent, g_ent, rtol=1e-5, atol=1e-8)
+        mean = float((entropy * t["mask"]).sum() / t["mask"].sum())
+        if adaptive:
+            ctl.observe(mean, target=1.0, delta=0.02, coef_min=0.0, coef_max=0.03)
+        assert ctl.coef == pytest.approx(coef_after, abs=1e-12)
+    if adaptive:  # 0.01 -> 0.03 -> 0.03 (capped) -> 0.01 -> 0.03; bonus off on the first and the fourth step
+        assert [c for *_, c in theirs] == pytest.approx([0.03, 0.03, 0.01, 0.03], abs=1e-12)
+        assert float(theirs[0][2].abs().sum()) == 0 and float(theirs[3][2].abs().sum()) == 0
+
+
+def test_the_importer_maps_the_entropy_bonus():
+    from grpokit.algos import AlgoSettings
+    from grpokit.config.trl import from_trl
+
+    fields = {"entropy_coef": 0.001, "use_adaptive_entropy": True, "entropy_target": 0.3, "entropy_coef_max": 0.005}
+    got, notes = from_trl(fields)
+    want = {"entropy_coef": 0.001, "adaptive_entropy": True, "entropy_target": 0.3, "entropy_coef_delta": 0.005,
+            "entropy_coef_min": 0.0, "entropy_coef_max": 0.005}  # fmt: skip
+    assert {k: got["algo"].get(k) for k in want} == want
+    assert any(n.startswith("entropy_coef:") for n in notes)
+    AlgoSettings.of(**{k: v for k, v in got["algo"].items() if k != "preset"})
+    assert from_trl({"entropy_coef": 0.02})[0]["algo"]["entropy_coef"] == 0.02
+    assert "entropy_coef" not in from_trl({})[0]["algo"]  # TRL's default 0: no bonus

@@ -242,6 +242,12 @@ def test_every_preset_is_complete_and_cites_its_paper():
         "clip_cov_lb",
         "clip_cov_ub",
         "kl_is_correction",
+        "entropy_coef",  # issue 35: the entropy bonus and its adaptive coefficient (Skywork-OR1)
+        "adaptive_entropy",
+        "entropy_target",
+        "entropy_coef_delta",
+        "entropy_coef_min",
+        "entropy_coef_max",
     }
     assert set(SETTING_KEYS) == expected_keys
     source = inspect.getsource(presets_module)

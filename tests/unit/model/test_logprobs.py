@@ -241,3 +241,57 @@ def test_backward_keeps_no_full_vocabulary_tensor():
 
     assert saved_vocab_tensors(lambda: full_logprobs(model, *batch)[0])
     assert saved_vocab_tensors(lambda: completion_logprobs(model, *batch, chunk_size=4)[0]) == []
+
+
+def _entropy_weighted(pair, mask):
+    """A fixed weighted sum of log-probs and entropies, as a loss with an entropy bonus makes (no padding term)."""
+    lp, ent = pair
+    w = torch.linspace(-1, 1, lp.numel()).view_as(lp)
+    return (lp * w - 0.3 * ent * w.flip(-1)) * mask
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_entropy_gradient_matches_full_logits(packed):
+    """entropy_grad=True: the entropy of each completion position with its gradient (the entropy bonus), chunked,
+    padded or packed, gives the oracle's values and parameter gradients (the full logits' entropy under autograd)."""
+    model, _ = make_tiny_model("qwen2")
+    batch = _batch(seed=4)
+    mask = batch[3].float()
+    want = _grads(model, lambda: _entropy_weighted(full_logprobs(model, *batch, temperature=0.7), mask))
+    got = _grads(
+        model,
+        lambda: _entropy_weighted(
+            completion_logprobs(model, *batch, temperature=0.7, chunk_size=3, entropy_grad=True, packed=packed), mask
+        ),
+    )
+    assert want.keys() == got.keys() and len(got) == len(list(model.parameters()))
+    for name in want:
+        scale = float(want[name].abs().max())
+        torch.testing.assert_close(got[name], want[name], rtol=1e-5, atol=1e-6 * scale + 1e-6, msg=name)
+    lp, ent = completion_logprobs(model, *batch, temperature=0.7, chunk_size=3, entropy_grad=True, packed=packed)
+    with torch.no_grad():
+        lp0, ent0 = completion_logprobs(model, *batch, temperature=0.7, chunk_size=3, with_entropy=True, packed=packed)
+    # the no-grad entropy of the metrics is lse - sum p x, this one -sum p log p: equal to float32 rounding
+    assert ent.requires_grad and torch.allclose(ent.detach(), ent0, atol=1e-5) and torch.allclose(lp.detach(), lp0)
+    assert float(ent[mask == 0].abs().sum()) == 0.0
+
+
+def test_entropy_without_gradient_by_default_and_no_full_vocabulary_tensor_with_it():
+    """Off (the default) the entropy carries no graph, as before; on, the backward still saves no (., V) logits
+    outside the checkpointed chunks, so the bonus costs one chunk's recomputation, not a copy of the logits."""
+    V = 96
+    model, _ = make_tiny_model("qwen2", vocab_size=V)
+    batch = _batch(seed=8, vocab=V)
+    _, ent = completion_logprobs(model, *batch, chunk_size=4, with_entropy=True)
+    assert ent.grad_fn is None and not ent.requires_grad
+    shapes = []
+
+    def pack(t):
+        if t.dim() and t.shape[-1] == V:
+            shapes.append(tuple(t.shape))
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        lp, ent = completion_logprobs(model, *batch, chunk_size=4, entropy_grad=True)
+    (lp.sum() + ent.sum()).backward()
+    assert shapes == []
