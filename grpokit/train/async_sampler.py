@@ -155,10 +155,14 @@ class AsyncSampler:
 
     # ------------------------------------------------------------------ the trainer's side
 
-    def start(self) -> None:
-        """Fork the sampler process (once): it starts at ``self.version`` and the prompt stream as it is now."""
+    def start(self, version: int | None = None) -> None:
+        """Fork the sampler process, unless it runs: it starts with the weights of ``version`` (the trainer's
+        step; pushed first when newer than the last push) and the prompt stream where the last batch taken
+        left it."""
         if self.pid is not None:
             return
+        if version is not None and version > self.version:  # a restart after close(): the trainer moved on
+            self._push_weights(version)
         owner = os.getpid()
         self.pid, self._to_child, self._from_child = fork_worker(self._serve, ())
         threading.Thread(target=_drain, args=(self._from_child, self._queue), daemon=True).start()
@@ -169,7 +173,7 @@ class AsyncSampler:
         ``step`` (its weights are version ``step``): the next batch at most max_staleness versions old.
         Older ones are dropped (counted) and the weights pushed at once. SamplerDiedError when the process
         died or failed."""
-        self.start()
+        self.start(step)
         t0 = time.monotonic()
         dropped = 0
         while True:
@@ -214,10 +218,12 @@ class AsyncSampler:
         return False
 
     def close(self) -> None:
-        """Stop the process and everything it started; the queue is discarded."""
+        """Stop the process and everything it started; the batches not taken are discarded (the next take
+        starts a new process from the batch after the last one taken)."""
         if self._finalizer is not None:
             self._finalizer()
             self._finalizer = None
+        self.pid, self._queue, self._last_take = None, queue.Queue(), None
 
     def in_flight(self) -> int:
         """Batches made or being made by the process and not taken: lost when the run stops here."""

@@ -308,13 +308,17 @@ class GRPOTrainer:
         OUTPUT/summary.json. SIGINT/SIGTERM stop the run at the end of the current step with a checkpoint;
         the summary then holds ``stopped_by`` (the signal's name) and is not written (a second Ctrl-C stops
         at once)."""
-        return run_training(self)
+        try:
+            return run_training(self)
+        finally:  # an asynchronous run's sampler process ends with the run, however it ends
+            if self.async_sampler is not None:
+                self.async_sampler.close()
 
     def begin(self, log: RunLogger) -> None:
         """The run's log is open (grpokit.run.loop): the parts' messages and the samples go there."""
         self._log = self.say.log = log
         if self.async_sampler is not None:  # the first batch is made while the trainer evaluates
-            self.async_sampler.start()
+            self.async_sampler.start(self.step)
             r = self.cfg.rollout
             log.print(
                 f"asynchronous rollouts: sampler process {self.async_sampler.pid}, batches at most "
@@ -328,10 +332,9 @@ class GRPOTrainer:
             log.print(f"accuracy: reward {self.accuracy_name!r} ({self.accuracy_why})")  # never a format reward
 
     def finish(self, summary: dict[str, Any], final: Path) -> None:
-        """Nothing of GRPO's own goes into the summary; an asynchronous run's sampler process stops."""
+        """An asynchronous run's samples dropped for their age (rollout.max_staleness) go into the summary."""
         if self.async_sampler is not None:
             summary["async_dropped_samples"] = self.async_sampler.dropped_total
-            self.async_sampler.close()
 
     def stop(self, reason: str) -> None:
         """End the run after the current step as a finished one (final evaluation, checkpoint, summary with

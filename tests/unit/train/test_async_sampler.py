@@ -298,3 +298,25 @@ def test_the_mismatch_watch_names_the_samples_age_in_asynchronous_runs():
     with pytest.raises(MismatchError, match="rollout.max_staleness=1"):
         for step, kl in enumerate((0.1, 0.2, 0.3)):
             guard.check({"sampler_kl": kl}, step)
+
+
+def broken_reward(prompts, completions, **kw):
+    raise ValueError("the answer column is missing")
+
+
+@pytest.mark.slow
+def test_a_reward_failing_in_the_sampler_stops_the_run_and_leaves_no_process(tmp_path):
+    model, tok = make_tiny_model("qwen2", seed=0)
+    cfg = make_cfg(tmp_path, "rollout.max_staleness=1", "eval.enabled=false")
+    trainer = GRPOTrainer(
+        cfg, model=model, tokenizer=tok, train_rows=ROWS, reward_functions=[("broken", broken_reward, 1.0)]
+    )
+    trainer.async_sampler.start(0)
+    pid = trainer.async_sampler.pid
+    with pytest.raises(SamplerDiedError, match="the sampler process failed: batch 0: TrainingError.*answer column"):
+        trainer.train()
+    assert trainer.step == 0 and trainer.async_sampler.pid is None
+    deadline = time.monotonic() + 10
+    while os.path.exists(f"/proc/{pid}") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not os.path.exists(f"/proc/{pid}")  # ended and reaped by train()
