@@ -8,6 +8,8 @@
 no part calls back into the trainer:
 
     Sampler      (grpokit.train.sampler)    prompts, generator, rewards     -> ScoredBatch (rollout, rewards)
+    AsyncSampler (grpokit.train.async_sampler) rollout.max_staleness >= 1: the Sampler in a process beside the
+                 update -> ScoredBatch at most K steps old, with the policy version that sampled it
     advantages   (grpokit.train.advantages) rewards, log-probs, values      -> advantages (N,) or (N, Lc)
     PolicyUpdate (grpokit.train.update)     rollout, advantages             -> steps the Learner, update metrics
     Learner      (grpokit.train.learner)    the policy, precision, optimizer, schedule, micro-batching
