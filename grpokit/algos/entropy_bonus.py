@@ -8,8 +8,9 @@ grpokit.model.logprobs.completion_logprobs(entropy_grad=True)) and m' the loss t
 The sums run over the whole mini-batch, so its split into micro-batches cannot change the bonus.
 
 Constant: alpha_k = c (algo.entropy_coef). Adaptive (algo.adaptive_entropy), after every optimizer step k with e_k
-the mean entropy H_k it trained on (taken from the same forward passes: no extra cost), as TRL 1.16 and the
-authors' code (verl EntController):
+the mean entropy H_k it trained on (taken from the same forward passes: no extra cost), as TRL 1.16 (the authors'
+code, their verl fork's EntController, applies the same rule once per rollout step to the sampled tokens' mean
+-log pi_old, an estimate of the entropy):
 
     c_{k+1} = min(c_k + delta, c_max)   if e_k <= target          (entropy too low: push harder)
               max(c_k - delta, c_min)   otherwise
