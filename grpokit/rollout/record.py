@@ -7,6 +7,9 @@ used. The update fills a ``TokenRecorder`` as its micro-batches go by; ``write_r
   column             type                 what
   step, group, index int32                the step (1 = after the first update), the group, the row in it
   prompt, completion string               the prompt as the dataset gives it (JSON for message lists), the text
+  ground_truth       string, null         the row's ground truth: the accuracy reward's column (its ``columns``),
+                                          else the first of GROUND_TRUTH_COLUMNS the rows have (JSON when not
+                                          a string); null where the row has none
   reward             float64              the weighted total the advantages came from
   reward/<name>      float64, null        each reward function's value (null: not applicable or failed)
   advantage          float32              the completion's advantage (per-token estimators: the token mean)
@@ -26,7 +29,8 @@ used. The update fills a ``TokenRecorder`` as its micro-batches go by; ``write_r
   step_rewards       list<float32>, null  process rewards: the score of the step each token belongs to
   extra              string               the reward functions' log_extra values of the row, as JSON
 
-The file's metadata key ``grpokit`` holds JSON: step, group_size, reward_names, the algorithm's loss settings
+The file's metadata key ``grpokit`` holds JSON: step, group_size, reward_names, ground_truth_column (the
+column the ground truth came from, null when none), the algorithm's loss settings
 (``AlgoSettings.loss_kwargs()``) and all its settings (``AlgoSettings.flat()``). Token-level columns hold only the
 generated tokens (no padding). Written with zstd, disk use per sampled step is at most about 40 bytes per
 generated token (float32 numbers barely compress) plus about 60 bytes and the texts per completion: 11 kB
@@ -48,6 +52,9 @@ import torch
 from grpokit.algos.token_terms import token_terms
 
 ROLLOUTS_DIR = "rollouts"
+GROUND_TRUTH_COLUMNS = ("answer", "solution", "ground_truth", "reference", "target", "label")
+"""Where a row's ground truth is looked for when the accuracy reward names no column (TRL's datasets:
+"solution"; grpokit's math_accuracy: "answer")."""
 
 
 class TokenRecorder:
@@ -122,10 +129,12 @@ def write_rollouts(
     prompt_column: str,
     tokenizer: Any,
     algo: Any,
+    ground_truth_column: str | None = None,
 ) -> Path:
     """Write ``folder/rollouts/step_{step:06d}.parquet`` (columns in the module docstring) from the step's
     ScoredBatch ``batch``, the ``recorder`` the update filled, the step's ``advantages`` (N,) or (N, Lc) and
-    the run's AlgoSettings ``algo``."""
+    the run's AlgoSettings ``algo``; ``ground_truth_column``: the column holding each row's ground truth (the
+    accuracy reward's), None to look for one of GROUND_TRUTH_COLUMNS."""
     loss_kwargs = algo.loss_kwargs()
     r = batch.rollout
     lengths = r.attention_mask.sum(1).long()  # (N,) tokens after the prompt (multi-turn: the tools' too)
@@ -152,8 +161,12 @@ def write_rollouts(
         "index": pa.array([i % group_size for i in range(N)], pa.int32()),
         "prompt": [_text(row[prompt_column]) for row in batch.rows],
         "completion": list(batch.texts),
-        "reward": pa.array(batch.rewards.double().tolist(), pa.float64()),
     }
+    truth = find_ground_truth_column(batch.rows, prompt_column, ground_truth_column)
+    columns["ground_truth"] = pa.array(
+        [None if truth is None or row.get(truth) is None else _text(row[truth]) for row in batch.rows], pa.string()
+    )
+    columns["reward"] = pa.array(batch.rewards.double().tolist(), pa.float64())
     for name, values in batch.per_function.items():
         columns[f"reward/{name}"] = pa.array([None if x is None else float(x) for x in values], pa.float64())
     columns.update(
@@ -185,6 +198,7 @@ def write_rollouts(
         "step": step,
         "group_size": group_size,
         "reward_names": list(batch.per_function),
+        "ground_truth_column": truth,
         "loss_kwargs": loss_kwargs,
         "algo": algo.flat(),
     }
@@ -237,6 +251,16 @@ def sample_rows(batch: Any, advantages: torch.Tensor, group_size: int, prompt_co
         }
         for i in range(len(batch.texts))
     ]
+
+
+def find_ground_truth_column(rows: list, prompt_column: str, named: str | None = None) -> str | None:
+    """The column of ``rows`` holding the ground truth: ``named`` (the accuracy reward's column) when a row has
+    it, else the first of GROUND_TRUTH_COLUMNS some row has, else None (the prompt column never)."""
+    present = {key for row in rows for key in row if key != prompt_column}
+    for name in (named, *GROUND_TRUTH_COLUMNS):
+        if name is not None and name in present:
+            return name
+    return None
 
 
 def _text(prompt: Any) -> str:

@@ -434,6 +434,7 @@ class GRPOTrainer:
             write_rollouts(
                 self.run.out, self.step, batch, record, advantages=advantages, group_size=G,
                 prompt_column=column, tokenizer=self.tokenizer, algo=self.algo,
+                ground_truth_column=next(iter(getattr(self.accuracy_fn, "columns", ())), None),
             )  # fmt: skip
 
     def evaluate(self, examples: list[dict] | None = None) -> dict[str, float]:

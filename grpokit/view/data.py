@@ -129,8 +129,9 @@ def step_view(path: Path, vocab: dict[int, str], *, max_groups: int | None = Non
     for ids, texts in zip(cols["token_ids"], cols["tokens"]):
         vocab.update(zip(ids, texts))
     reward_names = meta["reward_names"]
+    truth = cols.get("ground_truth") or [None] * N  # files written before it was recorded have none
     rows = {
-        "group": cols["group"], "index": cols["index"], "prompt": cols["prompt"],
+        "group": cols["group"], "index": cols["index"], "prompt": cols["prompt"], "ground_truth": truth,
         "completion": cols["completion"], "reward": cols["reward"], "advantage": cols["advantage"],
         "length": cols["length"], "truncated": cols["truncated"],
         "rewards": {name: cols[f"reward/{name}"] for name in reward_names},
@@ -141,6 +142,7 @@ def step_view(path: Path, vocab: dict[int, str], *, max_groups: int | None = Non
         "group_size": G,
         "algo": meta["algo"],
         "reward_names": reward_names,
+        "ground_truth_column": meta.get("ground_truth_column"),
         "rows": rows,
         "groups": groups,
         "totals": _step_totals(per_token, loss_mask, kw, N // G, G, cols["reward"]),
@@ -201,6 +203,7 @@ def _group_view(g, G, cols, per_token, loss_mask, meta, reward_names) -> dict[st
     return {
         "group": g,
         "prompt": cols["prompt"][sl.start],
+        "ground_truth": (cols.get("ground_truth") or [None] * (sl.stop))[sl.start],  # the group's row's
         "mean": mean,
         "std": std,
         "std_ddof": ddof,

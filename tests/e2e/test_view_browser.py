@@ -301,3 +301,30 @@ def test_the_sampler_trainer_mismatch_has_its_panel(browser, tmp_path):
     assert _errors(browser) == []
     titles = [h.text for h in browser.find_elements(By.CSS_SELECTOR, "#charts .chart h3")]
     assert titles == ["sampler vs trainer: KL (k3) and mean |log-prob gap|", "loss"]
+
+
+def test_the_ground_truth_is_shown_beside_the_completions(runs, browser, tmp_path):
+    """Each group shows its row's answer (the demo's "answer" column, math_accuracy's) above its completions:
+    the sum its prompt asks for, as the rollouts file recorded it (issue 38)."""
+    a, _, page = runs
+    browser.set_window_size(1200, 900)
+    try:
+        browser.get(page.as_uri())
+        browser.find_element(By.CSS_SELECTOR, 'a[data-tab="steps"]').click()
+        table, meta = read_rollouts(rollout_files(a)[-1])
+        t, G = table.to_pydict(), meta["group_size"]
+        assert meta["ground_truth_column"] == "answer"
+        Select(browser.find_element(By.ID, "step-select")).select_by_visible_text(f"step {meta['step']}")
+        for g in (0, len(t["prompt"]) // G - 1):
+            browser.find_element(By.CSS_SELECTOR, f'#groups tr.group-row[data-group="{g}"]').click()
+            x, y = t["prompt"][g * G].rstrip("=").split("+")
+            assert t["ground_truth"][g * G] == str(int(x) + int(y))  # "3+4=" -> "7"
+            assert browser.find_element(By.ID, "g-truth-value").text == str(int(x) + int(y))
+            assert "(column answer)" in browser.find_element(By.ID, "g-truth").text
+            truth = browser.find_element(By.ID, "g-truth").rect
+            completions = browser.find_element(By.ID, "completions").rect
+            assert truth["y"] + truth["height"] <= completions["y"]  # above the completions, not hidden
+        _shot(browser, "ground_truth", tmp_path, browser.find_element(By.ID, "group-detail"))
+        assert _errors(browser) == []
+    finally:
+        browser.set_window_size(1500, 1100)

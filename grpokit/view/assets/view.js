@@ -297,6 +297,10 @@
     const G = st.group_size;
     const names = st.reward_names;
     let html = `<div class="prompt-full" id="g-prompt">${esc(grp.prompt)}</div>`;
+    if (grp.ground_truth !== null && grp.ground_truth !== undefined) {
+      const column = st.ground_truth_column ? ` <span class="truth-column">(column ${esc(st.ground_truth_column)})</span>` : "";
+      html += `<div class="truth" id="g-truth"><span class="truth-label">ground truth${column}:</span> <span id="g-truth-value">${esc(grp.ground_truth)}</span></div>`;
+    }
     html += `<div id="g-stats">group ${g}: mean reward <span id="g-mean">${num(grp.mean)}</span>, std (ddof ${grp.std_ddof}) <span id="g-std">${num(grp.std)}</span>${grp.flat ? " — flat: every advantage is 0" : ""}</div>`;
     html += `<table id="completions"><tr><th>#</th><th>completion</th>${names.map((n) => `<th>${esc(n)}</th>`).join("")}<th>total</th><th>advantage</th><th>tokens</th><th>trunc.</th></tr>`;
     for (let j = 0; j < G; j++) {

@@ -87,6 +87,28 @@ def test_shapes_and_metadata(run):
     assert t["reward/has_seven"] == t["reward"]  # one reward of weight 1
 
 
+@pytest.mark.slow
+def test_each_row_records_its_ground_truth(run):
+    """has_seven names no column, so the ground truth is the rows' "answer": the sum the prompt asks for."""
+    folder, _, _ = run
+    table, meta = read_rollouts(rollout_files(folder)[0])
+    t = table.to_pydict()
+    assert meta["ground_truth_column"] == "answer"
+    want = [str(sum(int(x) for x in p.rstrip("=").split("+"))) for p in t["prompt"]]  # "2+3=" -> "5"
+    assert t["ground_truth"] == want
+
+
+def test_the_ground_truth_column_is_the_accuracy_rewards_else_a_known_name():
+    from grpokit.rollout.record import find_ground_truth_column
+
+    rows = [{"prompt": "q", "solution": "1", "answer": "2"}, {"prompt": "r", "tests": ["assert f()"]}]
+    assert find_ground_truth_column(rows, "prompt", "tests") == "tests"  # code_tests' column
+    assert find_ground_truth_column(rows, "prompt") == "answer"  # grpokit's name before TRL's "solution"
+    assert find_ground_truth_column(rows, "prompt", "missing") == "answer"
+    assert find_ground_truth_column([{"answer": "a question"}], "answer") is None  # never the prompt
+    assert find_ground_truth_column([{"prompt": "q", "other": 1}], "prompt") is None
+
+
 def test_saved_numbers_are_the_ones_the_update_used(run):
     """Each saved row's log-probs, old log-probs and advantages equal, bit for bit, a row the loss was given
     in the second step's update; the advantages also equal GRPO's formula by a naive loop over the group."""

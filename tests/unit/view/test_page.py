@@ -32,9 +32,10 @@ KEYS = json.loads(
 )
 
 
-def synth_run(folder, *, steps=500, every=10, P=16, G=8, L=8, seed=0, tools=False):
+def synth_run(folder, *, steps=500, every=10, P=16, G=8, L=8, seed=0, tools=False, answers=False):
     """A run folder as the demo's config writes it (P=16 prompts x G=8, up to L=8 new tokens), with random
-    numbers: metrics.jsonl, eval.jsonl every `every` steps and rollouts every `every` steps."""
+    numbers: metrics.jsonl, eval.jsonl every `every` steps and rollouts every `every` steps; ``answers``: the
+    rows have an "answer" column (the ground truth)."""
     rng = random.Random(seed)
     folder.mkdir(parents=True)
     with open(folder / "metrics.jsonl", "w") as f:
@@ -63,7 +64,8 @@ def synth_run(folder, *, steps=500, every=10, P=16, G=8, L=8, seed=0, tools=Fals
         rewards = (torch.rand(N, generator=g) < 0.3).float()
         texts = tok.batch_decode(ids)
         batch = ScoredBatch(
-            rollout=rollout, rows=[{"prompt": f"{i}+{i}="} for i in range(N)], texts=texts, rewards=rewards,
+            rollout=rollout, rows=[{"prompt": f"{i // G}+{i // G}=", **({"answer": str(2 * (i // G))} if answers else {})}
+                                   for i in range(N)], texts=texts, rewards=rewards,
             per_function={"math_accuracy": rewards.tolist()}, reward_metrics={},
         )  # fmt: skip
         from grpokit.algos import group_advantages
@@ -166,3 +168,29 @@ def test_multi_turn_rows_show_tool_tokens_masked(tmp_path):
 
     loss_mask = np.frombuffer(base64.b64decode(step["tokens"]["fields"]["loss_mask"]), "<f4")
     assert [loss_mask[a + 1 : a + 3].tolist() for a in offsets[:-1]] == [[0.0, 0.0]] * len(widths)
+
+
+def test_the_ground_truth_reaches_the_page_and_a_file_without_it_still_reads(tmp_path):
+    """Each group carries its row's ground truth (the rows' "answer": 2 x the operand) and the step its column;
+    a rollouts file written before the column existed reads with none."""
+    import pyarrow.parquet as pq
+
+    from grpokit.view.data import read_run
+
+    run = synth_run(tmp_path / "run", steps=20, every=10, P=3, G=4, answers=True)
+    first, second = read_run(run)["steps"]
+    assert first["ground_truth_column"] == "answer"
+    assert [g["ground_truth"] for g in first["groups"]] == ["0", "2", "4"]
+    assert first["rows"]["ground_truth"] == [str(2 * (i // 4)) for i in range(12)]
+    path = sorted((run / "rollouts").glob("*.parquet"))[0]  # as written before ground_truth was recorded
+    table = pq.read_table(path)
+    meta = json.loads(table.schema.metadata[b"grpokit"])
+    del meta["ground_truth_column"]
+    old = table.drop_columns(["ground_truth"]).replace_schema_metadata({"grpokit": json.dumps(meta)})
+    pq.write_table(old, path)
+    old_step = read_run(run)["steps"][0]
+    assert old_step["ground_truth_column"] is None
+    assert [g["ground_truth"] for g in old_step["groups"]] == [None] * 3
+    assert read_run(run)["steps"][1]["groups"][1]["ground_truth"] == "2"
+    plain = read_run(synth_run(tmp_path / "plain", steps=10, every=10, P=1, G=4))["steps"][0]  # no answer
+    assert plain["ground_truth_column"] is None and plain["groups"][0]["ground_truth"] is None
