@@ -147,6 +147,17 @@ def test_grpokit_train_runs_two_steps_through_the_server_and_resumes(server, tmp
     assert resumed.sampler.generator.stats["probe_gap"] < 1e-3
 
 
+def test_a_call_the_server_fails_brings_its_message_back(generator):
+    """A prompt longer than the server's --max-model-len (512): vLLM refuses it there, the client names it."""
+    model, _ = vllm_model(seed=0)
+    with pytest.raises(VLLMServerError, match=r"failed a rollout \(HTTP 500\): \w+Error: .*512"):
+        generator.generate(
+            model, [[2] + [5] * 600], group_size=1, max_new_tokens=4, temperature=1.0, eos_token_ids=EOS,
+            pad_token_id=0,
+        )  # fmt: skip
+    sample(generator, model, temperature=0.0, group_size=1)  # the server goes on answering
+
+
 def test_a_server_that_dies_mid_run_is_a_named_error(server, generator):
     """Last in the module: it kills the module's server."""
     url, proc = server
