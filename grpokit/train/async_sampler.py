@@ -354,8 +354,12 @@ def _stop(pid: int, to_child: int, owner: int) -> None:
     """Stop the sampler process ``pid`` and its process group, reap it, close the pipe (its owner only)."""
     if os.getpid() != owner:  # a fork of the owner: not its process
         return
+    try:  # "stop", then the end of its requests: processes forked later (reward workers) may hold the pipe open
+        _write_all(to_child, _frame(("stop",)))
+    except OSError:
+        pass
     try:
-        os.close(to_child)  # the process reads the end of its requests and returns
+        os.close(to_child)
     except OSError:
         pass
     deadline = time.monotonic() + 2.0
