@@ -354,7 +354,7 @@ def _stop(pid: int, to_child: int, owner: int) -> None:
     """Stop the sampler process ``pid`` and its process group, reap it, close the pipe (its owner only)."""
     if os.getpid() != owner:  # a fork of the owner: not its process
         return
-    try:  # "stop", then the end of its requests: processes forked later (reward workers) may hold the pipe open
+    try:  # "stop", then the end of its requests: it ends even if a process forked later holds the pipe open
         _write_all(to_child, _frame(("stop",)))
     except OSError:
         pass
