@@ -182,6 +182,16 @@ class EpisodeSampler:
             env_name=r.environment or "tools",
         )
 
+    def describe_prompts(self, n: int) -> str:
+        """What the run does with its prompts, printed at start in place of data.template's line: episodes
+        always go through the chat template (ChatDelta), strings as one user message."""
+        r = self.cfg.rollout
+        offered = f"the tools {[t.name for t in self.tools]}" if self.tools else f"the environment {r.environment}"
+        return (
+            f"multi-turn episodes: {n} prompt(s) through the tokenizer's chat template, a string as one user "
+            f"message, with {offered} (data.template does not apply)"
+        )
+
     def check_tokenizer(self, tokenizer) -> None:
         """Builds the chat-template delta: a template that cannot render the tools or turns is a ConfigError."""
         if self.delta is None or self.delta.tokenizer is not tokenizer:

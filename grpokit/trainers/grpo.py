@@ -327,7 +327,10 @@ class GRPOTrainer:
                 f"{r.max_staleness} step(s) old, weights pushed every {r.sync_every} step(s)"
             )
         prompts = [row[self.cfg.data.prompt_column] for row in self.train_rows]
-        log.print(f"prompts: {describe_templates(prompts, self.cfg.data.template)}")  # TRL's convention or not
+        if self.sampler.episodes is not None:  # episodes render every prompt with the chat template
+            log.print(f"prompts: {self.sampler.episodes.describe_prompts(len(prompts))}")
+        else:
+            log.print(f"prompts: {describe_templates(prompts, self.cfg.data.template)}")  # TRL's convention or not
         if self.accuracy_name is None:  # TRL's behaviour: train on the rewards given, say what is missing
             log.print(f"accuracy: {self.accuracy_why}")
         else:

@@ -300,6 +300,20 @@ def test_evaluation_of_episodes_shows_its_progress_on_stderr(tmp_path, capsys):
     assert "eval:" not in captured.out
 
 
+@pytest.mark.slow
+def test_the_run_says_its_prompts_go_through_the_chat_template_with_the_tools(tmp_path, capsys):
+    """Episodes render every prompt with the chat template: the start line says so, not data.template's
+    "string prompts fed as is (plain)" (issue 38)."""
+    trainer = make_trainer(tmp_path, "train.steps=1")
+    trainer.train()
+    err = capsys.readouterr().err
+    line = next(line for line in err.splitlines() if line.startswith("prompts: "))
+    assert line == (
+        f"prompts: multi-turn episodes: {len(ROWS)} prompt(s) through the tokenizer's chat template, a string "
+        "as one user message, with the tools ['count_digits'] (data.template does not apply)"
+    )
+
+
 def test_the_episode_budget_must_fit_the_models_positions(tmp_path):
     from grpokit.run.preflight import check_positions
 
