@@ -42,6 +42,7 @@ from grpokit.model.loading import (
     check_tokenizer_fits,
     frozen_reference,
     load_tokenizer_checked,
+    pick_device,
     read_model_config,
 )
 from grpokit.rewards import RewardRunner, resolve_reward, resolve_reward_specs
@@ -142,6 +143,13 @@ class GRPOTrainer:
             raise ConfigError(
                 f"rollout.max_staleness={cfg.rollout.max_staleness} under torchrun (grpokit launch): the "
                 "asynchronous sampler runs in one process only for now; set rollout.max_staleness=0."
+            )
+        if cfg.rollout.max_staleness and pick_device(cfg.model.device).type != "cpu":
+            raise ConfigError(
+                f"rollout.max_staleness={cfg.rollout.max_staleness} with model.device={cfg.model.device} "
+                f"({pick_device(cfg.model.device)}): the asynchronous sampler is a forked process, which cannot use "
+                "a GPU once the trainer has; it runs on the CPU only for now: set model.device=cpu, or "
+                "rollout.max_staleness=0."
             )
         # the output folder: not in use by another run; train() locks it until it ends (grpokit.run.lock)
         self.run = RunState(cfg, self.dist, resume=resume, overwrite=overwrite, resolved_algo=self.algo)

@@ -320,3 +320,9 @@ def test_a_reward_failing_in_the_sampler_stops_the_run_and_leaves_no_process(tmp
     while os.path.exists(f"/proc/{pid}") and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not os.path.exists(f"/proc/{pid}")  # ended and reaped by train()
+
+
+def test_on_a_gpu_async_is_refused_before_the_model_loads(tmp_path, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # model.device=auto would pick the GPU
+    with pytest.raises(ConfigError, match=r"model.device=auto \(cuda\).*CPU only"):
+        make_trainer(tmp_path, "rollout.max_staleness=1", "model.device=auto")
