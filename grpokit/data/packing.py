@@ -65,3 +65,25 @@ def token_budget_batches(order: Tensor, lengths: Tensor, budget: int) -> list[Te
             out.append([row])
             used = cost
     return [torch.tensor(rows, dtype=order.dtype) for rows in out]
+
+
+def cut_to_count(micros: list[Tensor], lengths: Tensor, count: int) -> list[Tensor]:
+    """``micros`` (micro-batches of row indices, as from token_budget_batches) cut further until there are
+    ``count`` of them: each cut takes the micro-batch of several rows holding the most tokens and splits it
+    in two where its tokens divide most evenly. Cuts only lower a micro-batch's tokens, so the budget still
+    holds, and rows keep their order. Under torchrun every rank must run as many micro-batches (DDP and FSDP
+    communicate in each forward/backward): a rank that packed fewer cuts to the largest count.
+
+    Example: micro-batches [0, 1, 2], [3] with lengths 2, 3, 4, 9 and count 3 -> [0, 1], [2], [3]
+    (the 9-token micro-batch is one row; [0, 1, 2] cut after 2 + 3 = 5 of its 9 tokens)."""
+    rows = sum(len(m) for m in micros)
+    if count > rows:
+        raise ValueError(f"cannot cut {rows} rows into {count} micro-batches (each needs at least one row)")
+    out = list(micros)
+    while len(out) < count:
+        tokens = [int(lengths[m].sum()) if len(m) > 1 else -1 for m in out]
+        k = max(range(len(out)), key=tokens.__getitem__)  # the fullest micro-batch that can be cut
+        cum = lengths[out[k]].cumsum(0)  # (n,) tokens up to and including each row
+        cut = int((cum[:-1] - cum[-1] / 2).abs().argmin()) + 1  # 1 <= cut < n: both halves keep a row
+        out[k : k + 1] = [out[k][:cut], out[k][cut:]]
+    return out

@@ -15,9 +15,12 @@ so the trainer calls them unconditionally. Under torchrun:
   multiplied by N before backward: sum_r(N * L_r) / N = sum_r L_r, the single-process loss of the global
   batch. Example, token-mean on 2 ranks: rank 0 holds 30 loss tokens whose losses sum to 6, rank 1 holds
   20 summing to 4; one process: (6 + 4) / 50 = 0.2. Each rank divides by the all-reduced 50: 0.12 and
-  0.08, times N = 2: 0.24 and 0.16, averaged by DDP/FSDP: 0.2. Micro-batch counts are equal on all ranks (the longest row is all-reduced), so every rank runs
-  the same collectives. Clipping uses the global norm; a non-finite loss still runs its backward so the
-  global norm is NaN on every rank and the step is skipped everywhere.
+  0.08, times N = 2: 0.24 and 0.16, averaged by DDP/FSDP: 0.2. Micro-batch counts are equal on all ranks
+  (padded: the longest row is all-reduced; packed by optim.micro_batch_tokens: the largest count is, and a
+  rank that packed fewer cuts its fullest micro-batches in two), so every rank runs the same collectives.
+  Clipping uses the global norm; a non-finite loss still runs its backward so the global norm is NaN on
+  every rank and the step is skipped everywhere. optim.offload_reference: the reference moves to the device
+  for its pass only (``movable``); under fsdp FSDP2 keeps its shards in CPU memory (CPUOffloadPolicy).
 - strategy (train.distributed): ``fsdp`` shards the policy (each decoder layer, then the rest) and the
   reference with FSDP2 ``fully_shard``; ``ddp`` replicates them (DistributedDataParallel). ``auto``: ddp
   with LoRA (the adapter is tiny and the base must be whole for generation anyway), fsdp otherwise.
@@ -150,12 +153,21 @@ class Distributed:
     """The trainer's view of the process group; ``Distributed()`` (one process) makes every helper a no-op."""
 
     def __init__(
-        self, world: int = 1, rank: int = 0, device: torch.device | None = None, strategy: str = "none"
+        self,
+        world: int = 1,
+        rank: int = 0,
+        device: torch.device | None = None,
+        strategy: str = "none",
+        *,
+        offload_reference: bool = False,
     ):
         self.world, self.rank, self.strategy = world, rank, strategy
+        # optim.offload_reference under fsdp: the reference's shards kept in CPU memory by FSDP2 itself
+        self.offload_reference = offload_reference
         self.device = device or torch.device("cpu")  # where collectives' tensors live (NCCL: the GPU)
         self._forward: dict[int, nn.Module] = {}  # id(model) -> its FSDP/DDP root (PolicyForward)
         self._gen: nn.Module | None = None  # fsdp: the unsharded copy used for sampling
+        self._gen_of: int | None = None  # id() of the policy _gen copies
         self._gen_version: Any = None
 
     @classmethod
@@ -195,7 +207,7 @@ class Distributed:
         if dist.get_world_size() != world:
             raise ConfigError(f"WORLD_SIZE={world} but the process group has {dist.get_world_size()} ranks")
         device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
-        return cls(world, dist.get_rank(), device, strategy)
+        return cls(world, dist.get_rank(), device, strategy, offload_reference=cfg.optim.offload_reference)
 
     @property
     def active(self) -> bool:
@@ -309,9 +321,11 @@ class Distributed:
             load_weights_into(model, resume_from)
         if self.strategy == "fsdp":
             self._gen = copy.deepcopy(model).requires_grad_(False).eval()
+            self._gen_of = id(model)
             self._forward[id(model)] = self._fully_shard(model, forward)
             if ref_model is not None:
-                self._forward[id(ref_model)] = self._fully_shard(ref_model, forward)
+                offload = self.offload_reference
+                self._forward[id(ref_model)] = self._fully_shard(ref_model, forward, offload=offload)
         else:
             from torch.nn.parallel import DistributedDataParallel
 
@@ -324,18 +338,23 @@ class Distributed:
         self.barrier()  # no rank starts writing before every rank has checked the output folder
 
     @staticmethod
-    def _fully_shard(model: nn.Module, forward=None) -> nn.Module:
+    def _fully_shard(model: nn.Module, forward=None, offload: bool = False) -> nn.Module:
+        """``model`` sharded layer by layer, under a PolicyForward root. ``offload``: the shards kept in CPU
+        memory (FSDP2's CPUOffloadPolicy: each layer's shard is copied to the device for its all-gather and
+        freed after it), for a frozen reference only (the policy's optimizer would step on the CPU too)."""
         try:
-            from torch.distributed.fsdp import fully_shard
+            from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
         except ImportError:  # torch < 2.6
-            from torch.distributed._composable.fsdp import fully_shard
+            from torch.distributed._composable.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
 
         from grpokit.model.logprobs import base_model
 
+        policy = CPUOffloadPolicy(pin_memory=torch.cuda.is_available()) if offload else OffloadPolicy()
         layers = getattr(base_model(model).get_decoder(), "layers", None) or []
         for layer in layers:
-            fully_shard(layer)
-        return fully_shard(PolicyForward(model, forward))  # embeddings, final norm, (tied) LM head: the root group
+            fully_shard(layer, offload_policy=policy)
+        # embeddings, final norm, (tied) LM head: the root group
+        return fully_shard(PolicyForward(model, forward), offload_policy=policy)
 
     def logprobs_fn(self, model: nn.Module, fn: Callable[..., Any] | None = None) -> Callable[..., Any]:
         """``fn`` (default completion_logprobs; the one given to wrap) bound to ``model``, through its
@@ -346,6 +365,18 @@ class Distributed:
         from grpokit.model.logprobs import completion_logprobs
 
         return functools.partial(fn or completion_logprobs, model)
+
+    def unsharded(self, model: nn.Module) -> nn.Module:
+        """``model`` with whole weights, for a forward of its own outside the FSDP root (a check such as
+        grpokit.model.logprobs.check_packed_attention): under fsdp the policy's unsharded copy (``wrap``; its
+        trainable weights as of the last ``generation_model``), else ``model`` itself."""
+        return self._gen if self._gen is not None and id(model) == self._gen_of else model
+
+    def movable(self, model: nn.Module | None) -> nn.Module | None:
+        """``model``, to be moved between the CPU and the device by its owner (optim.offload_reference: alone,
+        or under ddp, which leaves the reference unwrapped, each rank holding its own whole copy); None when
+        FSDP shards it, as it then keeps the shards in CPU memory itself (``wrap``, CPUOffloadPolicy)."""
+        return None if id(model) in self._forward and self.strategy == "fsdp" else model
 
     @torch.no_grad()
     def generation_model(self, model: nn.Module, version: Any) -> nn.Module:

@@ -36,7 +36,7 @@ import torch
 from grpokit.config.schema import Config, OptimConfig
 from grpokit.core.errors import ConfigError, TrainingError
 from grpokit.core.notices import Notices
-from grpokit.data.packing import token_budget_batches
+from grpokit.data.packing import cut_to_count, token_budget_batches
 from grpokit.model.checkpoint import load_weights_into
 from grpokit.model.loading import load_policy, pick_device, prepare_policy
 from grpokit.model.logprobs import base_model, check_packed_attention
@@ -88,7 +88,10 @@ class MicroBatchSize:
     the budget as the padded auto learns rows. ``limit(lengths)`` is the rows, or the token budget, of the
     next pass; ``split(order, lengths, limit)`` its micro-batches. ``cap``: under auto on CUDA, the limit
     that last fitted (None until an OOM); ``last``: the most rows a micro-batch of the last successful pass
-    held (the micro_batch_size metric)."""
+    held (the micro_batch_size metric). Under torchrun every rank runs as many micro-batches (DDP and FSDP
+    communicate in each forward and backward): padded, the rows come from the longest row over ranks; packed,
+    the ranks agree on the largest count (an all-reduce max) and a rank that packed fewer cuts its fullest
+    micro-batches in two (grpokit.data.packing.cut_to_count), so no budget is exceeded and no pass is empty."""
 
     def __init__(
         self,
@@ -102,8 +105,6 @@ class MicroBatchSize:
     ):
         self.setting, self.device, self.dist = setting, device, dist
         self.tokens = tokens
-        # torchrun: every rank must run as many micro-batches, so they stay sized in rows (still packed)
-        self.by_tokens = tokens is not None and not dist.active
         self.say = say or Notices()
         self.make_room = make_room  # frees device memory held elsewhere (the sampler's KV cache); True if any
         self.room_first = False  # once room had to be made, it is made before every pass (the sampler rebuilds it)
@@ -119,8 +120,8 @@ class MicroBatchSize:
     def limit(self, lengths: torch.Tensor) -> int:
         """Rows per micro-batch (padded, see ``rows``), or packed its token budget: optim.micro_batch_tokens
         as given; under auto on CUDA every row at once until an out-of-memory error halves it, elsewhere
-        AUTO_MICRO_TOKENS. Under torchrun packed micro-batches are sized in rows (equal counts on ranks)."""
-        if not self.by_tokens:
+        AUTO_MICRO_TOKENS."""
+        if not self.packed:
             return self.rows(lengths)
         if self.tokens != "auto":
             return int(self.tokens)
@@ -131,11 +132,13 @@ class MicroBatchSize:
 
     def split(self, order: torch.Tensor, lengths: torch.Tensor, limit: int) -> list[torch.Tensor]:
         """``order`` (M,) row indices in micro-batches: of ``limit`` rows (padded), or of at most ``limit``
-        tokens, a row costing ``lengths[row]`` (packed)."""
-        if not self.by_tokens:
+        tokens, a row costing ``lengths[row]`` (packed; under torchrun as many on every rank, see the class)."""
+        if not self.packed:
             micros = list(order.split(limit))
         else:
             micros = token_budget_batches(order, lengths, limit)
+            if self.dist.active:  # every rank must run the same collectives: the largest count on all
+                micros = cut_to_count(micros, lengths, self.dist.max_int(len(micros)))
         self._most_rows = max([self._most_rows, *(len(m) for m in micros)])
         return micros
 
@@ -164,7 +167,7 @@ class MicroBatchSize:
             self._most_rows = 0
             try:
                 result = fn(rows)
-                self.last = self._most_rows if self.by_tokens else rows
+                self.last = self._most_rows if self.packed else rows
                 return result
             except torch.cuda.OutOfMemoryError as e:
                 message = str(e).split(". ")[0]
@@ -175,9 +178,10 @@ class MicroBatchSize:
                 self.room_first = True
                 self.say(f"out of GPU memory at {rows} rows per micro-batch: freed the sampler's KV cache, retrying")
                 continue
-            if self.by_tokens:
+            if self.packed:
                 longest = int(lengths.max()) if len(lengths) else 1
-                if self.tokens != "auto" or rows <= longest:  # every micro-batch is one row already
+                # torchrun: a retry on one rank alone would run collectives the others do not
+                if self.tokens != "auto" or rows <= longest or self.dist.active:
                     raise TrainingError(
                         f"out of GPU memory with micro-batches of {rows} tokens ({message}): lower "
                         "optim.micro_batch_tokens, set it to auto, turn on model.gradient_checkpointing or "
@@ -223,7 +227,8 @@ class Learner:
         if micro is None:
             tokens = optim.micro_batch_tokens if packing else None
             micro = MicroBatchSize(optim.micro_batch_size, device, self.dist, self.say, make_room, tokens=tokens)
-            if packing and not check_packed_attention(model, device):
+            # a forward of the model's own: under fsdp on the whole copy wrap() kept (the shards need their root)
+            if packing and not check_packed_attention(self.dist.unsharded(model), device):
                 raise ConfigError(
                     f"packing (optim.packing / sft.packing): {type(base_model(model)).__name__} lets packed rows "
                     "attend to each other (its attention does not read packed position_ids), so packing would "

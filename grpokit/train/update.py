@@ -27,7 +27,6 @@ from grpokit.algos import AlgoSettings, get_loss, kl_estimate
 from grpokit.algos.entropy_bonus import EntropyControl
 from grpokit.algos.masks import covariance_selection, high_entropy_mask, token_covariance
 from grpokit.config.schema import OptimConfig
-from grpokit.core.errors import ConfigError
 from grpokit.model.offload import CPU, on_device
 from grpokit.rollout.batch import length_sorted, step_seed
 from grpokit.rollout.generation import Rollout
@@ -134,10 +133,9 @@ class PolicyUpdate:
         # algo.entropy_coef / adaptive_entropy: the bonus's coefficient, moved after each optimizer step (checkpointed)
         self.entropy_control = EntropyControl(algo.entropy.coef)
         # optim.offload_reference: the reference waits in CPU memory, on the device for its pass only
+        # (under fsdp FSDP2 keeps its shards in CPU memory itself: Distributed.movable is then None)
         self.offload_reference = optim.offload_reference and ref_model is not None
-        if self.offload_reference:
-            if self.dist.active:
-                raise ConfigError("optim.offload_reference is not supported under torchrun yet; set it to false")
+        if self.offload_reference and self.dist.movable(ref_model) is not None:
             ref_model.to(CPU)
 
     def rollout_logprobs(self, r: Rollout) -> tuple[torch.Tensor | None, torch.Tensor | None, float]:
@@ -183,7 +181,7 @@ class PolicyUpdate:
             return token_entropy if entropy else logprobs  # (n, L)
 
         offload = reference and self.offload_reference
-        with ctx, on_device(model, self.learner.device, offload):
+        with ctx, on_device(self.dist.movable(model), self.learner.device, offload):
             out = rows_no_grad(self.learner, r, forward)
         policy.train(was_training)
         return out

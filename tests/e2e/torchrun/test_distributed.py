@@ -25,6 +25,15 @@ from torchrun import launch
 
 ROWS = [{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a in range(5) for b in range(5)]
 P, G = 4, 4  # global prompts per step and group size: 2 groups per rank on 2 ranks
+# the packed cases' prompts: rank 0 takes the first two (5 tokens), rank 1 the last two (11), each with a
+# completion of <= 6 tokens; a budget of 24 tokens packs 2-4 of rank 0's rows together, 1-2 of rank 1's
+ROWS_BY_LENGTH = [
+    {"prompt": "1+22=", "answer": "23"},
+    {"prompt": "2+22=", "answer": "24"},
+    {"prompt": "12345+4321=", "answer": "16666"},
+    {"prompt": "20000+3333=", "answer": "23333"},
+]
+BUDGET = 24
 
 BASE = [
     f"rollout.group_size={G}",
@@ -61,7 +70,27 @@ CASES = {
         "algo.advantage=group_centre_token_whiten",
         "algo.kl_reward_coef=0.05",
     ],
+    # packed micro-batches of <= BUDGET real tokens on ROWS_BY_LENGTH: rank 1's rows are longer, so it packs
+    # more micro-batches than rank 0, which must cut its own to run as many; the reference offloaded (its
+    # FSDP shards moved through their root); 2 epochs: the old log-probs' no-grad pass packed too
+    "fsdp_packed": [
+        "train.distributed=fsdp",
+        "optim.packing=true",
+        f"optim.micro_batch_tokens={BUDGET}",
+        "algo.beta=0.04",
+        "optim.offload_reference=true",
+        "optim.epochs=2",
+    ],
+    "ddp_packed": [
+        "train.distributed=ddp",
+        "optim.packing=true",
+        f"optim.micro_batch_tokens={BUDGET}",
+        "algo.beta=0.04",
+        "optim.offload_reference=true",
+        "algo.agg=token-mean",
+    ],
 }
+PACKED = [name for name, extra in CASES.items() if "optim.packing=true" in extra]
 
 
 def distinct_chars(prompts, completions, **kw):
@@ -87,8 +116,9 @@ def equivalence_worker(out: str) -> None:
     from tiny_model import make_tiny_model
 
     from grpokit.config.schema import load_config
+    from grpokit.data.packing import token_budget_batches
     from grpokit.train.advantages import batch_advantages
-    from grpokit.train.learner import Learner
+    from grpokit.train.learner import Learner, MicroBatchSize
     from grpokit.train.update import PolicyUpdate
     from grpokit.trainers.grpo import GRPOTrainer
 
@@ -104,16 +134,32 @@ def equivalence_worker(out: str) -> None:
                 self.grads = {n: _full(p.grad) for n, p in self.model.named_parameters() if p.grad is not None}
             return super().clip_and_step(finite, step, label)
 
+    class RecordedSplits(MicroBatchSize):
+        """Micro-batches as the learner sizes them, each split kept: (budget, tokens and rows of each
+        micro-batch, how many micro-batches this rank's rows alone pack into)."""
+
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.calls: list[tuple[int, list[int], list[int], int]] = []
+
+        def split(self, order, lengths, limit):
+            micros = super().split(order, lengths, limit)
+            alone = len(token_budget_batches(order, lengths, limit))
+            tokens = [int(lengths[m].sum()) for m in micros]
+            self.calls.append((limit, tokens, [len(m) for m in micros], alone))
+            return micros
+
     results = {}
     for name, extra in CASES.items():
         torch.manual_seed(0)
         model, tok = make_tiny_model("qwen2", seed=0)
         cfg = load_config(None, [*BASE, *extra, f"train.output_dir={out}.{name}"])
+        rows = ROWS_BY_LENGTH if name in PACKED else ROWS
         trainer = GRPOTrainer(
             cfg,
             model=model,
             tokenizer=tok,
-            train_rows=ROWS,
+            train_rows=rows,
             reward_functions=[("distinct_chars", distinct_chars, 1.0)],
         )
         sampler, dist = trainer.sampler, trainer.dist
@@ -135,8 +181,12 @@ def equivalence_worker(out: str) -> None:
             )
         # the policy update of the trainer's model, stepping a learner that keeps the first gradient
         policy = trainer.learner
+        micro = None
+        if name in PACKED:
+            micro = RecordedSplits("auto", policy.device, dist, tokens=cfg.optim.micro_batch_tokens)
         learner = FirstGradient(
-            trainer.model, policy.precision, policy.device, cfg.optim, dist, total_steps=cfg.train.steps
+            trainer.model, policy.precision, policy.device, cfg.optim, dist, total_steps=cfg.train.steps,
+            micro=micro,
         )
         updater = PolicyUpdate(
             learner,
@@ -149,7 +199,7 @@ def equivalence_worker(out: str) -> None:
         )
         # the global batch, the same on every rank: prompts 0..P-1, one seed, the full weights
         rollout = sampler.rollout([sampler.encoded[i] for i in range(P)], seed=123)
-        batch = sampler.score(rollout, ROWS[:P])
+        batch = sampler.score(rollout, rows[:P])
         assert len(set(batch.rewards.tolist())) > 1, "the rewards need some spread"
         local = batch.select_groups(dist.my_share(list(range(P))), G)  # this rank's whole groups
         old, ref, _ = updater.rollout_logprobs(local.rollout)
@@ -162,6 +212,7 @@ def equivalence_worker(out: str) -> None:
             "weights": weights,
             "loss": metrics["loss"],
             "rows": len(local.texts),
+            "splits": dist.gather(list(micro.calls)) if micro is not None else None,  # before the NaN update's
         }
         # a NaN on the last rank only: every rank must skip (the global gradient norm is NaN everywhere)
         poisoned = advantages.clone()
@@ -274,6 +325,22 @@ def test_two_ranks_give_the_one_process_gradient_and_weights(equivalence, case):
     for name, w in one["weights"].items():
         torch.testing.assert_close(two["weights"][name], w, rtol=1e-4, atol=1e-6, msg=f"{case}: {name}")
     assert two["loss"] == pytest.approx(one["loss"], rel=1e-4, abs=1e-7)  # the global loss, all-reduced
+
+
+@pytest.mark.parametrize("case", PACKED)
+def test_packed_micro_batches_on_two_ranks_are_sized_by_tokens_in_equal_numbers(equivalence, case):
+    """Each rank packs by optim.micro_batch_tokens (not rows), and both run as many micro-batches in every
+    pass (DDP/FSDP communicate in each): where rank 0's short rows alone pack into fewer, it cuts its own."""
+    (rank0, rank1), (one,) = equivalence[1][case]["splits"], equivalence[0][case]["splits"]
+    assert len(rank0) == len(rank1) == len(one) > 0  # the same passes: reference, (old,) update
+    for calls in (rank0, rank1, one):
+        for budget, tokens, rows, _ in calls:
+            assert budget == BUDGET
+            assert all(t <= BUDGET or n == 1 for t, n in zip(tokens, rows))  # only a lone row may exceed it
+    assert all(len(a[1]) == len(b[1]) for a, b in zip(rank0, rank1))
+    assert sum(rows for call in rank0 for rows in call[2]) == sum(rows for call in rank1 for rows in call[2])
+    # the agreement was needed: rank 0's rows alone packed into fewer micro-batches than rank 1's
+    assert any(a[3] < b[3] and len(a[1]) == b[3] for a, b in zip(rank0, rank1))
 
 
 @pytest.mark.parametrize("case", list(CASES))

@@ -71,6 +71,39 @@ def test_sft_on_two_ranks_gives_the_one_process_losses_and_weights(sft_setup, st
     _close(_weights(one), _weights(two), atol=2e-6)
 
 
+PACKED = ["sft.packing=true", "optim.micro_batch_tokens=16"]  # 2-3 examples of ~6 tokens a micro-batch
+
+
+@pytest.fixture(scope="module")
+def sft_packed(sft_setup):
+    """The one-process run of sft_setup's config, packed."""
+    from grpokit.cli.main import main
+
+    folder, cfg, _ = sft_setup
+    one = folder / "one_packed"
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        assert main(["sft", str(cfg), "--output-dir", str(one), *PACKED]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    return one
+
+
+@pytest.mark.slow
+def test_sft_packed_under_fsdp_gives_the_one_process_losses_and_weights(sft_setup, sft_packed):
+    """Packed micro-batches by tokens on two FSDP ranks. Before, the trainer's packing check ran a forward on
+    the sharded model (outside its FSDP root) and the run failed before its first step."""
+    folder, cfg, _ = sft_setup
+    two = folder / "fsdp_packed"
+    launch(["grpokit", "sft", str(cfg), "--output-dir", str(two), "train.distributed=fsdp", *PACKED], nproc=2, module=True)
+    ref, got = _metrics(sft_packed), _metrics(two)
+    assert [m["step"] for m in got] == [m["step"] for m in ref] == [1, 2, 3]
+    for r, g in zip(ref, got):
+        assert g["loss"] == pytest.approx(r["loss"], abs=1e-6)
+    _close(_weights(sft_packed), _weights(two), atol=2e-6)
+
+
 def every_turn_calls(text: str) -> list:
     """A tool parser for the random tiny model: every turn calls count_digits on its text (a turn cut at
     max_new_tokens calls nothing)."""

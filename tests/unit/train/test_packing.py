@@ -9,7 +9,7 @@ from test_parts import grads_of_one_step
 from tiny_model import make_tiny_model
 
 from grpokit.config.schema import load_config, resolve_algo
-from grpokit.data.packing import pack_masked, pack_sequences, token_budget_batches
+from grpokit.data.packing import cut_to_count, pack_masked, pack_sequences, token_budget_batches
 from grpokit.model.logprobs import check_packed_attention, completion_logprobs
 from grpokit.rollout.generation import Rollout
 from grpokit.train.learner import AUTO_MICRO_TOKENS, Learner, MicroBatchSize, load_model
@@ -48,6 +48,20 @@ def test_token_budget_batches_by_hand():
     assert token_budget_batches(torch.tensor([], dtype=torch.long), lengths, 4) == []
     with pytest.raises(ValueError, match=">= 1"):
         token_budget_batches(torch.tensor([0]), lengths, 0)
+
+
+def test_cut_to_count_by_hand():
+    lengths = torch.tensor([2, 3, 4, 9, 1, 1])
+    micros = [torch.tensor([0, 1, 2]), torch.tensor([3])]  # 9 and 9 tokens; [3] is one row and cannot be cut
+    # [0, 1, 2] cut where its 9 tokens divide most evenly: after 2 + 3 = 5 (|5 - 4.5| < |2 - 4.5|)
+    assert [m.tolist() for m in cut_to_count(micros, lengths, 3)] == [[0, 1], [2], [3]]
+    assert [m.tolist() for m in cut_to_count(micros, lengths, 4)] == [[0], [1], [2], [3]]
+    assert cut_to_count(micros, lengths, 2) == micros  # already as many: unchanged
+    # the fullest cuttable one goes first: [4, 5] holds 2 tokens, [0, 1] 5
+    two = [torch.tensor([4, 5]), torch.tensor([0, 1])]
+    assert [m.tolist() for m in cut_to_count(two, lengths, 3)] == [[4, 5], [0], [1]]
+    with pytest.raises(ValueError, match="cannot cut 4 rows into 5 micro-batches"):
+        cut_to_count(micros, lengths, 5)
 
 
 def test_pack_sequences_and_pack_masked_by_hand():
@@ -150,6 +164,32 @@ class _NoRanks:
 
     def max_int(self, value: int) -> int:
         return value
+
+
+class _RankBeside:
+    """Distributed's answers on rank 0 of two, the other rank holding ``other``: max_int is the all-reduce max."""
+
+    active = True
+
+    def __init__(self, other: int):
+        self.other = other
+
+    def max_int(self, value: int) -> int:
+        return max(value, self.other)
+
+
+def test_packed_micro_batches_under_torchrun_stay_by_tokens_and_take_the_largest_count():
+    lengths = torch.tensor([3, 8, 2, 5, 4])
+    order = torch.tensor([2, 0, 4, 3, 1])  # length-sorted: 2, 3, 4, 5, 8 tokens
+    alone = MicroBatchSize("auto", CPU, _NoRanks(), tokens=10)
+    assert [m.tolist() for m in alone.split(order, lengths, 10)] == [[2, 0, 4], [3], [1]]  # 9, 5, 8 tokens
+    # the other rank packed 4 micro-batches: this one cuts its fullest (9 tokens: 2 + 3 | 4) to run as many
+    beside = MicroBatchSize("auto", CPU, _RankBeside(4), tokens=10)
+    assert beside.limit(lengths) == 10  # a token budget, not rows
+    assert [m.tolist() for m in beside.split(order, lengths, 10)] == [[2, 0], [4], [3], [1]]
+    # the other rank packed fewer: this rank's own count stands
+    fewer = MicroBatchSize("auto", CPU, _RankBeside(1), tokens=10)
+    assert [m.tolist() for m in fewer.split(order, lengths, 10)] == [[2, 0, 4], [3], [1]]
 
 
 def _update_grads(overrides: list[str], r: Rollout, advantages: torch.Tensor, lora: bool = False):
