@@ -305,9 +305,11 @@ class GRPOTrainer:
         self.step = state["step"]
         overlap = state.get("async")  # the stopped run's sampler process: its batches not taken are lost
         if overlap and overlap["in_flight"]:
+            lost, r = overlap["in_flight"], self.cfg.rollout
             self.say(
-                f"resuming an asynchronous run at step {self.step}: the {overlap['in_flight']} batch(es) its sampler "
-                f"process had made or was making were discarded; sampling restarts from the weights of step {self.step}."
+                f"resuming an asynchronous run at step {self.step}: the {lost} batch(es) its sampler process had "
+                f"made or was making ({lost * r.prompts_per_step * r.group_size} samples) were discarded; sampling "
+                f"restarts from the weights of step {self.step}."
             )
         return overlap["next_batch"] if overlap else self.step
 

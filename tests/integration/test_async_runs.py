@@ -81,10 +81,11 @@ def test_sigkill_of_the_trainer_leaves_no_sampler_and_a_resume_counts_versions_o
         [*argv, f"train.steps={done + 2}", "--resume"], env=env, capture_output=True, text=True, timeout=600
     )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    said = re.search(r"resuming an asynchronous run at step (\d+): the (\d+) batch", resumed.stderr)
+    said = re.search(r"resuming an asynchronous run at step (\d+): the (\d+) batch.*\((\d+) samples\)", resumed.stderr)
     assert said, resumed.stderr[-3000:]
     start = int(said.group(1))
     assert int(said.group(2)) >= 1  # K = 1: one batch made or being made when it was killed
+    assert int(said.group(3)) == 4 * int(said.group(2))  # 2 prompts x 2 completions a batch
     lines = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     after = [m for m in lines if m["step"] > start]
     assert [m["step"] for m in after] == list(range(start + 1, start + 3))
