@@ -78,8 +78,8 @@ W = TypeVar("W", bound=Killable)
 
 
 class WorkerPool:
-    """The worker processes one owner holds (grpokit.rollout.tools.runner.ToolRunner's, grpokit.rollout.envs.EnvPool's),
-    composed into it: ``spawn(make)`` forks one (``make()`` returns an object with ``kill()``) and keeps it,
+    """The worker processes one owner holds (grpokit.rollout.tools.runner.ToolRunner's,
+    grpokit.rollout.envs.EnvPool's), composed into it: ``spawn(make)`` forks one (``make()`` returns an object with ``kill()``) and keeps it,
     ``retire(worker)`` kills it and lets it go, ``close()`` kills every one kept, and runs when the pool is
     collected.
 

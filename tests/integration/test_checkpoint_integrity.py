@@ -94,12 +94,13 @@ def test_a_disk_with_no_room_for_a_file_is_one_named_line(tmpfs, tmp_path, capsy
     model = save_tiny_model(tmp_path / "model")
     data = tmp_path / "prompts.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in ROWS))
-    args = [f"model.name_or_path={model}", f"data.train={data}", "rewards=[{name: math_accuracy}]", "train.steps=1"]
-    assert main(["train", *args, *SMALL_RUN, f"train.output_dir={disk / 'run'}"]) == 2
+    args = [f"model.name_or_path={model}", f"data.train={data}", "rewards=[{name: math_accuracy}]"]
+    assert main(["train", *args, "train.steps=1", *SMALL_RUN, f"train.output_dir={disk / 'run'}"]) == 2
     err = capsys.readouterr().err
     last = err.strip().splitlines()[-1]
     key = f"train.output_dir={str(disk / 'run')!r}"
-    assert last.startswith(f"grpokit: {key}: disk full: no space left on the disk writing {disk / 'run'}{os.sep}"), last
+    written = f"{disk / 'run'}{os.sep}"
+    assert last.startswith(f"grpokit: {key}: disk full: no space left on the disk writing {written}"), last
     assert "free on its disk but no free inodes (df -i)" in last and "train.output_dir" in last
     assert "Traceback" not in err
 
@@ -108,7 +109,8 @@ def test_a_checkpoint_cut_by_a_full_disk_is_never_resumed_from(tmpfs, capsys):
     """480 KiB: warned at the start (two checkpoints of ~270 KiB may not fit), step 1's checkpoint fits and
     step 2's does not. No half of step 2 is left, and a resume takes step 1."""
     out = tmpfs(480) / "run"
-    with pytest.raises(CheckpointError, match=r"disk full: .* while writing checkpoint .*step_000002 .*needs more than"):
+    cut = r"disk full: .* while writing checkpoint .*step_000002 .*needs more than"
+    with pytest.raises(CheckpointError, match=cut):
         trainer(out, steps=2).train()
     assert "2 checkpoints of about" in capsys.readouterr().err
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step_000001"]

@@ -196,7 +196,7 @@ class ToolRunner:
         for _ in range(workers):
             self._idle.put(None)  # started on first use
         self._lock = threading.Lock()  # the counters
-        self.workers = WorkerPool("tools")  # forked on its thread, killed at close (the engine calls from threads)
+        self.workers = WorkerPool("tools")  # forked on its own thread (calls come from threads), killed at close
         self.counts = {"calls": 0, "errors": 0, "timeouts": 0, "seconds": 0.0, "recycled": 0}
 
     def _count(self, result: ToolResult) -> ToolResult:

@@ -96,7 +96,8 @@ def test_sft_packed_under_fsdp_gives_the_one_process_losses_and_weights(sft_setu
     the sharded model (outside its FSDP root) and the run failed before its first step."""
     folder, cfg, _ = sft_setup
     two = folder / "fsdp_packed"
-    launch(["grpokit", "sft", str(cfg), "--output-dir", str(two), "train.distributed=fsdp", *PACKED], nproc=2, module=True)
+    args = ["grpokit", "sft", str(cfg), "--output-dir", str(two), "train.distributed=fsdp", *PACKED]
+    launch(args, nproc=2, module=True)
     ref, got = _metrics(sft_packed), _metrics(two)
     assert [m["step"] for m in got] == [m["step"] for m in ref] == [1, 2, 3]
     for r, g in zip(ref, got):

@@ -39,8 +39,10 @@ def test_the_disk_full_line_names_the_path_its_free_space_and_the_need(tmp_path)
     nameless = OSError(errno.ENOSPC, "No space left on device")  # os.write and friends name no file
     line = disk_full_message(nameless, folder=tmp_path)
     assert f"train.output_dir={str(tmp_path)!r}: " in line and "free on its disk" in line
-    assert disk_full_message(OSError(errno.EDQUOT, "Disk quota exceeded")).startswith("disk full: disk quota exceeded")
-    assert [size_text(n) for n in (812, 3.5 * 2**20, 12 * 2**30, None)] == ["812 bytes", "3.5 MiB", "12.0 GiB", "unknown"]
+    quota = disk_full_message(OSError(errno.EDQUOT, "Disk quota exceeded"))
+    assert quota.startswith("disk full: disk quota exceeded")
+    sizes = [size_text(n) for n in (812, 3.5 * 2**20, 12 * 2**30, None)]
+    assert sizes == ["812 bytes", "3.5 MiB", "12.0 GiB", "unknown"]
 
 
 def test_a_checkpoints_size_is_weights_and_optimizer_states_of_the_trainable_parameters():
