@@ -171,13 +171,21 @@ def _cmd_plan(args: argparse.Namespace, fail) -> int:
 
 
 def _cmd_memory(args: argparse.Namespace, fail) -> int:
-    """--memory: the update's peak by role, padded vs packed, on a long-tailed batch
-    (grpokit.bench.update_memory)."""
+    """--memory: the update's peak by role, padded vs packed, on a long-tailed batch, with --compare trl
+    TRL's GRPOTrainer on the same batch beside them (grpokit.bench.update_memory)."""
     from grpokit.bench.update_memory import VARIANTS, measure, print_memory_table
 
+    trl = args.compare == "trl"
+    if trl and (args.trl_python or args.trl_script):
+        flag = "--trl-python" if args.trl_python else "--trl-script"
+        return fail(f"--memory --compare trl runs TRL in this Python with grpokit's meter: drop {flag}")
     try:
+        if trl:
+            check_trl()  # before spending minutes on our side
         beta = 0.04 if args.beta is None else args.beta
-        result = measure(list(VARIANTS), steps=max(args.steps, 2), beta=beta, overrides=args.set)
+        result = measure(list(VARIANTS), steps=max(args.steps, 2), beta=beta, overrides=args.set, trl=trl)
+    except BenchError as e:
+        return fail(str(e))
     except RuntimeError as e:
         return fail(str(e), code=1)
     print_memory_table(result)
@@ -366,9 +374,9 @@ def add_bench_parser(subparsers) -> None:
     p.add_argument(
         "--memory",
         action="store_true",
-        help="the GRPO update's peak memory by role and time, padded vs packed, on a long-tailed batch with a "
-        "few-layer Qwen2.5-shaped model and the real vocabulary, each in its own process "
-        "(grpokit.bench.update_memory)",
+        help="the GRPO update's peak memory by role and time, padded vs packed (and with --compare trl TRL's "
+        "GRPOTrainer), on a long-tailed batch with a few-layer Qwen2.5-shaped model and the real vocabulary, "
+        "each in its own process (grpokit.bench.update_memory)",
     )
     p.add_argument(
         "--plan",

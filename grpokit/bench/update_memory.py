@@ -10,10 +10,18 @@ random Qwen2 of Qwen2.5's shapes and the real 151,936-word vocabulary but few la
              CUDA; TRL pads each per_device_train_batch_size the same way)
     packed   optim.packing: micro-batches of at most 4,096 real tokens, no padding
 
+    trl      (with ``trl=True``; ``grpokit bench --memory --compare trl``) TRL's GRPOTrainer on the same model,
+             rows and token ids: its generation replaced by a ``rollout_func`` that returns the batch's
+             prompt and completion ids, so a TRL step is its reference pass, its forward and backward on
+             per_device_train_batch_size = all the rows (padded to the longest, as TRL pads) and its AdamW
+             step; the settings the two differ in are listed (TRL's read through grpokit.config.trl)
+
 Each variant runs in its own process (a process's peak RSS cannot be reset below what an earlier run
 touched), steps ``steps`` times, and reports its peak (grpokit.bench.memory.PeakMeter: the increase over
-the RSS before the model was built), its memory by role, the median update time, and the prediction of
-grpokit.bench.plan for the same settings beside it.
+the RSS before the model was built; in TRL's process the same meter, its baseline taken once the model is
+saved for TRL to load and before TRL builds anything), its memory by role, the median update time
+(TRL: from each ``on_step_begin`` to its ``on_step_end``, which holds its reference pass), and the
+prediction of grpokit.bench.plan for the same settings beside it (none for TRL).
 """
 
 from __future__ import annotations
@@ -25,6 +33,7 @@ import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 QWEN_FEW_LAYERS: dict[str, Any] = dict(
@@ -117,19 +126,7 @@ def measure_variant(
 
     torch.manual_seed(0)
     dims = {**QWEN_FEW_LAYERS, "num_hidden_layers": layers} if model is None else dict(model)
-    cfg = load_config(
-        None,
-        [
-            "model.device=cpu",
-            "model.dtype=float32",
-            "model.gradient_checkpointing=true",
-            "algo.preset=grpo",
-            f"algo.beta={beta}",
-            "optim.lr=1e-6",
-            *VARIANTS[variant],
-            *overrides,
-        ],
-    )
+    cfg = load_config(None, [*_grpokit_overrides(beta), *VARIANTS[variant], *overrides])
     meter = PeakMeter(torch.device("cpu"))
     meter.baseline()
     model = Qwen2ForCausalLM(Qwen2Config(**dims, max_position_embeddings=4096))
@@ -182,6 +179,197 @@ class _Parts:
         self.model, self.learner, self.ref_model, self.critic = model, learner, ref, None
 
 
+# --- TRL's GRPOTrainer on the same batch ----------------------------------------------------------------
+
+
+def trl_values(tail: LongTail, steps: int, beta: float) -> dict[str, Any]:
+    """The GRPOConfig fields TRL's run is given: grpokit's values where both have the setting (all rows in
+    one micro-batch and one optimizer step per batch, the learning rate, beta, temperature, gradient
+    checkpointing, float32 on the CPU, the grpo loss, grpokit's AdamW beta2 and constant schedule), the rest
+    TRL's defaults (``trl_setting_differences`` lists what then still differs)."""
+    return {
+        "per_device_train_batch_size": tail.rows,
+        "gradient_accumulation_steps": 1,
+        "num_generations": tail.rows,  # one group: the rows' prompts differ, which changes no memory
+        "max_completion_length": tail.long_len,
+        "learning_rate": 1e-6,
+        "beta": beta,
+        "temperature": 1.0,
+        "loss_type": "grpo",
+        "use_bias_correction_kl": False,  # grpokit's grpo preset: the plain k3 estimate
+        "adam_beta2": 0.99,  # grpokit's default (TRL's 0.999)
+        "lr_scheduler_type": "constant",  # grpokit's default (TRL's linear)
+        "gradient_checkpointing": True,
+        "max_steps": steps,
+        "seed": 0,
+        "use_cpu": True,
+        "bf16": False,
+        "save_strategy": "no",
+        "report_to": "none",
+        "logging_steps": 1,
+        "disable_tqdm": True,
+    }
+
+
+def trl_setting_differences(
+    tail: LongTail, steps: int, beta: float, overrides: list[str] | tuple[str, ...] = ()
+) -> list[dict[str, Any]]:
+    """{key, grpokit, trl} of every model / algo / optim setting the padded variant and TRL's run differ in:
+    TRL's fields (``trl_values`` over its defaults) mapped to grpokit's by grpokit.config.trl.from_trl,
+    grpokit's as load_config and the preset resolve them. The rollout's settings are left out: both are
+    handed the same fixed batch."""
+    from grpokit.config.schema import load_config, resolve_algo
+    from grpokit.config.trl import from_trl
+
+    values = trl_values(tail, steps, beta)
+    for inert in ("use_cpu", "save_strategy", "disable_tqdm", "logging_steps", "report_to"):
+        values.pop(inert)  # where it runs and what it prints: nothing the update computes
+    theirs, _ = from_trl(values)
+    cfg = load_config(None, [*_grpokit_overrides(beta), *VARIANTS["padded"], *overrides])
+    algo = resolve_algo(cfg).flat()
+    out = []
+    for section in ("model", "algo", "optim"):
+        for name, value in theirs[section].items():
+            if section == "algo" and name == "preset":
+                continue
+            ours = algo.get(name) if section == "algo" else getattr(getattr(cfg, section), name, None)
+            same = ours == value or (
+                isinstance(ours, (int, float))
+                and isinstance(value, (int, float))
+                and float(ours) == float(value)
+            )
+            if not same:
+                out.append({"key": f"{section}.{name}", "grpokit": ours, "trl": value})
+    return out
+
+
+def _grpokit_overrides(beta: float) -> list[str]:
+    """The bench's own settings of every grpokit variant (before the variant's and the user's)."""
+    return [
+        "model.device=cpu",
+        "model.dtype=float32",
+        "model.gradient_checkpointing=true",
+        "algo.preset=grpo",
+        f"algo.beta={beta}",
+        "optim.lr=1e-6",
+    ]
+
+
+def measure_trl(
+    *,
+    layers: int = 2,
+    steps: int = 2,
+    beta: float = 0.04,
+    tail: LongTail | None = None,
+    model: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Run ``steps`` steps of TRL's GRPOTrainer on ``long_tailed_rollout``'s rows in this process; its peak,
+    roles and step time, in ``measure_variant``'s form. The model (the same seed and dimensions as
+    grpokit's) is saved with a word-level tokenizer to a temporary folder before the baseline, since TRL
+    builds its reference model from the policy's path; TRL then loads the policy and the reference from it.
+    Call it in a fresh process (``measure`` does)."""
+    import tempfile
+    from types import SimpleNamespace
+
+    import torch
+    import trl
+    from datasets import Dataset
+    from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from grpokit.bench.memory import PeakMeter, role_bytes
+    from grpokit.bench.model import _build_tokenizer
+    from grpokit.model.loading import save_local_tokenizer
+
+    tail = tail or LongTail()
+    dims = {**QWEN_FEW_LAYERS, "num_hidden_layers": layers} if model is None else dict(model)
+    r = long_tailed_rollout(tail, dims["vocab_size"])
+    lengths = r.completion_mask.sum(1).tolist()
+    prompt_ids = r.prompt_ids.tolist()
+    completion_ids = [ids[:k] for ids, k in zip(r.completion_ids.tolist(), lengths)]
+
+    def rollout_func(prompts: list, trainer) -> dict[str, Any]:
+        """The same rows every step in place of TRL's generation (``prompts`` are the dataset's rows)."""
+        if len(prompts) != tail.rows:
+            raise RuntimeError(f"TRL asked for {len(prompts)} completions, the batch has {tail.rows}")
+        return {"prompt_ids": prompt_ids, "completion_ids": completion_ids, "logprobs": None}
+
+    advantages = torch.linspace(-1.0, 1.0, tail.rows).tolist()  # TRL standardises them per group
+
+    def reward(completions, **kw) -> list[float]:
+        return advantages[: len(completions)]
+
+    class StepClock(TrainerCallback):
+        """Seconds from each on_step_begin to its on_step_end: the reference pass and the update."""
+
+        def __init__(self):
+            self.t0, self.seconds = 0.0, []
+
+        def on_step_begin(self, args, state, control, **kw):
+            self.t0 = time.perf_counter()
+
+        def on_step_end(self, args, state, control, **kw):
+            self.seconds.append(time.perf_counter() - self.t0)
+
+    with tempfile.TemporaryDirectory(prefix="grpokit-memory-trl-") as tmp:
+        model_dir, out_dir = Path(tmp) / "model", Path(tmp) / "out"
+        torch.manual_seed(0)  # measure_variant's policy, bit for bit
+        policy = Qwen2ForCausalLM(Qwen2Config(**dims, max_position_embeddings=4096))
+        tokenizer = _build_tokenizer(dims["vocab_size"])
+        policy.save_pretrained(model_dir)
+        save_local_tokenizer(tokenizer, model_dir)
+        del policy
+        rows = [{"prompt": "w5"} for _ in range(tail.rows * (steps + 1))]
+        meter = PeakMeter(torch.device("cpu"))
+        meter.baseline()
+        clock = StepClock()
+        trainer = GRPOTrainer(
+            model=str(model_dir),
+            reward_funcs=reward,
+            args=GRPOConfig(output_dir=str(out_dir), **trl_values(tail, steps, beta)),
+            train_dataset=Dataset.from_list(rows),
+            processing_class=AutoTokenizer.from_pretrained(str(model_dir)),
+            callbacks=[clock],
+            rollout_func=rollout_func,
+        )
+        meter.start()
+        trainer.train()
+        peak = meter.peak_bytes()
+        optimizer = getattr(trainer.optimizer, "optimizer", trainer.optimizer)  # accelerate's wrapper
+        roles = role_bytes(
+            SimpleNamespace(
+                model=trainer.model,
+                learner=SimpleNamespace(optimizer=optimizer),
+                ref_model=trainer.ref_model,
+                critic=None,
+            )
+        )
+        dtype = str(next(trainer.model.parameters()).dtype)
+        n_params = sum(p.numel() for p in trainer.model.parameters())
+    seconds = clock.seconds
+    if len(seconds) != steps:
+        raise RuntimeError(f"TRL ran {len(seconds)} optimizer steps, {steps} were asked for")
+    return {
+        "variant": "trl",
+        "settings": [f"{k}={v}" for k, v in trl_values(tail, steps, beta).items()],
+        "trl_version": trl.__version__,
+        "model": dims,
+        "dtype": dtype,
+        "n_params": n_params,
+        "tail": asdict(tail),
+        "steps": steps,
+        "beta": beta,
+        "update_s": seconds,
+        "median_update_s": float(statistics.median(seconds[1:] if steps > 1 else seconds)),
+        "micro_batch_rows": tail.rows,
+        "peak_bytes": peak,
+        "peak_kind": meter.kind,
+        "roles": roles,
+        "activations_other_bytes": peak - sum(roles.values()),
+        "predicted": None,
+    }
+
+
 def measure(
     variants: list[str],
     *,
@@ -190,17 +378,21 @@ def measure(
     beta: float = 0.04,
     overrides: list[str] | tuple[str, ...] = (),
     model: dict[str, Any] | None = None,
+    trl: bool = False,
 ) -> dict[str, Any]:
     """``measure_variant`` of each variant in its own process: {"variants": {name: result}, and
-    "padded_over_packed": the peak's and the update time's ratios}. ``model``: other Qwen2 dimensions."""
+    "padded_over_packed": the peak's and the update time's ratios}. ``model``: other Qwen2 dimensions.
+    ``trl``: also ``measure_trl`` in its own process (variant "trl"), with "over_trl" (each grpokit
+    variant's peak and update time over TRL's) and "trl_setting_differences" (``overrides`` are grpokit's
+    only, so they show there)."""
     results = {}
-    for variant in variants:
+    for variant in [*variants, *(["trl"] if trl else [])]:
         print(f"grpokit bench --memory: {variant} (its own process)", file=sys.stderr, flush=True)
         cmd = [sys.executable, "-m", "grpokit.bench.update_memory", variant, "--layers", str(layers)]
         cmd += ["--steps", str(steps), "--beta", str(beta)]
         if model is not None:
             cmd += ["--model", json.dumps(model)]
-        for o in overrides:
+        for o in overrides if variant != "trl" else ():
             cmd += ["--set", o]
         done = subprocess.run(cmd, capture_output=True, text=True)
         line = next((x for x in done.stdout.splitlines() if x.startswith("RESULT ")), None)
@@ -214,37 +406,55 @@ def measure(
             "peak": a["peak_bytes"] / b["peak_bytes"],
             "update_s": a["median_update_s"] / b["median_update_s"],
         }
+    if trl:
+        t = results["trl"]
+        out["over_trl"] = {
+            name: {
+                "peak": v["peak_bytes"] / t["peak_bytes"],
+                "update_s": v["median_update_s"] / t["median_update_s"],
+            }
+            for name, v in results.items()
+            if name != "trl"
+        }
+        out["trl_setting_differences"] = trl_setting_differences(LongTail(), steps, beta, overrides)
     return out
 
 
 def print_memory_table(result: dict[str, Any]) -> None:
+    """The variants side by side (TRL's column, when run, with no plan), the ratios and the settings TRL's
+    run differs in."""
     gib = 2**30
     variants = result["variants"]
     names = list(variants)
     print(f"{'GiB':<28}" + "".join(f"{n:>12}{'(plan)':>9}" for n in names))
 
-    def row(label: str, values: list[float], planned: list[float | None]) -> None:
+    def planned(v: dict, role: str | None) -> float | None:
+        if v["predicted"] is None:  # TRL's run: the plan predicts grpokit's
+            return None
+        return v["predicted"]["peak_bytes"] if role is None else v["predicted"]["roles"].get(role)
+
+    def row(label: str, values: list[float], plans: list[float | None]) -> None:
         cells = "".join(
             f"{v / gib:>12.3f}" + (f"{p / gib:>9.3f}" if p is not None else f"{'':>9}")
-            for v, p in zip(values, planned)
+            for v, p in zip(values, plans)
         )
         print(f"{label:<28}{cells}")
 
     row(
         "peak (increase)",
         [v["peak_bytes"] for v in variants.values()],
-        [v["predicted"]["peak_bytes"] for v in variants.values()],
+        [planned(v, None) for v in variants.values()],
     )
     for role in ("policy_weights", "policy_gradients", "policy_optimizer", "reference_model"):
         row(
             f"  {role.replace('_', ' ')}",
             [v["roles"][role] for v in variants.values()],
-            [v["predicted"]["roles"].get(role) for v in variants.values()],
+            [planned(v, role) for v in variants.values()],
         )
     row(
         "  activations/other",
         [v["activations_other_bytes"] for v in variants.values()],
-        [v["predicted"]["roles"]["activations"] for v in variants.values()],
+        [planned(v, "activations") for v in variants.values()],
     )
     print(
         f"{'update s (median)':<28}"
@@ -253,20 +463,33 @@ def print_memory_table(result: dict[str, Any]) -> None:
     if "padded_over_packed" in result:
         r = result["padded_over_packed"]
         print(f"padded / packed: peak {r['peak']:.2f}x, update time {r['update_s']:.2f}x")
+    for name, r in result.get("over_trl", {}).items():
+        print(f"{name} / trl: peak {r['peak']:.2f}x, update time {r['update_s']:.2f}x")
+    if "trl_setting_differences" in result:
+        print(f"settings TRL's run differs in (TRL {variants['trl']['trl_version']}, in grpokit's terms):")
+        for d in result["trl_setting_differences"]:
+            print(f"  {d['key']}: grpokit {d['grpokit']!r}, trl {d['trl']!r}")
+        if not result["trl_setting_differences"]:
+            print("  none")
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m grpokit.bench.update_memory")
-    ap.add_argument("variant", choices=list(VARIANTS))
+    ap.add_argument("variant", choices=[*VARIANTS, "trl"])
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--beta", type=float, default=0.04)
-    ap.add_argument("--set", action="append", default=[])
+    ap.add_argument("--set", action="append", default=[], help="a grpokit config override (not for trl)")
     ap.add_argument("--model", type=json.loads, help="Qwen2 config keys as JSON (default QWEN_FEW_LAYERS)")
     a = ap.parse_args(argv)
-    result = measure_variant(
-        a.variant, layers=a.layers, steps=a.steps, beta=a.beta, overrides=a.set, model=a.model
-    )
+    if a.variant == "trl":
+        if a.set:
+            ap.error(f"--set {a.set[0]}: grpokit config overrides do not apply to TRL's run")
+        result = measure_trl(layers=a.layers, steps=a.steps, beta=a.beta, model=a.model)
+    else:
+        result = measure_variant(
+            a.variant, layers=a.layers, steps=a.steps, beta=a.beta, overrides=a.set, model=a.model
+        )
     print("RESULT " + json.dumps(result), flush=True)
     return 0
 
