@@ -3,22 +3,14 @@ text cut to their limits, invalid Unicode, tools that print or leak memory, and 
 timeout. Each case ended a step (or reached the trainer's streams) before."""
 
 import os
+import time
 
 import pytest
+from tool_runners import hang, multiply, tool_runner
 
-from grpokit.rollout.tools import ToolCall, ToolRunner, check_arguments, hermes, load_tools
+from grpokit.rollout.tools import ToolCall, check_arguments, hermes, load_tools
 from grpokit.rollout.tools.results import Stopped
 from grpokit.rollout.tools.spec import ECHO_CHARS
-
-
-def multiply(a: int, b: int) -> int:
-    """Multiply two integers.
-
-    Args:
-        a: the first factor
-        b: the second factor
-    """
-    return a * b
 
 
 def echo(text: str) -> str:
@@ -107,10 +99,10 @@ def test_echoes_of_the_models_text_are_cut():
 
 @pytest.fixture
 def runner():
-    r = ToolRunner(load_tools([multiply, echo, chatty, leak, grab, clocked]), timeout_s=20.0, workers=1,
-                   memory_mb=200)  # fmt: skip
-    yield r
-    r.close()
+    with tool_runner(
+        [multiply, echo, chatty, leak, grab, clocked], timeout_s=20.0, workers=1, memory_mb=200
+    ) as r:
+        yield r
 
 
 def test_unknown_tool_names_and_surrogates_come_back_as_clean_text(runner):
@@ -159,30 +151,14 @@ def test_a_call_stopped_by_the_tools_own_clock_counts_as_a_timeout(runner):
 
 
 def test_a_budget_shorter_than_the_call_timeout_stops_the_call_and_says_why():
-    def nap(seconds: float) -> str:
-        """Sleeps.
-
-        Args:
-            seconds: how long
-        """
-        import time
-
-        time.sleep(seconds)
-        return "woke"
-
-    r = ToolRunner(load_tools([nap]), timeout_s=30.0, workers=1)
-    try:
-        import time
-
+    with tool_runner([hang], timeout_s=30.0, workers=1) as r:
         t0 = time.monotonic()
-        result = r.call(ToolCall("nap", {"seconds": 30}), budget_s=0.5)
+        result = r.call(ToolCall("hang", {"seconds": 30}), budget_s=0.5)
         assert time.monotonic() - t0 < 5
         assert result.timed_out and result.over_budget and "time for tools ran out" in result.content
-        skipped = r.call(ToolCall("nap", {"seconds": 0}), budget_s=0.0)  # nothing left: not started
+        skipped = r.call(ToolCall("hang", {"seconds": 0}), budget_s=0.0)  # nothing left: not started
         assert skipped.over_budget and not skipped.timed_out and "was not run" in skipped.content
         assert r.counts["calls"] == 1 and r.counts["timeouts"] == 1
-    finally:
-        r.close()
 
 
 @pytest.mark.slow
@@ -195,12 +171,9 @@ def test_the_python_tools_sandbox_clock_counts_in_tools_timeouts():
     if not isolation_report()["namespaces"]:
         pytest.skip(f"no user namespaces here: {isolation_report()['reason']}")
     python = make_python_tool(SandboxLimits(wall_s=1.0, cpu_s=5.0, max_output_bytes=1 << 16))
-    r = ToolRunner(load_tools([python]), timeout_s=20.0, workers=1)
-    try:
+    with tool_runner([python], timeout_s=20.0, workers=1) as r:
         looped = r.call(ToolCall("python", {"code": "print('start')\nwhile True: pass"}))
         assert looped.timed_out and "[stopped: the program ran past 1 s]" in looped.content
         honest = r.call(ToolCall("python", {"code": "print(6 * 7)"}))
         assert honest.content == "42" and not honest.error and not honest.timed_out
         assert r.counts["timeouts"] == 1 and r.counts["errors"] == 1
-    finally:
-        r.close()

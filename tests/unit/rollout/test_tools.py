@@ -5,18 +5,9 @@ import os
 import time
 
 import pytest
+from tool_runners import hang, multiply, tool_runner
 
-from grpokit.rollout.tools import ToolCall, ToolDefinitionError, ToolRunner, get_parser, hermes, load_tools
-
-
-def multiply(a: int, b: int) -> int:
-    """Multiply two integers.
-
-    Args:
-        a: the first factor
-        b: the second factor
-    """
-    return a * b
+from grpokit.rollout.tools import ToolCall, ToolDefinitionError, get_parser, hermes, load_tools
 
 
 def boom(x: int) -> int:
@@ -26,16 +17,6 @@ def boom(x: int) -> int:
         x: anything
     """
     raise RuntimeError(f"bad {x}")
-
-
-def hang(seconds: float) -> str:
-    """Sleeps.
-
-    Args:
-        seconds: how long
-    """
-    time.sleep(seconds)
-    return "woke"
 
 
 def huge(n: int) -> str:
@@ -142,10 +123,9 @@ def test_hermes_parser():
 
 @pytest.mark.slow
 def test_runner_turns_every_failure_into_a_message_and_goes_on():
-    runner = ToolRunner(
-        load_tools([multiply, boom, hang, huge, die]), timeout_s=2.0, max_result_chars=100, workers=2
-    )
-    try:
+    with tool_runner(
+        [multiply, boom, hang, huge, die], timeout_s=2.0, max_result_chars=100, workers=2
+    ) as runner:
         cases = [
             (ToolCall("multiply", {"a": 1234, "b": 5678}), "7006652", False, False),
             (ToolCall("boom", {"x": 3}), "Error: RuntimeError: bad 3", True, False),
@@ -193,19 +173,16 @@ def test_runner_turns_every_failure_into_a_message_and_goes_on():
         # a worker first used from a thread that has exited since still serves (PR_SET_PDEATHSIG is per thread)
         import threading
 
-        runner2 = ToolRunner(load_tools([multiply]), timeout_s=5.0, workers=1)
-        thread = threading.Thread(target=runner2.call, args=(ToolCall("multiply", {"a": 1, "b": 1}),))
-        thread.start()
-        thread.join()
-        time.sleep(0.2)
-        assert runner2.call(ToolCall("multiply", {"a": 3, "b": 4})).content == "12"
-        runner2.close()
+        with tool_runner([multiply], timeout_s=5.0, workers=1) as runner2:
+            thread = threading.Thread(target=runner2.call, args=(ToolCall("multiply", {"a": 1, "b": 1}),))
+            thread.start()
+            thread.join()
+            time.sleep(0.2)
+            assert runner2.call(ToolCall("multiply", {"a": 3, "b": 4})).content == "12"
         big = runner.call(ToolCall("huge", {"n": 10}))  # 10 MB: cut in the worker, with a note
         assert not big.error and big.content == "x" * 100 + f"... [cut: {(10 << 20) - 100} more characters]"
         assert runner.counts["calls"] == len(cases) + 1 and runner.counts["timeouts"] == 1
         assert runner.counts["errors"] == sum(e for _, _, e, _ in cases)
-    finally:
-        runner.close()
 
 
 @pytest.mark.slow
