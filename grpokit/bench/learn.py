@@ -79,6 +79,16 @@ CODE_DIFFERENCES = [
         "the whole mini-batch's (here the rollout's)",
         "per micro-batch / gradient accumulation (here one micro-batch: the same)",
     ),
+    (
+        "samples",
+        "the decode loop's own seeded random stream",
+        "generate()'s: the same seed gives other completions (the frameworks' seeds are independent)",
+    ),
+    (
+        "reward calls",
+        "forked workers (killable), math_accuracy one completion per call, 10 s each (the runner's budget)",
+        "in the trainer's process, the whole batch in one call, no time limit",
+    ),
     ("evaluation (both)", "greedy_accuracy: HF generate, greedy, batch of 100", "the same function"),
 ]
 """What the two codes do differently where no setting says it (found by reading both; docs/benchmarks.md)."""
