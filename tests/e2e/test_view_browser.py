@@ -328,3 +328,38 @@ def test_the_ground_truth_is_shown_beside_the_completions(runs, browser, tmp_pat
         assert _errors(browser) == []
     finally:
         browser.set_window_size(1500, 1100)
+
+
+def test_overlaid_runs_have_a_legend_one_can_read(runs, browser, tmp_path):
+    """Two runs overlaid (issue 38): a run key names each run beside its line style; in each panel's legend
+    one entry per line, each metric's runs one under the other, each entry's marker its line (the metric's
+    colour, the run's dash as a border style), and no entry cut or spilling out of its panel."""
+    a, b, page = runs
+    browser.get(page.as_uri())
+    time.sleep(0.5)
+    key = browser.find_elements(By.CSS_SELECTOR, "#run-key .run")
+    assert [k.text.strip() for k in key] == [a.name, b.name]
+    dashes = [k.find_element(By.TAG_NAME, "line").get_attribute("stroke-dasharray") for k in key]
+    assert dashes == [None, "8 5"]  # run a solid, run b dashed: the lines' own patterns
+    chart = browser.find_element(By.ID, "chart-0")
+    entries = chart.find_elements(By.CSS_SELECTOR, ".u-legend tr.u-series")[1:]  # after the step's
+    by_run = {}
+    for entry in entries:
+        metric = entry.find_element(By.CSS_SELECTOR, ".u-label").text.split(": ", 1)[1]
+        marker = entry.find_element(By.CSS_SELECTOR, ".u-marker")
+        style = browser.execute_script("const s = getComputedStyle(arguments[0]); return [s.borderTopStyle, s.borderTopColor, s.borderLeftStyle, s.height, s.borderTopWidth]", marker)
+        by_run.setdefault(entry.get_attribute("data-run"), {})[metric] = (entry.rect, style)
+    assert set(by_run) == {a.name, b.name} and by_run[a.name].keys() == by_run[b.name].keys()
+    assert "reward/total/mean" in by_run[a.name]
+    for metric, (rect_a, style_a) in by_run[a.name].items():
+        rect_b, style_b = by_run[b.name][metric]
+        assert rect_b["y"] == pytest.approx(rect_a["y"] + rect_a["height"], abs=2)  # run b's entry right under a's
+        assert rect_a["x"] == rect_b["x"]  # one entry per line, aligned
+        assert style_a[0] == "solid" and style_b[0] == "dashed" and style_a[1] == style_b[1]  # the metric's colour
+        assert style_a[2] == "none" and style_a[3] == style_a[4] == "2px"  # a line (its top border), not a box
+    legend = chart.find_element(By.CSS_SELECTOR, ".u-legend")
+    assert browser.execute_script("return arguments[0].scrollWidth <= arguments[0].clientWidth", legend)
+    for entry in entries:  # nothing cut: each entry as wide as its content
+        assert browser.execute_script("return arguments[0].scrollWidth <= arguments[0].clientWidth + 1", entry)
+    _shot(browser, "legends", tmp_path, chart)
+    assert _errors(browser) == []

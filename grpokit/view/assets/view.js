@@ -7,6 +7,13 @@
   const $ = (id) => document.getElementById(id);
   const PALETTE = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#7f7f7f", "#bcbd22"];
   const DASHES = [undefined, [8, 5], [2, 4], [10, 3, 2, 3]];
+  // the legend's marker for each run: a short line in the series' colour, drawn in the run's CSS border style
+  const MARKER_STYLES = ["solid", "dashed", "dotted", "double"];
+  function dashSample(r, colour) {
+    // a 28 px line in run r's dash pattern, for the run key above the curves
+    const dash = DASHES[r % DASHES.length];
+    return `<svg width="28" height="8" aria-hidden="true"><line x1="0" y1="4" x2="28" y2="4" stroke="${colour}" stroke-width="2"${dash ? ` stroke-dasharray="${dash.join(" ")}"` : ""}/></svg>`;
+  }
 
   function esc(s) {
     return String(s).replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;").replace(/"/g, "&quot;");
@@ -98,6 +105,8 @@
     chartsDrawn = true;
     const box = $("charts");
     box.innerHTML = "";
+    const key = $("run-key");
+    if (RUNS.length > 1 && key) key.innerHTML = "runs: " + RUNS.map((run, r) => `<span class="run" data-run="${esc(run.name)}">${dashSample(r, "#333")} ${esc(run.name)}</span>`).join("");
     charts.splice(0).forEach((u) => u.destroy());
     const old = $("not-logged");
     if (old) old.remove();
@@ -118,8 +127,12 @@
         if (!panel.chosen) missing.push(panel.title); // an SFT run has no KL, entropy...: no empty panel for each
         return;
       }
+      // several runs: metric-major, so that the legend lists each metric's runs one under the other
+      const firstOf = {};
+      lines.forEach((l, i) => (firstOf[l.label] = l.label in firstOf ? firstOf[l.label] : i));
+      lines.sort((x, y) => firstOf[x.label] - firstOf[y.label] || x.run - y.run);
       const div = document.createElement("div");
-      div.className = "chart";
+      div.className = RUNS.length > 1 ? "chart runs" : "chart";
       div.id = panel.chosen ? "chart-chosen" : "chart-" + PANELS.indexOf(panel);
       div.innerHTML = `<h3>${esc(panel.title)}</h3>`;
       box.appendChild(div);
@@ -148,7 +161,13 @@
       const yRange = (u, min, max) => (min === max ? [min - (Math.abs(min) || 1) * 0.1, max + (Math.abs(max) || 1) * 0.1] : uPlot.rangeNum(min, max, 0.1, true));
       // one cursor for every panel: hovering a step in one shows that step in all (cursor.sync)
       const cursor = { sync: { key: "grpokit-steps", setSeries: false } };
-      charts.push(new uPlot({ width: width, height: 220, series: series, scales: { x: { time: false }, y: { range: yRange } }, axes: axes, legend: { live: true }, cursor: cursor }, data, div));
+      // the legend's marker is the series' line (its colour, its run's dash), not uPlot's filled box
+      const legend = { live: true, markers: { width: 2, dash: (u, i) => MARKER_STYLES[(lines[i - 1] ? lines[i - 1].run : 0) % MARKER_STYLES.length], fill: () => "transparent" } };
+      const u = new uPlot({ width: width, height: 220, series: series, scales: { x: { time: false }, y: { range: yRange } }, axes: axes, legend: legend, cursor: cursor }, data, div);
+      u.root.querySelectorAll(".u-legend tr.u-series").forEach((tr, i) => {
+        if (i > 0) tr.dataset.run = RUNS[lines[i - 1].run].name; // which run each legend entry is (tests read it)
+      });
+      charts.push(u);
     });
     if (missing.length) {
       box.insertAdjacentHTML("afterend", `<p id="not-logged" class="muted">not logged by ${RUNS.length > 1 ? "these runs" : "this run"}: ${missing.map(esc).join("; ")}</p>`);
