@@ -22,13 +22,16 @@ run side by side, so the load of the machine falls on both. Held-out accuracy is
 held-out rows, measured by one function (``greedy_accuracy``, HF generate) in both processes, at step 0 and
 every ``eval_every`` steps; the evaluation's time is not training time. Training seconds are the wall
 clock of the training steps (grpokit: ``train_step()``; TRL: from ``on_train_begin`` to each
-``on_step_end``, the callback's evaluation excluded).
+``on_step_end``, the callback's evaluation excluded), and beside them the CPU seconds the process and its
+children used over the same stretches (``cpu_seconds``): on a shared machine the wall clock follows the load,
+the CPU seconds much less.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -221,25 +224,61 @@ def _run_grpokit(task: LearnTask, seed: int, steps: int, eval_every: int, extra:
         trainer = GRPOTrainer(
             cfg, train_rows=train_rows, reward_functions=[("math_accuracy", math_accuracy, 1.0)]
         )
-        curve = [_point(0, 0.0, trainer.model, trainer.tokenizer, eval_rows, task)]
-        train_s = 0.0
+        clock = TrainClock()
+        curve = [_point(0, clock, trainer.model, trainer.tokenizer, eval_rows, task)]
         for step in range(1, steps + 1):
-            t0 = time.perf_counter()
+            clock.start()
             metrics = trainer.train_step()
-            train_s += time.perf_counter() - t0
+            clock.stop()
             if not metrics:  # the prompts are solved: grpokit stops (stopped_early)
                 break
             if step % eval_every == 0 or step == steps:
-                curve.append(_point(step, train_s, trainer.model, trainer.tokenizer, eval_rows, task))
+                curve.append(_point(step, clock, trainer.model, trainer.tokenizer, eval_rows, task))
     return {"curve": curve}
 
 
+def cpu_seconds() -> float:
+    """CPU seconds (user + system) used so far by this process and its live child processes (grpokit's reward
+    workers, math-verify's pool): the work done, which the machine's load changes far less than the wall
+    clock. Without psutil, this process's alone."""
+    try:
+        import psutil
+    except ImportError:
+        return time.process_time()
+    me = psutil.Process()
+    total = sum(me.cpu_times()[:2])
+    for child in me.children(recursive=True):
+        try:
+            total += sum(child.cpu_times()[:2])
+        except psutil.Error:  # ended meanwhile
+            pass
+    return total
+
+
+class TrainClock:
+    """Wall and CPU seconds of the training only: ``start()`` / ``stop()`` around each training stretch."""
+
+    def __init__(self):
+        self.wall_s = self.cpu_s = 0.0
+        self._wall = self._cpu = None
+
+    def start(self) -> None:
+        self._wall, self._cpu = time.perf_counter(), cpu_seconds()
+
+    def stop(self) -> None:
+        self.wall_s += time.perf_counter() - self._wall
+        self.cpu_s += cpu_seconds() - self._cpu
+
+
 def _point(
-    step: int, train_s: float, model, tokenizer, rows: list[dict], task: LearnTask
+    step: int, clock: TrainClock, model, tokenizer, rows: list[dict], task: LearnTask
 ) -> dict[str, float]:
     t0 = time.perf_counter()
     acc = greedy_accuracy(model, tokenizer, rows, task.max_new_tokens)
-    return {"step": step, "train_s": train_s, "accuracy": acc, "eval_s": time.perf_counter() - t0}
+    return {
+        "step": step, "train_s": clock.wall_s, "train_cpu_s": clock.cpu_s, "accuracy": acc,
+        "eval_s": time.perf_counter() - t0,
+    }  # fmt: skip
 
 
 def _run_trl(
@@ -260,17 +299,17 @@ def _run_trl(
         """Training seconds between on_train_begin and each on_step_end, the evaluation left out."""
 
         def __init__(self):
-            self.train_s, self.last = 0.0, None
+            self.clock = TrainClock()
 
         def on_train_begin(self, args, state, control, model=None, **kw):
-            curve.append(_point(0, 0.0, model, tokenizer, eval_rows, task))
-            self.last = time.perf_counter()
+            curve.append(_point(0, self.clock, model, tokenizer, eval_rows, task))
+            self.clock.start()
 
         def on_step_end(self, args, state, control, model=None, **kw):
-            self.train_s += time.perf_counter() - self.last
+            self.clock.stop()
             if state.global_step % eval_every == 0 or state.global_step == steps:
-                curve.append(_point(state.global_step, self.train_s, model, tokenizer, eval_rows, task))
-            self.last = time.perf_counter()
+                curve.append(_point(state.global_step, self.clock, model, tokenizer, eval_rows, task))
+            self.clock.start()
 
     with tempfile.TemporaryDirectory(prefix="grpokit-learn-trl-") as out:
         args = GRPOConfig(output_dir=out, **{**trl_values(task, seed, steps), **extra})
@@ -432,6 +471,7 @@ def run_learn(
         "summary": summarize(runs),
     }
     result["equal_seconds"] = at_equal_seconds(result["summary"])
+    result["equal_cpu_seconds"] = at_equal_seconds(result["summary"], clock="train_cpu_s")
     return result
 
 
@@ -453,6 +493,7 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, list[dict[str, float]]]:
                 "accuracy_min": min(accs),
                 "accuracy_max": max(accs),
                 "train_s_mean": statistics.fmean(p["train_s"] for p in points),
+                "train_cpu_s_mean": statistics.fmean(p.get("train_cpu_s", math.nan) for p in points),
                 "n": len(accs),
             })  # fmt: skip
         out[fw] = rows
@@ -470,21 +511,22 @@ def interpolate(xs: list[float], ys: list[float], x: float) -> float | None:
 
 
 def at_equal_seconds(
-    summary: dict[str, list[dict[str, float]]], a: str = "grpokit", b: str = "trl"
+    summary: dict[str, list[dict[str, float]]], a: str = "grpokit", b: str = "trl", clock: str = "train_s"
 ) -> list[dict]:
     """At each of ``a``'s evaluations (its mean training seconds), ``b``'s mean accuracy at the same seconds,
-    read off ``b``'s mean curve (linear between its evaluations); rows past ``b``'s last second are left out."""
+    read off ``b``'s mean curve (linear between its evaluations); rows past ``b``'s last second are left out.
+    ``clock``: train_s (wall clock) or train_cpu_s (CPU seconds)."""
     if a not in summary or b not in summary:
         return []
-    xs = [r["train_s_mean"] for r in summary[b]]
+    xs = [r[f"{clock}_mean"] for r in summary[b]]
     ys = [r["accuracy_mean"] for r in summary[b]]
     out = []
     for r in summary[a]:
-        other = interpolate(xs, ys, r["train_s_mean"])
+        other = interpolate(xs, ys, r[f"{clock}_mean"])
         if other is not None and r["step"] > 0:
             out.append(
                 {
-                    "train_s": r["train_s_mean"],
+                    clock: r[f"{clock}_mean"],
                     a: r["accuracy_mean"],
                     b: other,
                     "gap": r["accuracy_mean"] - other,
@@ -503,11 +545,17 @@ def print_learn_table(result: dict[str, Any], file=None) -> None:
     task = result["task"]
     print(
         f"\nheld-out greedy accuracy ({task['eval_size']} problems), mean +- std (min-max) over "
-        f"{result['seeds']} seed(s); training seconds, mean\n",
+        f"{result['seeds']} seed(s); training seconds (wall clock) and CPU seconds (the process and its "
+        "children), mean\n",
         file=file,
     )
-    w("step", *(f"{fw} accuracy" for fw in fws), *(f"{fw} train s" for fw in fws))
-    w(*["---"] * (1 + 2 * len(fws)))
+    w(
+        "step",
+        *(f"{fw} accuracy" for fw in fws),
+        *(f"{fw} train s" for fw in fws),
+        *(f"{fw} CPU s" for fw in fws),
+    )
+    w(*["---"] * (1 + 3 * len(fws)))
     by_step = {fw: {r["step"]: r for r in rows} for fw, rows in summary.items()}
     for step in sorted(set.intersection(*(set(b) for b in by_step.values()))):
         cells = []
@@ -516,7 +564,10 @@ def print_learn_table(result: dict[str, Any], file=None) -> None:
             cells.append(
                 f"{r['accuracy_mean']:.1%} +- {r['accuracy_std']:.1%} ({r['accuracy_min']:.1%}-{r['accuracy_max']:.1%})"
             )
-        w(step, *cells, *(f"{by_step[fw][step]['train_s_mean']:.1f}" for fw in fws))
+        w(
+            step, *cells, *(f"{by_step[fw][step]['train_s_mean']:.1f}" for fw in fws),
+            *(f"{by_step[fw][step]['train_cpu_s_mean']:.1f}" for fw in fws),
+        )  # fmt: skip
     print("\nfinal accuracy per seed\n", file=file)
     w("framework", "settings", *(f"seed {s}" for s in range(result["seeds"])), "train s (mean)")
     w(*["---"] * (3 + result["seeds"]))
@@ -525,17 +576,17 @@ def print_learn_table(result: dict[str, Any], file=None) -> None:
         given = result["grpokit_set"] if fw == "grpokit" else result["trl_set"]
         w(fw, " ".join(given) or "defaults", *(f"{r['curve'][-1]['accuracy']:.1%}" for r in runs),
           f"{statistics.fmean(r['curve'][-1]['train_s'] for r in runs):.1f}")  # fmt: skip
-    if result.get("equal_seconds"):
-        print("\nat equal training seconds (TRL's mean curve read at grpokit's mean seconds)\n", file=file)
-        w("train s", "grpokit", "TRL", "grpokit - TRL")
+    for key, clock, what in (
+        ("equal_seconds", "train_s", "train s"),
+        ("equal_cpu_seconds", "train_cpu_s", "CPU s"),
+    ):
+        if not result.get(key):
+            continue
+        print(f"\nat equal {what} (TRL's mean curve read at grpokit's mean {what})\n", file=file)
+        w(what, "grpokit", "TRL", "grpokit - TRL")
         w("---", "---", "---", "---")
-        for r in result["equal_seconds"]:
-            w(
-                f"{r['train_s']:.1f}",
-                f"{r['grpokit']:.1%}",
-                f"{r['trl']:.1%}",
-                f"{100 * r['gap']:+.1f} points",
-            )
+        for r in result[key]:
+            w(f"{r[clock]:.1f}", f"{r['grpokit']:.1%}", f"{r['trl']:.1%}", f"{100 * r['gap']:+.1f} points")
     print("\nsettings that differ (TRL's in grpokit's terms, grpokit.config.trl)\n", file=file)
     w("setting", "grpokit", f"TRL {result['versions'].get('trl') or ''}".strip())
     w("---", "---", "---")

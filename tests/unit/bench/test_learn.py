@@ -14,6 +14,7 @@ from grpokit import bench
 from grpokit.bench.learn import (
     LearnTask,
     at_equal_seconds,
+    cpu_seconds,
     greedy_accuracy,
     interpolate,
     setting_differences,
@@ -45,6 +46,7 @@ def test_learn_runs_both_frameworks_end_to_end(tmp_path, capsys):
         assert [p["step"] for p in run["curve"]] == [0, 1, 2]
         assert all(0.0 <= p["accuracy"] <= 1.0 for p in run["curve"])
         assert run["curve"][2]["train_s"] > run["curve"][1]["train_s"] > 0.0
+        assert run["curve"][2]["train_cpu_s"] > run["curve"][1]["train_cpu_s"] > 0.0
     # the same checkpoint and the same evaluation function: step 0 is one number on both sides
     firsts = {r["framework"]: r["curve"][0]["accuracy"] for r in result["runs"]}
     assert firsts["grpokit"] == firsts["trl"]
@@ -119,3 +121,20 @@ def test_accuracy_at_equal_seconds_by_hand():
     assert only["train_s"] == 5.0 and only["trl"] == pytest.approx(0.2) and only["gap"] == pytest.approx(0.3)
     assert interpolate([0.0, 10.0], [0.1, 0.3], 10.0) == pytest.approx(0.3)
     assert interpolate([0.0, 10.0], [0.1, 0.3], 10.5) is None
+
+
+def test_cpu_seconds_count_the_children():
+    """A child process that burns 0.5 CPU seconds and then waits: the parent's own CPU hardly moves while it
+    blocks on the child's pipe, so only counting the child reaches 0.4 (the kernel counts in 10 ms ticks)."""
+    import subprocess
+    import sys
+
+    before = cpu_seconds()
+    burn = "import time, sys\nwhile time.process_time() < 0.5: pass\nprint('done', flush=True)\ntime.sleep(30)"
+    child = subprocess.Popen([sys.executable, "-c", burn], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "done"
+        assert cpu_seconds() - before >= 0.4
+    finally:
+        child.kill()
+        child.wait()
