@@ -240,7 +240,7 @@ def _run_grpokit(task: LearnTask, seed: int, steps: int, eval_every: int, extra:
 def cpu_seconds() -> float:
     """CPU seconds (user + system) used so far by this process and its live child processes (grpokit's reward
     workers, math-verify's pool): the work done, which the machine's load changes far less than the wall
-    clock. Without psutil, this process's alone."""
+    clock. psutil comes with TRL (and its accelerate), which --learn needs; without it, this process's alone."""
     try:
         import psutil
     except ImportError:
