@@ -3,14 +3,26 @@
 
     grpokit demo tools --output-dir runs/demo_tools    # warm start (cached), accuracy before, GRPO, after
 
-Episode:  <|user|>1234*5678=<|assistant|><tool_call>{"name": "multiply", "arguments": {"a": 1234, "b": 5678}}
-          </tool_call><eos><|tool|>7006652<|assistant|><answer>7006652</answer><eos>
+Episode:  <|user|>4321*5678=<|assistant|><tool_call>{"name": "multiply", "arguments": {"a": 4321, "b": 5678}}
+          </tool_call><eos><|tool|>24534638<|assistant|><answer>24534638</answer><eos>
 Only the model's turns are trained; the tool's answer is context.
 
 Warm start: a supervised phase on a teacher that uses the tool only ``teacher_tool`` of the time and
 otherwise answers in its head (always wrong: the last digits are a guess). The model learns both habits;
 GRPO's reward (the answer, read from the last turn) then makes it call the tool. Held-out accuracy is
 measured with the tool and without it (the call then gets "there is no tool" back).
+
+Copy drills: besides the teacher's episodes, ``copy_drills`` of each warm-start batch are episodes with a
+call and its result whose loss is on every token but the first, so the model learns to copy the factors
+into the call and the result into the answer without learning to call more often (the first token, a call
+or an answer, is the choice; it is not trained in a drill). And every product has 8 digits
+(``min_factor``), so the answer copies the result from the same distance in every episode.
+
+Why (measured on this 2-layer model, 1,000 warm-start steps, teacher-forced on 100 held-out episodes):
+without either, the calls' factors were right in 100% and the answers copied from a result in 1%, so every
+sampled call scored 0 and GRPO had nothing to reinforce (0.0% -> 0.0%); drills training the answer only
+gave answers 80%, factors 0%; drills training both, 100% and 0%; with 8-digit products too, both 100%
+(from step 200 on). The copy of the result is what this model learns last.
 """
 
 from __future__ import annotations
@@ -53,10 +65,17 @@ def multiply(a: int, b: int) -> int:
 @dataclass(frozen=True)
 class ToolDemoSpec(WarmStartSpec):
     digits: int = 4
+    min_factor: int = 3163
+    """Factors are drawn from min_factor to 10**digits - 1: from 3163 (3163**2 > 10**7) every product has
+    8 digits, so the answer copies the tool's result from the same distance in every episode (module
+    docstring)."""
     train_size: int = 4000
     eval_size: int = 200
     teacher_tool: float = 0.3
     """Share of warm-start episodes in which the teacher calls the tool (else it guesses the product)."""
+    copy_drills: float = 0.5
+    """Share of each warm-start batch that are copy drills: a call, its result and the answer, the loss on all
+    but the first token (the choice to call; module docstring)."""
     sft_steps: int = 1000
     sft_batch: int = 32
     max_positions: int = 96
@@ -101,9 +120,9 @@ def build_model(tokenizer, spec: ToolDemoSpec):
 
 
 def make_problems(spec: ToolDemoSpec) -> tuple[list[dict], list[dict]]:
-    """Random pairs of ``digits``-digit numbers; the eval rows are never trained on."""
+    """Random pairs of ``digits``-digit numbers from ``min_factor``; the eval rows are never trained on."""
     rng = random.Random(spec.seed)
-    low, high = 10 ** (spec.digits - 1), 10**spec.digits - 1
+    low, high = max(10 ** (spec.digits - 1), spec.min_factor), 10**spec.digits - 1
     seen, rows = set(), []
     while len(rows) < spec.train_size + spec.eval_size:
         a, b = rng.randint(low, high), rng.randint(low, high)
@@ -126,9 +145,18 @@ def teacher_turns(row: dict, rng: random.Random, spec: ToolDemoSpec) -> list[str
     return [f"<answer>{guess if guess != a * b else guess + 1}</answer>"]
 
 
-def episode_ids(delta, tokenizer, row: dict, turns: list[str]) -> tuple[list[int], list[int]]:
+def drill_turns(row: dict) -> list[str]:
+    """A copy drill's assistant turns: the call, then the result copied (trained but for the first token)."""
+    a, b = map(int, row["prompt"].rstrip("=").split("*"))
+    return [call_text(a, b), f"<answer>{a * b}</answer>"]
+
+
+def episode_ids(
+    delta, tokenizer, row: dict, turns: list[str], *, drill: bool = False
+) -> tuple[list[int], list[int]]:
     """(ids, labels) of a whole teacher episode, assembled exactly as the rollout engine assembles one:
-    prompt, each turn + EOS, the tool's answer as a template delta; labels -100 except on the turns."""
+    prompt, each turn + EOS, the tool's answer as a template delta; labels -100 except on the turns, and
+    in a copy ``drill`` on the first turn's first token too (the choice to call)."""
     from grpokit.rollout.envs import first_messages
 
     eos = tokenizer.eos_token_id
@@ -137,11 +165,27 @@ def episode_ids(delta, tokenizer, row: dict, turns: list[str]) -> tuple[list[int
     a, b = map(int, row["prompt"].rstrip("=").split("*"))
     for k, text in enumerate(turns):
         turn = tokenizer(text, add_special_tokens=False).input_ids + [eos]
-        ids, labels = ids + turn, labels + turn
+        ids, labels = ids + turn, labels + ([-100] + turn[1:] if drill and k == 0 else turn)
         if k < len(turns) - 1:
             obs = delta.observation_ids([{"role": "tool", "content": str(a * b)}], tokenizer.eos_token)
             ids, labels = ids + obs, labels + [-100] * len(obs)
     return ids, labels
+
+
+def warm_start_batch(delta, tokenizer, rows: list[dict], spec: ToolDemoSpec, rng: random.Random, gen) -> list:
+    """One warm-start batch of (ids, labels): ``sft_batch`` random rows, the last ``copy_drills`` share of
+    them as copy drills, the others as the teacher answers them."""
+    picked = torch.randint(len(rows), (spec.sft_batch,), generator=gen).tolist()
+    drills = round(spec.copy_drills * spec.sft_batch)
+    teacher = [
+        episode_ids(delta, tokenizer, rows[i], teacher_turns(rows[i], rng, spec))
+        for i in picked[: spec.sft_batch - drills]
+    ]
+    drilled = [
+        episode_ids(delta, tokenizer, rows[i], drill_turns(rows[i]), drill=True)
+        for i in picked[spec.sft_batch - drills :]
+    ]
+    return teacher + drilled
 
 
 def warm_start(model, tokenizer, rows: list[dict], spec: ToolDemoSpec, log=print) -> None:
@@ -159,8 +203,7 @@ def warm_start(model, tokenizer, rows: list[dict], spec: ToolDemoSpec, log=print
     model.train()
     start = time.perf_counter()
     for step in range(spec.sft_steps):
-        batch = [episode_ids(delta, tokenizer, rows[i], teacher_turns(rows[i], rng, spec))
-                 for i in torch.randint(len(rows), (spec.sft_batch,), generator=gen).tolist()]  # fmt: skip
+        batch = warm_start_batch(delta, tokenizer, rows, spec, rng, gen)
         width = max(len(ids) for ids, _ in batch)
         input_ids = torch.tensor([ids + [tokenizer.pad_token_id] * (width - len(ids)) for ids, _ in batch])
         labels = torch.tensor([lab + [-100] * (width - len(lab)) for _, lab in batch])
@@ -300,9 +343,13 @@ def run_demo(
     tokenizer.chat_template = CHAT_TEMPLATE
     eval_rows = [json.loads(line) for line in paths["eval"].read_text().splitlines()]
     model = AutoModelForCausalLM.from_pretrained(paths["model"], dtype=torch.float32)
-    log(f"demo_tools: held-out accuracy before training ({len(eval_rows)} problems, with and without the tool)")
+    log(
+        f"demo_tools: held-out accuracy before training ({len(eval_rows)} problems, with and without the tool)"
+    )
     results: dict = {
-        "before": {k: accuracy(model, tokenizer, eval_rows, with_tool=k == "tool") for k in ("tool", "no_tool")}
+        "before": {
+            k: accuracy(model, tokenizer, eval_rows, with_tool=k == "tool") for k in ("tool", "no_tool")
+        }
     }
     trainer = GRPOTrainer(cfg, model=model, tokenizer=tokenizer, resume=resume, overwrite=overwrite)
     t0 = time.perf_counter()

@@ -3,6 +3,8 @@ engine assembles them, the call parses, the reward reads the last turn."""
 
 import random
 
+import torch
+
 from grpokit.demos import tools as d
 from grpokit.rollout.multiturn import ChatDelta
 from grpokit.rollout.tools import hermes, load_tools
@@ -36,3 +38,43 @@ def test_tool_answer_reads_the_last_assistant_turn():
         [],
     ]  # fmt: skip
     assert d.tool_answer(None, episodes, ["42", "42", "42"]) == [1.0, 0.0, 0.0]
+
+
+def test_warm_start_batches_drill_the_copy_without_training_the_choice_to_call():
+    """Half of each batch are copy drills, trained on all but their first token: the copies (factors into the
+    call, result into the answer) get 16 + ~5 episodes per batch of 32 (before: ~10, too few to learn them),
+    while the trained first tokens (the choice: call or answer) stay the teacher's, ~30% calls."""
+    spec = d.ToolDemoSpec()
+    tok = d.build_tokenizer()
+    delta = ChatDelta(tok, [t.schema for t in load_tools([d.multiply])])
+    rows, _ = d.make_problems(d.ToolDemoSpec(train_size=64, eval_size=1))
+    rng, gen = random.Random(0), torch.Generator().manual_seed(0)
+    batch = d.warm_start_batch(delta, tok, rows, spec, rng, gen)
+    assert len(batch) == spec.sft_batch == 32
+    first_turns, copies = [], 0
+    for ids, labels in batch:
+        text = tok.decode(ids, skip_special_tokens=False)
+        trained = tok.decode([i for i, lab in zip(ids, labels) if lab != -100], skip_special_tokens=False)
+        a, b = text.split("<|user|>")[1].split("=")[0].split("*")
+        if "<|tool|>" in text:  # a call and its result: the call copies the factors, the answer the result
+            result = text.split("<|tool|>")[1].split("<|assistant|>")[0]
+            assert result == str(int(a) * int(b))
+            assert trained.endswith(f'{a}, "b": {b}}}}}</tool_call><eos><answer>{result}</answer><eos>')
+            copies += 1
+        if not trained.startswith("<"):  # a drill: all but the choice (the call's first token) is trained
+            assert trained == f'{a}, "b": {b}}}}}</tool_call><eos><answer>{result}</answer><eos>'
+        else:
+            first_turns.append(trained.startswith("<tool_call>"))
+    assert len(first_turns) == 16  # 16 drills, 16 teacher episodes
+    assert copies >= 16 + 1 and copies == 16 + sum(first_turns)
+    assert 0 < sum(first_turns) < 16  # the choice: the teacher's mix of calls and guesses
+
+
+def test_every_product_has_eight_digits_so_the_copy_is_at_one_distance():
+    """The result the answer copies sits at the same distance in every episode (module docstring); the
+    factors keep their 4 digits and the eval rows stay apart from the training rows."""
+    train, held_out = d.make_problems(d.ToolDemoSpec())
+    assert len(train) == 4000 and len(held_out) == 200
+    assert {len(r["answer"]) for r in train + held_out} == {8}
+    assert all(3163 <= int(x) <= 9999 for r in train + held_out for x in r["prompt"].rstrip("=").split("*"))
+    assert not {r["prompt"] for r in train} & {r["prompt"] for r in held_out}
