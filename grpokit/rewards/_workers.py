@@ -10,6 +10,7 @@ import math
 import os
 import pickle
 import struct
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from numbers import Real
@@ -195,10 +196,43 @@ def _read_exact(fd: int, n: int) -> bytes | None:
     return b"".join(chunks)
 
 
+WARMING = "warming"
+"""A frame a worker sends before slow set-up (a `warm_up` hook starting processes): until READY
+follows, no completion's budget runs (the runner gives set-up its own limit, warm_up_timeout_s)."""
+READY = "ready"
+"""A frame a worker sends when it is ready: first when it starts, then after each WARMING. A
+completion's budget starts with it."""
+
+
+def _warm(fn: Callable, replies: int) -> None:
+    """Call fn's `warm_up(starting)` hook if it has one (math_accuracy: start math-verify's process).
+    The hook calls `starting()` just before slow work, which sends WARMING; READY follows when it
+    returns. A hook that raises is ignored here: the function's own call then fails with its reason."""
+    hook = getattr(fn, "warm_up", None)
+    if hook is None:
+        return
+    announced = False
+
+    def starting() -> None:
+        nonlocal announced
+        if not announced:
+            _write_frame(replies, WARMING)
+            announced = True
+
+    try:
+        hook(starting)
+    except Exception:  # noqa: BLE001, S110 - the call that follows reports it on its rows
+        pass
+    if announced:
+        _write_frame(replies, READY)
+
+
 def _serve(functions: list[Callable], requests: int, replies: int) -> None:
     """The worker's loop: a task is (function index, mode, prompts, completions, kwargs, the keys of
     the per-row columns); "batch" answers once, "items" calls the function on each completion alone
-    (with its row of each per-row column) and answers after each."""
+    (with its row of each per-row column) and answers after each. READY first, when the worker is
+    up; before each call, the function's warm_up hook (see _warm)."""
+    _write_frame(replies, READY)
     while True:
         header = _read_exact(requests, _HEADER.size)
         if header is None:
@@ -207,9 +241,11 @@ def _serve(functions: list[Callable], requests: int, replies: int) -> None:
         fn_index, mode, prompts, completions, kwargs, row_keys = task
         fn = functions[fn_index]
         if mode == "batch":
+            _warm(fn, replies)
             _write_frame(replies, _call_rows(fn, prompts, completions, kwargs, row_keys))
             continue
         for i in range(len(completions)):
+            _warm(fn, replies)
             one = {k: [v[i]] if k in row_keys else v for k, v in kwargs.items()}
             _write_frame(replies, _call_rows(fn, [prompts[i]], [completions[i]], one, row_keys))
 
@@ -231,6 +267,9 @@ class _Worker:
         self.buffer = bytearray()
         self.task: _Task | None = None
         self.item_started = 0.0
+        self.warming = True
+        """Between fork (or a WARMING frame) and READY: setting up, no completion's budget runs."""
+        self.warming_started = time.monotonic()
 
     def send(self, frame: bytes) -> None:
         _write_all(self.to_child, frame)
@@ -278,3 +317,4 @@ class _Task:
     started: float = 0.0
     done: int = 0  # replies received ("items")
     attempts: int = 0  # workers found dead when it was sent
+    warm_retries: int = 0  # workers killed because their set-up ran past warm_up_timeout_s

@@ -56,6 +56,7 @@ import sys
 import threading
 import time
 import unicodedata
+from collections.abc import Callable
 from fractions import Fraction
 from functools import lru_cache
 from pathlib import Path
@@ -425,6 +426,24 @@ class VerifierPool:
             raise RuntimeError("math-verify worker failed to start (is math-verify installed?)")
         return proc
 
+    def warm(self, starting: Callable[[], None] | None = None) -> None:
+        """Start one worker now unless one is live, so that the first answer math-verify must read does
+        not wait for its start (1-2 s on an idle core, 10 s and more under load). `starting()` is
+        called just before a start (RewardRunner's workers then stop the completion's budget)."""
+        with self._lock:
+            if self._live > 0:
+                return
+            self._live += 1
+        if starting is not None:
+            starting()
+        try:
+            proc = self._spawn()
+        except BaseException:
+            with self._lock:
+                self._live -= 1
+            raise
+        self._idle.put(proc)
+
     def _checkout(self) -> subprocess.Popen:
         try:
             return self._idle.get_nowait()
@@ -542,6 +561,12 @@ def _forget_pool_in_child() -> None:
 os.register_at_fork(after_in_child=_forget_pool_in_child)
 
 
+def _warm_up(starting: Callable[[], None]) -> None:
+    """math_accuracy's warm_up hook (see grpokit.rewards._workers): this process's math-verify worker
+    started before a completion's budget runs; a no-op once one is live."""
+    _pool().warm(starting)
+
+
 def _latex_gold(gold: str) -> str:
     return gold if "$" in gold or "\\boxed" in gold else f"${gold}$"
 
@@ -608,6 +633,7 @@ def make_math_accuracy(answer_column: str = "answer", timeout_s: float = 2.0):
         return score_answers(texts, list(columns[answer_column]), timeout_s, prompts)
 
     math_accuracy.per_completion = True  # RewardRunner: one time budget per completion, not per batch
+    math_accuracy.warm_up = _warm_up  # RewardRunner's workers: math-verify starts outside any budget
     math_accuracy.columns = (
         answer_column,
     )  # checked in the data before the model loads (grpokit.data.prompts)

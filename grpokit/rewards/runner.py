@@ -30,6 +30,13 @@ killed and replaced; the other completions keep their values, and `timeout_s` ne
 called once on the whole batch (so functions that compare the completions of a batch keep their
 meaning) and fails as a whole when it runs past `timeout_s`.
 
+Set-up is not a completion's time. A worker's fork, and a function's `warm_up(starting)` hook
+(math_accuracy's starts its math-verify process: 1-2 s on an idle core, 10 s and more under load),
+run before the completion's budget starts: the worker says READY when it is up, and a hook calls
+`starting()` before slow work (see grpokit.rewards._workers). Set-up has its own limit,
+`warm_up_timeout_s`; past it the worker is killed and its completions are tried once more in a
+fresh worker, then fail by name (None, in `row_errors`): an infrastructure fault never scores 0.
+
 The calling convention (TRL's GRPOTrainer, checked against its `_calculate_rewards`). Each
 function is called as fn(prompts=..., completions=..., **columns, log_metric=..., log_extra=...):
 `columns` are what the caller gives (the trainer: every dataset column but the prompt,
@@ -73,7 +80,17 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from numbers import Real
 
-from grpokit.rewards._workers import _call_rows, _frame, _is_async, _kill_all, _per_row, _Task, _Worker
+from grpokit.rewards._workers import (
+    READY,
+    WARMING,
+    _call_rows,
+    _frame,
+    _is_async,
+    _kill_all,
+    _per_row,
+    _Task,
+    _Worker,
+)
 from grpokit.rewards.process import is_process_reward, step_outcome
 from grpokit.rewards.result import RewardResult, TrainerState, _mean
 
@@ -99,6 +116,7 @@ class RewardRunner:
         completion_timeout_s: float | None = None,
         workers: int | None = None,
         isolation: str = "process",
+        warm_up_timeout_s: float = 120.0,
     ):
         names = [name for name, _, _ in functions]
         if len(set(names)) != len(names):
@@ -116,6 +134,9 @@ class RewardRunner:
             self.timeout_s, 10.0 if completion_timeout_s is None else completion_timeout_s
         )
         """Budget of one completion of a per_completion function (default min(timeout_s, 10 s))."""
+        self.warm_up_timeout_s = float(warm_up_timeout_s)
+        """Limit on a worker's set-up (its fork, a function's `warm_up` hook such as math_accuracy's
+        math-verify process start), which no completion's budget includes."""
         self.workers = max(1, workers or min(4, os.cpu_count() or 1))
         self.isolation = isolation if hasattr(os, "fork") else "thread"
         self._pool: list[_Worker] = []
@@ -347,7 +368,9 @@ class RewardRunner:
                 now = time.monotonic()
                 wake = math.inf if past_deadline else deadline
                 for w in busy.values():
-                    if w.task.mode == "items":
+                    if w.task.mode == "items" and w.warming:
+                        wake = min(wake, w.warming_started + self.warm_up_timeout_s)
+                    elif w.task.mode == "items":
                         wake = min(wake, w.item_started + self.completion_timeout_s)
                 for fd, _ in poller.poll(max(0.0, wake - now) * 1000):
                     w = busy.get(fd)
@@ -369,7 +392,14 @@ class RewardRunner:
                             retire(fd, w)
                             fail(task.fn_index, "its worker process died (killed or exited)")
                         continue
-                    for row_values, row_errors, logged in replies:
+                    for reply in replies:
+                        if reply == WARMING:  # set-up: no completion's budget runs until READY
+                            w.warming, w.warming_started = True, time.monotonic()
+                            continue
+                        if reply == READY:
+                            w.warming, w.item_started = False, time.monotonic()
+                            continue
+                        row_values, row_errors, logged = reply
                         rows = task.rows if task.mode == "batch" else [task.rows[task.done]]
                         for i, v, e in zip(rows, row_values, row_errors):
                             values[name][i] = v
@@ -383,6 +413,22 @@ class RewardRunner:
                 now = time.monotonic()
                 for fd, w in list(busy.items()):
                     task = w.task
+                    if task.mode == "items" and w.warming:
+                        if now >= w.warming_started + self.warm_up_timeout_s:  # not the completion's fault
+                            rest = task.rows[task.done :]
+                            last[task.fn_index] = now
+                            retire(fd, w)
+                            if task.warm_retries < 1:  # once more, in a fresh worker
+                                tasks.appendleft(_Task(task.fn_index, "items", rest, warm_retries=1))
+                            else:
+                                fail(
+                                    task.fn_index,
+                                    f"not scored: its worker process was still setting up (forking, or the "
+                                    f"function's warm_up such as math-verify's process start) after "
+                                    f"{self.warm_up_timeout_s:g} s, twice; the machine may be overloaded",
+                                    rest,
+                                )
+                        continue
                     if task.mode == "items" and now >= w.item_started + self.completion_timeout_s:
                         name = self.functions[task.fn_index][0]
                         values[name][task.rows[task.done]] = 0.0

@@ -267,6 +267,40 @@ def test_slow_math_completions_never_zero_the_correct_ones():
 
 
 @pytest.mark.slow
+def test_math_verify_starting_slowly_never_eats_a_completions_budget(monkeypatch):
+    # The benchmark's failure: the first answer the fast path cannot read (sqrt{4}) starts math-verify's
+    # process inside that completion's budget; under load the start alone ran past it, and a right
+    # answer scored 0. Here the start is made 3 s slow, twice the 1.5 s budget.
+    monkeypatch.setenv("GRPOKIT_TEST_MATH_START_DELAY_S", "3")
+    runner = RewardRunner(
+        [("math", make_math_accuracy(timeout_s=1.0), 1.0)], timeout_s=60, completion_timeout_s=1.5
+    )
+    res = runner(None, [r"\boxed{\sqrt{4}}", r"\boxed{2}", r"\boxed{\sqrt{9}}"], {"answer": ["2"] * 3})
+    assert res.per_function["math"] == [1.0, 1.0, 0.0]  # sqrt{9} != 2: math-verify ran, and said no
+    assert res.timeouts["math"] == 0 and not res.row_errors["math"]
+    runner.close()
+
+
+@pytest.mark.slow
+def test_a_set_up_past_its_limit_fails_its_rows_by_name_never_as_a_zero():
+    def slow_start(starting):
+        starting()
+        time.sleep(30)
+
+    def fn(prompts, completions, **kw):
+        return [1.0] * len(completions)
+
+    fn.per_completion, fn.warm_up = True, slow_start
+    runner = RewardRunner([("r", fn, 1.0)], completion_timeout_s=0.5, warm_up_timeout_s=1.0)
+    start = time.monotonic()
+    res = runner(None, ["a", "b"], {})
+    assert time.monotonic() - start < 10  # two tries of 1 s each, not 30 s
+    assert res.per_function["r"] == [None, None] and res.timeouts["r"] == 0
+    assert set(res.row_errors["r"]) == {0, 1} and "still setting up" in res.row_errors["r"][0]
+    runner.close()
+
+
+@pytest.mark.slow
 def test_a_reward_stuck_in_a_cpu_loop_is_killed_at_its_timeout(tmp_path):
     def stuck(prompts, completions, **kw):
         child = subprocess.Popen(["sleep", "60"])  # what it started dies with it
