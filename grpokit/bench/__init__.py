@@ -5,6 +5,7 @@
     grpokit bench --shape tiny --model-size tiny --steps 3          # CPU smoke run
     grpokit bench --shape standard --model-size 0.5b --algos grpo,ppo   # memory by role, GRPO/PPO ratios
     grpokit bench --learn                   # held-out accuracy per step and per second beside TRL (learn.py)
+    grpokit bench --memory --compare trl    # the update's peak by role: padded, packed, TRL (update_memory.py)
 
 One step is what TRL's ``GRPOTrainer`` does per optimizer step: generate P*G completions, score them,
 compute the reference log-probs (beta > 0), then one pass of gradient-accumulated updates over all of
@@ -33,7 +34,8 @@ weights, gradients and optimizer state (PPO), and activations/other (``grpokit.b
 Whether the decode replayed CUDA graphs is the trainer's ``rollout/cuda_graphs`` step metric.
 
 Modules: ``shapes`` (model and step shapes), ``model`` (the random model, prompts, reward), ``run``
-(timing a trainer run), ``memory`` (memory by role), ``roofline`` (the decode bound), ``trl`` (TRL's
+(timing a trainer run), ``memory`` (memory by role), ``update_memory`` (``--memory``: the update alone,
+padded, packed and TRL's), ``plan`` (``--plan``), ``roofline`` (the decode bound), ``trl`` (TRL's
 side), ``report`` (the tables), ``learn`` (learning beside TRL: ``--learn``), ``cli`` (``grpokit bench``).
 """
 
