@@ -229,8 +229,8 @@ def _warm(fn: Callable, replies: int) -> None:
 
 def _serve(functions: list[Callable], requests: int, replies: int) -> None:
     """The worker's loop: a task is (function index, mode, prompts, completions, kwargs, the keys of
-    the per-row columns); "batch" answers once, "items" calls the function on each completion alone
-    (with its row of each per-row column) and answers after each. READY first, when the worker is
+    the per-row columns); "batch" and "chunk" answer once, "items" calls the function on each
+    completion alone (with its row of each per-row column) and answers after each. READY first, when the worker is
     up; before each call, the function's warm_up hook (see _warm)."""
     _write_frame(replies, READY)
     while True:
@@ -240,7 +240,7 @@ def _serve(functions: list[Callable], requests: int, replies: int) -> None:
         task = pickle.loads(_read_exact(requests, _HEADER.unpack(header)[0]))
         fn_index, mode, prompts, completions, kwargs, row_keys = task
         fn = functions[fn_index]
-        if mode == "batch":
+        if mode in ("batch", "chunk"):  # one call, one answer
             _warm(fn, replies)
             _write_frame(replies, _call_rows(fn, prompts, completions, kwargs, row_keys))
             continue
@@ -312,7 +312,7 @@ def _kill_all(workers: list[_Worker], owner: int) -> None:
 @dataclass
 class _Task:
     fn_index: int
-    mode: str  # "batch" | "items"
+    mode: str  # "batch" | "chunk" (several completions, one call, one completion's budget) | "items"
     rows: list[int]  # indices into the batch
     started: float = 0.0
     done: int = 0  # replies received ("items")

@@ -541,21 +541,24 @@ def budget_s(timeout_s: float) -> float:
 
 _POOL: VerifierPool | None = None
 _POOL_LOCK = threading.Lock()
+_POOL_WORKERS: int | None = None  # None: VerifierPool's default; 1 in a forked child
 
 
 def _pool() -> VerifierPool:
     global _POOL
     with _POOL_LOCK:
         if _POOL is None:
-            _POOL = VerifierPool()
+            _POOL = VerifierPool(_POOL_WORKERS)
         return _POOL
 
 
 def _forget_pool_in_child() -> None:
     """A forked child (the reward runner's workers) starts its own math-verify workers: sharing the
-    parent's pipes would interleave two processes' requests and replies."""
-    global _POOL, _POOL_LOCK
-    _POOL, _POOL_LOCK = None, threading.Lock()
+    parent's pipes would interleave two processes' requests and replies. One: the runner already
+    spreads completions over its workers, and its warm_up starts one (a second would start, cold,
+    inside a completion's budget)."""
+    global _POOL, _POOL_LOCK, _POOL_WORKERS
+    _POOL, _POOL_LOCK, _POOL_WORKERS = None, threading.Lock(), 1
 
 
 os.register_at_fork(after_in_child=_forget_pool_in_child)
@@ -634,6 +637,7 @@ def make_math_accuracy(answer_column: str = "answer", timeout_s: float = 2.0):
 
     math_accuracy.per_completion = True  # RewardRunner: one time budget per completion, not per batch
     math_accuracy.warm_up = _warm_up  # RewardRunner's workers: math-verify starts outside any budget
+    math_accuracy.chunked = True  # RewardRunner: several completions per call, still one budget each
     math_accuracy.columns = (
         answer_column,
     )  # checked in the data before the model loads (grpokit.data.prompts)

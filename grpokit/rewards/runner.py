@@ -26,7 +26,12 @@ set the attribute on your own element-wise function to opt in) is called on one 
 time, spread over the workers, and each completion has its own budget, `completion_timeout_s`: a
 completion that runs past it scores 0, is counted in `reward/<name>/timeouts`, and its worker is
 killed and replaced; the other completions keep their values, and `timeout_s` never cuts them
-(such a function takes at most ceil(n / workers) x completion_timeout_s). Any other function is
+(such a function takes at most ceil(n / workers) x completion_timeout_s). One also marked
+`chunked = True` (math_accuracy) accepts several completions per call: it is called on chunks of
+up to 32 (one pipe round trip each, not one per completion), and a chunk must finish within one
+completion's budget; a chunk that does not, or whose worker dies, is killed and its completions
+are run again one at a time, each with its own budget, so a hang still costs only its own
+completion (and at most one extra budget of time). Any other function is
 called once on the whole batch (so functions that compare the completions of a batch keep their
 meaning) and fails as a whole when it runs past `timeout_s`.
 
@@ -268,7 +273,8 @@ class RewardRunner:
                 continue  # run by _run_in_process
             if getattr(fn, "per_completion", False):
                 size = max(1, min(32, math.ceil(n / (4 * self.workers))))
-                tasks.extend(_Task(k, "items", list(range(a, min(n, a + size)))) for a in range(0, n, size))
+                mode = "chunk" if getattr(fn, "chunked", False) and size > 1 else "items"
+                tasks.extend(_Task(k, mode, list(range(a, min(n, a + size)))) for a in range(0, n, size))
             else:
                 tasks.append(_Task(k, "batch", list(range(n))))
         row_keys = frozenset(k for k, v in columns.items() if _per_row(v, n))
@@ -368,9 +374,9 @@ class RewardRunner:
                 now = time.monotonic()
                 wake = math.inf if past_deadline else deadline
                 for w in busy.values():
-                    if w.task.mode == "items" and w.warming:
+                    if w.task.mode != "batch" and w.warming:
                         wake = min(wake, w.warming_started + self.warm_up_timeout_s)
-                    elif w.task.mode == "items":
+                    elif w.task.mode != "batch":
                         wake = min(wake, w.item_started + self.completion_timeout_s)
                 for fd, _ in poller.poll(max(0.0, wake - now) * 1000):
                     w = busy.get(fd)
@@ -380,7 +386,10 @@ class RewardRunner:
                     task = w.task
                     name = self.functions[task.fn_index][0]
                     if replies is None:
-                        if task.mode == "items":  # that completion fails; the others go on in a new worker
+                        if task.mode == "chunk":  # one at a time in a new worker: the culprit alone fails
+                            retire(fd, w)
+                            tasks.appendleft(_Task(task.fn_index, "items", task.rows))
+                        elif task.mode == "items":  # that completion fails; the others go on in a new worker
                             row = task.rows[task.done]
                             rest = task.rows[task.done + 1 :]
                             retire(fd, w)
@@ -400,7 +409,7 @@ class RewardRunner:
                             w.warming, w.item_started = False, time.monotonic()
                             continue
                         row_values, row_errors, logged = reply
-                        rows = task.rows if task.mode == "batch" else [task.rows[task.done]]
+                        rows = [task.rows[task.done]] if task.mode == "items" else task.rows
                         for i, v, e in zip(rows, row_values, row_errors):
                             values[name][i] = v
                             if e is not None:
@@ -413,13 +422,13 @@ class RewardRunner:
                 now = time.monotonic()
                 for fd, w in list(busy.items()):
                     task = w.task
-                    if task.mode == "items" and w.warming:
+                    if task.mode != "batch" and w.warming:
                         if now >= w.warming_started + self.warm_up_timeout_s:  # not the completion's fault
                             rest = task.rows[task.done :]
                             last[task.fn_index] = now
                             retire(fd, w)
                             if task.warm_retries < 1:  # once more, in a fresh worker
-                                tasks.appendleft(_Task(task.fn_index, "items", rest, warm_retries=1))
+                                tasks.appendleft(_Task(task.fn_index, task.mode, rest, warm_retries=1))
                             else:
                                 fail(
                                     task.fn_index,
@@ -428,6 +437,10 @@ class RewardRunner:
                                     f"{self.warm_up_timeout_s:g} s, twice; the machine may be overloaded",
                                     rest,
                                 )
+                        continue
+                    if task.mode == "chunk" and now >= w.item_started + self.completion_timeout_s:
+                        retire(fd, w)  # past one completion's budget: each alone now, with its own budget
+                        tasks.appendleft(_Task(task.fn_index, "items", task.rows))
                         continue
                     if task.mode == "items" and now >= w.item_started + self.completion_timeout_s:
                         name = self.functions[task.fn_index][0]
@@ -445,7 +458,7 @@ class RewardRunner:
         # The batch deadline: whatever is still running or waiting is stopped.
         for fd, w in list(busy.items()):
             task = w.task
-            if task.mode == "items":
+            if task.mode != "batch":
                 tasks.appendleft(_Task(task.fn_index, "items", task.rows[task.done :]))
             else:
                 fail(task.fn_index, f"timed out after {self.timeout_s:g} s (worker process killed)")

@@ -300,6 +300,77 @@ def test_a_set_up_past_its_limit_fails_its_rows_by_name_never_as_a_zero():
     runner.close()
 
 
+def _sized_calls(folder: Path):
+    """A chunked per-completion function that records each call's size: 1.0 for "ok", a CPU loop for
+    "loop", its worker's death for "die"."""
+
+    def fn(prompts, completions, **kw):
+        (folder / f"{os.getpid()}-{time.monotonic_ns()}-{len(completions)}").touch()
+        if "die" in completions:
+            os._exit(3)
+        while "loop" in completions:
+            pass
+        return [1.0] * len(completions)
+
+    fn.per_completion = fn.chunked = True
+    return fn
+
+
+def test_chunked_functions_get_several_completions_per_call(tmp_path):
+    # one pipe round trip per chunk, not per completion: 24 completions over 2 workers in chunks of 3
+    with RewardRunner([("r", _sized_calls(tmp_path), 1.0)], workers=2) as runner:
+        res = runner(None, ["ok"] * 24, {})
+    assert res.per_function["r"] == [1.0] * 24
+    sizes = sorted(int(p.name.rsplit("-", 1)[1]) for p in tmp_path.iterdir())
+    assert sizes == [3] * 8  # ceil(24 / (4 x 2)) = 3 per call
+
+
+@pytest.mark.slow
+def test_a_hang_or_a_death_in_a_chunk_costs_only_its_own_completion(tmp_path):
+    completions = ["ok", "ok", "loop", "ok", "ok", "die", "ok", "ok", "ok", "ok", "ok", "ok"]
+    runner = RewardRunner(
+        [("r", _sized_calls(tmp_path), 1.0), ("c", const(0.5), 1.0)], completion_timeout_s=1.5, workers=2
+    )
+    start = time.monotonic()
+    res = runner(None, completions, {})
+    assert (
+        time.monotonic() - start < 15.0
+    )  # the loop's chunk (1.5 s), then the loop alone (1.5 s), plus forks
+    expected = {"ok": 1.0, "loop": 0.0, "die": None}
+    assert res.per_function["r"] == [expected[c] for c in completions]
+    assert res.timeouts["r"] == 1 and list(res.row_errors["r"]) == [5] and "died" in res.row_errors["r"][5]
+    assert res.total == [1.5, 1.5, 0.5, 1.5, 1.5, 0.5, 1.5, 1.5, 1.5, 1.5, 1.5, 1.5]
+    res = runner(None, ["ok"] * 8, {})  # the pool recovered
+    assert res.per_function["r"] == [1.0] * 8 and res.timeouts["r"] == 0
+    runner.close()
+
+
+@pytest.mark.slow
+def test_math_accuracy_in_chunks_scores_as_one_at_a_time():
+    # a mixed batch: fast path right and wrong, math-verify right and wrong, unreadable, no ground truth
+    completions = [
+        "<answer>18</answer>",
+        "<answer>17</answer>",
+        r"\boxed{\sqrt{4}}",
+        r"\boxed{\sqrt{9}}",
+        "<answer>4+</answer>",
+        "no answer at all",
+        r"\boxed{\frac{2}{4}}",
+        "<answer>18</answer>",
+        r"\boxed{2^{2}}",
+    ]
+    answers = ["18", "18", "2", "2", "4", "4", "1/2", None, "4"]
+    by_call = {}
+    for chunked in (False, True):
+        fn = make_math_accuracy(timeout_s=2.0)
+        fn.chunked = chunked
+        with RewardRunner([("math", fn, 1.0)], workers=2) as runner:
+            by_call[chunked] = runner(None, completions, {"answer": answers})
+    assert by_call[True].per_function == by_call[False].per_function
+    assert by_call[True].per_function["math"] == [1.0, 0.0, 1.0, 0.0, 0.0, 0.0, 1.0, None, 1.0]
+    assert by_call[True].timeouts == by_call[False].timeouts == {"math": 0}
+
+
 @pytest.mark.slow
 def test_a_reward_stuck_in_a_cpu_loop_is_killed_at_its_timeout(tmp_path):
     def stuck(prompts, completions, **kw):
