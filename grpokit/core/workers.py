@@ -7,20 +7,84 @@ parent (``PR_SET_PDEATHSIG``), has default signal handlers, closes the parent-si
 live workers, and then serves requests on a pipe pair until the parent closes it. The standard library's
 multiprocessing is not used because it neither puts a child in its own group nor ties its life to the
 parent, and its pickling of the target would re-import user modules in a spawn start.
+
+One frame format on those pipes for every worker (reward workers, tool and environment workers, the async
+sampler): the pickled object's length (``FRAME_HEADER``, 8 bytes little-endian), then the pickle.
+
+    write_frame(fd, obj, deadline=None)   # TimeoutError when the reader has not taken it by the deadline
+    obj = read_frame(fd, deadline=None)   # None at end of file; TimeoutError past the deadline
 """
 
 from __future__ import annotations
 
 import ctypes
 import os
+import pickle
+import select
 import signal
+import struct
 import threading
+import time
 import warnings
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Protocol, TypeVar
 
 PR_SET_PDEATHSIG = 1
+
+
+FRAME_HEADER = struct.Struct("<Q")
+"""A frame on a worker's pipe: its pickle's length, then the pickle."""
+
+
+def frame(obj: object) -> bytes:
+    """``obj`` as one frame: its pickle's length (FRAME_HEADER), then the pickle."""
+    data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    return FRAME_HEADER.pack(len(data)) + data
+
+
+def write_all(fd: int, data: bytes, deadline: float | None = None) -> None:
+    """All of ``data`` to ``fd``; TimeoutError when the reader has not taken it by the (monotonic) deadline
+    (None: wait as long as it takes)."""
+    view = memoryview(data)
+    while view:
+        if deadline is not None:
+            wait = deadline - time.monotonic()
+            if wait <= 0 or not select.select([], [fd], [], wait)[1]:
+                raise TimeoutError
+            view = view[os.write(fd, view[: 1 << 16]) :]  # a pipe's buffer: a write this size cannot block long
+        else:
+            view = view[os.write(fd, view) :]
+
+
+def write_frame(fd: int, obj: object, deadline: float | None = None) -> None:
+    """``obj`` as one frame to ``fd`` (see write_all for the deadline)."""
+    write_all(fd, frame(obj), deadline)
+
+
+def read_exact(fd: int, n: int, deadline: float | None = None) -> bytes | None:
+    """``n`` bytes from ``fd``; None at end of file; TimeoutError past the (monotonic) deadline (None: none)."""
+    chunks, left = [], n
+    while left:
+        if deadline is not None:
+            wait = deadline - time.monotonic()
+            if wait <= 0 or not select.select([fd], [], [], wait)[0]:
+                raise TimeoutError
+        chunk = os.read(fd, min(left, 1 << 20))
+        if not chunk:
+            return None
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)
+
+
+def read_frame(fd: int, deadline: float | None = None) -> object | None:
+    """The next frame's object from ``fd``; None at end of file (the writer closed or died)."""
+    header = read_exact(fd, FRAME_HEADER.size, deadline)
+    if header is None:
+        return None
+    body = read_exact(fd, FRAME_HEADER.unpack(header)[0], deadline)
+    return None if body is None else pickle.loads(body)
 
 
 def fork_worker(

@@ -9,13 +9,12 @@ import inspect
 import math
 import os
 import pickle
-import struct
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from numbers import Real
 
-from grpokit.core.workers import fork_worker
+from grpokit.core.workers import FRAME_HEADER, fork_worker, read_frame, write_all, write_frame
 from grpokit.rewards._keeper import become_keeper
 from grpokit.rewards._keeper import stop as stop_keeper
 from grpokit.rewards._text import to_text
@@ -164,36 +163,9 @@ def _is_async(fn: Callable) -> bool:
 
 
 # --- worker processes -------------------------------------------------------------------------------
-_HEADER = struct.Struct("<Q")
 _WORKER_FDS: set[int] = set()
 """Parent-side pipe ends of every live worker of every runner: a new child closes them, so that
 no worker holds another's pipe open."""
-
-
-def _frame(obj: object) -> bytes:
-    data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
-    return _HEADER.pack(len(data)) + data
-
-
-def _write_frame(fd: int, obj: object) -> None:
-    _write_all(fd, _frame(obj))
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]
-
-
-def _read_exact(fd: int, n: int) -> bytes | None:
-    chunks, left = [], n
-    while left:
-        chunk = os.read(fd, min(left, 1 << 20))
-        if not chunk:
-            return None
-        chunks.append(chunk)
-        left -= len(chunk)
-    return b"".join(chunks)
 
 
 WARMING = "warming"
@@ -216,7 +188,7 @@ def _warm(fn: Callable, replies: int) -> None:
     def starting() -> None:
         nonlocal announced
         if not announced:
-            _write_frame(replies, WARMING)
+            write_frame(replies, WARMING)
             announced = True
 
     try:
@@ -224,7 +196,7 @@ def _warm(fn: Callable, replies: int) -> None:
     except Exception:  # noqa: BLE001, S110 - the call that follows reports it on its rows
         pass
     if announced:
-        _write_frame(replies, READY)
+        write_frame(replies, READY)
 
 
 def _serve(functions: list[Callable], requests: int, replies: int) -> None:
@@ -232,22 +204,21 @@ def _serve(functions: list[Callable], requests: int, replies: int) -> None:
     the per-row columns); "batch" and "chunk" answer once, "items" calls the function on each
     completion alone (with its row of each per-row column) and answers after each. READY first, when the worker is
     up; before each call, the function's warm_up hook (see _warm)."""
-    _write_frame(replies, READY)
+    write_frame(replies, READY)
     while True:
-        header = _read_exact(requests, _HEADER.size)
-        if header is None:
+        task = read_frame(requests)
+        if task is None:
             return
-        task = pickle.loads(_read_exact(requests, _HEADER.unpack(header)[0]))
         fn_index, mode, prompts, completions, kwargs, row_keys = task
         fn = functions[fn_index]
         if mode in ("batch", "chunk"):  # one call, one answer
             _warm(fn, replies)
-            _write_frame(replies, _call_rows(fn, prompts, completions, kwargs, row_keys))
+            write_frame(replies, _call_rows(fn, prompts, completions, kwargs, row_keys))
             continue
         for i in range(len(completions)):
             _warm(fn, replies)
             one = {k: [v[i]] if k in row_keys else v for k, v in kwargs.items()}
-            _write_frame(replies, _call_rows(fn, [prompts[i]], [completions[i]], one, row_keys))
+            write_frame(replies, _call_rows(fn, [prompts[i]], [completions[i]], one, row_keys))
 
 
 def _per_row(value: object, n: int) -> bool:
@@ -272,7 +243,7 @@ class _Worker:
         self.warming_started = time.monotonic()
 
     def send(self, frame: bytes) -> None:
-        _write_all(self.to_child, frame)
+        write_all(self.to_child, frame)
 
     def read_replies(self) -> list | None:
         """The complete replies that have arrived (call when readable); None when the worker died."""
@@ -281,12 +252,12 @@ class _Worker:
             return None
         self.buffer += chunk
         out = []
-        while len(self.buffer) >= _HEADER.size:
-            size = _HEADER.unpack_from(self.buffer)[0]
-            if len(self.buffer) < _HEADER.size + size:
+        while len(self.buffer) >= FRAME_HEADER.size:
+            size = FRAME_HEADER.unpack_from(self.buffer)[0]
+            if len(self.buffer) < FRAME_HEADER.size + size:
                 break
-            out.append(pickle.loads(bytes(self.buffer[_HEADER.size : _HEADER.size + size])))
-            del self.buffer[: _HEADER.size + size]
+            out.append(pickle.loads(bytes(self.buffer[FRAME_HEADER.size : FRAME_HEADER.size + size])))
+            del self.buffer[: FRAME_HEADER.size + size]
         return out
 
     def kill(self) -> None:

@@ -85,11 +85,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from numbers import Real
 
+from grpokit.core.workers import frame as encode_frame
 from grpokit.rewards._workers import (
     READY,
     WARMING,
     _call_rows,
-    _frame,
     _is_async,
     _kill_all,
     _per_row,
@@ -341,7 +341,7 @@ class RewardRunner:
                     kwargs = {k: [v[i] for i in rows] if k in row_keys else v for k, v in columns.items()}
                     chunk = ([prompts[i] for i in rows], [completions[i] for i in rows], kwargs, row_keys)
                     try:
-                        frame = _frame((task.fn_index, task.mode, *chunk))
+                        frame = encode_frame((task.fn_index, task.mode, *chunk))
                     except Exception as e:  # noqa: BLE001 - unpicklable columns: reported, not raised
                         fail(task.fn_index, f"its arguments cannot be sent to a worker process ({e})")
                         continue

@@ -41,9 +41,9 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from grpokit.core.chat_text import clean_text, cut_text
-from grpokit.core.workers import OutputTail, WorkerPool
+from grpokit.core.workers import OutputTail, WorkerPool, read_frame, write_frame
 from grpokit.rollout.tools.parsers import ToolCall
-from grpokit.rollout.tools.runner import _HEADER, ToolRunner, Worker, _read_exact, _write_frame
+from grpokit.rollout.tools.runner import ToolRunner, Worker
 
 FIRST_ROLES = ("system", "developer", "user", "assistant", "tool", "ipython")
 """Roles the first messages (reset) may have ("ipython": Llama 3's role of tool results)."""
@@ -217,10 +217,10 @@ def _serve_environment(factory: Callable[[], object], requests: int, replies: in
     output = OutputTail(2000)
     env = None
     while True:
-        header = _read_exact(requests, _HEADER.size, None)
-        if header is None:
+        request = read_frame(requests)
+        if request is None:
             return
-        op, arg = pickle.loads(_read_exact(requests, _HEADER.unpack(header)[0], None))
+        op, arg = request
         method = "step"
         try:
             if op == "reset":
@@ -235,7 +235,7 @@ def _serve_environment(factory: Callable[[], object], requests: int, replies: in
             data = pickle.dumps(("ok", value, output.take()))
         except BaseException as e:  # noqa: BLE001 - SystemExit and all: that episode fails, named
             data = pickle.dumps(("error", method, describe_error(e), output.take(0.2)))
-        _write_frame(replies, _Raw(data))
+        write_frame(replies, _Raw(data))
 
 
 class _Raw(bytes):

@@ -51,9 +51,8 @@ from dataclasses import dataclass
 import torch
 
 from grpokit.core.errors import ConfigError, TrainingError
-from grpokit.core.workers import fork_worker
+from grpokit.core.workers import fork_worker, read_frame, write_frame
 
-_HEADER_BYTES = 8
 POLL_S = 0.5  # how often a waiting trainer checks that the sampler process is alive
 
 
@@ -74,36 +73,6 @@ class Taken:
     stream: dict[str, int]  # the prompt stream's position after this batch
     busy_s: float  # the sampler's seconds on this batch
     done_at: float  # time.monotonic() when it was sent
-
-
-def _frame(obj: object) -> bytes:
-    data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
-    return len(data).to_bytes(_HEADER_BYTES, "little") + data
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]
-
-
-def _read_exact(fd: int, n: int) -> bytes | None:
-    chunks, left = [], n
-    while left:
-        chunk = os.read(fd, min(left, 1 << 20))
-        if not chunk:
-            return None
-        chunks.append(chunk)
-        left -= len(chunk)
-    return b"".join(chunks)
-
-
-def _read_frame(fd: int) -> object | None:
-    header = _read_exact(fd, _HEADER_BYTES)
-    if header is None:
-        return None
-    body = _read_exact(fd, int.from_bytes(header, "little"))
-    return None if body is None else pickle.loads(body)
 
 
 def trainable_parameters(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -250,7 +219,7 @@ class AsyncSampler:
 
     def _send(self, message: tuple) -> None:
         try:
-            _write_all(self._to_child, _frame(message))
+            write_frame(self._to_child, message)
         except OSError:  # the process is gone: _next_item says so
             pass
 
@@ -310,7 +279,7 @@ class AsyncSampler:
         while True:
             ready, _, _ = select.select([requests], [], [], None if credits == 0 else 0)
             if ready:
-                message = _read_frame(requests)
+                message = read_frame(requests)
                 if message is None or message[0] == "stop":
                     return
                 credits += 1  # "credit"
@@ -324,13 +293,13 @@ class AsyncSampler:
             try:
                 batch, timing, sampling = sampler.sample_batch(index, ())
             except Exception as e:  # noqa: BLE001 - the trainer raises it as SamplerDiedError
-                _write_all(replies, _frame(("error", f"batch {index}: {type(e).__name__}: {e}")))
+                write_frame(replies, ("error", f"batch {index}: {type(e).__name__}: {e}"))
                 return
             busy = time.perf_counter() - t
             taken = Taken(
                 index, version, batch, timing, sampling, sampler.stream.state(), busy, time.monotonic()
             )
-            _write_all(replies, _frame(("batch", taken)))
+            write_frame(replies, ("batch", taken))
             index += 1
             credits -= 1
 
@@ -339,7 +308,7 @@ def _drain(fd: int, into: queue.Queue) -> None:
     """A thread: every frame from the process into the queue (it never waits on a full pipe); None at the end.
     A function, not a method: the thread must not keep the AsyncSampler alive (its finalizer stops the process)."""
     try:
-        while (frame := _read_frame(fd)) is not None:
+        while (frame := read_frame(fd)) is not None:
             into.put(frame)
     except (OSError, pickle.UnpicklingError, EOFError):
         pass
@@ -355,7 +324,7 @@ def _stop(pid: int, to_child: int, owner: int) -> None:
     if os.getpid() != owner:  # a fork of the owner: not its process
         return
     try:  # "stop", then the end of its requests: it ends even if a process forked later holds the pipe open
-        _write_all(to_child, _frame(("stop",)))
+        write_frame(to_child, ("stop",))
     except OSError:
         pass
     try:

@@ -13,23 +13,27 @@ from __future__ import annotations
 import functools
 import json
 import os
-import pickle
 import queue
-import select
 import signal
-import struct
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from grpokit.core.chat_text import clean_text, cut_text
-from grpokit.core.workers import OutputTail, WorkerPool, fork_worker, limit_address_space, resident_bytes
+from grpokit.core.workers import (
+    OutputTail,
+    WorkerPool,
+    fork_worker,
+    limit_address_space,
+    read_frame,
+    resident_bytes,
+    write_frame,
+)
 from grpokit.rollout.tools.parsers import ToolCall
 from grpokit.rollout.tools.results import Stopped
 from grpokit.rollout.tools.spec import Tool, check_arguments, echo
 
-_HEADER = struct.Struct("<Q")
 _PARENT_FDS: set[int] = set()  # parent-side pipe ends of all live workers: a new child closes them
 
 
@@ -60,34 +64,6 @@ def as_text(value: object, max_chars: int) -> str:
     return cut_text(clean_text(text), max_chars)
 
 
-def _read_exact(fd: int, n: int, deadline: float | None) -> bytes | None:
-    """n bytes from fd before the (monotonic) deadline, None = no deadline; None at EOF; TimeoutError past it."""
-    chunks, left = [], n
-    while left:
-        if deadline is not None:
-            wait = deadline - time.monotonic()
-            if wait <= 0 or not select.select([fd], [], [], wait)[0]:
-                raise TimeoutError
-        chunk = os.read(fd, min(left, 1 << 20))
-        if not chunk:
-            return None
-        chunks.append(chunk)
-        left -= len(chunk)
-    return b"".join(chunks)
-
-
-def _write_frame(fd: int, obj: object, deadline: float | None = None) -> None:
-    """One pickled frame to fd; TimeoutError when the reader has not taken it by the (monotonic) deadline."""
-    data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
-    view = memoryview(_HEADER.pack(len(data)) + data)
-    while view:
-        if deadline is not None:
-            wait = deadline - time.monotonic()
-            if wait <= 0 or not select.select([], [fd], [], wait)[1]:
-                raise TimeoutError
-        view = view[os.write(fd, view[: 1 << 16]) :]
-
-
 def _serve(
     tools: dict[str, Tool], max_chars: int, memory_mb: float | None, requests: int, replies: int
 ) -> None:
@@ -99,10 +75,10 @@ def _serve(
         limit_address_space(memory_mb)
     start = resident_bytes()
     while True:
-        header = _read_exact(requests, _HEADER.size, None)
-        if header is None:
+        request = read_frame(requests)
+        if request is None:
             return
-        name, arguments = pickle.loads(_read_exact(requests, _HEADER.unpack(header)[0], None))
+        name, arguments = request
         try:
             value = tools[name].fn(**arguments)
             reply = ("timeout" if isinstance(value, Stopped) else "ok", as_text(value, max_chars))
@@ -111,7 +87,7 @@ def _serve(
                 reply = ("error", as_text(f"{type(e).__name__}: {e}", max_chars))
             except BaseException:  # noqa: BLE001 - str(e) itself raised
                 reply = ("error", type(e).__name__)
-        _write_frame(replies, (*reply, output.take(), resident_bytes() - start))
+        write_frame(replies, (*reply, output.take(), resident_bytes() - start))
 
 
 class Worker:
@@ -129,14 +105,10 @@ class Worker:
         """The reply to the request (name, arguments), None when the worker died; TimeoutError past ``timeout_s``."""
         deadline = time.monotonic() + timeout_s
         try:
-            _write_frame(self.to_child, (name, arguments), deadline)
+            write_frame(self.to_child, (name, arguments), deadline)
         except (BrokenPipeError, OSError):
             return None
-        header = _read_exact(self.from_child, _HEADER.size, deadline)
-        if header is None:
-            return None
-        body = _read_exact(self.from_child, _HEADER.unpack(header)[0], deadline)
-        return None if body is None else pickle.loads(body)
+        return read_frame(self.from_child, deadline)
 
     def kill(self) -> None:
         """SIGKILL the worker's process group, reap it, close its pipes; once (a second call does nothing:
