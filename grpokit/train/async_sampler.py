@@ -121,6 +121,7 @@ class AsyncSampler:
         self._shared_version = torch.tensor([version], dtype=torch.long).share_memory_()
         self._lock = multiprocessing.get_context("fork").Lock()
         self._finalizer = None
+        self._drain: threading.Thread | None = None
 
     # ------------------------------------------------------------------ the trainer's side
 
@@ -134,7 +135,8 @@ class AsyncSampler:
             self._push_weights(version)
         owner = os.getpid()
         self.pid, self._to_child, self._from_child = fork_worker(self._serve, ())
-        threading.Thread(target=_drain, args=(self._from_child, self._queue), daemon=True).start()
+        self._drain = threading.Thread(target=_drain, args=(self._from_child, self._queue), daemon=True)
+        self._drain.start()
         self._finalizer = weakref.finalize(self, _stop, self.pid, self._to_child, owner)
 
     def take(self, step: int) -> tuple[object, dict[str, float], dict[str, float], dict[str, float]]:
@@ -192,6 +194,12 @@ class AsyncSampler:
         if self._finalizer is not None:
             self._finalizer()
             self._finalizer = None
+        if self._drain is not None:
+            # the process is gone, so its pipe ends: wait for the thread that reads it. A daemon thread still
+            # unpickling a batch's tensors while the interpreter exits aborted the process ("terminate called
+            # without an active exception", exit -6, once in CI after a finished run)
+            self._drain.join(timeout=10)
+            self._drain = None
         self.pid, self._queue, self._last_take = None, queue.Queue(), None
 
     def in_flight(self) -> int:
