@@ -199,11 +199,20 @@ def _warm(fn: Callable, replies: int) -> None:
         write_frame(replies, READY)
 
 
-def _serve(functions: list[Callable], requests: int, replies: int) -> None:
+def _serve(functions: list[Callable], requests: int, replies: int, warm: bool = False) -> None:
     """The worker's loop: a task is (function index, mode, prompts, completions, kwargs, the keys of
     the per-row columns); "batch" and "chunk" answer once, "items" calls the function on each
     completion alone (with its row of each per-row column) and answers after each. READY first, when the worker is
-    up; before each call, the function's warm_up hook (see _warm)."""
+    up (with ``warm``: after every function's warm_up hook has run); before each call, the hook again (see _warm:
+    a warm hook returns at once)."""
+    if warm:  # started ahead of the first batch (RewardRunner.start): set up before saying READY
+        for fn in functions:
+            hook = getattr(fn, "warm_up", None)
+            if hook is not None:
+                try:
+                    hook(lambda: None)
+                except Exception:  # noqa: BLE001, S110 - the function's own call reports it on its rows
+                    pass
     write_frame(replies, READY)
     while True:
         task = read_frame(requests)
@@ -228,10 +237,10 @@ def _per_row(value: object, n: int) -> bool:
 class _Worker:
     """One forked worker process and its two pipes (parent side)."""
 
-    def __init__(self, functions: list[Callable]):
+    def __init__(self, functions: list[Callable], warm: bool = False):
         def serve(parent: int, requests: int, replies: int) -> None:
             become_keeper(parent, (requests, replies))  # this process stays as the keeper; its child serves
-            _serve(functions, requests, replies)
+            _serve(functions, requests, replies, warm)
 
         self.pid, self.to_child, self.from_child = fork_worker(serve, _WORKER_FDS)
         _WORKER_FDS.update((self.to_child, self.from_child))

@@ -148,6 +148,23 @@ class RewardRunner:
         self._pool_pid = os.getpid()
         self._finalizer = weakref.finalize(self, _kill_all, self._pool, self._pool_pid)
 
+    def start(self) -> None:
+        """Start the worker processes now, each running its functions' warm_up hooks (math_accuracy:
+        math-verify's process), so that set-up overlaps whatever the caller does next (the trainer: loading
+        the model) instead of the first batch's scoring. Optional: a runner not started starts its workers
+        on its first call. Nothing to start with isolation "thread" or only in-process functions."""
+        if self.isolation != "process" or all(_in_process(fn) for _, fn, _ in self.functions):
+            return
+        if self._pool_pid != os.getpid():  # a fork of the runner's process: its workers are not ours
+            self._pool, self._pool_pid = [], os.getpid()
+            self._finalizer = weakref.finalize(self, _kill_all, self._pool, self._pool_pid)
+        functions = [fn for _, fn, _ in self.functions]
+        while len(self._pool) < self.workers:
+            try:
+                self._pool.append(_Worker(functions, warm=True))
+            except OSError:  # no process now: the first call starts them, or reports why it cannot
+                return
+
     def close(self) -> None:
         """Stop the worker processes (they are also stopped when the runner is garbage-collected)."""
         _kill_all(self._pool, self._pool_pid)

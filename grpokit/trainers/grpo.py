@@ -175,6 +175,8 @@ class GRPOTrainer:
         # multi-turn rollouts (rollout.tools / rollout.environment): bad tools fail before the model loads
         episodes = EpisodeSampler(cfg, reward_functions, self.algo) if multi_turn(cfg.rollout) else None
         rewards = RewardRunner(reward_functions, timeout_s=cfg.train.reward_timeout_s)
+        if not cfg.rollout.max_staleness:  # (an asynchronous run scores in its sampler process)
+            rewards.start()  # the reward workers set up (math-verify's process) while the model loads
         shaped = [
             n for n in self.reward_names if n != "overlong_penalty" or not self.algo.batch.overlong_shaping
         ]

@@ -575,3 +575,39 @@ def test_length_penalty_values():
     f = length_penalty(100, min_len=20, scale=0.5)
     ids = [[0] * n for n in (10, 20, 60, 100, 500)]
     assert f(None, [""] * 5, completion_ids=ids) == [0.0, -0.0, -0.25, -0.5, -0.5]
+
+
+def test_start_sets_the_workers_up_before_the_first_call(tmp_path):
+    # RewardRunner.start(): the workers fork and run warm_up at once (the trainer calls it before loading
+    # the model), so the first batch's scoring does not pay for set-up; the first call then reuses them.
+    def warm(starting):
+        starting()
+        (tmp_path / f"warm-{os.getpid()}").touch()
+
+    def fn(prompts, completions, **kw):
+        return [float(any(tmp_path.glob(f"warm-{os.getpid()}")))] * len(completions)
+
+    fn.warm_up = warm
+    with RewardRunner([("r", fn, 1.0)], workers=2) as runner:
+        runner.start()
+        started = {w.pid for w in runner._pool}
+        assert len(started) == 2
+        deadline = time.monotonic() + 30
+        while len(list(tmp_path.glob("warm-*"))) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(list(tmp_path.glob("warm-*"))) == 2  # both set up, with no call made
+        res = runner(None, ["a", "b"], {})
+        assert res.per_function["r"] == [1.0, 1.0]  # scored in a worker that had warmed up
+        assert {w.pid for w in runner._pool} == started  # the started workers served it
+        runner.start()  # a started runner starts nothing more
+        assert {w.pid for w in runner._pool} == started
+
+
+def test_start_does_nothing_with_thread_isolation():
+    def fn(prompts, completions, **kw):
+        return [1.0] * len(completions)
+
+    with RewardRunner([("r", fn, 1.0)], isolation="thread") as runner:
+        runner.start()
+        assert runner._pool == []
+        assert runner(None, ["a"], {}).per_function["r"] == [1.0]
