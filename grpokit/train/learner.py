@@ -173,6 +173,14 @@ class MicroBatchSize:
                 message = str(e).split(". ")[0]
             # Outside the except block: the failed try's frames (its activations) are freed by now.
             on_oom()
+            if self.dist.active:  # torchrun: a retry on this rank alone would run collectives the others do not
+                what = "tokens" if self.packed else "completions"
+                raise TrainingError(
+                    f"out of GPU memory on rank {self.dist.rank} with micro-batches of {rows} {what} ({message}); "
+                    "under torchrun one rank cannot retry alone (the others are inside the same collectives): lower "
+                    f"{'optim.micro_batch_tokens' if self.packed else 'optim.micro_batch_size'}, or turn on "
+                    "model.gradient_checkpointing, optim.offload_activations or optim.offload_optimizer"
+                )
             if self.make_room is not None and self.make_room():
                 torch.cuda.empty_cache()
                 self.room_first = True
@@ -180,8 +188,7 @@ class MicroBatchSize:
                 continue
             if self.packed:
                 longest = int(lengths.max()) if len(lengths) else 1
-                # torchrun: a retry on one rank alone would run collectives the others do not
-                if self.tokens != "auto" or rows <= longest or self.dist.active:
+                if self.tokens != "auto" or rows <= longest:
                     raise TrainingError(
                         f"out of GPU memory with micro-batches of {rows} tokens ({message}): lower "
                         "optim.micro_batch_tokens, set it to auto, turn on model.gradient_checkpointing or "
@@ -191,7 +198,7 @@ class MicroBatchSize:
                 self.cap = max(longest, rows // 2)
                 self.say(f"out of GPU memory at {rows} tokens per micro-batch: retrying with {self.cap} (auto)")
                 continue
-            if self.setting != "auto" or rows == 1 or self.dist.active:
+            if self.setting != "auto" or rows == 1:
                 raise TrainingError(
                     f"out of GPU memory with {rows} completions per micro-batch ({message}): lower "
                     "optim.micro_batch_size, set it to auto, or turn on model.gradient_checkpointing"

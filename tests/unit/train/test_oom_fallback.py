@@ -167,3 +167,22 @@ def test_the_trainer_wires_its_generator_to_the_learner(tmp_path):
 
     trainer = small_trainer(tmp_path / "run", 1)
     assert trainer.learner.micro.make_room == trainer.sampler.generator.release
+
+
+@pytest.mark.parametrize("tokens", [None, "auto"])
+def test_under_torchrun_an_out_of_memory_error_stops_the_rank_by_name_without_a_retry(tokens):
+    # A retry on one rank alone (freeing the KV cache, or fewer rows) would run collectives the other ranks do
+    # not: they wait in the same forward/backward. Even with room to make, the rank stops with a named error.
+    tried = []
+
+    def fn(rows: int) -> None:
+        tried.append(rows)
+        raise _oom()
+
+    room = Room(held=1)
+    dist = Distributed(world=2, rank=1)  # a rank's view: nothing here communicates before the error
+    micro = MicroBatchSize("auto", CUDA, dist, lambda note: None, room, tokens=tokens)
+    what = "optim.micro_batch_tokens" if tokens else "optim.micro_batch_size"
+    with pytest.raises(TrainingError, match=f"out of GPU memory on rank 1 .*cannot retry alone.*{what}"):
+        micro.run(fn, torch.full((8,), 10), on_oom=lambda: None)
+    assert tried == [80 if tokens else 8] and room.calls == 0  # one try; no room made, no halving
