@@ -281,14 +281,6 @@ class _Worker:
                 pass
 
 
-def _kill_all(workers: list[_Worker], owner: int) -> None:
-    if os.getpid() != owner:  # a fork of the owner: those workers are not its own
-        return
-    for w in workers:
-        w.kill()
-    workers.clear()
-
-
 @dataclass
 class _Task:
     fn_index: int

@@ -80,18 +80,17 @@ import os
 import select
 import threading
 import time
-import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from numbers import Real
 
+from grpokit.core.workers import WorkerPool
 from grpokit.core.workers import frame as encode_frame
 from grpokit.rewards._workers import (
     READY,
     WARMING,
     _call_rows,
     _is_async,
-    _kill_all,
     _per_row,
     _Task,
     _Worker,
@@ -144,9 +143,7 @@ class RewardRunner:
         math-verify process start), which no completion's budget includes."""
         self.workers = max(1, workers or min(4, os.cpu_count() or 1))
         self.isolation = isolation if hasattr(os, "fork") else "thread"
-        self._pool: list[_Worker] = []
-        self._pool_pid = os.getpid()
-        self._finalizer = weakref.finalize(self, _kill_all, self._pool, self._pool_pid)
+        self._pool = WorkerPool("reward")  # the worker processes; killed by close() or when collected
 
     def start(self) -> None:
         """Start the worker processes now, each running its functions' warm_up hooks (math_accuracy:
@@ -155,19 +152,25 @@ class RewardRunner:
         on its first call. Nothing to start with isolation "thread" or only in-process functions."""
         if self.isolation != "process" or all(_in_process(fn) for _, fn, _ in self.functions):
             return
-        if self._pool_pid != os.getpid():  # a fork of the runner's process: its workers are not ours
-            self._pool, self._pool_pid = [], os.getpid()
-            self._finalizer = weakref.finalize(self, _kill_all, self._pool, self._pool_pid)
-        functions = [fn for _, fn, _ in self.functions]
-        while len(self._pool) < self.workers:
+        pool, functions = self._workers_here(), [fn for _, fn, _ in self.functions]
+        while len(pool.live) < self.workers:
             try:
-                self._pool.append(_Worker(functions, warm=True))
+                pool.spawn(lambda: _Worker(functions, warm=True))
             except OSError:  # no process now: the first call starts them, or reports why it cannot
                 return
 
     def close(self) -> None:
-        """Stop the worker processes (they are also stopped when the runner is garbage-collected)."""
-        _kill_all(self._pool, self._pool_pid)
+        """Stop the worker processes (they are also stopped when the runner is garbage-collected); a
+        later call starts new ones."""
+        self._pool.close()
+        self._pool = WorkerPool("reward")
+
+    def _workers_here(self) -> WorkerPool:
+        """The pool of this process: in a fork of the runner's process (a forked sampler, a worker) the
+        inherited pool's workers are the parent's, so the fork starts a pool of its own."""
+        if self._pool.owner != os.getpid():
+            self._pool = WorkerPool("reward")
+        return self._pool
 
     def __enter__(self) -> RewardRunner:
         return self
@@ -276,9 +279,7 @@ class RewardRunner:
 
     # --- processes ------------------------------------------------------------------------------
     def _run_processes(self, prompts, completions, columns, out: _Outcome) -> None:
-        if self._pool_pid != os.getpid():  # we are a fork of the runner's process: its workers are not ours
-            self._pool, self._pool_pid = [], os.getpid()
-            self._finalizer = weakref.finalize(self, _kill_all, self._pool, self._pool_pid)
+        pool = self._workers_here()
         values, timeouts = out.values, out.timeouts
         n = len(completions)
         start = time.monotonic()
@@ -318,8 +319,7 @@ class RewardRunner:
         def retire(fd: int, w: _Worker) -> None:
             poller.unregister(fd)
             del busy[fd]
-            w.kill()
-            self._pool.remove(w)
+            pool.retire(w)
 
         def finish(fd: int, w: _Worker) -> None:
             last[w.task.fn_index] = time.monotonic()
@@ -362,19 +362,16 @@ class RewardRunner:
                     except Exception as e:  # noqa: BLE001 - unpicklable columns: reported, not raised
                         fail(task.fn_index, f"its arguments cannot be sent to a worker process ({e})")
                         continue
-                    idle = [w for w in self._pool if w.task is None]
+                    idle = [w for w in pool.live if w.task is None]
                     try:
-                        w = idle[0] if idle else _Worker([fn for _, fn, _ in self.functions])
+                        w = idle[0] if idle else pool.spawn(lambda: _Worker([fn for _, fn, _ in self.functions]))
                     except OSError as e:
                         fail(task.fn_index, f"no worker process could be started ({e})")
                         continue
-                    if not idle:
-                        self._pool.append(w)
                     try:
                         w.send(frame)
                     except OSError as e:  # it died while idle: replace it and try again
-                        w.kill()
-                        self._pool.remove(w)
+                        pool.retire(w)
                         task.attempts += 1
                         if task.attempts < 3:
                             tasks.appendleft(task)

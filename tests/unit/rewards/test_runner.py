@@ -590,7 +590,7 @@ def test_start_sets_the_workers_up_before_the_first_call(tmp_path):
     fn.warm_up = warm
     with RewardRunner([("r", fn, 1.0)], workers=2) as runner:
         runner.start()
-        started = {w.pid for w in runner._pool}
+        started = {w.pid for w in runner._pool.live}
         assert len(started) == 2
         deadline = time.monotonic() + 30
         while len(list(tmp_path.glob("warm-*"))) < 2 and time.monotonic() < deadline:
@@ -598,9 +598,9 @@ def test_start_sets_the_workers_up_before_the_first_call(tmp_path):
         assert len(list(tmp_path.glob("warm-*"))) == 2  # both set up, with no call made
         res = runner(None, ["a", "b"], {})
         assert res.per_function["r"] == [1.0, 1.0]  # scored in a worker that had warmed up
-        assert {w.pid for w in runner._pool} == started  # the started workers served it
+        assert {w.pid for w in runner._pool.live} == started  # the started workers served it
         runner.start()  # a started runner starts nothing more
-        assert {w.pid for w in runner._pool} == started
+        assert {w.pid for w in runner._pool.live} == started
 
 
 def test_start_does_nothing_with_thread_isolation():
@@ -609,5 +609,5 @@ def test_start_does_nothing_with_thread_isolation():
 
     with RewardRunner([("r", fn, 1.0)], isolation="thread") as runner:
         runner.start()
-        assert runner._pool == []
+        assert runner._pool.live == []
         assert runner(None, ["a"], {}).per_function["r"] == [1.0]
