@@ -29,6 +29,13 @@ algo.kl_is_correction, top_entropy_quantile is algo.top_entropy_quantile; vespo 
 algo.surrogate=vespo; multi_objective_aggregation=normalize_then_sum (GDPO) is algo.reward_aggregation with the
 batch-whitened advantage TRL then takes. entropy_coef, use_adaptive_entropy and its entropy_target / entropy_coef_*
 are algo.entropy_coef, algo.adaptive_entropy and the same names (Skywork-OR1's bonus: grpokit.algos.entropy_bonus).
+
+TRL's AsyncGRPOConfig (trl.experimental.async_grpo, a file setting any of ASYNC_MARKS): its trainer's loss is fixed
+(the clipped ratio to the sampler's own log-probs, token-mean, advantages (r - mean) / (population std + 1e-8), no
+KL), so its file maps to rollout.max_staleness (max_staleness), rollout.sync_every (weight_sync_steps),
+rollout.async_ratio=behaviour with no importance weights, algo.std_ddof=0 / std_eps=1e-8, model.dtype (dtype) and
+the fields it shares with GRPOConfig as above; GRPOConfig's own fields in it, and the queue and worker settings
+grpokit's sampler process has no counterpart for, are refused by name (``_from_trl_async``).
 """
 
 from __future__ import annotations
@@ -124,12 +131,60 @@ VLLM_DEFAULTS: dict[str, Any] = {
 }  # fmt: skip
 """TRL 1.16's defaults of the vLLM fields use_vllm=true maps (rollout.engine=vllm, rollout.vllm.*, the correction)."""
 
-TRL_KEYS = frozenset(TRL_DEFAULTS) | INERT | frozenset(REFUSED_UNLESS_DEFAULT) | frozenset(SCRIPT_KEYS) | {
+ASYNC_MARKS = frozenset({
+    "max_staleness", "weight_sync_steps", "token_budget", "max_inflight_tasks", "queue_maxsize",
+    "heartbeat_stale_after_s", "fork_threshold_tokens", "request_timeout", "weight_sync_timeout",
+})  # fmt: skip
+"""Fields only TRL's AsyncGRPOConfig has: a file setting any of them is read as one (``_from_trl_async``)."""
+
+TRL_KEYS = frozenset(TRL_DEFAULTS) | INERT | frozenset(REFUSED_UNLESS_DEFAULT) | frozenset(SCRIPT_KEYS) | ASYNC_MARKS | {
     "use_vllm",
     "model_init_kwargs", "trust_remote_code", "num_generations_eval", "chat_template_kwargs",
     "max_prompt_length", "reward_weights", "reward_funcs", "warmup_ratio",
 }
 """Every key from_trl knows (what makes a flat YAML look like a TRL one)."""
+
+
+ASYNC_DEFAULTS: dict[str, Any] = {
+    "max_staleness": 4, "weight_sync_steps": 1, "token_budget": None, "max_inflight_tasks": -1,
+    "queue_maxsize": 1024, "heartbeat_stale_after_s": 300.0, "fork_threshold_tokens": 1024,
+    "request_timeout": 600, "weight_sync_timeout": 1800, "vllm_server_base_url": "http://localhost:8000",
+    "vllm_server_timeout": 240.0, "dtype": "float32", "ignore_data_skip": True,
+    "max_completion_length": 2048, "lr_scheduler_type": "constant", "logging_steps": 1, "learning_rate": 1e-6,
+}  # fmt: skip
+"""TRL 1.16's AsyncGRPOConfig defaults: its own fields, and the shared ones whose default differs from GRPOConfig's
+(tests check them against trl)."""
+
+ASYNC_REFUSED_UNLESS_DEFAULT = {
+    "queue_maxsize": "grpokit's queue holds at most rollout.max_staleness batches (the sampler process waits for room)",
+    "max_inflight_tasks": "grpokit's sampler process makes one batch at a time",
+    "heartbeat_stale_after_s": "grpokit notices its sampler process's death at once (the process's exit), with no heartbeat",
+    "fork_threshold_tokens": "grpokit's asynchronous sampler runs single-turn rollouts",
+}  # fmt: skip
+"""AsyncGRPOConfig's fields grpokit cannot honour: refused by name, with why, when set to anything but TRL's default."""
+
+ASYNC_INERT = frozenset({"request_timeout", "weight_sync_timeout", "vllm_server_base_url", "vllm_server_timeout", "ignore_data_skip"})
+"""AsyncGRPOConfig's fields about its vLLM server and the Trainer's data skipping: accepted, not used (noted)."""
+
+GRPO_ONLY = frozenset({
+    "steps_per_generation", "generation_batch_size", "num_iterations", "beta", "importance_sampling_level",
+    "loss_type", "scale_rewards", "sapo_temperature_pos", "sapo_temperature_neg", "off_policy_mask_threshold",
+    "use_bias_correction_kl", "top_entropy_quantile", "vespo_k_pos", "vespo_lambda_pos", "vespo_k_neg",
+    "vespo_lambda_neg", "multi_objective_aggregation", "entropy_coef", "use_adaptive_entropy", "entropy_target",
+    "entropy_coef_delta", "entropy_coef_min", "entropy_coef_max", "mask_truncated_completions", "shuffle_dataset",
+    "log_unique_prompts", "ds3_gather_for_generation", "vllm_mode", "vllm_gpu_memory_utilization",
+    "vllm_server_host", "vllm_server_port", "vllm_tensor_parallel_size", "vllm_enable_sleep_mode",
+    "vllm_max_model_length", "vllm_model_impl", "vllm_group_port", "vllm_importance_sampling_correction",
+    "vllm_importance_sampling_mode", "vllm_importance_sampling_cap", "vllm_importance_sampling_clip_max",
+    "vllm_importance_sampling_clip_min", "log_multimodal", "delta", "generation_kwargs", "cache_implementation",
+    "sync_ref_model", "disable_dropout", "cast_lm_head_to_fp32", "pad_to_multiple_of", "use_vllm",
+    "num_generations_eval",
+})  # fmt: skip
+"""GRPOConfig's fields that AsyncGRPOConfig does not have (of those from_trl knows): refused in an async file."""
+
+ASYNC_LOSS = {"loss_type": "dapo", "beta": 0.0, "scale_rewards": "group", "importance_sampling_level": "token"}
+"""AsyncGRPOTrainer's fixed loss in GRPOConfig's terms: per-token clipped ratio, token-mean over the step, no KL
+(its advantage's std is the population's, set after: algo.std_ddof=0, std_eps=1e-8)."""
 
 
 def looks_like_trl(values: dict) -> bool:
@@ -150,7 +205,10 @@ def _per(name: str, value: int, k: int) -> int:
 def from_trl(values: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
     """TRL GRPOConfig fields (a flat mapping) -> (grpokit's nested config values, notes for the user).
 
-    Raises ConfigError naming the first field grpokit cannot honour and why."""
+    Raises ConfigError naming the first field grpokit cannot honour and why. A file with AsyncGRPOConfig's own
+    fields (ASYNC_MARKS) is read as an AsyncGRPOConfig (``_from_trl_async``)."""
+    if set(values) & ASYNC_MARKS:
+        return _from_trl_async(values)
     unknown = sorted(set(values) - TRL_KEYS)
     if unknown:
         raise ConfigError(
@@ -356,6 +414,69 @@ def from_trl(values: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
     if v.get("use_vllm"):
         _vllm(v, out, notes)
     return {key: section for key, section in out.items() if section}, notes
+
+
+def _from_trl_async(values: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """TRL AsyncGRPOConfig fields -> (grpokit's config values, notes): the shared fields as from_trl maps them over
+    AsyncGRPOConfig's defaults and its fixed loss (ASYNC_LOSS), then the asynchronous settings (module doc)."""
+    marks = sorted(set(values) & ASYNC_MARKS)
+    grpo_only = sorted(set(values) & GRPO_ONLY)
+    if grpo_only:
+        raise ConfigError(
+            f"TRL field(s) {grpo_only} are GRPOConfig's, not AsyncGRPOConfig's, and this file sets AsyncGRPOConfig's "
+            f"{marks}: AsyncGRPOTrainer's loss is fixed (the clipped ratio to the sampler's log-probs, token-mean, "
+            "no KL). Remove them, or the asynchronous fields for a GRPOConfig file"
+        )
+    v = {**ASYNC_DEFAULTS, **values}
+    for key, why in ASYNC_REFUSED_UNLESS_DEFAULT.items():
+        if v[key] != ASYNC_DEFAULTS[key]:
+            raise ConfigError(f"TRL AsyncGRPOConfig {key}={v[key]!r} is not supported: {why}; remove it")
+    if v["token_budget"] is None or int(v["token_budget"]) > 0:
+        raise ConfigError(
+            f"TRL AsyncGRPOConfig token_budget={v['token_budget']!r} (None: the vLLM server's max_model_len) fills "
+            "each optimizer step with as many samples as fit in that many tokens per rank, a number that varies; "
+            "a grpokit step has rollout.prompts_per_step x group_size completions. Set token_budget: 0 (TRL then "
+            "takes per_device_train_batch_size samples a step per process)"
+        )
+    G = int(v.get("num_generations", TRL_DEFAULTS["num_generations"]))
+    B = int(v.get("per_device_train_batch_size", TRL_DEFAULTS["per_device_train_batch_size"]))
+    if int(v.get("gradient_accumulation_steps", 1)) != 1:
+        raise ConfigError(
+            f"TRL AsyncGRPOConfig gradient_accumulation_steps={v['gradient_accumulation_steps']}: AsyncGRPOTrainer "
+            "divides each micro-batch's loss by that micro-batch's own tokens, grpokit by the step's; set "
+            "gradient_accumulation_steps: 1 (and a larger per_device_train_batch_size)"
+        )
+    if B % G:
+        raise ConfigError(
+            f"TRL AsyncGRPOConfig per_device_train_batch_size={B} is not a multiple of num_generations={G}: a "
+            "grpokit step trains whole groups; use a multiple of num_generations"
+        )
+    shared = {key: v[key] for key in ("max_completion_length", "lr_scheduler_type", "logging_steps", "learning_rate")}
+    own = ASYNC_MARKS | ASYNC_INERT | {"dtype"}
+    out, notes = from_trl({**shared, **ASYNC_LOSS, **{k: x for k, x in values.items() if k not in own}})
+    out.setdefault("algo", {}).update(std_ddof=0, std_eps=1e-8)
+    out.setdefault("model", {}).setdefault("dtype", str(v["dtype"]))  # a dtype in model_init_kwargs comes first
+    k, every = int(v["max_staleness"]), int(v["weight_sync_steps"])
+    if k > 0:
+        out.setdefault("rollout", {}).update(
+            max_staleness=k, sync_every=every, async_ratio="behaviour", mismatch_correction="none"
+        )
+        notes.append(
+            f"AsyncGRPOConfig: rollout.max_staleness={k} (max_staleness), rollout.sync_every={every} "
+            "(weight_sync_steps), the ratio to the sampler's log-probs (rollout.async_ratio=behaviour, no importance "
+            "weights), advantages with the population std + 1e-8 (algo.std_ddof=0, std_eps=1e-8), token-mean, no KL"
+        )
+    else:  # only samples of the current weights: the synchronous loop
+        notes.append("AsyncGRPOConfig max_staleness=0: only fresh samples, grpokit's synchronous loop (rollout.max_staleness=0)")
+    notes.append(
+        "AsyncGRPOTrainer generates on a vLLM server; grpokit's sampler process generates with rollout.engine (CPU "
+        f"only for now, docs/guides/async.md). Not used: {', '.join(sorted(ASYNC_INERT))}"
+    )
+    notes.append(
+        f"a TRL step takes per_device_train_batch_size x num_processes samples: here {B} ({B // G} prompts x {G}) "
+        "for one process; under grpokit launch set rollout.prompts_per_step to the total prompts a step"
+    )
+    return out, notes
 
 
 def _vllm(v: dict[str, Any], out: dict[str, dict[str, Any]], notes: list[str]) -> None:
