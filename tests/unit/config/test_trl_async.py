@@ -86,7 +86,7 @@ def test_the_async_advantage_is_the_population_std_one():
             {"token_budget": 0, "num_generations": 3},
             "per_device_train_batch_size=8 is not a multiple of num_generations=3",
         ),
-        ({"token_budget": 0, "min_p": 0.1}, "min_p"),
+        ({"token_budget": 0, "router_aux_loss_coef": 0.1}, "router_aux_loss_coef"),
     ],
 )
 def test_what_grpokit_cannot_honour_in_an_async_file_is_refused_by_name(values, words):
