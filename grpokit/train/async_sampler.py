@@ -19,6 +19,12 @@ The sampled log-probs (the behaviour policy's, of the version that made the batc
 Rollout.logprobs; the update's importance weights pi_old / pi_sampler (rollout.mismatch_correction,
 grpokit.train.mismatch; auto is token_truncate with K >= 1) correct for the staleness with them.
 
+Reward functions' ``trainer_state.log_history`` in the process: the steps the trainer had logged when the
+batch's credit was sent (each credit carries the lines logged since the last), so batch j sees steps 1 .. j - K
+at least (the synchronous loop's batch j sees 1 .. j). Under torchrun every rank runs its own process for its
+share of the prompts, and take()'s ``agree`` makes a batch too old on one rank dropped on every rank
+(grpokit.train.async_ranks).
+
 Why fork and not spawn: the child starts with the trainer's objects as they are (the model, the tokenizer,
 the engine, the reward functions, closures and functions defined in a notebook included), without pickling
 any of them; a spawned child would need each to be importable. The price: a forked child cannot use CUDA
@@ -30,7 +36,7 @@ the adapter alone, the frozen base never changes); a lock held only while one si
 never waits for a batch and the sampler never waits longer than a copy.
 
     sampler = AsyncSampler(trainer_sampler, model, max_staleness=1, sync_every=1, version=step)
-    batch, timing, sampling, metrics = sampler.take(step)  # starts the process on the first call
+    batch, timing, sampling, metrics = sampler.take(step, log_history=history)  # starts the process on the first call
     sampler.trained(model, step + 1)                       # push when due
     sampler.close()
 """
@@ -46,6 +52,7 @@ import signal
 import threading
 import time
 import weakref
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -112,6 +119,7 @@ class AsyncSampler:
         self.pid: int | None = None
         self.stream_state = sampler.stream.state()  # the prompts' position after the last batch taken
         self.dropped_total = 0
+        self.log_history: list[dict] = []  # the trainer's logged steps the process was sent (credits carry them)
         self._queue: queue.Queue = queue.Queue()
         self._last_take: float | None = None
         with torch.no_grad():  # shared before the fork: both processes see the same pages
@@ -139,11 +147,19 @@ class AsyncSampler:
         self._drain.start()
         self._finalizer = weakref.finalize(self, _stop, self.pid, self._to_child, owner)
 
-    def take(self, step: int) -> tuple[object, dict[str, float], dict[str, float], dict[str, float]]:
+    def take(
+        self,
+        step: int,
+        *,
+        log_history: Sequence[dict] = (),
+        agree: Callable[[bool], bool] | None = None,
+    ) -> tuple[object, dict[str, float], dict[str, float], dict[str, float]]:
         """(batch, the sampler's seconds by stage, sampling metrics, async/* metrics) for the trainer at
         ``step`` (its weights are version ``step``): the next batch at most max_staleness versions old.
         Older ones are dropped (counted) and the weights pushed at once. SamplerDiedError when the process
-        died or failed."""
+        died or failed. log_history: the trainer's logged steps; those the process was not sent yet go with
+        the credit (its reward functions' trainer_state.log_history). agree: this process's "too old" ->
+        every rank's (torchrun: a batch too old on any rank is dropped on all, grpokit.train.async_ranks)."""
         self.start(step)
         t0 = time.monotonic()
         dropped = 0
@@ -152,10 +168,15 @@ class AsyncSampler:
             staleness = step - item.version
             self.stream_state = item.stream
             self.next_index = item.index + 1
-            if staleness > self.max_staleness and self.version < step:
+            too_old = staleness > self.max_staleness
+            if agree is not None:
+                too_old = agree(too_old)
+            if too_old and self.version < step:
                 self._push_weights(step)  # the newest weights before the credit: the next batch is fresh
-            self._send(("credit",))  # room for one more batch
-            if staleness <= self.max_staleness:
+            logged = list(log_history[len(self.log_history) :])
+            self.log_history += logged
+            self._send(("credit", logged))  # room for one more batch, and the steps logged since the last
+            if not too_old:
                 break
             dropped += len(item.batch.texts)
         now = time.monotonic()
@@ -283,6 +304,7 @@ class AsyncSampler:
         sampler.say.log = None  # the trainer's log file is the trainer's: messages go to stderr
         params = trainable_parameters(sampler.model)
         version, index, credits = self.version, self.next_index, self.max_staleness
+        history = list(self.log_history)  # reward functions' trainer_state.log_history
         sampler.stream.load_state(self.stream_state)
         while True:
             ready, _, _ = select.select([requests], [], [], None if credits == 0 else 0)
@@ -290,7 +312,8 @@ class AsyncSampler:
                 message = read_frame(requests)
                 if message is None or message[0] == "stop":
                     return
-                credits += 1  # "credit"
+                credits += 1  # ("credit", the trainer's steps logged since the last credit)
+                history += message[1]
                 continue
             with self._lock, torch.no_grad():
                 if int(self._shared_version[0]) != version:
@@ -299,7 +322,7 @@ class AsyncSampler:
                     version = int(self._shared_version[0])
             t = time.perf_counter()
             try:
-                batch, timing, sampling = sampler.sample_batch(index, ())
+                batch, timing, sampling = sampler.sample_batch(index, history)
             except Exception as e:  # noqa: BLE001 - the trainer raises it as SamplerDiedError
                 write_frame(replies, ("error", f"batch {index}: {type(e).__name__}: {e}"))
                 return

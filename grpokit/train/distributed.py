@@ -65,6 +65,7 @@ REDUCTIONS: dict[str, Callable[[list[float]], float]] = {
     "sum": sum,
     "mean": lambda values: sum(values) / len(values),
     "max": max,
+    "min": min,
 }
 """How ``Distributed.reduce`` combines one number's values over ranks, in rank order."""
 _SEED_STRIDE = 506_952_113  # rank r samples with seed + r * this (mod 2**31): far apart, rank 0 unchanged
@@ -256,7 +257,7 @@ class Distributed:
         return next((v for v in self.gather(value) if v is not None), None)
 
     def reduce(self, values: dict[str, float], how: dict[str, str]) -> dict[str, float]:
-        """Each of ``values`` over ranks as ``how[key]`` says: "sum", "mean" or "max" (plain floats, added in
+        """Each of ``values`` over ranks as ``how[key]`` says: "sum", "mean", "max" or "min" (plain floats, added in
         rank order, so every rank gets the same numbers). Alone: ``values``. The owner of the numbers
         says how each adds up (e.g. throughput sums, a peak is the largest)."""
         if not self.active:
