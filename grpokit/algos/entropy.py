@@ -82,9 +82,14 @@ class _SelectiveLogSoftmax(torch.autograd.Function):
             sl = slice(start, start + ctx.chunk_size)
             x = rows[sl].to(lse_all.dtype)  # (C, V)
             g = grad_out[sl].to(lse_all.dtype).unsqueeze(-1)  # (C, 1)
-            chunk = -torch.exp(x - lse_all[sl].unsqueeze(-1)) * g  # (C, V)
+            # formed in place, in grad itself when the logits are in the compute dtype: the backward then holds
+            # the logits and their gradient and no third (C, V) block (exp(.) * -g is -exp(.) * g, bit for bit)
+            chunk = grad[sl] if grad.dtype == x.dtype else torch.empty_like(x)  # (C, V)
+            torch.sub(x, lse_all[sl].unsqueeze(-1), out=chunk)
+            chunk.exp_().mul_(-g)  # -softmax(x) * g
             chunk.scatter_add_(-1, index[sl].unsqueeze(-1), g)  # (C, V) + g at the chosen token
-            grad[sl] = chunk.to(rows.dtype)
+            if chunk.dtype != grad.dtype:
+                grad[sl] = chunk.to(rows.dtype)
         return grad, None, None
 
 

@@ -43,6 +43,11 @@ def _final_logit_softcap(config) -> float | None:
     return float(cap) if cap else None
 
 
+HELPER_ROWS = 128
+"""Rows of an LM-head chunk's logits the log-softmax and entropy helpers take at a time: their temporaries are
+(HELPER_ROWS, V) blocks, small beside the chunk's own (logprob_chunk_size, V) logits."""
+
+
 def _chunk_logprobs(
     lm_head: torch.nn.Module,
     hidden: Tensor,
@@ -53,12 +58,17 @@ def _chunk_logprobs(
     entropy_grad: bool = False,
 ) -> tuple[Tensor, Tensor]:
     """log_softmax(head(hidden) / T) at ``targets``, and entropy: without gradient, or with ``entropy_grad`` with it
-    (grpokit.algos.entropy.entropy_with_grad). hidden: (C, H); targets: (C,)."""
+    (grpokit.algos.entropy.entropy_with_grad). hidden: (C, H); targets: (C,).
+
+    Memory: the chunk's (C, V) float32 logits, and in the backward their gradient beside them; the helpers'
+    temporaries are HELPER_ROWS rows of V at a time (at T = 1 the logits are not divided, which would be a
+    second (C, V) block)."""
     logits = lm_head(hidden).float()  # (C, V), upcast per chunk only
     if softcap is not None:
         logits = torch.tanh(logits / softcap) * softcap
-    logits = logits / temperature  # (C, V)
-    rows = max(1, logits.shape[0])  # this chunk is already small: the helpers take it in one piece
+    if temperature != 1.0:
+        logits = logits / temperature  # (C, V)
+    rows = min(max(1, logits.shape[0]), HELPER_ROWS)
     logprobs = selective_log_softmax(logits, targets, chunk_size=rows)  # (C,)
     if entropy_grad:  # the entropy bonus: its gradient flows back through this chunk's logits (recomputed)
         return logprobs, entropy_with_grad(logits)  # (C,)
@@ -202,11 +212,25 @@ def _packed_states(
     return states[0, before]  # (K, out)
 
 
+def attention_implementation(model: torch.nn.Module) -> str:
+    """The attention implementation transformers runs ``model`` with (its config's, e.g. "sdpa", "eager",
+    "flash_attention_2"; model.attn_implementation sets it)."""
+    return getattr(base_model(model).config, "_attn_implementation", None) or "eager"
+
+
 @torch.no_grad()
 def check_packed_attention(model: torch.nn.Module, device: torch.device) -> bool:
     """Whether ``model``'s attention keeps packed rows apart: two short rows scored packed (no attention
     mask, position_ids restarting) give the log-probs they give one by one (SFT's and the RL passes'
-    packing rely on it; a model that ignores packed position_ids would let rows attend to each other)."""
+    packing rely on it; a model that ignores packed position_ids would let rows attend to each other).
+
+    In transformers 5, with no mask, no cache and position_ids that restart, sdpa, eager and flex_attention
+    get a block-causal mask from the restarts (masking_utils.find_packed_sequence_indices) and the
+    flash_attention_2/3/4 kernels run varlen on cu_seqlens made from them; an implementation outside
+    transformers' mask table gets no mask at all. A paged one (``paged|eager``...) is False without a
+    forward: it masks only through its paged generation cache."""
+    if "paged" in attention_implementation(model):
+        return False
     vocab = model.get_input_embeddings().weight.shape[0]
     a = (torch.arange(3, 9, device=device) % vocab)[None]  # (1, 6)
     b = (torch.arange(9, 13, device=device) % vocab)[None]  # (1, 4)

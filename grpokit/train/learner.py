@@ -39,7 +39,7 @@ from grpokit.core.notices import Notices
 from grpokit.data.packing import cut_to_count, token_budget_batches
 from grpokit.model.checkpoint import load_weights_into
 from grpokit.model.loading import load_policy, pick_device, prepare_policy
-from grpokit.model.logprobs import base_model, check_packed_attention
+from grpokit.model.logprobs import attention_implementation, base_model, check_packed_attention
 from grpokit.model.offload import activations_on_cpu
 from grpokit.model.precision import Precision, make_grad_scaler, make_optimizer, resolve_precision
 from grpokit.train.distributed import Distributed
@@ -237,9 +237,11 @@ class Learner:
             # a forward of the model's own: under fsdp on the whole copy wrap() kept (the shards need their root)
             if packing and not check_packed_attention(self.dist.unsharded(model), device):
                 raise ConfigError(
-                    f"packing (optim.packing / sft.packing): {type(base_model(model)).__name__} lets packed rows "
-                    "attend to each other (its attention does not read packed position_ids), so packing would "
-                    "change the loss; set optim.packing=false and sft.packing=false"
+                    f"packing (optim.packing / sft.packing): {type(base_model(model)).__name__} with "
+                    f"attn_implementation {attention_implementation(model)!r} lets packed rows attend to each "
+                    "other (its attention does not read packed position_ids), so packing would change the loss; "
+                    "use model.attn_implementation sdpa, eager, flex_attention or flash_attention_2, or set "
+                    "optim.packing=false and sft.packing=false"
                 )
         self.micro = micro
         if optim.offload_optimizer and self.dist.active:

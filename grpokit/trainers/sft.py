@@ -36,7 +36,7 @@ from grpokit.model.loading import (
     load_tokenizer_checked,
     read_model_config,
 )
-from grpokit.model.logprobs import check_packed_attention, token_logprobs
+from grpokit.model.logprobs import attention_implementation, check_packed_attention, token_logprobs
 from grpokit.rollout.batch import PromptStream, length_sorted
 from grpokit.run.log import RunLogger
 from grpokit.run.loop import run_training
@@ -296,6 +296,8 @@ def check_packing(model, device: torch.device) -> None:
     (grpokit.model.logprobs.check_packed_attention, the RL passes' check too)."""
     if not check_packed_attention(model, device):
         raise ConfigError(
-            f"sft.packing=true: {type(model).__name__} lets packed examples attend to each other (its attention "
-            "does not read packed position_ids), so packing would change the loss; set sft.packing=false."
+            f"sft.packing=true: {type(model).__name__} with attn_implementation {attention_implementation(model)!r} "
+            "lets packed examples attend to each other (its attention does not read packed position_ids), so "
+            "packing would change the loss; use model.attn_implementation sdpa, eager, flex_attention or "
+            "flash_attention_2, or set sft.packing=false."
         )
