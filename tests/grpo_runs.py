@@ -59,6 +59,34 @@ def make_trainer(tmp_path, *extra, seed=0, resume=False, eos_ids=None, **parts):
     )
 
 
+def recording_trainer(out, *extra) -> GRPOTrainer:
+    """A 2-step run into ``out`` whose step 2 saves its rollouts (samples_every=2), two mini-batches, no
+    evaluation: the run of the tests on what saved rollouts hold. ``extra``: more overrides (algo.loss=a spy)."""
+    overrides = [
+        f"train.output_dir={out}",
+        "train.steps=2",
+        "train.samples_every=2",
+        "train.tensorboard=false",
+        "rollout.group_size=4",
+        "rollout.prompts_per_step=4",
+        "rollout.max_new_tokens=6",
+        "optim.lr=3e-2",
+        "optim.mini_batches=2",
+        "data.template=plain",
+        "model.device=cpu",
+        "algo.preset=grpo",
+        "eval.enabled=false",
+    ]
+    model, tok = make_tiny_model("qwen2", seed=0)
+    return GRPOTrainer(
+        load_config(None, [*overrides, *extra]),
+        model=model,
+        tokenizer=tok,
+        train_rows=ROWS,
+        reward_functions=[("has_seven", has_seven, 1.0)],
+    )
+
+
 def spies(seen: dict) -> dict[str, type]:
     """GRPOTrainer's part classes (sampler=, updater=, critic=) that keep in ``seen`` what the last step's
     stages were given: "batch" (the sampled ScoredBatch), the policy update's "advantages", "old" and "ref"

@@ -26,7 +26,16 @@ from .advantages import (
 from .entropy import entropy_from_logits, selective_log_softmax
 from .estimate import compute_advantages
 from .kl import KL_KINDS, kl_estimate
-from .loss import AGG_MODES, LOSSES, RATIO_LEVELS, get_loss, importance_ratio, policy_loss, register_loss
+from .loss import (
+    AGG_MODES,
+    LOSSES,
+    RATIO_LEVELS,
+    LossOptions,
+    get_loss,
+    importance_ratio,
+    policy_loss,
+    register_loss,
+)
 from .ppo import discounted_returns, gae, token_level_rewards, value_loss
 from .presets import PRESETS, SETTING_KEYS
 from .settings import (
@@ -71,6 +80,7 @@ __all__ = [
     "group_advantages",
     "importance_ratio",
     "kl_estimate",
+    "LossOptions",
     "policy_loss",
     "reinforce_pp_advantages",
     "rloo_advantages",

@@ -19,11 +19,13 @@
 
 B and sum m are the totals of the whole optimisation batch (`num_sequences`, `num_tokens`), so that
 summing the losses of its micro-batches gives exactly the full-batch loss. `loss_terms` forms every per-token term
-(the one place: `policy_loss` aggregates them, `token_terms` shows them).
+(the one place: `policy_loss` aggregates them, `token_terms` shows them). Both read their settings from one
+`LossOptions` (every knob above, declared once).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -41,39 +43,60 @@ COV_PENALTIES = ("none", "kl_cov", "clip_cov")
 LOG_RATIO_CLAMP = 20.0
 
 
+@dataclass(frozen=True)
+class LossOptions:
+    """The settings of the loss: every number and choice `policy_loss` and `loss_terms` read, declared once
+    (AlgoSettings.loss_options() fills them from a config; train/update.py builds them once per run). A new knob
+    of the loss is a field here. Tensors are not options: they are the functions' own arguments."""
+
+    eps_low: float = 0.2  # clip range [1 - eps_low, 1 + eps_high]
+    eps_high: float | None = None  # None: eps_low
+    ratio_level: str = "token"  # RATIO_LEVELS
+    agg: str = "seq-mean-token-mean"  # AGG_MODES
+    norm_len: float | None = None  # the constant L of seq-sum-norm (e.g. the max completion length)
+    beta: float = 0.0  # the KL's coefficient
+    kl_kind: str = "k3"  # "k1" | "k2" | "k3" (kl.py)
+    kl_is_correction: bool = False  # the per-token KL weighted by the ratio (DeepSeek-V3.2)
+    dual_clip: float | None = None  # None or c > 1
+    surrogate: str = "clip"  # objectives.SURROGATES
+    sapo_tau_pos: float = 1.0  # SAPO's temperatures, A > 0 and A < 0
+    sapo_tau_neg: float = 1.05
+    is_cap: float = 20.0  # the cap C of DPPO's truncated IS weight
+    vespo_k: tuple[float, float] = (2.0, 3.0)  # VESPO's k and lambda, (A >= 0, A < 0)
+    vespo_lambda: tuple[float, float] = (3.0, 2.0)
+    off_policy_mask: float | None = None  # None or delta >= 0: DeepSeek-V3.2's sequence mask
+    cov_penalty: str = "none"  # COV_PENALTIES (arXiv 2505.22617)
+    kl_cov_coef: float = 1.0  # kl_cov's coefficient of |logp - old|
+    entropy_coef: float | Tensor = 0.0  # alpha of the entropy bonus (a step's value when adaptive)
+
+    def replace(self, **settings: object) -> LossOptions:
+        """These options with ``settings`` (field names) changed; an unknown name is a TypeError naming them."""
+        if not settings:
+            return self
+        unknown = sorted(set(settings) - set(self.__dataclass_fields__))
+        if unknown:
+            raise TypeError(
+                f"unknown loss option {unknown[0]!r}; LossOptions has: {', '.join(self.__dataclass_fields__)}"
+            )
+        return dataclasses.replace(self, **settings)
+
+
 def policy_loss(
     logprobs: Tensor,
     old_logprobs: Tensor,
     advantages: Tensor,
     completion_mask: Tensor,
+    options: LossOptions | None = None,
     *,
-    eps_low: float = 0.2,
-    eps_high: float | None = None,
-    ratio_level: str = "token",
-    agg: str = "seq-mean-token-mean",
     ref_logprobs: Tensor | None = None,
-    beta: float = 0.0,
-    kl_kind: str = "k3",
-    norm_len: float | None = None,
-    dual_clip: float | None = None,
     num_sequences: int | float | Tensor | None = None,
     num_tokens: int | float | Tensor | None = None,
-    surrogate: str = "clip",
-    sapo_tau_pos: float = 1.0,
-    sapo_tau_neg: float = 1.05,
-    is_cap: float = 20.0,
-    vespo_k: tuple[float, float] = (2.0, 3.0),
-    vespo_lambda: tuple[float, float] = (3.0, 2.0),
-    off_policy_mask: float | None = None,
     sample_logprobs: Tensor | None = None,
-    kl_is_correction: bool = False,
     entropy_mask: Tensor | None = None,
-    cov_penalty: str = "none",
     cov_mask: Tensor | None = None,
-    kl_cov_coef: float = 1.0,
     entropy: Tensor | None = None,
-    entropy_coef: float = 0.0,
     entropy_tokens: int | float | Tensor | None = None,
+    **settings: object,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """Clipped surrogate loss (+ optional KL) aggregated over one (micro-)batch; see module docstring.
 
@@ -95,27 +118,31 @@ def policy_loss(
         old_logprobs: (B, T) log pi_old of the same tokens (no gradient).
         advantages: (B,) per sequence (broadcast over tokens) or (B, T) per token.
         completion_mask: (B, T) 1 for every generated token up to and including the terminating EOS.
-        eps_low, eps_high: clip range [1 - eps_low, 1 + eps_high]; eps_high None -> eps_low.
-        ratio_level: "token" | "sequence" | "sequence_token".
-        agg: "seq-mean-token-mean" | "token-mean" | "seq-sum-norm".
+        options: the loss's settings (LossOptions; default LossOptions()):
+            eps_low, eps_high: clip range [1 - eps_low, 1 + eps_high]; eps_high None -> eps_low.
+            ratio_level: "token" | "sequence" | "sequence_token".
+            agg: "seq-mean-token-mean" | "token-mean" | "seq-sum-norm".
+            beta: KL coefficient; kl_kind: "k1" | "k2" | "k3".
+            norm_len: the constant L of seq-sum-norm (e.g. the max completion length); required by it.
+            dual_clip: None or c > 1.
+            surrogate: one of objectives.SURROGATES; sapo_tau_pos / sapo_tau_neg: SAPO's temperatures;
+                is_cap: the cap C of DPPO's truncated IS weight; vespo_k / vespo_lambda: VESPO's (A >= 0, A < 0)
+                k, lambda.
+            off_policy_mask: None or delta >= 0; needs sample_logprobs (B, T), the sampler's log-probs.
+            kl_is_correction: multiply the per-token KL by the ratio (value 1 on-policy, its gradient is not 0).
+            cov_penalty: "none" | "kl_cov" | "clip_cov" (arXiv 2505.22617) on the tokens of cov_mask (B, T) bool
+                (masks.covariance_selection, chosen by the caller over the mini-batch): clip_cov takes them out of
+                the surrogate, kl_cov adds kl_cov_coef * |logp - old| to theirs.
+            entropy_coef: alpha of the entropy bonus (with ``entropy``).
         ref_logprobs: (B, T) log pi_ref, needed when beta > 0; when given, kl_mean is logged even if beta == 0.
-        beta: KL coefficient; kl_kind: "k1" | "k2" | "k3".
-        norm_len: the constant L of seq-sum-norm (e.g. the max completion length); required by it.
-        dual_clip: None or c > 1.
         num_sequences, num_tokens: global B and sum m (python numbers or 0-d tensors).
-        surrogate: one of objectives.SURROGATES; sapo_tau_pos / sapo_tau_neg: SAPO's temperatures;
-            is_cap: the cap C of DPPO's truncated IS weight; vespo_k / vespo_lambda: VESPO's (A >= 0, A < 0) k, lambda.
-        off_policy_mask: None or delta >= 0; needs sample_logprobs (B, T), the sampler's log-probs.
-        kl_is_correction: multiply the per-token KL by the ratio (value 1 on-policy, its gradient is not 0).
         entropy_mask: None or (B, T) bool, the tokens top_entropy_quantile keeps (masks.high_entropy_mask, chosen
             by the caller over the whole mini-batch so that the split cannot change it).
-        cov_penalty: "none" | "kl_cov" | "clip_cov" (arXiv 2505.22617) on the tokens of cov_mask (B, T) bool
-            (masks.covariance_selection, chosen by the caller over the mini-batch): clip_cov takes them out of the
-            surrogate, kl_cov adds kl_cov_coef * |logp - old| to theirs.
         entropy: None or (B, T) the policy's entropy per position, with its gradient (completion_logprobs(entropy_grad=
             True)); with entropy_coef = alpha != 0 the loss gains -alpha * sum m' H / entropy_tokens, m' the mask less
             what entropy_mask leaves out and entropy_tokens the mini-batch's sum m' (entropy_bonus.py: Skywork-OR1's
             bonus, a token mean whatever agg; this call's own count by default).
+        **settings: LossOptions fields by name, each replacing ``options``' (policy_loss(..., agg="token-mean")).
     Returns:
         loss: () scalar to call backward on.
         metrics: detached 0-d tensors, averaged over this call's masked-in tokens: clip_frac_low
@@ -128,40 +155,25 @@ def policy_loss(
         ValueError: unknown ratio_level / agg / kl_kind, shape mismatch, beta > 0 without ref_logprobs,
             seq-sum-norm without norm_len, dual_clip <= 1, negative eps.
     """
-    check_choice("agg", agg, AGG_MODES)
-    if agg == "seq-sum-norm" and norm_len is None:
+    o = (options or LossOptions()).replace(**settings)
+    check_choice("agg", o.agg, AGG_MODES)
+    if o.agg == "seq-sum-norm" and o.norm_len is None:
         raise ValueError("agg='seq-sum-norm' needs norm_len (the constant L, e.g. the max completion length)")
     t = loss_terms(
         logprobs,
         old_logprobs,
         advantages,
         completion_mask,
-        eps_low=eps_low,
-        eps_high=eps_high,
-        ratio_level=ratio_level,
+        o,
         ref_logprobs=ref_logprobs,
-        beta=beta,
-        kl_kind=kl_kind,
-        dual_clip=dual_clip,
-        surrogate=surrogate,
-        sapo_tau_pos=sapo_tau_pos,
-        sapo_tau_neg=sapo_tau_neg,
-        is_cap=is_cap,
-        vespo_k=vespo_k,
-        vespo_lambda=vespo_lambda,
-        off_policy_mask=off_policy_mask,
         sample_logprobs=sample_logprobs,
-        kl_is_correction=kl_is_correction,
         entropy_mask=entropy_mask,
-        cov_penalty=cov_penalty,
         cov_mask=cov_mask,
-        kl_cov_coef=kl_cov_coef,
         entropy=entropy,
-        entropy_coef=entropy_coef,
     )
     mask, m, ratio, zero = t.mask, t.mask.to(t.loss.dtype), t.ratio, t.loss.new_zeros(())
     loss = aggregate_terms(
-        t.loss, m, agg=agg, norm_len=norm_len, num_sequences=num_sequences, num_tokens=num_tokens
+        t.loss, m, agg=o.agg, norm_len=o.norm_len, num_sequences=num_sequences, num_tokens=num_tokens
     )  # ()
     if t.entropy_bonus is not None:  # Skywork-OR1's bonus: a token mean over the mini-batch's m' tokens
         n_bonus = t.bonus_mask.sum() if entropy_tokens is None else entropy_tokens
@@ -183,7 +195,7 @@ def policy_loss(
         }
         if t.kl is not None:
             metrics["kl_mean"] = torch.where(mask, t.kl, zero).sum() / denom
-        if dual_clip is not None:
+        if o.dual_clip is not None:
             metrics["dual_clip_frac"] = (t.flags["dual"] & mask).sum() / denom
         for reason, out in t.masked.items():
             if reason != "kl_cov":
@@ -219,38 +231,28 @@ def loss_terms(
     old_logprobs: Tensor,
     advantages: Tensor,
     completion_mask: Tensor,
+    options: LossOptions | None = None,
     *,
-    eps_low: float = 0.2,
-    eps_high: float | None = None,
-    ratio_level: str = "token",
     ref_logprobs: Tensor | None = None,
-    beta: float = 0.0,
-    kl_kind: str = "k3",
-    dual_clip: float | None = None,
-    surrogate: str = "clip",
-    sapo_tau_pos: float = 1.0,
-    sapo_tau_neg: float = 1.05,
-    is_cap: float = 20.0,
-    vespo_k: tuple[float, float] = (2.0, 3.0),
-    vespo_lambda: tuple[float, float] = (3.0, 2.0),
-    off_policy_mask: float | None = None,
     sample_logprobs: Tensor | None = None,
-    kl_is_correction: bool = False,
     entropy_mask: Tensor | None = None,
-    cov_penalty: str = "none",
     cov_mask: Tensor | None = None,
-    kl_cov_coef: float = 1.0,
     entropy: Tensor | None = None,
-    entropy_coef: float = 0.0,
+    **settings: object,
 ) -> LossTerms:
     """Every per-token term of `policy_loss` (arguments and formulas there), before aggregation: the one place
     they are formed, so that the loss and the per-token view (token_terms.py: the run explorer, the saved
-    rollouts) cannot differ. Carries the gradient of `logprobs`.
+    rollouts) cannot differ. Carries the gradient of `logprobs`. The aggregation's options (agg, norm_len) are
+    not read here.
 
     Raises:
         ValueError: unknown ratio_level / kl_kind / surrogate / cov_penalty, shape mismatch, beta > 0 without
             ref_logprobs, dual_clip <= 1, negative eps, a mask without its input.
     """
+    o = (options or LossOptions()).replace(**settings)
+    eps_low, eps_high, ratio_level, beta, kl_kind = o.eps_low, o.eps_high, o.ratio_level, o.beta, o.kl_kind
+    surrogate, dual_clip, cov_penalty = o.surrogate, o.dual_clip, o.cov_penalty
+    off_policy_mask = o.off_policy_mask
     check_choice("ratio_level", ratio_level, RATIO_LEVELS)
     check_choice("kl_kind", kl_kind, KL_KINDS)
     check_choice("surrogate", surrogate, SURROGATES)
@@ -312,11 +314,11 @@ def loss_terms(
         eps_low=eps_low,
         eps_high=eps_high,
         dual_clip=dual_clip,
-        sapo_tau_pos=sapo_tau_pos,
-        sapo_tau_neg=sapo_tau_neg,
-        is_cap=is_cap,
-        vespo_k=vespo_k,
-        vespo_lambda=vespo_lambda,
+        sapo_tau_pos=o.sapo_tau_pos,
+        sapo_tau_neg=o.sapo_tau_neg,
+        is_cap=o.is_cap,
+        vespo_k=o.vespo_k,
+        vespo_lambda=o.vespo_lambda,
     )  # (B, T) each
     masked = {}  # reason -> (B, T) bool, the tokens a mask acted on
     if "trust_region" in flags:
@@ -333,7 +335,7 @@ def loss_terms(
         pg = pg * ~masked["clip_cov"]  # (B, T)
     elif cov_penalty == "kl_cov":  # |log rho| on the highest-covariance tokens keeps them near pi_old
         masked["kl_cov"] = cov_mask.to(torch.bool) & mask
-        pg = pg + kl_cov_coef * (logp - old).abs() * cov_mask  # (B, T)
+        pg = pg + o.kl_cov_coef * (logp - old).abs() * cov_mask  # (B, T)
     pg = torch.where(mask, pg, zero)  # (B, T)
     per_token = pg  # (B, T)
 
@@ -341,7 +343,7 @@ def loss_terms(
     if ref_logprobs is not None:
         ref = torch.where(mask, ref_logprobs.to(logp.dtype), zero)  # (B, T)
         kl = kl_estimate(logp, ref, kl_kind)  # (B, T), 0 at masked positions
-        if kl_is_correction:  # DeepSeek-V3.2: E_old[rho k3] is the KL of the current policy, not of pi_old
+        if o.kl_is_correction:  # DeepSeek-V3.2: E_old[rho k3] is the KL of the current policy, not of pi_old
             kl = ratio * kl  # (B, T)
         kl = torch.where(mask, kl, zero)  # (B, T)
         if beta > 0:
@@ -349,11 +351,13 @@ def loss_terms(
     per_token = torch.where(mask, per_token, zero)  # (B, T)
 
     bonus = bonus_mask = None
-    if entropy_coef != 0:
+    if o.entropy_coef != 0:
         if entropy is None:
-            raise ValueError(f"entropy_coef={entropy_coef} needs entropy (B, T), the policy's, with its gradient")
+            raise ValueError(
+                f"entropy_coef={o.entropy_coef} needs entropy (B, T), the policy's, with its gradient"
+            )
         bonus_mask = mask if entropy_mask is None else mask & entropy_mask.to(torch.bool)  # (B, T)
-        bonus = entropy_coef * torch.where(bonus_mask, entropy.to(logp.dtype), zero)  # (B, T)
+        bonus = o.entropy_coef * torch.where(bonus_mask, entropy.to(logp.dtype), zero)  # (B, T)
     ratio = torch.where(mask, ratio, ratio.new_ones(()))  # (B, T)
     return LossTerms(mask, ratio, pg, kl, per_token, flags, masked, bonus, bonus_mask)
 
@@ -433,14 +437,15 @@ def _at_least_one(n: int | float | Tensor, like: Tensor) -> Tensor:
 
 
 # Policy losses by name. A loss is called for each micro-batch as
-#   fn(logprobs, old_logprobs, advantages, completion_mask, *, ref_logprobs, num_sequences, num_tokens,
-#      sample_logprobs, **AlgoSettings.loss_kwargs() (eps_low, eps_high, ratio_level, dual_clip, agg, norm_len, beta,
-#      kl_kind, surrogate, ...), entropy_mask / cov_mask when those masks are on, and entropy (with its gradient) /
-#      entropy_coef / entropy_tokens when the entropy bonus is on) -> (loss, metrics)
-# with the shapes of `policy_loss` (advantages (B,) or (B, T)); it must normalise by the global
-# num_sequences / num_tokens so micro-batches sum to the mini-batch loss. metrics: detached 0-d tensors,
-# averaged over the call's tokens (they are logged under their own names). Take **kwargs to ignore the
-# settings you do not use. Add one with `register_loss`, or name it in YAML as "package.module:function".
+#   fn(logprobs, old_logprobs, advantages, completion_mask, *, options, ref_logprobs, num_sequences, num_tokens,
+#      sample_logprobs, entropy_mask / cov_mask when those masks are on, and entropy (with its gradient) /
+#      entropy_tokens when the entropy bonus is on) -> (loss, metrics)
+# where options is the run's LossOptions (AlgoSettings.loss_options(): eps_low, eps_high, ratio_level, dual_clip,
+# agg, norm_len, beta, kl_kind, surrogate, ..., entropy_coef), with the shapes of `policy_loss` (advantages (B,)
+# or (B, T)); it must normalise by the global num_sequences / num_tokens so micro-batches sum to the mini-batch
+# loss. metrics: detached 0-d tensors, averaged over the call's tokens (they are logged under their own names).
+# Take **kwargs to ignore the arguments you do not use. Add one with `register_loss`, or name it in YAML as
+# "package.module:function".
 LOSSES: dict[str, Callable[..., tuple[Tensor, dict[str, Tensor]]]] = {"clipped": policy_loss}
 
 

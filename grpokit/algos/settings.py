@@ -26,7 +26,7 @@ from grpokit.core.intervals import in_interval
 
 from .advantages import ADVANTAGE_ALIASES, ADVANTAGES, CRITIC_ADVANTAGES
 from .kl import KL_KINDS
-from .loss import AGG_MODES, COV_PENALTIES, LOSSES, RATIO_LEVELS
+from .loss import AGG_MODES, COV_PENALTIES, LOSSES, RATIO_LEVELS, LossOptions
 from .multi_reward import REWARD_AGGREGATIONS
 from .objectives import SURROGATES, TOKEN_ONLY
 
@@ -532,28 +532,36 @@ class AlgoSettings:
             )
         return out
 
+    def loss_options(self) -> LossOptions:
+        """The loss's settings these knobs choose (norm_len must be resolved), the one place algo.* becomes
+        LossOptions. The entropy bonus's coefficient is left at 0: it is the step's (train/update.py sets it)."""
+        return LossOptions(
+            eps_low=self.ratio.eps_low,
+            eps_high=self.ratio.eps_high,
+            ratio_level=self.ratio.level,
+            dual_clip=self.ratio.dual_clip,
+            surrogate=self.ratio.surrogate,
+            sapo_tau_pos=self.ratio.sapo_tau_pos,
+            sapo_tau_neg=self.ratio.sapo_tau_neg,
+            is_cap=self.ratio.is_cap,
+            vespo_k=(self.ratio.vespo_k_pos, self.ratio.vespo_k_neg),
+            vespo_lambda=(self.ratio.vespo_lambda_pos, self.ratio.vespo_lambda_neg),
+            off_policy_mask=self.masks.off_policy_mask,
+            kl_is_correction=self.kl.is_correction,
+            cov_penalty=self.masks.cov_penalty,
+            kl_cov_coef=self.masks.kl_cov_coef,
+            agg=self.loss.agg,
+            norm_len=self.loss.norm_len,
+            beta=self.kl.beta,
+            kl_kind=self.kl.kind,
+        )
+
     def loss_kwargs(self) -> dict[str, Any]:
-        """The keyword arguments of `policy_loss` these settings choose (norm_len must be resolved)."""
-        return {
-            "eps_low": self.ratio.eps_low,
-            "eps_high": self.ratio.eps_high,
-            "ratio_level": self.ratio.level,
-            "dual_clip": self.ratio.dual_clip,
-            "surrogate": self.ratio.surrogate,
-            "sapo_tau_pos": self.ratio.sapo_tau_pos,
-            "sapo_tau_neg": self.ratio.sapo_tau_neg,
-            "is_cap": self.ratio.is_cap,
-            "vespo_k": (self.ratio.vespo_k_pos, self.ratio.vespo_k_neg),
-            "vespo_lambda": (self.ratio.vespo_lambda_pos, self.ratio.vespo_lambda_neg),
-            "off_policy_mask": self.masks.off_policy_mask,
-            "kl_is_correction": self.kl.is_correction,
-            "cov_penalty": self.masks.cov_penalty,
-            "kl_cov_coef": self.masks.kl_cov_coef,
-            "agg": self.loss.agg,
-            "norm_len": self.loss.norm_len,
-            "beta": self.kl.beta,
-            "kl_kind": self.kl.kind,
-        }
+        """``loss_options()`` as keywords of `policy_loss` / `token_terms` (what saved rollouts record), without
+        the entropy bonus's coefficient."""
+        out = dataclasses.asdict(self.loss_options())
+        del out["entropy_coef"]
+        return out
 
 
 def check_knob(key: str, value: Any) -> None:

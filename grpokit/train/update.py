@@ -123,6 +123,7 @@ class PolicyUpdate:
         behaviour_ratio: bool = False,
     ):
         self.learner, self.algo, self.optim = learner, algo, optim
+        self.loss_options = algo.loss_options()  # built once (the entropy bonus's alpha: per step)
         self.correction = correction  # rollout.mismatch_correction: importance weights pi_old / pi_sampler
         # rollout.async_ratio=behaviour: the ratio's denominator is the sampler's log-probs (stale samples' own)
         self.behaviour_ratio = behaviour_ratio
@@ -345,10 +346,12 @@ class PolicyUpdate:
         chosen = chosen or {}  # (N, Lc) each: the tokens the masks chose over the whole mini-batch (chosen_tokens)
         keep = chosen.get("entropy_mask")  # (N, Lc) or None: algo.top_entropy_quantile's
         masks = {key: t for key, t in chosen.items() if key in ("entropy_mask", "cov_mask")}
+        options = self.loss_options
         bonus = {}  # the entropy bonus's keywords of the loss (algo.entropy_coef / adaptive_entropy)
         if "entropy_coef" in chosen:
             trained = mask[mb].bool() if keep is None else mask[mb].bool() & keep[mb]  # (M, Lc) its tokens
-            bonus = {"entropy_coef": chosen["entropy_coef"], "entropy_tokens": dist.sum(trained.sum()).clamp(min=1).to(device)}
+            options = options.replace(entropy_coef=chosen["entropy_coef"])  # this optimizer step's alpha
+            bonus = {"entropy_tokens": dist.sum(trained.sum()).clamp(min=1).to(device)}
             measured.zero_()  # a retry after an out-of-memory error starts the sums again
         stats = UpdateStats()
         for micro in learner.micro.split(length_sorted(mb, lengths), lengths, rows):
@@ -382,8 +385,8 @@ class PolicyUpdate:
                 old,
                 adv,
                 micro_mask,
+                options=options,
                 ref_logprobs=ref,
-                **algo.loss_kwargs(),
                 num_sequences=len(mb) * dist.world,
                 num_tokens=num_tokens,
                 sample_logprobs=tensors["sample_logprobs"][:, :width],  # the sampler's (off-policy mask)

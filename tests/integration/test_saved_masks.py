@@ -9,16 +9,13 @@ import json
 
 import pytest
 import torch
-from tiny_model import make_tiny_model
+from grpo_runs import recording_trainer
 
 from grpokit.algos import policy_loss, register_loss
 from grpokit.algos.loss import loss_terms
 from grpokit.algos.token_terms import MASK_BITS
-from grpokit.config.schema import load_config
 from grpokit.rollout.record import read_rollouts, rollout_files
-from grpokit.trainers.grpo import GRPOTrainer
 
-ROWS = [{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a in range(6) for b in range(6)]
 SEEN: list[dict] = []  # per micro-batch: each row's log-probs and the mask bits the loss's terms had
 
 
@@ -33,10 +30,6 @@ def mask_spy(logprobs, old_logprobs, advantages, completion_mask, **kw):
 
 
 register_loss("mask_spy", mask_spy)
-
-
-def has_seven(prompts, completions, **kw):
-    return [float("7" in c) for c in completions]
 
 
 CASES = {
@@ -55,26 +48,7 @@ CASES = {
 @pytest.fixture(scope="module", params=list(CASES))
 def run(request, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("masks")
-    overrides = [
-        f"train.output_dir={tmp / 'run'}",
-        "train.steps=2",
-        "train.samples_every=2",
-        "train.tensorboard=false",
-        "rollout.group_size=4",
-        "rollout.prompts_per_step=4",
-        "rollout.max_new_tokens=6",
-        "optim.lr=3e-2",
-        "optim.mini_batches=2",
-        "data.template=plain",
-        "model.device=cpu",
-        "algo.preset=grpo",
-        "eval.enabled=false",
-    ]
-    cfg = load_config(None, overrides + CASES[request.param] + ["algo.loss=mask_spy"])
-    model, tok = make_tiny_model("qwen2", seed=0)
-    trainer = GRPOTrainer(
-        cfg, model=model, tokenizer=tok, train_rows=ROWS, reward_functions=[("has_seven", has_seven, 1.0)]
-    )
+    trainer = recording_trainer(tmp / "run", *CASES[request.param], "algo.loss=mask_spy")
     SEEN.clear()
     trainer.train()
     return tmp / "run", list(SEEN)

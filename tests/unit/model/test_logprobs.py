@@ -225,22 +225,24 @@ def test_backward_keeps_no_full_vocabulary_tensor():
     V = 96  # distinct from every other dimension of the tiny model
     model, _ = make_tiny_model("qwen2", vocab_size=V)
     batch = _batch(seed=8, vocab=V)
+    assert _saved_vocab_shapes(lambda: full_logprobs(model, *batch)[0].sum(), V)
+    assert _saved_vocab_shapes(lambda: completion_logprobs(model, *batch, chunk_size=4)[0].sum(), V) == []
 
-    def saved_vocab_tensors(fn):
-        shapes = []
 
-        def pack(t):
-            if t.dim() and t.shape[-1] == V:
-                shapes.append(tuple(t.shape))
-            return t
+def _saved_vocab_shapes(loss_fn, V):
+    """The shapes of the (..., V) tensors autograd saves while ``loss_fn()`` builds its graph (which is then
+    backpropagated): logits kept for the backward."""
+    shapes = []
 
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            lp = fn()
-        lp.sum().backward()
-        return shapes
+    def pack(t):
+        if t.dim() and t.shape[-1] == V:
+            shapes.append(tuple(t.shape))
+        return t
 
-    assert saved_vocab_tensors(lambda: full_logprobs(model, *batch)[0])
-    assert saved_vocab_tensors(lambda: completion_logprobs(model, *batch, chunk_size=4)[0]) == []
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        loss = loss_fn()
+    loss.backward()
+    return shapes
 
 
 def _entropy_weighted(pair, mask):
@@ -284,14 +286,9 @@ def test_entropy_without_gradient_by_default_and_no_full_vocabulary_tensor_with_
     batch = _batch(seed=8, vocab=V)
     _, ent = completion_logprobs(model, *batch, chunk_size=4, with_entropy=True)
     assert ent.grad_fn is None and not ent.requires_grad
-    shapes = []
 
-    def pack(t):
-        if t.dim() and t.shape[-1] == V:
-            shapes.append(tuple(t.shape))
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+    def with_bonus():
         lp, ent = completion_logprobs(model, *batch, chunk_size=4, entropy_grad=True)
-    (lp.sum() + ent.sum()).backward()
-    assert shapes == []
+        return lp.sum() + ent.sum()
+
+    assert _saved_vocab_shapes(with_bonus, V) == []

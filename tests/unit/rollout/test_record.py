@@ -6,14 +6,11 @@ import json
 
 import pyarrow.parquet as pq
 import pytest
-from tiny_model import make_tiny_model
+from grpo_runs import recording_trainer
 
 from grpokit.algos import policy_loss, register_loss
-from grpokit.config.schema import load_config
 from grpokit.rollout.record import read_rollouts, rollout_files
-from grpokit.trainers.grpo import GRPOTrainer
 
-ROWS = [{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a in range(6) for b in range(6)]
 SEEN: list[dict] = []  # what the spy loss was given, one entry per micro-batch call
 
 
@@ -32,36 +29,10 @@ def spy_loss(logprobs, old_logprobs, advantages, completion_mask, **kw):
 register_loss("view_spy", spy_loss)
 
 
-def has_seven(prompts, completions, **kw):
-    return [float("7" in c) for c in completions]
-
-
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("rec")
-    cfg = load_config(
-        None,
-        [
-            f"train.output_dir={tmp / 'run'}",
-            "train.steps=2",
-            "train.samples_every=2",
-            "train.tensorboard=false",
-            "rollout.group_size=4",
-            "rollout.prompts_per_step=4",
-            "rollout.max_new_tokens=6",
-            "optim.lr=3e-2",
-            "optim.mini_batches=2",
-            "data.template=plain",
-            "model.device=cpu",
-            "algo.preset=grpo",
-            "algo.loss=view_spy",
-            "eval.enabled=false",
-        ],
-    )
-    model, tok = make_tiny_model("qwen2", seed=0)
-    trainer = GRPOTrainer(
-        cfg, model=model, tokenizer=tok, train_rows=ROWS, reward_functions=[("has_seven", has_seven, 1.0)]
-    )
+    trainer = recording_trainer(tmp / "run", "algo.loss=view_spy")
     SEEN.clear()
     trainer.train()
     return tmp / "run", list(SEEN), trainer
