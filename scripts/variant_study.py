@@ -24,6 +24,8 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from grpokit.bench.curves import read_run_curve
+
 VARIANTS: dict[str, list[str]] = {  # name -> overrides of the demo's config
     "grpo": ["algo.preset=grpo"],
     "dapo": ["algo.preset=dapo"],
@@ -35,10 +37,6 @@ VARIANTS: dict[str, list[str]] = {  # name -> overrides of the demo's config
 }
 
 
-def read_jsonl(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
 def run_one(out: Path, overrides: list[str], steps: int, eval_every: int, seed: int) -> dict:
     cmd = [
         sys.executable, "-m", "grpokit", "train", "--overwrite", "--output-dir", str(out),
@@ -48,16 +46,12 @@ def run_one(out: Path, overrides: list[str], steps: int, eval_every: int, seed: 
     done = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
     if done.returncode != 0:
         raise SystemExit(f"{out} failed ({done.returncode}):\n{done.stderr[-3000:]}")
-    metrics, evals = read_jsonl(out / "metrics.jsonl"), read_jsonl(out / "eval.jsonl")
-    clock, elapsed = 0.0, {0: 0.0}
-    for m in metrics:
-        clock += m["time/step"]
-        elapsed[m["step"]] = clock
+    curve = read_run_curve(out)  # (step, training seconds, held-out accuracy) per evaluation
     return {
         "seed": seed,
-        "train_s": clock,
-        "curve": [(e["step"], elapsed.get(e["step"], clock), e["accuracy"]) for e in evals],
-        "entropy": [(m["step"], m["entropy"]) for m in metrics if "entropy" in m],
+        "train_s": curve.train_s,
+        "curve": curve.points,
+        "entropy": [(m["step"], m["entropy"]) for m in curve.metrics if "entropy" in m],
     }
 
 

@@ -6,6 +6,7 @@
     grpokit bench --shape standard --model-size 0.5b --algos grpo,ppo   # memory by role, GRPO/PPO ratios
     grpokit bench --learn                   # held-out accuracy per step and per second beside TRL (learn.py)
     grpokit bench --memory --compare trl    # the update's peak by role: padded, packed, TRL (update_memory.py)
+    grpokit bench --async                   # the demo synchronous and with rollout.max_staleness 1, 2 (async_runs.py)
 
 One step is what TRL's ``GRPOTrainer`` does per optimizer step: generate P*G completions, score them,
 compute the reference log-probs (beta > 0), then one pass of gradient-accumulated updates over all of
@@ -36,7 +37,9 @@ Whether the decode replayed CUDA graphs is the trainer's ``rollout/cuda_graphs``
 Modules: ``shapes`` (model and step shapes), ``model`` (the random model, prompts, reward), ``run``
 (timing a trainer run), ``memory`` (memory by role), ``update_memory`` (``--memory``: the update alone,
 padded, packed and TRL's), ``plan`` (``--plan``), ``roofline`` (the decode bound), ``trl`` (TRL's
-side), ``report`` (the tables), ``learn`` (learning beside TRL: ``--learn``), ``cli`` (``grpokit bench``).
+side), ``report`` (the tables), ``learn`` (learning beside TRL: ``--learn``), ``async_runs`` (asynchronous
+rollouts against the synchronous loop: ``--async``), ``curves`` (a run's accuracy against training seconds, read
+from its output folder), ``cli`` (``grpokit bench``).
 """
 
 from grpokit.bench.cli import add_bench_parser, cmd_bench, main

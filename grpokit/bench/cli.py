@@ -27,6 +27,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         return fail(f"--json {args.json}: {where}; give a file path in an existing folder")
     if args.learn:
         return _cmd_learn(args, fail)
+    if args.async_runs:
+        return _cmd_async(args, fail)
     args.steps = 4 if args.steps is None else args.steps
     if args.plan:
         return _cmd_plan(args, fail)
@@ -141,6 +143,43 @@ def _cmd_learn(args: argparse.Namespace, fail) -> int:
         return fail(str(e), code=1)
     print_learn_table(result)
     result["plot"] = str(plot_learn(result, out_dir / "learn.png"))
+    print(f"plot: {result['plot']}", file=sys.stderr)
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=2))
+    print("RESULT " + json.dumps(result), flush=True)
+    return 0
+
+
+def _cmd_async(args: argparse.Namespace, fail) -> int:
+    """--async: the demo synchronous and with rollout.max_staleness = K, one run after the other, held-out accuracy
+    against training seconds (grpokit.bench.async_runs); a table, async.png in --output-dir, RESULT."""
+    from grpokit.bench.async_runs import plot_async, print_async_table, run_async
+
+    steps = 40 if args.steps is None else args.steps
+    every = min(5 if args.eval_every is None else args.eval_every, steps)
+    seeds = 1 if args.seeds is None else args.seeds
+    try:
+        ks = [int(k) for k in args.ks.split(",")]
+    except ValueError:
+        return fail(f"--ks {args.ks}: give comma-separated integers, e.g. 0,1,2")
+    if not ks or ks[0] != 0 or len(set(ks)) != len(ks) or min(ks) < 0:
+        return fail(f"--ks {args.ks}: give distinct K >= 0, starting with 0 (the synchronous baseline)")
+    if every < 1 or seeds < 1 or args.reward_latency < 0:
+        return fail(
+            f"--async: --eval-every and --seeds must be >= 1 and --reward-latency >= 0, got {every}, {seeds} and "
+            f"{args.reward_latency:g}"
+        )
+    out_dir = Path(args.output_dir or "runs/async_bench")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        result = run_async(
+            ks, steps=steps, eval_every=every, seeds=list(range(seeds)), out_dir=out_dir,
+            latency=args.reward_latency, target=args.target, overrides=args.set,
+        )  # fmt: skip
+    except BenchError as e:
+        return fail(str(e), code=1)
+    print_async_table(result)
+    result["plot"] = str(plot_async(result, out_dir / "async.png"))
     print(f"plot: {result['plot']}", file=sys.stderr)
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2))
@@ -307,7 +346,9 @@ def add_bench_parser(subparsers) -> None:
         help="a model directory with a word-level w0 w1 ... tokenizer (e.g. from make_model.py)",
     )
     p.add_argument(
-        "--steps", type=int, help="steps to run; the median is over steps 2..N (default 4; --learn: 60, --quick 20)"
+        "--steps",
+        type=int,
+        help="steps to run; the median is over steps 2..N (default 4; --learn: 60, --quick 20; --async: 40)",
     )
     p.add_argument(
         "--learn",
@@ -316,8 +357,26 @@ def add_bench_parser(subparsers) -> None:
         "addition task from its shipped warm start, each run in its own one-thread process, a seed's two runs "
         "side by side; a table, the settings that differ and learn.png in --output-dir (grpokit.bench.learn)",
     )
-    p.add_argument("--seeds", type=int, help="--learn: seeds 0..N-1 (default 3; --quick 1)")
-    p.add_argument("--eval-every", type=int, help="--learn: steps between evaluations (default 10; --quick 5)")
+    p.add_argument(
+        "--async",
+        dest="async_runs",
+        action="store_true",
+        help="wall-clock to the same held-out accuracy: the demo trained synchronously and with asynchronous "
+        "rollouts (rollout.max_staleness = each of --ks), one run after the other, each its own process; a "
+        "table and async.png in --output-dir (default runs/async_bench; grpokit.bench.async_runs)",
+    )
+    p.add_argument("--ks", default="0,1,2", help="--async: rollout.max_staleness values, 0 (synchronous) first")
+    p.add_argument(
+        "--reward-latency",
+        type=float,
+        default=0.0,
+        help="--async: seconds the demo's reward waits a call (a remote verifier; no CPU used)",
+    )
+    p.add_argument("--target", type=float, help="--async: held-out accuracy to reach (default: K=0's final)")
+    p.add_argument("--seeds", type=int, help="--learn, --async: seeds 0..N-1 (default 3, --async 1; --quick 1)")
+    p.add_argument(
+        "--eval-every", type=int, help="--learn, --async: steps between evaluations (default 10, --async 5; --quick 5)"
+    )
     p.add_argument("--quick", action="store_true", help="--learn: 1 seed x 20 steps, a smoke run")
     p.add_argument(
         "--trl-set",
