@@ -30,6 +30,12 @@ class SampleSettings:
     )
     top_p: float = setting(1.0, "Nucleus sampling threshold.", range="(0, 1]", example=1.0)
     top_k: int = setting(0, "Top-k sampling (0 = off).", range="[0, inf)", meaning="0 = off")
+    min_p: float = setting(
+        0.0, "Min-p sampling (rollout.min_p's rule).", range="[0, 1]", example=0.05, meaning="0 = off"
+    )
+    repetition_penalty: float = setting(
+        1.0, "Repetition penalty (rollout.repetition_penalty's rule).", range="(0, inf)", example=1.1, meaning="1 = off"
+    )
     max_new_tokens: int = setting(
         256,
         "Length limit of a completion; longer ones are truncated (and dropped by keep.drop_truncated).",

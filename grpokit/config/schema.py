@@ -226,6 +226,24 @@ class RolloutConfig:
     )
     top_p: float = setting(1.0, "Nucleus sampling threshold.", range="(0, 1]", example=1.0, meaning="1 = off")
     top_k: int = setting(0, "Top-k sampling (0 = off).", range="[0, inf)", example=50, meaning="0 = off")
+    min_p: float = setting(
+        0.0,
+        """Min-p sampling: drop the tokens less likely than min_p times the most likely one (after top_k and
+        top_p). The sampler's log-probs are then of the filtered distribution, which sampler_kl and
+        rollout.mismatch_correction see as a gap to the trainer's (docs/guides/vllm.md#sampling-settings).""",
+        range="[0, 1]",
+        example=0.05,
+        meaning="0 = off",
+    )
+    repetition_penalty: float = setting(
+        1.0,
+        """Repetition penalty (transformers' and vLLM's rule): the logit of a token already in the prompt or the
+        completion so far is divided by it when positive, multiplied by it when negative. Evaluation decodes with
+        it too, greedy included. The sampler's log-probs are of the penalised distribution (as min_p).""",
+        range="(0, inf)",
+        example=1.1,
+        meaning="1 = off",
+    )
     engine: str = setting(
         "fast",
         "fast (shared-prefix KV cache decode loop) | hf (transformers generate) | vllm (a vLLM engine, rollout.vllm).",

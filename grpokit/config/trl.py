@@ -60,6 +60,7 @@ SURROGATES = {"cispo": "cispo", "sapo": "sapo", "vespo": "vespo"}
 
 TRL_DEFAULTS: dict[str, Any] = {
     "num_generations": 8, "max_completion_length": 512, "temperature": 1.0, "top_p": 1.0, "top_k": 0,
+    "min_p": None, "repetition_penalty": 1.0,
     "per_device_train_batch_size": 8, "gradient_accumulation_steps": 1, "steps_per_generation": None,
     "generation_batch_size": None, "num_iterations": 1, "learning_rate": 1e-6, "weight_decay": 0.0,
     "adam_beta1": 0.9, "adam_beta2": 0.999, "adam_epsilon": 1e-8, "max_grad_norm": 1.0,
@@ -94,10 +95,8 @@ _vllm): accepted, ignored."""
 
 REFUSED_UNLESS_DEFAULT: dict[str, tuple[Any, str]] = {
     "delta": (None, "no two-sided clip; algo.dual_clip is another rule (a bound for negative advantages)"),
-    "min_p": (None, "not implemented in grpokit's samplers (rollout.top_p / top_k are)"),
-    "repetition_penalty": (1.0, "not implemented in grpokit's samplers; it would also make the sampling "
-                                "distribution differ from the policy whose log-probs the loss uses"),
-    "generation_kwargs": (None, "set rollout.temperature / top_p / top_k / max_new_tokens instead"),
+    "generation_kwargs": (None, "set rollout.temperature / top_p / top_k / min_p / repetition_penalty / "
+                                "max_new_tokens instead"),
     "cache_implementation": (None, "the fast engine picks its cache (rollout.kv_cache)"),
     "sync_ref_model": (False, "the reference model is frozen"),
     "disable_dropout": (False, "the policy keeps its dropout (0 in most LMs)"),
@@ -245,8 +244,9 @@ def from_trl(values: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
         f"of {B * GA} completions (steps_per_generation {spg} / gradient_accumulation_steps {GA} x "
         f"num_iterations {epochs}); step counts below are divided by k"
     )
-    for key in ("temperature", "top_p", "top_k"):
+    for key in ("temperature", "top_p", "top_k", "repetition_penalty"):
         out["rollout"][key] = v[key]
+    out["rollout"]["min_p"] = 0.0 if v["min_p"] is None else v["min_p"]  # TRL's None: off
 
     # the algorithm: laid over the grpo preset, every axis said
     loss_type, scale = v["loss_type"], v["scale_rewards"]

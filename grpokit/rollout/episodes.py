@@ -208,6 +208,7 @@ class EpisodeSampler:
             generator, model, tokenizer, self.delta, envs, rows,
             group_size=r.group_size, max_turns=r.max_turns, max_new_tokens=r.max_new_tokens,
             max_episode_tokens=self.max_episode_tokens, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
+            min_p=r.min_p, repetition_penalty=r.repetition_penalty,
             eos_token_ids=eos_token_ids, pad_token_id=tokenizer.pad_token_id, seed=seed, threads=r.tool_workers,
             **self.episode_settings(),
         )  # fmt: skip
@@ -303,6 +304,7 @@ class EpisodeSampler:
                 generator, model, tokenizer, self.delta, self.environments(len(part)), part,
                 group_size=1, max_turns=r.max_turns, max_new_tokens=r.max_new_tokens,
                 max_episode_tokens=self.max_episode_tokens, temperature=0.0, eos_token_ids=eos_token_ids,
+                repetition_penalty=r.repetition_penalty,  # as evaluate(): the penalty, no filter
                 pad_token_id=tokenizer.pad_token_id, seed=seed + start, threads=r.tool_workers,
                 **self.episode_settings(),
             )  # fmt: skip

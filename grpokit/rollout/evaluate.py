@@ -123,6 +123,7 @@ def evaluate(
     eos_token_ids: list[int],
     num_samples: int = 4,
     temperature: float = 1.0,
+    repetition_penalty: float = 1.0,
     max_new_tokens: int = 256,
     seed: int = 0,
     batch_prompts: int = 64,
@@ -140,6 +141,8 @@ def evaluate(
     ``batch_prompts`` rows, with the chunks' own seeds, and the results are gathered: the same numbers
     as one process. ``extra_rewards`` [(name, fn)] also score the greedy completions (R1's format and
     language scores beside accuracy): ``greedy/<name>`` is the mean of the values that apply (not None).
+    ``repetition_penalty`` applies to the greedy and the sampled completions (rollout.repetition_penalty); the
+    truncation filters (top_p, top_k, min_p) do not: evaluation reads the model's distribution at the temperature.
     ``progress`` (a line printer, e.g. stderr) gets :class:`EvalProgress` lines as chunks finish (under
     torchrun: this rank's rows)."""
     if not rows:
@@ -175,6 +178,7 @@ def evaluate(
                 group_size=group_size,
                 max_new_tokens=max_new_tokens,
                 temperature=temp,
+                repetition_penalty=repetition_penalty,
                 eos_token_ids=eos_token_ids,
                 pad_token_id=tokenizer.pad_token_id,
                 seed=seed + start,

@@ -14,11 +14,16 @@ Conventions shared by both (and by ``grpokit.model.logprobs.completion_logprobs`
 
 - rows are prompt-major: rows ``[i*G:(i+1)*G]`` are prompt i's G samples;
 - ``completion_mask`` is 1 for every generated token up to and INCLUDING the terminating EOS;
-- ``logprobs`` are ``log_softmax(logits / T)`` at the sampled token, WITHOUT the top-k / top-p
-  filtering used to draw it. That is the quantity the trainer recomputes for the new policy, so
-  ratios compare like with like; with filtering the sampler's true probabilities are slightly higher
-  (the kept mass is renormalised). With ``temperature == 0`` (greedy) they are ``log_softmax(logits)``
-  of the argmax token, i.e. at T = 1.
+- ``logprobs`` are the sampled token's log-prob under the distribution it was drawn from: the behaviour
+  policy, :func:`process_logits`' (transformers' order): the repetition penalty on the raw logits, the
+  temperature, then top-k, top-p and min-p, renormalised over the tokens they keep. With none of them on
+  that is ``log_softmax(logits / T)``, the quantity the trainer recomputes for its policy. With any on, the
+  trainer's log-probs (the raw model's at T) differ from the sampler's by design, and the sampler/trainer
+  metrics (``sampler_logprob_diff/*``, ``sampler_kl``) and the importance-sampling correction
+  (``rollout.mismatch_correction``) see that gap, as they see a kernel mismatch: the samples come from the
+  processed distribution, not from the policy being trained. vLLM returns the same (its
+  ``processed_logprobs``). With ``temperature == 0`` (greedy) they are ``log_softmax`` of the (penalised)
+  logits of the argmax token, at T = 1; the filters do not apply.
 - ``ignore_eos=True`` (``rollout.ignore_eos``): an EOS drawn is an ordinary token and ends nothing, so
   every completion has exactly ``max_new_tokens`` tokens and is flagged ``truncated`` (benchmarks).
 """
@@ -48,7 +53,7 @@ class Rollout:
     prompt_mask: Tensor  # (N, Lp) long, 1 = real prompt token
     completion_ids: Tensor  # (N, Lc) long, right-padded with pad_token_id
     completion_mask: Tensor  # (N, Lc) long, 1 for generated tokens up to and including the EOS
-    logprobs: Tensor  # (N, Lc) float32, log_softmax(logits / T) at the sampled token, 0 at padding
+    logprobs: Tensor  # (N, Lc) float32, the sampled token's log-prob as drawn (module docstring), 0 at padding
     truncated: Tensor  # (N,) bool, True when no EOS was produced within max_new_tokens
     context_mask: Tensor | None = None
     """(N, Lc) long, multi-turn rollouts (grpokit.rollout.multiturn) only: 1 for every real token after the prompt,
@@ -106,6 +111,8 @@ class Generator(Protocol):
         temperature: float,
         top_p: float = 1.0,
         top_k: int = 0,
+        min_p: float = 0.0,
+        repetition_penalty: float = 1.0,
         eos_token_ids: list[int],
         pad_token_id: int,
         seed: int | None = None,
@@ -141,7 +148,14 @@ def completion_mask_from_ids(completion_ids: Tensor, eos_token_ids: list[int]) -
 
 
 def _validate(
-    group_size: int, max_new_tokens: int, temperature: float, top_p: float, top_k: int, eos
+    group_size: int,
+    max_new_tokens: int,
+    temperature: float,
+    top_p: float,
+    top_k: int,
+    eos,
+    min_p: float = 0.0,
+    repetition_penalty: float = 1.0,
 ) -> None:
     if group_size < 1:
         raise ValueError(f"group_size must be >= 1, got {group_size}")
@@ -153,6 +167,10 @@ def _validate(
         raise ValueError(f"top_p must be in (0, 1], got {top_p}")
     if top_k < 0:
         raise ValueError(f"top_k must be >= 0 (0 = off), got {top_k}")
+    if not 0 <= min_p <= 1:
+        raise ValueError(f"min_p must be in [0, 1] (0 = off), got {min_p}")
+    if not repetition_penalty > 0:
+        raise ValueError(f"repetition_penalty must be > 0 (1 = off), got {repetition_penalty}")
     if not eos:
         raise ValueError("eos_token_ids must name at least one token")
 
@@ -173,11 +191,13 @@ def _model_device(model: torch.nn.Module) -> torch.device:
     return next(model.parameters()).device
 
 
-def filter_logits(logits: Tensor, top_k: int = 0, top_p: float = 1.0) -> Tensor:
-    """Set logits outside the top-k / nucleus (top-p) set to -inf, like HF's warpers (k first, then p).
+def filter_logits(logits: Tensor, top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0) -> Tensor:
+    """Set logits outside the top-k, nucleus (top-p) and min-p sets to -inf, like transformers' warpers, in
+    their order (k, then p, then min-p).
 
-    The nucleus is the smallest set of most likely tokens whose probability reaches ``top_p``; the
-    most likely token is always kept. logits: (B, V), already divided by the temperature.
+    The nucleus is the smallest set of most likely tokens whose probability reaches ``top_p``; min-p keeps the
+    tokens whose probability is at least ``min_p`` times the most likely one's. The most likely token is always
+    kept. logits: (B, V), already divided by the temperature.
     """
     if top_k > 0 and top_k < logits.shape[-1]:
         kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]  # (B, 1)
@@ -189,29 +209,76 @@ def filter_logits(logits: Tensor, top_k: int = 0, top_p: float = 1.0) -> Tensor:
         drop_sorted = mass_before >= top_p  # (B, V); position 0 is never dropped
         drop = drop_sorted.scatter(-1, order, drop_sorted)  # (B, V) back in vocabulary order
         logits = logits.masked_fill(drop, float("-inf"))
+    if min_p > 0.0:
+        probs = logits.softmax(-1)  # (B, V)
+        drop = probs < min_p * probs.amax(-1, keepdim=True)  # (B, V); the most likely token is never dropped
+        logits = logits.masked_fill(drop, float("-inf"))
     return logits
 
 
+def penalise_repeats(logits: Tensor, seen: Tensor, penalty: float) -> Tensor:
+    """The repetition penalty (CTRL, arXiv 1909.05858; transformers' and vLLM's rule): the logit of every token
+    already in the prompt or the completion so far becomes logit / penalty if > 0, else logit * penalty, so
+    a penalty > 1 makes a repeat less likely. logits: (B, V) raw; seen: (B, V) bool.
+
+    >>> penalise_repeats(torch.tensor([[2.0, 1.0, -1.0]]), torch.tensor([[True, False, True]]), 2.0)
+    tensor([[ 1.,  1., -2.]])
+    """
+    penalised = torch.where(logits > 0, logits / penalty, logits * penalty)  # (B, V)
+    return torch.where(seen, penalised, logits)
+
+
+def process_logits(
+    logits: Tensor,
+    temperature: float,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    min_p: float = 0.0,
+    repetition_penalty: float = 1.0,
+    seen: Tensor | None = None,
+) -> Tensor:
+    """The logits a token is drawn from (B, V) float32, in transformers' order: the repetition penalty over
+    ``seen`` (B, V) bool on the raw logits, then the temperature, then :func:`filter_logits`. Greedy
+    (``temperature == 0``): the penalised logits, no filter (argmax, log-probs at T = 1)."""
+    logits = logits.float()  # (B, V)
+    if repetition_penalty != 1.0 and seen is not None:
+        logits = penalise_repeats(logits, seen, repetition_penalty)
+    if temperature == 0:
+        return logits
+    scaled = logits / temperature if temperature != 1 else logits  # (B, V)
+    return filter_logits(scaled, top_k, top_p, min_p)
+
+
 def sample_tokens(
-    logits: Tensor, temperature: float, top_k: int, top_p: float, noise: Tensor | None
+    logits: Tensor,
+    temperature: float,
+    top_k: int,
+    top_p: float,
+    noise: Tensor | None,
+    *,
+    min_p: float = 0.0,
+    repetition_penalty: float = 1.0,
+    seen: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Draw one token per row; return ``(tokens (B,), logprobs (B,))``.
 
-    Sampling is the Gumbel-max trick: ``argmax(log p_filtered + g)`` with ``g = -log(E)``, E ~ Exp(1)
-    given in ``noise`` (B, V); this draws exactly from softmax of the filtered logits and makes each
+    Sampling is the Gumbel-max trick: ``argmax(z + g)`` over the processed logits z (:func:`process_logits`),
+    ``g = -log(E)``, E ~ Exp(1) given in ``noise`` (B, V); this draws exactly from softmax(z) and makes each
     row's draw depend on its own noise only (so dropping finished rows does not change the others).
-    logprobs are of the unfiltered ``softmax(logits / T)`` (greedy: T = 1), see the module docstring.
+    logprobs are ``log_softmax(z)`` at the drawn token: the distribution it was drawn from (module docstring).
     """
-    logits = logits.float()  # (B, V)
-    scaled = logits / temperature if temperature not in (0, 1) else logits  # (B, V)
-    if temperature == 0:
-        tokens = scaled.argmax(-1)  # (B,)
-    else:
-        filtered = filter_logits(scaled, top_k, top_p)  # (B, V)
-        tokens = (filtered - noise.log()).argmax(-1)  # (B,)
+    z = process_logits(logits, temperature, top_k, top_p, min_p, repetition_penalty, seen)  # (B, V)
+    tokens = z.argmax(-1) if temperature == 0 else (z - noise.log()).argmax(-1)  # (B,)
     # log softmax at the drawn token only: z_tok - logsumexp(z), no (B, V) log-prob tensor
-    logprobs = scaled.gather(-1, tokens[:, None]).squeeze(-1) - scaled.logsumexp(-1)  # (B,)
+    logprobs = z.gather(-1, tokens[:, None]).squeeze(-1) - z.logsumexp(-1)  # (B,)
     return tokens, logprobs
+
+
+def seen_tokens(prompt_ids: Tensor, prompt_mask: Tensor, vocab: int) -> Tensor:
+    """(P, vocab) bool: which tokens each prompt's real (unpadded) tokens hold, for the repetition penalty."""
+    counts = torch.zeros((prompt_ids.shape[0], vocab), dtype=torch.long, device=prompt_ids.device)
+    counts.scatter_add_(-1, prompt_ids, prompt_mask.long())  # (P, vocab)
+    return counts > 0
 
 
 def rollout_metrics(generator) -> dict[str, float]:
@@ -280,12 +347,16 @@ class FastGenerator:
         temperature: float,
         top_p: float = 1.0,
         top_k: int = 0,
+        min_p: float = 0.0,
+        repetition_penalty: float = 1.0,
         eos_token_ids: list[int],
         pad_token_id: int,
         seed: int | None = None,
         ignore_eos: bool = False,
     ) -> Rollout:
-        _validate(group_size, max_new_tokens, temperature, top_p, top_k, eos_token_ids)
+        _validate(
+            group_size, max_new_tokens, temperature, top_p, top_k, eos_token_ids, min_p, repetition_penalty
+        )
         device = _model_device(model)
         G = group_size
         p_ids, p_mask = left_pad(prompt_ids, pad_token_id, device)  # (P, Lp)
@@ -307,6 +378,10 @@ class FastGenerator:
             done = torch.zeros(N, dtype=torch.bool, device=device)  # (B,)
             compactions, decode_steps = 0, 0
             check_every = self.check_every or (8 if device.type == "cuda" else 1)
+            seen = None  # (B, V) bool: tokens in each row's prompt and completion so far (repetition penalty)
+            if repetition_penalty != 1.0:
+                seen = seen_tokens(p_ids, p_mask, logits.shape[-1]).repeat_interleave(G, dim=0)  # (N, V)
+            sampling = dict(min_p=min_p, repetition_penalty=repetition_penalty)
 
             for t in range(max_new_tokens):
                 noise = None
@@ -315,7 +390,11 @@ class FastGenerator:
                     noise = torch.empty((N, logits.shape[-1]), device=device).exponential_(generator=gen)
                     if compactions:
                         noise = noise[rows]  # (B, V) the live rows' own noise
-                tokens, lp = sample_tokens(logits, temperature, top_k, top_p, noise)  # (B,), (B,)
+                tokens, lp = sample_tokens(
+                    logits, temperature, top_k, top_p, noise, seen=seen, **sampling
+                )  # (B,)
+                if seen is not None:
+                    seen[torch.arange(tokens.shape[0], device=device), tokens] = True
                 tokens = tokens.masked_fill(done, pad_token_id)
                 out_ids[rows, t] = tokens
                 out_mask[rows, t] = (~done).long()
@@ -332,6 +411,7 @@ class FastGenerator:
                         keep = (~done).nonzero().squeeze(-1)  # (B',)
                         engine.keep(keep)
                         rows, done, tokens = rows[keep], done[keep], tokens[keep]
+                        seen = None if seen is None else seen[keep]
                         compactions += 1
                 logits = engine.step(tokens)  # (B, V)
                 decode_steps += 1
@@ -360,11 +440,12 @@ class FastGenerator:
 
 
 class HFGenerator:
-    """Reference path: ``model.generate`` with an explicit GenerationConfig, log-probs from its raw logits.
+    """Reference path: ``model.generate`` with an explicit GenerationConfig, log-probs from the scores it drew
+    each token from (transformers' processors: repetition penalty, temperature, top-k, top-p, min-p).
 
     The prompts are repeated G times before the call (prefill cost G times per prompt). Sampling
-    settings stored in the model's own generation_config (repetition penalty, min length, ...) are
-    not applied: only the arguments given here are.
+    settings stored in the model's own generation_config (min length, ...) are not applied: only the
+    arguments given here are.
     """
 
     def release(self) -> bool:
@@ -382,6 +463,8 @@ class HFGenerator:
         temperature: float,
         top_p: float = 1.0,
         top_k: int = 0,
+        min_p: float = 0.0,
+        repetition_penalty: float = 1.0,
         eos_token_ids: list[int],
         pad_token_id: int,
         seed: int | None = None,
@@ -389,7 +472,9 @@ class HFGenerator:
     ) -> Rollout:
         from transformers import GenerationConfig
 
-        _validate(group_size, max_new_tokens, temperature, top_p, top_k, eos_token_ids)
+        _validate(
+            group_size, max_new_tokens, temperature, top_p, top_k, eos_token_ids, min_p, repetition_penalty
+        )
         device = _model_device(model)
         p_ids, p_mask = left_pad(prompt_ids, pad_token_id, device)  # (P, Lp)
         p_ids = p_ids.repeat_interleave(group_size, dim=0)  # (N, Lp)
@@ -403,12 +488,14 @@ class HFGenerator:
             max_new_tokens=max_new_tokens,
             do_sample=do_sample,
             temperature=temperature if do_sample else None,
-            top_k=top_k if do_sample and top_k > 0 else None,
+            top_k=top_k if do_sample else None,  # 0 said: transformers 5 samples with top_k=50 when it is None
             top_p=top_p if do_sample and top_p < 1 else None,
+            min_p=min_p if do_sample and min_p > 0 else None,
+            repetition_penalty=float(repetition_penalty) if repetition_penalty != 1 else None,
             eos_token_id=stop_ids,
             pad_token_id=pad_token_id,
             return_dict_in_generate=True,
-            output_logits=True,
+            output_scores=True,
         )
         rng = contextlib.nullcontext()
         if seed is not None:
@@ -418,9 +505,9 @@ class HFGenerator:
                 torch.manual_seed(seed)
             out = model.generate(input_ids=p_ids, attention_mask=p_mask, generation_config=config)
         completion_ids = out.sequences[:, p_ids.shape[1] :]  # (N, Lc)
-        logits = torch.stack(out.logits, dim=1).float()  # (N, Lc, V) raw model logits
-        logits = logits / temperature if do_sample else logits
-        logprobs = logits.log_softmax(-1).gather(-1, completion_ids[..., None]).squeeze(-1)  # (N, Lc)
+        # the scores each token was drawn from: penalised, divided by T, filtered (-inf outside the kept set)
+        scores = torch.stack(out.scores, dim=1).float()  # (N, Lc, V)
+        logprobs = scores.log_softmax(-1).gather(-1, completion_ids[..., None]).squeeze(-1)  # (N, Lc)
         mask, truncated = completion_mask_from_ids(completion_ids, stop_ids)  # (N, Lc), (N,)
         completion_ids = completion_ids.masked_fill(mask == 0, pad_token_id)
         return Rollout(
@@ -428,6 +515,6 @@ class HFGenerator:
             prompt_mask=p_mask,
             completion_ids=completion_ids,
             completion_mask=mask,
-            logprobs=logprobs * mask,
+            logprobs=logprobs.masked_fill(mask == 0, 0.0),  # padding after an EOS may be outside the kept set
             truncated=truncated,
         ).to_host()

@@ -215,6 +215,8 @@ def run_episodes(
     temperature: float,
     top_p: float = 1.0,
     top_k: int = 0,
+    min_p: float = 0.0,
+    repetition_penalty: float = 1.0,
     eos_token_ids: list[int],
     pad_token_id: int,
     seed: int | None = None,
@@ -334,6 +336,8 @@ def run_episodes(
                 temperature=temperature,
                 top_p=top_p,
                 top_k=top_k,
+                min_p=min_p,
+                repetition_penalty=repetition_penalty,  # over the whole transcript so far (each turn's prompt)
                 eos_token_ids=eos_token_ids,
                 pad_token_id=pad_token_id,
                 seed=_turn_seed(seed, turn),

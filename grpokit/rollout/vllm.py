@@ -24,10 +24,11 @@ compared exactly with the trainer's. A difference stops the run with :class:`Wei
 did not happen, TRL #5312; weights loaded wrongly). The log-prob mismatch of every token
 (``sampler_logprob_diff/*``, ``sampler_kl``, grpokit.algos.mismatch) watches the rest.
 
-Log-probs: vLLM's ``processed_logprobs``, i.e. ``log_softmax(logits / T)`` at the sampled token, the
-convention of the other generators, when top-k / top-p are off; with them on, vLLM's are of the filtered,
-renormalised distribution (the one it sampled from), so ``sampler_logprob_diff`` also shows the filtered-out
-mass. Greedy (T = 0): log_softmax(logits), as elsewhere.
+Log-probs: vLLM's ``processed_logprobs``: the sampled token's log-prob under the distribution it was drawn
+from, after the repetition penalty, the temperature, min-p, top-k and top-p (renormalised), the convention of
+the other generators (grpokit.rollout.generation). vLLM applies min-p before top-k / top-p, transformers (and
+the fast engine) after: with top_p and min_p both on, vLLM's kept set can be smaller. Greedy (T = 0):
+log_softmax of the (penalised) logits, as elsewhere.
 
 Each completion is its own request with its own seed (derived from the rollout's seed), so a resumed run
 samples as the first did; the G requests of a prompt share its prefill through vLLM's prefix cache.
@@ -436,12 +437,14 @@ class VLLMGenerator:
         temperature: float,
         top_p: float = 1.0,
         top_k: int = 0,
+        min_p: float = 0.0,
+        repetition_penalty: float = 1.0,
         eos_token_ids: list[int],
         pad_token_id: int,
         seed: int | None = None,
         ignore_eos: bool = False,
     ) -> Rollout:
-        _validate(group_size, max_new_tokens, temperature, top_p, top_k, eos_token_ids)
+        _validate(group_size, max_new_tokens, temperature, top_p, top_k, eos_token_ids, min_p, repetition_penalty)
         llm = self.engine_for(model)
         if self.probe_ids is None:
             self.probe_ids = list(prompt_ids[0][:64]) if len(prompt_ids[0]) >= 2 else None
@@ -461,6 +464,8 @@ class VLLMGenerator:
                     temperature=temperature,
                     top_p=top_p,
                     top_k=top_k,  # 0 = off, as ours
+                    min_p=min_p,  # 0 = off
+                    repetition_penalty=repetition_penalty,  # over the prompt and the completion so far, as ours
                     max_tokens=max_new_tokens,
                     stop_token_ids=None if ignore_eos else list(eos_token_ids),
                     ignore_eos=ignore_eos,

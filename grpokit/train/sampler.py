@@ -241,6 +241,8 @@ class Sampler:
             temperature=r.temperature if temperature is None else temperature,
             top_p=r.top_p,
             top_k=r.top_k,
+            min_p=r.min_p,
+            repetition_penalty=r.repetition_penalty,
             eos_token_ids=self.eos_ids,
             pad_token_id=self.tokenizer.pad_token_id,
             seed=seed,

@@ -297,6 +297,8 @@ def _sample_all(cfg, model, tokenizer, rows, encoded, runner, out: Path, log) ->
                 temperature=s.temperature,
                 top_p=s.top_p,
                 top_k=s.top_k,
+                min_p=s.min_p,
+                repetition_penalty=s.repetition_penalty,
                 eos_token_ids=eos,
                 pad_token_id=tokenizer.pad_token_id,
                 seed=s.seed + first,

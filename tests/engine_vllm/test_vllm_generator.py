@@ -10,11 +10,12 @@ import pytest
 pytest.importorskip("vllm.sampling_params", reason="vLLM is not installed (tests/engine_vllm run in .venv-vllm, .ci/run)")
 
 import torch  # noqa: E402
+from sampling_oracle import processed_logprobs  # noqa: E402
 from tiny_model import SAMPLE_PROMPTS  # noqa: E402
 from vllm_models import settings, vllm_model  # noqa: E402
 
 from grpokit.model.logprobs import completion_logprobs  # noqa: E402
-from grpokit.rollout.generation import HFGenerator  # noqa: E402
+from grpokit.rollout.generation import FastGenerator, HFGenerator  # noqa: E402
 from grpokit.rollout.vllm import VLLMGenerator, WeightSyncError, trainer_weights  # noqa: E402
 
 pytestmark = pytest.mark.slow
@@ -262,3 +263,33 @@ def test_the_probe_stops_a_run_whose_engine_computes_with_a_stale_copy(tied_gene
     monkeypatch.undo()
     sample(tied_generator, model)  # pushed again (the failed push was not recorded) and now right
     assert tied_generator.stats["probe_gap"] < 1e-3
+
+
+PROCESSED = dict(temperature=1.3, min_p=0.1, repetition_penalty=1.5)
+"""Sampling settings that change the distribution: the engine's log-probs are then of the processed one."""
+
+
+def test_min_p_and_the_repetition_penalty_give_the_processed_distributions_log_probs(generator):
+    """vLLM draws from the penalised, min-p-filtered distribution and returns its log-probs: the naive oracle's
+    (tests/sampling_oracle.py), as the fast and hf engines do (tests/unit/rollout/test_sampling_settings.py)."""
+    model, _ = vllm_model(seed=9)
+    r = sample(generator, model, **PROCESSED)
+    mask = r.completion_mask.bool()
+    want = processed_logprobs(model, r, **PROCESSED)
+    assert torch.isfinite(want[mask]).all()  # nothing min-p drops was drawn
+    assert float((want - r.logprobs.double())[mask].abs().max()) < LOGPROB_TOL
+    raw = trainer_logprobs(model, r, PROCESSED["temperature"])  # the trainer's: the raw model at T
+    assert float((raw - r.logprobs)[mask].abs().max()) > 0.05  # they differ here: the oracle check bites
+
+
+def test_greedy_under_the_repetition_penalty_is_the_fast_and_hf_engines(generator):
+    model, _ = vllm_model(seed=10)
+    r = sample(generator, model, temperature=0.0, group_size=1, repetition_penalty=1.5)
+    kw = dict(group_size=1, max_new_tokens=12, temperature=0.0, eos_token_ids=EOS, pad_token_id=0)
+    hf = HFGenerator().generate(model, SAMPLE_PROMPTS, repetition_penalty=1.5, **kw)
+    fast = FastGenerator().generate(model, SAMPLE_PROMPTS, repetition_penalty=1.5, **kw)
+    assert torch.equal(r.completion_ids, hf.completion_ids) and torch.equal(r.completion_ids, fast.completion_ids)
+    want = processed_logprobs(model, r, temperature=0.0, repetition_penalty=1.5)
+    assert float((want - r.logprobs.double())[r.completion_mask.bool()].abs().max()) < LOGPROB_TOL
+    plain = sample(generator, model, temperature=0.0, group_size=1)
+    assert not torch.equal(plain.completion_ids, r.completion_ids)  # the penalty changed the output

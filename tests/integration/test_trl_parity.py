@@ -206,6 +206,16 @@ def test_trl_algorithm_fields_map_to_the_same_algorithm():
     assert from_trl({"save_strategy": "no", "save_steps": 7})[0]["train"]["save_every"] == 0
 
 
+def test_trls_min_p_and_repetition_penalty_map_to_the_rollouts():
+    from grpokit.config.schema import config_from_dict
+    from grpokit.config.trl import from_trl
+
+    r = config_from_dict(from_trl({"min_p": 0.05, "repetition_penalty": 1.1, "top_k": 20})[0]).rollout
+    assert (r.min_p, r.repetition_penalty, r.top_k) == (0.05, 1.1, 20)
+    default = config_from_dict(from_trl({})[0]).rollout  # TRL's None and 1.0: both off
+    assert (default.min_p, default.repetition_penalty) == (0.0, 1.0)
+
+
 def test_use_vllm_maps_to_the_vllm_engine_and_trls_importance_sampling_to_the_mismatch_correction():
     from grpokit.config.schema import config_from_dict
     from grpokit.config.trl import from_trl
@@ -256,8 +266,7 @@ def test_trls_server_mode_maps_to_grpokits_with_its_address_and_timeout():
         ({"loss_type": "cispo"}, "caps the importance weight at epsilon_high=0.2 itself"),
         ({"loss_type": "cispo", "epsilon_high": 5.0, "steps_per_generation": 2}, "loss_type='cispo' with steps_per"),
         ({"max_steps": 10, "steps_per_generation": 4, "loss_type": "grpo"}, "use a multiple of 4"),
-        ({"min_p": 0.1}, "min_p=0.1 is not supported: not implemented"),
-        ({"repetition_penalty": 1.1}, "repetition_penalty=1.1 is not supported"),
+        ({"generation_kwargs": {"min_tokens": 4}}, "generation_kwargs=.* is not supported: set rollout.temperature"),
         ({"use_vllm": True, "vllm_mode": "spmd"}, "vllm_mode='spmd': choose colocate or server"),
         ({"use_vllm": True, "vllm_tensor_parallel_size": 2}, "vllm_tensor_parallel_size=2"),
         ({"multi_objective_aggregation": "mean"}, "choose sum_then_normalize or normalize_then_sum"),
@@ -295,10 +304,10 @@ def test_a_flat_trl_yaml_trains_and_converts_from_the_cli(tmp_path):
     converted = tmp_path / "cfg.yaml"
     converted.write_text(out.stdout)
     assert load_config(converted).rollout.group_size == 4  # what it prints loads back
-    path.write_text("num_generations: 4\nmin_p: 0.05\n")
+    path.write_text("num_generations: 4\ndelta: 2.0\n")
     bad = subprocess.run([sys.executable, "-m", "grpokit", "config", "--from-trl", str(path)],
                          capture_output=True, text=True, timeout=120)
-    assert bad.returncode == 2 and "min_p=0.05 is not supported" in bad.stderr
+    assert bad.returncode == 2 and "delta=2.0 is not supported" in bad.stderr
 
 
 # ------------------------------------------------------------------ item 7: maj@k votes on what accuracy reads

@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from sampling_oracle import processed_logprobs
 from tiny_model import PAD_ID, SAMPLE_PROMPTS, make_tiny_model
 
 from grpokit.rollout.generation import (
@@ -91,7 +92,13 @@ def test_sampled_logprobs_match_full_forward(gen):
     r = gen.generate(model, PROMPTS, temperature=0.7, seed=0, **kw)
     _check_layout(r, PROMPTS, 3, [1, 36])
     assert r.logprobs.dtype == torch.float32
-    torch.testing.assert_close(r.logprobs, _full_logprobs(model, r, 0.7), rtol=0, atol=1e-5)
+    # the log-probs of the filtered distribution each token was drawn from (tests/sampling_oracle.py)
+    want = processed_logprobs(model, r, temperature=0.7, top_k=20, top_p=0.9).float()
+    torch.testing.assert_close(r.logprobs, want, rtol=0, atol=1e-5)
+    unfiltered = _full_logprobs(model, r, 0.7)  # what the trainer recomputes: higher than the filtered mass
+    assert float((r.logprobs - unfiltered)[r.completion_mask.bool()].min()) > 1e-3
+    plain = gen.generate(model, PROMPTS, temperature=0.7, seed=0, **{**kw, "top_k": 0, "top_p": 1.0})
+    torch.testing.assert_close(plain.logprobs, _full_logprobs(model, plain, 0.7), rtol=0, atol=1e-5)  # none on
 
 
 @pytest.mark.slow
@@ -121,7 +128,8 @@ def test_top_k_1_equals_greedy():
     greedy = FastGenerator().generate(model, PROMPTS, temperature=0.0, **kw)
     top1 = FastGenerator().generate(model, PROMPTS, temperature=1.0, top_k=1, seed=5, **kw)
     assert torch.equal(greedy.completion_ids, top1.completion_ids)
-    torch.testing.assert_close(greedy.logprobs, top1.logprobs, rtol=0, atol=1e-6)
+    # drawn from one kept token: probability 1 (greedy's log-probs are of softmax(logits), at T = 1)
+    assert (top1.logprobs == 0).all() and (greedy.logprobs[greedy.completion_mask.bool()] < 0).all()
 
 
 def test_generation_restores_train_mode_and_works_with_checkpointing():
@@ -186,11 +194,12 @@ def test_gumbel_sampling_follows_the_distribution():
     freq = torch.bincount(tokens, minlength=4) / n
     torch.testing.assert_close(freq, probs, rtol=0, atol=0.015)  # 3 sigma of 0.5 is 0.011
     torch.testing.assert_close(logprobs, probs.log()[tokens])
-    # with top_p = 0.75 only the first two are drawn, in ratio 5:3; logprobs stay unfiltered
+    # with top_p = 0.75 only the first two are drawn, in ratio 5:3; logprobs are of that distribution
     tokens, logprobs = sample_tokens(logits, temperature=1.0, top_k=0, top_p=0.75, noise=noise)
     freq = torch.bincount(tokens, minlength=4) / n
-    torch.testing.assert_close(freq, torch.tensor([0.625, 0.375, 0, 0]), rtol=0, atol=0.015)
-    torch.testing.assert_close(logprobs, probs.log()[tokens])
+    kept = torch.tensor([0.625, 0.375, 0, 0])
+    torch.testing.assert_close(freq, kept, rtol=0, atol=0.015)
+    torch.testing.assert_close(logprobs, kept.log()[tokens])
 
 
 def test_helpers_and_validation():
