@@ -24,11 +24,19 @@ environment, the method and the row (grpokit.rollout.multiturn).
 :class:`ToolEnvironment` is the environment of tool use: the model's turn is parsed for tool calls
 (grpokit.rollout.tools.parsers), each runs on a :class:`~grpokit.rollout.tools.ToolRunner`, and the results come back
 as ``tool`` messages; a turn without a call is the answer and ends the episode.
+
+An environment can offer tools too (verl's tool agent loop with an interaction, verifiers' ToolEnv): its
+class's ``tools`` attribute (functions or names, as ``rollout.tools``) and ``rollout.tools`` are described
+to the model; :class:`EnvironmentWithTools` runs each turn's calls on the tool runner, then steps the
+environment, which sees the turn and, when its ``step`` takes a ``tool_results`` argument, the calls and
+what they gave. The tool messages come first, the environment's after; the episode goes on while either
+answered something and the environment has not said done.
 """
 
 from __future__ import annotations
 
 import functools
+import inspect
 import math
 import numbers
 import os
@@ -102,31 +110,113 @@ class ToolEnvironment:
         """The step, its calls run within what is left before ``deadline`` (time.monotonic; None: no
         limit but each call's): a call the deadline stops or keeps from starting ends the episode
         (``over_budget``). A parser that raises is an error message to the model, not a crash."""
-        try:
-            calls = self.parser(text)
-            if not isinstance(calls, list):
-                raise TypeError(f"it returned a {type(calls).__name__}, not a list of ToolCall")
-        except Exception as e:  # noqa: BLE001 - the model's text broke the parser: the model reads it
-            calls = [ToolCall(None, error=f"the tool calls could not be read ({type(e).__name__})")]
-        if not calls:
+        out, results = run_calls(self.runner, self.parser, text, deadline)
+        if not results:
             return EnvStep(done=True)  # an answer without a call ends the episode
-        out = EnvStep()
-        for call in calls:
-            left = None if deadline is None else deadline - time.monotonic()
-            if not isinstance(call, ToolCall):
-                call = ToolCall(None, error=f"the parser gave a {type(call).__name__}, not a ToolCall")
-            result = self.runner.call(call, left)
-            known = isinstance(call.name, str) and call.name in self.runner.tools
-            out.messages.append(
-                {"role": "tool", "name": call.name if known else "unknown", "content": result.content}
-            )
-            out.tool_calls += int(not result.over_budget or result.timed_out)
-            out.tool_errors += int(result.error and (not result.over_budget or result.timed_out))
-            out.tool_timeouts += int(result.timed_out)
-            if result.over_budget:
-                out.over_budget = True
-                break
         return out
+
+
+def run_calls(
+    runner: ToolRunner, parser: Callable[[str], list[ToolCall]], text: str, deadline: float | None
+) -> tuple[EnvStep, list[dict]]:
+    """The tool calls in a model turn, run one after the other on ``runner`` within what is left before
+    ``deadline``: an EnvStep of their ``tool`` messages and counts (``over_budget`` when the deadline
+    stopped a call or kept it from starting; the calls after it are not run), and per call run
+    {"name", "arguments", "content", "error"} (what an environment's step sees as ``tool_results``).
+    A parser that raises, or gives something else than ToolCalls, is an error message to the model."""
+    try:
+        calls = parser(text)
+        if not isinstance(calls, list):
+            raise TypeError(f"it returned a {type(calls).__name__}, not a list of ToolCall")
+    except Exception as e:  # noqa: BLE001 - the model's text broke the parser: the model reads it
+        calls = [ToolCall(None, error=f"the tool calls could not be read ({type(e).__name__})")]
+    out, results = EnvStep(), []
+    for call in calls:
+        left = None if deadline is None else deadline - time.monotonic()
+        if not isinstance(call, ToolCall):
+            call = ToolCall(None, error=f"the parser gave a {type(call).__name__}, not a ToolCall")
+        result = runner.call(call, left)
+        known = isinstance(call.name, str) and call.name in runner.tools
+        out.messages.append(
+            {"role": "tool", "name": call.name if known else "unknown", "content": result.content}
+        )
+        results.append(
+            {
+                "name": call.name if known else None,
+                "arguments": call.arguments if known else None,
+                "content": result.content,
+                "error": bool(result.error),
+            }
+        )
+        out.tool_calls += int(not result.over_budget or result.timed_out)
+        out.tool_errors += int(result.error and (not result.over_budget or result.timed_out))
+        out.tool_timeouts += int(result.timed_out)
+        if result.over_budget:
+            out.over_budget = True
+            break
+    return out, results
+
+
+def takes_tool_results(step: Callable) -> bool:
+    """Whether an environment's ``step`` takes the turn's tool results (a ``tool_results`` argument, or
+    ``**kwargs``); one that does not is called with the turn's text alone."""
+    try:
+        params = inspect.signature(step).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return any(p.name == "tool_results" or p.kind is p.VAR_KEYWORD for p in params)
+
+
+def step_environment(env: object, text: str, tool_results: list[dict] | None) -> object:
+    """``env.step(text)``, or ``env.step(text, tool_results=...)`` when its step takes them (an empty list
+    when no tools are offered)."""
+    if takes_tool_results(env.step):
+        return env.step(text, tool_results=tool_results or [])
+    return env.step(text)
+
+
+class EnvironmentWithTools:
+    """An environment that offers tools. Each model turn: its calls run on ``runner`` (the tool workers,
+    as for rollout.tools; errors, timeouts and cut results are messages the model reads), then the
+    environment steps, seeing the turn's text and, when its step takes ``tool_results``, the calls run
+    (:func:`run_calls`). What comes back: the tool messages, then the environment's (checked,
+    :func:`check_step`), the environment's reward and ``done``. An episode whose time ran out during
+    the calls ends there, the environment not stepped.
+
+    ``env``: an :class:`EnvProcess` (the trainer: its own killable worker) or an environment object
+    (stepped in the caller's thread). ``reset(row, until)`` / ``step(text, until)``, as EnvProcess."""
+
+    def __init__(
+        self, env: object, runner: ToolRunner, parser: Callable[[str], list[ToolCall]], max_chars: int | None
+    ):
+        self.env, self.runner, self.parser, self.max_chars = env, runner, parser, max_chars
+
+    def reset(self, row: dict, until: float | None = None) -> object:
+        if isinstance(self.env, EnvProcess):
+            return self.env.reset(row, until)
+        return self.env.reset(row)
+
+    def step(self, text: str, until: float | None = None) -> EnvStep:
+        calls, results = run_calls(self.runner, self.parser, text, until)
+        if calls.over_budget:
+            return calls
+        if isinstance(self.env, EnvProcess):
+            value = self.env.step(text, until, tool_results=results)
+        else:
+            value = step_environment(self.env, text, results)
+        try:
+            answer = check_step(value, self.max_chars)
+        except ValueError as e:
+            raise EnvFailure(f"step {e}") from None
+        return EnvStep(
+            calls.messages + answer.messages,
+            answer.reward,
+            answer.done,
+            calls.tool_calls + answer.tool_calls,
+            calls.tool_errors + answer.tool_errors,
+            calls.tool_timeouts + answer.tool_timeouts,
+            over_budget=answer.over_budget,
+        )
 
 
 class EnvFailure(Exception):
@@ -212,8 +302,8 @@ def describe_error(e: BaseException) -> str:
 
 
 def _serve_environment(factory: Callable[[], object], requests: int, replies: int) -> None:
-    """An environment worker's loop: ("reset", row) makes a fresh environment and resets it, ("step", text)
-    steps it; the reply ("ok", value, printed) or ("error", method, reason, printed)."""
+    """An environment worker's loop: ("reset", row) makes a fresh environment and resets it, ("step", (text,
+    tool_results)) steps it (:func:`step_environment`); the reply ("ok", value, printed) or ("error", method, reason, printed)."""
     output = OutputTail(2000)
     env = None
     while True:
@@ -231,7 +321,8 @@ def _serve_environment(factory: Callable[[], object], requests: int, replies: in
             elif env is None:
                 raise RuntimeError("step before reset")
             else:
-                value = env.step(arg)
+                text, tool_results = arg
+                value = step_environment(env, text, tool_results)
             data = pickle.dumps(("ok", value, output.take()))
         except BaseException as e:  # noqa: BLE001 - SystemExit and all: that episode fails, named
             data = pickle.dumps(("error", method, describe_error(e), output.take(0.2)))
@@ -260,8 +351,9 @@ class EnvProcess:
     def reset(self, row: dict, until: float | None = None) -> object:
         return self._call("reset", row, until)
 
-    def step(self, text: str, until: float | None = None) -> object:
-        return self._call("step", text, until)
+    def step(self, text: str, until: float | None = None, tool_results: list[dict] | None = None) -> object:
+        """The environment's step on the turn's text (and, when it offers tools, the turn's tool results)."""
+        return self._call("step", (text, tool_results), until)
 
     def _call(self, op: str, arg: object, until: float | None) -> object:
         if self.worker is None:
@@ -316,7 +408,9 @@ class EnvPool:
         self.workers = WorkerPool("envs")  # forked on its thread (episodes step in threads), killed at close
 
     def spawn(self) -> Worker:
-        return self.workers.spawn(functools.partial(Worker, functools.partial(_serve_environment, self.factory)))
+        return self.workers.spawn(
+            functools.partial(Worker, functools.partial(_serve_environment, self.factory))
+        )
 
     def environments(self, n: int) -> list[EnvProcess]:
         with self._lock:

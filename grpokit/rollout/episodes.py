@@ -2,7 +2,8 @@
 rollout is a batch of episodes (grpokit.rollout.multiturn) instead of single completions, scored whole.
 
     rollout:
-      tools: [python, my_tools.py:multiply]    # or environment: my_env.py:make_env (grpokit.rollout.envs protocol)
+      tools: [python, my_tools.py:multiply]    # and/or environment: my_env.py:Env (grpokit.rollout.envs protocol;
+                                               # its class's `tools` are offered too)
       max_turns: 4                             # model turns per episode
       max_new_tokens: 128                      # per model turn
       max_episode_tokens: 0                    # everything after the prompt, tool tokens too (0: max_turns x max_new_tokens)
@@ -34,9 +35,9 @@ from grpokit.core.user_code import describe, load_module
 from grpokit.data.prompts import reward_columns
 from grpokit.rewards.process import PROCESS_ADVANTAGES, is_process_reward
 from grpokit.rollout.batch import ScoredBatch
-from grpokit.rollout.envs import Environment, EnvPool, ToolEnvironment
+from grpokit.rollout.envs import Environment, EnvironmentWithTools, EnvPool, ToolEnvironment
 from grpokit.rollout.multiturn import ChatDelta, EpisodeBatch, episode_step_rewards, run_episodes
-from grpokit.rollout.tools import ToolDefinitionError, ToolRunner, get_parser, load_tools
+from grpokit.rollout.tools import Tool, ToolDefinitionError, ToolRunner, get_parser, load_tools
 
 SUMMED = (
     "tools/calls",
@@ -89,6 +90,27 @@ def load_environment(spec: str) -> Callable[[], Environment]:
     return factory
 
 
+def environment_tools(factory: Callable[[], Environment], spec: str, taken: set[str]) -> list[Tool]:
+    """The tools an environment offers: its factory's ``tools`` attribute (a list of functions or names, as
+    rollout.tools), loaded and checked as rollout.tools are (ToolDefinitionError naming the environment);
+    none when it has no such attribute. A name in ``taken`` (rollout.tools') is refused."""
+    offered = getattr(factory, "tools", None)
+    if offered is None:
+        return []
+    where = f"rollout.environment={spec}: its tools"
+    if isinstance(offered, (str, bytes)) or not isinstance(offered, (list, tuple)):
+        raise ToolDefinitionError(
+            f"{where} attribute is a {type(offered).__name__}; give a list of functions or names (as rollout.tools)"
+        )
+    tools = load_tools(list(offered), where)
+    both = sorted(taken & {t.name for t in tools})
+    if both:
+        raise ToolDefinitionError(
+            f"{where} and rollout.tools both have a tool named {both[0]!r}; tool names must be unique"
+        )
+    return tools
+
+
 def name_callables(rollout_cfg) -> None:
     """Python API (TRL's way): tool functions and an environment class put in the config themselves become
     their names, "module:qualname", which the config checks, saves and loads back (the function must be
@@ -111,10 +133,6 @@ class EpisodeSampler:
 
     def __init__(self, cfg, reward_functions: list[tuple[str, Callable, float]], algo):
         r = cfg.rollout
-        if r.tools and r.environment:
-            raise ConfigError(
-                "set rollout.tools or rollout.environment, not both: an environment runs its own tools"
-            )
         for key in ("max_turns", "tool_workers", "max_tool_result_chars"):
             if getattr(r, key) < 1:
                 raise ConfigError(f"rollout.{key}={getattr(r, key)} must be >= 1")
@@ -143,6 +161,8 @@ class EpisodeSampler:
         self.tools = load_tools(list(r.tools))  # ToolDefinitionError before the model loads
         self.parser = get_parser(r.tool_parser)
         self.factory = load_environment(r.environment) if r.environment else None
+        if self.factory is not None:  # the environment's own tools, offered beside rollout.tools
+            self.tools += environment_tools(self.factory, r.environment, {t.name for t in self.tools})
         # each episode's environment in its own killable worker, each reset/step within env_timeout_s
         self.envs = EnvPool(self.factory, r.env_timeout_s) if self.factory is not None else None
         self.runner = (
@@ -162,9 +182,14 @@ class EpisodeSampler:
 
     def environments(self, n: int) -> list:
         """n environments for a rollout's episodes: the tool environment, or handles on n workers that each
-        make the configured environment afresh at reset (grpokit.rollout.envs.EnvPool)."""
+        make the configured environment afresh at reset (grpokit.rollout.envs.EnvPool), each wrapped to
+        run the turn's tool calls first when tools are offered (grpokit.rollout.envs.EnvironmentWithTools)."""
         if self.envs is not None:
-            return self.envs.environments(n)
+            handles = self.envs.environments(n)
+            if self.runner is None:
+                return handles
+            limit = self.cfg.rollout.max_tool_result_chars
+            return [EnvironmentWithTools(h, self.runner, self.parser, limit) for h in handles]
         return [
             ToolEnvironment(
                 self.runner, self.parser, self.cfg.data.prompt_column, self.cfg.data.system_prompt
@@ -186,10 +211,12 @@ class EpisodeSampler:
         """What the run does with its prompts, printed at start in place of data.template's line: episodes
         always go through the chat template (ChatDelta), strings as one user message."""
         r = self.cfg.rollout
-        offered = f"the tools {[t.name for t in self.tools]}" if self.tools else f"the environment {r.environment}"
+        offered = [f"the environment {r.environment}"] if r.environment else []
+        if self.tools:
+            offered.append(f"the tools {[t.name for t in self.tools]}")
         return (
             f"multi-turn episodes: {n} prompt(s) through the tokenizer's chat template, a string as one user "
-            f"message, with {offered} (data.template does not apply)"
+            f"message, with {' and '.join(offered)} (data.template does not apply)"
         )
 
     def check_tokenizer(self, tokenizer) -> None:

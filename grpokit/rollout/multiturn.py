@@ -4,10 +4,11 @@ and only the model's own tokens are trained (ReTool arXiv 2504.11536, ToRL, RAGE
 Each step the episodes' environments are reset from their dataset rows (grpokit.rollout.envs); then, turn after
 turn, every active episode generates together in one batched call of the trainer's generator (either
 grpokit.rollout.generation engine; the first turn shares each prompt's prefill over its G episodes), the
-environments answer in parallel threads, and what they answer is appended. An episode ends when the
-environment says done (for tools: a turn with no call), at ``max_turns``, or when the next turn would not
-fit the total token budget ``max_episode_tokens`` (the last two set the truncation flag; so does a turn
-cut at ``max_new_tokens`` without its EOS).
+environments answer in parallel threads, and what they answer is appended (an environment that offers
+tools: the turn's tool results, then its own messages; grpokit.rollout.envs.EnvironmentWithTools). An
+episode ends when the environment says done or answers nothing (for tools alone: a turn with no call),
+at ``max_turns``, or when the next turn would not fit the total token budget ``max_episode_tokens`` (the
+last two set the truncation flag; so does a turn cut at ``max_new_tokens`` without its EOS).
 
 No model output and no environment ends or stalls the rollout: an episode whose environment (tools
 included) has taken ``episode_budget_s`` in all, or when the rollout has waited ``step_budget_s`` on
@@ -43,7 +44,17 @@ import torch
 
 from grpokit.core.chat_text import encode_pieces, pieces_text, render_pieces
 from grpokit.core.errors import ConfigError, TrainingError
-from grpokit.rollout.envs import EnvFailure, Environment, EnvProcess, check_first, check_step, describe_error
+from grpokit.rollout.envs import (
+    EnvFailure,
+    Environment,
+    EnvironmentWithTools,
+    EnvProcess,
+    ToolEnvironment,
+    check_first,
+    check_step,
+    describe_error,
+    step_environment,
+)
 from grpokit.rollout.generation import Rollout, left_pad
 
 SENTINEL = "GRPOKIT_TURN_SENTINEL"
@@ -260,7 +271,12 @@ def run_episodes(
                 raise TimeoutError
             value = _env_call(envs[i], op, arg, until)
             try:
-                answer = check_first(value) if op == "reset" else check_step(value, max_message_chars)
+                if op == "reset":
+                    answer = check_first(value)
+                elif isinstance(envs[i], (ToolEnvironment, EnvironmentWithTools)):
+                    answer = value  # tool results (already cleaned and cut) and an environment answer checked there
+                else:
+                    answer = check_step(value, max_message_chars)
             except ValueError as e:
                 failure = f"{op} {e}"
             over = op == "step" and answer is not None and answer.over_budget
@@ -455,11 +471,13 @@ class _Clock:
 
 def _env_call(env, op: str, arg: object, until: float | None) -> object:
     """env.reset(row) / env.step(text), handing the deadline to those that take one."""
-    if isinstance(env, EnvProcess):
+    if isinstance(env, (EnvProcess, EnvironmentWithTools)):
         return getattr(env, op)(arg, until)
     if op == "step" and hasattr(env, "step_until"):
         return env.step_until(arg, until)
-    return getattr(env, op)(arg)
+    if op == "step":
+        return step_environment(env, arg, None)
+    return env.reset(arg)
 
 
 def _stand_in(delta: ChatDelta, pad_token_id: int) -> list[int]:

@@ -72,7 +72,7 @@ def tiny_chat_model(tmp_path_factory):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["tools-qwen2.5-0.5b.yaml", "environment-guess.yaml"])
+@pytest.mark.parametrize("name", ["tools-qwen2.5-0.5b.yaml", "environment-guess.yaml", "environment-tools.yaml"])
 def test_multi_turn_examples_run_one_step(name, tiny_chat_model, tmp_path, monkeypatch):
     monkeypatch.chdir(REPO)
     monkeypatch.setenv("OMP_NUM_THREADS", "1")

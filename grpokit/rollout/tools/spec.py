@@ -68,19 +68,23 @@ def tool_schema(fn: Callable[..., Any]) -> dict:
         ) from e
 
 
-def load_tools(specs: list) -> list[Tool]:
+def load_tools(specs: list, where: str = "rollout.tools") -> list[Tool]:
     """Tools from functions or names: "python" (the built-in sandboxed interpreter), "module:function"
-    or "path/to/file.py:function". Names must be unique. Raises ToolDefinitionError."""
+    or "path/to/file.py:function". Names must be unique. Raises ToolDefinitionError, naming the tool as
+    ``where[k]`` (its list: rollout.tools, or an environment's tools attribute)."""
     tools: list[Tool] = []
     for k, spec in enumerate(specs):
-        fn = _resolve(spec, f"rollout.tools[{k}]")
-        schema = tool_schema(fn)
+        fn = _resolve(spec, f"{where}[{k}]")
+        try:
+            schema = tool_schema(fn)
+        except ToolDefinitionError as e:
+            raise ToolDefinitionError(f"{where}[{k}]: {e}") from e.__cause__
         tools.append(Tool(schema["function"]["name"], fn, schema))
     names = [t.name for t in tools]
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:
         raise ToolDefinitionError(
-            f"rollout.tools: two tools are named {dupes[0]!r}; tool names must be unique"
+            f"{where}: two tools are named {dupes[0]!r}; tool names must be unique"
         )
     return tools
 
