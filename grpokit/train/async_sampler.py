@@ -19,46 +19,53 @@ The sampled log-probs (the behaviour policy's, of the version that made the batc
 Rollout.logprobs; the update's importance weights pi_old / pi_sampler (rollout.mismatch_correction,
 grpokit.train.mismatch; auto is token_truncate with K >= 1) correct for the staleness with them.
 
-Reward functions' ``trainer_state.log_history`` in the process: the steps the trainer had logged when the
-batch's credit was sent (each credit carries the lines logged since the last), so batch j sees steps 1 .. j - K
-at least (the synchronous loop's batch j sees 1 .. j). Under torchrun every rank runs its own process for its
-share of the prompts, and take()'s ``agree`` makes a batch too old on one rank dropped on every rank
-(grpokit.train.async_ranks).
+A spawned process (a fresh interpreter, multiprocessing's 'spawn'), not a fork: a forked child cannot use
+CUDA once the trainer has, and the same path serves the CPU and the GPU. It starts from a description,
+``SamplerRecipe``: the config, the resolved algorithm, the tokenizer, the prompts, a picklable function that
+builds the reward functions again (a config's rewards are resolved again there; functions given in code
+travel by reference: they must be importable by name, as in any spawned process), and the policy itself,
+pickled once when the process starts (its weights at that version, on the trainer's device; without its
+module hooks, which are the trainer's, e.g. gradient checkpointing's). The process builds its own Sampler
+from it: its engine, its reward workers, and with multi-turn rollouts its tool and environment workers,
+all closed with it. It uses one torch thread.
 
-Why fork and not spawn: the child starts with the trainer's objects as they are (the model, the tokenizer,
-the engine, the reward functions, closures and functions defined in a notebook included), without pickling
-any of them; a spawned child would need each to be importable. The price: a forked child cannot use CUDA
-once the parent has, so K >= 1 runs on the CPU only for now (a ConfigError otherwise), and the child uses
-one torch thread (sampler one core, trainer the others; no OpenMP pool inherited from the parent is entered).
+Weights travel through shared memory (one CPU buffer per trainable parameter: with LoRA the adapter alone,
+the frozen base never changes); a lock held only while one side copies means a push never waits for a
+batch and the sampler never waits longer than a copy.
 
-Weights travel through shared memory made before the fork (one buffer per trainable parameter: with LoRA
-the adapter alone, the frozen base never changes); a lock held only while one side copies means a push
-never waits for a batch and the sampler never waits longer than a copy.
-
-    sampler = AsyncSampler(trainer_sampler, model, max_staleness=1, sync_every=1, version=step)
-    batch, timing, sampling, metrics = sampler.take(step, log_history=history)  # starts the process on the first call
+    sampler = AsyncSampler(trainer_sampler, model, rewards=build_rewards, max_staleness=1, sync_every=1,
+                           version=step)
+    batch, timing, sampling, metrics = sampler.take(step)  # starts the process on the first call
     sampler.trained(model, step + 1)                       # push when due
     sampler.close()
 """
 
 from __future__ import annotations
 
+import copyreg
+import ctypes
+import io
 import multiprocessing
 import os
 import pickle
 import queue
 import select
 import signal
+import sys
 import threading
 import time
+import types
 import weakref
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from grpokit.core.errors import ConfigError, TrainingError
-from grpokit.core.workers import fork_worker, read_frame, write_frame
+from grpokit.core.workers import PR_SET_PDEATHSIG, read_frame, write_frame
+from grpokit.rewards import RewardRunner
+from grpokit.rollout.episodes import EpisodeSampler, multi_turn
 
 POLL_S = 0.5  # how often a waiting trainer checks that the sampler process is alive
 
@@ -80,6 +87,7 @@ class Taken:
     stream: dict[str, int]  # the prompt stream's position after this batch
     busy_s: float  # the sampler's seconds on this batch
     done_at: float  # time.monotonic() when it was sent
+    episodes: dict[str, float] = field(default_factory=dict)  # multi-turn: episode/*, tools/* of this batch
 
 
 def trainable_parameters(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -87,18 +95,140 @@ def trainable_parameters(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {name: p for name, p in model.named_parameters() if p.requires_grad}
 
 
+@dataclass
+class SamplerRecipe:
+    """What the sampler process builds its Sampler from (every field picklable): the trainer's Sampler's
+    settings and data, and ``rewards``, a picklable function that returns the run's [(name, fn, weight)]
+    (called in the process: a config's rewards are resolved again there)."""
+
+    sampler_class: type  # grpokit.train.sampler.Sampler, or the subclass the trainer was given
+    cfg: object  # Config
+    algo: object  # the resolved algorithm
+    tokenizer: object
+    train_rows: list[dict]
+    encoded: list[list[int]]  # the prompts' token ids
+    reward_names: list[str]
+    has_critic: bool
+    dist: object  # its share of the prompts and its seed: Distributed() alone (grpokit.train.async_ranks: a rank's)
+    rewards: Callable[[], list]
+
+    @classmethod
+    def of(cls, sampler, rewards: Callable[[], list]) -> SamplerRecipe:
+        """The recipe of the trainer's ``sampler`` (grpokit.train.sampler.Sampler)."""
+        return cls(
+            type(sampler), sampler.cfg, sampler.algo, sampler.tokenizer, sampler.train_rows, sampler.encoded,
+            list(sampler.reward_names), sampler.has_critic, sampler.dist, rewards,
+        )  # fmt: skip
+
+    def build(self, model: torch.nn.Module):
+        """The Sampler of the process around ``model``: its own reward runner, engine and, with multi-turn
+        rollouts, its own tool and environment workers."""
+        functions = self.rewards()
+        rewards = RewardRunner(functions, timeout_s=self.cfg.train.reward_timeout_s)
+        rewards.start()  # the reward workers set up while the engine and the first batch get going
+        episodes = EpisodeSampler(self.cfg, functions, self.algo) if multi_turn(self.cfg.rollout) else None
+        return self.sampler_class(
+            self.cfg, self.algo, model, self.tokenizer, self.train_rows, rewards, self.reward_names,
+            dist=self.dist, has_critic=self.has_critic, episodes=episodes, encoded=self.encoded,
+        )  # fmt: skip
+
+
+def check_sendable(obj: object, max_staleness: int, what: str) -> None:
+    """ConfigError, naming ``what`` and the object, when ``obj`` cannot reach a spawned process: something
+    pickle cannot take (a lambda, a nested function) or a function of a __main__ the process cannot import
+    (a notebook, an interactive session, ``python -c``)."""
+    try:
+        _SendCheck(io.BytesIO()).dump(obj)
+    except Exception as e:  # noqa: BLE001 - pickle raises several kinds; each is reported with its reason
+        raise ConfigError(
+            f"rollout.max_staleness={max_staleness}: the sampler process is a fresh interpreter (spawn) and "
+            f"{what} cannot be sent to it: {type(e).__name__}: {e}. Define reward functions, tools and "
+            "environments at module level in a .py file (importable, or named in the config as "
+            "path/file.py:function), not as a lambda, a nested function or in a notebook; or set "
+            "rollout.max_staleness=0."
+        ) from None
+
+
+def _main_importable() -> bool:
+    """Whether a spawned process finds what this process's __main__ defines (multiprocessing runs a main
+    script again as __mp_main__; not a notebook, an interactive session or ``python -c``)."""
+    main = sys.modules.get("__main__")
+    spec = getattr(main, "__spec__", None)
+    if spec is not None:
+        return not spec.name.endswith("__main__")  # python -m package: its __main__ is not run again
+    return bool(getattr(main, "__file__", None))
+
+
+def _started_by_script() -> bool:
+    """Whether this process's __main__ is a script file, which a spawned process runs again (as __mp_main__)."""
+    main = sys.modules.get("__main__")
+    return getattr(main, "__spec__", None) is None and bool(getattr(main, "__file__", None))
+
+
+_SCRIPT_HINT = (
+    " (The process imports the script that started the run again, as any spawned process does: a script that "
+    'trains at its top level must do it under `if __name__ == "__main__":`.)'
+)
+
+
+class _SendCheck(pickle.Pickler):
+    """A pickler that also refuses functions and classes of a __main__ a spawned process cannot import."""
+
+    def reducer_override(self, obj):
+        if isinstance(obj, (types.FunctionType, type)) and getattr(obj, "__module__", None) == "__main__":
+            if not _main_importable():
+                raise pickle.PicklingError(
+                    f"{obj.__qualname__} is defined in __main__ (a notebook or an interactive session), which "
+                    "a spawned process cannot import"
+                )
+        return NotImplemented
+
+
+_HOOKS = (
+    "_forward_hooks", "_forward_hooks_with_kwargs", "_forward_hooks_always_called", "_forward_pre_hooks",
+    "_forward_pre_hooks_with_kwargs", "_backward_hooks", "_backward_pre_hooks",
+)  # fmt: skip
+
+
+class _PolicyPickler(pickle.Pickler):
+    """Pickles the policy without its modules' forward and backward hooks: they are the trainer's (gradient
+    checkpointing's input-grad hook is a nested function pickle cannot take) and the sampler runs no backward."""
+
+    def reducer_override(self, obj):
+        if isinstance(obj, torch.nn.Module) and type(obj).__getstate__ is torch.nn.Module.__getstate__:
+            state = obj.__getstate__()
+            for key in _HOOKS:
+                if key in state:
+                    state[key] = OrderedDict()
+            return copyreg.__newobj__, (type(obj),), state
+        return NotImplemented
+
+
+def _shared_payload(obj: object) -> torch.Tensor:
+    """``obj`` pickled into a shared-memory byte tensor: it reaches the spawned process without going through
+    its start pipe (a large policy there would hold the trainer until the process had imported torch)."""
+    buffer = io.BytesIO()
+    _PolicyPickler(buffer, protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
+    view = buffer.getbuffer()
+    payload = torch.empty(len(view), dtype=torch.uint8).share_memory_()
+    payload.numpy()[:] = memoryview(view).cast("B")
+    return payload
+
+
 class AsyncSampler:
     """Owns the sampler process, the queue of batches it made, and the version counter (the module docstring).
 
-    sampler: the trainer's grpokit.train.sampler.Sampler (its model, engine, rewards and prompt stream are what
-    the process starts with: fork it once they are restored). model: the policy (its trainable parameters
-    are pushed). version: the trainer's step the process starts at (a resumed run: the checkpoint's)."""
+    sampler: the trainer's grpokit.train.sampler.Sampler (its settings, data and prompt stream are what the
+    process starts from; its model is the policy sent when the process starts). model: the policy (its
+    trainable parameters are pushed). rewards: a picklable function returning the run's reward functions,
+    called in the process. version: the trainer's step the process starts at (a resumed run: the checkpoint's)."""
 
     def __init__(
         self,
         sampler,
         model: torch.nn.Module,
         *,
+        rewards: Callable[[], list],
         max_staleness: int,
         sync_every: int,
         version: int,
@@ -106,60 +236,91 @@ class AsyncSampler:
     ):
         if max_staleness < 1:
             raise ValueError(f"max_staleness must be >= 1 (0 is the synchronous loop), got {max_staleness}")
-        device = next(model.parameters()).device
-        if device.type != "cpu":
-            raise ConfigError(
-                f"rollout.max_staleness={max_staleness}: the asynchronous sampler is a forked process, which "
-                f"cannot use {device.type} once the trainer has; it runs on the CPU only for now "
-                "(model.device=cpu), or set rollout.max_staleness=0."
-            )
         self.sampler, self.max_staleness, self.sync_every = sampler, max_staleness, sync_every
+        self.recipe = SamplerRecipe.of(sampler, rewards)
+        check_sendable(self.recipe, max_staleness, "the sampler's settings, tokenizer, prompts or rewards")
         self.version = version  # the weights the process holds (the last push)
         self.next_index = version if first_batch is None else first_batch  # the next batch to take
         self.pid: int | None = None
+        self.process = None
         self.stream_state = sampler.stream.state()  # the prompts' position after the last batch taken
         self.dropped_total = 0
-        self.log_history: list[dict] = []  # the trainer's logged steps the process was sent (credits carry them)
         self._queue: queue.Queue = queue.Queue()
         self._last_take: float | None = None
-        with torch.no_grad():  # shared before the fork: both processes see the same pages
+        self._logged = 0  # the trainer's log lines the process was sent
+        self._context = multiprocessing.get_context("spawn")
+        with torch.no_grad():  # CPU shared memory, whatever the device: the process maps the same pages
             self._shared = {
-                n: p.detach().clone().share_memory_() for n, p in trainable_parameters(model).items()
+                n: p.detach().to("cpu", copy=True).share_memory_()
+                for n, p in trainable_parameters(model).items()
             }
         self._shared_version = torch.tensor([version], dtype=torch.long).share_memory_()
-        self._lock = multiprocessing.get_context("fork").Lock()
+        self._lock = self._context.Lock()
         self._finalizer = None
         self._drain: threading.Thread | None = None
 
     # ------------------------------------------------------------------ the trainer's side
 
     def start(self, version: int | None = None) -> None:
-        """Fork the sampler process, unless it runs: it starts with the weights of ``version`` (the trainer's
-        step; pushed first when newer than the last push) and the prompt stream where the last batch taken
-        left it."""
-        if self.pid is not None:
+        """Spawn the sampler process, unless it runs: it starts with the policy as it is now, the weights of
+        ``version`` (the trainer's step; pushed first when newer than the last push), and the prompt stream
+        where the last batch taken left it."""
+        if self.process is not None:
             return
         if version is not None and version > self.version:  # a restart after close(): the trainer moved on
             self._push_weights(version)
-        owner = os.getpid()
-        self.pid, self._to_child, self._from_child = fork_worker(self._serve, ())
-        self._drain = threading.Thread(target=_drain, args=(self._from_child, self._queue), daemon=True)
+        try:
+            payload = _shared_payload((self.recipe, self.sampler.model))
+        except Exception as e:  # noqa: BLE001 - named, with what to do
+            raise ConfigError(
+                f"rollout.max_staleness={self.max_staleness}: the policy cannot be sent to the sampler process "
+                f"(pickle: {type(e).__name__}: {e}); set rollout.max_staleness=0."
+            ) from None
+        self._logged = 0  # a new process: the trainer's log so far goes with the first credit
+        requests, to_child = self._context.Pipe(duplex=False)  # (the process's end, the trainer's end)
+        from_child, replies = self._context.Pipe(duplex=False)
+        start = {
+            "version": self.version, "index": self.next_index, "stream": self.stream_state,
+            "credits": self.max_staleness, "log_history": [],
+        }  # fmt: skip
+        process = self._context.Process(
+            target=_sampler_process,
+            args=(
+                os.getpid(),
+                payload,
+                self._shared,
+                self._shared_version,
+                self._lock,
+                requests,
+                replies,
+                start,
+            ),
+            name="grpokit-sampler",
+        )
+        process.start()
+        requests.close()  # the process holds its own copies: the pipes end when it does
+        replies.close()
+        del payload
+        self.process, self.pid, self._to_child = process, process.pid, to_child
+        self._drain = threading.Thread(target=_drain, args=(from_child, self._queue), daemon=True)
         self._drain.start()
-        self._finalizer = weakref.finalize(self, _stop, self.pid, self._to_child, owner)
+        self._finalizer = weakref.finalize(self, _stop, process, to_child, os.getpid())
 
     def take(
         self,
         step: int,
         *,
-        log_history: Sequence[dict] = (),
+        log_history: Sequence[dict[str, float]] = (),
         agree: Callable[[bool], bool] | None = None,
     ) -> tuple[object, dict[str, float], dict[str, float], dict[str, float]]:
-        """(batch, the sampler's seconds by stage, sampling metrics, async/* metrics) for the trainer at
-        ``step`` (its weights are version ``step``): the next batch at most max_staleness versions old.
-        Older ones are dropped (counted) and the weights pushed at once. SamplerDiedError when the process
-        died or failed. log_history: the trainer's logged steps; those the process was not sent yet go with
-        the credit (its reward functions' trainer_state.log_history). agree: this process's "too old" ->
-        every rank's (torchrun: a batch too old on any rank is dropped on all, grpokit.train.async_ranks)."""
+        """(batch, the sampler's seconds by stage, sampling metrics, async/* metrics and the batch's episode
+        metrics) for the trainer at ``step`` (its weights are version ``step``): the next batch at most
+        max_staleness versions old. Older ones are dropped (counted) and the weights pushed at once.
+        SamplerDiedError when the process died or failed.
+
+        log_history: the steps logged so far; those the process has not seen go with the next credit (its
+        reward functions' trainer_state.log_history). agree: under torchrun, turns this rank's "too old" into
+        every rank's (grpokit.train.async_ranks.agree_on_age), so all ranks drop the same batches."""
         self.start(step)
         t0 = time.monotonic()
         dropped = 0
@@ -173,9 +334,8 @@ class AsyncSampler:
                 too_old = agree(too_old)
             if too_old and self.version < step:
                 self._push_weights(step)  # the newest weights before the credit: the next batch is fresh
-            logged = list(log_history[len(self.log_history) :])
-            self.log_history += logged
-            self._send(("credit", logged))  # room for one more batch, and the steps logged since the last
+            news, self._logged = list(log_history[self._logged :]), max(self._logged, len(log_history))
+            self._send(("credit", news))  # room for one more batch
             if not too_old:
                 break
             dropped += len(item.batch.texts)
@@ -199,6 +359,7 @@ class AsyncSampler:
         }
         if since:  # the sampler's seconds on this batch over the seconds since the last one was taken
             metrics["async/sampler_busy"] = min(1.0, item.busy_s / since)
+        metrics.update(item.episodes)  # multi-turn: the episodes were run in the process
         return item.batch, dict(item.timing), dict(item.sampling), metrics
 
     def trained(self, model: torch.nn.Module, version: int) -> bool:
@@ -221,7 +382,7 @@ class AsyncSampler:
             # without an active exception", exit -6, once in CI after a finished run)
             self._drain.join(timeout=10)
             self._drain = None
-        self.pid, self._queue, self._last_take = None, queue.Queue(), None
+        self.pid, self.process, self._queue, self._last_take = None, None, queue.Queue(), None
 
     def in_flight(self) -> int:
         """Batches made or being made by the process and not taken: lost when the run stops here."""
@@ -248,8 +409,8 @@ class AsyncSampler:
 
     def _send(self, message: tuple) -> None:
         try:
-            write_frame(self._to_child, message)
-        except OSError:  # the process is gone: _next_item says so
+            write_frame(self._to_child.fileno(), message)
+        except (OSError, ValueError):  # the process is gone (or its pipe closed): _next_item says so
             pass
 
     def _next_item(self) -> Taken:
@@ -269,6 +430,8 @@ class AsyncSampler:
                 raise SamplerDiedError(
                     f"the sampler process (pid {self.pid}) of rollout.max_staleness={self.max_staleness} "
                     f"died{self._exit_status()}: no batch can come. See its messages above; the run stops here."
+                    + _SCRIPT_HINT
+                    * _started_by_script()
                 )
             kind, payload = frame
             if kind == "error":
@@ -277,109 +440,137 @@ class AsyncSampler:
             return payload
 
     def _exited(self) -> bool:
-        try:
-            pid, status = os.waitpid(self.pid, os.WNOHANG)
-        except ChildProcessError:
-            return True
-        if pid:
-            self._status = status
-            return True
-        return False
+        return self.process is None or not self.process.is_alive()
 
     def _exit_status(self) -> str:
-        status = getattr(self, "_status", None)
-        if status is None:
+        code = None if self.process is None else self.process.exitcode
+        if code is None:
             return ""
-        if os.WIFSIGNALED(status):
-            return f" (killed by {signal.Signals(os.WTERMSIG(status)).name})"
-        return f" (exit status {os.WEXITSTATUS(status)})"
+        if code < 0:
+            return f" (killed by {signal.Signals(-code).name})"
+        return f" (exit status {code})"
 
-    # ------------------------------------------------------------------ the sampler process
 
-    def _serve(self, parent: int, requests: int, replies: int) -> None:
-        """The process: take the newest pushed weights, make a batch, send it, while credits last."""
-        os.environ["TOKENIZERS_PARALLELISM"] = "false"
-        torch.set_num_threads(1)
-        sampler = self.sampler
-        sampler.say.log = None  # the trainer's log file is the trainer's: messages go to stderr
-        params = trainable_parameters(sampler.model)
-        version, index, credits = self.version, self.next_index, self.max_staleness
-        history = list(self.log_history)  # reward functions' trainer_state.log_history
-        sampler.stream.load_state(self.stream_state)
-        while True:
-            ready, _, _ = select.select([requests], [], [], None if credits == 0 else 0)
-            if ready:
-                message = read_frame(requests)
-                if message is None or message[0] == "stop":
-                    return
-                credits += 1  # ("credit", the trainer's steps logged since the last credit)
-                history += message[1]
-                continue
-            with self._lock, torch.no_grad():
-                if int(self._shared_version[0]) != version:
-                    for name, shared in self._shared.items():
-                        params[name].copy_(shared)
-                    version = int(self._shared_version[0])
-            t = time.perf_counter()
-            try:
-                batch, timing, sampling = sampler.sample_batch(index, history)
-            except Exception as e:  # noqa: BLE001 - the trainer raises it as SamplerDiedError
-                write_frame(replies, ("error", f"batch {index}: {type(e).__name__}: {e}"))
+# ---------------------------------------------------------------------- the sampler process
+
+
+def _sampler_process(parent, payload, shared, shared_version, lock, requests, replies, start) -> None:
+    """The process's main: tie its life to the trainer's, build the Sampler from the recipe and the policy
+    in ``payload``, then serve (a failure is sent to the trainer, which raises it as SamplerDiedError)."""
+    _tie_to(parent)
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    torch.set_num_threads(1)
+    out = replies.fileno()
+    sampler = None
+    try:
+        try:
+            recipe, model = pickle.loads(memoryview(payload.numpy()))
+            del payload
+            sampler = recipe.build(model)
+        except Exception as e:  # noqa: BLE001 - the trainer raises it as SamplerDiedError
+            write_frame(out, ("error", f"starting: {type(e).__name__}: {e}"))
+            return
+        _serve(sampler, shared, shared_version, lock, requests.fileno(), out, **start)
+    finally:
+        if sampler is not None:  # its reward, tool and environment workers end with it
+            sampler.rewards.close()
+            if sampler.episodes is not None:
+                sampler.episodes.close()
+
+
+def _tie_to(parent: int) -> None:
+    """This process in its own process group (the trainer's Ctrl-C is the trainer's; killpg reaches what it
+    starts), killed when the trainer dies (PR_SET_PDEATHSIG), gone at once if it already has."""
+    os.setpgid(0, 0)
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() != parent:
+        os._exit(0)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _serve(
+    sampler,
+    shared,
+    shared_version,
+    lock,
+    requests: int,
+    replies: int,
+    *,
+    version,
+    index,
+    stream,
+    credits,
+    log_history,
+):
+    """Take the newest pushed weights, make a batch, send it, while credits last; end at "stop" or when the
+    trainer's end of the requests closes."""
+    params = trainable_parameters(sampler.model)
+    sampler.stream.load_state(stream)
+    log_history = list(log_history)  # the trainer's logged steps, for reward functions' trainer_state
+    while True:
+        ready, _, _ = select.select([requests], [], [], None if credits == 0 else 0)
+        if ready:
+            message = read_frame(requests)
+            if message is None or message[0] == "stop":
                 return
-            busy = time.perf_counter() - t
-            taken = Taken(
-                index, version, batch, timing, sampling, sampler.stream.state(), busy, time.monotonic()
-            )
-            write_frame(replies, ("batch", taken))
-            index += 1
-            credits -= 1
+            credits += 1  # ("credit", the trainer's log lines since the last one)
+            log_history += message[1]
+            continue
+        with lock, torch.no_grad():
+            if int(shared_version[0]) != version:
+                for name, buffer in shared.items():
+                    params[name].copy_(buffer)
+                version = int(shared_version[0])
+        t = time.perf_counter()
+        try:
+            batch, timing, sampling = sampler.sample_batch(index, log_history)
+        except Exception as e:  # noqa: BLE001 - the trainer raises it as SamplerDiedError
+            write_frame(replies, ("error", f"batch {index}: {type(e).__name__}: {e}"))
+            return
+        busy = time.perf_counter() - t
+        taken = Taken(
+            index, version, batch, timing, sampling, sampler.stream.state(), busy, time.monotonic(),
+            sampler.episode_metrics(),
+        )  # fmt: skip
+        write_frame(replies, ("batch", taken))
+        index += 1
+        credits -= 1
 
 
-def _drain(fd: int, into: queue.Queue) -> None:
+def _drain(conn, into: queue.Queue) -> None:
     """A thread: every frame from the process into the queue (it never waits on a full pipe); None at the end.
     A function, not a method: the thread must not keep the AsyncSampler alive (its finalizer stops the process)."""
     try:
-        while (frame := read_frame(fd)) is not None:
+        while (frame := read_frame(conn.fileno())) is not None:
             into.put(frame)
     except (OSError, pickle.UnpicklingError, EOFError):
         pass
-    try:
-        os.close(fd)
-    except OSError:
-        pass
+    conn.close()
     into.put(None)
 
 
-def _stop(pid: int, to_child: int, owner: int) -> None:
-    """Stop the sampler process ``pid`` and its process group, reap it, close the pipe (its owner only)."""
+def _stop(process, to_child, owner: int) -> None:
+    """Stop the sampler process and its process group, reap it, close the pipe (its owner only)."""
     if os.getpid() != owner:  # a fork of the owner: not its process
         return
-    try:  # "stop", then the end of its requests: it ends even if a process forked later holds the pipe open
-        write_frame(to_child, ("stop",))
-    except OSError:
+    try:  # "stop", then the end of its requests
+        write_frame(to_child.fileno(), ("stop",))
+    except (OSError, ValueError):
         pass
+    to_child.close()
+    process.join(2.0)
+    if process.exitcode is None:
+        _kill_group(process.pid)
+        process.kill()
+        process.join()
+    _kill_group(process.pid)  # whatever it started in its group
+
+
+def _kill_group(pid: int) -> None:
     try:
-        os.close(to_child)
-    except OSError:
-        pass
-    deadline = time.monotonic() + 2.0
-    while time.monotonic() < deadline:
-        try:
-            if os.waitpid(pid, os.WNOHANG)[0]:
-                break
-        except ChildProcessError:
-            break
-        time.sleep(0.02)
-    else:
-        try:
-            os.killpg(pid, signal.SIGKILL)
-        except OSError:
-            pass
-        try:
-            os.waitpid(pid, 0)
-        except ChildProcessError:
-            pass
-    try:  # whatever it started in its group
         os.killpg(pid, signal.SIGKILL)
     except OSError:
         pass

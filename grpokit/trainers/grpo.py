@@ -26,6 +26,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +43,6 @@ from grpokit.model.loading import (
     check_tokenizer_fits,
     frozen_reference,
     load_tokenizer_checked,
-    pick_device,
     read_model_config,
 )
 from grpokit.rewards import RewardRunner, resolve_reward, resolve_reward_specs
@@ -58,15 +58,7 @@ from grpokit.run.loop import run_training
 from grpokit.run.preflight import check_context, check_positions, check_tracker_login
 from grpokit.run.state import RunState
 from grpokit.train.advantages import batch_advantages
-from grpokit.train.async_ranks import (
-    agree_on_age,
-    checkpoint_over_ranks,
-    sampler_for_process,
-    sampling_weights,
-    say_died,
-    taken_over_ranks,
-)
-from grpokit.train.async_sampler import AsyncSampler, SamplerDiedError
+from grpokit.train.async_sampler import AsyncSampler, SamplerDiedError, check_sendable
 from grpokit.train.costs import step_costs
 from grpokit.train.critic import Critic
 from grpokit.train.distributed import Distributed
@@ -147,12 +139,10 @@ class GRPOTrainer:
         self.say = Notices()  # the parts' messages: the run's log while train() runs, else stderr
         torch.manual_seed(cfg.train.seed)
         self.dist = Distributed.from_env(cfg)  # torchrun: the process group (grpokit.train.distributed)
-        if cfg.rollout.max_staleness and pick_device(cfg.model.device).type != "cpu":
+        if cfg.rollout.max_staleness and self.dist.active:
             raise ConfigError(
-                f"rollout.max_staleness={cfg.rollout.max_staleness} with model.device={cfg.model.device} "
-                f"({pick_device(cfg.model.device)}): the asynchronous sampler is a forked process, which cannot use "
-                "a GPU once the trainer has; it runs on the CPU only for now: set model.device=cpu, or "
-                "rollout.max_staleness=0."
+                f"rollout.max_staleness={cfg.rollout.max_staleness} under torchrun (grpokit launch): the "
+                "asynchronous sampler runs in one process only for now; set rollout.max_staleness=0."
             )
         # the output folder: not in use by another run; train() locks it until it ends (grpokit.run.lock)
         self.run = RunState(cfg, self.dist, resume=resume, overwrite=overwrite, resolved_algo=self.algo)
@@ -169,7 +159,11 @@ class GRPOTrainer:
             )
 
         # rewards, resolved before the model loads: a bad reward fails in a second
-        reward_functions, renamed = self._reward_functions(reward_functions)
+        given_rewards = reward_functions
+        reward_functions, renamed = self.reward_functions(cfg, self.algo, given_rewards)
+        if cfg.rollout.max_staleness:  # the sampler process resolves them again: they must reach it by name
+            process_rewards = partial(sampler_rewards, cfg, self.algo, given_rewards)
+            check_sendable(process_rewards, cfg.rollout.max_staleness, "the reward functions")
         check_reward_columns(self.train_rows, reward_functions, cfg.data.train or "train_rows")  # e.g. the answers
         self.reward_names = [name for name, _, _ in reward_functions]
         self.reward_weights = {name: float(weight) for name, _, weight in reward_functions}  # GDPO's weights
@@ -262,15 +256,12 @@ class GRPOTrainer:
         self._log: RunLogger | None = None  # the run's log while train() runs: samples go there
         first_batch = self._resume() if self.run.resume_from is not None else self.step
         # rollout.max_staleness >= 1: batches made by a sampler process beside the update, from the weights
-        # and prompt position restored above (grpokit.train.async_sampler; torchrun: one per rank for its
-        # share, grpokit.train.async_ranks); None: the synchronous loop
+        # and prompt position restored above (grpokit.train.async_sampler); None: the synchronous loop
         self.async_sampler = None
         if cfg.rollout.max_staleness:
-            policy = sampling_weights(self.dist, self.model, self.step)  # fsdp: the unsharded copy
             self.async_sampler = AsyncSampler(
-                sampler_for_process(self.sampler, self.dist, policy), policy,
-                max_staleness=cfg.rollout.max_staleness, sync_every=cfg.rollout.sync_every, version=self.step,
-                first_batch=first_batch,
+                self.sampler, self.model, rewards=process_rewards, max_staleness=cfg.rollout.max_staleness,
+                sync_every=cfg.rollout.sync_every, version=self.step, first_batch=first_batch,
             )  # fmt: skip
 
     @property
@@ -278,14 +269,16 @@ class GRPOTrainer:
         """The policy being trained (under torchrun: this rank's FSDP shards, or its DDP replica)."""
         return self.learner.model
 
-    def _reward_functions(self, given: list[tuple[str, Any, float]] | None) -> tuple[list, dict[str, str]]:
+    @staticmethod
+    def reward_functions(
+        cfg: Config, algo, given: list[tuple[str, Any, float]] | None
+    ) -> tuple[list, dict[str, str]]:
         """(name, fn, weight) per reward: the given ones or cfg.rewards', the overlong penalty when the preset
-        shapes lengths, named by function in metrics ("my_rewards.py:brevity" logs reward/brevity/mean);
-        and {name as given: name in metrics}."""
-        cfg = self.cfg
+        (``algo``, resolved) shapes lengths, named by function in metrics ("my_rewards.py:brevity" logs
+        reward/brevity/mean); and {name as given: name in metrics}."""
         # problems with cfg.rewards name their rewards[i] entry
         functions = given if given is not None else resolve_reward_specs(cfg.rewards)
-        if self.algo.batch.overlong_shaping:
+        if algo.batch.overlong_shaping:
             r = cfg.rollout
             budget = r.max_new_tokens
             if multi_turn(r):  # the model's tokens of a whole episode against the episode's budget
@@ -293,7 +286,7 @@ class GRPOTrainer:
             shaping = resolve_reward(
                 "overlong_penalty",
                 max_len=budget,
-                buffer_len=self.algo.batch.overlong_buffer,
+                buffer_len=algo.batch.overlong_buffer,
             )
             functions = [*functions, ("overlong_penalty", shaping, 1.0)]
         given_names = [name for name, _, _ in functions]
@@ -312,8 +305,6 @@ class GRPOTrainer:
         self.updater.load_entropy_state(state.get("entropy_control"))  # the entropy bonus's adaptive coefficient
         self.step = state["step"]
         overlap = state.get("async")  # the stopped run's sampler process: its batches not taken are lost
-        if overlap and overlap.get("streams"):  # torchrun: each rank's own prompt position (async_ranks)
-            self.sampler.stream.load_state(overlap["streams"][self.dist.rank])
         if overlap and overlap["in_flight"]:
             lost, r = overlap["in_flight"], self.cfg.rollout
             self.say(
@@ -358,9 +349,8 @@ class GRPOTrainer:
 
     def finish(self, summary: dict[str, Any], final: Path) -> None:
         """An asynchronous run's samples dropped for their age (rollout.max_staleness) go into the summary."""
-        if self.async_sampler is not None:  # torchrun: every rank's
-            dropped = self.dist.reduce({"dropped": float(self.async_sampler.dropped_total)}, {"dropped": "sum"})
-            summary["async_dropped_samples"] = int(dropped["dropped"])
+        if self.async_sampler is not None:
+            summary["async_dropped_samples"] = self.async_sampler.dropped_total
 
     def stop(self, reason: str) -> None:
         """End the run after the current step as a finished one (final evaluation, checkpoint, summary with
@@ -407,7 +397,7 @@ class GRPOTrainer:
         self.step += 1
         self.learner.scheduler.step()
         if self.async_sampler is not None:  # the sampler process gets the new weights every rollout.sync_every steps
-            self.async_sampler.trained(sampling_weights(self.dist, self.model, self.step), self.step)
+            self.async_sampler.trained(self.model, self.step)
         # metrics: the global batch's under torchrun
         abs_mean = advantage_abs_mean(advantages, batch.rollout.completion_mask, dist)
         metrics = step_metrics(everyone, abs_mean, update_metrics, sampling, self.accuracy_name)
@@ -425,18 +415,12 @@ class GRPOTrainer:
         return metrics
 
     def _take_async(self, step: int) -> tuple[ScoredBatch, dict[str, float], dict[str, float], dict[str, float]]:
-        """The asynchronous sampler's next batch, with the steps logged so far for its reward functions; its
-        process dying stops the run with a checkpoint (torchrun: every rank's, grpokit.train.async_ranks)."""
+        """The asynchronous sampler's next batch; its process dying stops the run with a checkpoint."""
         try:
-            batch, timing, sampling, overlap = self.async_sampler.take(
-                step, log_history=self.log_history, agree=agree_on_age(self.dist)
-            )
+            return self.async_sampler.take(step)
         except SamplerDiedError as e:
-            say_died(self.dist, e)  # the other ranks wait for this batch's agreement: they stop too
             where = f" Checkpoint of step {self.step}: {self.save()}." if self.step > 0 else ""
             raise SamplerDiedError(f"{e}{where}") from None
-        sampling, overlap = taken_over_ranks(self.dist, sampling, overlap)
-        return batch, timing, sampling, overlap
 
     # ----------------------------------------------------------------------------- samples, eval, io
 
@@ -446,9 +430,7 @@ class GRPOTrainer:
         state = {"stream": self.sampler.stream.state(), "critic": critic.state() if critic else None}
         if self.async_sampler is not None:  # the prompts of the batches taken; the sampler's version and backlog
             state["stream"] = self.async_sampler.stream_state
-            state["async"] = checkpoint_over_ranks(
-                self.dist, self.async_sampler.checkpoint_state(), self.async_sampler.stream_state
-            )  # torchrun: every rank's prompt position
+            state["async"] = self.async_sampler.checkpoint_state()
         state["entropy_control"] = self.updater.entropy_state()
         subfolders = critic.folders() if critic else {}
         return self.run.save(self.step, self.learner, self.tokenizer, state, subfolders)
@@ -493,7 +475,6 @@ class GRPOTrainer:
                 eos_token_ids=eos_ids,
                 num_samples=cfg.eval.num_samples,
                 temperature=cfg.eval.temperature,
-                repetition_penalty=cfg.rollout.repetition_penalty,  # how the model decodes; filters are not
                 max_new_tokens=cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens,
                 seed=cfg.train.seed,
                 examples=examples,
@@ -511,3 +492,12 @@ class GRPOTrainer:
                 f"{ex['completion'][:300]!r}, score {ex['score']}."
             )
         return result
+
+
+def sampler_rewards(
+    cfg: Config, algo, given: list[tuple[str, Any, float]] | None
+) -> list[tuple[str, Any, float]]:
+    """The run's reward functions again, in an asynchronous run's sampler process (a fresh interpreter,
+    grpokit.train.async_sampler): ``given`` (functions given in code, which reach it by name) or cfg.rewards
+    resolved there, as GRPOTrainer.reward_functions resolved them in the trainer."""
+    return GRPOTrainer.reward_functions(cfg, algo, given)[0]

@@ -8,8 +8,10 @@ from __future__ import annotations
 import copy
 import math
 import os
+import pickle
 import signal
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -18,7 +20,7 @@ from test_parts import fixed_rollout, grads_of_one_step, make_learner, row_logpr
 from tiny_model import make_tiny_model
 
 from grpokit.config.schema import ConfigError, load_config, resolve_algo
-from grpokit.train.async_sampler import SamplerDiedError, trainable_parameters
+from grpokit.train.async_sampler import SamplerDiedError, _shared_payload, trainable_parameters
 from grpokit.train.mismatch import MismatchCorrection, MismatchError, MismatchGuard
 from grpokit.train.update import PolicyUpdate
 from grpokit.train.update_stats import UpdateStats
@@ -164,6 +166,14 @@ def test_settings_async_cannot_run_with_are_refused_with_the_reason(overrides, w
         load_config(None, overrides)
 
 
+def test_under_torchrun_async_is_refused_before_the_model_loads(tmp_path, monkeypatch):
+    from grpokit.train.distributed import Distributed
+
+    monkeypatch.setattr(Distributed, "active", property(lambda self: True))  # what torchrun's env would give
+    with pytest.raises(ConfigError, match="under torchrun"):
+        make_trainer(tmp_path, "rollout.max_staleness=1")
+
+
 def test_auto_correction_is_token_truncate_for_stale_samples():
     cfg = load_config(None, ["rollout.max_staleness=2"])
     assert MismatchCorrection.from_settings(cfg.rollout) == MismatchCorrection("token_truncate", 2.0, None)
@@ -305,6 +315,8 @@ def test_a_reward_failing_in_the_sampler_stops_the_run_and_leaves_no_process(tmp
     )
     trainer.async_sampler.start(0)
     pid = trainer.async_sampler.pid
+    # a fresh interpreter (multiprocessing's spawn), not a fork of the trainer: it can use CUDA the trainer has
+    assert b"from multiprocessing.spawn import spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes()
     with pytest.raises(SamplerDiedError, match="the sampler process failed: batch 0: TrainingError.*answer column"):
         trainer.train()
     assert trainer.step == 0 and trainer.async_sampler.pid is None
@@ -314,7 +326,48 @@ def test_a_reward_failing_in_the_sampler_stops_the_run_and_leaves_no_process(tmp
     assert not os.path.exists(f"/proc/{pid}")  # ended and reaped by train()
 
 
-def test_on_a_gpu_async_is_refused_before_the_model_loads(tmp_path, monkeypatch):
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # model.device=auto would pick the GPU
-    with pytest.raises(ConfigError, match=r"model.device=auto \(cuda\).*CPU only"):
-        make_trainer(tmp_path, "rollout.max_staleness=1", "model.device=auto")
+def test_a_reward_the_sampler_process_cannot_import_is_refused_before_the_model_loads(tmp_path):
+    """The sampler is a fresh interpreter: a lambda cannot reach it. Refused by name before any model loads (no
+    model is given and model.name_or_path names none)."""
+    cfg = make_cfg(tmp_path, "rollout.max_staleness=1", f"model.name_or_path={tmp_path / 'no-model'}")
+    with pytest.raises(ConfigError, match=r"fresh interpreter \(spawn\) and the reward functions cannot.*lambda"):
+        GRPOTrainer(cfg, train_rows=ROWS, reward_functions=[("seven", lambda prompts, completions, **kw: [], 1.0)])
+
+
+def test_the_policy_reaches_the_process_without_the_trainers_hooks():
+    """Gradient checkpointing with LoRA hangs a nested function on the embeddings (pickle cannot take it): the
+    policy sent to the sampler process leaves the hooks behind and keeps every weight."""
+    model, _ = make_tiny_model("qwen2", seed=0)
+
+    def make_inputs_require_grads(module, args, output):  # what transformers' enable_input_require_grads adds
+        output.requires_grad_(True)
+
+    model.get_input_embeddings().register_forward_hook(make_inputs_require_grads)
+    with pytest.raises((AttributeError, pickle.PicklingError)):
+        pickle.dumps(model)
+    payload = _shared_payload(("recipe", model))
+    label, copied = pickle.loads(memoryview(payload.numpy()))
+    assert label == "recipe" and not copied.get_input_embeddings()._forward_hooks
+    assert model.state_dict().keys() == copied.state_dict().keys()
+    for name, value in model.state_dict().items():
+        assert torch.equal(value, copied.state_dict()[name]), name
+    ids = torch.tensor([[3, 5, 7, 9]])
+    with torch.no_grad():
+        assert torch.equal(model(input_ids=ids).logits, copied(input_ids=ids).logits)
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+def test_on_a_gpu_the_sampler_process_samples_on_the_trainers_device(tmp_path):
+    """K = 1 on CUDA (spawned, so the trainer's CUDA does not stop it): a fresh batch's sampler log-probs are the
+    trainer's own up to the GPU's rounding, and every batch is at most 1 step old."""
+    trainer = make_trainer(
+        tmp_path, "rollout.max_staleness=1", "model.device=cuda", "train.steps=3", "train.samples_every=0",
+        "eval.enabled=false",
+    )  # fmt: skip
+    trainer.train()
+    history = trainer.log_history
+    assert len(history) == 3
+    assert all(0 <= (m["step"] - 1) - m["async/version"] <= 1 for m in history)
+    fresh = [m for m in history if m["async/staleness_max"] == 0]
+    assert fresh and all(m["sampler_logprob_diff/max"] < 1e-2 for m in fresh)
