@@ -95,7 +95,7 @@ def agree_on_age(dist: Distributed) -> Callable[[bool], bool] | None:
         died = [(rank, said) for rank, (kind, said) in enumerate(everyone) if kind == "died"]
         if died:
             rank, said = died[0]
-            raise OtherRankSamplerDied(f"rank {rank}'s {said}")
+            raise OtherRankSamplerDied(f"on rank {rank}: {said}")
         return any(said for _, said in everyone)
 
     return agree

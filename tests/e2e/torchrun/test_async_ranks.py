@@ -13,7 +13,19 @@ import pytest
 from tiny_model import ADDITION_ROWS, save_tiny_model
 from torchrun import launch
 
-REWARD = 'def score(prompts, completions, **kw):\n    return [float("7" in c) for c in completions]\n'
+REWARD = '''import os
+
+
+def score(prompts, completions, **kw):
+    return [float("7" in c) for c in completions]
+
+
+def fails_on_rank_1(prompts, completions, trainer_state=None, **kw):
+    """score, but rank 1's verifier is down from batch 2 on (the sampler process has its trainer's RANK)."""
+    if os.environ.get("RANK") == "1" and trainer_state.global_step >= 2:
+        raise ValueError("rank 1's verifier is down")
+    return score(prompts, completions)
+'''
 SAMPLES = 4  # per step: 2 prompts (one per rank) x 2 completions
 
 
@@ -21,7 +33,7 @@ def _metrics(out: Path) -> list[dict]:
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
-def _config(tmp_path: Path, strategy: str, steps: int) -> Path:
+def _config(tmp_path: Path, strategy: str, steps: int, reward: str = "score") -> Path:
     model = save_tiny_model(tmp_path / "model")
     (tmp_path / "data.jsonl").write_text("".join(json.dumps(r) + "\n" for r in ADDITION_ROWS))
     (tmp_path / "reward.py").write_text(REWARD)
@@ -30,7 +42,7 @@ def _config(tmp_path: Path, strategy: str, steps: int) -> Path:
         "data": {"train": str(tmp_path / "data.jsonl"), "template": "plain", "max_prompt_tokens": 32},
         "rollout": {"group_size": 2, "prompts_per_step": 2, "max_new_tokens": 4, "max_staleness": 1, "sync_every": 2},
         "optim": {"lr": 1e-2},
-        "rewards": [{"name": f"{tmp_path / 'reward.py'}:score"}],
+        "rewards": [{"name": f"{tmp_path / 'reward.py'}:{reward}"}],
         "eval": {"enabled": False},
         "train": {
             "steps": steps, "save_every": 1, "keep_checkpoints": 0, "report_to": "none", "samples_every": 0,
@@ -74,6 +86,28 @@ def test_k1_on_two_ranks_trains_no_stale_sample_and_resumes_counting_versions(tm
     assert [m["step"] for m in after] == [1, 2, 3, 4, 5, 4, 5]
     assert after[5]["async/version"] == 3  # the restored weights sampled the first batch on both ranks
     _check_ages(after[5:])
+
+
+@pytest.mark.slow
+def test_a_sampler_failing_on_one_rank_stops_both_ranks_with_the_checkpoint(tmp_path):
+    """Rank 1's sampler process fails on batch 2 (its reward raises there only): rank 1 says so to rank 0 in the
+    agreement on batch 2's age, both ranks save the checkpoint of step 2 (a collective) and stop with
+    SamplerDiedError; nothing waits forever (the launch has a time limit)."""
+    cfg = _config(tmp_path, "ddp", steps=6, reward="fails_on_rank_1")
+    run = tmp_path / "run"
+    ended = launch(
+        ["grpokit", "train", str(cfg), "--output-dir", str(run)],
+        nproc=2,
+        module=True,
+        timeout=400,
+        check=False,
+    )
+    assert ended.returncode != 0
+    assert "rank 1's verifier is down" in ended.stderr  # rank 1's own error
+    assert "on rank 1: the sampler process failed: batch 2" in ended.stderr  # rank 0's, told by rank 1
+    assert ended.stderr.count("Checkpoint of step 2") >= 2  # each rank names the checkpoint it saved
+    assert [m["step"] for m in _metrics(run)] == [1, 2]
+    assert (run / "checkpoints" / "step_000002").is_dir()
 
 
 @pytest.mark.slow
