@@ -137,12 +137,6 @@ def check_async(rollout: Any) -> None:
             f"rollout.max_staleness={k} with rollout.engine=vllm: the asynchronous sampler runs the built-in "
             "engines (fast, hf) only for now; use rollout.engine=fast, or rollout.max_staleness=0."
         )
-    if rollout.tools or rollout.environment:
-        raise ConfigError(
-            f"rollout.max_staleness={k} with multi-turn rollouts (rollout.tools / rollout.environment): their tool "
-            "and environment workers belong to the trainer's process, so episodes cannot run in the sampler "
-            "process yet; set rollout.max_staleness=0."
-        )
 
 
 def check_settings_in_use(cfg: Any) -> None:

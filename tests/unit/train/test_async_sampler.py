@@ -18,8 +18,10 @@ import torch
 from grpo_runs import ROWS, has_seven, make_cfg, make_trainer
 from test_parts import fixed_rollout, grads_of_one_step, make_learner, row_logprobs
 from tiny_model import make_tiny_model
+from tool_model import tool_model
 
 from grpokit.config.schema import ConfigError, load_config, resolve_algo
+from grpokit.rollout.tools import ToolCall
 from grpokit.train.async_sampler import SamplerDiedError, _shared_payload, trainable_parameters
 from grpokit.train.mismatch import MismatchCorrection, MismatchError, MismatchGuard
 from grpokit.train.update import PolicyUpdate
@@ -155,8 +157,6 @@ def test_a_killed_sampler_process_stops_the_run_with_a_named_error_and_a_checkpo
     "overrides, words",
     [
         (["rollout.max_staleness=1", "rollout.engine=vllm"], "built-in engines"),
-        (["rollout.max_staleness=1", "rollout.tools=[python]"], "multi-turn"),
-        (["rollout.max_staleness=1", "rollout.environment=envs.py:Env"], "multi-turn"),
         (["rollout.sync_every=2"], "taken only with rollout.max_staleness >= 1"),
         (["rollout.max_staleness=-1"], "rollout.max_staleness"),
     ],
@@ -371,3 +371,80 @@ def test_on_a_gpu_the_sampler_process_samples_on_the_trainers_device(tmp_path):
     assert all(0 <= (m["step"] - 1) - m["async/version"] <= 1 for m in history)
     fresh = [m for m in history if m["async/staleness_max"] == 0]
     assert fresh and all(m["sampler_logprob_diff/max"] < 1e-2 for m in fresh)
+
+
+# multi-turn episodes in the sampler process: a tool the random tiny model calls whenever its turn holds a digit
+
+
+def count_digits(text: str) -> int:
+    """How many digits the text has.
+
+    Args:
+        text: any text
+    """
+    return sum(ch.isdigit() for ch in text)
+
+
+def digit_parser(text: str) -> list[ToolCall]:
+    """A turn with a digit calls count_digits on it (the random tiny model writes no JSON)."""
+    return [ToolCall("count_digits", {"text": text})] if any(c.isdigit() for c in text) else []
+
+
+def used_tool(prompts, completions, **kw):
+    """1 when the episode called a tool (its transcript holds a tool message)."""
+    return [float(any(m["role"] == "tool" for m in c)) for c in completions]
+
+
+@pytest.mark.slow
+def test_multi_turn_episodes_run_in_the_sampler_and_the_ratio_uses_its_log_probs_of_the_models_tokens(tmp_path):
+    """K = 1 with tools: the episodes (and their tool calls) run in the sampler process and the run trains. Each
+    batch's log-probs are those of the version that sampled it, teacher-forced over the whole episode (tool
+    results in the context), on the model's own tokens; the tool results' tokens hold 0 and carry no loss; the
+    importance weights divide by exactly the model tokens' log-probs."""
+    RecordingUpdate.seen = []
+    versions = {}
+
+    def keep(step, metrics, trainer):
+        versions[step] = weights(trainer.model)
+
+    model, tok = tool_model()
+    cfg = load_config(
+        None,
+        [
+            f"train.output_dir={tmp_path / 'run'}", "train.steps=3", "train.samples_every=0",
+            "train.stop_after_flat_steps=0", "rollout.group_size=4", "rollout.prompts_per_step=2",
+            "rollout.max_new_tokens=8", "rollout.max_turns=3", "rollout.tool_parser=test_async_sampler:digit_parser",
+            "rollout.tools=[test_async_sampler:count_digits]", "optim.lr=3e-3", "model.device=cpu",
+            "algo.preset=grpo", "eval.enabled=false", "rollout.max_staleness=1",
+        ],
+    )  # fmt: skip
+    trainer = GRPOTrainer(
+        cfg, model=model, tokenizer=tok, train_rows=ROWS, reward_functions=[("used_tool", used_tool, 1.0)],
+        updater=RecordingUpdate, callbacks=[keep],
+    )  # fmt: skip
+    versions[0] = weights(trainer.model)
+    trainer.train()
+    history = trainer.log_history
+    assert len(history) == 3 == len(RecordingUpdate.seen)
+    assert all(math.isfinite(m["loss"]) for m in history)
+    assert sum(m["tools/calls"] for m in history) > 0  # counted in the sampler process, sent with each batch
+    policy, _ = tool_model()
+    tool_tokens = 0
+    for m, seen in zip(history, RecordingUpdate.seen):
+        r, version = seen["rollout"], int(m["async/version"])
+        assert 0 <= (m["step"] - 1) - version <= 1
+        policy.load_state_dict(versions[version])
+        for i in range(r.completion_ids.shape[0]):
+            prompt = r.prompt_ids[i][r.prompt_mask[i].bool()].tolist()
+            context = r.context_mask[i].bool()  # the model's tokens and the tools' results, in order
+            model_token = r.completion_mask[i][context].bool()
+            with torch.no_grad():
+                own = row_logprobs(policy, prompt, r.completion_ids[i][context].tolist(), 1.0)
+            sampled = r.logprobs[i][context]
+            assert torch.allclose(sampled[model_token], own[model_token], atol=1e-4), (m["step"], i)
+            assert torch.equal(sampled[~model_token], torch.zeros(int((~model_token).sum())))
+            tool_tokens += int((~model_token).sum())
+        given = torch.cat([s.flatten() for s in seen["sampled"]])
+        given = given[given != 0].sort().values
+        assert torch.equal(given, r.logprobs[r.completion_mask.bool()].sort().values)
+    assert tool_tokens > 0  # some episode had a tool result in its context
