@@ -117,8 +117,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def demo_model_path(name: str) -> Path:
-    """Where a demo's warm-started model is: the package's own for addition (and r1's base starts from it),
-    the cache for the others (built first when it is not there; minutes, with progress on stderr)."""
+    """Where a demo's warm-started model is: the package's own for addition and tools (r1's base starts from
+    addition's), the cache for the others (built first when it is not there; minutes, with progress on stderr)."""
     log = lambda m: print(m, file=sys.stderr)  # noqa: E731
     if name in ("addition", "r1"):
         from grpokit.demos.default import prepare_demo

@@ -178,15 +178,16 @@ def shipped_key(spec: WarmStartSpec) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
-def shipped_model(spec: WarmStartSpec) -> Path | None:
-    """The shipped warm-started model's folder when it was built from ``spec``, else None."""
+def shipped_model(spec: WarmStartSpec, folder: Path = SHIPPED_DIR) -> Path | None:
+    """The shipped warm-started model's ``folder`` (the default demo's, or grpokit.demos.tools.SHIPPED_DIR)
+    when it was built from ``spec``, else None."""
     try:
-        manifest = json.loads((SHIPPED_DIR / SHIPPED_MANIFEST).read_text())
+        manifest = json.loads((folder / SHIPPED_MANIFEST).read_text())
     except (OSError, ValueError):
         return None
-    if manifest.get("key") != shipped_key(spec) or not (SHIPPED_DIR / "model.safetensors").is_file():
+    if manifest.get("key") != shipped_key(spec) or not (folder / "model.safetensors").is_file():
         return None
-    return SHIPPED_DIR
+    return folder
 
 
 def prepare_demo(

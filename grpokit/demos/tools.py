@@ -1,7 +1,10 @@
 """The tool-use demo: 4-digit multiplication, which the tiny model cannot do in its head but can with a
-``multiply`` tool (multi-turn rollouts, grpokit.rollout.episodes). No download; about CPU minutes.
+``multiply`` tool (multi-turn rollouts, grpokit.rollout.episodes). No download; 2-3 minutes on a CPU.
 
-    grpokit demo tools --output-dir runs/demo_tools    # warm start (cached), accuracy before, GRPO, after
+    grpokit demo tools --output-dir runs/demo_tools    # accuracy before, GRPO, accuracy after
+
+The warm-started model ships with the package (SHIPPED_DIR, built by ``python -m grpokit.demos.shipped
+--demo tools``); another ToolDemoSpec is warm-started on first use (4-10 CPU minutes) and cached.
 
 Episode:  <|user|>4321*5678=<|assistant|><tool_call>{"name": "multiply", "arguments": {"a": 4321, "b": 5678}}
           </tool_call><eos><|tool|>24534638<|assistant|><answer>24534638</answer><eos>
@@ -35,9 +38,11 @@ from pathlib import Path
 
 import torch
 
-from grpokit.demos.default import WarmStartSpec, cache_root, spec_key
+from grpokit.demos.default import WarmStartSpec, _write_rows, cache_root, shipped_model, spec_key
 
 NAME = "demo_tools"
+SHIPPED_DIR = Path(__file__).with_name("model") / "tools"
+"""The warm-started model shipped with the package (python -m grpokit.demos.shipped --demo tools builds it)."""
 CALL_OPEN, CALL_MID, CALL_CLOSE = (
     '<tool_call>{"name": "multiply", "arguments": {"a": ',
     ', "b": ',
@@ -222,11 +227,20 @@ def warm_start(model, tokenizer, rows: list[dict], spec: ToolDemoSpec, log=print
 
 
 def prepare(spec: ToolDemoSpec = ToolDemoSpec(), *, cache: Path | None = None, log=print) -> dict[str, Path]:
-    """The warm-started model (cached) and the train/eval JSONL files: {"model", "train", "eval"}."""
+    """The warm-started model and the train/eval JSONL files: {"model", "train", "eval"}. The model is the
+    one shipped with the package (SHIPPED_DIR, built by ``python -m grpokit.demos.shipped --demo tools``)
+    when ``spec`` is the one it was built from, else warm-started here and cached."""
     from grpokit.model.loading import save_local_tokenizer
 
     root = (cache or cache_root()) / f"{NAME}-{spec_key(spec)}"
     paths = {"model": root / "model", "train": root / "train.jsonl", "eval": root / "eval.jsonl"}
+    shipped = shipped_model(spec, SHIPPED_DIR)
+    if shipped is not None:  # the data is written in a second; the model is the package's own
+        if not (paths["train"].is_file() and paths["eval"].is_file()):
+            root.mkdir(parents=True, exist_ok=True)
+            _write_rows(dict(zip((paths["train"], paths["eval"]), make_problems(spec))))
+        log(f"demo_tools: the warm-started model shipped with grpokit ({shipped})")
+        return {**paths, "model": shipped}
     if (paths["model"] / "config.json").is_file() and paths["train"].is_file() and paths["eval"].is_file():
         log(f"demo_tools: using the cached warm-start model in {paths['model']}")
         return paths

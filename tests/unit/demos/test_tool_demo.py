@@ -1,8 +1,11 @@
 """The tool-use demo's pieces (grpokit.demos.tools): the teacher's episodes are assembled as the rollout
 engine assembles them, the call parses, the reward reads the last turn."""
 
+import json
 import random
+from dataclasses import asdict
 
+import pytest
 import torch
 
 from grpokit.demos import tools as d
@@ -78,3 +81,44 @@ def test_every_product_has_eight_digits_so_the_copy_is_at_one_distance():
     assert {len(r["answer"]) for r in train + held_out} == {8}
     assert all(3163 <= int(x) <= 9999 for r in train + held_out for x in r["prompt"].rstrip("=").split("*"))
     assert not {r["prompt"] for r in train} & {r["prompt"] for r in held_out}
+
+
+def test_the_shipped_tool_model_is_the_current_specs_and_its_weights_are_the_recorded_ones():
+    """The tool demo's warm-started model ships with the package (python -m grpokit.demos.shipped --demo
+    tools): a change of ToolDemoSpec or DEMO_VERSION without a rebuild fails here (the demo would otherwise
+    warm-start for minutes on every first run)."""
+    from grpokit.demos import shipped
+    from grpokit.demos.default import SHIPPED_MANIFEST, shipped_key
+
+    manifest = json.loads((d.SHIPPED_DIR / SHIPPED_MANIFEST).read_text())
+    assert manifest["key"] == shipped_key(d.ToolDemoSpec()), "rebuild: python -m grpokit.demos.shipped --demo tools"
+    assert manifest["spec"] == asdict(d.ToolDemoSpec())
+    assert manifest["command"] == "python -m grpokit.demos.shipped --demo tools"
+    assert shipped.file_sha256(d.SHIPPED_DIR / shipped.WEIGHTS) == manifest["weights_sha256"]
+    size = sum(p.stat().st_size for p in d.SHIPPED_DIR.iterdir())
+    assert size < 800_000, f"the shipped tool demo model takes {size} bytes"
+
+
+def test_prepare_uses_the_shipped_tool_model_without_a_warm_start(tmp_path):
+    from grpokit.demos.default import shipped_model
+
+    messages = []
+    paths = d.prepare(cache=tmp_path, log=messages.append)
+    assert paths["model"] == d.SHIPPED_DIR
+    assert not any("warm start" in m for m in messages) and any("shipped" in m for m in messages), messages
+    train, held_out = (p.read_text().splitlines() for p in (paths["train"], paths["eval"]))
+    assert len(train) == 4000 and len(held_out) == 200
+    assert shipped_model(d.ToolDemoSpec(sft_steps=3), d.SHIPPED_DIR) is None  # another spec: warm-started
+
+
+@pytest.mark.slow
+def test_the_tool_model_build_is_reproducible_and_recorded(tmp_path):
+    from grpokit.demos import shipped
+    from grpokit.demos.default import shipped_key
+
+    small = d.ToolDemoSpec(hidden_size=32, sft_steps=4, sft_batch=8, train_size=40, eval_size=4)
+    first = shipped.build(tmp_path / "a", small, log=lambda m: None, demo="tools")
+    second = shipped.build(tmp_path / "b", small, log=lambda m: None, demo="tools")
+    assert first["weights_sha256"] == second["weights_sha256"] and first["key"] == shipped_key(small)
+    assert first["command"] == "python -m grpokit.demos.shipped --demo tools"
+    assert shipped.file_sha256(tmp_path / "a" / shipped.WEIGHTS) == first["weights_sha256"]
