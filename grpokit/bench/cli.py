@@ -12,6 +12,7 @@ from grpokit.bench.report import print_algos_table, print_table
 from grpokit.bench.run import compare_algos, run_bench
 from grpokit.bench.shapes import BENCH_SHAPES, MODEL_SHAPES, BenchError, cache_root
 from grpokit.bench.trl import check_trl, compare, run_trl
+from grpokit.bench.update_memory import BATCHES
 from grpokit.config.schema import DTYPES, ENGINES, KV_CACHES, PRECISION_MODES
 
 
@@ -25,6 +26,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.json and (Path(args.json).is_dir() or not Path(args.json).parent.is_dir()):  # not after the bench ran
         where = "is a folder" if Path(args.json).is_dir() else f"its folder {Path(args.json).parent} does not exist or is a file"
         return fail(f"--json {args.json}: {where}; give a file path in an existing folder")
+    if args.batch is not None and not args.memory:
+        return fail(f"--batch {args.batch} is the batch of --memory: add --memory, or drop --batch")
     if args.learn:
         return _cmd_learn(args, fail)
     if args.async_runs:
@@ -222,7 +225,14 @@ def _cmd_memory(args: argparse.Namespace, fail) -> int:
         if trl:
             check_trl()  # before spending minutes on our side
         beta = 0.04 if args.beta is None else args.beta
-        result = measure(list(VARIANTS), steps=max(args.steps, 2), beta=beta, overrides=args.set, trl=trl)
+        result = measure(
+            list(VARIANTS),
+            steps=max(args.steps, 2),
+            beta=beta,
+            overrides=args.set,
+            trl=trl,
+            batch=args.batch or "short-8",
+        )
     except BenchError as e:
         return fail(str(e))
     except RuntimeError as e:
@@ -436,6 +446,13 @@ def add_bench_parser(subparsers) -> None:
         help="the GRPO update's peak memory by role and time, padded vs packed (and with --compare trl TRL's "
         "GRPOTrainer), on a long-tailed batch with a few-layer Qwen2.5-shaped model and the real vocabulary, "
         "each in its own process (grpokit.bench.update_memory)",
+    )
+    p.add_argument(
+        "--batch",
+        choices=list(BATCHES),
+        help="--memory: the rows' lengths (grpokit.bench.update_memory.BATCHES; default short-8: 8 rows, one "
+        "completion of 256 tokens, seven of 4-24; long-tail-16: 16 rows, prompts of 16-64 tokens, 7/8 of the "
+        "completions 8-64 tokens and 1/8 512-1024)",
     )
     p.add_argument(
         "--plan",

@@ -120,9 +120,18 @@ class Settings:
         )
 
 
-def largest_micro_batch(lengths: list[int], s: Settings) -> int:
+def largest_micro_batch(lengths: list[int], s: Settings, prompt_lengths: list[int] | None = None) -> int:
     """Token positions of the largest micro-batch the update runs: rows sorted by length, then cut as
-    learner.MicroBatchSize cuts them (padded: rows x the longest; packed: the real tokens)."""
+    learner.MicroBatchSize cuts them (packed: the real tokens; padded: rows x the longest row, or with
+    ``prompt_lengths`` (row by row, the prompts within ``lengths``) rows x (the longest prompt + the longest
+    completion), since prompts are left-padded and completions right-padded each to their own longest)."""
+    if prompt_lengths is not None and not s.packing:
+        rows = sorted(zip(lengths, prompt_lengths), key=lambda row: row[0])  # stable, as length_sorted
+        size = s.micro_batch_rows or len(rows)
+        return max(
+            len(part) * (max(p for _, p in part) + max(n - p for n, p in part))
+            for part in (rows[i : i + size] for i in range(0, len(rows), size))
+        )
     order = sorted(lengths)
     if s.packing:
         budget = s.micro_batch_tokens or sum(order)
@@ -136,15 +145,22 @@ def largest_micro_batch(lengths: list[int], s: Settings) -> int:
 
 
 def predict(
-    dims: ModelDims, s: Settings, lengths: list[int], *, device: str = "cuda", scored: int | None = None
+    dims: ModelDims,
+    s: Settings,
+    lengths: list[int],
+    *,
+    device: str = "cuda",
+    scored: int | None = None,
+    prompt_lengths: list[int] | None = None,
 ) -> dict[str, Any]:
     """Bytes by role and the peak for rows of ``lengths`` real tokens (prompt + completion) each.
     ``scored``: the completion tokens of the largest micro-batch, when fewer than a logits chunk.
+    ``prompt_lengths``: each row's prompt, when prompts differ in length (largest_micro_batch).
     device "cpu": the bench's CPU measurement (no KV cache: the update alone)."""
     p = dims.params
     wb, cb = WEIGHT_BYTES[s.precision], COMPUTE_BYTES[s.precision]
     trainable = s.lora_params if s.lora else p
-    positions = largest_micro_batch(lengths, s)
+    positions = largest_micro_batch(lengths, s, prompt_lengths)
     per_position = cb * (ACT_HIDDEN * dims.hidden + ACT_INTERMEDIATE * dims.intermediate)  # one layer
     saved_inputs = cb * dims.hidden * dims.layers if s.gradient_checkpointing else 0
     layers_live = 1 if s.gradient_checkpointing else dims.layers

@@ -51,8 +51,10 @@ tied embeddings / LM head)."""
 
 @dataclass(frozen=True)
 class LongTail:
-    """The batch: ``rows`` completions of a ``prompt_len``-token prompt; ``long_rows`` of them run to
-    ``long_len`` tokens, the others to a length drawn uniformly from [short_min, short_max]."""
+    """The batch: ``rows`` completions; ``long_rows`` of them run to a length drawn uniformly from
+    [long_min, long_len] (long_min None: exactly long_len), the others from [short_min, short_max]; each
+    prompt has ``prompt_len`` tokens, or with ``prompt_min`` a length drawn from [prompt_min, prompt_len]
+    (left-padded to the longest, as a sampler leaves them). Fixed by ``seed``."""
 
     rows: int = 8
     prompt_len: int = 16
@@ -60,15 +62,44 @@ class LongTail:
     short_max: int = 24
     long_rows: int = 1
     long_len: int = 256
+    prompt_min: int | None = None
+    long_min: int | None = None
 
     def lengths(self, seed: int = 0) -> list[int]:
+        """Completion lengths, row by row."""
         import random
 
         rng = random.Random(seed)
         short = [rng.randint(self.short_min, self.short_max) for _ in range(self.rows - self.long_rows)]
-        out = short + [self.long_len] * self.long_rows
+        if self.long_min is None:
+            long = [self.long_len] * self.long_rows
+        else:
+            long = [rng.randint(self.long_min, self.long_len) for _ in range(self.long_rows)]
+        out = short + long
         rng.shuffle(out)
         return out
+
+    def prompt_lengths(self, seed: int = 0) -> list[int]:
+        """Prompt lengths, row by row (a stream of their own: the completions' draws stay as they were)."""
+        import random
+
+        if self.prompt_min is None:
+            return [self.prompt_len] * self.rows
+        rng = random.Random(f"prompts {seed}")
+        return [rng.randint(self.prompt_min, self.prompt_len) for _ in range(self.rows)]
+
+
+BATCHES: dict[str, LongTail] = {
+    "short-8": LongTail(),
+    "long-tail-16": LongTail(
+        rows=16, prompt_min=16, prompt_len=64, short_min=8, short_max=64, long_rows=2, long_min=512, long_len=1024
+    ),
+}
+"""The named batches of ``grpokit bench --memory --batch NAME``. short-8: 8 rows, prompts of 16 tokens,
+seven completions of 4-24 tokens and one of 256 (the fixed roles and the logits chunk dominate its peak).
+long-tail-16: 16 rows, prompts of 16-64 tokens, 7/8 of the completions 8-64 tokens and 1/8 of 512-1024, so
+that padding to the longest row costs activations: the padded micro-batch is rows x (longest prompt +
+longest completion), several times its real tokens."""
 
 
 VARIANTS: dict[str, list[str]] = {
@@ -76,12 +107,21 @@ VARIANTS: dict[str, list[str]] = {
     "packed": ["optim.packing=true", "optim.micro_batch_tokens=4096"],
 }
 """The settings compared (config overrides): padded, the whole batch in one micro-batch (what
-optim.micro_batch_size=auto does on CUDA); packed, micro-batches of at most 4,096 real tokens (what
-optim.micro_batch_tokens=auto does on a CPU)."""
+optim.micro_batch_size=auto does on CUDA; 8 rows is short-8's whole batch, ``variant_settings`` gives another
+batch its own row count); packed, micro-batches of at most 4,096 real tokens (what optim.micro_batch_tokens=auto
+does on a CPU)."""
+
+
+def variant_settings(variant: str, tail: LongTail) -> list[str]:
+    """``variant``'s overrides for ``tail``: padded takes all of its rows in one micro-batch."""
+    if variant == "padded":
+        return [f"optim.micro_batch_size={tail.rows}"]
+    return list(VARIANTS[variant])
 
 
 def long_tailed_rollout(tail: LongTail, vocab: int, seed: int = 0):
-    """A Rollout of ``tail``'s rows: random token ids, prompts of exactly prompt_len tokens."""
+    """A Rollout of ``tail``'s rows: random token ids, prompts left-padded to the longest (token 0 in the
+    padding), completions right-padded."""
     import torch
 
     from grpokit.rollout.generation import Rollout
@@ -90,9 +130,12 @@ def long_tailed_rollout(tail: LongTail, vocab: int, seed: int = 0):
     lengths = tail.lengths(seed)
     Lc = max(lengths)
     completion_mask = torch.tensor([[1] * k + [0] * (Lc - k) for k in lengths])  # (N, Lc)
+    prompts = tail.prompt_lengths(seed)
+    Lp = max(prompts)
+    prompt_mask = torch.tensor([[0] * (Lp - k) + [1] * k for k in prompts])  # (N, Lp)
     return Rollout(
-        prompt_ids=torch.randint(3, vocab, (tail.rows, tail.prompt_len), generator=g),
-        prompt_mask=torch.ones(tail.rows, tail.prompt_len, dtype=torch.long),
+        prompt_ids=torch.randint(3, vocab, (tail.rows, Lp), generator=g) * prompt_mask,
+        prompt_mask=prompt_mask,
         completion_ids=torch.randint(3, vocab, (tail.rows, Lc), generator=g) * completion_mask,
         completion_mask=completion_mask,
         logprobs=torch.zeros(tail.rows, Lc),
@@ -126,7 +169,7 @@ def measure_variant(
 
     torch.manual_seed(0)
     dims = {**QWEN_FEW_LAYERS, "num_hidden_layers": layers} if model is None else dict(model)
-    cfg = load_config(None, [*_grpokit_overrides(beta), *VARIANTS[variant], *overrides])
+    cfg = load_config(None, [*_grpokit_overrides(beta), *variant_settings(variant, tail), *overrides])
     meter = PeakMeter(torch.device("cpu"))
     meter.baseline()
     model = Qwen2ForCausalLM(Qwen2Config(**dims, max_position_embeddings=4096))
@@ -149,13 +192,18 @@ def measure_variant(
     peak = meter.peak_bytes()
     roles = role_bytes(_Parts(model, learner, ref))
     settings = Settings.from_config(cfg, beta=beta)
-    lengths = [tail.prompt_len + k for k in tail.lengths()]
+    completions, prompts = tail.lengths(), tail.prompt_lengths()
     predicted = predict(
-        ModelDims.from_dict(dims), settings, lengths, device="cpu", scored=sum(tail.lengths())
+        ModelDims.from_dict(dims),
+        settings,
+        [p + c for p, c in zip(prompts, completions)],
+        device="cpu",
+        scored=sum(completions),
+        prompt_lengths=prompts,
     )
     return {
         "variant": variant,
-        "settings": VARIANTS[variant] + list(overrides),
+        "settings": variant_settings(variant, tail) + list(overrides),
         "model": dims,
         "n_params": sum(p.numel() for p in model.parameters()),
         "tail": asdict(tail),
@@ -191,7 +239,7 @@ def trl_values(tail: LongTail, steps: int, beta: float) -> dict[str, Any]:
         "per_device_train_batch_size": tail.rows,
         "gradient_accumulation_steps": 1,
         "num_generations": tail.rows,  # one group: the rows' prompts differ, which changes no memory
-        "max_completion_length": tail.long_len,
+        "max_completion_length": max(tail.lengths()),
         "learning_rate": 1e-6,
         "beta": beta,
         "temperature": 1.0,
@@ -225,7 +273,7 @@ def trl_setting_differences(
     for inert in ("use_cpu", "save_strategy", "disable_tqdm", "logging_steps", "report_to"):
         values.pop(inert)  # where it runs and what it prints: nothing the update computes
     theirs, _ = from_trl(values)
-    cfg = load_config(None, [*_grpokit_overrides(beta), *VARIANTS["padded"], *overrides])
+    cfg = load_config(None, [*_grpokit_overrides(beta), *variant_settings("padded", tail), *overrides])
     algo = resolve_algo(cfg).flat()
     out = []
     for section in ("model", "algo", "optim"):
@@ -285,7 +333,7 @@ def measure_trl(
     dims = {**QWEN_FEW_LAYERS, "num_hidden_layers": layers} if model is None else dict(model)
     r = long_tailed_rollout(tail, dims["vocab_size"])
     lengths = r.completion_mask.sum(1).tolist()
-    prompt_ids = r.prompt_ids.tolist()
+    prompt_ids = [ids[len(ids) - k :] for ids, k in zip(r.prompt_ids.tolist(), r.prompt_mask.sum(1).tolist())]
     completion_ids = [ids[:k] for ids, k in zip(r.completion_ids.tolist(), lengths)]
 
     def rollout_func(prompts: list, trainer) -> dict[str, Any]:
@@ -379,17 +427,20 @@ def measure(
     overrides: list[str] | tuple[str, ...] = (),
     model: dict[str, Any] | None = None,
     trl: bool = False,
+    batch: str = "short-8",
 ) -> dict[str, Any]:
     """``measure_variant`` of each variant in its own process: {"variants": {name: result}, and
     "padded_over_packed": the peak's and the update time's ratios}. ``model``: other Qwen2 dimensions.
     ``trl``: also ``measure_trl`` in its own process (variant "trl"), with "over_trl" (each grpokit
     variant's peak and update time over TRL's) and "trl_setting_differences" (``overrides`` are grpokit's
-    only, so they show there)."""
+    only, so they show there). ``batch``: a name of BATCHES."""
+    if batch not in BATCHES:
+        raise ValueError(f"--batch {batch!r}: not a batch of grpokit bench --memory; one of {', '.join(BATCHES)}")
     results = {}
     for variant in [*variants, *(["trl"] if trl else [])]:
         print(f"grpokit bench --memory: {variant} (its own process)", file=sys.stderr, flush=True)
         cmd = [sys.executable, "-m", "grpokit.bench.update_memory", variant, "--layers", str(layers)]
-        cmd += ["--steps", str(steps), "--beta", str(beta)]
+        cmd += ["--steps", str(steps), "--beta", str(beta), "--batch", batch]
         if model is not None:
             cmd += ["--model", json.dumps(model)]
         for o in overrides if variant != "trl" else ():
@@ -399,7 +450,7 @@ def measure(
         if done.returncode != 0 or line is None:
             raise RuntimeError(f"the {variant} run failed (exit {done.returncode}):\n{done.stderr[-2000:]}")
         results[variant] = json.loads(line.removeprefix("RESULT "))
-    out: dict[str, Any] = {"system": "grpokit", "kind": "update memory", "variants": results}
+    out: dict[str, Any] = {"system": "grpokit", "kind": "update memory", "batch": batch, "variants": results}
     if "padded" in results and "packed" in results:
         a, b = results["padded"], results["packed"]
         out["padded_over_packed"] = {
@@ -416,7 +467,7 @@ def measure(
             for name, v in results.items()
             if name != "trl"
         }
-        out["trl_setting_differences"] = trl_setting_differences(LongTail(), steps, beta, overrides)
+        out["trl_setting_differences"] = trl_setting_differences(BATCHES[batch], steps, beta, overrides)
     return out
 
 
@@ -481,14 +532,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--beta", type=float, default=0.04)
     ap.add_argument("--set", action="append", default=[], help="a grpokit config override (not for trl)")
     ap.add_argument("--model", type=json.loads, help="Qwen2 config keys as JSON (default QWEN_FEW_LAYERS)")
+    ap.add_argument("--batch", choices=list(BATCHES), default="short-8", help="the rows' lengths (BATCHES)")
     a = ap.parse_args(argv)
     if a.variant == "trl":
         if a.set:
             ap.error(f"--set {a.set[0]}: grpokit config overrides do not apply to TRL's run")
-        result = measure_trl(layers=a.layers, steps=a.steps, beta=a.beta, model=a.model)
+        result = measure_trl(layers=a.layers, steps=a.steps, beta=a.beta, model=a.model, tail=BATCHES[a.batch])
     else:
         result = measure_variant(
-            a.variant, layers=a.layers, steps=a.steps, beta=a.beta, overrides=a.set, model=a.model
+            a.variant,
+            layers=a.layers,
+            steps=a.steps,
+            beta=a.beta,
+            overrides=a.set,
+            model=a.model,
+            tail=BATCHES[a.batch],
         )
     print("RESULT " + json.dumps(result), flush=True)
     return 0
