@@ -45,7 +45,7 @@ REPORT_TO: dict[str, tuple[str, str]] = {
     "none": ("", ""),
 }
 """train.report_to: tracker name -> (the package it needs, how to install it) (grpokit.run.log logs to them)."""
-VLLM_SERVER = ("server_url", "server_timeout_s")
+VLLM_SERVER = ("server_url", "server_timeout_s", "weight_transfer", "collective_port")
 """rollout.vllm.* settings of the server mode's client."""
 VLLM_COLOCATED = ("cpu_kv_cache_gib", "gpu_memory_utilization", "sleep", "enforce_eager", "max_model_len")
 """rollout.vllm.* settings of an engine in the trainer's process (a server's are grpokit vllm-serve options)."""

@@ -49,6 +49,8 @@ ENGINES = ("fast", "hf", "vllm")
 grpokit.rollout.vllm (VLLMGenerator)."""
 VLLM_MODES = ("colocate", "server")
 """rollout.vllm.mode: the ways grpokit.rollout.vllm runs the engine."""
+WEIGHT_TRANSFERS = ("http", "collective")
+"""rollout.vllm.weight_transfer: how a push reaches a server (grpokit.rollout.vllm_remote, vllm_collective)."""
 MISMATCH_CORRECTIONS = ("auto", "none", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
 """rollout.mismatch_correction: auto, and grpokit.algos.mismatch.IS_MODES."""
 KV_CACHES = ("auto", "static", "dynamic")
@@ -147,7 +149,8 @@ class VLLMConfig:
     mode: str = setting(
         "colocate",
         """colocate: the engine in the trainer's process, beside the model it copies | server: a grpokit
-        vllm-serve process at rollout.vllm.server_url (other GPUs, another node), weights pushed over HTTP.""",
+        vllm-serve process at rollout.vllm.server_url (other GPUs, another node), weights pushed over HTTP or a
+        process group (rollout.vllm.weight_transfer).""",
         choices=VLLM_MODES,
     )
     server_url: str = setting(
@@ -159,6 +162,21 @@ class VLLMConfig:
         "Server mode: seconds to wait for the server's health check at the start (it may still be loading).",
         range="(0, inf)",
         example=240,
+    )
+    weight_transfer: str = setting(
+        "http",
+        """Server mode: how a push reaches the server. http: one safetensors file in a POST (works anywhere;
+        through CPU memory and the socket). collective: each tensor broadcast over a torch.distributed group of
+        the trainer and the server, announced over HTTP: NCCL, GPU to GPU, when both are on CUDA (the fastest);
+        gloo otherwise. The weight check runs after either.""",
+        choices=WEIGHT_TRANSFERS,
+    )
+    collective_port: int = setting(
+        51216,
+        """Server mode with weight_transfer=collective: the port on the server's host where the two processes meet
+        (a TCPStore the server hosts; TRL's vllm_group_port).""",
+        range="[1, 65535]",
+        example=51216,
     )
     sync_every: int = setting(
         1,

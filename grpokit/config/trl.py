@@ -491,10 +491,12 @@ def _vllm(v: dict[str, Any], out: dict[str, dict[str, Any]], notes: list[str]) -
     if w["vllm_mode"] == "server":  # the engine's own settings are the server's (grpokit vllm-serve options)
         url = w["vllm_server_base_url"] or f"http://{w['vllm_server_host']}:{int(w['vllm_server_port'])}"
         vllm = {"mode": "server", "server_url": url, "server_timeout_s": float(w["vllm_server_timeout"])}
+        vllm["collective_port"] = int(v.get("vllm_group_port", 51216))
         given = [k for k in ("vllm_gpu_memory_utilization", "vllm_enable_sleep_mode", "vllm_max_model_length") if k in v]
         notes.append(
             f"vllm_mode: server: rollout.vllm.mode=server at {url}; start the server with grpokit vllm-serve "
-            "--model MODEL --port PORT (not trl vllm-serve: grpokit pushes weights over HTTP, not NCCL)"
+            "--model MODEL --port PORT (not trl vllm-serve); grpokit pushes weights over HTTP by default, TRL over "
+            "NCCL: rollout.vllm.weight_transfer=collective does that (at vllm_group_port, rollout.vllm.collective_port)"
             + (f"; {', '.join(given)} are the server's options (grpokit vllm-serve --help)" if given else "")
         )
     else:

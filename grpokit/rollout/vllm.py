@@ -275,7 +275,11 @@ class VLLMGenerator:
             if self.settings.mode == "server":
                 from grpokit.rollout.vllm_remote import ServerEngine
 
-                self.llm = ServerEngine(self.settings.server_url, timeout_s=self.settings.server_timeout_s)
+                s = self.settings
+                self.llm = ServerEngine(
+                    s.server_url, timeout_s=s.server_timeout_s, weight_transfer=s.weight_transfer,
+                    collective_port=s.collective_port,
+                )  # fmt: skip
                 self.say(f"vLLM server at {self.settings.server_url}: {self.llm.describe()}")
             else:
                 self.llm = self._start(model)

@@ -14,7 +14,8 @@ body of a POST (``safetensors.torch.save``), read back by the server with ``safe
 - safetensors holds tensors and nothing else: a body cannot run code in the server, as a pickle could;
 - the cost is two copies of the weights (the blob, then the engine's own) and the socket: 0.6-0.75 s a push
   of 113 MiB over loopback on a 2-core CPU (0.15-0.5 s colocated), so about 3 GB a push for a 1.5B model
-  in bf16, which is why TRL and verl send weights over NCCL between GPUs (not done here: docs/guides/vllm.md).
+  in bf16, which is why TRL and verl send weights over NCCL between GPUs: ``weight_transfer="collective"``
+  does (grpokit.rollout.vllm_collective: a group of the two processes, NCCL on CUDA, gloo otherwise).
 
 Errors: no server answering within ``timeout_s`` at the start, a server that stops answering mid-run and
 a call the server fails all raise VLLMServerError naming the URL and what to do.
@@ -24,11 +25,15 @@ from __future__ import annotations
 
 import http.client
 import json
+import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
+from collections.abc import Callable
 from typing import Any
 
+import torch
 from torch import Tensor
 
 from grpokit.core.errors import TrainingError
@@ -84,12 +89,22 @@ def unpack_fingerprints(blob: bytes) -> dict[str, tuple[tuple[int, ...], Tensor]
 
 class ServerEngine:
     """A ``grpokit vllm-serve`` server at ``url``, reached over HTTP (urllib: one request at a time, no
-    dependency). Waits up to ``timeout_s`` for its health check at construction."""
+    dependency). Waits up to ``timeout_s`` for its health check at construction. ``weight_transfer``: how a
+    push travels, ``http`` (a safetensors file in a POST) or ``collective`` (each tensor broadcast over a
+    process group of the two, grpokit.rollout.vllm_collective, which meets at the server's host on
+    ``collective_port``)."""
 
-    def __init__(self, url: str, *, timeout_s: float = 240.0):
+    def __init__(
+        self, url: str, *, timeout_s: float = 240.0, weight_transfer: str = "http", collective_port: int = 51216
+    ):
         self.url = url.rstrip("/")
+        self.timeout_s = timeout_s
         self.info = self._wait_healthy(timeout_s)
         self.dtype: str = self.info["dtype"]
+        self.weight_transfer, self.collective_port = weight_transfer, collective_port
+        self.group: Any = None  # the collective's process group (opened at the first push) and its name
+        self.group_name = ""
+        self.group_device: Any = None  # where tensors are broadcast from: CUDA (nccl) or the CPU (gloo)
 
     def describe(self) -> str:
         i = self.info
@@ -153,7 +168,74 @@ class ServerEngine:
         return [(out["token_ids"], out["logprobs"]) for out in answer["outputs"]]
 
     def load_weights(self, weights: list[tuple[str, Tensor]]) -> None:
-        self._call("a weight push", "/weights", body=pack_weights(weights))
+        if self.weight_transfer == "collective":
+            self._broadcast_weights(weights)
+        else:
+            self._call("a weight push", "/weights", body=pack_weights(weights))
+
+    # ----------------------------------------------------------------------------- the collective transfer
+
+    def _alongside(self, what: str, path: str, payload: Any, work: Callable[[], None]) -> Any:
+        """POST ``payload`` to ``path`` from a thread while ``work`` runs here (the server answers once its side of
+        the collective is done); the answer. A failed ``work`` drops the group and raises VLLMServerError: the
+        server's own error when it answers with one, else ours."""
+        answer: dict[str, Any] = {}
+
+        def post() -> None:
+            try:
+                answer["value"] = self._json(what, path, payload)
+            except Exception as e:  # noqa: BLE001 (carried to the caller's thread)
+                answer["error"] = e
+
+        thread = threading.Thread(target=post, name="grpokit-vllm-collective", daemon=True)
+        thread.start()  # daemon: a server stuck in its side never holds the trainer's exit
+        try:
+            work()
+        except Exception as e:  # the rendezvous or a broadcast failed: a dead, stuck or unreachable peer
+            self.group = None
+            thread.join(timeout=min(self.timeout_s, 30.0))
+            if isinstance(answer.get("error"), VLLMServerError):
+                raise answer["error"] from None
+            raise VLLMServerError(
+                f"the weight channel to the vLLM server at {self.url} failed during {what} ({type(e).__name__}: {e}). "
+                "Nothing was trained on this step's samples. The server's host must accept connections on "
+                f"rollout.vllm.collective_port ({self.collective_port}) and gloo's / NCCL's own ports; or set "
+                "rollout.vllm.weight_transfer=http."
+            ) from None
+        thread.join()
+        if "error" in answer:
+            self.group = None  # the server failed its side: the next push opens a new group
+            raise answer["error"]
+        return answer["value"]
+
+    def _open_group(self, on_cuda: bool) -> None:
+        from datetime import timedelta
+
+        from torch.distributed import PrefixStore, TCPStore
+
+        from grpokit.rollout.vllm_collective import SOURCE, make_group, new_group_name
+
+        backend = "nccl" if on_cuda and self.info.get("device") == "cuda" else "gloo"
+        name = new_group_name()
+        host = urllib.parse.urlsplit(self.url).hostname or "127.0.0.1"
+        payload = {"port": self.collective_port, "backend": backend, "group": name, "timeout_s": self.timeout_s}
+        made: dict[str, Any] = {}
+
+        def join() -> None:
+            store = TCPStore(host, self.collective_port, is_master=False, timeout=timedelta(seconds=self.timeout_s))
+            made["group"] = make_group(PrefixStore(name, store), SOURCE, backend, peer=host, timeout_s=self.timeout_s)
+
+        self._alongside("opening the weight channel", "/collective/open", payload, join)
+        self.group, self.group_name = made["group"], name
+        self.group_device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
+
+    def _broadcast_weights(self, weights: list[tuple[str, Tensor]]) -> None:
+        from grpokit.rollout.vllm_collective import describe, send
+
+        if self.group is None:
+            self._open_group(any(t.is_cuda for _, t in weights))
+        payload = {"group": self.group_name, "tensors": describe(weights)}
+        self._alongside("a weight push", "/collective/weights", payload, lambda: send(self.group, weights, self.group_device))
 
     def refresh_tied_head(self) -> None:
         self._json("the tied LM head's refresh", "/refresh_tied_head")

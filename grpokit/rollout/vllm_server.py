@@ -9,6 +9,8 @@ grpokit.rollout.vllm.LocalEngine, the engine the colocated mode runs in the trai
     POST /reset_prefix_cache  no KV block of the old weights serves a prompt again
     POST /fingerprints        the weight check's values (safetensors bytes)
     POST /prompt_logprobs     {"prompt_token_ids": [...]} -> the probe's log-probs
+    POST /collective/open     {port, backend, group, timeout_s}: this side of a weight channel (grpokit.rollout.vllm_collective)
+    POST /collective/weights  {group, tensors: [[name, dtype, shape]...]}: receive them over it, then reload_weights
 
 Why a server of our own: vLLM's OpenAI server cannot take weights pushed into it (TRL writes its own for the
 same reason). FastAPI and uvicorn come with vLLM. Every call runs on the event loop's thread, the one that
@@ -18,13 +20,52 @@ It trusts its callers: anyone who reaches the port can replace the weights (not 
 safetensors, never a pickle). It listens on 127.0.0.1 unless told otherwise (--host).
 """
 
-import json  # no `from __future__ import annotations`: FastAPI reads the handlers' Request annotations
+# no `from __future__ import annotations`: FastAPI reads the handlers' Request annotations
+import asyncio
+import json
 import os
 from pathlib import Path
 from typing import Any
 
 from grpokit.rollout.vllm import LocalEngine, start_llm
 from grpokit.rollout.vllm_remote import pack_fingerprints, unpack_weights
+
+
+class Channel:
+    """The server's side of the collective weight transfer (grpokit.rollout.vllm_collective): one TCPStore per
+    port asked for, hosted here for the server's life, and the group of the trainer connected last (a new
+    trainer, e.g. a resumed run, replaces the group of the one before)."""
+
+    def __init__(self, host: str = "0.0.0.0"):
+        self.host = host
+        self.stores: dict[int, Any] = {}
+        self.groups: dict[str, tuple[Any, Any]] = {}  # name -> (group, the device tensors are received on)
+
+    def open(self, body: dict[str, Any], peer: str) -> None:
+        from datetime import timedelta
+
+        import torch
+        from torch.distributed import PrefixStore, TCPStore
+
+        from grpokit.rollout.vllm_collective import RECEIVER, make_group
+
+        port, backend, timeout_s = int(body["port"]), body["backend"], float(body["timeout_s"])
+        if port not in self.stores:
+            self.stores[port] = TCPStore(
+                self.host, port, is_master=True, timeout=timedelta(seconds=timeout_s), wait_for_workers=False
+            )
+        self.groups.clear()  # one trainer at a time
+        group = make_group(PrefixStore(body["group"], self.stores[port]), RECEIVER, backend, peer=peer, timeout_s=timeout_s)
+        device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
+        self.groups[body["group"]] = (group, device)
+
+    def receive(self, name: str, announced: list[list]) -> list:
+        from grpokit.rollout.vllm_collective import receive
+
+        if name not in self.groups:
+            raise KeyError(f"no weight channel {name!r} is open here (a newer trainer replaced it, or none opened it)")
+        group, device = self.groups[name]
+        return receive(group, announced, device)
 
 
 def build_app(engine: LocalEngine, info: dict[str, Any]):
@@ -53,6 +94,22 @@ def build_app(engine: LocalEngine, info: dict[str, Any]):
     async def weights(request: Request):
         tensors = unpack_weights(await request.body())
         engine.load_weights(tensors)
+        return {"tensors": len(tensors)}
+
+    channel = Channel()
+
+    @app.post("/collective/open")
+    async def collective_open(request: Request):
+        body = await request.json()
+        peer = request.client.host if request.client else "127.0.0.1"
+        await asyncio.to_thread(channel.open, body, peer)  # blocks until the trainer has joined the group
+        return {"group": body["group"]}
+
+    @app.post("/collective/weights")
+    async def collective_weights(request: Request):
+        body = await request.json()
+        tensors = await asyncio.to_thread(channel.receive, body["group"], body["tensors"])
+        engine.load_weights(tensors)  # on the event loop's thread, as every engine call
         return {"tensors": len(tensors)}
 
     @app.post("/refresh_tied_head")
@@ -104,7 +161,10 @@ def serve(
     )  # fmt: skip
     config = llm.llm_engine.model_config
     resolved = str(config.dtype).removeprefix("torch.")
-    info = {"model": str(model), "dtype": resolved, "max_model_len": config.max_model_len, "pid": os.getpid()}
+    info = {
+        "model": str(model), "dtype": resolved, "max_model_len": config.max_model_len, "pid": os.getpid(),
+        "device": "cuda" if cuda else "cpu",
+    }  # fmt: skip
     app = build_app(LocalEngine(llm, resolved), info)
     print(f"grpokit vllm-serve: {json.dumps(info)} at http://{host}:{port}", flush=True)
     uvicorn.run(app, host=host, port=port, log_level="warning")

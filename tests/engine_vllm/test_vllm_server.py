@@ -20,7 +20,8 @@ import pytest
 pytest.importorskip("vllm.sampling_params", reason="vLLM is not installed (tests/engine_vllm run in .venv-vllm, .ci/run)")
 
 import torch  # noqa: E402
-from test_vllm_generator import EOS, LOGPROB_TOL, optimizer_step, sample, trainer_logprobs  # noqa: E402
+from sampling_oracle import processed_logprobs  # noqa: E402
+from test_vllm_generator import EOS, LOGPROB_TOL, PROCESSED, optimizer_step, sample, trainer_logprobs  # noqa: E402
 from test_vllm_training import spread  # noqa: E402
 from tiny_model import ADDITION_ROWS, SAMPLE_PROMPTS, SMALL_RUN  # noqa: E402
 from vllm_models import settings, vllm_model  # noqa: E402
@@ -119,25 +120,83 @@ def test_a_push_that_did_not_reach_the_server_stops_with_a_named_error(generator
     sample(generator, model, temperature=0.0, group_size=1)  # a real push makes them equal again
 
 
-def trainer(out, url, steps, **kwargs):
+def test_the_runs_sampling_settings_reach_the_server(generator):
+    """min_p and the repetition penalty travel with each request: the server's log-probs are the processed
+    distribution's (tests/sampling_oracle.py), as the colocated engine's."""
+    model, _ = vllm_model(seed=5)
+    r = sample(generator, model, **PROCESSED)
+    mask = r.completion_mask.bool()
+    want = processed_logprobs(model, r, **PROCESSED)
+    assert float((want - r.logprobs.double())[mask].abs().max()) < LOGPROB_TOL
+
+
+@pytest.fixture(scope="module")
+def collective(server):
+    """A client of the module's server whose pushes go over a gloo group (rollout.vllm.weight_transfer=collective)."""
+    url, _ = server
+    gen = VLLMGenerator(
+        settings(mode="server", server_url=url, server_timeout_s=300, weight_transfer="collective",
+                 collective_port=free_port()),
+        max_model_len=512, seed=0,
+    )  # fmt: skip
+    yield gen
+    gen.close()
+
+
+def test_the_collective_transfer_gives_the_server_the_trainers_weights(collective):
+    model, _ = vllm_model(seed=6)
+    r = sample(collective, model)  # the first push opens the group, then broadcasts; the checks pass
+    assert collective.pushes == 1 and collective.llm.group is not None
+    mask = r.completion_mask.bool()
+    assert float((trainer_logprobs(model, r, 1.0) - r.logprobs)[mask].abs().max()) < LOGPROB_TOL
+    before = sample(collective, model, temperature=0.0, group_size=1)
+    optimizer_step(model)
+    after = sample(collective, model, temperature=0.0, group_size=1)  # pushed over the same group
+    assert collective.pushes == 2
+    hf = HFGenerator().generate(
+        model, SAMPLE_PROMPTS, group_size=1, max_new_tokens=12, temperature=0.0, eos_token_ids=EOS, pad_token_id=0
+    )
+    assert torch.equal(after.completion_ids, hf.completion_ids)
+    assert not torch.equal(before.completion_ids, after.completion_ids)
+    assert collective.stats["probe_gap"] < 1e-3
+
+
+def test_a_collective_push_that_did_not_arrive_stops_with_a_named_error(collective):
+    model, _ = vllm_model(seed=7)
+    sample(collective, model, temperature=0.0, group_size=1)
+    optimizer_step(model)
+    collective.__class__ = SkippingPush
+    try:
+        with pytest.raises(WeightSyncError, match="is not the trainer's"):
+            sample(collective, model, temperature=0.0, group_size=1)
+    finally:
+        collective.__class__ = VLLMGenerator
+    sample(collective, model, temperature=0.0, group_size=1)
+
+
+def trainer(out, url, steps, *overrides, **kwargs):
     model, tok = vllm_model(seed=0)
     cfg = load_config(
         None,
         [f"train.output_dir={out}", f"train.steps={steps}", *SMALL_RUN, "rollout.engine=vllm", "optim.lr=1e-3",
-         "rollout.vllm.mode=server", f"rollout.vllm.server_url={url}", "train.save_every=1"],
+         "rollout.vllm.mode=server", f"rollout.vllm.server_url={url}", "train.save_every=1", *overrides],
     )  # fmt: skip
     return GRPOTrainer(
         cfg, model=model, tokenizer=tok, train_rows=ADDITION_ROWS, reward_functions=[("spread", spread, 1.0)], **kwargs
     )
 
 
-def test_grpokit_train_runs_two_steps_through_the_server_and_resumes(server, tmp_path):
+@pytest.mark.parametrize("transfer", ["http", "collective"])
+def test_grpokit_train_runs_two_steps_through_the_server_and_resumes(server, tmp_path, transfer):
+    """With the collective transfer the resumed run's new client opens a group of its own, which replaces the
+    first run's at the server."""
     url, _ = server
-    t = trainer(tmp_path / "run", url, 2)
+    how = [f"rollout.vllm.weight_transfer={transfer}", f"rollout.vllm.collective_port={free_port()}"]
+    t = trainer(tmp_path / "run", url, 2, *(how if transfer == "collective" else []))
     t.train()
     assert t.sampler.generator.pushes == 2  # at the connection, and before step 2's rollout
     t.sampler.generator.close()
-    resumed = trainer(tmp_path / "run", url, 3, resume=True)  # a new client: it pushes the checkpoint's weights
+    resumed = trainer(tmp_path / "run", url, 3, *(how if transfer == "collective" else []), resume=True)  # a new client: it pushes the checkpoint's weights
     resumed.train()
     lines = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in lines] == [1, 2, 3]
@@ -145,6 +204,7 @@ def test_grpokit_train_runs_two_steps_through_the_server_and_resumes(server, tmp
         assert m["sampler_logprob_diff/max"] < 1e-4  # the server sampled with the trainer's weights
         assert m["rollout/weight_lag"] == 0
     assert resumed.sampler.generator.stats["probe_gap"] < 1e-3
+    assert (resumed.sampler.generator.llm.group is not None) == (transfer == "collective")
 
 
 def test_a_call_the_server_fails_brings_its_message_back(generator):
@@ -159,14 +219,21 @@ def test_a_call_the_server_fails_brings_its_message_back(generator):
 
 
 def test_a_server_that_dies_mid_run_is_a_named_error(server, generator):
-    """Last in the module: it kills the module's server."""
+    """Last in the module: it kills the module's server. Over HTTP and over a collective group alike."""
     url, proc = server
     model, _ = vllm_model(seed=4)
     sample(generator, model, temperature=0.0, group_size=1)
+    grouped = VLLMGenerator(
+        settings(mode="server", server_url=url, weight_transfer="collective", collective_port=free_port()),
+        max_model_len=512, seed=0,
+    )  # fmt: skip
+    grouped_model, _ = vllm_model(seed=8)
+    sample(grouped, grouped_model, temperature=0.0, group_size=1)  # its group is open
     proc.kill()
     proc.wait()
-    optimizer_step(model)
-    started = time.monotonic()
-    with pytest.raises(VLLMServerError, match=rf"the vLLM server at {url} stopped answering during a weight push"):
-        sample(generator, model, temperature=0.0, group_size=1)
-    assert time.monotonic() - started < 10  # at once, not after a timeout
+    for gen, m in ((generator, model), (grouped, grouped_model)):
+        optimizer_step(m)
+        started = time.monotonic()
+        with pytest.raises(VLLMServerError, match=rf"the vLLM server at {url} stopped answering during a weight push"):
+            sample(gen, m, temperature=0.0, group_size=1)
+        assert time.monotonic() - started < 10  # at once, not after a timeout

@@ -254,6 +254,9 @@ def test_trls_server_mode_maps_to_grpokits_with_its_address_and_timeout():
     )  # fmt: skip
     v = config_from_dict(values).rollout.vllm
     assert (v.server_url, v.server_timeout_s, v.gpu_memory_utilization) == ("http://gpu7:9000", 60.0, 0.3)
+    assert (v.weight_transfer, v.collective_port) == ("http", 51216)  # TRL's default group port, HTTP kept
+    port = from_trl({"use_vllm": True, "vllm_mode": "server", "vllm_group_port": 6123})[0]["rollout"]["vllm"]
+    assert port["collective_port"] == 6123
     assert any("vllm_gpu_memory_utilization are the server's options" in n for n in notes)
 
 
