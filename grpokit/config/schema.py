@@ -343,7 +343,8 @@ class RolloutConfig:
     )
     environment: str | None = setting(
         None,
-        "Multi-turn rollouts in an environment (grpokit.rollout.envs): a factory as package.module:Env or file.py:Env.",
+        """Multi-turn rollouts in an environment (grpokit.rollout.envs): a factory as package.module:Env or
+        file.py:Env. The tools its class lists in `tools` (functions or names) are offered beside rollout.tools.""",
     )
     tool_parser: str = setting(
         "hermes",
