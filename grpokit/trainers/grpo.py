@@ -58,6 +58,14 @@ from grpokit.run.loop import run_training
 from grpokit.run.preflight import check_context, check_positions, check_tracker_login
 from grpokit.run.state import RunState
 from grpokit.train.advantages import batch_advantages
+from grpokit.train.async_ranks import (
+    agree_on_age,
+    checkpoint_over_ranks,
+    sampler_for_process,
+    sampling_weights,
+    say_died,
+    taken_over_ranks,
+)
 from grpokit.train.async_sampler import AsyncSampler, SamplerDiedError, check_sendable
 from grpokit.train.costs import step_costs
 from grpokit.train.critic import Critic
@@ -139,11 +147,6 @@ class GRPOTrainer:
         self.say = Notices()  # the parts' messages: the run's log while train() runs, else stderr
         torch.manual_seed(cfg.train.seed)
         self.dist = Distributed.from_env(cfg)  # torchrun: the process group (grpokit.train.distributed)
-        if cfg.rollout.max_staleness and self.dist.active:
-            raise ConfigError(
-                f"rollout.max_staleness={cfg.rollout.max_staleness} under torchrun (grpokit launch): the "
-                "asynchronous sampler runs in one process only for now; set rollout.max_staleness=0."
-            )
         # the output folder: not in use by another run; train() locks it until it ends (grpokit.run.lock)
         self.run = RunState(cfg, self.dist, resume=resume, overwrite=overwrite, resolved_algo=self.algo)
         self.callbacks = list(callbacks)
@@ -256,12 +259,15 @@ class GRPOTrainer:
         self._log: RunLogger | None = None  # the run's log while train() runs: samples go there
         first_batch = self._resume() if self.run.resume_from is not None else self.step
         # rollout.max_staleness >= 1: batches made by a sampler process beside the update, from the weights
-        # and prompt position restored above (grpokit.train.async_sampler); None: the synchronous loop
+        # and prompt position restored above (grpokit.train.async_sampler; torchrun: one per rank for its
+        # share, grpokit.train.async_ranks); None: the synchronous loop
         self.async_sampler = None
         if cfg.rollout.max_staleness:
+            policy = sampling_weights(self.dist, self.model, self.step)  # fsdp: the unsharded copy
             self.async_sampler = AsyncSampler(
-                self.sampler, self.model, rewards=process_rewards, max_staleness=cfg.rollout.max_staleness,
-                sync_every=cfg.rollout.sync_every, version=self.step, first_batch=first_batch,
+                sampler_for_process(self.sampler, self.dist, policy), policy, rewards=process_rewards,
+                max_staleness=cfg.rollout.max_staleness, sync_every=cfg.rollout.sync_every, version=self.step,
+                first_batch=first_batch,
             )  # fmt: skip
 
     @property
@@ -305,6 +311,8 @@ class GRPOTrainer:
         self.updater.load_entropy_state(state.get("entropy_control"))  # the entropy bonus's adaptive coefficient
         self.step = state["step"]
         overlap = state.get("async")  # the stopped run's sampler process: its batches not taken are lost
+        if overlap and overlap.get("streams"):  # torchrun: each rank's own prompt position (async_ranks)
+            self.sampler.stream.load_state(overlap["streams"][self.dist.rank])
         if overlap and overlap["in_flight"]:
             lost, r = overlap["in_flight"], self.cfg.rollout
             self.say(
@@ -349,8 +357,9 @@ class GRPOTrainer:
 
     def finish(self, summary: dict[str, Any], final: Path) -> None:
         """An asynchronous run's samples dropped for their age (rollout.max_staleness) go into the summary."""
-        if self.async_sampler is not None:
-            summary["async_dropped_samples"] = self.async_sampler.dropped_total
+        if self.async_sampler is not None:  # torchrun: every rank's
+            dropped = self.dist.reduce({"dropped": float(self.async_sampler.dropped_total)}, {"dropped": "sum"})
+            summary["async_dropped_samples"] = int(dropped["dropped"])
 
     def stop(self, reason: str) -> None:
         """End the run after the current step as a finished one (final evaluation, checkpoint, summary with
@@ -397,7 +406,7 @@ class GRPOTrainer:
         self.step += 1
         self.learner.scheduler.step()
         if self.async_sampler is not None:  # the sampler process gets the new weights every rollout.sync_every steps
-            self.async_sampler.trained(self.model, self.step)
+            self.async_sampler.trained(sampling_weights(self.dist, self.model, self.step), self.step)
         # metrics: the global batch's under torchrun
         abs_mean = advantage_abs_mean(advantages, batch.rollout.completion_mask, dist)
         metrics = step_metrics(everyone, abs_mean, update_metrics, sampling, self.accuracy_name)
@@ -415,12 +424,18 @@ class GRPOTrainer:
         return metrics
 
     def _take_async(self, step: int) -> tuple[ScoredBatch, dict[str, float], dict[str, float], dict[str, float]]:
-        """The asynchronous sampler's next batch; its process dying stops the run with a checkpoint."""
+        """The asynchronous sampler's next batch, with the steps logged so far for its reward functions; its
+        process dying stops the run with a checkpoint (torchrun: every rank's, grpokit.train.async_ranks)."""
         try:
-            return self.async_sampler.take(step)
+            batch, timing, sampling, overlap = self.async_sampler.take(
+                step, log_history=self.log_history, agree=agree_on_age(self.dist)
+            )
         except SamplerDiedError as e:
+            say_died(self.dist, e)  # the other ranks wait for this batch's agreement: they stop too
             where = f" Checkpoint of step {self.step}: {self.save()}." if self.step > 0 else ""
             raise SamplerDiedError(f"{e}{where}") from None
+        sampling, overlap = taken_over_ranks(self.dist, sampling, overlap)
+        return batch, timing, sampling, overlap
 
     # ----------------------------------------------------------------------------- samples, eval, io
 
@@ -430,7 +445,9 @@ class GRPOTrainer:
         state = {"stream": self.sampler.stream.state(), "critic": critic.state() if critic else None}
         if self.async_sampler is not None:  # the prompts of the batches taken; the sampler's version and backlog
             state["stream"] = self.async_sampler.stream_state
-            state["async"] = self.async_sampler.checkpoint_state()
+            state["async"] = checkpoint_over_ranks(
+                self.dist, self.async_sampler.checkpoint_state(), self.async_sampler.stream_state
+            )  # torchrun: every rank's prompt position
         state["entropy_control"] = self.updater.entropy_state()
         subfolders = critic.folders() if critic else {}
         return self.run.save(self.step, self.learner, self.tokenizer, state, subfolders)

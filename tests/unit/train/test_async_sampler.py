@@ -166,14 +166,6 @@ def test_settings_async_cannot_run_with_are_refused_with_the_reason(overrides, w
         load_config(None, overrides)
 
 
-def test_under_torchrun_async_is_refused_before_the_model_loads(tmp_path, monkeypatch):
-    from grpokit.train.distributed import Distributed
-
-    monkeypatch.setattr(Distributed, "active", property(lambda self: True))  # what torchrun's env would give
-    with pytest.raises(ConfigError, match="under torchrun"):
-        make_trainer(tmp_path, "rollout.max_staleness=1")
-
-
 def test_auto_correction_is_token_truncate_for_stale_samples():
     cfg = load_config(None, ["rollout.max_staleness=2"])
     assert MismatchCorrection.from_settings(cfg.rollout) == MismatchCorrection("token_truncate", 2.0, None)
