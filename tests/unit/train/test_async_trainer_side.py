@@ -97,3 +97,26 @@ def test_reward_functions_in_the_sampler_process_see_the_steps_logged_before_the
     for j in range(4):
         assert by_batch[j]["logged"] == list(range(1, j)), by_batch[j]  # steps 1 .. j - 1
         assert by_batch[j]["has_loss"]
+
+
+def test_under_fsdp_the_process_samples_the_unsharded_copy_with_the_policys_trainable_weights():
+    """Under fsdp the trainer keeps a whole copy of the policy for sampling, frozen (Distributed.wrap); the push
+    carries the parameters marked trainable, so sampling_weights marks the copy's as the policy's are. Without
+    that no weight would reach the sampler process (trainable_parameters of the frozen copy is empty). The copy
+    is set here as wrap() leaves it, its gather for this version done (no process group in a unit test)."""
+    from grpokit.train.async_ranks import sampling_weights
+    from grpokit.train.async_sampler import trainable_parameters
+
+    model, _ = make_tiny_model("qwen2", seed=0)
+    model.get_input_embeddings().requires_grad_(False)  # a frozen part stays frozen in the copy
+    dist = Distributed(world=2, rank=0, strategy="fsdp")
+    dist._gen, dist._gen_of, dist._gen_version = copy.deepcopy(model).requires_grad_(False), id(model), 3
+    assert trainable_parameters(dist._gen) == {}
+    whole = sampling_weights(dist, model, 3)
+    assert whole is dist._gen
+    assert (
+        set(trainable_parameters(whole))
+        == set(trainable_parameters(model))
+        != set(dict(model.named_parameters()))
+    )
+    assert sampling_weights(Distributed(), model, 3) is model  # alone (and ddp): the policy itself
