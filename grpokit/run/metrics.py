@@ -162,9 +162,13 @@ TRAIN: dict[str, Metric] = {
         "batches", "batches made by the sampler process and waiting when this step's was taken",
         "rollout.max_staleness >= 1",
     ),
-    "async/wait_s": Metric("s", "seconds the trainer waited for the step's batch", "rollout.max_staleness >= 1"),
+    "async/wait_s": Metric(
+        "s", "seconds the trainer waited for the step's batch (under torchrun the rank that waited longest)",
+        "rollout.max_staleness >= 1",
+    ),
     "async/version": Metric(
-        "step", "the policy version (steps done) whose weights sampled the step's batch", "rollout.max_staleness >= 1"
+        "step", "the policy version (steps done) whose weights sampled the step's batch (under torchrun the "
+        "oldest of the ranks' shares; counts and drops are every rank's)", "rollout.max_staleness >= 1",
     ),
     "async/sampler_busy": Metric(
         "share", "the sampler process's seconds on the batch over the seconds since the previous batch was taken",
