@@ -12,7 +12,6 @@ from grpokit.bench.report import print_algos_table, print_table
 from grpokit.bench.run import compare_algos, run_bench
 from grpokit.bench.shapes import BENCH_SHAPES, MODEL_SHAPES, BenchError, cache_root
 from grpokit.bench.trl import check_trl, compare, run_trl
-from grpokit.bench.update_memory import BATCHES
 from grpokit.config.schema import DTYPES, ENGINES, KV_CACHES, PRECISION_MODES
 
 
@@ -328,6 +327,10 @@ def _check_algos(algos: list[str], compare_with: str | None) -> str | None:
 
 def add_bench_parser(subparsers) -> None:
     """Register ``grpokit bench`` on an ``argparse`` subparsers object."""
+    # here, not at the top: ``python -m grpokit.bench.update_memory`` imports this package first, and a module
+    # imported before runpy runs it as __main__ is run twice (a RuntimeWarning in every variant's process)
+    from grpokit.bench.update_memory import BATCHES
+
     p = subparsers.add_parser(
         "bench",
         help="seconds per training step and memory by role on a fixed shape (beside TRL, or per algorithm)",
