@@ -132,10 +132,12 @@ def check_async(rollout: Any) -> None:
                 "cadence is rollout.vllm.sync_every)."
             )
         return
-    if rollout.engine == "vllm":
+    if rollout.engine == "vllm" and rollout.vllm.mode == "server":
         raise ConfigError(
-            f"rollout.max_staleness={k} with rollout.engine=vllm: the asynchronous sampler runs the built-in "
-            "engines (fast, hf) only for now; use rollout.engine=fast, or rollout.max_staleness=0."
+            f"rollout.max_staleness={k} with rollout.vllm.mode=server: the sampler process and the trainer's "
+            "evaluation would both push weights to the one server, so a batch's policy version could not be "
+            "known; use rollout.vllm.mode=colocate (the engine then lives in the sampler process), or "
+            "rollout.max_staleness=0."
         )
 
 

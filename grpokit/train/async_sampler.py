@@ -66,6 +66,7 @@ from grpokit.core.errors import ConfigError, TrainingError
 from grpokit.core.workers import PR_SET_PDEATHSIG, read_frame, write_frame
 from grpokit.rewards import RewardRunner
 from grpokit.rollout.episodes import EpisodeSampler, multi_turn
+from grpokit.rollout.generation import rollout_metrics
 
 POLL_S = 0.5  # how often a waiting trainer checks that the sampler process is alive
 
@@ -87,7 +88,7 @@ class Taken:
     stream: dict[str, int]  # the prompt stream's position after this batch
     busy_s: float  # the sampler's seconds on this batch
     done_at: float  # time.monotonic() when it was sent
-    episodes: dict[str, float] = field(default_factory=dict)  # multi-turn: episode/*, tools/* of this batch
+    episodes: dict[str, float] = field(default_factory=dict)  # episode/*, tools/* (multi-turn), rollout/*
 
 
 def trainable_parameters(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -287,7 +288,7 @@ class AsyncSampler:
             target=_sampler_process,
             args=(
                 os.getpid(),
-                payload,
+                [payload],  # a box the process empties: the pickled policy is freed once loaded
                 self._shared,
                 self._shared_version,
                 self._lock,
@@ -359,7 +360,7 @@ class AsyncSampler:
         }
         if since:  # the sampler's seconds on this batch over the seconds since the last one was taken
             metrics["async/sampler_busy"] = min(1.0, item.busy_s / since)
-        metrics.update(item.episodes)  # multi-turn: the episodes were run in the process
+        metrics.update(item.episodes)  # the process's engine and episodes made the batch: their metrics
         return item.batch, dict(item.timing), dict(item.sampling), metrics
 
     def trained(self, model: torch.nn.Module, version: int) -> bool:
@@ -454,9 +455,10 @@ class AsyncSampler:
 # ---------------------------------------------------------------------- the sampler process
 
 
-def _sampler_process(parent, payload, shared, shared_version, lock, requests, replies, start) -> None:
+def _sampler_process(parent, box, shared, shared_version, lock, requests, replies, start) -> None:
     """The process's main: tie its life to the trainer's, build the Sampler from the recipe and the policy
-    in ``payload``, then serve (a failure is sent to the trainer, which raises it as SamplerDiedError)."""
+    pickled in ``box`` (a one-item list it empties: the bytes are freed once loaded), then serve (a failure
+    is sent to the trainer, which raises it as SamplerDiedError)."""
     _tie_to(parent)
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
     torch.set_num_threads(1)
@@ -464,6 +466,7 @@ def _sampler_process(parent, payload, shared, shared_version, lock, requests, re
     sampler = None
     try:
         try:
+            payload = box.pop()
             recipe, model = pickle.loads(memoryview(payload.numpy()))
             del payload
             sampler = recipe.build(model)
@@ -533,7 +536,7 @@ def _serve(
         busy = time.perf_counter() - t
         taken = Taken(
             index, version, batch, timing, sampling, sampler.stream.state(), busy, time.monotonic(),
-            sampler.episode_metrics(),
+            {**sampler.episode_metrics(), **rollout_metrics(sampler.generator)},
         )  # fmt: skip
         write_frame(replies, ("batch", taken))
         index += 1

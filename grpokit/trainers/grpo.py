@@ -415,7 +415,8 @@ class GRPOTrainer:
         if overlap:  # async/*: staleness, dropped samples, queue depth, how busy each side was
             overlap["async/trainer_busy"] = 1.0 - overlap["async/wait_s"] / metrics["time/step"]
             metrics.update(overlap)
-        metrics.update(rollout_metrics(self.sampler.generator))  # rollout/cuda_graphs, rollout/static_kv_cache
+        if self.async_sampler is None:  # else the sampler process's engine's, sent with the batch (overlap)
+            metrics.update(rollout_metrics(self.sampler.generator))  # rollout/cuda_graphs, rollout/static_kv_cache
         metrics.update(self.sampler.episode_metrics())  # multi-turn: episode/turns_mean, tools/calls...
         self.mismatch.check(metrics, self.step)  # the sampler drifting from the trainer: a notice, then a stop
         with_trl_names(metrics)  # TRL's names beside ours where they mean the same (grpokit.compat.trl.names)

@@ -138,8 +138,13 @@ def test_no_batch_older_than_k_is_trained_and_each_ratio_uses_the_log_probs_of_i
 
 @pytest.mark.slow
 def test_a_killed_sampler_process_stops_the_run_with_a_named_error_and_a_checkpoint(tmp_path):
+    shared = []  # the sizes of the process's torch shared-memory mappings before it is killed
+
     def kill_at_two(step, metrics, trainer):
         if step == 2:
+            maps = Path(f"/proc/{trainer.async_sampler.pid}/maps").read_text().splitlines()
+            spans = [line.split()[0].split("-") for line in maps if "/dev/shm/torch_" in line]
+            shared.extend(int(end, 16) - int(start, 16) for start, end in spans)
             os.kill(trainer.async_sampler.pid, signal.SIGKILL)
 
     trainer = make_trainer(
@@ -151,12 +156,20 @@ def test_a_killed_sampler_process_stops_the_run_with_a_named_error_and_a_checkpo
     assert trainer.step in (2, 3)
     assert f"Checkpoint of step {trainer.step}" in str(caught.value)
     assert (tmp_path / "run" / "checkpoints" / f"step_{trainer.step:06d}").is_dir()
+    # it maps the pushed weights' buffers, each at most one parameter's pages; the pickled policy it started
+    # from (larger than any parameter) was freed once loaded, not kept for the run
+    largest = max(p.numel() * p.element_size() for p in trainer.model.parameters())
+    assert shared and max(shared) <= -(-largest // 4096) * 4096
 
 
 @pytest.mark.parametrize(
     "overrides, words",
     [
-        (["rollout.max_staleness=1", "rollout.engine=vllm"], "built-in engines"),
+        (
+            ["rollout.max_staleness=1", "rollout.engine=vllm", "rollout.vllm.mode=server",
+             "rollout.vllm.server_url=http://127.0.0.1:8000"],
+            "rollout.vllm.mode=server: the sampler process and the trainer's evaluation",
+        ),
         (["rollout.sync_every=2"], "taken only with rollout.max_staleness >= 1"),
         (["rollout.max_staleness=-1"], "rollout.max_staleness"),
     ],
