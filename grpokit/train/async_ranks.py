@@ -38,6 +38,7 @@ from typing import Any
 
 from torch import nn
 
+from grpokit.rollout.episodes import OVER_RANKS as EPISODES_OVER_RANKS
 from grpokit.train.async_sampler import SamplerDiedError
 from grpokit.train.distributed import Distributed
 from grpokit.train.sampler import Sampler, sampling_over_ranks
@@ -117,18 +118,23 @@ OVER_RANKS = {
     "async/version": "min",  # the oldest weights that sampled any rank's share
     "async/sampler_busy": "mean",
 }
-"""How the async/* metrics of a take add up over ranks; async/staleness_{lag} (sample counts) are summed."""
+"""How the async/* metrics of a take add up over ranks; async/staleness_{lag} (sample counts) are summed, the
+multi-turn episode/* and tools/* ones the process sends with a batch as grpokit.rollout.episodes.OVER_RANKS says."""
 
 
 def taken_over_ranks(
     dist: Distributed, sampling: dict[str, float], overlap: dict[str, float]
 ) -> tuple[dict[str, float], dict[str, float]]:
-    """A take's sampling and async/* metrics over every rank's share (grpokit.train.sampler.sampling_over_ranks;
-    ``OVER_RANKS``), as one process would report them. Alone: as they are."""
+    """A take's sampling, async/* and (multi-turn) episode metrics over every rank's share
+    (grpokit.train.sampler.sampling_over_ranks; ``OVER_RANKS``), as one process would report them; a metric no
+    table names (masked_token_frac) stays this rank's. Alone: as they are."""
     if not dist.active:
         return sampling, overlap
-    how = {key: OVER_RANKS.get(key, "sum") for key in overlap}
-    return sampling_over_ranks(sampling, dist), dist.reduce(overlap, how)
+    tables = {**EPISODES_OVER_RANKS, **OVER_RANKS}
+    how = {key: tables.get(key, "sum" if key.startswith("async/staleness_") else None) for key in overlap}
+    how = {key: reduction for key, reduction in how.items() if reduction}
+    reduced = dist.reduce({key: overlap[key] for key in how}, how)
+    return sampling_over_ranks(sampling, dist), {**overlap, **reduced}
 
 
 def checkpoint_over_ranks(dist: Distributed, state: dict[str, Any], stream: dict[str, Any]) -> dict[str, Any]:
