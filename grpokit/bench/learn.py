@@ -23,7 +23,7 @@ held-out rows, measured by one function (``greedy_accuracy``, HF generate) in bo
 every ``eval_every`` steps; the evaluation's time is not training time. Training seconds are the wall
 clock of the training steps (grpokit: ``train_step()``; TRL: from ``on_train_begin`` to each
 ``on_step_end``, the callback's evaluation excluded), and beside them the CPU seconds the process and its
-children used over the same stretches (``cpu_seconds``): on a shared machine the wall clock follows the load,
+children used over the same stretches (``grpokit.core.clock``): on a shared machine the wall clock follows the load,
 the CPU seconds much less.
 """
 
@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from grpokit.bench.shapes import BenchError
+from grpokit.core.clock import cpu_seconds
 
 
 @dataclass(frozen=True)
@@ -235,24 +236,6 @@ def _run_grpokit(task: LearnTask, seed: int, steps: int, eval_every: int, extra:
             if step % eval_every == 0 or step == steps:
                 curve.append(_point(step, clock, trainer.model, trainer.tokenizer, eval_rows, task))
     return {"curve": curve}
-
-
-def cpu_seconds() -> float:
-    """CPU seconds (user + system) used so far by this process and its live child processes (grpokit's reward
-    workers, math-verify's pool): the work done, which the machine's load changes far less than the wall
-    clock. psutil comes with TRL (and its accelerate), which --learn needs; without it, this process's alone."""
-    try:
-        import psutil
-    except ImportError:
-        return time.process_time()
-    me = psutil.Process()
-    total = sum(me.cpu_times()[:2])
-    for child in me.children(recursive=True):
-        try:
-            total += sum(child.cpu_times()[:2])
-        except psutil.Error:  # ended meanwhile
-            pass
-    return total
 
 
 class TrainClock:

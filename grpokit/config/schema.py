@@ -635,6 +635,17 @@ class TrainConfig:
         example=3,
         meaning="null = train.steps",
     )
+    max_cpu_seconds: float | None = setting(
+        None,
+        """Stop once the training steps have used this many CPU seconds (this process and its children: reward
+        workers; grpokit.core.clock), at the end of the step that reaches it, as a finished run with a checkpoint;
+        summary.json records train_cpu_seconds and budget_reached. CPU seconds, not the wall clock: the same work
+        takes about the same CPU time on a busy machine (a GPU's time is not in it: a budget for CPU runs). A resumed
+        run counts its own leg only.""",
+        range="(0, inf)",
+        example=120,
+        meaning="null = train.steps alone",
+    )
     seed: int = setting(
         0, "Seed of data order, sampling and initialisation.", check=check_seed, allowed=">= 0 and < 2**63"
     )

@@ -1,6 +1,6 @@
 """The embedded R1 demo (``grpokit pipeline --demo --output-dir DIR``): the four stages of DeepSeek-R1
 (arXiv 2501.12948) on a tiny model, on the CPU, with no download, and RL alone from the cold start beside
-them at about the same training time.
+them for the same training CPU seconds.
 
 Task: the demo's two-number addition (``grpokit.demos.default``) with a *required output format*: a think block,
 then the answer, ``"27+45="`` -> ``"<think>27+45</think><answer>72</answer>"`` (the cold-start chains
@@ -19,7 +19,12 @@ Stages (``pipeline.yaml`` in DIR, which the command writes and then runs):
    well-formatted ones, the shortest per prompt; ``distill`` (sft): the base model fine-tuned on them
    (R1 fine-tunes the base, not the RL model);
 4. ``final`` (rl): GRPO again from the distilled model.
-``rl_alone`` (rl, from ``cold_start``): GRPO only, 160 steps: about the training seconds of stages 2-4.
+``rl_alone`` (rl, from ``cold_start``): GRPO only, for the CPU seconds that ``reason``, ``rejection``, ``distill``
+and ``final`` used together (their training steps; the sampling), measured as they ran (the pipeline's
+``cpu_budget_of``, train.max_cpu_seconds): the same compute, whatever the machine's load.
+
+``seed`` (``demo_pipeline``) seeds every stage's training and sampling; ``grpokit.demos.r1_compare`` runs the
+demo over several seeds and compares the two arms.
 """
 
 from __future__ import annotations
@@ -37,6 +42,11 @@ COLD_START_EXAMPLES = 48
 """Chains of the cold-start data ("a few thousand" in R1; a few dozen for a model of 0.4M parameters)."""
 MAX_NEW_TOKENS = 16
 """The longest chain, "<think>49+49</think><answer>98</answer>" and EOS, is 13 tokens."""
+RECIPE_AFTER_COLD_START = ["reason", "rejection", "distill", "final"]
+"""The recipe's stages after the cold start, whose CPU seconds together are RL alone's budget."""
+RL_ALONE_MAX_STEPS = 1000
+"""RL alone's train.steps: a bound its CPU budget reaches first (about 150-250 steps here; the learning rate is
+constant after warm-up, so the bound changes nothing else)."""
 
 
 def chain(prompt: str) -> str:
@@ -96,13 +106,14 @@ def _add_think_tags(source: Path, target: Path) -> None:
     save_local_tokenizer(tokenizer, target)
 
 
-def demo_pipeline(paths: dict[str, Path]) -> dict:
-    """The pipeline file's content for the prepared paths."""
+def demo_pipeline(paths: dict[str, Path], seed: int = 0) -> dict:
+    """The pipeline file's content for the prepared paths; ``seed``: every stage's train.seed (sample.seed)."""
     common = {
         "model.device": "cpu",
         "model.dtype": "float32",
         "data.template": "plain",
         "train.tensorboard": False,
+        "train.seed": seed,
     }
     rewards = [{"name": "math_accuracy", "weight": 1.0}, {"name": "format_lenient", "weight": 0.5}]
 
@@ -148,13 +159,20 @@ def demo_pipeline(paths: dict[str, Path]) -> dict:
         "keep.prefer_shortest": True,
     }
     sample.pop("train.tensorboard")
+    sample["sample.seed"] = sample.pop("train.seed")
     stages = [
         {"name": "cold_start", "kind": "sft", "data": str(paths["cold_start"]), "set": sft(100, 16, 2e-3)},
         {"name": "reason", "kind": "rl", "set": rl(30)},
         {"name": "rejection", "kind": "sample", "set": sample},
         {"name": "distill", "kind": "sft", "model": "base", "data": "rejection", "set": sft(150, 32, 1e-3)},
         {"name": "final", "kind": "rl", "set": rl(20)},
-        {"name": "rl_alone", "kind": "rl", "model": "cold_start", "set": rl(160)},
+        {
+            "name": "rl_alone",
+            "kind": "rl",
+            "model": "cold_start",
+            "cpu_budget_of": RECIPE_AFTER_COLD_START,
+            "set": rl(RL_ALONE_MAX_STEPS),
+        },
     ]
     return {
         "name": "r1-demo",
@@ -171,10 +189,10 @@ def demo_pipeline(paths: dict[str, Path]) -> dict:
     }
 
 
-def write_demo_pipeline(out: Path, log=print) -> Path:
-    """Prepare the demo's model and data, write DIR/pipeline.yaml, return its path."""
+def write_demo_pipeline(out: Path, log=print, seed: int = 0) -> Path:
+    """Prepare the demo's model and data, write DIR/pipeline.yaml (``seed``: demo_pipeline's), return its path."""
     paths = prepare_r1_demo(log=log)
     out.mkdir(parents=True, exist_ok=True)
     path = out / "pipeline.yaml"
-    path.write_text(yaml.safe_dump(demo_pipeline(paths), sort_keys=False))
+    path.write_text(yaml.safe_dump(demo_pipeline(paths, seed=seed), sort_keys=False))
     return path

@@ -76,8 +76,12 @@ def _as_spec(value: Any) -> dict[str, Any]:
     return {"name": value} if isinstance(value, str) else {"weight": 1.0, **value}
 
 
-def stage_row(label: str, kind: str, state: dict[str, Any]) -> dict[str, Any]:
-    """One table row from a stage's state: its evaluation, its steps or its sampling numbers."""
+def stage_row(label: str, kind: str, state: dict[str, Any], parent: str | None = None) -> dict[str, Any]:
+    """One table row from a stage's state: its evaluation, its steps or its sampling numbers, the seconds of
+    its work (training steps; a sample stage's sampling) by the wall clock and in CPU seconds, and ``parent``,
+    the folder of the stage it grows from (``spec.lineage``; the plot joins them)."""
+    from grpokit.pipeline.spec import used_cpu_seconds
+
     ev = state.get("eval") or {}
     row = {"stage": label, "kind": kind, **{key: ev.get(key) for key in SCORES}}
     row["completion_len"] = ev.get("completion_len")
@@ -87,7 +91,13 @@ def stage_row(label: str, kind: str, state: dict[str, Any]) -> dict[str, Any]:
         row["note"] = f"pass rate {rate:.1%}, kept {summary.get('rows')} rows" if rate is not None else ""
     else:
         row["note"] = f"{summary['steps']} steps" if summary.get("steps") is not None else ""
+    budget = state.get("cpu_budget")
+    if budget:
+        row["note"] += f", CPU budget {budget['seconds']:.1f} s = {' + '.join(budget['of'])}"
+    used = used_cpu_seconds(state) if kind != "model" else None
+    row["work_s"], row["work_cpu_s"] = (used[1], used[0]) if used else (None, None)
     row["seconds"] = state.get("seconds")
+    row["parent"] = parent
     return row
 
 
@@ -99,14 +109,24 @@ def _fmt(value: Any, percent: bool = True) -> str:
     return str(value)
 
 
+COLUMNS = ("stage", "kind", "accuracy", "format", "language", "tokens", "train s", "train CPU s", "stage s", "note")
+"""The table's columns: tokens, the greedy completions' mean length; train s / train CPU s, the seconds of the
+stage's work (its training steps; a sample stage's sampling) by the wall clock and in CPU seconds (this process
+and its children, grpokit.core.clock); stage s, the stage's whole process by the wall clock (start-up, loading
+and saving included), the evaluation excluded."""
+
+
+def _cells(r: dict[str, Any]) -> list[str]:
+    return [
+        r["stage"], r["kind"], _fmt(r["accuracy"]), _fmt(r["format"]), _fmt(r["language"]),
+        _fmt(r["completion_len"], False), _fmt(r.get("work_s"), False), _fmt(r.get("work_cpu_s"), False),
+        _fmt(r["seconds"], False), r["note"],
+    ]  # fmt: skip
+
+
 def table_markdown(rows: list[dict[str, Any]]) -> str:
-    head = "| stage | kind | accuracy | format | language | completion tokens | seconds | note |"
-    lines = [head, "|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        lines.append(
-            f"| {r['stage']} | {r['kind']} | {_fmt(r['accuracy'])} | {_fmt(r['format'])} | {_fmt(r['language'])} "
-            f"| {_fmt(r['completion_len'], False)} | {_fmt(r['seconds'], False)} | {r['note']} |"
-        )
+    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    lines += ["| " + " | ".join(_cells(r)) + " |" for r in rows]
     return "\n".join(lines) + "\n"
 
 
@@ -115,19 +135,10 @@ def print_table(rows: list[dict[str, Any]]) -> None:
     from rich.table import Table
 
     table = Table(title="held-out scores after each stage (greedy)")
-    for col in ("stage", "kind", "accuracy", "format", "language", "tokens", "seconds", "note"):
+    for col in COLUMNS:
         table.add_column(col)
     for r in rows:
-        table.add_row(
-            r["stage"],
-            r["kind"],
-            _fmt(r["accuracy"]),
-            _fmt(r["format"]),
-            _fmt(r["language"]),
-            _fmt(r["completion_len"], False),
-            _fmt(r["seconds"], False),
-            r["note"],
-        )
+        table.add_row(*_cells(r))
     Console(stderr=True).print(table)
 
 
@@ -138,9 +149,29 @@ def write_report(out: Path, rows: list[dict[str, Any]]) -> None:
     plot_stages(rows, out / "stages.png")
 
 
+def plot_edges(rows: list[dict[str, Any]]) -> list[tuple[int, int]]:
+    """(i, j) pairs of the evaluated rows to join in the plot: row j grows from row i (its ``parent``, through
+    the stages that were not evaluated, a sample stage's own parent). A stage that starts from an earlier
+    stage than the one before it (the R1 demo's rl_alone, from the cold start) is joined to that stage, never
+    to the row before it."""
+    by_stage = {r["stage"]: r for r in rows}
+    measured = [r for r in rows if r["accuracy"] is not None]
+    at = {r["stage"]: i for i, r in enumerate(measured)}
+    edges = []
+    for j, r in enumerate(measured):
+        parent, seen = r.get("parent"), set()
+        while parent is not None and parent not in at and parent in by_stage and parent not in seen:
+            seen.add(parent)
+            parent = by_stage[parent].get("parent")
+        if parent in at:
+            edges.append((at[parent], j))
+    return edges
+
+
 def plot_stages(rows: list[dict[str, Any]], path: Path) -> None:
-    """Accuracy, format and language (where measured) of each stage's model, one line each; no file
-    when no stage was evaluated."""
+    """Accuracy, format and language (where measured) of each stage's model; each stage joined to the one it
+    grows from (``plot_edges``): solid to the point before it, dotted to an earlier one (a branch such as
+    RL alone from the cold start). No file when no stage was evaluated."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -151,15 +182,21 @@ def plot_stages(rows: list[dict[str, Any]], path: Path) -> None:
         return
     fig, ax = plt.subplots(figsize=(max(5.0, 1.2 * len(measured) + 2), 3.6))
     xs = list(range(len(measured)))
+    edges = plot_edges(rows)
     for key, marker in zip(SCORES, "osD"):
-        ys = [r[key] for r in measured]
-        if any(y is not None for y in ys):
-            ax.plot(xs, [float("nan") if y is None else 100 * y for y in ys], marker=marker, label=key)
-    ax.set_xticks(xs, [r["stage"] for r in measured], rotation=20, ha="right")
+        ys = [float("nan") if r[key] is None else 100 * r[key] for r in measured]
+        if all(y != y for y in ys):  # NaN: this score is not measured
+            continue
+        points = ax.plot(xs, ys, marker=marker, linestyle="none", label=key)[0]
+        for i, j in edges:
+            ax.plot([i, j], [ys[i], ys[j]], color=points.get_color(), linestyle="-" if j == i + 1 else ":")
+    branch = {j: measured[i]["stage"] for i, j in edges if i != j - 1}  # j: the stage it branches from
+    labels = [f"{r['stage']}\n(from {branch[j]})" if j in branch else r["stage"] for j, r in enumerate(measured)]
+    ax.set_xticks(xs, labels, rotation=20, ha="right")
     ax.set_ylabel("held-out, % (greedy)")
     ax.set_ylim(-2, 102)
     ax.grid(alpha=0.3)
-    ax.legend(loc="lower right")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0))  # outside: no point hidden
     ax.set_title("after each stage")
     fig.tight_layout()
     fig.savefig(path, dpi=110)

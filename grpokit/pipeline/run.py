@@ -30,6 +30,8 @@ from grpokit.pipeline.spec import (
     PipelineError,
     can_resume,
     check_stage_configs,
+    cpu_budget,
+    lineage,
     missing_outputs,
     read_state,
     stage_command,
@@ -137,6 +139,7 @@ def run_pipeline(
         rows.append(stage_row(f"00-{BASE}", "model", state))
     hashes: dict[int, str] = {}
     outputs: dict[int, dict] = {}
+    states: dict[int, dict] = {}  # the stage.json of each stage done
     for stage in pipe.stages:
         folder = out / stage.folder
         hashes[stage.index] = digest = stage_hash(stage, hashes, pipe)
@@ -150,13 +153,17 @@ def run_pipeline(
             log(f"{stage.folder}: done before, not rerun")
         else:
             resume_stage = state is not None and can_resume(stage, folder)
-            cmd = stage_command(stage, folder, model, data, resume=resume_stage)
+            budget = cpu_budget(pipe, stage, states)  # None without cpu_budget_of
+            cmd = stage_command(
+                stage, folder, model, data, resume=resume_stage, cpu_budget=budget and budget["seconds"]
+            )
             state = {
                 "name": stage.name,
                 "kind": stage.kind,
                 "hash": digest,
                 "status": "running",
                 "command": cmd,
+                **({"cpu_budget": budget} if budget else {}),
             }
             write_state(folder, state)
             log(
@@ -179,10 +186,10 @@ def run_pipeline(
                 status="done", outputs=made, seconds=time.perf_counter() - start, summary=_brief(summary)
             )
             write_state(folder, state)
-        outputs[stage.index] = state["outputs"]
+        outputs[stage.index], states[stage.index] = state["outputs"], state
         if pipe.eval is not None and stage.kind != "sample":
             _evaluate(state, pipe, state["outputs"]["model"], folder, log)
-        rows.append(stage_row(stage.folder, stage.kind, state))
+        rows.append(stage_row(stage.folder, stage.kind, state, parent=lineage(pipe, stage)))
         print_table(rows)
         write_report(out, rows)
     log(f"done: {out / 'stages.md'}, {out / 'stages.png'}")
@@ -227,6 +234,10 @@ def _brief(summary: dict[str, Any]) -> dict[str, Any]:
         "pass_rate_mean",
         "eval_accuracy_after",
         "train_seconds",
+        "train_cpu_seconds",
+        "seconds",
+        "cpu_seconds",
+        "budget_reached",
     )
     return {k: summary[k] for k in keys if k in summary}
 

@@ -14,7 +14,9 @@ each run as its own ``python -m grpokit.cli.main sft | train | sample`` process,
 A stage's model is the previous stage's final checkpoint (a ``sample`` stage passes its model on), unless
 ``model`` names an earlier stage, ``base`` or a path; ``data`` (its ``data.train``) may name an earlier
 ``sample`` stage, whose kept rows it then reads. ``set`` holds dotted overrides; ``config`` the stage's own
-config file (relative paths: from the current folder, as everywhere in grpokit).
+config file (relative paths: from the current folder, as everywhere in grpokit). ``cpu_budget_of: [a, b]``
+gives an rl or sft stage the CPU seconds stages a and b used (their training steps; a sample stage's
+sampling) as its train.max_cpu_seconds: an equal-compute comparison (the R1 demo's ``rl_alone``).
 
 Output tree: ``NN-NAME/`` per stage (the stage's own output folder) with ``stage.json``: status
 (running | done), the stage's hash (its kind, config file text, overrides and inputs, the hashes of the
@@ -46,7 +48,7 @@ KINDS = ("sft", "rl", "sample")
 COMMANDS = {"sft": "sft", "rl": "train", "sample": "sample"}
 """The grpokit subcommand that runs each kind."""
 TOP_KEYS = ("name", "model", "eval", "stages")
-STAGE_KEYS = ("name", "kind", "config", "model", "data", "set")
+STAGE_KEYS = ("name", "kind", "config", "model", "data", "set", "cpu_budget_of")
 EVAL_KEYS = (
     "data",
     "prompt_column",
@@ -82,6 +84,9 @@ class Stage:
     """A sample stage's name, a path, or None (the stage config's own data.train)."""
     overrides: list[str] = field(default_factory=list)
     """The ``set`` mapping as section.key=value strings, in file order."""
+    cpu_budget_of: list[str] = field(default_factory=list)
+    """Names of earlier stages: this one (rl or sft) trains for the CPU seconds they used together
+    (train.max_cpu_seconds, set when it starts; ``cpu_budget``)."""
 
     @property
     def folder(self) -> str:
@@ -163,8 +168,23 @@ def _read_stage(p: Path, i: int, raw: Any) -> Stage:
     if not isinstance(settings, dict):
         raise PipelineError(f"{where}.set: expected a mapping of dotted keys, e.g. {{train.steps: 100}}")
     overrides = [_override_text(str(k), v) for k, v in settings.items()]
+    budget_of = raw.get("cpu_budget_of") or []
+    if not isinstance(budget_of, list) or not all(isinstance(name, str) for name in budget_of):
+        raise PipelineError(
+            f"{where}.cpu_budget_of: expected a list of earlier stages' names, e.g. [reason, distill], "
+            f"got {budget_of!r}"
+        )
+    if budget_of and kind == "sample":
+        raise PipelineError(
+            f"{where}.cpu_budget_of: a sample stage has no training to limit; give it to an rl or sft stage"
+        )
+    if budget_of and "train.max_cpu_seconds" in settings:
+        raise PipelineError(
+            f"{where}: cpu_budget_of sets train.max_cpu_seconds from the stages it names; remove "
+            "set.train.max_cpu_seconds (or cpu_budget_of)"
+        )
     return Stage(
-        i, raw.get("name") or "", kind, raw.get("config"), raw.get("model"), raw.get("data"), overrides
+        i, raw.get("name") or "", kind, raw.get("config"), raw.get("model"), raw.get("data"), overrides, budget_of
     )
 
 
@@ -192,10 +212,18 @@ def _name_stages(p: Path, stages: list[Stage], raw: list) -> None:
 def _check_references(p: Path, stages: list[Stage], model: str | None) -> None:
     """Edges stage -> stage it reads; a cycle, a later stage, or data from a non-sample stage is an error."""
     by_name = {s.name: s for s in stages}
+    for s in stages:
+        for ref in s.cpu_budget_of:
+            if ref not in by_name:
+                raise PipelineError(
+                    f"{p}: stages[{s.index}] ({s.name}).cpu_budget_of names {ref!r}, which is no stage; "
+                    f"{_nearest(ref, tuple(by_name))}"
+                )
     edges = {
         s.index: [
             (key, by_name[ref].index) for key, ref in (("model", s.model), ("data", s.data)) if ref in by_name
         ]
+        + [("cpu_budget_of", by_name[ref].index) for ref in s.cpu_budget_of]
         for s in stages
     }
     cycle = _find_cycle(edges)
@@ -272,14 +300,60 @@ def stage_inputs(pipe: Pipeline, stage: Stage, outputs: dict[int, dict]) -> tupl
     return model, data
 
 
-def stage_overrides(stage: Stage, model: str | None, data: str | None) -> list[str]:
-    """The stage's own overrides followed by the pipeline's model and data (which win)."""
+def stage_overrides(
+    stage: Stage, model: str | None, data: str | None, cpu_budget: float | None = None
+) -> list[str]:
+    """The stage's own overrides followed by the pipeline's model, data and CPU budget (which win)."""
     out = list(stage.overrides)
     if model is not None:
         out.append(f"model.name_or_path={model}")
     if data is not None:
         out.append(f"data.train={data}")
+    if cpu_budget is not None:
+        out.append(f"train.max_cpu_seconds={cpu_budget!r}")
     return out
+
+
+def used_cpu_seconds(state: dict[str, Any]) -> tuple[float, float] | None:
+    """(CPU, wall) seconds a done stage's work took, from its state's summary: the training steps of an sft or
+    rl stage (train_cpu_seconds, train_seconds), a sample stage's whole sampling (cpu_seconds, seconds);
+    None when they were not recorded."""
+    summary = state.get("summary") or {}
+    cpu = summary.get("train_cpu_seconds", summary.get("cpu_seconds"))
+    wall = summary.get("train_seconds", summary.get("seconds"))
+    return None if cpu is None else (float(cpu), float(wall or 0.0))
+
+
+def cpu_budget(pipe: Pipeline, stage: Stage, states: dict[int, dict[str, Any]]) -> dict[str, Any] | None:
+    """The CPU seconds the stages of ``stage.cpu_budget_of`` used together (``used_cpu_seconds``), given the
+    states {index: stage.json} of the stages done before it: {"seconds", "wall_seconds", "of": {name: CPU s}};
+    None without cpu_budget_of. A named stage that recorded none is a PipelineError."""
+    if not stage.cpu_budget_of:
+        return None
+    by_name = {s.name: s for s in pipe.stages}
+    of, wall = {}, 0.0
+    for name in stage.cpu_budget_of:
+        used = used_cpu_seconds(states.get(by_name[name].index) or {})
+        if used is None:
+            raise PipelineError(
+                f"stages[{stage.index}] ({stage.name}).cpu_budget_of: stage {by_name[name].folder} recorded no CPU "
+                "seconds (it ran before grpokit recorded them); remove its stage.json to run it again"
+            )
+        of[name], wall = used[0], wall + used[1]
+    return {"seconds": sum(of.values()), "wall_seconds": wall, "of": of}
+
+
+def lineage(pipe: Pipeline, stage: Stage) -> str | None:
+    """The folder of the stage this one grows from, for the plot across stages: the sample stage whose rows it
+    trains on, else the stage (or "00-base") whose model it starts from; None for a model given by path."""
+    by_name = {s.name: s for s in pipe.stages}
+    if stage.data in by_name:
+        return by_name[stage.data].folder
+    if stage.model is None:
+        return pipe.stages[stage.index - 1].folder if stage.index > 0 else f"00-{BASE}"
+    if stage.model == BASE:
+        return f"00-{BASE}"
+    return by_name[stage.model].folder if stage.model in by_name else None
 
 
 def stage_hash(stage: Stage, hashes: dict[int, str], pipe: Pipeline) -> str:
@@ -304,6 +378,8 @@ def stage_hash(stage: Stage, hashes: dict[int, str], pipe: Pipeline) -> str:
         "model": ref(stage.model, stage.index - 1),
         "data": ref(stage.data, None),
     }
+    if stage.cpu_budget_of:  # only then: the hashes of stages without one stay what they were
+        blob["cpu_budget_of"] = [ref(name, None) for name in stage.cpu_budget_of]
     return hashlib.sha256(json.dumps(blob, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -384,16 +460,18 @@ def _check_sft(config: str | None, overrides: list[str]) -> None:
 CHECKERS = {"rl": _check_rl, "sample": _check_sample, "sft": _check_sft}
 
 
-def stage_command(stage: Stage, folder: Path, model: str | None, data: str | None, resume: bool) -> list[str]:
+def stage_command(
+    stage: Stage, folder: Path, model: str | None, data: str | None, resume: bool, cpu_budget: float | None = None
+) -> list[str]:
     """The command line of a stage: ``python -m grpokit.cli.main COMMAND [CONFIG] overrides --output-dir DIR``,
     with ``--resume`` to continue a stage left running, else ``--overwrite`` (a fresh start replaces a
-    folder left without a checkpoint)."""
+    folder left without a checkpoint); ``cpu_budget``: its train.max_cpu_seconds (``cpu_budget_of``)."""
     import sys
 
     cmd = [sys.executable, "-m", "grpokit.cli.main", COMMANDS[stage.kind]]
     if stage.config:
         cmd.append(stage.config)
-    cmd += stage_overrides(stage, model, data)
+    cmd += stage_overrides(stage, model, data, cpu_budget)
     cmd += ["--output-dir", str(folder), "--resume" if resume else "--overwrite"]
     return cmd
 

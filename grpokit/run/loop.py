@@ -5,6 +5,7 @@
     -> evaluate before training (a fresh run with held-out rows)
     -> until train.steps: train_step -> log it -> callbacks -> a signal? stop here, with a checkpoint
                           -> evaluate every eval.every steps -> checkpoint every train.save_every steps
+                          -> train.max_cpu_seconds used? stop here, as a finished run
     -> evaluate after -> the last checkpoint -> summary.json (and curves.png)
 
     summary = run_training(trainer)          # what trainer.train() returns
@@ -21,6 +22,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from grpokit.compat.trl.api import fire
+from grpokit.core.clock import cpu_seconds
 from grpokit.core.errors import FlatRewardsError, TrainingError
 from grpokit.run.lock import holding
 from grpokit.run.log import RunLogger
@@ -84,7 +86,7 @@ def run_training(trainer: Trainer) -> dict[str, Any]:
             fire(trainer.callbacks, "on_train_begin", trainer)
             if evaluates and trainer.step == 0:
                 summary.update(eval_summary(evaluate(trainer, log), "before"))
-            start = time.perf_counter()
+            start, cpu_start, budget_reached = time.perf_counter(), cpu_seconds(), None
             while trainer.step < cfg.train.steps and not stop.signal_name and not trainer.stopped_early:
                 metrics = take_step(trainer)
                 if trainer.stopped_early:
@@ -106,6 +108,9 @@ def run_training(trainer: Trainer) -> dict[str, Any]:
                     evaluate(trainer, log)
                 if cfg.train.save_every and trainer.step % cfg.train.save_every == 0:
                     fire(trainer.callbacks, "on_save", trainer, trainer.save())
+                budget_reached = cpu_budget_reached(cfg.train.max_cpu_seconds, cpu_start, dist)
+                if budget_reached:
+                    break
             if stop.signal_name:
                 checkpoint = trainer.save() if trainer.step > 0 else None
                 return {
@@ -114,6 +119,10 @@ def run_training(trainer: Trainer) -> dict[str, Any]:
                     "checkpoint": checkpoint and str(checkpoint),
                 }
             summary["train_seconds"] = time.perf_counter() - start
+            summary["train_cpu_seconds"] = cpu_seconds() - cpu_start  # the work, whatever the machine's load
+            if budget_reached:
+                log.print(budget_reached)
+                summary["budget_reached"] = budget_reached
             if trainer.stopped_early:
                 log.print(trainer.stopped_early)
                 summary["stopped_early"] = trainer.stopped_early
@@ -127,6 +136,18 @@ def run_training(trainer: Trainer) -> dict[str, Any]:
             run.finish(summary)  # summary.json, curves.png
             fire(trainer.callbacks, "on_train_end", trainer, summary)
     return summary
+
+
+def cpu_budget_reached(budget: float | None, cpu_start: float, dist: Distributed) -> str | None:
+    """Why to stop at this step for train.max_cpu_seconds: the CPU seconds of this process and its children
+    since the training began at ``cpu_start`` (grpokit.core.clock) reached it; else None. Under torchrun every
+    rank stops when one has reached it."""
+    if budget is None:  # the same config on every rank: no collective
+        return None
+    used = cpu_seconds() - cpu_start
+    if not dist.agree("reached" if used >= budget else None):
+        return None
+    return f"train.max_cpu_seconds={budget:g} reached: {used:.1f} CPU seconds of training"
 
 
 def take_step(trainer: Trainer) -> dict[str, float]:

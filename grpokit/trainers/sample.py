@@ -48,6 +48,7 @@ import yaml
 from grpokit.config.checks import build_config
 from grpokit.config.sample import FORMATS, KeepConfig, SampleConfig, check_sample_config
 from grpokit.config.schema import apply_overrides
+from grpokit.core.clock import cpu_seconds
 from grpokit.core.errors import ConfigError
 from grpokit.core.files import replace_whole
 
@@ -196,7 +197,7 @@ def run_sample(
     # missing column failed at the first scoring, after a batch had been generated
     check_reward_columns(rows, reward_functions, str(cfg.data.train))
     read_model_config(cfg.model)
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), cpu_seconds()
 
     model, tokenizer, _ = load_policy(cfg.model, LoraConfig())
     model.eval()
@@ -222,6 +223,7 @@ def run_sample(
     kept, stats = select(candidates, thresholds, cfg.keep)
     summary = _write_outputs(cfg, out, rows, candidates, kept, stats)
     summary["seconds"] = time.perf_counter() - start
+    summary["cpu_seconds"] = cpu_seconds() - cpu_start  # this process and its reward workers (grpokit.core.clock)
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     log(
         f"sample: kept {summary['rows']} rows from {summary['candidates']} completions of {summary['prompts']} "
