@@ -66,6 +66,9 @@ from grpokit.rollout.generation import Rollout, _validate, left_pad
 FINGERPRINT_POINTS = 4096
 """Values compared per fingerprinted tensor: evenly spaced over the flattened tensor."""
 SEED_SPACE = 2**31 - 1
+PROBE_TOKENS = 512
+"""The probe sequence (VLLMGenerator.probe): the first prompt sampled, up to this many tokens; its first 64 are
+scored token by token, the whole of it serves the prefix-cache check (which needs more than one KV block)."""
 
 
 class WeightSyncError(TrainingError):
@@ -391,34 +394,56 @@ class VLLMGenerator:
             )
 
     def probe(self, model: torch.nn.Module) -> float | None:
-        """The largest |engine - trainer| log-prob over a probe sequence (the first prompt sampled, up to 64
-        tokens), scored by both at T = 1; WeightSyncError above the tolerance (1e-3 in float32, 0.1 in
-        16-bit). It sees what the tensor check cannot: weights vLLM keeps in packed copies. None before any
-        prompt was seen or with rollout.vllm.check_weights off."""
+        """The largest |engine - trainer| log-prob over a probe sequence (its first 64 tokens), scored by both at
+        T = 1; WeightSyncError above the tolerance (1e-3 in float32, 0.1 in 16-bit). It sees what the tensor check
+        cannot: weights vLLM keeps in packed copies. None before any prompt was seen or with
+        rollout.vllm.check_weights off.
+
+        Then the prefix cache: vLLM computes a prompt's log-probs afresh (such a request never reads its cache),
+        so the probe also asks for the greedy token after the whole probe sequence (the first prompt sampled, up
+        to PROBE_TOKENS), an ordinary request that reads the cache. The previous push's probe left the
+        sequence's blocks there, so a push that did not reset the cache gives that token's log-prob from the old
+        weights' keys and values (measured: 17-43 nats off on a 300-token prompt). A probe no longer than one KV
+        block (16 tokens on a GPU, 128 on vLLM's CPU backend) cannot show it."""
         if not self.settings.check_weights or self.probe_ids is None:
             return None
         ids = self.probe_ids
-        engine = torch.tensor(self.llm.prompt_logprobs(ids))
+        scored = ids[:64]
+        # first the request that reads the cache: the one computed afresh may write its blocks there
+        ((next_ids, next_lps),) = self.llm.sample([(list(ids), {"temperature": 0.0, "max_tokens": 1})])
+        engine = torch.tensor(self.llm.prompt_logprobs(scored))  # (S-1,) not from the prefix cache
         was = model.training
         model.eval()
         with torch.no_grad():
             device = next(model.parameters()).device
-            logits = model(input_ids=torch.tensor([ids], device=device)).logits[0, :-1].float()  # (L-1, V)
-            ours = logits.log_softmax(-1).gather(-1, torch.tensor(ids[1:], device=device)[:, None])[:, 0].cpu()
+            logits = model(input_ids=torch.tensor([ids], device=device)).logits[0].float()  # (L, V)
+            logp = logits.log_softmax(-1)  # (L, V)
+            targets = torch.tensor(scored[1:], device=device)[:, None]  # (S-1, 1)
+            ours = logp[: len(scored) - 1].gather(-1, targets)[:, 0].cpu()  # (S-1,)
+            ours_next = float(logp[-1, next_ids[0]])
         model.train(was)
         gap = float((engine - ours).abs().max())
+        cached_gap = abs(next_lps[0] - ours_next)  # the greedy token after the probe, through the prefix cache
         dtype = next(model.parameters()).dtype
         full = dtype == torch.float32 and self.llm.dtype == "float32"  # a server may compute in another dtype
         tolerance = 1e-3 if full else 0.1
-        self.stats["probe_gap"] = gap
+        self.stats["probe_gap"] = max(gap, cached_gap)
+        precision = "float32" if full else "16-bit"
         if gap > tolerance:
             raise WeightSyncError(
                 f"the vLLM engine's log-probs of a probe sequence are {gap:.3g} nats from the trainer's (tolerance "
-                f"{tolerance:g}: {'float32' if full else '16-bit'}) after push {self.pushes}: the engine computes "
+                f"{tolerance:g}: {precision}) after push {self.pushes}: the engine computes "
                 "with other weights than the trainer's (a weight it keeps apart was not updated). Nothing was "
                 "trained on its samples. (rollout.vllm.check_weights)"
             )
-        return gap
+        if cached_gap > tolerance:
+            raise WeightSyncError(
+                f"the vLLM engine's log-prob of the token after the probe sequence is {cached_gap:.3g} nats from the "
+                f"trainer's (tolerance {tolerance:g}: {precision}) after push {self.pushes}, while the probe's own "
+                "log-probs, computed afresh, agree: the engine's prefix cache holds KV blocks of older weights (a "
+                "push that did not reset it). Nothing was trained on its samples. (rollout.vllm.check_weights)"
+            )
+        return max(gap, cached_gap)
 
     def _wake(self, tags: list[str]) -> None:
         if self.settings.sleep and torch.cuda.is_available() and self.llm is not None:
@@ -451,7 +476,7 @@ class VLLMGenerator:
         _validate(group_size, max_new_tokens, temperature, top_p, top_k, eos_token_ids, min_p, repetition_penalty)
         llm = self.engine_for(model)
         if self.probe_ids is None:
-            self.probe_ids = list(prompt_ids[0][:64]) if len(prompt_ids[0]) >= 2 else None
+            self.probe_ids = list(prompt_ids[0][:PROBE_TOKENS]) if len(prompt_ids[0]) >= 2 else None
         if self.lagging:
             self.lagging = False  # this rollout is the one sync() allowed to lag
         elif version_of(model) != self.pushed:

@@ -293,3 +293,34 @@ def test_greedy_under_the_repetition_penalty_is_the_fast_and_hf_engines(generato
     assert float((want - r.logprobs.double())[r.completion_mask.bool()].abs().max()) < LOGPROB_TOL
     plain = sample(generator, model, temperature=0.0, group_size=1)
     assert not torch.equal(plain.completion_ids, r.completion_ids)  # the penalty changed the output
+
+
+def test_a_push_that_leaves_the_prefix_cache_is_caught_by_the_probe(generator):
+    """The probe's cache check (the greedy token after the whole probe sequence) reads the prefix cache: with a
+    probe longer than a KV block (128 tokens on vLLM's CPU backend), a push that does not reset the cache stops
+    with WeightSyncError. The probe's prompt log-probs alone never read the cache (vLLM computes them afresh):
+    they agree, and only the second check names the cache."""
+    model, _ = vllm_model(seed=11)
+    long_prompt = [2] + [4 + (i * 7) % 50 for i in range(300)]  # 301 tokens: 2 full blocks of 128 cached
+
+    def rollout():
+        return generator.generate(
+            model, [long_prompt], group_size=2, max_new_tokens=4, temperature=1.0, eos_token_ids=EOS,
+            pad_token_id=0, seed=1,
+        )  # fmt: skip
+
+    saved = generator.probe_ids
+    generator.probe_ids = long_prompt
+    try:
+        rollout()  # a new model: pushed and probed, the probe's blocks cached with these weights
+        optimizer_step(model, lr=3e-2)
+        generator.__class__ = NoCacheReset
+        try:
+            with pytest.raises(WeightSyncError, match="prefix cache holds KV blocks of older weights"):
+                rollout()
+        finally:
+            generator.__class__ = VLLMGenerator
+        rollout()  # pushed again, with the reset: the checks pass
+        assert generator.stats["probe_gap"] < 1e-3
+    finally:
+        generator.probe_ids = saved

@@ -238,3 +238,18 @@ def test_parquet_output_and_chat_prompts(setup, tmp_path):
     table = pq.read_table(out / "samples.parquet").to_pylist()
     assert table and all(r["completion"][0]["role"] == "assistant" for r in table)
     assert all(r["prompt"][0]["role"] == "user" for r in table)
+
+
+def test_the_sampling_settings_reach_the_engine(setup, tmp_path):
+    """sample.repetition_penalty (rollout.repetition_penalty's rule, tests/unit/rollout/test_sampling_settings.py)
+    is the engine's: the greedy candidates with it are not those without, and sample.min_p's range is checked."""
+    _, _, args = setup
+    common = [*args, "sample.n=1", "sample.temperature=0", "sample.max_new_tokens=8", "keep.max_per_prompt=0"]
+    texts = {}
+    for name, extra in (("plain", []), ("penalised", ["sample.repetition_penalty=1.5"])):
+        out = tmp_path / name
+        assert main(["sample", *common, *extra, "--output-dir", str(out)]) == 0
+        lines = [line for f in sorted((out / "candidates").iterdir()) for line in f.read_text().splitlines()]
+        texts[name] = [json.loads(line)["completion"] for line in lines]
+    assert len(texts["plain"]) == 9 and texts["plain"] != texts["penalised"]
+    assert main(["sample", *common, "sample.min_p=1.5", "--output-dir", str(tmp_path / "bad")]) == 2
