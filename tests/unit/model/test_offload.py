@@ -30,7 +30,7 @@ def _steps(params, optimizer, n: int = 3) -> None:
     for k in range(n):
         optimizer.zero_grad(set_to_none=True)
         loss = sum(
-            ((p.float() - 0.1 * (k + 1)) ** 2 * torch.linspace(0.5, 2, p.numel()).view_as(p)).sum()
+            ((p.float() - 0.1 * (k + 1)) ** 2 * torch.linspace(0.5, 2, p.numel(), device=p.device).view_as(p)).sum()
             for p in params
         )
         loss.backward()
