@@ -176,10 +176,10 @@ def compare(folders: list[Path], seeds: list[int]) -> dict[str, Any]:
     return {"seeds": per_seed, "summary": summarize(per_seed)}
 
 
-def _pm(s: dict[str, float], percent: bool) -> str:
+def _pm(s: dict[str, float], percent: bool, digits: int = 1) -> str:
     if percent:
         return f"{100 * s['mean']:.1f} ± {100 * s['std']:.1f}% ({100 * s['min']:.1f}-{100 * s['max']:.1f})"
-    return f"{s['mean']:.0f} ± {s['std']:.0f}"
+    return f"{s['mean']:.{digits}f} ± {s['std']:.{digits}f}"
 
 
 def table_markdown(result: dict[str, Any]) -> str:
@@ -191,7 +191,7 @@ def table_markdown(result: dict[str, Any]) -> str:
         "|---|---|---|---|---|---|",
     ]
     for arm, label in (("recipe", "recipe (reason + rejection + distill + final)"), ("rl_alone", "RL alone")):
-        steps = _pm(s[arm]["steps"], False) if "steps" in s[arm] else ""
+        steps = _pm(s[arm]["steps"], False, digits=0) if "steps" in s[arm] else ""
         lines.append(
             f"| {label} | {_pm(s[arm]['accuracy'], True)} | {_pm(s[arm]['format'], True)} "
             f"| {_pm(s[arm]['cpu_s'], False)} | {_pm(s[arm]['wall_s'], False)} | {steps} |"

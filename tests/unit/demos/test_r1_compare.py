@@ -58,7 +58,7 @@ def test_the_arms_and_their_spread_over_seeds(tmp_path):
     assert list(s["stages"]) == ["base", "cold_start", "reason", "distill", "final", "rl_alone"]
     table = table_markdown(result)
     assert (
-        "| RL alone | 55.0 ± 10.0% (45.0-65.0) | 100.0 ± 0.0% (100.0-100.0) | 20 ± 0 | 26 ± 0 | 110 ± 10 |"
+        "| RL alone | 55.0 ± 10.0% (45.0-65.0) | 100.0 ± 0.0% (100.0-100.0) | 20.5 ± 0.0 | 26.0 ± 0.0 | 110 ± 10 |"
         in table
     )
     assert "RL alone - recipe, accuracy, per seed: -5.0 ± 10.0 points (-15.0 to +5.0)." in table
