@@ -24,6 +24,7 @@ safetensors, never a pickle). It listens on 127.0.0.1 unless told otherwise (--h
 import asyncio
 import json
 import os
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -36,9 +37,9 @@ class Channel:
     port asked for, hosted here for the server's life, and the group of the trainer connected last (a new
     trainer, e.g. a resumed run, replaces the group of the one before)."""
 
-    def __init__(self, host: str = "0.0.0.0"):
-        self.host = host
-        self.stores: dict[int, Any] = {}
+    def __init__(self, host: str = "127.0.0.1"):
+        self.host = host  # the server's --host: the store listens there only, as the HTTP server does
+        self.stores: dict[int, Any] = {}  # port -> (TCPStore, its listening socket)
         self.groups: dict[str, tuple[Any, Any]] = {}  # name -> (group, the device tensors are received on)
 
     def open(self, body: dict[str, Any], peer: str) -> None:
@@ -50,12 +51,16 @@ class Channel:
         from grpokit.rollout.vllm_collective import RECEIVER, make_group
 
         port, backend, timeout_s = int(body["port"]), body["backend"], float(body["timeout_s"])
-        if port not in self.stores:
-            self.stores[port] = TCPStore(
-                self.host, port, is_master=True, timeout=timedelta(seconds=timeout_s), wait_for_workers=False
-            )
+        if port not in self.stores:  # torch's own listener would take every interface: ours takes --host's
+            listener = socket.create_server((self.host, port))
+            store = TCPStore(
+                self.host, port, is_master=True, timeout=timedelta(seconds=timeout_s), wait_for_workers=False,
+                master_listen_fd=listener.fileno(),
+            )  # fmt: skip
+            self.stores[port] = (store, listener)
         self.groups.clear()  # one trainer at a time
-        group = make_group(PrefixStore(body["group"], self.stores[port]), RECEIVER, backend, peer=peer, timeout_s=timeout_s)
+        store = PrefixStore(body["group"], self.stores[port][0])
+        group = make_group(store, RECEIVER, backend, peer=peer, timeout_s=timeout_s)
         device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
         self.groups[body["group"]] = (group, device)
 
@@ -68,8 +73,9 @@ class Channel:
         return receive(group, announced, device)
 
 
-def build_app(engine: LocalEngine, info: dict[str, Any]):
-    """The FastAPI application over ``engine``; ``info``: what /health says about it."""
+def build_app(engine: LocalEngine, info: dict[str, Any], host: str = "127.0.0.1"):
+    """The FastAPI application over ``engine``; ``info``: what /health says about it; ``host``: the address it
+    listens on (the collective transfer's store listens there too)."""
     from fastapi import FastAPI, Request
     from fastapi.responses import JSONResponse, Response
 
@@ -96,7 +102,7 @@ def build_app(engine: LocalEngine, info: dict[str, Any]):
         engine.load_weights(tensors)
         return {"tensors": len(tensors)}
 
-    channel = Channel()
+    channel = Channel(host)
 
     @app.post("/collective/open")
     async def collective_open(request: Request):
@@ -165,7 +171,7 @@ def serve(
         "model": str(model), "dtype": resolved, "max_model_len": config.max_model_len, "pid": os.getpid(),
         "device": "cuda" if cuda else "cpu",
     }  # fmt: skip
-    app = build_app(LocalEngine(llm, resolved), info)
+    app = build_app(LocalEngine(llm, resolved), info, host)
     print(f"grpokit vllm-serve: {json.dumps(info)} at http://{host}:{port}", flush=True)
     uvicorn.run(app, host=host, port=port, log_level="warning")
 
