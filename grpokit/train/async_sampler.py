@@ -54,6 +54,7 @@ import signal
 import sys
 import threading
 import time
+import traceback
 import types
 import weakref
 from collections import OrderedDict
@@ -463,7 +464,7 @@ def _sampler_process(parent, box, shared, shared_version, lock, requests, replie
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
     torch.set_num_threads(1)
     out = replies.fileno()
-    sampler = None
+    sampler, status = None, 0
     try:
         try:
             payload = box.pop()
@@ -474,11 +475,26 @@ def _sampler_process(parent, box, shared, shared_version, lock, requests, replie
             write_frame(out, ("error", f"starting: {type(e).__name__}: {e}"))
             return
         _serve(sampler, shared, shared_version, lock, requests.fileno(), out, **start)
+    except BaseException:  # noqa: BLE001 - shown here; the trainer sees the pipe close
+        traceback.print_exc()
+        status = 1
     finally:
-        if sampler is not None:  # its reward, tool and environment workers end with it
-            sampler.rewards.close()
-            if sampler.episodes is not None:
-                sampler.episodes.close()
+        try:
+            if sampler is not None:  # its reward, tool and environment workers and its engine end with it
+                sampler.rewards.close()
+                if sampler.episodes is not None:
+                    sampler.episodes.close()
+                close_engine = getattr(sampler.generator, "close", None)  # vllm: its engine, weights folder
+                if close_engine is not None:
+                    close_engine()
+        except BaseException:  # noqa: BLE001 - shown; the process ends all the same
+            traceback.print_exc()
+            status = 1
+        # now, not through the interpreter's shutdown, which waits for threads its libraries started (it held
+        # every stop past close()'s 2 s until the process was killed)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(status)
 
 
 def _tie_to(parent: int) -> None:

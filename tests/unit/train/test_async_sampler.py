@@ -443,10 +443,11 @@ def test_multi_turn_episodes_run_in_the_sampler_and_the_ratio_uses_its_log_probs
     model's own tokens; the other tokens hold 0 and carry no loss; the importance weights divide by exactly the
     model tokens' log-probs."""
     RecordingUpdate.seen = []
-    versions = {}
+    versions, processes = {}, set()
 
     def keep(step, metrics, trainer):
         versions[step] = weights(trainer.model)
+        processes.add(trainer.async_sampler.process)
 
     model, tok = tool_model()
     cfg = load_config(
@@ -468,6 +469,7 @@ def test_multi_turn_episodes_run_in_the_sampler_and_the_ratio_uses_its_log_probs
     assert len(history) == 3 == len(RecordingUpdate.seen)
     assert all(math.isfinite(m["loss"]) for m in history)
     assert sum(m[ran] for m in history) > 0  # counted in the sampler process, sent with each batch
+    assert [p.exitcode for p in processes] == [0]  # the run's end stopped it, with its tool/environment workers
     policy, _ = tool_model()
     tool_tokens = 0
     for m, seen in zip(history, RecordingUpdate.seen):
