@@ -151,6 +151,22 @@ def check_sendable(obj: object, max_staleness: int, what: str) -> None:
         ) from None
 
 
+def check_named_code(rollout, max_staleness: int) -> None:
+    """ConfigError when a tool, an environment or a tool parser is named "__main__:..." (given as a function of a
+    notebook or an interactive session, grpokit.rollout.episodes.name_callables) and the sampler process could
+    not import that __main__."""
+    named = [*(rollout.tools if isinstance(rollout.tools, (list, tuple)) else []), rollout.environment]
+    named.append(rollout.tool_parser)
+    here = [name for name in named if isinstance(name, str) and name.startswith("__main__:")]
+    if here and not _main_importable():
+        raise ConfigError(
+            f"rollout.max_staleness={max_staleness}: {', '.join(here)} is defined in __main__ (a notebook or an "
+            "interactive session), which the sampler process (a fresh interpreter) cannot import; define it at "
+            "module level in a .py file and give it as path/file.py:name or module:name, or set "
+            "rollout.max_staleness=0."
+        )
+
+
 def _main_importable() -> bool:
     """Whether a spawned process finds what this process's __main__ defines (multiprocessing runs a main
     script again as __mp_main__; not a notebook, an interactive session or ``python -c``)."""
@@ -241,6 +257,7 @@ class AsyncSampler:
         self.sampler, self.max_staleness, self.sync_every = sampler, max_staleness, sync_every
         self.recipe = SamplerRecipe.of(sampler, rewards)
         check_sendable(self.recipe, max_staleness, "the sampler's settings, tokenizer, prompts or rewards")
+        check_named_code(sampler.cfg.rollout, max_staleness)
         self.version = version  # the weights the process holds (the last push)
         self.next_index = version if first_batch is None else first_batch  # the next batch to take
         self.pid: int | None = None

@@ -10,7 +10,9 @@ import math
 import os
 import pickle
 import signal
+import sys
 import time
+import types
 from pathlib import Path
 
 import pytest
@@ -419,6 +421,26 @@ class Countdown:
         self.turn += 1
         return EnvStep([{"role": "user", "content": f"turn {self.turn}"}], float(any(c.isdigit() for c in text)),
                        done=self.turn >= 3)  # fmt: skip
+
+
+def test_a_tool_of_a_notebook_is_refused_before_the_sampler_process_starts(tmp_path, monkeypatch):
+    """A tool named "__main__:count_digits" (what name_callables makes of a notebook's function) while __main__ has
+    no file, as a notebook's has not: the sampler process could not import it. Refused by name when the trainer
+    is built, not as a dead process at the first batch."""
+    notebook = types.ModuleType("__main__")  # no __file__, no __spec__
+    notebook.count_digits = count_digits
+    monkeypatch.setitem(sys.modules, "__main__", notebook)
+    model, tok = tool_model()
+    cfg = load_config(
+        None,
+        [
+            f"train.output_dir={tmp_path / 'run'}", "rollout.max_staleness=1", "model.device=cpu",
+            "rollout.max_new_tokens=8", "rollout.tool_parser=test_async_sampler:digit_parser",
+            "rollout.tools=[__main__:count_digits]",
+        ],
+    )  # fmt: skip
+    with pytest.raises(ConfigError, match=r"__main__:count_digits is defined in __main__ \(a notebook"):
+        GRPOTrainer(cfg, model=model, tokenizer=tok, train_rows=ROWS, reward_functions=[("used_tool", used_tool, 1.0)])
 
 
 @pytest.mark.slow
