@@ -26,8 +26,8 @@ builds the reward functions again (a config's rewards are resolved again there; 
 travel by reference: they must be importable by name, as in any spawned process), and the policy itself,
 pickled once when the process starts (its weights at that version, on the trainer's device; without its
 module hooks, which are the trainer's, e.g. gradient checkpointing's). The process builds its own Sampler
-from it: its engine, its reward workers, and with multi-turn rollouts its tool and environment workers,
-all closed with it. It uses one torch thread.
+from it: its engine (a colocated vLLM engine too), its reward workers, and with multi-turn rollouts its tool
+and environment workers, all closed with it before it exits. It uses one torch thread.
 
 Weights travel through shared memory (one CPU buffer per trainable parameter: with LoRA the adapter alone,
 the frozen base never changes); a lock held only while one side copies means a push never waits for a
