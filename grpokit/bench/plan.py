@@ -20,7 +20,13 @@ Roles of the update's peak (the backward pass of its largest micro-batch):
                   head dim x bytes; freed before the update when the update would not fit beside it
 
 The peak is the larger of generation (weights, optimizer, reference, KV cache) and the update (weights,
-gradients, optimizer, reference, activations). On the CPU (the bench's measurement) the update's optimizer
+gradients, optimizer, reference, activations).
+
+On the CPU (device "cpu", the bench's own measurement) the activations are the layers' saved inputs plus the
+larger of one recomputed layer (CPU_LAYER_SCALE of the GPU model's) and the LM-head chunk's two logits blocks (the
+head's backward is over before the first layer is recomputed), plus CPU_REST_BYTES: fitted on the long-tail
+batch's padded and packed runs, within 3% of short-8's. The GPU keeps the additive model above (within 11%
+of the H200's 1.5B run, 7-15% of the H100's); one model for both is not found yet. On the CPU (the bench's measurement) the update's optimizer
 step can be larger still: torch's for-loop AdamW (fused on CUDA only) makes two out-of-place copies of
 each parameter in turn while the gradients are alive, the largest (the embedding) setting that phase.
 """
@@ -39,6 +45,17 @@ ACT_INTERMEDIATE = 7.0
 """The same per unit of the MLP's intermediate size (gate, up, their product, the gradients)."""
 LOGITS_COPIES = 3.0
 """float32 copies of a (chunk, vocabulary) logits block alive at once in the LM head's backward."""
+
+CPU_LAYER_SCALE = 0.6194
+"""On the CPU: one recomputed decoder layer's bytes per token position over the GPU model's (ACT_HIDDEN,
+ACT_INTERMEDIATE): 142,066 of 229,376 bytes in float32 at Qwen2.5-0.5B's widths, fitted on grpokit bench
+--memory --batch long-tail-16's padded run (2026-11-28, 15,040 positions)."""
+CPU_LOGITS_BLOCKS = 2
+"""On the CPU: (chunk, vocabulary) float32 blocks alive in an LM-head chunk's backward (its logits and their
+gradient; tests/unit/model/test_logits_memory.py counts them)."""
+CPU_REST_BYTES = int(0.29 * 2**30)
+"""On the CPU: what a process holds beyond the roles and activations (modules, Python objects, allocator
+slack), fitted on the same run's packed variant."""
 
 WEIGHT_BYTES = {"fp32": 4, "bf16_mixed": 4, "fp16_mixed": 4, "bf16_kahan": 2, "bf16_pure": 2}
 COMPUTE_BYTES = {"fp32": 4, "bf16_mixed": 2, "fp16_mixed": 2, "bf16_kahan": 2, "bf16_pure": 2}
@@ -168,19 +185,25 @@ def predict(
     layers_live = 1 if s.gradient_checkpointing else dims.layers
     chunk = s.logprob_chunk_size if scored is None else min(scored, s.logprob_chunk_size)
     logits = chunk * dims.vocab * 4 * LOGITS_COPIES
+    activations = positions * (per_position * layers_live + saved_inputs) + logits
+    rest = 0
+    if device == "cpu":  # the CPU model (module docstring): the LM head's backward ends before a layer is recomputed
+        rest = CPU_REST_BYTES
+        layer = positions * per_position * CPU_LAYER_SCALE * layers_live
+        activations = positions * saved_inputs + max(layer, chunk * dims.vocab * 4 * CPU_LOGITS_BLOCKS) + rest
     roles = {
         "policy_weights": p * wb,
         "policy_gradients": trainable * wb,
         "policy_optimizer": 0 if s.offload_optimizer else trainable * OPTIMIZER_BYTES[s.precision],
         "reference_model": p * wb if s.beta > 0 and not s.lora and not s.offload_reference else 0,
-        "activations": int(positions * (per_position * layers_live + saved_inputs) + logits),
+        "activations": int(activations),
     }
     update_peak = sum(roles.values())
     # the optimizer step, gradients alive and activations gone: off CUDA torch's AdamW runs its for-loop
     # form, whose sqrt(v) and division by the bias correction are two out-of-place copies of each parameter
     # in turn, the largest one's at the peak (measured: 1.01 GiB on the 151,936 x 896 embedding, 0 fused)
     step_copies = 2 * largest_trainable(dims, s) * wb if device == "cpu" and s.precision in CPU_FOR_LOOP_ADAMW else 0
-    step_peak = sum(v for k, v in roles.items() if k != "activations") + step_copies
+    step_peak = sum(v for k, v in roles.items() if k != "activations") + step_copies + rest
     update_peak = max(update_peak, step_peak)
     kv = 0
     if device != "cpu":
