@@ -493,6 +493,7 @@ class GRPOTrainer:
                 eos_token_ids=eos_ids,
                 num_samples=cfg.eval.num_samples,
                 temperature=cfg.eval.temperature,
+                repetition_penalty=cfg.rollout.repetition_penalty,  # how the model decodes; filters are not
                 max_new_tokens=cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens,
                 seed=cfg.train.seed,
                 examples=examples,
