@@ -8,6 +8,11 @@ import torch
 # would fight over them. A worker gets cores // workers threads (at least one); a run without xdist keeps
 # torch's default.
 _WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0") or 0)
+
+# The asynchronous sampler process (rollout.max_staleness >= 1) is a fork on a CPU-only run by default and a
+# spawned interpreter on a GPU (grpokit.train.async_sampler.start_method). The suite runs the spawned one, the
+# path a GPU run takes (the CPU cannot run it otherwise); tests of the fork set GRPOKIT_SAMPLER_START=fork.
+os.environ.setdefault("GRPOKIT_SAMPLER_START", "spawn")
 if _WORKERS > 1:
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // _WORKERS))
 

@@ -87,10 +87,12 @@ class RecordingUpdate(PolicyUpdate):
 
 
 @pytest.mark.slow
-def test_no_batch_older_than_k_is_trained_and_each_ratio_uses_the_log_probs_of_its_version(tmp_path):
+@pytest.mark.parametrize("start", ["spawn", "fork"])
+def test_no_batch_older_than_k_is_trained_and_each_ratio_uses_the_log_probs_of_its_version(start, tmp_path, monkeypatch):
     """K = 1 with weights pushed every 3 steps: batches can be 2 steps old (the sampler holds version 0 until
     step 3), so some are dropped; the sampler is slow (its reward sleeps). Every batch trained is at most 1
     step old; its log-probs are its version's (the weights after that many steps), not the trainer's."""
+    monkeypatch.setenv("GRPOKIT_SAMPLER_START", start)  # fork: a CPU run's default (start_method)
     RecordingUpdate.seen = []
     versions = {0: None}  # version -> the weights after that many steps
 
@@ -104,6 +106,7 @@ def test_no_batch_older_than_k_is_trained_and_each_ratio_uses_the_log_probs_of_i
         reward_functions=[("has_seven", slow_reward, 1.0)], updater=RecordingUpdate, callbacks=[keep],
     )  # fmt: skip
     versions[0] = weights(trainer.model)
+    assert trainer.async_sampler.start_method == start
     trainer.train()
     history = trainer.log_history
     assert len(history) == 6 == len(RecordingUpdate.seen)
@@ -512,3 +515,24 @@ def test_multi_turn_episodes_run_in_the_sampler_and_the_ratio_uses_its_log_probs
         given, own_tokens = torch.cat([s.flatten() for s in seen["sampled"]]), r.logprobs[r.completion_mask.bool()]
         assert torch.equal(given[given != 0].sort().values, own_tokens[own_tokens != 0].sort().values)
     assert tool_tokens > 0  # some episode had a tool result (an environment message) in its context
+
+
+def test_a_cpu_run_forks_its_sampler_and_spawns_it_where_a_fork_cannot_serve(monkeypatch):
+    # a fork starts the first batch in 0.2 s where a fresh interpreter takes 5-12 s (the 2-core CPU); CUDA or
+    # vLLM need the fresh interpreter; the environment variable chooses, and a fork it cannot serve is refused
+    from grpokit.train.async_sampler import start_method
+
+    monkeypatch.delenv("GRPOKIT_SAMPLER_START", raising=False)
+    assert not torch.cuda.is_initialized()
+    assert start_method("fast") == "fork" and start_method("hf") == "fork"
+    assert start_method("vllm") == "spawn"
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    assert start_method("fast") == "spawn"
+    monkeypatch.setenv("GRPOKIT_SAMPLER_START", "fork")
+    with pytest.raises(ConfigError, match="GRPOKIT_SAMPLER_START=fork: a forked sampler process cannot use CUDA"):
+        start_method("fast")
+    monkeypatch.setenv("GRPOKIT_SAMPLER_START", "spawn")
+    assert start_method("fast") == "spawn"
+    monkeypatch.setenv("GRPOKIT_SAMPLER_START", "thread")
+    with pytest.raises(ConfigError, match="GRPOKIT_SAMPLER_START='thread': expected spawn or fork"):
+        start_method("fast")
