@@ -139,6 +139,13 @@ def check_async(rollout: Any) -> None:
             "known; use rollout.vllm.mode=colocate (the engine then lives in the sampler process), or "
             "rollout.max_staleness=0."
         )
+    if rollout.engine == "vllm" and rollout.vllm.sync_every != 1:
+        raise ConfigError(
+            f"rollout.max_staleness={k} with rollout.vllm.sync_every={rollout.vllm.sync_every}: the sampler "
+            "process's engine would keep weights older than the version each batch records, so staleness would "
+            "be undercounted and batches older than the bound trained; set rollout.vllm.sync_every=1 and choose "
+            "the push cadence with rollout.sync_every."
+        )
 
 
 def check_settings_in_use(cfg: Any) -> None:

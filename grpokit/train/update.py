@@ -18,6 +18,7 @@ tensors and the no-grad row loop.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
 from collections.abc import Callable, Iterator
 
@@ -353,6 +354,9 @@ class PolicyUpdate:
             options = options.replace(entropy_coef=chosen["entropy_coef"])  # this optimizer step's alpha
             bonus = {"entropy_tokens": dist.sum(trained.sum()).clamp(min=1).to(device)}
             measured.zero_()  # a retry after an out-of-memory error starts the sums again
+        # a loss of one's own (algo.loss) also gets every setting as a keyword, as before LossOptions existed: one
+        # that declares eps_low=0.2 (say) would otherwise keep that default silently; the built-in reads options
+        settings = {} if loss_fn is get_loss("clipped") else dataclasses.asdict(options)
         stats = UpdateStats()
         for micro in learner.micro.split(length_sorted(mb, lengths), lengths, rows):
             tensors = micro_tensors(r, micro, mask, device)
@@ -386,6 +390,7 @@ class PolicyUpdate:
                 adv,
                 micro_mask,
                 options=options,
+                **settings,
                 ref_logprobs=ref,
                 num_sequences=len(mb) * dist.world,
                 num_tokens=num_tokens,

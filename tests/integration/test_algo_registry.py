@@ -106,3 +106,33 @@ def test_register_advantage_by_name():
     finally:
         ADVANTAGES.pop("doubled_group_centre", None)
         ADVANTAGES.pop("wrong_shape", None)
+
+
+def test_a_registered_loss_gets_the_runs_settings_as_keywords_and_options(tmp_path):
+    # a loss written before LossOptions declared its settings as keywords: it still gets the run's values (a
+    # keyword it declares with a default is not left at that default silently), and options= beside them
+    from grpokit.algos import LOSSES, policy_loss, register_loss
+
+    seen = []
+
+    def old_style(logprobs, old_logprobs, advantages, completion_mask, *, eps_low=0.2, beta=0.0, **kw):
+        seen.append({"eps_low": eps_low, "beta": beta, "options": kw.get("options")})
+        return policy_loss(logprobs, old_logprobs, advantages, completion_mask, eps_low=eps_low, beta=beta, **kw)
+
+    register_loss("old_style", old_style)
+    try:
+        cfg = load_config(
+            None,
+            ["algo.loss=old_style", "algo.eps_low=0.3", "algo.beta=0.02", "train.steps=1", "train.samples_every=0",
+             "rollout.group_size=4", "rollout.prompts_per_step=2", "rollout.max_new_tokens=4", "data.template=plain",
+             "model.device=cpu", "eval.enabled=false", f"train.output_dir={tmp_path / 'run'}"],
+        )  # fmt: skip
+        model, tok = make_tiny_model("qwen2", seed=0)
+        trainer = GRPOTrainer(
+            cfg, model=model, tokenizer=tok, train_rows=ROWS, reward_functions=[("has_seven", has_seven, 1.0)]
+        )
+        trainer.train_step()
+        assert seen and all(s["eps_low"] == 0.3 and s["beta"] == 0.02 for s in seen)
+        assert seen[0]["options"].eps_low == 0.3
+    finally:
+        LOSSES.pop("old_style", None)

@@ -176,6 +176,10 @@ def test_a_killed_sampler_process_stops_the_run_with_a_named_error_and_a_checkpo
              "rollout.vllm.server_url=http://127.0.0.1:8000"],
             "rollout.vllm.mode=server: the sampler process and the trainer's evaluation",
         ),
+        (
+            ["rollout.max_staleness=1", "rollout.engine=vllm", "rollout.vllm.sync_every=2"],
+            "rollout.vllm.sync_every=2: the sampler process's engine would keep weights older",
+        ),
         (["rollout.sync_every=2"], "taken only with rollout.max_staleness >= 1"),
         (["rollout.max_staleness=-1"], "rollout.max_staleness"),
     ],
