@@ -142,14 +142,18 @@ class SamplerRecipe:
 def check_sendable(obj: object, max_staleness: int, what: str) -> None:
     """ConfigError, naming ``what`` and the object, when ``obj`` cannot reach a spawned process: something
     pickle cannot take (a lambda, a nested function) or a function of a __main__ the process cannot import
-    (a notebook, an interactive session, ``python -c``)."""
+    (a notebook, an interactive session, ``python -c``). Refused on a CPU-only run too, where the process is a
+    fork that could take it (``start_method``): the same config must also run on a GPU or with vLLM, where it
+    is spawned."""
     try:
         _SendCheck(io.BytesIO()).dump(obj)
     except Exception as e:  # noqa: BLE001 - pickle raises several kinds; each is reported with its reason
         raise ConfigError(
-            f"rollout.max_staleness={max_staleness}: the sampler process is a fresh interpreter (spawn) and "
-            f"{what} cannot be sent to it: {type(e).__name__}: {e}. Define reward functions, tools and "
-            "environments at module level in a .py file (importable, or named in the config as "
+            f"rollout.max_staleness={max_staleness}: {what} cannot be sent to the sampler process: "
+            f"{type(e).__name__}: {e}. That process is a fork of this one on a CPU-only run, but a fresh "
+            "interpreter (spawn) with CUDA or vLLM, which receives everything pickled; it is refused on every "
+            "run, forked too, so that a config that runs here also runs on a GPU. Define reward functions, "
+            "tools and environments at module level in a .py file (importable, or named in the config as "
             "path/file.py:function), not as a lambda, a nested function or in a notebook; or set "
             "rollout.max_staleness=0."
         ) from None
@@ -165,8 +169,9 @@ def check_named_code(rollout, max_staleness: int) -> None:
     if here and not _main_importable():
         raise ConfigError(
             f"rollout.max_staleness={max_staleness}: {', '.join(here)} is defined in __main__ (a notebook or an "
-            "interactive session), which the sampler process (a fresh interpreter) cannot import; define it at "
-            "module level in a .py file and give it as path/file.py:name or module:name, or set "
+            "interactive session), which the sampler process cannot import when it is a fresh interpreter (spawn, "
+            "with CUDA or vLLM; refused on a CPU-only run's fork too, so that the config also runs on a GPU); define "
+            "it at module level in a .py file and give it as path/file.py:name or module:name, or set "
             "rollout.max_staleness=0."
         )
 

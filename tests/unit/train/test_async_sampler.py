@@ -343,11 +343,18 @@ def test_a_reward_failing_in_the_sampler_stops_the_run_and_leaves_no_process(tmp
     assert not os.path.exists(f"/proc/{pid}")  # ended and reaped by train()
 
 
-def test_a_reward_the_sampler_process_cannot_import_is_refused_before_the_model_loads(tmp_path):
-    """The sampler is a fresh interpreter: a lambda cannot reach it. Refused by name before any model loads (no
-    model is given and model.name_or_path names none)."""
+@pytest.mark.parametrize("start", ["spawn", "fork"])
+def test_a_reward_the_sampler_process_cannot_import_is_refused_before_the_model_loads(tmp_path, monkeypatch, start):
+    """A spawned sampler (a GPU's, vLLM's) is a fresh interpreter: a lambda cannot reach it. Refused by name before
+    any model loads (no model is given and model.name_or_path names none); on a forked run too (a CPU-only run's
+    default), which could take it, so that the same config runs on a GPU. The message says which is which."""
+    monkeypatch.setenv("GRPOKIT_SAMPLER_START", start)
     cfg = make_cfg(tmp_path, "rollout.max_staleness=1", f"model.name_or_path={tmp_path / 'no-model'}")
-    with pytest.raises(ConfigError, match=r"fresh interpreter \(spawn\) and the reward functions cannot.*lambda"):
+    said = (
+        r"the reward functions cannot be sent to the sampler process: .*lambda.*a fork of this one on a CPU-only "
+        r"run, but a fresh interpreter \(spawn\) with CUDA or vLLM.*refused on every run, forked too"
+    )
+    with pytest.raises(ConfigError, match=said):
         GRPOTrainer(cfg, train_rows=ROWS, reward_functions=[("seven", lambda prompts, completions, **kw: [], 1.0)])
 
 
