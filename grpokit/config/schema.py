@@ -641,7 +641,8 @@ class TrainConfig:
         workers; grpokit.core.clock), at the end of the step that reaches it, as a finished run with a checkpoint;
         summary.json records train_cpu_seconds and budget_reached. CPU seconds, not the wall clock: the same work
         takes about the same CPU time on a busy machine (a GPU's time is not in it: a budget for CPU runs). A resumed
-        run counts its own leg only.""",
+        run goes on from the seconds its checkpoint recorded, so the budget is spent once however often the run is
+        stopped and resumed (a kill's lost steps, redone, count once).""",
         range="(0, inf)",
         example=120,
         meaning="null = train.steps alone",

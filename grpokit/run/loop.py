@@ -5,7 +5,8 @@
     -> evaluate before training (a fresh run with held-out rows)
     -> until train.steps: train_step -> log it -> callbacks -> a signal? stop here, with a checkpoint
                           -> evaluate every eval.every steps -> checkpoint every train.save_every steps
-                          -> train.max_cpu_seconds used? stop here, as a finished run
+                          -> train.max_cpu_seconds used (this leg and those before a resume)? stop here,
+                             as a finished run
     -> evaluate after -> the last checkpoint -> summary.json (and curves.png)
 
     summary = run_training(trainer)          # what trainer.train() returns
@@ -17,12 +18,11 @@ lines it opens the log with, its entries in the summary. Every rank runs the loo
 from __future__ import annotations
 
 import dataclasses
-import time
 from pathlib import Path
 from typing import Any, Protocol
 
 from grpokit.compat.trl.api import fire
-from grpokit.core.clock import cpu_seconds
+from grpokit.core.clock import TrainingClock
 from grpokit.core.errors import FlatRewardsError, TrainingError
 from grpokit.run.lock import holding
 from grpokit.run.log import RunLogger
@@ -86,8 +86,15 @@ def run_training(trainer: Trainer) -> dict[str, Any]:
             fire(trainer.callbacks, "on_train_begin", trainer)
             if evaluates and trainer.step == 0:
                 summary.update(eval_summary(evaluate(trainer, log), "before"))
-            start, cpu_start, budget_reached = time.perf_counter(), cpu_seconds(), None
-            while trainer.step < cfg.train.steps and not stop.signal_name and not trainer.stopped_early:
+            run.clock.start()  # the training steps' seconds, continuing a resumed run's (grpokit.core.clock)
+            # a run resumed from a checkpoint that had used its budget takes no step
+            budget_reached = cpu_budget_reached(cfg.train.max_cpu_seconds, run.clock, dist)
+            while (
+                trainer.step < cfg.train.steps
+                and not stop.signal_name
+                and not trainer.stopped_early
+                and not budget_reached
+            ):
                 metrics = take_step(trainer)
                 if trainer.stopped_early:
                     break  # the step was not taken (GRPO: the prompts are solved)
@@ -108,9 +115,7 @@ def run_training(trainer: Trainer) -> dict[str, Any]:
                     evaluate(trainer, log)
                 if cfg.train.save_every and trainer.step % cfg.train.save_every == 0:
                     fire(trainer.callbacks, "on_save", trainer, trainer.save())
-                budget_reached = cpu_budget_reached(cfg.train.max_cpu_seconds, cpu_start, dist)
-                if budget_reached:
-                    break
+                budget_reached = cpu_budget_reached(cfg.train.max_cpu_seconds, run.clock, dist)
             if stop.signal_name:
                 checkpoint = trainer.save() if trainer.step > 0 else None
                 return {
@@ -118,8 +123,9 @@ def run_training(trainer: Trainer) -> dict[str, Any]:
                     "steps": trainer.step,
                     "checkpoint": checkpoint and str(checkpoint),
                 }
-            summary["train_seconds"] = time.perf_counter() - start
-            summary["train_cpu_seconds"] = cpu_seconds() - cpu_start  # the work, whatever the machine's load
+            run.clock.stop()  # the evaluation after the steps is not theirs
+            # the work, whatever the machine's load; a resumed run's count goes on from its checkpoint's
+            summary["train_seconds"], summary["train_cpu_seconds"] = run.clock.wall(), run.clock.cpu()
             if budget_reached:
                 log.print(budget_reached)
                 summary["budget_reached"] = budget_reached
@@ -138,13 +144,13 @@ def run_training(trainer: Trainer) -> dict[str, Any]:
     return summary
 
 
-def cpu_budget_reached(budget: float | None, cpu_start: float, dist: Distributed) -> str | None:
-    """Why to stop at this step for train.max_cpu_seconds: the CPU seconds of this process and its children
-    since the training began at ``cpu_start`` (grpokit.core.clock) reached it; else None. Under torchrun every
-    rank stops when one has reached it."""
+def cpu_budget_reached(budget: float | None, clock: TrainingClock, dist: Distributed) -> str | None:
+    """Why to stop at this step for train.max_cpu_seconds: the CPU seconds the training steps used (``clock``,
+    RunState's: this process and its children, every leg of a resumed run) reached it; else None. Under
+    torchrun every rank stops when one has reached it."""
     if budget is None:  # the same config on every rank: no collective
         return None
-    used = cpu_seconds() - cpu_start
+    used = clock.cpu()
     if not dist.agree("reached" if used >= budget else None):
         return None
     return f"train.max_cpu_seconds={budget:g} reached: {used:.1f} CPU seconds of training"

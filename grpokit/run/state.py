@@ -3,11 +3,14 @@ needs no sampler and no critic.
 
 Owns: the output folder (``out``; its ``lock``, grpokit.run.lock, tried when the RunState is built and held
 by the trainer's train(); no run file is written there before ``start()``), the checkpoint being resumed
-(``resume_from``, picked and verified before any model loads) and the last one written (``saved``). Reads
+(``resume_from``, picked and verified before any model loads), the last one written (``saved``) and the seconds
+the training steps took over every leg of the run (``clock``, grpokit.core.clock.TrainingClock: the loop starts
+and stops it, checkpoints record it, a resumed run continues it). Reads
 ``dist`` (rank 0 alone writes; every rank's RNG state). A checkpoint is the model's Hugging Face folder,
 more folders (PPO's ``critic/``), and trainer_state.pt: the learner's state (grpokit.train.learner: optimizer,
 scheduler, scaler, precision), whatever else the trainer hands in (the prompt stream, the critic's
-optimizer), the step, the config, the world size and the RNG states.
+optimizer), the step, the training's CPU and wall seconds so far, the config, the world size and the RNG
+states.
 
     run = RunState(cfg, dist, resume=..., overwrite=..., resolved_algo=algo)   # checks the folder (and its lock)
     with holding(run.lock): ...                              # train() (grpokit.run.lock, grpokit.run.loop)
@@ -31,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from grpokit.config.schema import Config, ConfigError, save_config
+from grpokit.core.clock import TrainingClock
 from grpokit.core.errors import TrainingError
 from grpokit.core.files import replace_whole
 from grpokit.model.checkpoint import (
@@ -106,6 +110,8 @@ class RunState:
         self.curves = curves  # finish() draws curves.png (GRPO's reward, KL, ... panels)
         self.resume_from: Path | None = None
         self.saved: tuple[int, Path] | None = None  # (step, path) of the last checkpoint written or loaded
+        # the training steps' seconds, every leg's (train.max_cpu_seconds; summary's train_cpu_seconds)
+        self.clock = TrainingClock()
 
     def check_space(self, learner: Learner, step: int) -> None:
         """Before the run writes anything: its checkpoints fit on the disk of the output folder
@@ -166,6 +172,7 @@ class RunState:
             "step": step,
             **learner.state(),  # optimizer (torchrun: consolidated), scheduler, scaler, precision
             **state,
+            **self.clock.state(),  # train_cpu_seconds, train_seconds: a resumed run continues the count
             "config": dataclasses.asdict(self.cfg),
             "world_size": self.dist.world,  # a run resumes at the same number of processes
             "rng_ranks": self.dist.rng_states(),  # torchrun: every rank's RNG state, else None
@@ -225,6 +232,7 @@ class RunState:
         self.dist.check_resume(state, self.resume_from)  # the same world size, or a clear refusal
         set_rng_state(self.dist.my_rng(state))
         self.saved = (state["step"], self.resume_from)
+        self.clock.carry(state)  # the seconds the earlier legs' steps took (rank 0's under torchrun)
         return state
 
     def previous_summary(self, summary: dict[str, Any]) -> dict[str, Any]:
