@@ -1,67 +1,25 @@
 """Training on multi-turn episodes (grpokit.rollout.episodes): tools and environments through GRPOTrainer, every
-preset's path, micro-batch invariance with tool tokens in the batch, named errors before the model loads."""
+preset's path, micro-batch invariance with tool tokens in the batch, named errors before the model loads. The
+tool, its parser, the rewards and the Countdown game are tests/episode_parts.py's (configs name that module)."""
 
 import json
 
 import pytest
 import torch
+from episode_parts import Countdown, count_digits, parity, turns_reward, used_tool
 from tool_model import TOOLS_TEMPLATE, tool_model
 
 from grpokit.config.schema import load_config
 from grpokit.core.errors import ConfigError, TrainingError
 from grpokit.rollout.envs import EnvStep
-from grpokit.rollout.tools import ToolCall, ToolDefinitionError
+from grpokit.rollout.tools import ToolDefinitionError
 from grpokit.trainers.grpo import GRPOTrainer
 
 ROWS = [{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a in range(4) for b in range(4)]
 
 
-def count_digits(text: str) -> int:
-    """How many digits the text has.
-
-    Args:
-        text: any text
-    """
-    return sum(ch.isdigit() for ch in text)
-
-
 def no_doc(text: str) -> int:
     return 0
-
-
-def digit_parser(text: str) -> list[ToolCall]:
-    """A turn with a digit calls count_digits on it (the random tiny model writes no JSON)."""
-    return [ToolCall("count_digits", {"text": text})] if any(c.isdigit() for c in text) else []
-
-
-def used_tool(prompts, completions, **kw):
-    """1 when the episode called a tool: the transcript (TRL's message lists) shows tool messages."""
-    return [float(any(m["role"] == "tool" for m in c)) for c in completions]
-
-
-def parity(prompts, completions, completion_ids, **kw):
-    """1 when the model wrote an even number of tokens in all its turns: spread in most groups (for DAPO)."""
-    return [float(len(ids) % 2 == 0) for ids in completion_ids]
-
-
-def turns_reward(prompts, completions, turn_rewards, **kw):
-    """The environment's per-turn rewards, summed: they reach reward functions as a column."""
-    return [sum(r for r in rs if r is not None) for rs in turn_rewards]
-
-
-class Countdown:
-    """A game of 3 turns: each turn earns 1 when the model's text holds a digit."""
-
-    def __init__(self):
-        self.turn = 0
-
-    def reset(self, row):
-        return [{"role": "user", "content": row["prompt"]}]
-
-    def step(self, text):
-        self.turn += 1
-        reward = float(any(c.isdigit() for c in text))
-        return EnvStep([{"role": "user", "content": f"turn {self.turn}"}], reward, done=self.turn >= 3)
 
 
 def make_cfg(tmp_path, *extra):
@@ -76,8 +34,8 @@ def make_cfg(tmp_path, *extra):
             "rollout.prompts_per_step=2",
             "rollout.max_new_tokens=8",
             "rollout.max_turns=3",
-            "rollout.tool_parser=test_multiturn_training:digit_parser",
-            "rollout.tools=[test_multiturn_training:count_digits]",
+            "rollout.tool_parser=episode_parts:digit_parser",
+            "rollout.tools=[episode_parts:count_digits]",
             "optim.lr=3e-3",
             "model.device=cpu",
             "algo.preset=grpo",
@@ -154,7 +112,7 @@ def test_environment_turn_rewards_drive_grpo_process(tmp_path):
     trainer = make_trainer(
         tmp_path,
         "rollout.tools=[]",
-        "rollout.environment=test_multiturn_training:Countdown",
+        "rollout.environment=episode_parts:Countdown",
         "algo.preset=grpo_process",
         "train.samples_every=0",
         rewards=[("turns_reward", turns_reward, 1.0)],
@@ -190,7 +148,7 @@ class Quiz:
 
 
 class Duplicate(Quiz):
-    tools = ["test_multiturn_training:count_digits"]
+    tools = ["episode_parts:count_digits"]
 
 
 class NotAList(Quiz):
@@ -403,10 +361,10 @@ def test_python_api_takes_functions_and_saves_their_names(tmp_path):
     trainer = GRPOTrainer(
         cfg, model=model, tokenizer=tok, train_rows=ROWS, reward_functions=[("u", used_tool, 1.0)]
     )
-    assert cfg.rollout.tools == ["test_multiturn_training:count_digits"]  # what config.yaml will hold
+    assert cfg.rollout.tools == ["episode_parts:count_digits"]  # what config.yaml will hold
     batch, _, _ = trainer.sampler.sample_batch(trainer.step)
     assert batch.rollout.context_mask is not None
     cfg = make_cfg(tmp_path, "rollout.tools=[]")
     cfg.rollout.environment = Countdown
     GRPOTrainer(cfg, model=model, tokenizer=tok, train_rows=ROWS, reward_functions=[("u", used_tool, 1.0)])
-    assert cfg.rollout.environment == "test_multiturn_training:Countdown"
+    assert cfg.rollout.environment == "episode_parts:Countdown"

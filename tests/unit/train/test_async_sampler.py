@@ -17,14 +17,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from episode_parts import count_digits, turns_reward, used_tool
 from grpo_runs import ROWS, has_seven, make_cfg, make_trainer
 from test_parts import fixed_rollout, grads_of_one_step, make_learner, row_logprobs
 from tiny_model import make_tiny_model
 from tool_model import tool_model
 
 from grpokit.config.schema import ConfigError, load_config, resolve_algo
-from grpokit.rollout.envs import EnvStep
-from grpokit.rollout.tools import ToolCall
 from grpokit.train.async_sampler import SamplerDiedError, _shared_payload, trainable_parameters
 from grpokit.train.mismatch import MismatchCorrection, MismatchError, MismatchGuard
 from grpokit.train.update import PolicyUpdate
@@ -397,46 +396,8 @@ def test_on_a_gpu_the_sampler_process_samples_on_the_trainers_device(tmp_path):
     assert fresh and all(m["sampler_logprob_diff/max"] < 1e-2 for m in fresh)
 
 
-# multi-turn episodes in the sampler process: a tool the random tiny model calls whenever its turn holds a digit
-
-
-def count_digits(text: str) -> int:
-    """How many digits the text has.
-
-    Args:
-        text: any text
-    """
-    return sum(ch.isdigit() for ch in text)
-
-
-def digit_parser(text: str) -> list[ToolCall]:
-    """A turn with a digit calls count_digits on it (the random tiny model writes no JSON)."""
-    return [ToolCall("count_digits", {"text": text})] if any(c.isdigit() for c in text) else []
-
-
-def used_tool(prompts, completions, **kw):
-    """1 when the episode called a tool (its transcript holds a tool message)."""
-    return [float(any(m["role"] == "tool" for m in c)) for c in completions]
-
-
-def turns_reward(prompts, completions, turn_rewards, **kw):
-    """The environment's per-turn rewards, summed."""
-    return [sum(r for r in rs if r is not None) for rs in turn_rewards]
-
-
-class Countdown:
-    """A game of 3 turns in an environment worker: each turn earns 1 when the model's text holds a digit."""
-
-    def __init__(self):
-        self.turn = 0
-
-    def reset(self, row):
-        return [{"role": "user", "content": row["prompt"]}]
-
-    def step(self, text):
-        self.turn += 1
-        return EnvStep([{"role": "user", "content": f"turn {self.turn}"}], float(any(c.isdigit() for c in text)),
-                       done=self.turn >= 3)  # fmt: skip
+# multi-turn episodes in the sampler process: a tool the random tiny model calls whenever its turn holds a digit,
+# and a 3-turn environment (tests/episode_parts.py)
 
 
 def test_a_tool_of_a_notebook_is_refused_before_the_sampler_process_starts(tmp_path, monkeypatch):
@@ -451,7 +412,7 @@ def test_a_tool_of_a_notebook_is_refused_before_the_sampler_process_starts(tmp_p
         None,
         [
             f"train.output_dir={tmp_path / 'run'}", "rollout.max_staleness=1", "model.device=cpu",
-            "rollout.max_new_tokens=8", "rollout.tool_parser=test_async_sampler:digit_parser",
+            "rollout.max_new_tokens=8", "rollout.tool_parser=episode_parts:digit_parser",
             "rollout.tools=[__main__:count_digits]",
         ],
     )  # fmt: skip
@@ -464,11 +425,11 @@ def test_a_tool_of_a_notebook_is_refused_before_the_sampler_process_starts(tmp_p
     "episodes, reward, ran",
     [
         (
-            ["rollout.tool_parser=test_async_sampler:digit_parser", "rollout.tools=[test_async_sampler:count_digits]"],
+            ["rollout.tool_parser=episode_parts:digit_parser", "rollout.tools=[episode_parts:count_digits]"],
             ("used_tool", used_tool, 1.0),
             "tools/calls",
         ),
-        (["rollout.environment=test_async_sampler:Countdown"], ("turns", turns_reward, 1.0), "episode/turns_mean"),
+        (["rollout.environment=episode_parts:Countdown"], ("turns", turns_reward, 1.0), "episode/turns_mean"),
     ],
     ids=["tools", "environment"],
 )
