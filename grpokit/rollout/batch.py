@@ -25,6 +25,9 @@ class ScoredBatch:
     reward_metrics: dict[str, float]
     extra: dict[str, list] = dataclasses.field(default_factory=dict)  # log_extra column -> (N,) values
     step_rewards: list[list[tuple[int, float]]] | None = None  # (N,) [(t_end, score)]: process rewards
+    # (N, Lc) the frozen reference's log-probs, when computed where the batch was made (an asynchronous run's
+    # sampler process, grpokit.train.reference); None: the update computes them
+    ref_logprobs: torch.Tensor | None = None
 
     @property
     def scored(self) -> torch.Tensor:

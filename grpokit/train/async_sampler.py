@@ -17,7 +17,11 @@ old; those over K are dropped and the weights pushed then, so the batches after 
 
 The sampled log-probs (the behaviour policy's, of the version that made the batch) travel in the batch's
 Rollout.logprobs; the update's importance weights pi_old / pi_sampler (rollout.mismatch_correction,
-grpokit.train.mismatch; auto is token_truncate with K >= 1) correct for the staleness with them.
+grpokit.train.mismatch; auto is token_truncate with K >= 1) correct for the staleness with them. With a
+reference (algo.beta > 0, or a KL in the reward) on a CPU, the process also computes the reference's log-probs of
+each batch and ships them in it (ScoredBatch.ref_logprobs; grpokit.train.reference): the reference never
+changes, so they are exact whatever the batch's age, and the trainer skips its own pass. The reference's weights
+are the trainer's own, sent as themselves (``shared_tensors``): the pickled description names them.
 
 A spawned process (a fresh interpreter, multiprocessing's 'spawn') where a fork cannot serve: a forked child
 cannot use CUDA once the trainer has, nor start a vLLM engine. On a CPU-only run it is a fork by default
@@ -219,7 +223,15 @@ _HOOKS = (
 
 class _PolicyPickler(pickle.Pickler):
     """Pickles the policy without its modules' forward and backward hooks: they are the trainer's (gradient
-    checkpointing's input-grad hook is a nested function pickle cannot take) and the sampler runs no backward."""
+    checkpointing's input-grad hook is a nested function pickle cannot take) and the sampler runs no backward.
+    The tensors of ``shared`` (name -> tensor) are pickled as their names (``_load_payload`` puts them back)."""
+
+    def __init__(self, file, protocol: int, shared: dict[str, torch.Tensor] | None = None):
+        super().__init__(file, protocol=protocol)
+        self._names = {id(t): name for name, t in (shared or {}).items()}
+
+    def persistent_id(self, obj):
+        return self._names.get(id(obj)) if self._names else None
 
     def reducer_override(self, obj):
         if isinstance(obj, torch.nn.Module) and type(obj).__getstate__ is torch.nn.Module.__getstate__:
@@ -231,15 +243,74 @@ class _PolicyPickler(pickle.Pickler):
         return NotImplemented
 
 
-def _shared_payload(obj: object) -> torch.Tensor:
+def shared_tensors(module: torch.nn.Module | None) -> dict[str, torch.Tensor]:
+    """``module``'s parameters and buffers by name, each tensor once (None: none): what reaches the sampler
+    process as itself, not as a copy in the pickled description (``_shared_payload`` names them). A fork maps the
+    trainer's pages (copy on write: nothing writes a frozen reference); spawn sends them through the process's
+    arguments, which torch moves into shared memory once and maps there."""
+    if module is None:
+        return {}
+    named = [*module.named_parameters(remove_duplicate=False), *module.named_buffers(remove_duplicate=False)]
+    out: dict[str, torch.Tensor] = {}
+    seen: set[int] = set()
+    for name, t in named:
+        if id(t) not in seen:  # tied weights: one tensor, its first name
+            seen.add(id(t))
+            out[name] = t
+    return out
+
+
+def _shared_payload(obj: object, shared: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
     """``obj`` pickled into a shared-memory byte tensor: it reaches the spawned process without going through
-    its start pipe (a large policy there would hold the trainer until the process had imported torch)."""
+    its start pipe (a large policy there would hold the trainer until the process had imported torch). The
+    tensors of ``shared`` are left out, named (``shared_tensors``)."""
     buffer = io.BytesIO()
-    _PolicyPickler(buffer, protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
+    _PolicyPickler(buffer, pickle.HIGHEST_PROTOCOL, shared).dump(obj)
     view = buffer.getbuffer()
     payload = torch.empty(len(view), dtype=torch.uint8).share_memory_()
     payload.numpy()[:] = memoryview(view).cast("B")
     return payload
+
+
+class _Unpickler(pickle.Unpickler):
+    """Puts the tensors a payload names (``_PolicyPickler``'s ``shared``) back."""
+
+    def __init__(self, file, shared: dict[str, torch.Tensor]):
+        super().__init__(file)
+        self._shared = shared
+
+    def persistent_load(self, name):
+        return self._shared[name]
+
+
+class _ViewReader:
+    """A file over a memoryview for the unpickler, which copies only what it reads (io.BytesIO would copy the
+    whole payload first)."""
+
+    def __init__(self, view: memoryview):
+        self.view, self.at = view, 0
+
+    def read(self, n: int = -1) -> bytes:
+        end = len(self.view) if n is None or n < 0 else min(len(self.view), self.at + n)
+        out, self.at = self.view[self.at : end].tobytes(), end
+        return out
+
+    def readinto(self, buffer) -> int:
+        n = min(len(buffer), len(self.view) - self.at)
+        memoryview(buffer).cast("B")[:n] = self.view[self.at : self.at + n]
+        self.at += n
+        return n
+
+    def readline(self) -> bytes:  # the text opcodes of protocols 0-1 only: not in a HIGHEST_PROTOCOL payload
+        end = self.at
+        while end < len(self.view) and self.view[end] != 10:
+            end += 1
+        return self.read(end + 1 - self.at)
+
+
+def _load_payload(payload: torch.Tensor, shared: dict[str, torch.Tensor]) -> object:
+    """What ``_shared_payload(obj, shared)`` pickled, its named tensors ``shared``'s own."""
+    return _Unpickler(_ViewReader(memoryview(payload.numpy()).cast("B")), shared).load()
 
 
 START_ENV = "GRPOKIT_SAMPLER_START"
@@ -280,11 +351,15 @@ class AsyncSampler:
         sync_every: int,
         version: int,
         first_batch: int | None = None,
+        reference=None,
     ):
         if max_staleness < 1:
             raise ValueError(f"max_staleness must be >= 1 (0 is the synchronous loop), got {max_staleness}")
         self.sampler, self.max_staleness, self.sync_every = sampler, max_staleness, sync_every
         self.recipe = SamplerRecipe.of(sampler, rewards)
+        # a grpokit.train.reference.ReferencePass: the process makes each batch's reference pass (None: the trainer)
+        self.reference = reference
+        self._reference_tensors = shared_tensors(getattr(reference, "model", None))  # sent as themselves
         check_sendable(self.recipe, max_staleness, "the sampler's settings, tokenizer, prompts or rewards")
         check_named_code(sampler.cfg.rollout, max_staleness)
         self.version = version  # the weights the process holds (the last push)
@@ -319,7 +394,9 @@ class AsyncSampler:
         if version is not None and version > self.version:  # a restart after close(): the trainer moved on
             self._push_weights(version)
         try:
-            payload = _shared_payload((self.recipe, self.sampler.model))
+            payload = _shared_payload(
+                (self.recipe, self.sampler.model, self.reference), self._reference_tensors
+            )
         except Exception as e:  # noqa: BLE001 - named, with what to do
             raise ConfigError(
                 f"rollout.max_staleness={self.max_staleness}: the policy cannot be sent to the sampler process "
@@ -337,6 +414,7 @@ class AsyncSampler:
             args=(
                 os.getpid(),
                 [payload],  # a box the process empties: the pickled policy is freed once loaded
+                self._reference_tensors,  # the reference's weights the payload names (spawn: shared memory)
                 self._shared,
                 self._shared_version,
                 self._lock,
@@ -503,10 +581,13 @@ class AsyncSampler:
 # ---------------------------------------------------------------------- the sampler process
 
 
-def _sampler_process(parent, box, shared, shared_version, lock, requests, replies, start) -> None:
+def _sampler_process(
+    parent, box, reference_tensors, shared, shared_version, lock, requests, replies, start
+) -> None:
     """The process's main: tie its life to the trainer's, build the Sampler from the recipe and the policy
-    pickled in ``box`` (a one-item list it empties: the bytes are freed once loaded), then serve (a failure
-    is sent to the trainer, which raises it as SamplerDiedError)."""
+    pickled in ``box`` (a one-item list it empties: the bytes are freed once loaded; the reference pass, if any,
+    with the trainer's ``reference_tensors``), then serve (a failure is sent to the trainer, which raises it as
+    SamplerDiedError)."""
     _tie_to(parent)
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
     torch.set_num_threads(1)
@@ -515,13 +596,13 @@ def _sampler_process(parent, box, shared, shared_version, lock, requests, replie
     try:
         try:
             payload = box.pop()
-            recipe, model = pickle.loads(memoryview(payload.numpy()))
+            recipe, model, reference = _load_payload(payload, reference_tensors)
             del payload
             sampler = recipe.build(model)
         except Exception as e:  # noqa: BLE001 - the trainer raises it as SamplerDiedError
             write_frame(out, ("error", f"starting: {type(e).__name__}: {e}"))
             return
-        _serve(sampler, shared, shared_version, lock, requests.fileno(), out, **start)
+        _serve(sampler, reference, shared, shared_version, lock, requests.fileno(), out, **start)
     except BaseException:  # noqa: BLE001 - shown here; the trainer sees the pipe close
         traceback.print_exc()
         status = 1
@@ -559,6 +640,7 @@ def _tie_to(parent: int) -> None:
 
 def _serve(
     sampler,
+    reference,
     shared,
     shared_version,
     lock,
@@ -571,8 +653,8 @@ def _serve(
     credits,
     log_history,
 ):
-    """Take the newest pushed weights, make a batch, send it, while credits last; end at "stop" or when the
-    trainer's end of the requests closes."""
+    """Take the newest pushed weights, make a batch (with ``reference``, a ReferencePass, its reference
+    log-probs too), send it, while credits last; end at "stop" or when the trainer's end of the requests closes."""
     params = trainable_parameters(sampler.model)
     sampler.stream.load_state(stream)
     log_history = list(log_history)  # the trainer's logged steps, for reward functions' trainer_state
@@ -593,6 +675,10 @@ def _serve(
         t = time.perf_counter()
         try:
             batch, timing, sampling = sampler.sample_batch(index, log_history)
+            if reference is not None:  # the frozen reference's: the same whatever weights sampled the batch
+                t_ref = time.perf_counter()
+                batch.ref_logprobs = reference.logprobs(sampler.model, batch.rollout)  # (N, Lc)
+                timing["reference"] = time.perf_counter() - t_ref
         except Exception as e:  # noqa: BLE001 - the trainer raises it as SamplerDiedError
             write_frame(replies, ("error", f"batch {index}: {type(e).__name__}: {e}"))
             return

@@ -107,6 +107,40 @@ def rows_no_grad(
     return out
 
 
+def eval_logprobs(
+    model,
+    r: Rollout,
+    learner,
+    logprobs_fn: Callable[..., tuple],
+    *,
+    temperature: float,
+    chunk_size: int,
+    entropy: bool = False,
+) -> torch.Tensor:
+    """(N, Lc) log-probs of the batch's completions under ``model`` in eval mode (with ``entropy`` their
+    entropies instead), over ``learner``'s micro-batches (rows_no_grad), through ``logprobs_fn`` (``model``'s
+    completion_logprobs, see Distributed.logprobs_fn). The one function of the log-prob passes before an
+    update: the trainer's (PolicyUpdate.logprobs_no_grad) and the reference's in an asynchronous run's sampler
+    process (grpokit.train.reference), so both compute the same numbers."""
+    model.eval()
+
+    def forward(t: dict[str, torch.Tensor]) -> torch.Tensor:
+        logprobs, token_entropy = logprobs_fn(
+            t["prompt_ids"],
+            t["prompt_mask"],
+            t["completion_ids"],
+            t["completion_mask"],
+            temperature=temperature,
+            chunk_size=chunk_size,
+            with_entropy=entropy,
+            context_mask=t.get("context_mask"),
+            packed=learner.micro.packed,
+        )
+        return token_entropy if entropy else logprobs  # (n, L)
+
+    return rows_no_grad(learner, r, forward)
+
+
 class PolicyUpdate:
     """The clipped policy-gradient update (see the module docstring); ``learner`` holds the policy."""
 
@@ -140,17 +174,21 @@ class PolicyUpdate:
         if self.offload_reference and self.dist.movable(ref_model) is not None:
             ref_model.to(CPU)
 
-    def rollout_logprobs(self, r: Rollout) -> tuple[torch.Tensor | None, torch.Tensor | None, float]:
-        """(old_logprobs, ref_logprobs, seconds spent on the reference), each (N, Lc) or None.
+    def rollout_logprobs(
+        self, r: Rollout, ref_logprobs: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None, float]:
+        """(old_logprobs, ref_logprobs, seconds spent on the reference here), each (N, Lc) or None.
 
         old: the policy's own log-probs before any update, needed by more than one pass (the ratio's
         denominator) or by a KL in the reward (its k1 = old - ref). ref: whenever there is a reference,
-        so the KL is logged even when only the reward uses it."""
+        so the KL is logged even when only the reward uses it; ``ref_logprobs`` when the batch came with them
+        (an asynchronous run's sampler process computed them, grpokit.train.reference): no pass here then."""
         needs_old = several_passes(self.optim) or self.algo.kl.reward_coef > 0
         t = time.perf_counter()
-        ref_logprobs = (
-            self.logprobs_no_grad(self.ref_model, r, reference=True) if self.uses_reference else None
-        )
+        if not self.uses_reference:
+            ref_logprobs = None
+        elif ref_logprobs is None:
+            ref_logprobs = self.logprobs_no_grad(self.ref_model, r, reference=True)
         ref_seconds = time.perf_counter() - t
         old_logprobs = self.logprobs_no_grad(self.learner.model, r) if needs_old else None
         return old_logprobs, ref_logprobs, ref_seconds
@@ -165,26 +203,13 @@ class PolicyUpdate:
         else:
             ctx = contextlib.nullcontext()
         was_training = policy.training
-        model.eval()
         logprobs_fn = self.dist.logprobs_fn(model)  # torchrun: through FSDP/DDP's root module
-
-        def forward(t: dict[str, torch.Tensor]) -> torch.Tensor:
-            logprobs, token_entropy = logprobs_fn(
-                t["prompt_ids"],
-                t["prompt_mask"],
-                t["completion_ids"],
-                t["completion_mask"],
-                temperature=self.temperature,
-                chunk_size=self.optim.logprob_chunk_size,
-                with_entropy=entropy,
-                context_mask=t.get("context_mask"),
-                packed=self.learner.micro.packed,
-            )
-            return token_entropy if entropy else logprobs  # (n, L)
-
         offload = reference and self.offload_reference
         with ctx, on_device(self.dist.movable(model), self.learner.device, offload):
-            out = rows_no_grad(self.learner, r, forward)
+            out = eval_logprobs(
+                model, r, self.learner, logprobs_fn, temperature=self.temperature,
+                chunk_size=self.optim.logprob_chunk_size, entropy=entropy,
+            )  # fmt: skip
         policy.train(was_training)
         return out
 
@@ -410,6 +435,7 @@ class PolicyUpdate:
                 record.add(
                     micro, logprobs, old, ref, adv, micro_mask, entropy,
                     sample_logprobs=tensors["sample_logprobs"][:, :width],
+                    entropy_coef=chosen.get("entropy_coef"),  # the bonus's alpha (None: no bonus), for the view's loss
                     **{key: t[micro][:, :width] for key, t in masks.items()},
                 )  # fmt: skip
             if first:

@@ -72,6 +72,7 @@ from grpokit.train.critic import Critic
 from grpokit.train.distributed import Distributed
 from grpokit.train.learner import Learner, load_model
 from grpokit.train.mismatch import MismatchCorrection, MismatchGuard
+from grpokit.train.reference import sampler_reference
 from grpokit.train.sampler import Sampler, encode_rows
 from grpokit.train.update import PolicyUpdate
 
@@ -268,6 +269,8 @@ class GRPOTrainer:
                 sampler_for_process(self.sampler, self.dist, policy), policy, rewards=process_rewards,
                 max_staleness=cfg.rollout.max_staleness, sync_every=cfg.rollout.sync_every, version=self.step,
                 first_batch=first_batch,
+                # the reference's log-probs made in the process, beside the update (a CPU run; not fsdp)
+                reference=sampler_reference(cfg, self.algo, self.dist, device, self.ref_model, precision),
             )  # fmt: skip
 
     @property
@@ -384,7 +387,9 @@ class GRPOTrainer:
             return {}
         t_update = time.perf_counter()
         # the log-probs before the update, (N, Lc) or None: the ratio's denominator, the reference's for a KL
-        old_logprobs, ref_logprobs, timing["reference"] = self.updater.rollout_logprobs(batch.rollout)
+        # (an asynchronous run's batch may come with the reference's: its sampler process's seconds are in timing)
+        old_logprobs, ref_logprobs, ref_seconds = self.updater.rollout_logprobs(batch.rollout, batch.ref_logprobs)
+        timing["reference"] = timing.get("reference", 0.0) + ref_seconds
         values = self.critic.values(batch.rollout) if self.critic else None  # (N, Lc) PPO, else None
         G = cfg.rollout.group_size
         advantages = batch_advantages(  # (N,) or (N, Lc)
@@ -402,7 +407,7 @@ class GRPOTrainer:
             update_metrics = self.updater.waiting_metrics(batch.rollout, old_logprobs, ref_logprobs)
         if self.critic is not None:
             update_metrics.update(self.critic.update(batch, values, old_logprobs, ref_logprobs, step=step))
-        timing["update"] = time.perf_counter() - t_update - timing["reference"]
+        timing["update"] = time.perf_counter() - t_update - ref_seconds
         self.step += 1
         self.learner.scheduler.step()
         if self.async_sampler is not None:  # the sampler process gets the new weights every rollout.sync_every steps
