@@ -29,8 +29,10 @@ def world(tmp_path_factory):
     w = tmp_path_factory.mktemp("lock")
     save_tiny_model(w / "model")
     (w / "data.jsonl").write_text("".join(json.dumps(r) + "\n" for r in ROWS))
+    # step 1's reward of slow.py outlasts any poll: the test that uses it kills the run inside it (a 1.5 s sleep
+    # was a window a poll delayed by a loaded machine could miss)
     (w / "slow.py").write_text(
-        "import time\n\ndef score(prompts, completions, **kw):\n    time.sleep(1.5)\n"
+        "import time\n\ndef score(prompts, completions, **kw):\n    time.sleep(60)\n"
         "    return [float('7' in c) for c in completions]\n"
     )
     (w / "fails.py").write_text(
