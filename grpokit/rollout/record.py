@@ -13,6 +13,8 @@ used. The update fills a ``TokenRecorder`` as its micro-batches go by; ``write_r
   reward             float64              the weighted total the advantages came from
   reward/<name>      float64, null        each reward function's value (null: not applicable or failed)
   advantage          float32              the completion's advantage (per-token estimators: the token mean)
+  entropy_coef       float32, null        alpha of the entropy bonus the row was trained with (algo.entropy_coef,
+                                          adaptive: its optimizer step's); null without the bonus
   length, truncated  int32, bool          generated tokens (EOS included); cut at rollout.max_new_tokens
   token_ids, tokens  list<int32>, list<string>   each token and its text decoded alone
   logprobs           list<float32>        log pi_theta(token) in the update's forward pass that trained the row
@@ -70,6 +72,7 @@ class TokenRecorder:
         self.values = {k: torch.full((n_rows, width), float("nan")) for k in self.FIELDS}  # each (N, Lc)
         self.has_ref = False
         self.masks: dict[str, torch.Tensor] = {}  # each (N, Lc) bool, only those the loss was given
+        self.entropy_coef = torch.full((n_rows,), float("nan"))  # (N,) the bonus's alpha per row; NaN: no bonus
 
     def add(
         self,
@@ -81,11 +84,15 @@ class TokenRecorder:
         loss_mask: torch.Tensor,
         entropy: torch.Tensor | None = None,
         sample_logprobs: torch.Tensor | None = None,
+        entropy_coef: float | torch.Tensor | None = None,
         **masks: torch.Tensor,
     ) -> None:
-        """Store micro-batch ``rows`` (n,): (n, L) tensors; advantages (n,) or (n, L); ``masks``: the (n, L) bool
-        entropy_mask / cov_mask the loss was given."""
+        """Store micro-batch ``rows`` (n,): (n, L) tensors; advantages (n,) or (n, L); ``entropy_coef``: the entropy
+        bonus's alpha in the loss (None: no bonus); ``masks``: the (n, L) bool entropy_mask / cov_mask the loss was
+        given."""
         rows = rows.cpu()
+        if entropy_coef is not None:
+            self.entropy_coef[rows] = float(entropy_coef)
         width = logprobs.shape[1]
         adv = advantages.detach().float().cpu()
         adv = adv.unsqueeze(-1).expand(-1, width) if adv.dim() == 1 else adv  # (n, L)
@@ -169,8 +176,10 @@ def write_rollouts(
     columns["reward"] = pa.array(batch.rewards.double().tolist(), pa.float64())
     for name, values in batch.per_function.items():
         columns[f"reward/{name}"] = pa.array([None if x is None else float(x) for x in values], pa.float64())
+    alpha = recorder.entropy_coef.tolist()  # (N,) NaN where no bonus
     columns.update(
         advantage=pa.array(seq_adv.tolist(), pa.float32()),
+        entropy_coef=pa.array([None if a != a else a for a in alpha], pa.float32()),
         length=pa.array(r.completion_mask.sum(1).tolist(), pa.int32()),  # the model's tokens
         truncated=pa.array(r.truncated.bool().tolist(), pa.bool_()),
         token_ids=pa.array(cut(ids, "int32"), pa.list_(pa.int32())),

@@ -3,7 +3,8 @@ rollouts (``grpokit.rollout.record``), turned into one JSON-able dict per run.
 
 Every number the page shows is computed here, with grpokit's own maths (``grpokit.algos``): the page's
 JavaScript only formats and colours. Per sampled step and group: the rewards, their mean and std, the
-advantages the update used, and the objective worked through (ratios, clipped tokens, KL, the group's loss).
+advantages the update used, and the objective worked through (ratios, clipped tokens, KL, the entropy bonus,
+the group's loss).
 Per token: eleven float32 quantities, packed little-endian and base64-encoded (``TOKEN_FIELDS``), so a token
 costs 44 bytes + its id, about 64 bytes of page.
 """
@@ -118,13 +119,21 @@ def step_view(path: Path, vocab: dict[int, str], *, max_groups: int | None = Non
     ref = padded("ref_logprobs", 0.0) if has_ref else None
     loss_mask = padded("loss_mask", 0.0) * mask  # (N, T)
     kw = meta["loss_kwargs"]
-    terms = token_terms(logp, old, adv, mask, ref_logprobs=ref, **_mask_inputs(kw, meta["algo"], cols, padded))
+    inputs = _mask_inputs(kw, meta["algo"], cols, padded)
+    terms = token_terms(logp, old, adv, mask, ref_logprobs=ref, **inputs)
+    alpha = _bonus_coefs(cols, meta["algo"], N)  # (N,) the entropy bonus's alpha per row, or None
+    # the tokens the bonus acts on: the trained ones less what top_entropy_quantile's mask left out
+    bonus_mask = loss_mask.bool() & inputs.get("entropy_mask", True)  # (N, T)
+    entropy = padded("entropy")  # (N, T)
+    bonus = None if alpha is None else torch.where(bonus_mask, alpha[:, None] * entropy, 0.0)  # (N, T)
     per_token = {
         "logprobs": logp, "old_logprobs": old,
         "ref_logprobs": ref if ref is not None else torch.full((N, T), math.nan),
-        "entropy": padded("entropy"), "advantages": adv, "ratio": terms["ratio"],
+        "entropy": entropy, "advantages": adv, "ratio": terms["ratio"],
         "adv_x_ratio": adv * terms["ratio"], "clip": padded("clip", 0.0), "kl": terms["kl"],
         "loss": terms["loss"], "step_rewards": padded("step_rewards"), "pg": terms["pg"],
+        "bonus": bonus, "bonus_entropy": torch.where(bonus_mask, entropy, 0.0), "bonus_mask": bonus_mask.float(),
+        "bonus_coef": alpha,
     }  # fmt: skip
     for ids, texts in zip(cols["token_ids"], cols["tokens"]):
         vocab.update(zip(ids, texts))
@@ -141,11 +150,13 @@ def step_view(path: Path, vocab: dict[int, str], *, max_groups: int | None = Non
         "step": int(meta["step"]),
         "group_size": G,
         "algo": meta["algo"],
+        # the run had an entropy bonus whose alpha this file does not hold (written before it was recorded, adaptive)
+        "bonus_unknown": alpha is None and _bonus_on(meta["algo"]),
         "reward_names": reward_names,
         "ground_truth_column": meta.get("ground_truth_column"),
         "rows": rows,
         "groups": groups,
-        "totals": _step_totals(per_token, loss_mask, kw, N // G, G, cols["reward"]),
+        "totals": _step_totals(per_token, loss_mask, kw, cols["reward"]),
         "tokens": _pack(cols["token_ids"], widths, per_token, loss_mask),
     }
 
@@ -170,6 +181,24 @@ def _mask_inputs(kw: dict[str, Any], algo: dict[str, Any], cols: dict[str, list]
     if saved and float(algo.get("top_entropy_quantile", 1.0)) < 1:
         kw["entropy_mask"] = (bits & MASK_BITS["entropy"]) == 0
     return kw
+
+
+def _bonus_on(algo: dict[str, Any]) -> bool:
+    """The run's loss had the entropy bonus (algo.entropy_coef != 0 or algo.adaptive_entropy)."""
+    return float(algo.get("entropy_coef") or 0.0) != 0 or bool(algo.get("adaptive_entropy"))
+
+
+def _bonus_coefs(cols: dict[str, list], algo: dict[str, Any], n: int) -> torch.Tensor | None:
+    """(n,) the entropy bonus's alpha each row was trained with (record.py's "entropy_coef"), None without the
+    bonus. A file written before that column gets algo.entropy_coef when it was constant; adaptive: None."""
+    saved = cols.get("entropy_coef")
+    if saved is not None:
+        if all(a is None for a in saved):
+            return None
+        return torch.tensor([0.0 if a is None else a for a in saved])  # (n,)
+    if _bonus_on(algo) and not algo.get("adaptive_entropy"):
+        return torch.full((n,), float(algo["entropy_coef"]))
+    return None
 
 
 def _group_view(g, G, cols, per_token, loss_mask, meta, reward_names) -> dict[str, Any]:
@@ -199,6 +228,9 @@ def _group_view(g, G, cols, per_token, loss_mask, meta, reward_names) -> dict[st
     loss = None
     if kw["agg"] != "seq-sum-norm" or kw.get("norm_len"):
         loss = float(aggregate(per_token["loss"][sl], m, **kw))
+    bonus = _bonus_terms(per_token, sl)
+    if loss is not None and bonus["bonus"] is not None:
+        loss -= bonus["bonus"]  # the loss the update minimised: L = aggregate - alpha H-bar
     nones = sum(any(cols[f"reward/{n}"][i] is None for n in reward_names) for i in range(sl.start, sl.stop))
     return {
         "group": g,
@@ -220,22 +252,46 @@ def _group_view(g, G, cols, per_token, loss_mask, meta, reward_names) -> dict[st
         "pg_mean": token_mean(per_token["pg"]),
         "kl_mean": token_mean(per_token["kl"]) if not torch.isnan(per_token["kl"][sl]).all() else None,
         "loss_mean": token_mean(per_token["loss"]),
+        **bonus,
         "loss": loss,
     }
 
 
-def _step_totals(per_token, loss_mask, kw, P, G, rewards) -> dict[str, float | None]:
+def _bonus_terms(per_token: dict[str, torch.Tensor | None], rows: slice) -> dict[str, Any]:
+    """The entropy bonus of ``rows``, as the loss adds it: bonus = sum alpha_i m' H / sum m' over the tokens m' it
+    acts on (a token mean, whatever algo.agg), with bonus_entropy the token mean of H and bonus_coef the rows'
+    distinct alphas; each None without the bonus (bonus 0 when no token is trained)."""
+    if per_token["bonus"] is None:
+        return {"bonus": None, "bonus_entropy": None, "bonus_coef": None}
+    n = float(per_token["bonus_mask"][rows].sum())
+    coefs = sorted({float(a) for a in per_token["bonus_coef"][rows]})
+    if n == 0:  # no token to act on: the loss gains nothing (the update's normaliser is at least 1)
+        return {"bonus": 0.0, "bonus_entropy": None, "bonus_coef": coefs}
+    return {
+        "bonus": float(per_token["bonus"][rows].sum()) / n,
+        "bonus_entropy": float(per_token["bonus_entropy"][rows].sum()) / n,
+        "bonus_coef": coefs,
+    }
+
+
+def _step_totals(per_token, loss_mask, kw, rewards) -> dict[str, float | None]:
     """The step's numbers recomputed from the saved tokens, to set beside metrics.jsonl's: the loss (every
-    group's loss averaged: equal to the logged loss when mini-batches hold whole, equal-sized groups), the
-    clip fraction and KL over loss tokens, and the mean total reward."""
+    group's loss averaged, less the entropy bonus: equal to the logged loss when mini-batches hold whole,
+    equal-sized groups, and with the bonus one mini-batch a step, or mini-batches of alike token counts: the
+    bonus is a token mean per mini-batch), the entropy the bonus acted on (its token mean), the clip fraction
+    and KL over loss tokens, and the mean total reward."""
     m = loss_mask.bool()
     n = max(int(m.sum()), 1)
     loss = None
     if kw["agg"] != "seq-sum-norm" or kw.get("norm_len"):
         loss = float(aggregate(per_token["loss"], loss_mask, **kw))
+    bonus = _bonus_terms(per_token, slice(None))
+    if loss is not None and bonus["bonus"] is not None:
+        loss -= bonus["bonus"]
     kl = per_token["kl"][m]
     return {
         "loss": loss,
+        "entropy_bonus": bonus["bonus_entropy"],
         "clip_frac": float(per_token["clip"][m].abs().sum()) / n,
         "kl": None if torch.isnan(kl).all() else float(kl.sum()) / n,
         "reward_mean": sum(rewards) / len(rewards) if rewards else None,

@@ -363,3 +363,34 @@ def test_overlaid_runs_have_a_legend_one_can_read(runs, browser, tmp_path):
         assert browser.execute_script("return arguments[0].scrollWidth <= arguments[0].clientWidth + 1", entry)
     _shot(browser, "legends", tmp_path, chart)
     assert _errors(browser) == []
+
+
+@pytest.mark.slow  # a 2-step tiny GRPO run with the entropy bonus, then the page
+def test_the_objective_subtracts_the_entropy_bonus_and_the_total_is_the_logged_loss(browser, tmp_path):
+    """With algo.entropy_coef the update minimised L = aggregate - alpha * H-bar: the step's recomputed loss is
+    metrics.jsonl's (one mini-batch a step), the entropy the bonus acted on is its entropy/bonus, and the group's
+    objective shows alpha, H-bar and the bonus (before: the page's loss left the bonus out)."""
+    from grpo_runs import recording_trainer
+
+    from grpokit.view.data import read_run
+    from grpokit.view.page import clean, write_page
+
+    run = tmp_path / "bonus"
+    recording_trainer(run, "algo.entropy_coef=0.05", "optim.mini_batches=1").train()
+    logged = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()][-1]
+    browser.get(write_page([clean(read_run(run))], run / "view.html").as_uri())
+    time.sleep(0.5)
+    browser.find_element(By.CSS_SELECTOR, 'a[data-tab="steps"]').click()
+    summary = browser.find_element(By.ID, "step-totals")
+    loss_row = summary.find_element(By.CSS_SELECTOR, 'tr[data-key="loss"]')
+    assert _value(loss_row.find_element(By.CSS_SELECTOR, "td.logged")) == pytest.approx(logged["loss"], rel=1e-5)
+    assert _value(loss_row.find_element(By.CSS_SELECTOR, "td.saved")) == pytest.approx(logged["loss"], rel=1e-4, abs=1e-7)
+    bonus_row = summary.find_element(By.CSS_SELECTOR, 'tr[data-key="entropy/bonus"]')
+    assert _value(bonus_row.find_element(By.CSS_SELECTOR, "td.saved")) == pytest.approx(logged["entropy/bonus"], rel=1e-4)
+    objective = browser.find_element(By.ID, "objective")
+    assert "α = 0.0500" in objective.text and "− α · H̄ =" in objective.text
+    h_bar = float(browser.find_element(By.ID, "obj-bonus-entropy").text)
+    assert float(browser.find_element(By.ID, "obj-bonus").text) == pytest.approx(0.05 * h_bar, rel=1e-3)
+    _shot(browser, "entropy_bonus", tmp_path, objective)
+    _shot(browser, "entropy_bonus_step", tmp_path, browser.find_element(By.ID, "step-summary"))
+    assert _errors(browser) == []

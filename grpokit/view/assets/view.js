@@ -271,10 +271,12 @@
       ["clip_frac", "clip fraction", st.totals.clip_frac],
       ["kl", "KL", st.totals.kl],
     ];
+    if (st.totals.entropy_bonus !== null && st.totals.entropy_bonus !== undefined)
+      rows.splice(2, 0, ["entropy/bonus", "entropy the bonus acts on", st.totals.entropy_bonus]);
     $("step-summary").innerHTML =
       `<table id="step-totals"><tr><th>step ${st.step}</th><th>logged (metrics.jsonl)</th><th>recomputed from the saved tokens</th></tr>` +
       rows.map(([k, label, v]) => `<tr data-key="${k}"><th>${label}</th><td class="logged">${num(loggedAt(st.step, k))}</td><td class="saved">${num(v)}</td></tr>`).join("") +
-      `</table><div class="muted">${st.groups.length} groups of ${st.group_size}; advantage: ${esc(st.algo.advantage)}, loss aggregation: ${esc(st.algo.agg)}. The loss agrees with the log when mini-batches hold whole groups of equal size.</div>`;
+      `</table><div class="muted">${st.groups.length} groups of ${st.group_size}; advantage: ${esc(st.algo.advantage)}, loss aggregation: ${esc(st.algo.agg)}. The loss agrees with the log when mini-batches hold whole groups of equal size${st.totals.entropy_bonus !== null && st.totals.entropy_bonus !== undefined ? " and, with the entropy bonus (a token mean per mini-batch), one mini-batch a step or mini-batches of alike token counts" : ""}.${st.bonus_unknown ? " The run had an entropy bonus whose α this file does not hold (written before grpokit recorded it): the loss shown leaves it out." : ""}</div>`;
     const present = QUANTITIES.filter(([q]) => tokensOf(state.run, state.step).fields[q].some((v) => !Number.isNaN(v)));
     $("quantity").innerHTML = present.map(([q, label]) => `<option value="${q}"${q === state.quantity ? " selected" : ""}>${esc(label)}</option>`).join("");
     if (!present.some(([q]) => q === state.quantity)) state.quantity = present.length ? present[0][0] : null;
@@ -423,7 +425,14 @@
     );
     html += line("KL term", g.kl_mean ? `β · ${kl}(π_θ ‖ π_ref), β = ${al.beta}: ${kl} token mean per completion ${list(g.kl_mean)}` : `no reference model (β = ${al.beta})`);
     html += line("per-token loss", `l'_{i,t} = l_{i,t} + β · kl_{i,t}: token mean per completion ${list(g.loss_mean)}`);
-    html += line("loss", `${al.agg}: ${agg} = <span id="obj-loss">${fmt(g.loss, 6)}</span>   (this group alone; the step's loss averages it over the mini-batch's groups)`);
+    const bonus = g.bonus !== null && g.bonus !== undefined;
+    if (bonus)
+      html += line(
+        "entropy bonus",
+        `α · H̄ = α · Σ m'_{i,t} H_{i,t} / Σ m'_{i,t} (a token mean over the trained tokens${al.top_entropy_quantile < 1 ? " the entropy mask keeps" : ""}, whatever the aggregation), α = ${g.bonus_coef.map((a) => fmt(a)).join(" / ")}${al.adaptive_entropy ? " (adaptive: its optimizer step's)" : ""}, H̄ = <span id="obj-bonus-entropy">${fmt(g.bonus_entropy)}</span>: <span id="obj-bonus">${fmt(g.bonus, 6)}</span>`
+      );
+    else if (st.bonus_unknown) html += line("entropy bonus", `in the run's loss, but its α is not in this file (written before grpokit recorded it): left out below`);
+    html += line("loss", `${al.agg}: ${agg}${bonus ? " − α · H̄" : ""} = <span id="obj-loss">${fmt(g.loss, 6)}</span>   (this group alone; the step's loss averages it over the mini-batch's groups)`);
     if (al.loss !== "clipped") html += `<div class="muted">The run's loss is "${esc(al.loss)}": the terms above are the clipped surrogate's, for reference.</div>`;
     $("objective").innerHTML = html;
   }
