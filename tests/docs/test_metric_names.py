@@ -9,12 +9,11 @@ import json
 from pathlib import Path
 
 import pytest
-import torch
 from tiny_model import ADDITION_ROWS, SMALL_RUN, has_seven, make_tiny_model, small_trainer, write_sft_run
+from tool_model import tool_model
 
 from grpokit.config.schema import load_config
 from grpokit.config.sft import load_sft_config
-from grpokit.rollout.tools import ToolCall
 from grpokit.run.metrics import SFT, SFT_EVAL, TRAIN, TRAIN_EVAL, entry_for
 from grpokit.trainers.grpo import GRPOTrainer
 from grpokit.trainers.sft import SFTTrainer
@@ -24,29 +23,6 @@ def sevens_logged(prompts, completions, log_metric, **kw):
     """A second reward that logs a metric of its own (reward/sevens_logged/sevens) and scores parity."""
     log_metric("sevens", float(sum("7" in c for c in completions)))
     return [float(len(c) % 2) for c in completions]
-
-
-def count_digits(text: str) -> int:
-    """How many digits the text has.
-
-    Args:
-        text: any text
-    """
-    return sum(ch.isdigit() for ch in text)
-
-
-def digit_parser(text: str) -> list[ToolCall]:
-    """A turn with a digit calls count_digits on it (the random tiny model writes no JSON)."""
-    return [ToolCall("count_digits", {"text": text})] if any(c.isdigit() for c in text) else []
-
-
-TOOLS_TEMPLATE = (  # names the tools (the trainer checks that a template renders them) and their results
-    "{% if tools %}<|user|>tools: {% for t in tools %}{{ t['function']['name'] }} {% endfor %}{% endif %}"
-    "{% for m in messages %}{% if m['role'] == 'user' %}<|user|>{{ m['content'] }}"
-    "{% elif m['role'] == 'tool' %}<|user|>result: {{ m['content'] }}"
-    "{% else %}<|assistant|>{{ m['content'] }}{{ eos_token }}{% endif %}{% endfor %}"
-    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
-)
 
 
 def keys(path: Path) -> set[str]:
@@ -91,10 +67,7 @@ def grpo_run(out: Path) -> Path:
 
 def multiturn_run(out: Path) -> Path:
     """One step of episodes with a tool, evaluated greedily as episodes too."""
-    model, tok = make_tiny_model("qwen2", seed=0)
-    with torch.no_grad():
-        model.lm_head.weight[tok.eos_token_id] *= 3.0  # turns end after a few tokens
-    tok.chat_template = TOOLS_TEMPLATE
+    model, tok = tool_model()  # turns end after a few tokens; the template renders the tool
     cfg = load_config(
         None,
         [
@@ -104,8 +77,8 @@ def multiturn_run(out: Path) -> Path:
             "data.template=chat",
             "rollout.max_new_tokens=8",
             "rollout.max_turns=2",
-            "rollout.tools=[test_metric_names:count_digits]",
-            "rollout.tool_parser=test_metric_names:digit_parser",
+            "rollout.tools=[episode_parts:count_digits]",
+            "rollout.tool_parser=episode_parts:digit_parser",
             "eval.enabled=true",
         ],
     )

@@ -12,33 +12,12 @@ pytest.importorskip("vllm.sampling_params", reason="vLLM is not installed (tests
 
 import torch  # noqa: E402
 from tiny_model import ADDITION_ROWS, SMALL_RUN  # noqa: E402
+from tool_model import TOOLS_TEMPLATE  # noqa: E402
 from vllm_models import vllm_model  # noqa: E402
 
 from grpokit import GRPOTrainer, load_config  # noqa: E402
-from grpokit.rollout.tools import ToolCall  # noqa: E402
 
 pytestmark = pytest.mark.slow
-TEMPLATE = (  # names the tools and shows their results as user turns
-    "{% if tools %}<|user|>tools: {% for t in tools %}{{ t['function']['name'] }} {% endfor %}{% endif %}"
-    "{% for m in messages %}{% if m['role'] == 'user' %}<|user|>{{ m['content'] }}"
-    "{% elif m['role'] == 'tool' %}<|user|>result: {{ m['content'] }}"
-    "{% else %}<|assistant|>{{ m['content'] }}{{ eos_token }}{% endif %}{% endfor %}"
-    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
-)
-
-
-def count_digits(text: str) -> int:
-    """How many digits the text has.
-
-    Args:
-        text: any text
-    """
-    return sum(ch.isdigit() for ch in text)
-
-
-def digit_parser(text: str) -> list[ToolCall]:
-    """A turn with a digit calls count_digits on it (the random model writes no JSON)."""
-    return [ToolCall("count_digits", {"text": text})] if any(c.isdigit() for c in text) else []
 
 
 def spread(prompts, completions, **kw):
@@ -49,12 +28,12 @@ def test_tool_episodes_sample_on_vllm_with_the_trainers_log_probs(tmp_path):
     model, tok = vllm_model(seed=0)
     with torch.no_grad():
         model.lm_head.weight[tok.eos_token_id] += 2.0  # turns end after a few tokens
-    tok.chat_template = TEMPLATE
+    tok.chat_template = TOOLS_TEMPLATE  # names the tools and shows their results as user turns
     cfg = load_config(
         None,
         [f"train.output_dir={tmp_path / 'run'}", "train.steps=2", *SMALL_RUN, "data.template=chat",
          "rollout.engine=vllm", "rollout.max_new_tokens=8", "rollout.max_turns=3",
-         "rollout.tools=[test_vllm_multiturn:count_digits]", "rollout.tool_parser=test_vllm_multiturn:digit_parser",
+         "rollout.tools=[episode_parts:count_digits]", "rollout.tool_parser=episode_parts:digit_parser",
          "optim.lr=1e-3", "train.accuracy_reward=spread"],
     )  # fmt: skip
     trainer = GRPOTrainer(

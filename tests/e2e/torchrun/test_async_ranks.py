@@ -10,9 +10,8 @@ import shutil
 from pathlib import Path
 
 import pytest
-from paths import TESTS
 from tiny_model import ADDITION_ROWS, save_tiny_model
-from torchrun import launch
+from torchrun import launch, tool_episode_config
 
 REWARD = '''import os
 
@@ -129,39 +128,10 @@ def test_multi_turn_k1_on_two_ranks_logs_both_ranks_episode_numbers(tmp_path):
     tool numbers sent with the batches are every rank's, summed or averaged as in the synchronous loop, so
     tools/calls (summed) is 8 x tools/calls_per_episode (averaged); each rank's own would give 4 x."""
     from test_distributed_runs import ROWS
-    from tool_model import tool_model
 
-    model, tok = tool_model()
-    model.save_pretrained(tmp_path / "model")
-    tok.save_pretrained(tmp_path / "model")
-    data = tmp_path / "prompts.jsonl"
-    data.write_text("".join(json.dumps({"prompt": r["prompt"], "answer": r["answer"]}) + "\n" for r in ROWS))
-    settings = {
-        "model": {"name_or_path": str(tmp_path / "model"), "device": "cpu"},
-        "data": {"train": str(data)},
-        "rollout": {
-            "group_size": 4, "prompts_per_step": 2, "max_new_tokens": 6, "max_turns": 3, "max_staleness": 1,
-            "tool_parser": "test_distributed_runs:every_turn_calls", "tools": ["test_multiturn_training:count_digits"],
-        },
-        "optim": {"lr": 3e-3, "micro_batch_size": 2},
-        "rewards": [{"name": "test_multiturn_training:parity"}],
-        "eval": {"enabled": False},
-        "train": {"steps": 3, "tensorboard": False, "samples_every": 0, "stop_after_flat_steps": 0, "distributed": "ddp"},
-    }  # fmt: skip
-    cfg = tmp_path / "cfg.yaml"
-    cfg.write_text(json.dumps(settings))
+    cfg = tool_episode_config(tmp_path, ROWS, rollout={"max_staleness": 1})
     run = tmp_path / "run"
-    paths = (
-        Path(__file__).parent,
-        TESTS / "integration",
-    )  # the parser's, the tool's and the reward's modules
-    launch(
-        ["grpokit", "train", str(cfg), "--output-dir", str(run)],
-        nproc=2,
-        module=True,
-        timeout=600,
-        paths=paths,
-    )
+    launch(["grpokit", "train", str(cfg), "--output-dir", str(run)], nproc=2, module=True, timeout=600)
     lines = _metrics(run)
     assert [m["step"] for m in lines] == [1, 2, 3]
     for m in lines:

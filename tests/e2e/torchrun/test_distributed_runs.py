@@ -9,9 +9,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from paths import TESTS
 from safetensors.torch import load_file
-from torchrun import launch
+from torchrun import launch, tool_episode_config
 
 ROWS = [
     {"prompt": f"{a}+{b}=", "completion": str(a + b), "answer": str(a + b)}
@@ -105,14 +104,6 @@ def test_sft_packed_under_fsdp_gives_the_one_process_losses_and_weights(sft_setu
     _close(_weights(sft_packed), _weights(two), atol=2e-6)
 
 
-def every_turn_calls(text: str) -> list:
-    """A tool parser for the random tiny model: every turn calls count_digits on its text (a turn cut at
-    max_new_tokens calls nothing)."""
-    from grpokit.rollout.tools import ToolCall
-
-    return [ToolCall("count_digits", {"text": text})]
-
-
 @pytest.mark.slow
 def test_multiturn_tool_rollouts_on_two_ranks_log_global_numbers_and_resume(tmp_path):
     """2 ranks, 3 steps of tool episodes: exit 0, rank 0 logs one line per step with the episode and tool
@@ -121,43 +112,11 @@ def test_multiturn_tool_rollouts_on_two_ranks_log_global_numbers_and_resume(tmp_
     proves the update's equivalence on one global batch.)"""
     import shutil
 
-    from tool_model import tool_model
-
-    model, tok = tool_model()
-    model.save_pretrained(tmp_path / "model")
-    tok.save_pretrained(tmp_path / "model")
-    data = tmp_path / "prompts.jsonl"
-    data.write_text("".join(json.dumps({"prompt": r["prompt"], "answer": r["answer"]}) + "\n" for r in ROWS))
-    settings = {
-        "model": {"name_or_path": str(tmp_path / "model"), "device": "cpu"},
-        "data": {"train": str(data)},
-        "rollout": {
-            "group_size": 4,
-            "prompts_per_step": 2,
-            "max_new_tokens": 6,
-            "max_turns": 3,
-            "tool_parser": "test_distributed_runs:every_turn_calls",
-            "tools": ["test_multiturn_training:count_digits"],
-        },
-        "optim": {"lr": 3e-3, "micro_batch_size": 2},
-        "algo": {"preset": "grpo"},
-        "rewards": [{"name": "test_multiturn_training:parity"}],
-        "eval": {"enabled": False},
-        "train": {
-            "steps": 3,
-            "save_every": 1,
-            "keep_checkpoints": 0,
-            "tensorboard": False,
-            "samples_every": 0,
-            "stop_after_flat_steps": 0,
-            "distributed": "ddp",
-        },
-    }
-    cfg = tmp_path / "cfg.yaml"
-    cfg.write_text(json.dumps(settings))  # JSON is YAML
+    cfg = tool_episode_config(
+        tmp_path, ROWS, algo={"preset": "grpo"}, train={"save_every": 1, "keep_checkpoints": 0}
+    )
     run = tmp_path / "run"
-    paths = (Path(__file__).parent, TESTS / "integration")  # the parser's and the tool's and reward's modules
-    launch(["grpokit", "train", str(cfg), "--output-dir", str(run)], nproc=2, module=True, paths=paths)
+    launch(["grpokit", "train", str(cfg), "--output-dir", str(run)], nproc=2, module=True)
     full = _metrics(run)
     assert [m["step"] for m in full] == [1, 2, 3]
     for m in full:  # 8 episodes per step, 4 per rank: the counts are summed over ranks, the means averaged
@@ -165,7 +124,7 @@ def test_multiturn_tool_rollouts_on_two_ranks_log_global_numbers_and_resume(tmp_
     assert sum(m["tools/calls"] for m in full) > 0 and max(m["episode/turns_mean"] for m in full) > 1
     shutil.copytree(run, tmp_path / "resumed")
     args = ["--output-dir", str(tmp_path / "resumed"), "--resume-from", "step_000002"]
-    launch(["grpokit", "train", str(cfg), *args], nproc=2, module=True, paths=paths)
+    launch(["grpokit", "train", str(cfg), *args], nproc=2, module=True)
     again = _metrics(tmp_path / "resumed")
     assert [m["step"] for m in again] == [1, 2, 3, 3]
     for key in ("loss", "reward", "tools/calls", "episode/turns_mean"):

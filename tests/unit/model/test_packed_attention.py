@@ -11,6 +11,7 @@ flash-attn package is installed, flash_attention_2."""
 
 import pytest
 import torch
+from ragged_batch import ragged_batch
 from tiny_model import make_tiny_model
 
 from grpokit.config.schema import load_config
@@ -19,21 +20,6 @@ from grpokit.model.logprobs import attention_implementation, check_packed_attent
 from grpokit.train.learner import Learner, load_model
 
 CPU = torch.device("cpu")
-
-
-def _ragged(device: torch.device, vocab: int = 64, seed: int = 0) -> list[torch.Tensor]:
-    """4 rows: prompts of 5, 2, 4, 1 tokens (left-padded), completions of 4, 9, 1, 6 (right-padded)."""
-    g = torch.Generator().manual_seed(seed)
-    p_len, c_len = [5, 2, 4, 1], [4, 9, 1, 6]
-    Lp, Lc = max(p_len), max(c_len)
-    p_ids, p_mask = torch.zeros((4, Lp), dtype=torch.long), torch.zeros((4, Lp), dtype=torch.long)
-    c_ids, c_mask = torch.zeros((4, Lc), dtype=torch.long), torch.zeros((4, Lc), dtype=torch.long)
-    for i in range(4):
-        p_ids[i, Lp - p_len[i] :] = torch.randint(3, vocab, (p_len[i],), generator=g)
-        p_mask[i, Lp - p_len[i] :] = 1
-        c_ids[i, : c_len[i]] = torch.randint(3, vocab, (c_len[i],), generator=g)
-        c_mask[i, : c_len[i]] = 1
-    return [t.to(device) for t in (p_ids, p_mask, c_ids, c_mask)]
 
 
 def _padded_and_packed(model, batch: list[torch.Tensor]) -> dict[bool, tuple[torch.Tensor, dict]]:
@@ -52,7 +38,7 @@ def test_packed_log_probs_and_gradients_equal_padded_under(impl):
     model, _ = make_tiny_model("qwen2", seed=0)
     model.set_attn_implementation(impl)
     assert attention_implementation(model) == impl
-    batch = _ragged(CPU)
+    batch = list(ragged_batch(CPU)[:4])
     out = _padded_and_packed(model, batch)
     (lp0, g0), (lp1, g1) = out[False], out[True]
     assert int((lp0 != 0).sum()) == int(batch[3].sum()) == 20  # every completion token scored
@@ -94,7 +80,7 @@ def test_packed_equals_padded_on_cuda_under(impl):
     # head dim 16: flex_attention's kernels need at least 16
     model, _ = make_tiny_model("qwen2", seed=0, hidden_size=64)
     model = model.to(cuda)
-    batch = _ragged(cuda)
+    batch = list(ragged_batch(cuda)[:4])
     exact = completion_logprobs(model, *batch, temperature=0.7, packed=False)[0]  # sdpa, float32
     if impl == "flash_attention_2":
         model = model.to(torch.bfloat16)

@@ -4,6 +4,7 @@ position_ids, so the same equality is checked there (skipped without CUDA)."""
 
 import pytest
 import torch
+from ragged_batch import ragged_batch
 from tiny_model import make_tiny_model
 
 from grpokit.model.logprobs import check_packed_attention, completion_logprobs
@@ -14,27 +15,12 @@ pytestmark = [
 ]
 
 
-def _ragged(device, vocab=64, seed=0):
-    """4 rows: left-padded prompts of 5, 2, 4, 1 tokens; right-padded completions of 4, 9, 1, 6 tokens."""
-    g = torch.Generator().manual_seed(seed)
-    p_len, c_len = [5, 2, 4, 1], [4, 9, 1, 6]
-    Lp, Lc = max(p_len), max(c_len)
-    p_ids, p_mask = torch.zeros((4, Lp), dtype=torch.long), torch.zeros((4, Lp), dtype=torch.long)
-    c_ids, c_mask = torch.zeros((4, Lc), dtype=torch.long), torch.zeros((4, Lc), dtype=torch.long)
-    for i in range(4):
-        p_ids[i, Lp - p_len[i] :] = torch.randint(3, vocab, (p_len[i],), generator=g)
-        p_mask[i, Lp - p_len[i] :] = 1
-        c_ids[i, : c_len[i]] = torch.randint(3, vocab, (c_len[i],), generator=g)
-        c_mask[i, : c_len[i]] = 1
-    return [t.to(device) for t in (p_ids, p_mask, c_ids, c_mask)]
-
-
 @pytest.mark.parametrize("arch", ["qwen2", "llama"])
 def test_packed_equals_padded_on_cuda_float32_and_bfloat16(arch):
     cuda = torch.device("cuda")
     model, _ = make_tiny_model(arch, seed=0)
     model = model.to(cuda)
-    batch = _ragged(cuda)
+    batch = list(ragged_batch(cuda)[:4])
     assert check_packed_attention(model, cuda)
     lp = {
         packed: completion_logprobs(model, *batch, temperature=0.7, packed=packed)[0]

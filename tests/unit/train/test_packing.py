@@ -5,6 +5,7 @@ Llama on the CPU; padded and packed run the same float32 arithmetic in another o
 
 import pytest
 import torch
+from ragged_batch import ragged_batch
 from test_parts import grads_of_one_step
 from tiny_model import make_tiny_model
 
@@ -72,33 +73,11 @@ def test_pack_sequences_and_pack_masked_by_hand():
     assert where.tolist() == [[-1, 0, 1], [2, 3, -1]]
 
 
-def _ragged_batch(seed: int = 0, vocab: int = 64, multi_turn: bool = False):
-    """4 rows of left-padded prompts (5, 2, 4, 1 tokens) and right-padded completions (4, 9, 1, 6 tokens);
-    multi_turn: rows 1 and 3 hold tool tokens (attended, context_mask 1, not scored, completion_mask 0)."""
-    g = torch.Generator().manual_seed(seed)
-    p_len, c_len = [5, 2, 4, 1], [4, 9, 1, 6]
-    Lp, Lc = max(p_len), max(c_len)
-    p_ids, p_mask = torch.full((4, Lp), PAD), torch.zeros((4, Lp), dtype=torch.long)
-    c_ids, c_mask = torch.full((4, Lc), PAD), torch.zeros((4, Lc), dtype=torch.long)
-    for i in range(4):
-        p_ids[i, Lp - p_len[i] :] = torch.randint(3, vocab, (p_len[i],), generator=g)
-        p_mask[i, Lp - p_len[i] :] = 1
-        c_ids[i, : c_len[i]] = torch.randint(3, vocab, (c_len[i],), generator=g)
-        c_mask[i, : c_len[i]] = 1
-    context = None
-    if multi_turn:
-        context = c_mask.clone()
-        c_mask = c_mask.clone()
-        c_mask[1, 3:6] = 0  # a tool's reply inside row 1, then the model again
-        c_mask[3, 2:4] = 0
-    return p_ids, p_mask, c_ids, c_mask, context
-
-
 @pytest.mark.parametrize("arch", ["qwen2", "llama"])
 @pytest.mark.parametrize("multi_turn", [False, True])
 def test_packed_logprobs_entropy_and_gradient_equal_padded(arch, multi_turn):
     model, _ = make_tiny_model(arch, seed=0)
-    p_ids, p_mask, c_ids, c_mask, context = _ragged_batch(multi_turn=multi_turn)
+    p_ids, p_mask, c_ids, c_mask, context = ragged_batch(multi_turn=multi_turn)
     out = {}
     for packed in (False, True):
         model.zero_grad()
@@ -128,7 +107,7 @@ def test_packed_logprobs_entropy_and_gradient_equal_padded(arch, multi_turn):
 def test_packed_rows_do_not_see_each_other():
     """Row 0's log-probs packed beside another row are its log-probs alone: attention stays in the row."""
     model, _ = make_tiny_model("qwen2", seed=0)
-    p_ids, p_mask, c_ids, c_mask, _ = _ragged_batch()
+    p_ids, p_mask, c_ids, c_mask, _ = ragged_batch()
     together, _ = completion_logprobs(model, p_ids, p_mask, c_ids, c_mask, packed=True)  # (4, 9)
     alone, _ = completion_logprobs(model, p_ids[:1], p_mask[:1], c_ids[:1], c_mask[:1], packed=True)  # (1, 9)
     torch.testing.assert_close(together[:1], alone, rtol=0, atol=2e-6)
@@ -137,7 +116,7 @@ def test_packed_rows_do_not_see_each_other():
 
 def test_a_gap_inside_a_row_is_refused_when_packing():
     model, _ = make_tiny_model("qwen2", seed=0)
-    p_ids, p_mask, c_ids, c_mask, _ = _ragged_batch()
+    p_ids, p_mask, c_ids, c_mask, _ = ragged_batch()
     context = c_mask.clone()
     context[1, 2] = 0  # an unattended token inside row 1, followed by a scored one
     with pytest.raises(ValueError, match="gap inside a row"):
@@ -291,7 +270,7 @@ def test_packed_critic_values_and_value_gradient_equal_padded():
     critic = build_critic(policy, cfg, torch.float32, CPU)
     with torch.no_grad():
         critic.score.weight.normal_(0.0, 0.5)  # not the zero head: the backbone gets a gradient too
-    p_ids, p_mask, c_ids, c_mask, context = _ragged_batch(multi_turn=True)
+    p_ids, p_mask, c_ids, c_mask, context = ragged_batch(multi_turn=True)
     out = {}
     for packed in (False, True):
         critic.zero_grad()
