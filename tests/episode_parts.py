@@ -1,6 +1,6 @@
 """The parts of the multi-turn tests' episodes, one copy for every test that names them: a tool (count_digits), tool
 parsers for the random tiny model (digit_parser, every_turn_calls), reward functions (used_tool, parity,
-turns_reward) and a 3-turn environment (Countdown).
+turns_reward), a 3-turn environment (Countdown), and ``segments``, which reads an episode's masks as runs.
 
 Configs name them by module, "episode_parts:count_digits", and every process that runs them finds this module:
 tests/ is on sys.path in the test process (pyproject's pytest pythonpath), in a spawned sampler process
@@ -59,3 +59,13 @@ class Countdown:
         self.turn += 1
         reward = float(any(c.isdigit() for c in text))
         return EnvStep([{"role": "user", "content": f"turn {self.turn}"}], reward, done=self.turn >= 3)
+
+
+def segments(mask: list[int]) -> list[tuple[int, int, int]]:
+    """(value, start, end) runs of a 0/1 list."""
+    out, start = [], 0
+    for t in range(1, len(mask) + 1):
+        if t == len(mask) or mask[t] != mask[start]:
+            out.append((mask[start], start, t))
+            start = t
+    return out

@@ -7,6 +7,7 @@ import os
 import time
 
 import pytest
+from episode_parts import count_digits, digit_parser, segments
 from tool_model import tool_model
 
 from grpokit.rollout.envs import EnvironmentWithTools, EnvPool, EnvStep, ToolEnvironment
@@ -15,15 +16,6 @@ from grpokit.rollout.multiturn import ChatDelta, run_episodes
 from grpokit.rollout.tools import ToolCall, ToolRunner, load_tools
 
 ROWS = [{"prompt": "what is 1+2"}, {"prompt": "hi"}]
-
-
-def count_digits(text: str) -> int:
-    """How many digits the text has.
-
-    Args:
-        text: any text
-    """
-    return sum(ch.isdigit() for ch in text)
 
 
 def nap(seconds: float) -> str:
@@ -39,11 +31,6 @@ def nap(seconds: float) -> str:
 def big() -> str:
     """Returns 5,000 characters."""
     return "x" * 5000
-
-
-def digit_parser(text: str) -> list[ToolCall]:
-    """A turn with a digit calls count_digits on its text (the random tiny model writes no JSON)."""
-    return [ToolCall("count_digits", {"text": text})] if any(c.isdigit() for c in text) else []
 
 
 class Teller:
@@ -69,16 +56,6 @@ def episodes(model, tok, envs, tools, rows=ROWS, group_size=2, **kw):
         FastGenerator(), model, tok, ChatDelta(tok, [t.schema for t in tools]), envs, rows,
         group_size=group_size, eos_token_ids=[tok.eos_token_id], pad_token_id=tok.pad_token_id, **settings,
     )  # fmt: skip
-
-
-def segments(mask: list[int]) -> list[tuple[int, int, int]]:
-    """(value, start, end) runs of a 0/1 list."""
-    out, start = [], 0
-    for t in range(1, len(mask) + 1):
-        if t == len(mask) or mask[t] != mask[start]:
-            out.append((mask[start], start, t))
-            start = t
-    return out
 
 
 @pytest.mark.slow

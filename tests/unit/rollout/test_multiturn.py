@@ -3,6 +3,7 @@ environment's appended as ids, exactly the model's tokens in completion_mask, tr
 
 import pytest
 import torch
+from episode_parts import digit_parser, segments
 from tool_model import TOOLS_TEMPLATE, tool_model
 
 from grpokit.algos.process import process_group_advantages
@@ -11,7 +12,7 @@ from grpokit.model.logprobs import completion_logprobs
 from grpokit.rollout.envs import EnvStep, ToolEnvironment
 from grpokit.rollout.generation import FastGenerator, HFGenerator
 from grpokit.rollout.multiturn import ChatDelta, episode_step_rewards, run_episodes
-from grpokit.rollout.tools import ToolCall, ToolRunner, load_tools
+from grpokit.rollout.tools import ToolRunner, load_tools
 
 ROWS = [{"prompt": "what is 1+2"}, {"prompt": "hi"}]
 
@@ -49,16 +50,6 @@ def episodes(model, tok, envs, generator=None, rows=ROWS, group_size=2, **kw):
         pad_token_id=tok.pad_token_id,
         **settings,
     )
-
-
-def segments(mask: list[int]) -> list[tuple[int, int, int]]:
-    """(value, start, end) runs of a 0/1 list."""
-    out, start = [], 0
-    for t in range(1, len(mask) + 1):
-        if t == len(mask) or mask[t] != mask[start]:
-            out.append((mask[start], start, t))
-            start = t
-    return out
 
 
 def test_observation_ids_are_the_template_delta():
@@ -192,7 +183,7 @@ def count_digits(text: str) -> int:
 def test_tool_environment_turns_runs_and_errors():
     model, tok = tool_model()
     runner = ToolRunner(load_tools([count_digits]), timeout_s=5.0, workers=2)
-    parser = lambda text: [ToolCall("count_digits", {"text": text})] if any(c.isdigit() for c in text) else []  # noqa: E731
+    parser = digit_parser
     try:
         batch = episodes(
             model, tok, [ToolEnvironment(runner, parser) for _ in range(8)], group_size=4, max_turns=4
