@@ -220,7 +220,11 @@ TRAIN: dict[str, Metric] = {
     "time/step": Metric("s", "wall time of the whole step"),
     "time/generation": Metric("s", "sampling the completions"),
     "time/scoring": Metric("s", "running the reward functions"),
-    "time/reference": Metric("s", "old and reference log-probs (and critic values) before the update"),
+    "time/reference": Metric(
+        "s",
+        "the reference's log-probs before the update (rollout.max_staleness >= 1 on a CPU: the sampler process's "
+        "seconds on the batch's, beside the update)",
+    ),
     "time/update": Metric("s", "the policy (and critic) update"),
     "tokens_per_s": Metric("tokens/s", "generated tokens / time/step"),
     "peak_memory_mb": Metric(
