@@ -86,9 +86,10 @@ def run_training(trainer: Trainer) -> dict[str, Any]:
             fire(trainer.callbacks, "on_train_begin", trainer)
             if evaluates and trainer.step == 0:
                 summary.update(eval_summary(evaluate(trainer, log), "before"))
-            run.clock.start()  # the training steps' seconds, continuing a resumed run's (grpokit.core.clock)
-            # a run resumed from a checkpoint that had used its budget takes no step
+            # a run resumed from a checkpoint that had used its budget takes no step (the checkpoint's count
+            # alone, before this leg's clock starts: reward workers warming up are no step's)
             budget_reached = cpu_budget_reached(cfg.train.max_cpu_seconds, run.clock, dist)
+            run.clock.start()  # the training steps' seconds, continuing a resumed run's (grpokit.core.clock)
             while (
                 trainer.step < cfg.train.steps
                 and not stop.signal_name

@@ -50,7 +50,7 @@ def test_a_resumed_run_spends_its_cpu_budget_once(tmp_path):
 
     # a budget just above it: one more step uses it up, whatever a step costs (before: the resumed leg ran until
     # it alone had used the budget, two steps' worth or more)
-    budget = again["train_cpu_seconds"] + 1e-3
+    budget = spent + 1e-3  # what step 2's checkpoint recorded (the second leg wrote none)
     last = make_trainer(
         tmp_path, "train.steps=50", *common, f"train.max_cpu_seconds={budget!r}", resume=True,
         allow_changed_config=True,
