@@ -1,9 +1,12 @@
 """cpu_seconds counts this process's children, running or ended: a reward worker that has been waited for
 still counts (before, in grpokit.bench.learn: only the children alive at the time)."""
 
+import os
 import subprocess
 import sys
 import time
+
+import pytest
 
 from grpokit.core.clock import cpu_seconds
 
@@ -41,3 +44,56 @@ def test_the_training_clock_goes_on_from_a_checkpoint_and_stands_still_once_stop
     assert clock.cpu() >= cpu and clock.wall() >= wall
     clock.carry({})  # a checkpoint written before the count was recorded
     assert clock.state() == {"train_cpu_seconds": 0.0, "train_seconds": 0.0}
+
+
+# A fresh parent (no other children: nothing else can add seconds) starts a child that forks a grandchild; the
+# grandchild burns 0.3 CPU s and ends, the child reaps it and lives on. The grandchild's seconds are then in the
+# living child's cutime, which os.times (RUSAGE_CHILDREN) does not see until the child itself is waited for.
+PARENT = """
+import importlib.util, os, subprocess, sys
+spec = importlib.util.spec_from_file_location("clock", sys.argv[1])  # not grpokit/__init__ (it imports torch)
+clock = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(clock)
+CHILD = '''
+import os, sys, time
+pid = os.fork()
+if pid == 0:
+    while time.process_time() < 0.3:
+        pass
+    t = os.times()
+    print(t.user + t.system, flush=True)
+    os._exit(0)
+os.waitpid(pid, 0)
+t = os.times()
+print(t.user + t.system, flush=True)
+sys.stdin.read()
+'''
+def own():
+    t = os.times()
+    return t.user + t.system
+before, own_before = clock.cpu_seconds(), own()
+child = subprocess.Popen([sys.executable, "-c", CHILD], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+grandchild_s, child_s = float(child.stdout.readline()), float(child.stdout.readline())
+charged = clock.cpu_seconds() - before - (own() - own_before)  # the descendants' part, the child alive
+walked = clock._descendants_seconds(clock._task_children)
+scanned = clock._descendants_seconds(clock._scanned_children())
+child.stdin.close()
+child.wait()
+print(charged, walked, scanned, child_s, grandchild_s)
+"""
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="Linux's /proc")
+def test_a_grandchild_reaped_by_a_living_child_is_charged():
+    """Before, a living child's own seconds counted (psutil's user + system), not the 0.3 s its reaped grandchild
+    burnt: those came only once the child itself ended. Both ways of finding the children give the same."""
+    from grpokit.core import clock
+
+    out = subprocess.run(
+        [sys.executable, "-c", PARENT, clock.__file__], capture_output=True, text=True, check=True, timeout=120
+    ).stdout
+    charged, walked, scanned, child_s, grandchild_s = map(float, out.split())
+    assert grandchild_s >= 0.28  # 0.3 s, in whole ticks
+    # /proc and os.times count in 10 ms ticks: a few readings, a few ticks at most
+    for seconds in (charged, walked, scanned):
+        assert seconds == pytest.approx(child_s + grandchild_s, abs=0.05)
