@@ -51,7 +51,7 @@ from grpokit.rewards.which_accuracy import pick_accuracy_reward
 from grpokit.rollout.batch import ANSWER_FORMAT_HINT, ScoredBatch, advantage_abs_mean, step_metrics
 from grpokit.rollout.episodes import EpisodeSampler, multi_turn, name_callables
 from grpokit.rollout.evaluate import evaluate
-from grpokit.rollout.generation import rollout_metrics
+from grpokit.rollout.generation import FastGenerator, rollout_metrics
 from grpokit.rollout.record import TokenRecorder, sample_rows, write_rollouts
 from grpokit.run.log import RunLogger, reward_metric_names
 from grpokit.run.loop import run_training
@@ -272,6 +272,12 @@ class GRPOTrainer:
                 # the reference's log-probs made in the process, beside the update (a CPU run; not fsdp)
                 reference=sampler_reference(cfg, self.algo, self.dist, device, self.ref_model, precision),
             )  # fmt: skip
+        # what evaluation decodes with: the sampler's engine; but when the sampler process owns the vLLM engine
+        # (rollout.max_staleness >= 1), the fast engine over the trainer's own weights: the trainer's vLLM engine
+        # would start for evaluation alone, a second engine beside the process's (on a GPU, in the same memory)
+        self.eval_generator = self.sampler.generator
+        if self.async_sampler is not None and cfg.rollout.engine == "vllm":
+            self.eval_generator = FastGenerator(kv_cache=cfg.rollout.kv_cache, cuda_graphs=cfg.rollout.cuda_graphs)
 
     @property
     def model(self) -> torch.nn.Module:
@@ -484,7 +490,7 @@ class GRPOTrainer:
         generating = self.dist.generation_model(model, self.step)
         if self.sampler.episodes is not None:  # multi-turn: greedy episodes scored on their transcripts
             result = self.sampler.episodes.evaluate(
-                self.sampler.generator, generating, self.tokenizer, self.eval_rows, self.accuracy_fn,
+                self.eval_generator, generating, self.tokenizer, self.eval_rows, self.accuracy_fn,
                 eos_token_ids=eos_ids, seed=cfg.train.seed, examples=examples, progress=self.say,
             )  # fmt: skip
         else:
@@ -493,7 +499,7 @@ class GRPOTrainer:
                 self.tokenizer,
                 self.eval_rows,
                 accuracy_fn=self.accuracy_fn,
-                generator=self.sampler.generator,
+                generator=self.eval_generator,
                 data_cfg=cfg.data,
                 eos_token_ids=eos_ids,
                 num_samples=cfg.eval.num_samples,

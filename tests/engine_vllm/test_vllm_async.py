@@ -46,8 +46,9 @@ def weights(model) -> dict[str, torch.Tensor]:
 
 @pytest.mark.slow
 def test_the_engine_runs_in_the_sampler_process_and_samples_each_batch_with_its_version(tmp_path):
-    """K = 1, 3 steps, no evaluation: the trainer's own engine never starts (the process's sampled every batch);
-    every batch is at most 1 step old, its log-probs are its version's weights' (float32 engine and oracle), and
+    """K = 1, 3 steps, evaluated before and after: the trainer's own engine never starts (the process's sampled
+    every batch, and evaluation decodes with the fast engine: before, it started a second vLLM engine in the
+    trainer's process); every batch is at most 1 step old, its log-probs are its version's weights' (float32 engine and oracle), and
     a batch of version >= 1 was sampled, so a push reached the engine in the process."""
     RecordingUpdate.seen = []
     versions = {}
@@ -60,15 +61,17 @@ def test_the_engine_runs_in_the_sampler_process_and_samples_each_batch_with_its_
         None,
         [
             f"train.output_dir={tmp_path / 'run'}", "train.steps=3", *SMALL_RUN, "rollout.engine=vllm",
-            "optim.lr=1e-2", "rollout.max_staleness=1",
+            "optim.lr=1e-2", "rollout.max_staleness=1", "eval.enabled=true", "train.accuracy_reward=spread",
+            "eval.num_samples=1",
         ],
     )  # fmt: skip
     trainer = GRPOTrainer(
-        cfg, model=model, tokenizer=tok, train_rows=ADDITION_ROWS, reward_functions=[("spread", spread, 1.0)],
-        updater=RecordingUpdate, callbacks=[keep],
+        cfg, model=model, tokenizer=tok, train_rows=ADDITION_ROWS, eval_rows=ADDITION_ROWS[:4],
+        reward_functions=[("spread", spread, 1.0)], updater=RecordingUpdate, callbacks=[keep],
     )  # fmt: skip
     versions[0] = weights(trainer.model)
-    trainer.train()
+    summary = trainer.train()
+    assert "eval_accuracy_before" in summary and "eval_accuracy_after" in summary  # evaluated, twice
     history = trainer.log_history
     assert len(history) == 3 == len(RecordingUpdate.seen)
     assert trainer.sampler.generator.llm is None  # the trainer's engine never started
