@@ -29,8 +29,10 @@ Outputs in the output folder:
   as the batch finishes; ``--resume`` skips the batches already there (each batch has its own seed, so a
   resumed run samples what an unbroken one would). The selection is redone from them at the end, so
   ``keep.*`` and the thresholds may change on resume; the model, data, sampling and rewards may not.
-- ``summary.json`` (``output``: the samples file; ``checkpoint``: the source model, for pipelines),
-  ``config.yaml``.
+- ``summary.json`` (``output``: the samples file; ``checkpoint``: the source model, for pipelines; ``seconds``
+  and ``cpu_seconds``: the sampling's, every leg's when resumed), ``config.yaml``.
+- ``sampling_seconds.json``: the wall and CPU seconds up to the last batch saved, which a resumed run goes on
+  from (so a pipeline's ``cpu_budget_of`` counts a resumed sample stage once, whole).
 """
 
 from __future__ import annotations
@@ -48,13 +50,16 @@ import yaml
 from grpokit.config.checks import build_config
 from grpokit.config.sample import FORMATS, KeepConfig, SampleConfig, check_sample_config
 from grpokit.config.schema import apply_overrides
-from grpokit.core.clock import cpu_seconds
+from grpokit.core.clock import TrainingClock
 from grpokit.core.errors import ConfigError
 from grpokit.core.files import replace_whole
 
 PROVENANCE = ("source_model", "scores", "completion_tokens", "prompt_index", "sample_index", "pass_rate")
 """Columns every kept row gets (a source column of the same name is refused)."""
 
+
+SECONDS_FILE = "sampling_seconds.json"
+"""The seconds up to the last batch saved: {"seconds", "cpu_seconds"} (a resumed run continues them)."""
 
 FREE_TO_CHANGE = ("keep.", "output.", "rewards.min")
 """Settings a resumed run may change: the selection is redone from the saved candidates."""
@@ -197,7 +202,12 @@ def run_sample(
     # missing column failed at the first scoring, after a batch had been generated
     check_reward_columns(rows, reward_functions, str(cfg.data.train))
     read_model_config(cfg.model)
-    start, cpu_start = time.perf_counter(), cpu_seconds()
+    # the seconds of the sampling (the model's load included), going on from a resumed run's last batch saved
+    clock = TrainingClock()
+    if resume and (out / SECONDS_FILE).is_file():
+        kept = json.loads((out / SECONDS_FILE).read_text())
+        clock.carry({"train_cpu_seconds": kept["cpu_seconds"], "train_seconds": kept["seconds"]})
+    clock.start()
 
     model, tokenizer, _ = load_policy(cfg.model, LoraConfig())
     model.eval()
@@ -211,19 +221,19 @@ def run_sample(
     )
     if overwrite:  # the run's own files only: a pipeline keeps its stage.json in the same folder
         shutil.rmtree(out / "candidates", ignore_errors=True)
-        for name in ("config.yaml", "summary.json", "pass_rates.jsonl", *(f"samples.{f}" for f in FORMATS)):
+        for name in ("config.yaml", "summary.json", "pass_rates.jsonl", SECONDS_FILE, *(f"samples.{f}" for f in FORMATS)):
             (out / name).unlink(missing_ok=True)
     (out / "candidates").mkdir(parents=True, exist_ok=True)
     _write_config(cfg, out / "config.yaml")
     from grpokit.rewards import RewardRunner
 
     with RewardRunner(reward_functions, timeout_s=cfg.output.reward_timeout_s) as runner:
-        candidates = _sample_all(cfg, model, tokenizer, rows, encoded, runner, out, log)
+        candidates = _sample_all(cfg, model, tokenizer, rows, encoded, runner, out, log, clock)
     thresholds = dict(zip(score_names(cfg), (spec.min for spec in cfg.rewards)))
     kept, stats = select(candidates, thresholds, cfg.keep)
     summary = _write_outputs(cfg, out, rows, candidates, kept, stats)
-    summary["seconds"] = time.perf_counter() - start
-    summary["cpu_seconds"] = cpu_seconds() - cpu_start  # this process and its reward workers (grpokit.core.clock)
+    clock.stop()  # this process and its reward workers (grpokit.core.clock), every leg's
+    summary["seconds"], summary["cpu_seconds"] = clock.wall(), clock.cpu()
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     log(
         f"sample: kept {summary['rows']} rows from {summary['candidates']} completions of {summary['prompts']} "
@@ -265,8 +275,9 @@ def _why_nothing_kept(
     )
 
 
-def _sample_all(cfg, model, tokenizer, rows, encoded, runner, out: Path, log) -> list[dict]:
-    """Every candidate, batch by batch; batches already in out/candidates are read back, not redone."""
+def _sample_all(cfg, model, tokenizer, rows, encoded, runner, out: Path, log, clock: TrainingClock) -> list[dict]:
+    """Every candidate, batch by batch; batches already in out/candidates are read back, not redone. After each
+    batch saved, ``clock``'s seconds go to out/SECONDS_FILE."""
     from grpokit.data.prompts import reward_columns
     from grpokit.model.loading import eos_token_ids
     from grpokit.rewards import TrainerState, as_completions
@@ -331,6 +342,8 @@ def _sample_all(cfg, model, tokenizer, rows, encoded, runner, out: Path, log) ->
                     }
                 )
             replace_whole(path, "".join(json.dumps(c) + "\n" for c in batch))  # a batch whole or not at all
+            seconds = {"seconds": clock.wall(), "cpu_seconds": clock.cpu()}  # what a resumed run goes on from
+            replace_whole(out / SECONDS_FILE, json.dumps(seconds))
             candidates += batch
             done_prompts += len(chunk)
             sampled_here += len(chunk)

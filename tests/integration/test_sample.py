@@ -226,6 +226,25 @@ def test_sample_command_output_is_sft_data_and_resumes_to_the_same_result(setup,
     ]
 
 
+def test_a_resumed_run_counts_the_seconds_of_every_leg(setup):
+    """The seconds up to the last batch saved are kept (sampling_seconds.json) and a resumed run goes on from them,
+    so a pipeline's cpu_budget_of counts a resumed sample stage whole (before: its last leg only)."""
+    root, _, args = setup
+    out = root / "legs"
+    assert main(["sample", *args, "--output-dir", str(out)]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    kept = json.loads((out / "sampling_seconds.json").read_text())  # after the last batch: before selecting
+    assert 0 < kept["cpu_seconds"] <= summary["cpu_seconds"] and 0 < kept["seconds"] <= summary["seconds"]
+    # killed after its first batch, having spent (say) 50 CPU s and 100 s on it: the resumed run adds its own
+    for name in ("00000004.jsonl", "00000008.jsonl", "../summary.json", "../samples.jsonl"):
+        (out / "candidates" / name).unlink()
+    (out / "sampling_seconds.json").write_text(json.dumps({"seconds": 100.0, "cpu_seconds": 50.0}))
+    assert main(["sample", *args, "--output-dir", str(out), "--resume"]) == 0
+    again = json.loads((out / "summary.json").read_text())
+    assert 50.0 < again["cpu_seconds"] < 50.0 + 5 * summary["cpu_seconds"]  # this leg: two batches of three
+    assert 100.0 < again["seconds"]
+
+
 def test_parquet_output_and_chat_prompts(setup, tmp_path):
     root, _, args = setup
     chat = [{"prompt": [{"role": "user", "content": f"{a}+1="}], "answer": str(a + 1)} for a in range(2)]
