@@ -35,6 +35,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from grpokit.core.procfs import children_by_parent
+
 
 def cpu_seconds() -> float:
     """User + system CPU seconds used so far by this process and every process below it (module docstring)."""
@@ -101,17 +103,8 @@ def _task_children(pid: int) -> list[int]:
 
 
 def _scanned_children() -> Callable[[int], list[int]]:
-    """children_of from one scan of every /proc/PID/stat's parent id (field 4)."""
-    children: dict[int, list[int]] = {}
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat", "rb") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        children.setdefault(int(stat[stat.rindex(b")") + 2 :].split()[1]), []).append(int(name))
+    """children_of from one scan of every /proc/PID/stat's parent id (grpokit.core.procfs)."""
+    children = children_by_parent(zombies=True)
     return lambda pid: list(children.get(pid, []))
 
 

@@ -19,6 +19,8 @@ import os
 import signal
 import time
 
+from grpokit.core.procfs import children_by_parent
+
 _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
 
@@ -32,22 +34,7 @@ def _prctl(option: int, value: int) -> None:
 
 def descendants(root: int) -> list[int]:
     """Every process below ``root`` (children, their children, ...), read from /proc (empty without it)."""
-    children: dict[int, list[int]] = {}
-    try:
-        entries = os.listdir("/proc")
-    except OSError:
-        return []
-    for entry in entries:
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(b")") + 2 :].split()  # after "(comm)": state, ppid, ...
-        if fields[0] != b"Z":  # a zombie is dead already: its parent (or we) reap it
-            children.setdefault(int(fields[1]), []).append(int(entry))
+    children = children_by_parent(zombies=False)  # a zombie is dead already: its parent (or we) reap it
     out, todo = [], [root]
     while todo:
         for pid in children.get(todo.pop(), []):
