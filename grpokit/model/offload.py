@@ -87,7 +87,19 @@ class OffloadedOptimizer(torch.optim.Optimizer):
         return self.inner.state_dict()
 
     def load_state_dict(self, state_dict) -> None:
+        """The inner optimizer's states, and the CPU copies taken anew from the device parameters: a resume
+        loads the checkpoint's weights into ``params`` first, and the next step() copies ``cpu_params`` back
+        over them, so copies left from construction would replace every weight trained before the checkpoint
+        with the initial ones (the defect issue 48 found: a resume with offload_optimizer lost all training)."""
         self.inner.load_state_dict(state_dict)
+        self.sync_from_params()
+
+    @torch.no_grad()
+    def sync_from_params(self) -> None:
+        """Copy the device parameters into the CPU copies the optimizer steps (after weights were loaded into
+        the model outside this optimizer)."""
+        for p, c in zip(self.params, self.cpu_params):
+            c.copy_(p.detach().to(CPU))
 
     def master_state(self, param: torch.Tensor) -> dict:
         """The inner optimizer's state of the device parameter ``param`` (its CPU copy's)."""
