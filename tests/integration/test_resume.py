@@ -324,7 +324,9 @@ def test_a_resumed_run_has_the_uninterrupted_runs_weights_bit_for_bit(tmp_path, 
     straight.train()
     first = grpo_runs.make_trainer(tmp_path / "b", "train.steps=3", "train.samples_every=0", offload)
     first.train()
-    second = grpo_runs.make_trainer(tmp_path / "b", "train.steps=4", "train.samples_every=0", offload, resume=True)
+    second = grpo_runs.make_trainer(
+        tmp_path / "b", "train.steps=4", "train.samples_every=0", offload, resume=True
+    )
     assert second.step == 3
     second.train()
     for (name, p), q in zip(straight.model.named_parameters(), second.model.parameters()):
