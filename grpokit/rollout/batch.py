@@ -233,10 +233,16 @@ def flat_rewards_message(batch: ScoredBatch, prompt_column: str, reward_names: l
 
 
 class PromptStream:
-    """Endless, seeded, reshuffled-each-pass stream of dataset rows; its position is resumable."""
+    """Endless, seeded, reshuffled-each-pass stream of dataset rows; its position is resumable.
 
-    def __init__(self, rows: list[dict], seed: int, shuffle: bool):
+    With a ``selection`` (grpokit.rollout.selection.Selection, data.selection) each candidate row is asked
+    ``selection.keeps(row, epoch, index)`` and skipped when it says no; the history and the rule travel in
+    ``state()``, so a checkpoint resumes them exactly. More than one pass's worth of skips in one ``take``
+    stops the skipping for the rest of it (the data has no row left to teach: the Sampler says so)."""
+
+    def __init__(self, rows: list, seed: int, shuffle: bool, selection=None):
         self.rows, self.seed, self.shuffle = rows, seed, shuffle
+        self.selection = selection
         self.epoch, self.index = 0, 0
         self._order = self._permutation()
 
@@ -246,22 +252,36 @@ class PromptStream:
             random.Random(self.seed * 1_000_003 + self.epoch).shuffle(order)
         return order
 
-    def take(self, n: int) -> list[dict]:
+    def take(self, n: int) -> list:
         out = []
+        skipped = 0
         while len(out) < n:
             if self.index == len(self._order):
                 self.epoch, self.index = self.epoch + 1, 0
                 self._order = self._permutation()
-            out.append(self.rows[self._order[self.index]])
+            row = self.rows[self._order[self.index]]
+            keep = (
+                self.selection is None
+                or skipped >= len(self.rows)
+                or self.selection.keeps(row, self.epoch, self.index)
+            )
+            skipped += not keep
+            if keep:
+                out.append(row)
             self.index += 1
         return out
 
-    def state(self) -> dict[str, int]:
-        return {"epoch": self.epoch, "index": self.index}
+    def state(self) -> dict:
+        out: dict = {"epoch": self.epoch, "index": self.index}
+        if self.selection is not None:
+            out["selection"] = self.selection.state()
+        return out
 
-    def load_state(self, state: dict[str, int]) -> None:
+    def load_state(self, state: dict) -> None:
         self.epoch, self.index = state["epoch"], state["index"]
         self._order = self._permutation()
+        if self.selection is not None and "selection" in state:
+            self.selection.load_state(state["selection"])
 
 
 def step_seed(seed: int, step: int, round_: int) -> int:
