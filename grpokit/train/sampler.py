@@ -42,6 +42,7 @@ from grpokit.rollout.batch import (
 from grpokit.rollout.engines import make_generator
 from grpokit.rollout.episodes import OVER_RANKS, EpisodeSampler
 from grpokit.rollout.generation import Rollout
+from grpokit.rollout.selection import selection_for
 from grpokit.train.distributed import Distributed
 
 
@@ -87,7 +88,9 @@ class Sampler:
         self.eos_ids = eos_token_ids(tokenizer, model)
         # the prompts' token ids (given when already encoded, as the trainer does before the model loads)
         self.encoded = encoded if encoded is not None else encode_rows(cfg.data, train_rows, tokenizer)
-        self.stream = PromptStream(list(range(len(train_rows))), cfg.train.seed, cfg.data.shuffle)
+        # data.selection: the per-prompt history and the skip rule (grpokit.rollout.selection), or None
+        selection = selection_for(cfg, len(train_rows), reward_names, self.dist.world)
+        self.stream = PromptStream(list(range(len(train_rows))), cfg.train.seed, cfg.data.shuffle, selection)
         self.generator = make_generator(  # rollout.engine (grpokit.rollout.engines)
             cfg.rollout, max_model_len=max_model_len(cfg), seed=cfg.train.seed, say=self.say
         )
@@ -106,8 +109,16 @@ class Sampler:
         round_metrics: list[dict[str, float]] = []
         discarded_rewards: list[torch.Tensor] = []
         n_kept, rounds, zero_var_groups, total_groups = 0, 0, 0, 0
+        selection = self.stream.selection  # data.selection (grpokit.rollout.selection), or None
+        if selection is not None:
+            selection.begin_step()
+            if notice := selection.dry_notice(step):  # the informative pool ran dry: said once
+                self.say(notice)
+        refill = self.algo.batch.dynamic_sampling or (selection is not None and selection.refills())
+        flat_kept: list[ScoredBatch] = []  # selection: flat groups, trained only when a step cannot refill
+        n, flat_trained = P, 0  # prompts this round (selection sizes the refills); flat groups trained
         while True:
-            row_ids = self.dist.my_share(self.stream.take(P * self.dist.world))  # whole groups per rank
+            row_ids = self.dist.my_share(self.stream.take(n * self.dist.world))  # whole groups per rank
             t = time.perf_counter()
             # a pure function of (seed, step, round): resuming reproduces the same samples
             seed = self.dist.rank_seed(step_seed(self.cfg.train.seed, step, rounds))  # torchrun: per rank
@@ -129,22 +140,33 @@ class Sampler:
                 scored = self.score(rollout, rows, step=step, log_history=log_history)
             timing["scoring"] += time.perf_counter() - t
             round_metrics.append(scored.reward_metrics)
-            spread = scored.rewards.view(P, G)
-            flat = flat_groups(scored.rewards, G, scored.step_rewards, scored.scored)  # (P,)
+            spread = scored.rewards.view(n, G)
+            flat = flat_groups(scored.rewards, G, scored.step_rewards, scored.scored)  # (n,)
             zero_var_groups += int(flat.sum())
-            total_groups += P
-            if not self.algo.batch.dynamic_sampling:
+            total_groups += n
+            if selection is not None:  # each group's visit into its prompt's history
+                selection.observe(row_ids, scored.rewards, flat, scored.per_function, step)
+            if not refill:
                 kept, n_kept = [scored], P
                 break
-            useful = [g for g in range(P) if not flat[g]][: P - n_kept]
-            discarded_rewards += [spread[g] for g in range(P) if g not in useful]
+            useful = [g for g in range(n) if not flat[g]][: P - n_kept]
+            discarded_rewards += [spread[g] for g in range(n) if g not in useful]
             if useful:
                 kept.append(scored.select_groups(useful, G))
                 n_kept += len(useful)
+            if selection is not None and flat.any():
+                flat_kept.append(scored.select_groups([g for g in range(n) if flat[g]], G))
             if self.dist.all_true(n_kept == P):
                 break
             rounds += 1
-            if rounds > self.algo.batch.max_sampling_rounds:
+            if selection is not None:  # GRESO's adaptive batch: sized by the step's flat share so far
+                n = selection.round_size(P - n_kept, zero_var_groups, total_groups, cap=P)
+                if rounds > selection.settings.max_rounds:  # train on flat groups, said in the metrics
+                    filler = concat_batches(flat_kept, self.tokenizer.pad_token_id)
+                    kept.append(filler.select_groups(list(range(P - n_kept)), G))
+                    flat_trained, rounds = P - n_kept, rounds - 1  # (the round past the bound is not taken)
+                    break
+            elif rounds > self.algo.batch.max_sampling_rounds:
                 raise TrainingError(
                     f"dynamic sampling: after {rounds} sampling rounds only {n_kept} of {P} groups had "
                     "rewards that differ (all others were all-correct or all-wrong). Raise "
@@ -156,6 +178,9 @@ class Sampler:
             "zero_variance_frac": zero_var_groups / total_groups,
             "sampling_rounds": float(rounds + 1),
         }
+        if selection is not None:  # selection/*, history/*: the share skipped, the rule, the history
+            sampling.update(selection.end_step())
+            sampling["selection/flat_trained"] = float(flat_trained)
         if self.algo.batch.dynamic_sampling:
             sampling["dynamic_sampling/discarded_groups"] = float(len(discarded_rewards))
             if discarded_rewards:
