@@ -64,6 +64,9 @@ class LearnTask:
     """KL coefficient: TRL's default 0; grpokit's grpo preset has 0.04, named 0 here."""
     eval_size: int = 200
     """Held-out rows evaluated (the demo's 200; fewer for a smoke run)."""
+    train_size: int | None = None
+    """Training prompts used (the first of the demo's 2,300; None: all). A pool small enough to be visited
+    several times is where a prompt's history can say something (data.selection)."""
 
 
 QUICK = {"seeds": 1, "steps": 20, "eval_every": 5}
@@ -110,7 +113,7 @@ def task_data(task: LearnTask) -> tuple[Path, list[dict], list[dict]]:
             "python -m grpokit.demos.shipped"
         )
     train_rows, eval_rows = make_problems(spec)
-    return model_dir, train_rows, eval_rows[: task.eval_size]
+    return model_dir, train_rows[: task.train_size], eval_rows[: task.eval_size]
 
 
 # ----------------------------------------------------------------------------- the shared evaluation

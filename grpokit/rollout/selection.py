@@ -296,6 +296,7 @@ class Selection:
             "selection/p_solved": self.rule.p_solved,
             "selection/p_failed": self.rule.p_failed,
             "selection/dry": float(self.dry_now),
+            "selection/generated_groups": float(self.generated),
             **self.history.metrics(),
         }
         return out
