@@ -1,4 +1,6 @@
-"""TRL's GRPOConfig (and the TrainingArguments it extends) in grpokit's terms: `from_trl(values)`.
+"""TRL's GRPOConfig (and the TrainingArguments it extends) in grpokit's terms: `from_trl(values)`. (Over 500 lines:
+GRPOConfig's and AsyncGRPOConfig's tables and each field's mapping, read together; what a config may hold before it
+is mapped, its form and types and the TrainingArguments tables, is grpokit.config.trl_fields.)
 
     grpokit config --from-trl trl_grpo.yaml > cfg.yaml      # the grpokit config, with notes
     grpokit train trl_grpo.yaml                             # a flat TRL file is converted the same way
@@ -42,6 +44,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from grpokit.config.trl_fields import TRAINING_INERT, trl_mapping
 from grpokit.core.errors import ConfigError
 
 SCALE_REWARDS = {"group": "group_std", "batch": "group_centre_reward_std", "none": "group_centre"}
@@ -201,13 +204,17 @@ def _per(name: str, value: int, k: int) -> int:
     return value // k
 
 
-def from_trl(values: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
-    """TRL GRPOConfig fields (a flat mapping) -> (grpokit's nested config values, notes for the user).
+def from_trl(args: Any) -> tuple[dict[str, Any], list[str]]:
+    """TRL GRPOConfig fields -> (grpokit's nested config values, notes for the user). ``args``: a flat mapping (a
+    TRL YAML file's), a ``trl.GRPOConfig`` object or its ``to_dict()``; the TrainingArguments fields that change
+    nothing in a GRPO run are accepted and listed in the notes (grpokit.config.trl_fields).
 
-    Raises ConfigError naming the first field grpokit cannot honour and why. A file with AsyncGRPOConfig's own
-    fields (ASYNC_MARKS) is read as an AsyncGRPOConfig (``_from_trl_async``)."""
+    Raises ConfigError naming the first field grpokit cannot honour and why (a value of the wrong type too). A file
+    with AsyncGRPOConfig's own fields (ASYNC_MARKS) is read as an AsyncGRPOConfig (``_from_trl_async``)."""
+    values, inert = trl_mapping(args, TRL_KEYS | (ASYNC_INERT - TRAINING_INERT) | {"dtype"})
     if set(values) & ASYNC_MARKS:
-        return _from_trl_async(values)
+        out, notes = _from_trl_async(values)
+        return out, notes + _inert_note(inert)
     unknown = sorted(set(values) - TRL_KEYS)
     if unknown:
         raise ConfigError(
@@ -219,12 +226,14 @@ def from_trl(values: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
         if value != default and not (default is None and value == {}) and str(value) not in _SAME.get(key, ()):
             raise ConfigError(f"TRL {key}={values[key]!r} is not supported: {why}; remove it")
     v = {**TRL_DEFAULTS, **values}
-    notes: list[str] = []
+    notes: list[str] = _inert_note(inert)
     out: dict[str, dict[str, Any]] = {s: {} for s in ("model", "data", "rollout", "algo", "optim", "eval", "train")}
 
     # batch geometry: rows per micro-batch, per optimizer step, per generation
     G, B, GA = int(v["num_generations"]), int(v["per_device_train_batch_size"]), int(v["gradient_accumulation_steps"])
     gbs, spg = v["generation_batch_size"], v["steps_per_generation"]
+    if gbs is not None and spg is not None and gbs == B * spg:  # a GRPOConfig's own: __post_init__ sets both
+        gbs = None
     if gbs is not None and spg is not None:
         raise ConfigError("TRL generation_batch_size and steps_per_generation are both set; TRL allows one")
     spg = int(spg) if spg is not None else (int(gbs) // B if gbs is not None else GA)
@@ -505,11 +514,13 @@ def _vllm(v: dict[str, Any], out: dict[str, dict[str, Any]], notes: list[str]) -
             vllm["max_model_len"] = int(w["vllm_max_model_length"])
     out["rollout"].update(engine="vllm", vllm=vllm)
     cap = w["vllm_importance_sampling_cap"] if w["vllm_importance_sampling_cap"] is not None else w["vllm_importance_sampling_clip_max"]
+    cap = float(cap)
+    floor = w["vllm_importance_sampling_clip_min"]
     if not w["vllm_importance_sampling_correction"]:
         out["rollout"]["mismatch_correction"] = "none"
         return
     mode = w["vllm_importance_sampling_mode"]
-    out["rollout"].update(mismatch_correction=mode, mismatch_cap=cap, mismatch_floor=w["vllm_importance_sampling_clip_min"])
+    out["rollout"].update(mismatch_correction=mode, mismatch_cap=cap, mismatch_floor=None if floor is None else float(floor))
     notes.append(
         f"use_vllm: rollout.engine=vllm, {'served' if w['vllm_mode'] == 'server' else 'colocated'}; TRL's importance-sampling correction as "
         f"rollout.mismatch_correction={mode} with cap {cap} (grpokit's own default on vllm: token_truncate, cap 2)"
@@ -521,4 +532,26 @@ def grpokit_yaml(values: dict[str, Any], notes: list[str], source: str) -> str:
     import yaml
 
     head = [f"# converted from TRL's GRPOConfig in {source} (grpokit.config.trl)"] + [f"# - {n}" for n in notes]
-    return "\n".join(head) + "\n" + yaml.safe_dump(values, sort_keys=False)
+    return "\n".join(head) + "\n" + yaml.safe_dump(_plain(values), sort_keys=False)
+
+
+def _plain(value: Any) -> Any:
+    """``value`` with the YAML reader's numbers that remember their text (grpokit.core.yaml_io) as plain int and
+    float, which yaml.safe_dump writes (it refuses their subclasses)."""
+    if isinstance(value, dict):
+        return {k: _plain(x) for k, x in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(x) for x in value]
+    if isinstance(value, bool) or value is None or isinstance(value, str):
+        return value
+    if isinstance(value, int):
+        return int(value)
+    if isinstance(value, float):
+        return float(value)
+    return value
+
+
+def _inert_note(inert: list[str]) -> list[str]:
+    if not inert:
+        return []
+    return [f"accepted, no effect on what a grpokit run trains ({len(inert)} TrainingArguments fields): {', '.join(inert)}"]
