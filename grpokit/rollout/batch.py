@@ -237,8 +237,9 @@ class PromptStream:
 
     With a ``selection`` (grpokit.rollout.selection.Selection, data.selection) each candidate row is asked
     ``selection.keeps(row, epoch, index)`` and skipped when it says no; the history and the rule travel in
-    ``state()``, so a checkpoint resumes them exactly. More than one pass's worth of skips in one ``take``
-    stops the skipping for the rest of it (the data has no row left to teach: the Sampler says so)."""
+    ``state()``, so a checkpoint resumes them exactly. A whole pass's worth of skips in a row (p^z tiny for
+    every row) stops the skipping for the rest of that ``take``: the rows are taken as they come rather than
+    scanned for ever."""
 
     def __init__(self, rows: list, seed: int, shuffle: bool, selection=None):
         self.rows, self.seed, self.shuffle = rows, seed, shuffle
@@ -265,7 +266,10 @@ class PromptStream:
                 or skipped >= len(self.rows)
                 or self.selection.keeps(row, self.epoch, self.index)
             )
-            skipped += not keep
+            if not keep:
+                skipped += 1  # skips in a row; past a pass's worth, no more for this take
+            elif skipped < len(self.rows):
+                skipped = 0
             if keep:
                 out.append(row)
             self.index += 1
