@@ -31,6 +31,7 @@ from grpokit.data.templates import encode_prompts
 from grpokit.rewards import RewardRunner
 from grpokit.rewards._text import as_completions
 from grpokit.rewards.runner import TrainerState
+from grpokit.rollout.engines.base import SamplingParams
 
 
 def final_answer(completion: str) -> Hashable | None:
@@ -167,22 +168,18 @@ def evaluate(
     mine = sum(min(batch_prompts, len(rows) - start) for start in starts)  # this rank's prompts
     shown = EvalProgress(progress, mine) if progress is not None and mine else None
 
+    common = SamplingParams(
+        group_size=1, max_new_tokens=max_new_tokens, temperature=0.0, repetition_penalty=repetition_penalty,
+        eos_token_ids=eos_token_ids, pad_token_id=tokenizer.pad_token_id,
+    )  # fmt: skip
+
     def run(group_size: int, temp: float) -> tuple[list[float], list[int], list[str], list]:
         scores, lengths, all_texts, answers = [], [], [], []
         phase, done = ("greedy" if temp == 0 else f"{group_size} samples each"), 0
         for start in starts:
             chunk = list(range(start, min(start + batch_prompts, len(rows))))
-            out = generator.generate(
-                model,
-                [encoded[i] for i in chunk],
-                group_size=group_size,
-                max_new_tokens=max_new_tokens,
-                temperature=temp,
-                repetition_penalty=repetition_penalty,
-                eos_token_ids=eos_token_ids,
-                pad_token_id=tokenizer.pad_token_id,
-                seed=seed + start,
-            )
+            params = SamplingParams.of(common, group_size=group_size, temperature=temp, seed=seed + start)
+            out = generator.generate(model, [encoded[i] for i in chunk], params)
             expanded = [rows[i] for i in chunk for _ in range(group_size)]
             columns = reward_columns(expanded, data_cfg.prompt_column)
             texts = out.decode(tokenizer)

@@ -1,4 +1,4 @@
-"""The tests that need vLLM (grpokit.rollout.vllm). Each module skips, with the reason shown, where vLLM does
+"""The tests that need vLLM (grpokit.rollout.engines.vllm). Each module skips, with the reason shown, where vLLM does
 not import (``pytest.importorskip("vllm.sampling_params")``). The folder is not named ``vllm``: pytest puts
 tests/ on sys.path, where a folder of that name passes for an empty ``vllm`` namespace package (TRL's
 is_vllm_available then failed with "Invalid version: 'N/A'").

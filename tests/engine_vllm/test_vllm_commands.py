@@ -14,8 +14,8 @@ from vllm_models import vllm_model  # noqa: E402
 
 from grpokit import GRPOTrainer, load_config  # noqa: E402
 from grpokit.cli.main import main  # noqa: E402
+from grpokit.rollout.engines.hf import HFGenerator  # noqa: E402
 from grpokit.rollout.evaluate import evaluate  # noqa: E402
-from grpokit.rollout.generation import HFGenerator  # noqa: E402
 
 pytestmark = pytest.mark.slow
 REWARDS = "def even_length(prompts, completions, **kw):\n    return [float(len(c) % 2 == 0) for c in completions]\n"

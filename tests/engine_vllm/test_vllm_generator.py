@@ -1,4 +1,4 @@
-"""VLLMGenerator (grpokit.rollout.vllm) on vLLM's CPU engine: group sampling into the same Rollout, the sampled
+"""VLLMGenerator (grpokit.rollout.engines.vllm) on vLLM's CPU engine: group sampling into the same Rollout, the sampled
 tokens' log-probs against the trainer's recomputation, weight pushes, the check that catches a push that did
 not arrive, and the prefix cache reset. One engine for the module (starting one takes 10-45 s here); each test
 brings its own model object, whose weights the first call pushes."""
@@ -15,8 +15,9 @@ from tiny_model import SAMPLE_PROMPTS  # noqa: E402
 from vllm_models import settings, vllm_model  # noqa: E402
 
 from grpokit.model.logprobs import completion_logprobs  # noqa: E402
-from grpokit.rollout.generation import FastGenerator, HFGenerator  # noqa: E402
-from grpokit.rollout.vllm import VLLMGenerator, WeightSyncError, trainer_weights  # noqa: E402
+from grpokit.rollout.engines.fast import FastGenerator  # noqa: E402
+from grpokit.rollout.engines.hf import HFGenerator  # noqa: E402
+from grpokit.rollout.engines.vllm import VLLMGenerator, WeightSyncError, trainer_weights  # noqa: E402
 
 pytestmark = pytest.mark.slow
 EOS = [1, 59]  # <eos>, and a character the random model writes often, so that completions end early too
@@ -252,7 +253,7 @@ def test_a_tied_lm_head_follows_the_embedding_after_a_push(tied_generator):
 
 
 def test_the_probe_stops_a_run_whose_engine_computes_with_a_stale_copy(tied_generator, monkeypatch):
-    import grpokit.rollout.vllm as engine_module
+    import grpokit.rollout.engines.vllm.local as engine_module
 
     model = tied_model(seed=8)
     sample(tied_generator, model)

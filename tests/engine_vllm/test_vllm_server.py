@@ -1,5 +1,5 @@
 """Server mode (rollout.vllm.mode=server) over loopback: a real ``grpokit vllm-serve`` subprocess on a free
-port, the trainer's VLLMGenerator reaching it over HTTP (grpokit.rollout.vllm_remote). The rollouts are the
+port, the trainer's VLLMGenerator reaching it over HTTP (grpokit.rollout.engines.vllm.remote). The rollouts are the
 colocated engine's (token ids and log-probs, one seeded request per completion), the weights are pushed
 after each step and checked, a push that does not arrive and a server that dies are named errors.
 
@@ -27,9 +27,8 @@ from tiny_model import ADDITION_ROWS, SAMPLE_PROMPTS, SMALL_RUN  # noqa: E402
 from vllm_models import settings, vllm_model  # noqa: E402
 
 from grpokit import GRPOTrainer, load_config  # noqa: E402
-from grpokit.rollout.generation import HFGenerator  # noqa: E402
-from grpokit.rollout.vllm import VLLMGenerator, WeightSyncError  # noqa: E402
-from grpokit.rollout.vllm_remote import VLLMServerError  # noqa: E402
+from grpokit.rollout.engines.hf import HFGenerator  # noqa: E402
+from grpokit.rollout.engines.vllm import VLLMGenerator, VLLMServerError, WeightSyncError  # noqa: E402
 
 pytestmark = pytest.mark.slow
 

@@ -4,13 +4,15 @@ import pytest
 import torch
 from tiny_model import PAD_ID, SAMPLE_PROMPTS, make_tiny_model
 
-from grpokit.rollout.decode import (
+from grpokit.rollout.engines.base import left_pad
+from grpokit.rollout.engines.fast import FastGenerator
+from grpokit.rollout.engines.fast.decode import (
     DynamicCacheEngine,
     StaticCacheEngine,
     make_engine,
     static_cache_support,
 )
-from grpokit.rollout.generation import FastGenerator, HFGenerator, left_pad
+from grpokit.rollout.engines.hf import HFGenerator
 
 PAD = PAD_ID
 PROMPTS = SAMPLE_PROMPTS

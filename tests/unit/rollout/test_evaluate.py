@@ -104,8 +104,8 @@ def test_evaluate_reports_progress_of_both_phases_to_the_printer_it_is_given():
     from tiny_model import make_tiny_model
 
     from grpokit.config.schema import DataConfig
+    from grpokit.rollout.engines.fast import FastGenerator
     from grpokit.rollout.evaluate import evaluate
-    from grpokit.rollout.generation import FastGenerator
 
     model, tok = make_tiny_model("qwen2", seed=0)
     rows = [{"prompt": f"{a}+1=", "answer": str(a + 1)} for a in range(3)]

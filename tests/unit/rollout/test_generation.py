@@ -5,14 +5,10 @@ import torch
 from sampling_oracle import processed_logprobs
 from tiny_model import PAD_ID, SAMPLE_PROMPTS, make_tiny_model
 
-from grpokit.rollout.generation import (
-    FastGenerator,
-    HFGenerator,
-    completion_mask_from_ids,
-    filter_logits,
-    left_pad,
-    sample_tokens,
-)
+from grpokit.rollout.engines.base import completion_mask_from_ids, left_pad
+from grpokit.rollout.engines.fast import FastGenerator
+from grpokit.rollout.engines.fast.generator import filter_logits, sample_tokens
+from grpokit.rollout.engines.hf import HFGenerator
 
 PAD = PAD_ID
 PROMPTS = SAMPLE_PROMPTS

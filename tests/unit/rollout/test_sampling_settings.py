@@ -1,6 +1,6 @@
 """min_p and the repetition penalty (rollout.min_p, rollout.repetition_penalty) in the fast and hf engines: the
 rules by hand and against transformers' processors, the engines drawing from the processed distribution, and
-the log-probs they return being that distribution's (grpokit.rollout.generation's module docstring)."""
+the log-probs they return being that distribution's (grpokit.rollout.engines.base's module docstring)."""
 
 import math
 
@@ -10,15 +10,15 @@ from sampling_oracle import processed_distribution, processed_logprobs, raw_logi
 from tiny_model import ADDITION_ROWS, PAD_ID, SAMPLE_PROMPTS, make_tiny_model, small_trainer
 
 from grpokit.data.templates import encode_prompts
-from grpokit.rollout.generation import (
-    FastGenerator,
-    HFGenerator,
+from grpokit.rollout.engines.fast import FastGenerator
+from grpokit.rollout.engines.fast.generator import (
     filter_logits,
     penalise_repeats,
     process_logits,
     sample_tokens,
     seen_tokens,
 )
+from grpokit.rollout.engines.hf import HFGenerator
 
 PAD = PAD_ID
 

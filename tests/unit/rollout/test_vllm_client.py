@@ -1,4 +1,4 @@
-"""The server mode's client (grpokit.rollout.vllm_remote) where vLLM is not installed: it needs none. The
+"""The server mode's client (grpokit.rollout.engines.vllm.remote) where vLLM is not installed: it needs none. The
 settings of each mode, the wire format of the weights and of the weight check, and the named error when no
 server answers. The server itself is tested in tests/engine_vllm/test_vllm_server.py (it needs vLLM)."""
 
@@ -13,9 +13,8 @@ from tiny_model import SAMPLE_PROMPTS, make_tiny_model
 
 from grpokit.config.checks import check_settings_in_use, check_vllm_installed
 from grpokit.config.schema import ConfigError, VLLMConfig, load_config
-from grpokit.rollout.vllm import VLLMGenerator, vllm_missing
-from grpokit.rollout.vllm_remote import (
-    VLLMServerError,
+from grpokit.rollout.engines.vllm import VLLMGenerator, VLLMServerError, vllm_missing
+from grpokit.rollout.engines.vllm.remote import (
     pack_fingerprints,
     pack_weights,
     unpack_fingerprints,

@@ -1,4 +1,4 @@
-"""The collective weight transfer's channel (grpokit.rollout.vllm_collective) where vLLM is not installed: two
+"""The collective weight transfer's channel (grpokit.rollout.engines.vllm.collective) where vLLM is not installed: two
 real processes over loopback, the trainer's side here broadcasting with gloo, the server's side a subprocess
 receiving (what grpokit vllm-serve runs before vLLM's reload_weights; the whole path is tested with a real
 server in tests/engine_vllm/test_vllm_server.py)."""
@@ -16,7 +16,7 @@ import torch
 from torch.distributed import PrefixStore, TCPStore
 
 from grpokit.config.schema import ConfigError, load_config
-from grpokit.rollout.vllm_collective import SOURCE, describe, make_group, new_group_name, send
+from grpokit.rollout.engines.vllm.collective import SOURCE, describe, make_group, new_group_name, send
 
 RECEIVER = """
 import json, sys
@@ -25,7 +25,7 @@ from datetime import timedelta
 import torch
 from torch.distributed import PrefixStore, TCPStore
 
-from grpokit.rollout.vllm_collective import RECEIVER, make_group, receive
+from grpokit.rollout.engines.vllm.collective import RECEIVER, make_group, receive
 
 port, name, announced, out = int(sys.argv[1]), sys.argv[2], json.loads(sys.argv[3]), sys.argv[4]
 store = TCPStore("127.0.0.1", port, is_master=True, timeout=timedelta(seconds=60), wait_for_workers=False)
