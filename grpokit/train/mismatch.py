@@ -18,6 +18,7 @@ from torch import Tensor
 
 from grpokit.algos.mismatch import is_weights
 from grpokit.core.errors import TrainingError
+from grpokit.rollout.engines import engine_class
 
 GROWING_STEPS = 3
 """Steps in a row above rollout.max_sampler_kl, each higher than the one before, that stop a run."""
@@ -37,13 +38,14 @@ class MismatchCorrection:
 
     @classmethod
     def from_settings(cls, rollout) -> MismatchCorrection | None:
-        """From a RolloutConfig: auto is token_truncate for rollout.engine=vllm and for asynchronous rollouts
-        (rollout.max_staleness >= 1: samples of an older policy) with rollout.async_ratio=proximal, none for the
-        others."""
+        """From a RolloutConfig: auto is token_truncate for an engine whose log-probs are not the trainer's
+        model's (its class's exact_logprobs is False: vllm) and for asynchronous rollouts (rollout.max_staleness >= 1:
+        samples of an older policy) with rollout.async_ratio=proximal, none for the others."""
         mode = rollout.mismatch_correction
         if mode == "auto":
             stale = getattr(rollout, "max_staleness", 0) >= 1 and rollout.async_ratio == "proximal"
-            off_policy = rollout.engine == "vllm" or stale  # behaviour: the ratio is already to the sampler
+            exact = engine_class(rollout.engine).exact_logprobs
+            off_policy = not exact or stale  # behaviour: the ratio is already to the sampler
             mode = "token_truncate" if off_policy else "none"
         if mode == "none":
             return None
