@@ -394,10 +394,17 @@ class RolloutConfig:
         package.module:function or file.py:function, each a typed function with a docstring; results reach the
         model as tool messages.""",
     )
-    environment: str | None = setting(
+    environment: str | dict[str, str] | None = setting(
         None,
         """Multi-turn rollouts in an environment (grpokit.rollout.envs): a factory as package.module:Env or
-        file.py:Env. The tools its class lists in `tools` (functions or names) are offered beside rollout.tools.""",
+        file.py:Env, a verifiers environment (verifiers:ID or verifiers:file.py) or an OpenEnv server
+        (openenv:URL, or package.module:Env for an OpenEnvironment subclass). The tools its class lists in
+        `tools` (functions or names) are offered beside rollout.tools. A mapping {name: environment} gives each
+        row the one its rollout.environment_column names (docs/guides/environments.md).""",
+    )
+    environment_column: str = setting(
+        "environment",
+        "With rollout.environment a mapping: the data column naming each row's environment (its key).",
     )
     tool_parser: str = setting(
         "hermes",

@@ -31,6 +31,16 @@ to the model; :class:`EnvironmentWithTools` runs each turn's calls on the tool r
 environment, which sees the turn and, when its ``step`` takes a ``tool_results`` argument, the calls and
 what they gave. The tool messages come first, the environment's after; the episode goes on while either
 answered something and the environment has not said done.
+
+Episodes are kept apart: no value one episode stores is read by another. Each episode's environment is
+made in a worker forked for that episode alone (its module's globals and class attributes start as the
+trainer's, never as another episode left them), and the tools an environment offers run on workers of the
+episode's own (:class:`EpisodeTools`), killed when the episode ends, except those the environment names
+in its ``shared_tools`` attribute, which run on the run's tool workers beside ``rollout.tools`` (a cache, an
+index loaded once). An environment may have ``close()``: it is called in its worker when the episode ends
+(a session to end, a file to remove). Every worker has a keeper (grpokit.rollout.tools.runner): whatever an
+environment or a tool starts is killed with it, at any depth, when the episode ends, the run closes, or the
+process that made the workers (the trainer, the asynchronous sampler's process) dies.
 """
 
 from __future__ import annotations
@@ -51,7 +61,8 @@ from typing import Protocol
 from grpokit.core.chat_text import clean_text, cut_text
 from grpokit.core.workers import OutputTail, WorkerPool, read_frame, write_frame
 from grpokit.rollout.tools.parsers import ToolCall
-from grpokit.rollout.tools.runner import ToolRunner, Worker
+from grpokit.rollout.tools.runner import ToolResult, ToolRunner, Worker, stop_workers
+from grpokit.rollout.tools.spec import Tool, echo
 
 FIRST_ROLES = ("system", "developer", "user", "assistant", "tool", "ipython")
 """Roles the first messages (reset) may have ("ipython": Llama 3's role of tool results)."""
@@ -85,6 +96,36 @@ def first_messages(row: dict, prompt_column: str, system_prompt: str | None = No
     if system_prompt is not None and messages[0]["role"] not in ("system", "developer"):
         messages.insert(0, {"role": "system", "content": system_prompt})
     return messages
+
+
+class EpisodeTools:
+    """The tools one episode may call, with ToolRunner's ``call(call, budget_s)`` and ``tools``: ``own`` (the
+    environment's tools it has not named shared) on a runner of the episode's own, whose worker is forked on
+    the episode's first call and killed by :meth:`close` when the episode ends, so that no value a tool keeps
+    crosses episodes; every other tool on ``shared``, the run's runner (rollout.tools and the environment's
+    ``shared_tools``). ``settings``: ToolRunner's keywords (timeout_s, max_result_chars, memory_mb)."""
+
+    def __init__(self, shared: ToolRunner | None, own: list[Tool], settings: dict):
+        self.shared = shared
+        self.own = ToolRunner(own, workers=1, **settings) if own else None
+        self.tools = {**(shared.tools if shared else {}), **(self.own.tools if self.own else {})}
+
+    def call(self, call: ToolCall, budget_s: float | None = None) -> ToolResult:
+        name = call.name if isinstance(call, ToolCall) else None
+        if isinstance(call, ToolCall) and call.error is None and name not in self.tools:
+            return ToolResult(f"Error: there is no tool {echo(name)}; the tools are {sorted(self.tools)}", error=True)
+        if self.own is not None and (name in self.own.tools or self.shared is None):
+            return self.own.call(call, budget_s)
+        return self.shared.call(call, budget_s)
+
+    def workers(self) -> list[Worker]:
+        """The episode's own live tool workers (to stop several episodes' at once: stop_workers)."""
+        return self.own.workers.live if self.own is not None else []
+
+    def close(self) -> None:
+        """Kill the episode's own tool workers (and everything they started); the shared runner stays."""
+        if self.own is not None:
+            self.own.close()
 
 
 class ToolEnvironment:
@@ -303,7 +344,8 @@ def describe_error(e: BaseException) -> str:
 
 def _serve_environment(factory: Callable[[], object], requests: int, replies: int) -> None:
     """An environment worker's loop: ("reset", row) makes a fresh environment and resets it, ("step", (text,
-    tool_results)) steps it (:func:`step_environment`); the reply ("ok", value, printed) or ("error", method, reason, printed)."""
+    tool_results)) steps it (:func:`step_environment`), ("close", None) calls its ``close()`` if it has one;
+    the reply ("ok", value, printed) or ("error", method, reason, printed)."""
     output = OutputTail(2000)
     env = None
     while True:
@@ -318,6 +360,10 @@ def _serve_environment(factory: Callable[[], object], requests: int, replies: in
                 env = factory()
                 method = "reset"
                 value = env.reset(arg)
+            elif op == "close":
+                method, value = "close", None
+                if env is not None and callable(getattr(env, "close", None)):
+                    env.close()
             elif env is None:
                 raise RuntimeError("step before reset")
             else:
@@ -337,9 +383,10 @@ class _Raw(bytes):
 
 
 class EnvProcess:
-    """One episode's environment in its own forked worker: ``reset(row)`` makes a fresh environment there
-    (the factory) and resets it, ``step(text)`` steps it, each within ``timeout_s`` (or less: ``until``);
-    past it the worker is SIGKILLed (a fresh one serves the next reset). A raise, a hang, a crash or an
+    """One episode's environment in its own forked worker: ``reset(row)`` forks a fresh worker (a worker
+    serves one episode: the one that served the last reset is retired first) and makes and resets the
+    environment there (the factory), ``step(text)`` steps it, each within ``timeout_s`` (or less: ``until``);
+    past it the worker is killed with what it started. A raise, a hang, a crash or an
     answer that cannot be sent back raises :class:`EnvFailure`; a stop at ``until`` before ``timeout_s``
     raises TimeoutError (the episode's or the step's time ran out). The answer is not checked here."""
 
@@ -347,6 +394,7 @@ class EnvProcess:
         self.pool = pool
         self.worker: Worker | None = None
         self.printed = ""
+        self.served = False  # the worker has served a reset: the next reset gets a fresh one
 
     def reset(self, row: dict, until: float | None = None) -> object:
         return self._call("reset", row, until)
@@ -356,10 +404,13 @@ class EnvProcess:
         return self._call("step", (text, tool_results), until)
 
     def _call(self, op: str, arg: object, until: float | None) -> object:
+        if op == "reset" and self.served:
+            self.kill()  # one episode per worker: nothing the last one stored is there
         if self.worker is None:
             if op == "step":
                 raise EnvFailure("step: its worker was replaced after a failure; the episode cannot go on")
             self.worker = self.pool.spawn()
+        self.served = self.served or op == "reset"
         timeout = self.pool.timeout_s
         cut = until is not None and until - time.monotonic() < timeout
         if cut:
@@ -393,16 +444,19 @@ class EnvProcess:
         if self.worker is not None:
             self.pool.workers.retire(self.worker)
             self.worker = None
+        self.served = False
 
 
 class EnvPool:
-    """The trainer's environment workers: one per episode, forked on first use and kept between steps
-    (a killed one is forked again). ``environments(n)``: n handles for a rollout's episodes."""
+    """The trainer's environment workers: one per episode, forked at its reset and killed when it ends
+    (``end_episodes``), a timeout or a crash. ``environments(n)``: n handles for a rollout's episodes.
+    ``close_timeout_s``: the time an environment's ``close()`` gets when its episode ends."""
 
-    def __init__(self, factory: Callable[[], object], timeout_s: float):
+    def __init__(self, factory: Callable[[], object], timeout_s: float, close_timeout_s: float = 10.0):
         if timeout_s <= 0:
             raise ValueError("timeout_s must be > 0")
         self.factory, self.timeout_s = factory, timeout_s
+        self.close_timeout_s = min(timeout_s, close_timeout_s)
         self._handles: list[EnvProcess] = []
         self._lock = threading.Lock()  # the handles
         self.workers = WorkerPool("envs")  # forked on its thread (episodes step in threads), killed at close
@@ -417,6 +471,32 @@ class EnvPool:
             while len(self._handles) < n:
                 self._handles.append(EnvProcess(self))
             return self._handles[:n]
+
+    def end_episodes(self) -> None:
+        """The episodes are over: each environment's ``close()`` (when it has one; all at once, within
+        ``close_timeout_s``), then every worker killed with what it started (their keepers at once)."""
+        with self._lock:
+            handles = [h for h in self._handles if h.worker is not None]
+        if callable(getattr(self.factory, "close", None)):
+            deadline = time.monotonic() + self.close_timeout_s
+            sent = []
+            for h in handles:
+                try:
+                    write_frame(h.worker.to_child, ("close", None), deadline)
+                    sent.append(h)
+                except (OSError, TimeoutError):
+                    pass
+            for h in sent:  # (what close() gave is not needed: the worker is killed next either way)
+                try:
+                    read_frame(h.worker.from_child, deadline)
+                except (OSError, TimeoutError, pickle.UnpicklingError, EOFError):
+                    pass
+        workers = [h.worker for h in handles]
+        for h in handles:
+            h.worker, h.served = None, False
+        stop_workers(workers)
+        for w in workers:
+            self.workers.retire(w)  # (already killed: only forgotten)
 
     def close(self) -> None:
         """Kill every worker (call when done; the pool also does when it is collected)."""

@@ -3,7 +3,8 @@ rollout is a batch of episodes (grpokit.rollout.multiturn) instead of single com
 
     rollout:
       tools: [python, my_tools.py:multiply]    # and/or environment: my_env.py:Env (grpokit.rollout.envs protocol;
-                                               # its class's `tools` are offered too)
+                                               # its class's `tools` are offered too), verifiers:ID, openenv:URL,
+                                               # or {name: environment, ...}: each row's named by a column
       max_turns: 4                             # model turns per episode
       max_new_tokens: 128                      # per model turn
       max_episode_tokens: 0                    # everything after the prompt, tool tokens too (0: max_turns x max_new_tokens)
@@ -17,6 +18,12 @@ attended to. Group advantages are over whole episodes (one reward per episode); 
 each turn the environment rewards is a step (grpokit.rollout.multiturn.episode_step_rewards), plus the reward
 functions' total at the last model token.
 
+An environment per row (TRL takes one environment per run; prime-rl's EnvGroup, SkyRL's env_class and verl's
+agent_name take one per example): with ``rollout.environment`` a mapping {name: environment}, the column
+``rollout.environment_column`` names each row's; each environment has its own workers, tools and chat
+rendering of them, and the step's metrics say per environment how its episodes went (env/NAME/...). Every
+active episode of every environment generates in the same batched call.
+
 Reward functions get TRL's message-list convention: ``prompts[i]`` the first messages, ``completions[i]``
 every message after them (assistant turns, tool results, environment replies), and the columns
 ``turn_rewards`` (per episode, per model turn: the environment's reward or None) and ``completion_ids``
@@ -25,7 +32,9 @@ every message after them (assistant turns, tool results, environment replies), a
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import torch
 
@@ -35,9 +44,16 @@ from grpokit.core.user_code import describe, load_module
 from grpokit.data.prompts import reward_columns
 from grpokit.rewards.process import PROCESS_ADVANTAGES, is_process_reward
 from grpokit.rollout.batch import ScoredBatch
-from grpokit.rollout.envs import Environment, EnvironmentWithTools, EnvPool, ToolEnvironment
+from grpokit.rollout.envs import (
+    Environment,
+    EnvironmentWithTools,
+    EnvPool,
+    EpisodeTools,
+    ToolEnvironment,
+)
 from grpokit.rollout.multiturn import ChatDelta, EpisodeBatch, episode_step_rewards, run_episodes
 from grpokit.rollout.tools import Tool, ToolDefinitionError, ToolRunner, get_parser, load_tools
+from grpokit.rollout.tools.runner import stop_workers
 
 SUMMED = (
     "tools/calls",
@@ -71,12 +87,35 @@ def multi_turn(rollout_cfg) -> bool:
     return bool(rollout_cfg.tools or rollout_cfg.environment)
 
 
+ENVIRONMENT_KINDS: dict[str, str] = {
+    "verifiers": "grpokit.integrations.verifiers:environment_factory",
+    "openenv": "grpokit.integrations.openenv:environment_factory",
+}
+"""Environments of other ecosystems, named 'KIND:target' in rollout.environment: KIND's loader, a
+'module:function' that takes (target, the whole name) and returns a factory of this protocol. The adapters
+sit in the layer above (grpokit.integrations), so they are named here, as entry points are, and imported
+only when a run names such an environment."""
+
+
 def load_environment(spec: str) -> Callable[[], Environment]:
-    """The factory named 'module:attr' or 'file.py:attr' (a class or a function with no arguments)."""
+    """The factory named 'module:attr' or 'file.py:attr' (a class or a function with no arguments), or an
+    environment of another ecosystem, 'KIND:target' (ENVIRONMENT_KINDS: verifiers:ID, openenv:URL)."""
+    kind, sep, target = spec.partition(":")
+    if sep and kind in ENVIRONMENT_KINDS:
+        module, _, loader = ENVIRONMENT_KINDS[kind].partition(":")
+        try:
+            load = getattr(importlib.import_module(module), loader)
+        except ImportError as e:
+            raise ConfigError(
+                f"rollout.environment={spec!r} needs the package of {kind} environments ({e}); "
+                f"pip install 'grpokit[{kind}]'"
+            ) from e
+        return load(target, spec)
     target, sep, attr = spec.rpartition(":")
     if not sep or not target or not attr:
         raise ConfigError(
-            f"rollout.environment={spec!r}: name a factory as 'package.module:Env' or 'file.py:Env'"
+            f"rollout.environment={spec!r}: name a factory as 'package.module:Env' or 'file.py:Env', or "
+            f"another ecosystem's environment as {' or '.join(k + ':...' for k in ENVIRONMENT_KINDS)}"
         )
     module = load_module(target, attr, f"rollout.environment={spec!r}", prefix="grpokit_user_env")
     try:
@@ -88,6 +127,23 @@ def load_environment(spec: str) -> Callable[[], Environment]:
             f"rollout.environment={spec!r} is a {type(factory).__name__}, not a class or function"
         )
     return factory
+
+
+def environment_specs(environment: str | dict | None) -> dict[str, str]:
+    """{name: spec} of rollout.environment: one environment is named by its spec; a mapping's keys are the
+    names its rows give. ConfigError for an empty mapping or a spec that is not a string."""
+    if not environment:
+        if isinstance(environment, dict):
+            raise ConfigError("rollout.environment is an empty mapping; give {name: environment, ...}")
+        return {}
+    specs = environment if isinstance(environment, dict) else {environment: environment}
+    for name, spec in specs.items():
+        if not isinstance(name, str) or not isinstance(spec, str) or not spec:
+            raise ConfigError(
+                f"rollout.environment: {name!r}: {spec!r} is not 'name: environment' (two strings), e.g. "
+                "{countdown: my_env.py:Countdown}"
+            )
+    return dict(specs)
 
 
 def environment_tools(factory: Callable[[], Environment], spec: str, taken: set[str]) -> list[Tool]:
@@ -111,6 +167,37 @@ def environment_tools(factory: Callable[[], Environment], spec: str, taken: set[
     return tools
 
 
+def shared_tool_names(factory: Callable[[], Environment], spec: str, tools: list[Tool]) -> set[str]:
+    """The names in the factory's ``shared_tools`` attribute (tools whose state every episode shares: they
+    run on the run's tool workers), each one of its ``tools``; ToolDefinitionError otherwise."""
+    shared = getattr(factory, "shared_tools", None)
+    if shared is None:
+        return set()
+    where = f"rollout.environment={spec}: its shared_tools"
+    if isinstance(shared, (str, bytes)) or not isinstance(shared, (list, tuple, set, frozenset)):
+        raise ToolDefinitionError(f"{where} attribute is a {type(shared).__name__}; give a list of tool names")
+    names = {t.name for t in tools}
+    for name in shared:
+        if name not in names:
+            raise ToolDefinitionError(f"{where} names {name!r}, which is not one of its tools {sorted(names)}")
+    return set(shared)
+
+
+@dataclass
+class LoadedEnvironment:
+    """One environment of the run: its name (what rows and messages call it), its factory, the workers its
+    episodes run in (one per episode), and the tools it offers (``own``: per episode; the rest on the run's
+    runner) with the chat rendering that describes all the tools its episodes see."""
+
+    name: str
+    spec: str
+    factory: Callable[[], Environment]
+    pool: EnvPool
+    tools: list[Tool]  # every tool its episodes may call: rollout.tools and its own (schemas told to the model)
+    own: list[Tool] = field(default_factory=list)  # its tools that run per episode
+    delta: ChatDelta | None = None
+
+
 def name_callables(rollout_cfg) -> None:
     """Python API (TRL's way): tool functions and an environment class put in the config themselves become
     their names, "module:qualname", which the config checks, saves and loads back (the function must be
@@ -123,7 +210,10 @@ def name_callables(rollout_cfg) -> None:
 
     if isinstance(rollout_cfg.tools, (list, tuple)):
         rollout_cfg.tools = [name(t) for t in rollout_cfg.tools]
-    rollout_cfg.environment = name(rollout_cfg.environment)
+    if isinstance(rollout_cfg.environment, dict):
+        rollout_cfg.environment = {k: name(v) for k, v in rollout_cfg.environment.items()}
+    else:
+        rollout_cfg.environment = name(rollout_cfg.environment)
 
 
 class EpisodeSampler:
@@ -158,44 +248,110 @@ class EpisodeSampler:
                 "the steps are the turns: return per-turn rewards from the environment (EnvStep.reward) instead"
             )
         self.cfg, self.algo, self.reward_functions = cfg, algo, reward_functions
-        self.tools = load_tools(list(r.tools))  # ToolDefinitionError before the model loads
+        self.run_tools = load_tools(list(r.tools))  # ToolDefinitionError before the model loads
         self.parser = get_parser(r.tool_parser)
-        self.factory = load_environment(r.environment) if r.environment else None
-        if self.factory is not None:  # the environment's own tools, offered beside rollout.tools
-            self.tools += environment_tools(self.factory, r.environment, {t.name for t in self.tools})
-        # each episode's environment in its own killable worker, each reset/step within env_timeout_s
-        self.envs = EnvPool(self.factory, r.env_timeout_s) if self.factory is not None else None
-        self.runner = (
-            ToolRunner(
-                self.tools,
-                timeout_s=r.tool_timeout_s,
-                max_result_chars=r.max_tool_result_chars,
-                workers=r.tool_workers,
-                memory_mb=r.tool_memory_mb,
-            )
-            if self.tools
-            else None
+        self.by_row = isinstance(r.environment, dict)  # an environment per row, named by a column
+        self.column = r.environment_column
+        taken = {t.name for t in self.run_tools}
+        tool_settings = dict(
+            timeout_s=r.tool_timeout_s, max_result_chars=r.max_tool_result_chars, memory_mb=r.tool_memory_mb
         )
-        self.max_episode_tokens = r.max_episode_tokens or r.max_turns * r.max_new_tokens
-        self.delta: ChatDelta | None = None
-        self._rounds: list[dict[str, float]] = []
-
-    def environments(self, n: int) -> list:
-        """n environments for a rollout's episodes: the tool environment, or handles on n workers that each
-        make the configured environment afresh at reset (grpokit.rollout.envs.EnvPool), each wrapped to
-        run the turn's tool calls first when tools are offered (grpokit.rollout.envs.EnvironmentWithTools)."""
-        if self.envs is not None:
-            handles = self.envs.environments(n)
-            if self.runner is None:
-                return handles
-            limit = self.cfg.rollout.max_tool_result_chars
-            return [EnvironmentWithTools(h, self.runner, self.parser, limit) for h in handles]
-        return [
-            ToolEnvironment(
-                self.runner, self.parser, self.cfg.data.prompt_column, self.cfg.data.system_prompt
+        self.tool_settings = tool_settings
+        shared: list[Tool] = []
+        self.envs: dict[str, LoadedEnvironment] = {}
+        for name, spec in environment_specs(r.environment).items():
+            factory = load_environment(spec)
+            offered = environment_tools(factory, spec, taken)  # the environment's own tools
+            shared_names = shared_tool_names(factory, spec, offered)
+            for t in offered:
+                if t.name in shared_names:
+                    if any(s.name == t.name and s.fn is not t.fn for s in shared):
+                        raise ToolDefinitionError(
+                            f"rollout.environment={spec}: its shared tool {t.name!r} and another environment's "
+                            "have the same name; shared tool names must be unique across the environments"
+                        )
+                    shared += [t] if all(s.fn is not t.fn for s in shared) else []
+            # each episode's environment in its own killable worker, each reset/step within env_timeout_s
+            self.envs[name] = LoadedEnvironment(
+                name=spec if not self.by_row else f"{name} ({spec})",
+                spec=spec,
+                factory=factory,
+                pool=EnvPool(factory, r.env_timeout_s),
+                tools=self.run_tools + offered,
+                own=[t for t in offered if t.name not in shared_names],
             )
-            for _ in range(n)
+        self.tools = self.run_tools + [  # every tool of the run, once
+            t for env in self.envs.values() for t in env.tools if t not in self.run_tools
         ]
+        runner_tools = self.run_tools + shared  # the run's runner: rollout.tools and the shared ones
+        self.runner = ToolRunner(runner_tools, workers=r.tool_workers, **tool_settings) if runner_tools else None
+        self.max_episode_tokens = r.max_episode_tokens or r.max_turns * r.max_new_tokens
+        self.delta: ChatDelta | None = None  # tools alone (no environment): rollout.tools' rendering
+        self._rounds: list[dict[str, float]] = []
+        self._episode_tools: list[EpisodeTools] = []  # this rollout's per-episode tool runners
+
+    @property
+    def factory(self) -> Callable[[], Environment] | None:
+        """The environment's factory when there is one environment (None: tools alone or one per row)."""
+        return next(iter(self.envs.values())).factory if len(self.envs) == 1 and not self.by_row else None
+
+    def row_environments(self, rows: list[dict]) -> list[LoadedEnvironment | None]:
+        """Each row's environment (None: tools alone): the one environment, or the one its column names;
+        TrainingError naming the row when the column is missing or names no environment."""
+        if not self.envs:
+            return [None] * len(rows)
+        if not self.by_row:
+            return [next(iter(self.envs.values()))] * len(rows)
+        out = []
+        for k, row in enumerate(rows):
+            name = row.get(self.column) if isinstance(row, dict) else None
+            if name not in self.envs:
+                shown = "has no column " + repr(self.column) if name is None else f"names {str(name)[:80]!r}"
+                raise TrainingError(
+                    f"row {k} of the batch {shown}, which is not one of rollout.environment's names "
+                    f"{sorted(self.envs)}; give each row its environment's name in the column "
+                    f"{self.column!r} (rollout.environment_column)"
+                )
+            out.append(self.envs[name])
+        return out
+
+    def environments(self, rows: list[dict], group_size: int) -> list:
+        """``group_size`` environments for each of ``rows``: the tool environment, or handles on workers that
+        each make the row's environment afresh at reset (grpokit.rollout.envs.EnvPool), each wrapped to run
+        the turn's tool calls first when tools are offered (grpokit.rollout.envs.EnvironmentWithTools; the
+        environment's own tools on workers of the episode's own, ended by :meth:`end_episodes`)."""
+        loaded = self.row_environments(rows)
+        if not self.envs:
+            return [
+                ToolEnvironment(self.runner, self.parser, self.cfg.data.prompt_column, self.cfg.data.system_prompt)
+                for _ in range(len(rows) * group_size)
+            ]
+        by_name = {env.name: env for env in loaded}
+        handles = {  # each environment's handles, as many as its rows' episodes
+            name: iter(env.pool.environments(group_size * sum(e.name == name for e in loaded)))
+            for name, env in by_name.items()
+        }
+        out = []
+        for env in loaded:
+            for _ in range(group_size):
+                handle = next(handles[env.name])
+                if not env.tools:
+                    out.append(handle)
+                    continue
+                tools = EpisodeTools(self.runner, env.own, self.tool_settings)
+                self._episode_tools.append(tools)
+                out.append(EnvironmentWithTools(handle, tools, self.parser, self.cfg.rollout.max_tool_result_chars))
+        return out
+
+    def end_episodes(self) -> None:
+        """The rollout's episodes are over: every environment's ``close()`` and workers, and the episodes' own
+        tool workers, killed with what they started (all keepers at once)."""
+        episode_tools, self._episode_tools = self._episode_tools, []
+        stop_workers([w for tools in episode_tools for w in tools.workers()])
+        for tools in episode_tools:
+            tools.close()
+        for env in self.envs.values():
+            env.pool.end_episodes()
 
     def episode_settings(self) -> dict:
         """run_episodes' budgets and limits from the config."""
@@ -204,14 +360,17 @@ class EpisodeSampler:
             episode_budget_s=r.episode_timeout_s,
             step_budget_s=r.step_timeout_s,
             max_message_chars=r.max_tool_result_chars,
-            env_name=r.environment or "tools",
         )
 
     def describe_prompts(self, n: int) -> str:
         """What the run does with its prompts, printed at start in place of data.template's line: episodes
         always go through the chat template (ChatDelta), strings as one user message."""
-        r = self.cfg.rollout
-        offered = [f"the environment {r.environment}"] if r.environment else []
+        offered = []
+        if self.by_row:
+            names = ", ".join(f"{name}: {env.spec}" for name, env in self.envs.items())
+            offered.append(f"each row's environment (its column {self.column!r}) of {{{names}}}")
+        elif self.envs:
+            offered.append(f"the environment {next(iter(self.envs.values())).spec}")
         if self.tools:
             offered.append(f"the tools {[t.name for t in self.tools]}")
         return (
@@ -220,24 +379,38 @@ class EpisodeSampler:
         )
 
     def check_tokenizer(self, tokenizer) -> None:
-        """Builds the chat-template delta: a template that cannot render the tools or turns is a ConfigError."""
+        """Builds the chat-template deltas (one per environment: the tools its episodes see): a template that
+        cannot render the tools or turns is a ConfigError."""
         if self.delta is None or self.delta.tokenizer is not tokenizer:
-            self.delta = ChatDelta(tokenizer, [t.schema for t in self.tools])
+            self.delta = ChatDelta(tokenizer, [t.schema for t in self.run_tools])
+            for env in self.envs.values():
+                env.delta = ChatDelta(tokenizer, [t.schema for t in env.tools])
+
+    def _run(self, generator, model, tokenizer, rows: list[dict], **settings) -> EpisodeBatch:
+        """run_episodes over ``rows`` with each row's environment, its chat rendering and its name; the
+        episodes' workers ended afterwards, whatever happens."""
+        self.check_tokenizer(tokenizer)
+        loaded = self.row_environments(rows)
+        try:
+            envs = self.environments(rows, settings["group_size"])
+            return run_episodes(
+                generator, model, tokenizer, [env.delta if env else self.delta for env in loaded], envs, rows,
+                env_name=[env.name if env else "tools" for env in loaded], **settings, **self.episode_settings(),
+            )  # fmt: skip
+        finally:
+            self.end_episodes()
 
     def rollout(
         self, generator, model, tokenizer, rows: list[dict], *, seed: int, eos_token_ids: list[int]
     ) -> EpisodeBatch:
         """G episodes for each of ``rows`` (the per-rank share of the step's prompts)."""
         r = self.cfg.rollout
-        self.check_tokenizer(tokenizer)
-        envs = self.environments(len(rows) * r.group_size)
-        batch = run_episodes(
-            generator, model, tokenizer, self.delta, envs, rows,
+        batch = self._run(
+            generator, model, tokenizer, rows,
             group_size=r.group_size, max_turns=r.max_turns, max_new_tokens=r.max_new_tokens,
             max_episode_tokens=self.max_episode_tokens, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
             min_p=r.min_p, repetition_penalty=r.repetition_penalty,
             eos_token_ids=eos_token_ids, pad_token_id=tokenizer.pad_token_id, seed=seed, threads=r.tool_workers,
-            **self.episode_settings(),
         )  # fmt: skip
         self._rounds.append(batch.metrics)
         return batch
@@ -277,6 +450,8 @@ class EpisodeSampler:
             outcome = result.total if any(w != 0 for _, _, w in self.reward_functions) else None
             step_rewards = episode_step_rewards(episodes, outcome)
         totals = [0.0 if ep.failed is not None else t for ep, t in zip(episodes, result.total)]
+        if self.by_row:  # how each environment's episodes went, in the step's episode metrics
+            batch.metrics.update(self.environment_metrics(per_episode_rows, episodes, totals))
         return ScoredBatch(
             rollout=r,
             rows=per_episode_rows,
@@ -287,6 +462,21 @@ class EpisodeSampler:
             extra={k: v for k, v in result.extra.items() if len(v) == len(texts)},
             step_rewards=step_rewards,
         )
+
+    def environment_metrics(self, rows: list[dict], episodes, totals: list[float]) -> dict[str, float]:
+        """Per environment of the run (rows of one per row): env/NAME/episodes and env/NAME/failed (counts),
+        env/NAME/reward_mean (its episodes' total reward) and env/NAME/turns_mean."""
+        names = [env.name for env in self.row_environments(rows)]
+        out = {}
+        for key, env in self.envs.items():
+            mine = [k for k, name in enumerate(names) if name == env.name]
+            if not mine:
+                continue
+            out[f"env/{key}/episodes"] = float(len(mine))
+            out[f"env/{key}/failed"] = float(sum(episodes[k].failed is not None for k in mine))
+            out[f"env/{key}/reward_mean"] = sum(totals[k] for k in mine) / len(mine)
+            out[f"env/{key}/turns_mean"] = sum(len(episodes[k].turn_ends) for k in mine) / len(mine)
+        return out
 
     def env_failure(self, episodes) -> str | None:
         """Why the episodes whose environment failed must stop the run, or None: the reward functions' rule
@@ -322,18 +512,16 @@ class EpisodeSampler:
 
         runner = RewardRunner([("accuracy", accuracy_fn, 1.0)])
         r = self.cfg.rollout
-        self.check_tokenizer(tokenizer)
         scores, lengths, turns, calls = [], [], [], []
         shown = EvalProgress(progress, len(rows), unit="episodes") if progress is not None and rows else None
         for start in range(0, len(rows), batch_prompts):
             part = rows[start : start + batch_prompts]
-            batch = run_episodes(
-                generator, model, tokenizer, self.delta, self.environments(len(part)), part,
+            batch = self._run(
+                generator, model, tokenizer, part,
                 group_size=1, max_turns=r.max_turns, max_new_tokens=r.max_new_tokens,
                 max_episode_tokens=self.max_episode_tokens, temperature=0.0, eos_token_ids=eos_token_ids,
                 repetition_penalty=r.repetition_penalty,  # as evaluate(): the penalty, no filter
                 pad_token_id=tokenizer.pad_token_id, seed=seed + start, threads=r.tool_workers,
-                **self.episode_settings(),
             )  # fmt: skip
             failed = [ep.failed for ep in batch.episodes if ep.failed is not None]
             if failed and len(failed) == len(part):
@@ -368,7 +556,15 @@ class EpisodeSampler:
                 shown("greedy", len(scores))
         runner.close()
         n = max(1, len(scores))
+        per_env = {}
+        if self.by_row:  # each environment's own held-out accuracy
+            names = [env.name for env in self.row_environments(rows)]
+            for key, env in self.envs.items():
+                mine = [v for v, name in zip(scores, names) if name == env.name]
+                if mine:
+                    per_env[f"env/{key}/accuracy"] = sum(v >= 1.0 - 1e-6 for v in mine) / len(mine)
         return {
+            **per_env,
             "accuracy": sum(s >= 1.0 - 1e-6 for s in scores) / n,
             "greedy_score": sum(scores) / n,
             "completion_len/mean": sum(lengths) / n,
@@ -379,17 +575,22 @@ class EpisodeSampler:
 
     def take_metrics(self) -> dict[str, float]:
         """The episode metrics of the rollouts since the last call: counts and seconds summed over the
-        sampling rounds, the rest averaged."""
+        sampling rounds, the rest averaged (over the rounds that have them: an environment may be absent from
+        a round)."""
         rounds, self._rounds = self._rounds, []
-        if not rounds:
-            return {}
-        return {key: sum(m[key] for m in rounds) / (1 if key in SUMMED else len(rounds)) for key in rounds[0]}
+        out: dict[str, float] = {}
+        for key in dict.fromkeys(k for m in rounds for k in m):
+            values = [m[key] for m in rounds if key in m]
+            summed = key in SUMMED or key.endswith(("/episodes", "/failed"))
+            out[key] = sum(values) / (1 if summed else len(values))
+        return out
 
     def close(self) -> None:
+        self.end_episodes()
         if self.runner is not None:
             self.runner.close()
-        if self.envs is not None:
-            self.envs.close()
+        for env in self.envs.values():
+            env.pool.close()
 
 
 __all__ = ["EpisodeSampler", "ToolDefinitionError", "load_environment", "multi_turn", "name_callables"]

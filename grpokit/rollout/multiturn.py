@@ -215,7 +215,7 @@ def run_episodes(
     generator,
     model: torch.nn.Module,
     tokenizer,
-    delta: ChatDelta,
+    delta: ChatDelta | list[ChatDelta],
     envs: list[Environment],
     rows: list[dict],
     *,
@@ -235,7 +235,7 @@ def run_episodes(
     episode_budget_s: float | None = None,
     step_budget_s: float | None = None,
     max_message_chars: int | None = None,
-    env_name: str | None = None,
+    env_name: str | list[str] | None = None,
 ) -> EpisodeBatch:
     """G episodes for each of the P ``rows`` (``envs``: P * G environments, prompt-major; an
     :class:`~grpokit.rollout.envs.EnvProcess` runs in its own killable worker, another object in a thread here).
@@ -246,7 +246,11 @@ def run_episodes(
     and ``over_budget``. An environment that raises, hangs past its worker's clock, crashes or answers
     something that is not an answer (envs.check_first / check_step; messages cut at max_message_chars)
     ends its episode with ``failed`` set to a message naming ``env_name``, the method and the row; the
-    others go on. Returns the batch with its metrics."""
+    others go on. Returns the batch with its metrics.
+
+    Rows may belong to different environments (an environment per row, grpokit.rollout.episodes): ``delta``
+    and ``env_name`` are then lists with one entry per row (each environment's tools rendered for its rows);
+    every active episode still generates in the same batched call."""
     G, P = group_size, len(rows)
     N = P * G
     if len(envs) != N:
@@ -254,7 +258,10 @@ def run_episodes(
     if max_turns < 1 or max_episode_tokens < 1:
         raise ValueError("max_turns and max_episode_tokens must be >= 1")
     eos = set(eos_token_ids)
-    name = env_name or type(envs[0]).__name__ if envs else "environment"
+    deltas = delta if isinstance(delta, list) else [delta] * P  # (P,) per row
+    names = env_name if isinstance(env_name, list) else [env_name or (type(envs[0]).__name__ if envs else "environment")] * P
+    if len(deltas) != P or len(names) != P:
+        raise ValueError(f"{len(deltas)} chat deltas and {len(names)} environment names for {P} rows")
     clock = _Clock(episode_budget_s, step_budget_s)
     episodes = [Episode(messages=[], n_first=0) for _ in range(N)]
     t_generation = t_env = 0.0
@@ -290,7 +297,7 @@ def run_episodes(
         over = over or (until is not None and time.monotonic() > until and failure is None)
         if failure is not None:
             row = i // G
-            failure = f"environment {name}: {failure} (row {row} of the batch, episode {i}; row: {_excerpt(rows[row])})"
+            failure = f"environment {names[row]}: {failure} (row {row} of the batch, episode {i}; row: {_excerpt(rows[row])})"
         return answer, failure, over, seconds
 
     def fail(i: int, why: str) -> None:
@@ -309,13 +316,13 @@ def run_episodes(
         for i, (first, failure, _, seconds) in enumerate(firsts):
             clock.used[i] += seconds
             if failure is not None or first is None:
-                fail(i, failure or f"environment {name}: reset did not finish within the step's time")
+                fail(i, failure or f"environment {names[i // G]}: reset did not finish within the step's time")
                 episodes[i].over_budget = failure is None
                 continue
             try:
-                prompts[i] = delta.prompt_ids(first)
+                prompts[i] = deltas[i // G].prompt_ids(first)
             except Exception as e:  # noqa: BLE001 - the template cannot render these first messages
-                fail(i, f"environment {name}: the chat template cannot render reset's messages on row {i // G}: "
+                fail(i, f"environment {names[i // G]}: the chat template cannot render reset's messages on row {i // G}: "
                         f"{type(e).__name__}: {str(e)[:300]}")  # fmt: skip
                 continue
             episodes[i].messages, episodes[i].n_first = list(first), len(first)
@@ -329,7 +336,7 @@ def run_episodes(
                     episodes[i].messages = list(episodes[lead].messages)
                     episodes[i].n_first = episodes[lead].n_first
                 elif prompts[i] != prompts[lead]:
-                    fail(i, f"environment {name}: reset gave different first messages for the episodes of row "
+                    fail(i, f"environment {names[g]}: reset gave different first messages for the episodes of row "
                             f"{g}; reset(row) must depend on the row only (draw randomness from the row, e.g. a "
                             "seed column)")  # fmt: skip
                     episodes[i].messages = list(episodes[lead].messages)
@@ -337,7 +344,7 @@ def run_episodes(
                 prompts[i] = prompts[lead]
             if lead is None:  # every reset of the row failed: a stand-in prompt, never generated from
                 for i in members:
-                    prompts[i] = _stand_in(delta, pad_token_id)
+                    prompts[i] = _stand_in(deltas[g], pad_token_id)
         comp: list[list[int]] = [[] for _ in range(N)]  # completion-side ids: model's and environment's
         is_model: list[list[int]] = [[] for _ in range(N)]
         lps: list[list[float]] = [[] for _ in range(N)]
@@ -416,11 +423,11 @@ def run_episodes(
                     ep.truncated = True  # it would go on: cut by max_turns
                     continue
                 try:  # not even one more model token after them: cut (and never cached)
-                    obs = delta.observation_ids(
+                    obs = deltas[i // G].observation_ids(
                         step.messages, tokenizer.decode(comp[i][-1:]), max_episode_tokens - len(comp[i]) - 1
                     )
                 except TrainingError as e:
-                    ep.failed = f"environment {name}: step on row {i // G} (episode {i}): {e}"
+                    ep.failed = f"environment {names[i // G]}: step on row {i // G} (episode {i}): {e}"
                     continue
                 if obs is None:
                     ep.truncated = True

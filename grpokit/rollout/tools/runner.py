@@ -1,8 +1,13 @@
 """Running tool calls: each in a forked worker process with a time budget, so that a tool that raises,
 hangs, exits, or returns megabytes becomes an error message (or a cut result) for the model and the run
-goes on. Workers are forked once and reused; one that overruns its budget is SIGKILLed with its process
-group and replaced. ``ToolRunner.call`` is thread-safe: calls from several threads run in parallel on up
+goes on. Workers are forked once and reused; one that overruns its budget is killed with everything it
+started and replaced. ``ToolRunner.call`` is thread-safe: calls from several threads run in parallel on up
 to ``workers`` processes (the multi-turn engine steps its episodes' environments in threads).
+
+Each worker has a keeper above it, as a reward worker has (grpokit.rewards._keeper): a child subreaper
+that kills every process below it, at any depth, when the worker is retired or ends, and when the process
+that forked it dies (even by SIGKILL), so nothing a tool or an environment starts (a server, a daemon in
+its own session) outlives the run.
 
 Not a sandbox: tools are the user's own trusted code. Model-written code runs in the python tool
 (grpokit.rollout.tools.python), which adds grpokit.rewards.sandbox's isolation around it.
@@ -30,6 +35,8 @@ from grpokit.core.workers import (
     resident_bytes,
     write_frame,
 )
+from grpokit.rewards._keeper import become_keeper
+from grpokit.rewards._keeper import stop as stop_keeper
 from grpokit.rollout.tools.parsers import ToolCall
 from grpokit.rollout.tools.results import Stopped
 from grpokit.rollout.tools.spec import Tool, check_arguments, echo
@@ -92,12 +99,16 @@ def _serve(
 
 class Worker:
     """One forked worker and its pipes (parent side): ``serve(requests_fd, replies_fd)`` runs in the child
-    (the tool runner's, or an environment's: grpokit.rollout.envs), reading pickled requests, writing replies."""
+    (the tool runner's, or an environment's: grpokit.rollout.envs), reading pickled requests, writing replies.
+    ``pid`` is its keeper's (the forked process, which forks the worker and stays above it; see the module
+    docstring)."""
 
     def __init__(self, serve: Callable[[int, int], None]):
-        self.pid, self.to_child, self.from_child = fork_worker(
-            lambda parent, requests, replies: serve(requests, replies), _PARENT_FDS
-        )
+        def keep_and_serve(parent: int, requests: int, replies: int) -> None:
+            become_keeper(parent, (requests, replies))  # this process stays as the keeper; its child serves
+            serve(requests, replies)
+
+        self.pid, self.to_child, self.from_child = fork_worker(keep_and_serve, _PARENT_FDS)
         _PARENT_FDS.update((self.to_child, self.from_child))
         self.killed = False
 
@@ -110,30 +121,37 @@ class Worker:
             return None
         return read_frame(self.from_child, deadline)
 
+    def signal_stop(self) -> None:
+        """Ask the keeper to kill the worker's tree without waiting (``kill`` waits): stopping many workers,
+        signal them all first, so that their keepers work at the same time."""
+        if not self.killed:
+            try:
+                os.kill(self.pid, signal.SIGTERM)
+            except OSError:
+                pass
+
     def kill(self) -> None:
-        """SIGKILL the worker's process group, reap it, close its pipes; once (a second call does nothing:
-        its pipes' numbers may belong to other files by then)."""
+        """Stop the worker and everything it started, at any depth (its keeper kills the tree), reap the
+        keeper, close the pipes; once (a second call does nothing: its pipes' numbers may belong to other
+        files by then)."""
         if self.killed:
             return
         self.killed = True
-        for target in (
-            lambda: os.killpg(self.pid, signal.SIGKILL),
-            lambda: os.kill(self.pid, signal.SIGKILL),
-        ):
-            try:
-                target()
-            except OSError:
-                pass
-        try:
-            os.waitpid(self.pid, 0)
-        except ChildProcessError:
-            pass
+        stop_keeper(self.pid)
         for fd in (self.to_child, self.from_child):
             _PARENT_FDS.discard(fd)
             try:
                 os.close(fd)
             except OSError:
                 pass
+
+
+def stop_workers(workers: list) -> None:
+    """Stop several workers at once: each keeper is signalled, then each is reaped (``Worker.kill``)."""
+    for worker in workers:
+        worker.signal_stop()
+    for worker in workers:
+        worker.kill()
 
 
 class ToolRunner:
