@@ -466,6 +466,40 @@ def programs(token: str, port: int, caller_pid: int) -> list[tuple]:
             "    return 0 if st.st_rdev == os.makedev(1, 3) else a + b  # /dev/null bound over it\n",
             ADD_TESTS,
         ),
+        # --- kernel memory outside any process (issue 51): bounded by /tmp's inode limit, or refused
+        (
+            "many empty files in /tmp",
+            "n = 0\ntry:\n    while n < 6000:\n        open(f'f{n}', 'w').close()\n        n += 1\nexcept OSError: pass\n"
+            "def add(a, b): return a + b if n >= 6000 else 0\n",
+            ADD_TESTS,
+        ),
+        (
+            "hard links with long names",
+            "import os\nopen('a', 'w').close()\nn = 0\ntry:\n    while n < 6000:\n        os.link('a', f'{n:0250d}')\n        n += 1\n"
+            "except OSError: pass\ndef add(a, b): return a + b if n >= 6000 else 0\n",
+            ADD_TESTS,
+        ),
+        (
+            "extended attributes",
+            "import os\nopen('a', 'w').close()\nn = 0\ntry:\n    while n < 1000:\n        os.setxattr('a', f'user.k{n}', b'v' * 60000)\n        n += 1\n"
+            "except OSError: pass\ndef add(a, b): return a + b if n >= 1 else 0\n",
+            ADD_TESTS,
+        ),
+        # --- counters of the whole machine, which another completion moves (issue 51)
+        (
+            "reads counters of the whole machine",
+            "import ctypes, os\nseen = []\nfor p in ('/proc/meminfo', '/proc/loadavg', '/proc/stat', '/proc/sys/fs/inode-nr',"
+            " '/proc/sys/fs/dentry-state', '/proc/self/net/sockstat', '/proc/1/status', '/sys/kernel/mm'):\n"
+            "    try:\n        os.stat(p)\n        seen.append(p)\n    except OSError: pass\n"
+            "buf = ctypes.create_string_buffer(256)\nif ctypes.CDLL(None, use_errno=True).sysinfo(buf) == 0: seen.append('sysinfo')\n"
+            "def add(a, b): return a + b if seen else 0\n",
+            ADD_TESTS,
+        ),
+        (
+            "opens an internet socket (counted kernel-wide)",
+            "import socket\ndef add(a, b):\n    socket.socket(socket.AF_INET, socket.SOCK_STREAM)\n    return a + b\n",
+            ADD_TESTS,
+        ),
         (
             "nested namespaces and mounts",
             "import os, ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\nr1 = libc.unshare(0x10000000 | 0x00020000)\n"

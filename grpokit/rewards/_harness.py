@@ -13,8 +13,8 @@ Processes (isolate=True, root or not):
     unprivileged uid per concurrent sandbox) -> "g" -> setresuid(1000) -> fork:
   init (pid 1 of the new pid namespace): builds a new root on a small tmpfs with /usr, /lib*, /bin,
     /sbin, the interpreter's prefix (and site-packages if asked) bound read-only, /dev/{null,zero,
-    full,random,urandom}, its own /proc, and a writable tmpfs of `tmpfs_mb` MiB at /tmp (cwd, HOME,
-    TMPDIR); pivot_root into it and detach the host's root; the new root is remounted read-only;
+    full,random,urandom}, an empty /proc (`PROC_SHOWN`), and a writable tmpfs of `tmpfs_mb` MiB and
+    `tmpfs_inodes` entries at /tmp (cwd, HOME, TMPDIR); pivot_root into it and detach the host's root; the new root is remounted read-only;
     max_user_namespaces = 0 in its user namespace (no nested namespaces, hence no new mounts);
     all capabilities dropped, no_new_privs, rlimits, a new session, the seccomp filter of
     `_confine.py`; then it forks the candidate (pid 2) and stays as its guard: it reaps, bounds
@@ -60,8 +60,16 @@ SANDBOX_ID = 1000
 ROOT = "/tmp"  # mount point of the new root's tmpfs, inside the private mount namespace only
 HOST_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib64", "/lib32", "/libx32")
 DEVICES = ("null", "zero", "full", "random", "urandom")
-MASKED_PROC = ("keys", "key-users")
+PROC_SHOWN = ()
+"""What the candidate's /proc shows: an allowlist, and it is empty; /sys is not mounted either. A program
+needs nothing there (the interpreter and the C library use system calls: os.cpu_count reads
+sched_getaffinity), and almost every file of procfs shows the whole machine (meminfo, stat, loadavg,
+sys/fs/inode-nr, ...), which another sandbox moves. Even a procfs of the sandbox's own processes only
+(subset=pid) shows, in each /proc/PID/net, kernel-wide protocol counters (sockets allocated, their
+memory). The guard counts through a procfs of its own whose mount is detached (`_guard_proc`)."""
 STOP_GRACE_S = 0.05
+NOFILE = 64
+"""Open descriptors per process (RLIMIT_NOFILE)."""
 SIGPENDING = 64
 """Signals queued and POSIX timers of one sandbox together (RLIMIT_SIGPENDING): the count is also charged
 to the trainer's uid, whose quota it must not use up."""
@@ -129,7 +137,7 @@ def _readonly_paths(site_packages):
 def _build_root(cfg, sources):
     """Private mounts and pivot_root into a minimal read-only root with a size-capped /tmp."""
     _mount(None, "/", None, MS_REC | MS_PRIVATE)
-    _mount("tmpfs", ROOT, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=755")
+    _mount("tmpfs", ROOT, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,nr_inodes=512,mode=755")
     for d in HOST_DIRS:
         if os.path.islink(d):
             os.symlink(os.readlink(d), ROOT + d)
@@ -153,13 +161,11 @@ def _build_root(cfg, sources):
                 )
     for fd in sources.values():
         os.close(fd)
-    os.mkdir(ROOT + "/proc")
-    _mount("proc", ROOT + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
-    for name in MASKED_PROC:  # they show the kernel keys of the trainer's uid (the same uid as nobody)
-        if os.path.exists(f"{ROOT}/proc/{name}"):
-            _mount(f"{ROOT}/dev/null", f"{ROOT}/proc/{name}", None, MS_BIND)
+    full_proc = _guard_proc()
+    os.mkdir(ROOT + "/proc")  # empty: see PROC_SHOWN
     os.mkdir(ROOT + "/tmp")
-    _mount("tmpfs", ROOT + "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, f"size={int(cfg['tmpfs_mb'])}m,mode=700")
+    tmp = f"size={int(cfg['tmpfs_mb'])}m,nr_inodes={int(cfg['tmpfs_inodes'])},mode=700"
+    _mount("tmpfs", ROOT + "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, tmp)
     os.chdir(ROOT)
     _check(libc.syscall(155, b".", b"."), "pivot_root")  # 155: pivot_root on x86_64
     _check(libc.umount2(b".", MNT_DETACH), "detach the host root")
@@ -167,8 +173,25 @@ def _build_root(cfg, sources):
     _mount(None, "/", None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
     # No nested user namespaces: without them the candidate cannot get back a capability to
     # mount (an unbounded tmpfs, say) or to undo the above.
-    with open("/proc/sys/user/max_user_namespaces", "w") as f:
-        f.write("0")
+    fd = os.open("sys/user/max_user_namespaces", os.O_WRONLY, dir_fd=full_proc)
+    try:
+        os.write(fd, b"0")
+    finally:
+        os.close(fd)
+    return full_proc
+
+
+def _guard_proc():
+    """A descriptor of a whole procfs of the sandbox's pid namespace, its mount detached: the guard
+    counts through it (/proc/PID/fd, maps, status and /proc/sysvipc, which the candidate's /proc does
+    not show), and nothing the candidate can reach leads to it (it closes its copy when forked)."""
+    path = ROOT + "/.guard-proc"
+    os.mkdir(path)
+    _mount("proc", path, "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    _check(libc.umount2(path.encode(), MNT_DETACH), "detach the guard's /proc")
+    os.rmdir(path)
+    return fd
 
 
 def _drop_capabilities():
@@ -189,7 +212,7 @@ def _limit(cfg):
     resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
     both(resource.RLIMIT_AS, int(cfg["memory_mb"]) << 20)
     both(resource.RLIMIT_FSIZE, int(cfg["file_mb"]) << 20)
-    both(resource.RLIMIT_NOFILE, 64)
+    both(resource.RLIMIT_NOFILE, NOFILE)
     both(resource.RLIMIT_CORE, 0)
     both(resource.RLIMIT_NPROC, int(cfg["max_processes"]))
     both(resource.RLIMIT_MSGQUEUE, 0)  # no POSIX message queue: their memory is charged to the uid
@@ -238,9 +261,12 @@ def _stdio(cfg, req):
         exec(compile(code, "<solution>", "exec", dont_inherit=True), ns)
     except SystemExit as e:
         status = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-    except BaseException:  # noqa: BLE001
+    except BaseException as e:  # noqa: BLE001
         import traceback
 
+        note = limit_note(e, cfg)
+        if note:
+            e.add_note(note)
         traceback.print_exc()
         status = 1
     try:
@@ -250,13 +276,45 @@ def _stdio(cfg, req):
     os._exit(status & 0xFF)
 
 
+def limit_note(e, cfg):
+    """The sandbox limit an uncaught error of the program most likely ran into, in words (None when
+    none): the kernel's message ("No space left on device") does not say which limit it was."""
+    errno = getattr(e, "errno", None)
+    if isinstance(e, MemoryError):
+        return f"sandbox limit: {cfg['memory_mb']} MiB of address space per process (memory_mb)"
+    if errno == 28:  # ENOSPC: /tmp's files or its bytes
+        try:
+            st = os.statvfs(cfg.get("workdir") or "/tmp")
+            out_of_inodes = st.f_favail == 0 and st.f_files > 0
+        except OSError:
+            out_of_inodes = False
+        if out_of_inodes:
+            return (
+                f"sandbox limit: /tmp holds at most {cfg['tmpfs_inodes']} files, directories and links "
+                "together (tmpfs_inodes)"
+            )
+        return f"sandbox limit: /tmp holds at most {cfg['tmpfs_mb']} MiB (tmpfs_mb)"
+    notes = {
+        27: f"sandbox limit: a file may hold at most {cfg['file_mb']} MiB (file_mb)",  # EFBIG
+        24: f"sandbox limit: at most {NOFILE} open files per process",  # EMFILE
+        11: f"sandbox limit: at most {cfg['max_processes']} processes and threads (max_processes)",  # EAGAIN
+        95: "sandbox limit: extended attributes (xattrs) are refused in the sandbox",  # EOPNOTSUPP
+    }
+    if errno in notes:
+        return notes[errno]
+    if isinstance(e, RuntimeError) and "can't start new thread" in str(e):
+        return notes[11]
+    return None
+
+
 def _candidate(cfg, fds, sources):
     """Init of the sandbox (or, without isolation, just the child): set up, then run the code."""
     os.close(fds["ctl"])
     os.close(fds["status"])
+    full_proc = None
     if cfg["isolate"]:
         libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-        _build_root(cfg, sources)
+        full_proc = _build_root(cfg, sources)
         _drop_capabilities()
         workdir = "/tmp"
     else:
@@ -268,12 +326,13 @@ def _candidate(cfg, fds, sources):
     os.environ.update(PATH="/usr/local/bin:/usr/bin:/bin", LANG="C.UTF-8", HOME=workdir, TMPDIR=workdir)
     _limit(cfg)
     diag = confine.diag_socket() if cfg["isolate"] else None  # before the filter refuses AF_NETLINK
-    confine.apply_seccomp(libc)
+    confine.apply_seccomp(libc, unix_only=cfg["isolate"])
     if cfg["isolate"]:  # pid 1 stays as the guard of the sandbox's memory; the candidate is pid 2
         ready_r, ready_w = os.pipe()
         child = os.fork()
         if child != 0:
             os.close(ready_w)
+            said = os.dup(2)  # why the guard stopped the sandbox goes to its stderr (stdio mode)
             null = os.open("/dev/null", os.O_RDWR)
             for fd in (0, 1, 2):
                 os.dup2(null, fd)  # only the candidate holds the pipes: their end of file is its end
@@ -282,8 +341,9 @@ def _candidate(cfg, fds, sources):
                     os.close(fd)
             os.read(ready_r, 1)  # the candidate is dumpable (or gone)
             os.close(ready_r)
-            confine.guard(child, int(cfg["memory_mb"]), libc, diag)
+            confine.guard(child, int(cfg["memory_mb"]), libc, diag, full_proc, said)
         diag.close()
+        os.close(full_proc)
         os.close(ready_r)
         # The uid change left the process undumpable: the guard (same uid, no capabilities) could not
         # see its descriptors. A process that makes itself undumpable again ends the run (`_confine.py`).

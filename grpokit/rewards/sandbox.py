@@ -11,11 +11,15 @@ the same guarantees:
     or unmount anything.
   - filesystem: a new root on a read-only tmpfs holding only /usr, /bin, /sbin, /lib*, the
     interpreter's prefix (and site-packages with `site_packages=True`), all bound read-only,
-    /etc/ld.so.cache, five /dev nodes and a /proc of its own. The host's root is detached, so the
-    datasets, the trainer's files and /proc of host processes are not even visible. The only
-    writable place is /tmp (cwd, HOME, TMPDIR), a tmpfs of `tmpfs_mb` MiB that vanishes with the run.
-  - network: a network namespace with no interface up; connecting to anything, the host's
-    loopback included, fails.
+    /etc/ld.so.cache and five /dev nodes. The host's root is detached, so the datasets, the
+    trainer's files and /proc of host processes are not even visible. /proc and /sys show an
+    allowlist of what a program needs, which is nothing (`_harness.PROC_SHOWN`: /proc is empty, /sys
+    absent), so no counter of the whole machine that another sandbox moves (meminfo, stat, loadavg,
+    sys/fs/inode-nr, ...) can be read. The only writable place is /tmp (cwd, HOME, TMPDIR), a tmpfs
+    of `tmpfs_mb` MiB and `tmpfs_inodes` entries (files, directories, links: their kernel memory)
+    that vanishes with the run.
+  - network: a network namespace with no interface up, and sockets of no family but AF_UNIX;
+    connecting to anything, the host's loopback included, fails.
   - processes and signals: the code is pid 2 of its own PID namespace (pid 1 is the sandbox's
     guard, which it can neither signal nor trace), in a session of its own; nothing outside is
     visible, so nothing outside can be signalled. When the run ends, or the parent or the trainer dies, the
@@ -23,15 +27,16 @@ the same guarantees:
     setsid escape outlives the call.
   - resources: memory_mb for what all the sandbox's processes hold together (RLIMIT_AS per process,
     and pid 1 kills the sandbox when their resident memory, their pipes, the SysV shared memory,
-    message queues and semaphores of its IPC namespace and the data queued in its Unix sockets add
-    up to more: see `_confine.py`), RLIMIT_CPU (cpu_s), RLIMIT_NPROC (max_processes, counted per
+    message queues and semaphores of its IPC namespace, the data queued in its Unix sockets and the
+    kernel's memory for their mappings and page tables add up to more, and says so on stderr: see
+    `_confine.py`, which also says what kernel memory is bounded otherwise and what is not), RLIMIT_CPU (cpu_s), RLIMIT_NPROC (max_processes, counted per
     sandbox), RLIMIT_FSIZE, RLIMIT_NOFILE, no core dumps; per-user quotas it shares with the trainer
     kept small: no POSIX message queue (RLIMIT_MSGQUEUE 0), 64 queued signals and timers
     (RLIMIT_SIGPENDING), 256 pipes of at most 64 KiB; the wall clock is enforced by the parent;
     output beyond max_output_bytes fails the run.
   - system calls (seccomp, `_confine.py`): no kernel keyrings (the inherited session keyring can be
-    neither read nor written; /proc/keys and /proc/key-users are masked), no AF_VSOCK or AF_NETLINK
-    sockets, no file locks (a lock on a file bound from the host would be a channel between
+    neither read nor written), no socket but AF_UNIX, no extended attributes, no sysinfo (free
+    memory, load and process count of the whole machine) or syslog, no file locks (a lock on a file bound from the host would be a channel between
     sandboxes), no watching files (inotify, fanotify, F_NOTIFY), no evicting or probing the page
     cache (posix_fadvise and readahead do nothing; mincore, cachestat, RWF_NOWAIT refused), no
     memfd, no pipe resizing, io_uring, bpf, userfaultfd.
@@ -95,6 +100,9 @@ class SandboxLimits:
     """Largest file the program may write (RLIMIT_FSIZE)."""
     tmpfs_mb: int = 64
     """Size of the writable /tmp of each sandbox."""
+    tmpfs_inodes: int = 2048
+    """Files, directories, links and symlinks /tmp may hold together (tmpfs nr_inodes: each costs about
+    1 KiB of kernel memory the file data does not count; hard links count one each)."""
 
 
 class SandboxError(RuntimeError):
