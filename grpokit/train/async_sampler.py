@@ -74,6 +74,7 @@ import torch
 from grpokit.core.errors import ConfigError, TrainingError
 from grpokit.core.workers import PR_SET_PDEATHSIG, read_frame, write_frame
 from grpokit.rewards import RewardRunner
+from grpokit.rollout.engines import engine_class
 from grpokit.rollout.episodes import EpisodeSampler, multi_turn
 from grpokit.rollout.generation import rollout_metrics
 
@@ -318,19 +319,19 @@ START_ENV = "GRPOKIT_SAMPLER_START"
 
 def start_method(engine: str) -> str:
     """How the sampler process starts: $GRPOKIT_SAMPLER_START (spawn | fork) when set; else 'spawn' where a
-    fork cannot serve (CUDA initialised in this process, or the vLLM engine), 'fork' otherwise (a CPU run: no
+    fork cannot serve (CUDA initialised in this process, or an engine that needs a fresh process: vLLM's), 'fork' otherwise (a CPU run: no
     fresh interpreter to import torch and transformers again before the first batch)."""
     chosen = os.environ.get(START_ENV, "").strip()
     if chosen:
         if chosen not in ("spawn", "fork"):
             raise ConfigError(f"{START_ENV}={chosen!r}: expected spawn or fork (or unset)")
-        if chosen == "fork" and (torch.cuda.is_initialized() or engine == "vllm"):
+        if chosen == "fork" and (torch.cuda.is_initialized() or engine_class(engine).needs_fresh_process):
             raise ConfigError(
                 f"{START_ENV}=fork: a forked sampler process cannot use CUDA once this process has, nor start "
                 "vLLM; unset it (spawn is chosen there)"
             )
         return chosen
-    return "spawn" if torch.cuda.is_initialized() or engine == "vllm" else "fork"
+    return "spawn" if torch.cuda.is_initialized() or engine_class(engine).needs_fresh_process else "fork"
 
 
 class AsyncSampler:
