@@ -49,6 +49,7 @@ from grpokit.rewards import RewardRunner, resolve_reward, resolve_reward_specs
 from grpokit.rewards.process import check_process_setup
 from grpokit.rewards.which_accuracy import pick_accuracy_reward
 from grpokit.rollout.batch import ANSWER_FORMAT_HINT, ScoredBatch, advantage_abs_mean, step_metrics
+from grpokit.rollout.engines import engine_class
 from grpokit.rollout.episodes import EpisodeSampler, multi_turn, name_callables
 from grpokit.rollout.evaluate import evaluate
 from grpokit.rollout.generation import FastGenerator, rollout_metrics
@@ -272,11 +273,12 @@ class GRPOTrainer:
                 # the reference's log-probs made in the process, beside the update (a CPU run; not fsdp)
                 reference=sampler_reference(cfg, self.algo, self.dist, device, self.ref_model, precision),
             )  # fmt: skip
-        # what evaluation decodes with: the sampler's engine; but when the sampler process owns the vLLM engine
-        # (rollout.max_staleness >= 1), the fast engine over the trainer's own weights: the trainer's vLLM engine
-        # would start for evaluation alone, a second engine beside the process's (on a GPU, in the same memory)
+        # what evaluation decodes with: the sampler's engine; but when the sampler process owns an engine that holds
+        # its own weights (vLLM's; rollout.max_staleness >= 1), the fast engine over the trainer's own weights: the
+        # trainer's engine would start for evaluation alone, a second copy beside the process's (on a GPU, in the
+        # same memory)
         self.eval_generator = self.sampler.generator
-        if self.async_sampler is not None and cfg.rollout.engine == "vllm":
+        if self.async_sampler is not None and engine_class(cfg.rollout.engine).holds_weights:
             self.eval_generator = FastGenerator(kv_cache=cfg.rollout.kv_cache, cuda_graphs=cfg.rollout.cuda_graphs)
 
     @property
