@@ -1,7 +1,8 @@
 """`code_tests`: run a completion's code against the row's tests; pass fraction.
 
 The code is the completion's last fenced code block (```python ... ``` or ``` ... ```; an unclosed
-final fence runs to the end), or the whole completion when it has none.
+final fence runs to the end), else, in a completion that mixes prose and code, its last Markdown indented
+code block (after a blank line, indented by four spaces), else the whole completion.
 
 The tests are the `tests` column, in one of these forms:
   - Python source (assert-style, e.g. HumanEval's `check(candidate)` function and its call). It is
@@ -19,7 +20,12 @@ left when it runs out fail unrun), so a looping completion costs timeout_s, not 
 and never another completion's score; the function is `per_completion` for `RewardRunner`.
 Completions are spread over `workers` parallel sandboxes (default: the number of CPU cores). See
 `sandbox.py` for isolation. An optional `entry_point` column (HumanEval's) names the one function
-the candidate supplies.
+the candidate supplies. The prompt's code (its helpers, such as HumanEval/38's `encode_cyclic`, and the
+function asked for) is found in fences that parse, Markdown indented blocks and unfenced runs of code;
+tests that define `check(candidate)` without calling it are called on the `entry_point`, else the
+prompt's last function, else the first function the prompt uses (a usage example `>>> add(2, 3)`, or
+`add` named in its text) that the completion defines. A row none of these settles raises a ValueError
+that names the row, which RewardRunner reports on that row alone (`row_errors`): never a silent 0.
 
 Why no program can fake a pass: the verdict is decided where the candidate cannot reach.
   - stdin/stdout: the expected output never leaves this process; the sandbox gets the code and
@@ -52,25 +58,20 @@ from __future__ import annotations
 import ast
 import json
 import os
-import re
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, replace
 
+from grpokit.rewards._code_parts import (
+    asked_function,
+    completed_code,
+    extract_code,
+    prompt_definitions,
+    with_check_call,
+)
 from grpokit.rewards._text import to_text
 from grpokit.rewards._zygote import fork_server
 from grpokit.rewards.sandbox import SandboxLimits, give_slot, resolve_isolation, run_program, take_slot
-
-_FENCE_RE = re.compile(r"```[^\n`]*\n(.*?)```", re.DOTALL)
-
-
-def extract_code(completion: str) -> str:
-    """The last fenced code block, else the text after an unclosed final fence, else everything."""
-    blocks = _FENCE_RE.findall(completion)
-    tail = completion.rsplit("```", 1)
-    if completion.count("```") % 2 == 1 and "\n" in tail[1]:  # truncated inside a final block
-        return tail[1].split("\n", 1)[1]
-    return blocks[-1] if blocks else completion
 
 
 def parse_tests(tests: object) -> tuple[str, object] | None:
@@ -109,169 +110,6 @@ def parse_tests(tests: object) -> tuple[str, object] | None:
     if isinstance(tests, (list, tuple)) and not tests:
         return None
     raise ValueError(f"unrecognised tests: {type(tests).__name__} {str(tests)[:80]!r}")
-
-
-def prompt_sources(prompt: object) -> list[str]:
-    """The Python code of a prompt, in any shape the data allows: a string or chat messages (each
-    message on its own: a system message does not hide the user's code), and in each text its fenced
-    blocks, else every run of lines that parses as Python and starts at a `def`, `class`, `import`,
-    `from` or decorator line (instructions before or after the code are left out)."""
-    if isinstance(prompt, (list, tuple)) and any(isinstance(m, dict) for m in prompt):
-        texts = [to_text(m) for m in prompt if isinstance(m, dict)]
-    else:
-        texts = [to_text(prompt)]
-    sources = []
-    for text in texts:
-        if "def " not in text and "import " not in text and "class " not in text:
-            continue
-        fenced = _FENCE_RE.findall(text)
-        sources += fenced if fenced else _code_runs(text)
-    return sources
-
-
-_CODE_START_RE = re.compile(r"(?:async\s+def|def|class|import|from\s+\S+\s+import)\b|@")
-
-
-def _code_runs(text: str, max_lines: int = 400) -> list[str]:
-    """The longest runs of lines of `text` that parse as Python, each starting at a line that opens
-    code (`_CODE_START_RE`, not indented). The whole text when it parses."""
-    if _parses(text):
-        return [text]
-    lines = text.split("\n")[:max_lines]
-    runs, i = [], 0
-    while i < len(lines):
-        if not _CODE_START_RE.match(lines[i]):
-            i += 1
-            continue
-        for end in range(len(lines), i, -1):
-            chunk = "\n".join(lines[i:end])
-            if _parses(chunk):
-                runs.append(chunk)
-                i = end
-                break
-        else:
-            i += 1
-    return runs
-
-
-def _parses(source: str) -> bool:
-    try:
-        ast.parse(source)
-    except (SyntaxError, ValueError):
-        return False
-    return True
-
-
-def prompt_definitions(prompt: object, entry_point: str | None = None) -> str | None:
-    """The source of the functions, classes and imports the prompt's Python code defines in full
-    (HumanEval/32's `poly`, /38's `encode_cyclic`): the tests use these, never the candidate's. Left
-    out: the function the candidate is asked for (`entry_point`, else the last function the prompt
-    defines, HumanEval's layout, even when it is complete, as in "fix this function"), and stubs
-    (a body of only a docstring, `pass` or `...`). The code is found by `prompt_sources`, whatever
-    the prompt's shape (plain, fenced, after an instruction line, in a chat with a system message)."""
-    nodes = []
-    for source in prompt_sources(prompt):
-        try:
-            tree = ast.parse(source)
-        except (SyntaxError, ValueError):
-            continue
-        nodes += [(source, node) for node in tree.body]
-    functions = [n for _, n in nodes if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
-    asked = entry_point or (functions[-1].name if functions else None)
-    kept = [
-        ast.get_source_segment(source, node) or ""
-        for source, node in nodes
-        if isinstance(node, (ast.Import, ast.ImportFrom, ast.ClassDef))
-        or (
-            isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
-            and node.name != asked
-            and not _is_stub(node)
-        )
-    ]
-    return "\n\n".join(k for k in kept if k) or None
-
-
-def _defines(source: str, name: str) -> bool:
-    try:
-        tree = ast.parse(source)
-    except (SyntaxError, ValueError):
-        return False
-    return any(
-        isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and n.name == name
-        for n in tree.body
-    )
-
-
-def asked_function(prompt: object, entry_point: str | None = None) -> str | None:
-    """The function the candidate is asked for: `entry_point`, else the last one the prompt's code defines."""
-    if entry_point:
-        return entry_point
-    for source in reversed(prompt_sources(prompt)):
-        try:
-            functions = [
-                n for n in ast.parse(source).body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
-            ]
-        except (SyntaxError, ValueError):
-            continue
-        if functions:
-            return functions[-1].name
-    return None
-
-
-def completed_code(code: str, prompt: object, entry_point: str | None = None) -> str:
-    """`code`, or the prompt's code followed by it when the completion continues the prompt (HumanEval's
-    layout: the prompt ends with the signature and docstring of the asked function, `asked_function`,
-    and the completion is its body). Only when `code` alone does not define that function, the prompt
-    leaves it a stub (docstring, `pass` or `...` only) and the two together define it."""
-    asked = asked_function(prompt, entry_point)
-    if asked is None or _defines(code, asked):
-        return code
-    for source in reversed(prompt_sources(prompt)):
-        try:
-            stubs = [
-                n
-                for n in ast.parse(source).body
-                if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == asked
-            ]
-        except (SyntaxError, ValueError):
-            continue
-        if stubs:
-            joined = source.rstrip() + "\n" + code
-            return joined if _is_stub(stubs[-1]) and _defines(joined, asked) else code
-    return code
-
-
-_CHECK_CALL = re.compile(r"^check\s*\(", re.MULTILINE)
-
-
-def with_check_call(tests: dict, entry_point: str | None) -> dict:
-    """HumanEval's `test` column defines `check(candidate)` and leaves the call to the harness: the call
-    `check(<entry_point>)` is added where the tests define `check` and never call it. Without an
-    entry point such tests would pass whatever the candidate does: ValueError."""
-    if tests["kind"] != "sources" or len(tests["cases"]) != 1:
-        return tests
-    source = tests["cases"][0]
-    try:
-        tree = ast.parse(source)
-    except (SyntaxError, ValueError):
-        return tests
-    defines_check = any(isinstance(n, ast.FunctionDef) and n.name == "check" for n in tree.body)
-    if not defines_check or _CHECK_CALL.search(source):
-        return tests
-    if not entry_point or not entry_point.isidentifier():
-        raise ValueError(
-            "the tests define check(candidate) but never call it, and neither an entry_point column nor the "
-            "prompt's code names the function to check: add an entry_point column (HumanEval's) or the call "
-            "check(<function>) to the tests"
-        )
-    return {**tests, "cases": [f"{source.rstrip()}\n\n\ncheck({entry_point})\n"]}
-
-
-def _is_stub(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
-    return all(
-        isinstance(n, ast.Pass) or (isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant))
-        for n in fn.body
-    )
 
 
 def run_tests(
@@ -409,8 +247,8 @@ def make_code_tests(
                 return i, _run_io_cases(code, spec, limits, isolation, site_packages)
             try:
                 defs = prompt_definitions(prompt, entry)
-                spec = with_check_call(spec, asked_function(prompt, entry))
                 code = completed_code(code, prompt, entry)
+                spec = with_check_call(spec, asked_function(prompt, entry, code))
                 return i, _run_tests(code, spec, limits, isolation, site_packages, defs, entry)
             except ValueError as e:
                 raise ValueError(f"code_tests: row {i} of column {tests_column!r}: {e}") from e

@@ -737,3 +737,86 @@ def test_answers_past_pythons_integer_string_limit():
     io = [{"input": "8" * 5000 + "\n", "output": "8" * 4999 + "9\n"}]
     add_one = "print(int(input()) + 1)\n"
     assert reward([None, None], [fenced(add_one), fenced("print(1)\n")], tests=[io, io]) == [1.0, 0.0]
+
+
+ADD_CHECK = "def check(candidate):\n    assert candidate(2, 3) == 5\n    assert candidate(-4, 1) == -3\n"
+WRONG_ADD = "def add(a, b):\n    return a - b\n"
+USAGE_FENCE = (
+    "Write a function that returns the sum of a and b.\n\nFor example:\n```python\n>>> add(2, 3)\n5\n```\n"
+)
+INDENTED_STUB = 'Complete the following function.\n\n    def add(a, b):\n        """The sum of a and b."""\n\nReturn only code.'
+NAMED_IN_TEXT = "Implement `add(a, b)`, which returns the sum of its arguments."
+INDENTED_HELPER = (  # HumanEval/38's layout as a Markdown indented block: the tests call the prompt's helper
+    "Complete decode_cyclic.\n\n    def encode_cyclic(s: str):\n"
+    "        groups = [s[(3 * i):min((3 * i + 3), len(s))] for i in range((len(s) + 2) // 3)]\n"
+    "        groups = [(group[1:] + group[0]) if len(group) == 3 else group for group in groups]\n"
+    '        return "".join(groups)\n\n\n    def decode_cyclic(s: str):\n        """Decode what encode_cyclic made."""\n'
+)
+CYCLIC_CHECK = "def check(candidate):\n    for s in ('abcdefg', 'xyzzy', 'ab'):\n        assert candidate(encode_cyclic(s)) == s\n"
+CYCLIC_RIGHT = (
+    "def decode_cyclic(s):\n    groups = [s[3 * i:min(3 * i + 3, len(s))] for i in range((len(s) + 2) // 3)]\n"
+    "    return ''.join(g[-1] + g[:-1] if len(g) == 3 else g for g in groups)\n"
+)
+CYCLIC_STUB = "def encode_cyclic(s):\n    return s\n\ndef decode_cyclic(s):\n    return s\n"
+
+
+@needs_isolation
+def test_the_function_asked_is_found_in_every_prompt_shape_without_an_entry_point_column():
+    """HumanEval-style tests that define check(candidate) and never call it, no entry_point column (issue 51):
+    the prompt's only fence is a usage example, its code is a Markdown indented block (a stub the completion
+    continues or replaces, or a helper the tests call), or its text only names the function; the completion's
+    code may itself be an indented block after a line of prose. Right scores 1, wrong 0 in each (before: a
+    ValueError for the whole batch in all but the helper shape, where the stub that redefines the helper
+    scored 1 because the prompt's helper was not found)."""
+    prose = "Here is my solution:\n\n" + textwrap.indent(GOOD, "    ") + "\nIt adds the two numbers."
+    rows = [  # name, prompt, completion, tests, expected
+        ("usage fence", USAGE_FENCE, fenced(GOOD), ADD_CHECK, 1.0),
+        ("usage fence, wrong", USAGE_FENCE, fenced(WRONG_ADD), ADD_CHECK, 0.0),
+        ("indented stub, body", INDENTED_STUB, "    return a + b\n", ADD_CHECK, 1.0),
+        ("indented stub, wrong body", INDENTED_STUB, "    return a - b\n", ADD_CHECK, 0.0),
+        ("indented stub, whole function", INDENTED_STUB, fenced(GOOD), ADD_CHECK, 1.0),
+        ("named in the text", NAMED_IN_TEXT, fenced(GOOD), ADD_CHECK, 1.0),
+        ("named in the text, wrong", NAMED_IN_TEXT, fenced(WRONG_ADD), ADD_CHECK, 0.0),
+        ("completion as an indented block", USAGE_FENCE, prose, ADD_CHECK, 1.0),
+        ("indented helper", INDENTED_HELPER, fenced(CYCLIC_RIGHT), CYCLIC_CHECK, 1.0),
+        ("indented helper, stub redefines it", INDENTED_HELPER, fenced(CYCLIC_STUB), CYCLIC_CHECK, 0.0),
+    ]
+    scores = reward([r[1] for r in rows], [r[2] for r in rows], tests=[r[3] for r in rows])
+    assert dict(zip([r[0] for r in rows], scores)) == {r[0]: r[4] for r in rows}
+
+
+@needs_isolation
+def test_a_row_whose_function_nothing_names_fails_alone_with_its_reason():
+    """When neither an entry_point column, the prompt's code, nor a name the prompt uses says which function
+    check(candidate) should get, that row is not scored 0 and not left out silently: through the runner it
+    fails alone with the reason (row_errors, reward/code_tests/failed_rows), the other rows are scored."""
+    from grpokit.rewards import RewardRunner
+
+    runner = RewardRunner([("code_tests", reward, 1.0)], timeout_s=60)
+    try:
+        result = runner(
+            [USAGE_FENCE, "Write a function that adds two numbers."],
+            [fenced(GOOD), fenced(GOOD)],
+            {"tests": [ADD_CHECK, ADD_CHECK]},
+        )
+    finally:
+        runner.close()
+    assert result.per_function["code_tests"] == [1.0, None]
+    assert list(result.row_errors["code_tests"]) == [1]
+    assert "never call it" in result.row_errors["code_tests"][1]
+    assert "entry_point" in result.row_errors["code_tests"][1]
+
+
+def test_indented_blocks_and_extract_code():
+    from grpokit.rewards._code_parts import indented_blocks, prompt_names
+
+    text = "Prose.\n\n    def f():\n        return 1\n\n    x = f()\nMore prose.\n\n\tg()\n"
+    assert indented_blocks(text) == ["def f():\n    return 1\n\nx = f()\n", "g()\n"]
+    assert indented_blocks("    return a + b\n") == []  # no prose: the text is code (a HumanEval body)
+    assert extract_code("    return a + b\n") == "    return a + b\n"
+    assert extract_code("Prose:\n\n    print(1)\n") == "print(1)\n"
+    assert (
+        extract_code("Prose:\n    not a block (no blank line before)\n")
+        == "Prose:\n    not a block (no blank line before)\n"
+    )
+    assert prompt_names(USAGE_FENCE) == ["add"] and prompt_names(NAMED_IN_TEXT) == ["add"]
