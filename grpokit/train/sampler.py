@@ -39,7 +39,7 @@ from grpokit.rollout.batch import (
     flat_rewards_message,
     step_seed,
 )
-from grpokit.rollout.engines import make_generator
+from grpokit.rollout.engines import SamplingParams, make_generator
 from grpokit.rollout.episodes import OVER_RANKS, EpisodeSampler
 from grpokit.rollout.generation import Rollout
 from grpokit.rollout.selection import selection_for
@@ -258,21 +258,16 @@ class Sampler:
         sync = getattr(self.generator, "sync", None)
         if sync is not None:  # an engine holding a copy of the weights (vllm): pushed as rollout.vllm says
             sync(model, step)
-        out = self.generator.generate(
-            model,
-            prompt_ids,
+        params = SamplingParams.from_settings(  # every rollout.* sampling knob, by its name
+            r,
             group_size=group_size or r.group_size,
             max_new_tokens=max_new_tokens or r.max_new_tokens,
             temperature=r.temperature if temperature is None else temperature,
-            top_p=r.top_p,
-            top_k=r.top_k,
-            min_p=r.min_p,
-            repetition_penalty=r.repetition_penalty,
             eos_token_ids=self.eos_ids,
             pad_token_id=self.tokenizer.pad_token_id,
             seed=seed,
-            ignore_eos=r.ignore_eos,
         )
+        out = self.generator.generate(model, prompt_ids, params)
         return out
 
     def episode_metrics(self) -> dict[str, float]:

@@ -281,7 +281,7 @@ def _sample_all(cfg, model, tokenizer, rows, encoded, runner, out: Path, log, cl
     from grpokit.data.prompts import reward_columns
     from grpokit.model.loading import eos_token_ids
     from grpokit.rewards import TrainerState, as_completions
-    from grpokit.rollout.engines import make_generator
+    from grpokit.rollout.engines import SamplingParams, make_generator
     from grpokit.run.state import StopOnSignals
 
     s = cfg.sample
@@ -302,20 +302,11 @@ def _sample_all(cfg, model, tokenizer, rows, encoded, runner, out: Path, log, cl
                 continue
             if stop.signal_name:
                 raise Stopped(stop.signal_name, done_prompts, len(rows))
-            rollout = generator.generate(
-                model,
-                [encoded[i] for i in chunk],
-                group_size=s.n,
-                max_new_tokens=s.max_new_tokens,
-                temperature=s.temperature,
-                top_p=s.top_p,
-                top_k=s.top_k,
-                min_p=s.min_p,
-                repetition_penalty=s.repetition_penalty,
-                eos_token_ids=eos,
-                pad_token_id=tokenizer.pad_token_id,
-                seed=s.seed + first,
+            # every sample.* sampling knob by its name (sample.n is the group size)
+            params = SamplingParams.from_settings(
+                s, eos_token_ids=eos, pad_token_id=tokenizer.pad_token_id, seed=s.seed + first
             )
+            rollout = generator.generate(model, [encoded[i] for i in chunk], params)
             expanded = [rows[i] for i in chunk for _ in range(s.n)]  # (P * n,), prompt-major
             prompts = [row[cfg.data.prompt_column] for row in expanded]
             texts = rollout.decode(tokenizer)
