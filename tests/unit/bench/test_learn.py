@@ -33,6 +33,7 @@ def _bench_args(argv):
 def test_learn_runs_both_frameworks_end_to_end(tmp_path, capsys):
     """Two steps of each framework, one seed: both frameworks' curves, accuracies in [0, 1], the plot, and the
     setting given with --set listed among the differences."""
+    pytest.importorskip("trl", reason="TRL runs beside grpokit here: pip install 'grpokit[trl]'")
     args = _bench_args(
         ["--learn", "--quick", "--steps", "2", "--eval-every", "1", "--output-dir", str(tmp_path)]
         + ["--set", "optim.weight_decay=0.01", "--json", str(tmp_path / "r.json")]

@@ -16,6 +16,7 @@ def test_trl_runs_beside_grpokit_on_the_same_batch_and_model(capsys):
     """Both rows, each from its own process, on the tiny Qwen2 and the default long-tailed batch. The
     peaks depend on the machine's load, so only their sign is checked; the roles do not: the same model in
     float32 gives TRL the same weights, gradients, AdamW state and reference, byte for byte."""
+    pytest.importorskip("trl", reason="TRL runs beside grpokit here: pip install 'grpokit[trl]'")
     dims = dict(MODEL_SHAPES["tiny"], tie_word_embeddings=True)
     result = measure(["packed"], steps=2, model=dims, trl=True)
     assert list(result["variants"]) == ["packed", "trl"]
