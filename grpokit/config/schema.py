@@ -50,6 +50,8 @@ grpokit.rollout.vllm (VLLMGenerator)."""
 VLLM_MODES = ("colocate", "server")
 """rollout.vllm.mode: the ways grpokit.rollout.vllm runs the engine."""
 WEIGHT_TRANSFERS = ("http", "collective")
+LORA_PUSHES = ("auto", "adapter", "merged")
+"""rollout.vllm.lora_push: what grpokit.rollout.engines.vllm pushes for a LoRA policy."""
 """rollout.vllm.weight_transfer: how a push reaches a server (grpokit.rollout.vllm_remote, vllm_collective)."""
 MISMATCH_CORRECTIONS = ("auto", "none", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
 """rollout.mismatch_correction: auto, and grpokit.algos.mismatch.IS_MODES."""
@@ -243,6 +245,22 @@ class VLLMConfig:
         True,
         """After each push, compare the engine's readable weights (embedding, norms, LM head) with the trainer's
         and its log-probs of a probe sequence with the trainer's; a difference stops the run (WeightSyncError).""",
+    )
+    lora_push: str = setting(
+        "auto",
+        """With lora.enabled, what a push sends. adapter: the adapter alone (its A and B matrices), which the engine
+        applies with vLLM's LoRA support (it starts with enable_lora; a server needs grpokit vllm-serve
+        --max-lora-rank); merged: the base weights with the adapter merged in (W + B A alpha / r), every weight;
+        auto: the adapter where the engine takes it (targets, rank and features vLLM's LoRA supports), else merged,
+        with a notice saying why.""",
+        choices=LORA_PUSHES,
+    )
+    sync_timeout_s: float = setting(
+        300.0,
+        """Seconds a weight sync may take (the transfer, in-process, over HTTP or over the collective group, and the
+        engine's cache reset); past them the run stops with WeightSyncTimeout instead of hanging.""",
+        range="(0, inf)",
+        example=300,
     )
     cpu_kv_cache_gib: int = setting(
         1,
