@@ -66,6 +66,12 @@ SUPPORTED_FORMATS = (
 # finds nothing close ("prompt" and "question" share too few letters).
 _PROMPT_LIKE_COLUMNS = ("prompt", "messages", "question", "problem", "query", "instruction", "input")
 
+SOURCE_KINDS: dict[str, str] = {"reasoning_gym": "grpokit.integrations.reasoning_gym:load_rows"}
+"""Data of other ecosystems, named 'KIND:target' in data.train / data.eval (reasoning_gym:basic_arithmetic?size=500):
+KIND's loader, a 'module:function' taking (target, the whole name, prompt_column, limit) and returning rows. The
+loaders sit above this layer (grpokit.integrations), so they are named here, as entry points are, and imported
+only when a run names such data."""
+
 # (where, row): `where` is the human-readable position used in error messages.
 _Located = list[tuple[str, Any]]
 
@@ -111,6 +117,14 @@ def load_prompts(
     source = Path(path)
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
         raise ValueError(f"limit must be a positive integer or None, got {limit!r}")
+    kind, sep, target = str(path).partition(":")
+    if sep and kind in SOURCE_KINDS:  # another ecosystem's data (SOURCE_KINDS)
+        import importlib
+
+        module, _, loader = SOURCE_KINDS[kind].partition(":")
+        rows = getattr(importlib.import_module(module), loader)(target, str(path), prompt_column, limit)
+        _check_rows(_located(rows), prompt_column, str(path))
+        return rows
     through_datasets = _needs_load_dataset(str(path), source)
     if not source.exists() and not through_datasets:
         raise DataError(f"{source}: no such file or folder (looked in {source.resolve()}); check the path.")

@@ -23,6 +23,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("rewards",),  # verifiers and the reward runner
     ("compat",),  # other tools' conventions (TRL)
     ("rollout",),  # generation, multi-turn episodes, tools, environments, evaluation
+    ("integrations",),  # reasoning-gym, verifiers, OpenEnv
     ("train",),  # learner, update, sampler, critic, distributed
     ("run",),  # run state, log, lock, preflight, plots
     ("trainers",),  # GRPO, SFT, rejection sampling
@@ -105,8 +106,8 @@ def test_the_check_sees_an_upward_import(tmp_path):
     (fake / "trainers" / "ok.py").write_text("from ..core import bad\nimport grpokit.core.bad\n")
     (fake / "trainers" / "top.py").write_text("import grpokit\n")
     assert upward_edges(fake) == [
-        "grpokit/core/bad.py:2 imports grpokit.trainers.grpo: core (layer 0) -> trainers (layer 10)",
-        "grpokit/trainers/top.py:1 imports grpokit: trainers (layer 10) -> the top package",
+        "grpokit/core/bad.py:2 imports grpokit.trainers.grpo: core (layer 0) -> trainers (layer 11)",
+        "grpokit/trainers/top.py:1 imports grpokit: trainers (layer 11) -> the top package",
     ]
 
 
