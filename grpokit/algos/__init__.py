@@ -2,7 +2,8 @@
 
 Axes: advantages (advantages.py; per-token whitening in whiten.py; the trainer's entry point
 compute_advantages in estimate.py), KL estimators (kl.py), the clipped policy loss and its
-aggregations (loss.py), its per-token surrogates (objectives.py: clip, cispo, sapo, gmpo, dppo_*, vespo) and the
+aggregations (loss.py), its per-token surrogates (objectives.py: clip, cispo, sapo, gmpo, dppo_*, vespo; each
+registered with its own parameter type, as the estimators are, their settings declared in knobs.py) and the
 masks on them (masks.py: off-policy, high-entropy, KL-Cov / Clip-Cov), the entropy bonus and its adaptive
 coefficient (entropy_bonus.py), chunked log-softmax / entropy (entropy.py), the typed settings of an algorithm
 (settings.py), named presets (presets.py),
@@ -15,7 +16,10 @@ from .advantages import (
     ADVANTAGES,
     GROUP_SCALES,
     AdvantageInputs,
+    Estimator,
+    GAEParams,
     batch_whitened_advantages,
+    estimator,
     get_advantage,
     group_advantages,
     register_advantage,
@@ -36,6 +40,7 @@ from .loss import (
     policy_loss,
     register_loss,
 )
+from .objectives import SURROGATES, Surrogate, SurrogateInputs, register_surrogate
 from .ppo import discounted_returns, gae, token_level_rewards, value_loss
 from .presets import PRESETS, SETTING_KEYS
 from .settings import (
@@ -43,6 +48,7 @@ from .settings import (
     AdvantageSettings,
     AlgoSettings,
     BatchSettings,
+    IneffectiveSettingError,
     KLSettings,
     LossSettings,
     RatioSettings,
@@ -53,9 +59,17 @@ __all__ = [
     "LOSSES",
     "get_loss",
     "register_loss",
+    "SURROGATES",
+    "Surrogate",
+    "SurrogateInputs",
+    "register_surrogate",
+    "Estimator",
+    "GAEParams",
+    "estimator",
     "AdvantageSettings",
     "AlgoSettings",
     "BatchSettings",
+    "IneffectiveSettingError",
     "KLSettings",
     "LossSettings",
     "RatioSettings",

@@ -34,13 +34,16 @@ with the third unscored: mean 0.5 over the two scored, unbiased std 0.7071, A = 
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
 
 from ._checks import check_choice, check_groups, lookup
+from .knobs import declare, knob
 from .ppo import discounted_returns, gae, token_level_rewards
 from .process import process_group_advantages
 from .whiten import whiten_tokens
@@ -262,9 +265,12 @@ class AdvantageInputs:
     eps: float = 1e-6
     """Added to every std before dividing."""
     gamma: float = 1.0
-    """GAE discount (the critic-based estimators, grpokit.algos.ppo)."""
+    """GAE discount of `gae_targets` (the gae estimator sets it from its GAEParams)."""
     lam: float = 0.95
-    """GAE lambda (the critic-based estimators, grpokit.algos.ppo)."""
+    """GAE lambda of `gae_targets` (the gae estimator sets it from its GAEParams)."""
+    params: Any = None
+    """The estimator's own settings: an instance of the type it was registered with (GAEParams for gae), None for
+    one registered without."""
     trained_mask: Tensor | None = None
     """(N, L) the tokens the loss trains on, when fewer than completion_mask's (algo.mask_truncated leaves
     truncated completions out): the per-token whitening estimators take their mean and std over these, so
@@ -391,41 +397,90 @@ def whitened_gae(inputs: AdvantageInputs) -> Tensor:
     return whiten_tokens(advantages, inputs.whiten_mask(), eps=inputs.eps)  # (N, L) over the trained tokens
 
 
+@dataclass(frozen=True)
+class Estimator:
+    """An advantage estimator's entry: its function and what it reads and needs, so that nothing else keeps a
+    list of estimators in step (the settings' checks, the trainer's critic, torchrun's split, process rewards)."""
+
+    fn: Callable[[AdvantageInputs], Tensor]
+    params: type | None = (
+        None  # its own settings (a frozen dataclass of knob() fields), in AdvantageInputs.params
+    )
+    needs_critic: bool = False  # reads AdvantageInputs.values: choosing it makes the trainer build a critic
+    group_local: bool = (
+        False  # one group at a time: exact on any split of the batch into whole groups (torchrun)
+    )
+    scored_aware: bool = (
+        False  # leaves unscored rows out of its statistics itself (else they get the group mean)
+    )
+    step_rewards: bool = False  # reads AdvantageInputs.step_rewards (a process reward's steps)
+    kl_in_reward: bool = True  # takes a KL in the reward (algo.kl_reward_coef)
+    per_token: bool = False  # one value per token (N, L); else one per completion (N,)
+
+
+@dataclass(frozen=True)
+class GAEParams:
+    gamma: float = knob(
+        1.0, "GAE discount gamma of the critic-based estimators (gae).", interval="[0, 1]", example=1.0
+    )
+    lam: float = knob(
+        0.95,
+        "GAE lambda of the critic-based estimators (gae).",
+        interval="[0, 1]",
+        example=0.95,
+        meaning="0 = one-step TD, 1 = Monte Carlo returns minus V",
+    )
+
+
 def _gae(a: AdvantageInputs) -> Tensor:
     """GAE with a critic's values, whitened per token over the batch"""
-    return whitened_gae(a)
+    p = a.params if isinstance(a.params, GAEParams) else GAEParams()
+    return whitened_gae(dataclasses.replace(a, gamma=p.gamma, lam=p.lam))
 
 
 # Advantage estimators by what they do; the paper names are presets (presets.py). Add your own with
 # `register_advantage`, or name one in YAML as "package.module:function".
-ADVANTAGES: dict[str, Callable[[AdvantageInputs], Tensor]] = {
-    "group_std": _group_std,  # (r - mean_g) / std_g                        GRPO
-    "group_centre": _group_centre,  # r - mean_g                            Dr. GRPO
-    "group_centre_batch_std": _group_centre_batch_std,  # (r - mean_g) / std_B(r - mean_g)   "Lite PPO"
-    "group_centre_reward_std": _group_centre_reward_std,  # (r - mean_g) / std_B(r)   TRL scale_rewards="batch"
-    "leave_one_out": _leave_one_out,  # r - mean of the others               RLOO
-    "batch_whiten": _batch_whiten,  # (r - mean_B) / std_B, one per completion
-    "token_whiten": _token_whiten,  # returns-to-go whitened per token       REINFORCE++
-    "group_centre_token_whiten": _group_centre_token_whiten,  # same, r - mean_g first   REINFORCE++-baseline
-    "process_group": _process_group,  # sum of group-normalised step rewards at or after t   GRPO process supervision
-    "gae": _gae,  # GAE(gamma, lam) with a critic's values, whitened per token   PPO
-}
-CRITIC_ADVANTAGES = ("gae",)
-SCORED_AWARE = (
-    "group_std",
-    "group_centre",
-    "group_centre_batch_std",
-    "group_centre_reward_std",
-    "leave_one_out",
-    "batch_whiten",
-)
-"""Estimators that leave unscored rows out of their statistics themselves (AdvantageInputs.scored); the
-others get each unscored row's reward set to its group's scored mean first (neutral in the group), and
-every estimator's output is 0 at unscored rows."""
-"""Estimators that read AdvantageInputs.values: choosing one makes the trainer build a critic."""
-GROUP_LOCAL = ("group_std", "group_centre", "leave_one_out", "process_group")
-"""Estimators that read one group at a time: exact on any split of the batch into whole groups (a rank's
-share under torchrun). Any other (batch std, whitening over the batch, your own) needs the whole batch."""
+ADVANTAGES: dict[str, Estimator] = {}
+
+
+def register_advantage(
+    name: str, fn: Callable[[AdvantageInputs], Tensor], *, params: type | None = None, **flags: bool
+) -> None:
+    """Make `fn` available as `algo.advantage: <name>`. It receives AdvantageInputs and returns (N,) or (N, L).
+    ``params``: its settings type, whose knob() fields become algo.* settings by their flat names (given to it as
+    AdvantageInputs.params); ``flags``: Estimator's (needs_critic, group_local, scored_aware, step_rewards,
+    kl_in_reward, per_token), each False by default but kl_in_reward."""
+    if name in ADVANTAGE_ALIASES:
+        raise ValueError(f"advantage name {name!r} is taken (an alias of {ADVANTAGE_ALIASES[name]!r})")
+    if params is not None:
+        declare(params)
+    ADVANTAGES[name] = Estimator(fn, params, **flags)
+
+
+def estimator(name: str) -> Estimator:
+    """The entry of estimator `name` (an alias, or "package.module:function" imported on demand: its function
+    with every flag at its default, as one registered without flags)."""
+    name = ADVANTAGE_ALIASES.get(name, name)
+    if name not in ADVANTAGES and ":" in name:
+        ADVANTAGES[name] = Estimator(lookup("advantage", name, {}))
+    return lookup("advantage", name, ADVANTAGES, also=ADVANTAGE_ALIASES)
+
+
+def get_advantage(name: str) -> Callable[[AdvantageInputs], Tensor]:
+    """The estimator function registered as `name` (an alias, or "package.module:function" imported on demand)."""
+    return estimator(name).fn
+
+
+def group_local(name: str) -> bool:
+    """True for an estimator (or its alias) registered group_local: computed on any whole groups alone."""
+    return estimator(name).group_local
+
+
+def user_defined(name: str) -> bool:
+    """A "package.module:function" estimator: it may read anything, so no setting is judged against it."""
+    return ":" in ADVANTAGE_ALIASES.get(name, name)
+
+
 # Names from before the estimators were named by what they do; still accepted.
 ADVANTAGE_ALIASES = {
     "grpo": "group_std",
@@ -434,22 +489,22 @@ ADVANTAGE_ALIASES = {
     "rloo": "leave_one_out",
     "reinforce_pp": "token_whiten",
 }
+
+register_advantage("group_std", _group_std, group_local=True, scored_aware=True)  # (r - mean_g) / std_g  GRPO
+register_advantage("group_centre", _group_centre, group_local=True, scored_aware=True)  # r - mean_g  Dr. GRPO
+# (r - mean_g) / std_B(r - mean_g)   "Lite PPO"; (r - mean_g) / std_B(r)   TRL scale_rewards="batch"
+register_advantage("group_centre_batch_std", _group_centre_batch_std, scored_aware=True)
+register_advantage("group_centre_reward_std", _group_centre_reward_std, scored_aware=True)
+register_advantage("leave_one_out", _leave_one_out, group_local=True, scored_aware=True)  # RLOO
+register_advantage(
+    "batch_whiten", _batch_whiten, scored_aware=True
+)  # (r - mean_B) / std_B, one per completion
+register_advantage(
+    "token_whiten", _token_whiten, per_token=True
+)  # returns-to-go whitened per token  REINFORCE++
+register_advantage("group_centre_token_whiten", _group_centre_token_whiten, per_token=True)  # -baseline
+register_advantage(  # sum of group-normalised step rewards at or after t   GRPO process supervision
+    "process_group", _process_group, group_local=True, step_rewards=True, kl_in_reward=False, per_token=True
+)
+register_advantage("gae", _gae, params=GAEParams, needs_critic=True, per_token=True)  # GAE(gamma, lam)  PPO
 ADVANTAGE_KINDS = (*ADVANTAGES, *ADVANTAGE_ALIASES)
-
-
-def group_local(name: str) -> bool:
-    """True for an estimator (or its alias) in GROUP_LOCAL: computed on any whole groups alone."""
-    return ADVANTAGE_ALIASES.get(name, name) in GROUP_LOCAL
-
-
-def register_advantage(name: str, fn: Callable[[AdvantageInputs], Tensor]) -> None:
-    """Make `fn` available as `algo.advantage: <name>`. It receives AdvantageInputs and returns (N,) or (N, L)."""
-    if name in ADVANTAGE_ALIASES:
-        raise ValueError(f"advantage name {name!r} is taken (an alias of {ADVANTAGE_ALIASES[name]!r})")
-    ADVANTAGES[name] = fn
-
-
-def get_advantage(name: str) -> Callable[[AdvantageInputs], Tensor]:
-    """The estimator registered as `name` (an alias, or "package.module:function" imported on demand)."""
-    name = ADVANTAGE_ALIASES.get(name, name)
-    return lookup("advantage", name, ADVANTAGES, also=ADVANTAGE_ALIASES)

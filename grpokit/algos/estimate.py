@@ -9,7 +9,7 @@ from collections.abc import Mapping
 import torch
 from torch import Tensor
 
-from .advantages import ADVANTAGE_ALIASES, SCORED_AWARE, AdvantageInputs, _group_mean, get_advantage
+from .advantages import AdvantageInputs, _group_mean, estimator
 from .presets import PRESETS
 from .settings import AlgoSettings
 
@@ -33,8 +33,10 @@ def compute_advantages(
 ) -> Tensor:
     """One entry point for the trainer: build AdvantageInputs and run the named estimator.
 
-    `preset_or_kind` is a preset name or an AlgoSettings (its estimator and std_ddof are used), a mapping
-    with an "advantage" key (and optionally "std_ddof"), or an estimator name (a key of ADVANTAGES, an alias, or "module:function").
+    `preset_or_kind` is a preset name or an AlgoSettings (its estimator, std_ddof, std_eps and the estimator's own
+    parameters are used), a mapping of flat settings over the defaults ({"advantage": "group_centre", "std_ddof":
+    0}; refused as AlgoSettings.of refuses them), or an estimator name (a key of ADVANTAGES, an alias, or
+    "module:function": its parameters at their defaults).
 
     Args:
         rewards: (N,) groups contiguous; group_size: G; the rest as in AdvantageInputs. eps: added to
@@ -46,23 +48,24 @@ def compute_advantages(
     """
     if isinstance(preset_or_kind, str) and preset_or_kind in PRESETS:
         preset_or_kind = PRESETS[preset_or_kind]
-    gae_kw = {}
-    std_eps = 1e-6
+    elif isinstance(preset_or_kind, Mapping):  # flat settings over the defaults, checked as AlgoSettings.of's
+        preset_or_kind = AlgoSettings.of(**preset_or_kind)  # type: ignore[arg-type]
+    std_eps, params = 1e-6, None
     if isinstance(preset_or_kind, AlgoSettings):
         kind, ddof = preset_or_kind.advantage.estimator, preset_or_kind.advantage.std_ddof
         std_eps = preset_or_kind.advantage.std_eps
-        gae_kw = {"gamma": preset_or_kind.gae.gamma, "lam": preset_or_kind.gae.lam}
-    elif isinstance(preset_or_kind, Mapping):
-        kind, ddof = str(preset_or_kind["advantage"]), int(preset_or_kind.get("std_ddof", 1))  # type: ignore[arg-type]
+        entry = estimator(kind)
+        params = None if entry.params is None else preset_or_kind.params_of(entry.params)
     else:
         kind, ddof = preset_or_kind, 1
+        entry = estimator(kind)
+        params = None if entry.params is None else entry.params()
     ddof = ddof if std_ddof is None else std_ddof
-    estimator = get_advantage(kind)
     if scored is not None:
         scored = scored.to(device=rewards.device, dtype=torch.bool)
         if bool(scored.all()):
             scored = None
-        elif ADVANTAGE_ALIASES.get(kind, kind) not in SCORED_AWARE:
+        elif not entry.scored_aware:
             rewards = torch.where(scored, rewards, _group_mean(rewards, group_size, scored))  # (N,)
     inputs = AdvantageInputs(
         rewards=rewards,
@@ -78,9 +81,9 @@ def compute_advantages(
         scored=scored,
         trained_mask=trained_mask,
         eps=std_eps if eps is None else eps,
-        **gae_kw,
+        params=params,
     )
-    out = estimator(inputs)
+    out = entry.fn(inputs)
     n = rewards.shape[0]
     allowed = [(n,)] + ([tuple(completion_mask.shape)] if completion_mask is not None else [])
     if not isinstance(out, Tensor) or tuple(out.shape) not in allowed:

@@ -28,14 +28,16 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
 
 from ._checks import check_choice, lookup
 from .kl import KL_KINDS, kl_estimate
+from .knobs import flat_keys
 from .masks import off_policy_mask as off_policy_keep
-from .objectives import SURROGATES, TOKEN_ONLY, surrogate_terms
+from .objectives import SURROGATES, SurrogateInputs, surrogate, surrogate_params, surrogate_terms
 
 RATIO_LEVELS = ("token", "sequence", "sequence_token")
 AGG_MODES = ("seq-mean-token-mean", "token-mean", "seq-sum-norm")
@@ -46,8 +48,9 @@ LOG_RATIO_CLAMP = 20.0
 @dataclass(frozen=True)
 class LossOptions:
     """The settings of the loss: every number and choice `policy_loss` and `loss_terms` read, declared once
-    (AlgoSettings.loss_options() fills them from a config; train/update.py builds them once per run). A new knob
-    of the loss is a field here. Tensors are not options: they are the functions' own arguments."""
+    (AlgoSettings.loss_options() fills them from a config; train/update.py builds them once per run). The surrogate's
+    own settings are its parameter type's (objectives.SURROGATES), in ``surrogate_params``: a new surrogate adds no
+    field here. Tensors are not options: they are the functions' own arguments."""
 
     eps_low: float = 0.2  # clip range [1 - eps_low, 1 + eps_high]
     eps_high: float | None = None  # None: eps_low
@@ -57,28 +60,44 @@ class LossOptions:
     beta: float = 0.0  # the KL's coefficient
     kl_kind: str = "k3"  # "k1" | "k2" | "k3" (kl.py)
     kl_is_correction: bool = False  # the per-token KL weighted by the ratio (DeepSeek-V3.2)
-    dual_clip: float | None = None  # None or c > 1
-    surrogate: str = "clip"  # objectives.SURROGATES
-    sapo_tau_pos: float = 1.0  # SAPO's temperatures, A > 0 and A < 0
-    sapo_tau_neg: float = 1.05
-    is_cap: float = 20.0  # the cap C of DPPO's truncated IS weight
-    vespo_k: tuple[float, float] = (2.0, 3.0)  # VESPO's k and lambda, (A >= 0, A < 0)
-    vespo_lambda: tuple[float, float] = (3.0, 2.0)
+    dual_clip: float | None = None  # None or c > 1 (the clip range's, read by the surrogates that say so)
+    surrogate: str = "clip"  # a name of objectives.SURROGATES
+    surrogate_params: Any = (
+        None  # its parameter type's instance (a mapping of its fields is taken); None: defaults
+    )
     off_policy_mask: float | None = None  # None or delta >= 0: DeepSeek-V3.2's sequence mask
     cov_penalty: str = "none"  # COV_PENALTIES (arXiv 2505.22617)
     kl_cov_coef: float = 1.0  # kl_cov's coefficient of |logp - old|
     entropy_coef: float | Tensor = 0.0  # alpha of the entropy bonus (a step's value when adaptive)
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "surrogate_params", surrogate_params(self.surrogate, self.surrogate_params))
+
     def replace(self, **settings: object) -> LossOptions:
-        """These options with ``settings`` (field names) changed; an unknown name is a TypeError naming them."""
+        """These options with ``settings`` changed: field names, or the surrogate's own settings by their flat
+        names (sapo_tau_pos=0.5, applied to the surrogate these options end with). Another surrogate starts from
+        its own defaults. An unknown name is a TypeError naming the known ones."""
         if not settings:
             return self
-        unknown = sorted(set(settings) - set(self.__dataclass_fields__))
+        fields = self.__dataclass_fields__
+        own = {k: v for k, v in settings.items() if k in fields}
+        if own.get("surrogate", self.surrogate) != self.surrogate and "surrogate_params" not in own:
+            own["surrogate_params"] = None  # the new surrogate's defaults, not the old one's parameters
+        out = dataclasses.replace(self, **own) if own else self
+        rest = {k: v for k, v in settings.items() if k not in fields}
+        if not rest:
+            return out
+        keys = flat_keys(SURROGATES[out.surrogate].params)  # {flat name: field}
+        unknown = sorted(set(rest) - set(keys))
         if unknown:
+            readers = [name for name, s in SURROGATES.items() if unknown[0] in flat_keys(s.params)]
             raise TypeError(
-                f"unknown loss option {unknown[0]!r}; LossOptions has: {', '.join(self.__dataclass_fields__)}"
+                f"unknown loss option {unknown[0]!r}; LossOptions has: {', '.join(fields)}"
+                + (f"; surrogate {out.surrogate} reads {', '.join(keys)}" if keys else "")
+                + (f" ({unknown[0]} is {' and '.join(readers)}'s, not {out.surrogate}'s)" if readers else "")
             )
-        return dataclasses.replace(self, **settings)
+        params = dataclasses.replace(out.surrogate_params, **{keys[k]: v for k, v in rest.items()})
+        return dataclasses.replace(out, surrogate_params=params)
 
 
 def policy_loss(
@@ -125,9 +144,9 @@ def policy_loss(
             beta: KL coefficient; kl_kind: "k1" | "k2" | "k3".
             norm_len: the constant L of seq-sum-norm (e.g. the max completion length); required by it.
             dual_clip: None or c > 1.
-            surrogate: one of objectives.SURROGATES; sapo_tau_pos / sapo_tau_neg: SAPO's temperatures;
-                is_cap: the cap C of DPPO's truncated IS weight; vespo_k / vespo_lambda: VESPO's (A >= 0, A < 0)
-                k, lambda.
+            surrogate: a name of objectives.SURROGATES; surrogate_params: its own parameters (its registered
+                type, e.g. objectives.SapoParams; None: the defaults), also given by their flat names
+                (sapo_tau_pos=0.5).
             off_policy_mask: None or delta >= 0; needs sample_logprobs (B, T), the sampler's log-probs.
             kl_is_correction: multiply the per-token KL by the ratio (value 1 on-policy, its gradient is not 0).
             cov_penalty: "none" | "kl_cov" | "clip_cov" (arXiv 2505.22617) on the tokens of cov_mask (B, T) bool
@@ -142,7 +161,8 @@ def policy_loss(
             True)); with entropy_coef = alpha != 0 the loss gains -alpha * sum m' H / entropy_tokens, m' the mask less
             what entropy_mask leaves out and entropy_tokens the mini-batch's sum m' (entropy_bonus.py: Skywork-OR1's
             bonus, a token mean whatever agg; this call's own count by default).
-        **settings: LossOptions fields by name, each replacing ``options``' (policy_loss(..., agg="token-mean")).
+        **settings: LossOptions fields by name, each replacing ``options``' (policy_loss(..., agg="token-mean")), or
+            the surrogate's own settings by their flat names (LossOptions.replace).
     Returns:
         loss: () scalar to call backward on.
         metrics: detached 0-d tensors, averaged over this call's masked-in tokens: clip_frac_low
@@ -213,12 +233,16 @@ class LossTerms:
     mask: Tensor  # bool, the completion mask
     ratio: Tensor  # rho at the loss's ratio level
     pg: Tensor  # the surrogate after the masks (and KL-Cov's penalty): the policy-gradient term
-    kl: Tensor | None  # the KL estimate to the reference (rho-weighted with kl_is_correction); None without one
+    kl: (
+        Tensor | None
+    )  # the KL estimate to the reference (rho-weighted with kl_is_correction); None without one
     loss: Tensor  # pg + beta * kl: what `aggregate_terms` reduces
     flags: dict[str, Tensor]  # bool: "low" / "high" / "dual" clipped (objectives.surrogate_terms)
     masked: dict[str, Tensor]  # reason -> bool, the tokens a mask acted on (MASK_REASONS)
     entropy_bonus: Tensor | None = None  # entropy_coef * H on bonus_mask, 0 elsewhere; None without the bonus
-    bonus_mask: Tensor | None = None  # bool, the tokens the bonus acts on: the mask less what entropy_mask drops
+    bonus_mask: Tensor | None = (
+        None  # bool, the tokens the bonus acts on: the mask less what entropy_mask drops
+    )
 
 
 MASK_REASONS = ("trust_region", "off_policy", "entropy", "clip_cov", "kl_cov")
@@ -251,16 +275,15 @@ def loss_terms(
     """
     o = (options or LossOptions()).replace(**settings)
     eps_low, eps_high, ratio_level, beta, kl_kind = o.eps_low, o.eps_high, o.ratio_level, o.beta, o.kl_kind
-    surrogate, dual_clip, cov_penalty = o.surrogate, o.dual_clip, o.cov_penalty
+    surrogate_name, dual_clip, cov_penalty = o.surrogate, o.dual_clip, o.cov_penalty
     off_policy_mask = o.off_policy_mask
     check_choice("ratio_level", ratio_level, RATIO_LEVELS)
     check_choice("kl_kind", kl_kind, KL_KINDS)
-    check_choice("surrogate", surrogate, SURROGATES)
     check_choice("cov_penalty", cov_penalty, COV_PENALTIES)
     if cov_penalty != "none" and cov_mask is None:
         raise ValueError(f"cov_penalty={cov_penalty!r} needs cov_mask (masks.covariance_selection's tokens)")
-    if surrogate in TOKEN_ONLY and ratio_level != "token":
-        raise ValueError(f"surrogate={surrogate!r} builds its own token ratio; set ratio_level='token'")
+    if surrogate(surrogate_name).token_ratio and ratio_level != "token":
+        raise ValueError(f"surrogate={surrogate_name!r} builds its own token ratio; set ratio_level='token'")
     if off_policy_mask is not None and sample_logprobs is None:
         raise ValueError(
             "off_policy_mask needs sample_logprobs (the sampler's log-probs of the completion tokens)"
@@ -304,22 +327,8 @@ def loss_terms(
 
     ratio = _ratio(logp, old, m, ratio_level)  # (B, T)
 
-    pg, flags = surrogate_terms(
-        surrogate,
-        ratio,
-        logp,
-        old,
-        adv,
-        m,
-        eps_low=eps_low,
-        eps_high=eps_high,
-        dual_clip=dual_clip,
-        sapo_tau_pos=o.sapo_tau_pos,
-        sapo_tau_neg=o.sapo_tau_neg,
-        is_cap=o.is_cap,
-        vespo_k=o.vespo_k,
-        vespo_lambda=o.vespo_lambda,
-    )  # (B, T) each
+    inputs = SurrogateInputs(ratio, logp, old, adv, m, eps_low, eps_high, dual_clip)
+    pg, flags = surrogate_terms(surrogate_name, inputs, o.surrogate_params)  # (B, T) each
     masked = {}  # reason -> (B, T) bool, the tokens a mask acted on
     if "trust_region" in flags:
         masked["trust_region"] = flags["trust_region"] & mask

@@ -49,7 +49,10 @@ The formulas, per preset:
 
 from __future__ import annotations
 
+import dataclasses
+
 from .advantages import get_advantage
+from .objectives import SURROGATES
 from .settings import KNOBS, AlgoSettings
 
 PRESETS: dict[str, AlgoSettings] = {
@@ -181,17 +184,12 @@ def preset_table() -> str:
             "sequence": "sequence (geometric mean)",
             "sequence_token": "sequence-token",
         }
-        kind = {
-            "clip": f"{level[s.ratio.level]}, {clip}",
-            "cispo": f"CISPO: sg(clip(rho, {1 - s.ratio.eps_low:g}, {1 + s.ratio.eps_high:g})) A logp",
-            "sapo": f"SAPO gate, tau {s.ratio.sapo_tau_pos:g} / {s.ratio.sapo_tau_neg:g}",
-            "gmpo": f"GMPO: geometric mean of token ratios, log-clip {clip}",
-            "dppo_tv": f"DPPO-TV mask, p - p_old within {clip}, IS cap {s.ratio.is_cap:g}",
-            "dppo_kl": f"DPPO-KL mask, binary KL <= {clip}, IS cap {s.ratio.is_cap:g}",
-            "vespo": f"VESPO gamma weight of the sequence ratio, k {s.ratio.vespo_k_pos:g} / {s.ratio.vespo_k_neg:g}, "
-            f"lambda {s.ratio.vespo_lambda_pos:g} / {s.ratio.vespo_lambda_neg:g}",
-        }
-        ratio = kind[s.ratio.surrogate] + (f", dual clip {s.ratio.dual_clip:g}" if s.ratio.dual_clip else "")
+        entry = SURROGATES[s.ratio.surrogate]
+        params = {} if entry.params is None else dataclasses.asdict(s.params_of(entry.params))
+        words = entry.summary.format(
+            clip=clip, level=level[s.ratio.level], lo=1 - s.ratio.eps_low, hi=1 + s.ratio.eps_high, **params
+        )
+        ratio = words + (f", dual clip {s.ratio.dual_clip:g}" if s.ratio.dual_clip else "")
         kl = [f"{s.kl.kind} in the loss, beta {s.kl.beta:g}"] if s.kl.beta > 0 else []
         kl += [f"k1 in the reward, {s.kl.reward_coef:g}"] if s.kl.reward_coef > 0 else []
         agg = s.loss.agg

@@ -2,51 +2,38 @@
 
     AlgoSettings
       advantage  AdvantageSettings  which estimator, its std convention
-      ratio      RatioSettings      token / sequence ratio, the surrogate (clip, cispo, sapo, ...), its range
+      ratio      RatioSettings      token / sequence ratio, the surrogate (clip, cispo, sapo, ...), the clip range
       kl         KLSettings         KL in the loss (beta, estimator), KL in the reward (k1 coefficient)
       loss       LossSettings       aggregation of the per-token loss into one scalar, its constant
       masks      MaskSettings       masks on the surrogate: DeepSeek-V3.2's off-policy sequence mask, top entropy
       entropy    EntropySettings    the entropy bonus and its adaptive coefficient (Skywork-OR1)
       batch      BatchSettings      DAPO's batch-level pieces: dynamic sampling, overlong shaping/filtering
-      gae        GAESettings        PPO's GAE discount and lambda (estimators that read a critic's values)
+      params     (a tuple)          the registered surrogates' and estimators' own parameters (objectives.SapoParams,
+                                    advantages.GAEParams, ...): those that differ from their defaults
 
 Presets (presets.py) are AlgoSettings instances. Every leaf has one flat name, the one used in YAML and
 on the command line (`algo.eps_high=0.28`), given by `knob(key=...)` or else the field name; the config's
-`algo` section, its choices and its ranges are read from here (`KNOBS`), not typed out again.
+`algo` section, its choices and its ranges are read from here (`KNOBS`, knobs.py), not typed out again. What
+reads a surrogate's or an estimator's own settings is read from the registrations (objectives.SURROGATES,
+advantages.ADVANTAGES), so `ineffective` and `override` keep no list of them.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
-from grpokit.core.intervals import in_interval
-
-from .advantages import ADVANTAGE_ALIASES, ADVANTAGES, CRITIC_ADVANTAGES
+from .advantages import ADVANTAGE_ALIASES, ADVANTAGES, GAEParams, estimator, user_defined
 from .kl import KL_KINDS
+from .knobs import KNOBS, Knob, check_knob, declare, knob
 from .loss import AGG_MODES, COV_PENALTIES, LOSSES, RATIO_LEVELS, LossOptions
 from .multi_reward import REWARD_AGGREGATIONS
-from .objectives import SURROGATES, TOKEN_ONLY
+from .objectives import SURROGATES, surrogate
 
+__all__ = ["KNOBS", "Knob", "AlgoSettings", "IneffectiveSettingError", "check_knob", "knob"]
 
-def knob(
-    default: Any,
-    doc: str,
-    *,
-    key: str | None = None,
-    choices: Callable[[], tuple[str, ...]] | None = None,
-    interval: str | None = None,
-    example: Any = None,
-    meaning: str = "",
-    user_defined: bool = False,
-) -> Any:
-    """A settings field with its one-line doc, its flat name, and what values it allows: `choices()`
-    (names; with `user_defined` a registry's, where "package.module:function" names your own) or a
-    numeric `interval` ("[0, inf)"), with an example value and a note on what the edge value means."""
-    meta = {"doc": doc, "key": key, "choices": choices, "interval": interval, "example": example}
-    return field(default=default, metadata={**meta, "meaning": meaning, "user_defined": user_defined})
+P = TypeVar("P")
 
 
 def _advantage_names() -> tuple[str, ...]:
@@ -58,7 +45,7 @@ def _ratio_levels() -> tuple[str, ...]:
 
 
 def _surrogates() -> tuple[str, ...]:
-    return SURROGATES
+    return tuple(SURROGATES)  # read now: register_surrogate may have added some
 
 
 def _reward_aggregations() -> tuple[str, ...]:
@@ -118,8 +105,8 @@ class RatioSettings:
     )
     surrogate: str = knob(
         "clip",
-        "Per-token surrogate: clip (PPO/GRPO) | cispo | sapo | gmpo | dppo_tv | dppo_kl | vespo (grpokit.algos.objectives); "
-        "gmpo reads eps_low / eps_high as log-ratio bounds, dppo_* as divergence bounds.",
+        "Per-token surrogate of grpokit.algos.objectives.SURROGATES: clip (PPO/GRPO) | cispo | sapo | gmpo | dppo_tv | "
+        "dppo_kl | vespo; gmpo reads eps_low / eps_high as log-ratio bounds, dppo_* as divergence bounds.",
         choices=_surrogates,
     )
     eps_low: float = knob(
@@ -135,39 +122,9 @@ class RatioSettings:
         interval="[0, inf)",
         example=0.28,
     )
-    sapo_tau_pos: float = knob(
-        1.0,
-        "SAPO's gate temperature for tokens with A > 0 (TRL sapo_temperature_pos).",
-        interval="(0, inf)",
-        example=1.0,
-    )
-    sapo_tau_neg: float = knob(
-        1.05,
-        "SAPO's gate temperature for tokens with A <= 0 (TRL sapo_temperature_neg).",
-        interval="(0, inf)",
-        example=1.05,
-    )
-    vespo_k_pos: float = knob(
-        2.0, "VESPO: exponent k for A >= 0 (TRL vespo_k_pos).", interval="[0, inf)", example=2.0
-    )
-    vespo_lambda_pos: float = knob(
-        3.0, "VESPO: decay lambda for A >= 0 (TRL vespo_lambda_pos).", interval="[0, inf)", example=3.0
-    )
-    vespo_k_neg: float = knob(
-        3.0, "VESPO: exponent k for A < 0 (TRL vespo_k_neg).", interval="[0, inf)", example=3.0
-    )
-    vespo_lambda_neg: float = knob(
-        2.0, "VESPO: decay lambda for A < 0 (TRL vespo_lambda_neg).", interval="[0, inf)", example=2.0
-    )
-    is_cap: float = knob(
-        20.0,
-        "DPPO: cap C of the stop-gradient IS weight min(ratio, C) (verl clip_ratio_c).",
-        interval="[1, inf)",
-        example=20.0,
-    )
     dual_clip: float | None = knob(
         None,
-        "Dual-clip constant c > 1 for negative advantages (None = off).",
+        "Dual-clip constant c > 1 for negative advantages (None = off; read by the clip surrogate).",
         interval="(1, inf)",
         example=3.0,
     )
@@ -336,20 +293,6 @@ class BatchSettings:
     )
 
 
-@dataclass(frozen=True)
-class GAESettings:
-    gamma: float = knob(
-        1.0, "GAE discount gamma of the critic-based estimators (gae).", interval="[0, 1]", example=1.0
-    )
-    lam: float = knob(
-        0.95,
-        "GAE lambda of the critic-based estimators (gae).",
-        interval="[0, 1]",
-        example=0.95,
-        meaning="0 = one-step TD, 1 = Monte Carlo returns minus V",
-    )
-
-
 PARTS = {
     "advantage": AdvantageSettings,
     "ratio": RatioSettings,
@@ -358,50 +301,23 @@ PARTS = {
     "entropy": EntropySettings,
     "loss": LossSettings,
     "batch": BatchSettings,
-    "gae": GAESettings,
 }
 
 
-@dataclass(frozen=True)
-class Knob:
-    """One leaf of AlgoSettings under its flat name."""
-
-    key: str
-    part: str
-    name: str
-    doc: str
-    default: Any
-    choices: Callable[[], tuple[str, ...]] | None
-    interval: str | None
-    example: Any
-    meaning: str
-    user_defined: bool
-
-
-def _knobs() -> dict[str, Knob]:
-    out = {}
+def _declare_parts() -> None:
+    """KNOBS in reading order: the parts first, then the parameter types the registrations declared."""
+    registered = dict(KNOBS)
+    KNOBS.clear()
     for part, cls in PARTS.items():
-        for f in dataclasses.fields(cls):
-            m = f.metadata
-            key = m["key"] or f.name
-            assert key not in out, f"two settings share the flat name {key!r}"
-            out[key] = Knob(
-                key,
-                part,
-                f.name,
-                m["doc"],
-                f.default,
-                m["choices"],
-                m["interval"],
-                m["example"],
-                m["meaning"],
-                m["user_defined"],
-            )
-    return out
+        declare(cls, part)
+    KNOBS.update(registered)
 
 
-KNOBS: dict[str, Knob] = _knobs()
-"""Every setting by its flat name (YAML / command line), in declaration order."""
+_declare_parts()
+
+
+class IneffectiveSettingError(ValueError):
+    """A setting given that nothing under the others reads (AlgoSettings.override refuses it by name)."""
 
 
 @dataclass(frozen=True)
@@ -415,7 +331,9 @@ class AlgoSettings:
     entropy: EntropySettings = EntropySettings()
     loss: LossSettings = LossSettings()
     batch: BatchSettings = BatchSettings()
-    gae: GAESettings = GAESettings()
+    params: tuple[Any, ...] = ()
+    """The surrogates' and estimators' own parameters (instances of their registered types) that differ from their
+    defaults, ordered by type name, so that equal settings compare equal; `params_of` reads one."""
 
     def __post_init__(self) -> None:
         for key, value in self.flat().items():
@@ -427,26 +345,55 @@ class AlgoSettings:
         return AlgoSettings().override(**flat)
 
     def override(self, **flat: Any) -> AlgoSettings:
-        """A copy with the settings named by their flat names replaced (None leaves one as it is)."""
+        """A copy with the settings named by their flat names replaced (None leaves one as it is).
+
+        Raises ValueError for an unknown name or a value out of range, and IneffectiveSettingError (a ValueError)
+        for a surrogate's or estimator's own setting changed while neither the resulting surrogate nor estimator
+        reads it (`algo.gamma=0.9` with group_std), as the config's check refuses it."""
         unknown = sorted(set(flat) - set(KNOBS))
         if unknown:
             raise ValueError(f"unknown algorithm setting(s) {unknown}; known: {', '.join(KNOBS)}")
         changes: dict[str, dict[str, Any]] = {}
+        owned: dict[type, dict[str, Any]] = {}
         for key, value in flat.items():
             if value is not None:
                 k = KNOBS[key]
-                changes.setdefault(k.part, {})[k.name] = value
-        parts = {part: dataclasses.replace(getattr(self, part), **kw) for part, kw in changes.items()}
-        return dataclasses.replace(self, **parts)
+                if k.owner is None:
+                    changes.setdefault(k.part, {})[k.name] = value
+                else:
+                    owned.setdefault(k.owner, {})[k.name] = value
+        parts: dict[str, Any] = {
+            part: dataclasses.replace(getattr(self, part), **kw) for part, kw in changes.items()
+        }
+        if owned:
+            params = {type(p): p for p in self.params}
+            params |= {cls: dataclasses.replace(self.params_of(cls), **kw) for cls, kw in owned.items()}
+            parts["params"] = _params_tuple(params.values())
+        out = dataclasses.replace(self, **parts)
+        changed = {key for key, value in flat.items() if value is not None and out.get(key) != self.get(key)}
+        idle = out._unread_params(changed)
+        if idle:
+            raise IneffectiveSettingError(idle[0])
+        return out
 
     def get(self, key: str) -> Any:
         """One setting by its flat name."""
         k = KNOBS[key]
-        return getattr(getattr(self, k.part), k.name)
+        holder = getattr(self, k.part) if k.owner is None else self.params_of(k.owner)
+        return getattr(holder, k.name)
 
     def flat(self) -> dict[str, Any]:
         """{flat name: value} of every setting (what config.yaml records as resolved_algo)."""
-        return {key: getattr(getattr(self, k.part), k.name) for key, k in KNOBS.items()}
+        return {key: self.get(key) for key in KNOBS}
+
+    def params_of(self, cls: type[P]) -> P:
+        """The instance of parameter type ``cls`` these settings hold (its defaults when they hold none)."""
+        return next((p for p in self.params if type(p) is cls), None) or cls()
+
+    @property
+    def gae(self) -> GAEParams:
+        """The gae estimator's parameters (gamma, lam)."""
+        return self.params_of(GAEParams)
 
     @property
     def uses_reference(self) -> bool:
@@ -455,52 +402,65 @@ class AlgoSettings:
 
     @property
     def uses_critic(self) -> bool:
-        """The advantage estimator reads a critic's values (PPO's GAE): the trainer builds a critic."""
-        estimator = self.advantage.estimator
-        return ADVANTAGE_ALIASES.get(estimator, estimator) in CRITIC_ADVANTAGES
+        """The advantage estimator reads a critic's values (PPO's GAE): the trainer builds a critic. A
+        "module:function" estimator is not imported to say: it reads none."""
+        name = self.advantage.estimator
+        return not user_defined(name) and estimator(name).needs_critic
+
+    def _unread_params(self, given: set[str] | frozenset[str]) -> list[str]:
+        """One line per knob in ``given`` owned by a surrogate's or an estimator's parameter type that neither the
+        chosen surrogate nor the chosen estimator reads (a "module:function" estimator may read anything)."""
+        name, surrogate_name = self.advantage.estimator, self.ratio.surrogate
+        out = []
+        for key in sorted(given):
+            cls = KNOBS[key].owner
+            if cls is None or cls is SURROGATES[surrogate_name].params:
+                continue
+            if user_defined(name) or cls is estimator(name).params:
+                continue
+            by_estimators = [n for n, e in ADVANTAGES.items() if e.params is cls and ":" not in n]
+            value = f"algo.{key}={_shown(self.get(key))}"
+            if by_estimators:
+                critic = all(ADVANTAGES[n].needs_critic for n in by_estimators)
+                who = f"a critic-based estimator ({', '.join(by_estimators)})" if critic else (
+                    "algo.advantage=" + " or ".join(by_estimators)
+                )  # fmt: skip
+                out.append(f"{value}: only {who} reads it; advantage {name} ignores it")
+            else:
+                readers = [n for n, s in SURROGATES.items() if s.params is cls]
+                out.append(
+                    f"{value}: only algo.surrogate={' or '.join(readers)} reads it, not {surrogate_name}"
+                )
+        return out
 
     def ineffective(self, given: set[str] | frozenset[str] = frozenset()) -> list[str]:
         """Why settings would be silently ignored, one line each ([] when none): the knobs in ``given`` (the flat
         names set explicitly; a preset's own values are not judged) that nothing reads under the others, and
         combinations that cannot run. Checked when the config is, so nothing is ignored or refused mid-run.
-        A user-defined estimator ("module:function") may read anything: its knobs are not judged."""
-        estimator = ADVANTAGE_ALIASES.get(self.advantage.estimator, self.advantage.estimator)
+        Who reads a surrogate's or estimator's own settings comes from their registrations. A user-defined
+        estimator ("module:function") may read anything: its knobs are not judged."""
+        name = ADVANTAGE_ALIASES.get(self.advantage.estimator, self.advantage.estimator)
         out = []
-        if self.kl.reward_coef > 0 and estimator == "process_group":
+        if self.kl.reward_coef > 0 and name in ADVANTAGES and not ADVANTAGES[name].kl_in_reward:
             out.append(
-                f"algo.kl_reward_coef={self.kl.reward_coef:g}: the process_group estimator (grpo_process) sums "
-                "step rewards and takes no KL in the reward; use a KL loss (algo.beta) instead"
+                f"algo.kl_reward_coef={self.kl.reward_coef:g}: the {name} estimator takes no KL in the reward; use "
+                "a KL loss (algo.beta) instead"
             )
-        # std_ddof / std_eps with an estimator that divides by no std are not refused: TRL's configs
-        # (grpokit.config.trl) write TRL's defaults out whatever scale_rewards chooses
-        if estimator in ADVANTAGES:  # a built-in estimator: which of the advantage knobs it reads is known
-            for key in sorted(given & {"gamma", "lam"}):
-                if estimator not in CRITIC_ADVANTAGES:
-                    out.append(
-                        f"algo.{key}={self.get(key):g}: only a critic-based estimator (gae: algo.preset=ppo) "
-                        f"discounts; advantage {estimator} ignores it"
-                    )
-        surrogate = self.ratio.surrogate
-        if surrogate in TOKEN_ONLY and self.ratio.level != "token":
+        # std_ddof / std_eps with an estimator that divides by no std, and eps_low / eps_high with a surrogate that
+        # reads no clip range, are not refused: TRL's configs (grpokit.config.trl) write TRL's defaults out
+        out += self._unread_params(given)
+        entry = surrogate(self.ratio.surrogate)
+        if entry.token_ratio and self.ratio.level != "token":
             out.append(
-                f"algo.surrogate={surrogate} builds its own token ratio, so algo.ratio_level={self.ratio.level} "
+                f"algo.surrogate={self.ratio.surrogate} builds its own token ratio, so algo.ratio_level={self.ratio.level} "
                 "cannot apply: set algo.ratio_level=token"
             )
-        readers = {
-            "sapo_tau_pos": ("sapo",),
-            "sapo_tau_neg": ("sapo",),
-            "is_cap": ("dppo_tv", "dppo_kl"),
-            "vespo_k_pos": ("vespo",),
-            "vespo_lambda_pos": ("vespo",),
-            "vespo_k_neg": ("vespo",),
-            "vespo_lambda_neg": ("vespo",),
-            "dual_clip": ("clip",),
-        }
-        for key in sorted(given & set(readers)):
-            if surrogate not in readers[key] and self.get(key) is not None:
+        for key in sorted(given & {"dual_clip"}):
+            if key not in entry.reads and self.get(key) is not None:
+                readers = [n for n, s in SURROGATES.items() if key in s.reads]
                 out.append(
-                    f"algo.{key}={self.get(key):g}: only algo.surrogate={' or '.join(readers[key])} reads it, "
-                    f"not {surrogate}"
+                    f"algo.{key}={self.get(key):g}: only algo.surrogate={' or '.join(readers)} reads it, "
+                    f"not {self.ratio.surrogate}"
                 )
         cov_keys = {"kl_cov_coef": ("kl_cov",), "clip_cov_lb": ("clip_cov",), "clip_cov_ub": ("clip_cov",)}
         cov_keys["cov_ratio"] = ("kl_cov", "clip_cov")
@@ -535,17 +495,14 @@ class AlgoSettings:
     def loss_options(self) -> LossOptions:
         """The loss's settings these knobs choose (norm_len must be resolved), the one place algo.* becomes
         LossOptions. The entropy bonus's coefficient is left at 0: it is the step's (train/update.py sets it)."""
+        params = SURROGATES[self.ratio.surrogate].params
         return LossOptions(
             eps_low=self.ratio.eps_low,
             eps_high=self.ratio.eps_high,
             ratio_level=self.ratio.level,
             dual_clip=self.ratio.dual_clip,
             surrogate=self.ratio.surrogate,
-            sapo_tau_pos=self.ratio.sapo_tau_pos,
-            sapo_tau_neg=self.ratio.sapo_tau_neg,
-            is_cap=self.ratio.is_cap,
-            vespo_k=(self.ratio.vespo_k_pos, self.ratio.vespo_k_neg),
-            vespo_lambda=(self.ratio.vespo_lambda_pos, self.ratio.vespo_lambda_neg),
+            surrogate_params=None if params is None else self.params_of(params),
             off_policy_mask=self.masks.off_policy_mask,
             kl_is_correction=self.kl.is_correction,
             cov_penalty=self.masks.cov_penalty,
@@ -557,20 +514,18 @@ class AlgoSettings:
         )
 
     def loss_kwargs(self) -> dict[str, Any]:
-        """``loss_options()`` as keywords of `policy_loss` / `token_terms` (what saved rollouts record), without
-        the entropy bonus's coefficient."""
+        """``loss_options()`` as keywords of `policy_loss` / `token_terms` (what saved rollouts record: plain
+        values, the surrogate's parameters as a mapping of its fields), without the entropy bonus's coefficient."""
         out = dataclasses.asdict(self.loss_options())
         del out["entropy_coef"]
         return out
 
 
-def check_knob(key: str, value: Any) -> None:
-    """Raise ValueError if `value` is not allowed for setting `key` (choices or interval)."""
-    k = KNOBS[key]
-    if k.choices is not None:
-        valid = k.choices()
-        if value not in valid and not (k.user_defined and isinstance(value, str) and ":" in value):
-            raise ValueError(f"{key}={value!r} is not one of {list(valid)}")
-    if k.interval is not None and isinstance(value, (int, float)) and not isinstance(value, bool):
-        if not in_interval(value, k.interval):
-            raise ValueError(f"{key}={value!r} is out of range: it must be in {k.interval}")
+def _params_tuple(params: Any) -> tuple[Any, ...]:
+    """AlgoSettings.params' form: the instances that differ from their type's defaults, ordered by type name."""
+    kept = [p for p in params if p != type(p)()]
+    return tuple(sorted(kept, key=lambda p: f"{type(p).__module__}.{type(p).__qualname__}"))
+
+
+def _shown(value: Any) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)

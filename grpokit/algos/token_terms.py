@@ -24,7 +24,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from .knobs import flat_keys
 from .loss import MASK_REASONS, aggregate_terms, loss_terms
+from .objectives import SURROGATES
 
 MASK_BITS = {reason: 1 << i for i, reason in enumerate(MASK_REASONS)}
 """The bit of each mask reason in token_terms' "masks" (trust_region 1, off_policy 2, entropy 4, clip_cov 8,
@@ -46,7 +48,7 @@ def token_terms(
 
     Example, one token, A = 1, logp - old = 0.3: rho = e^0.3 = 1.3499 > 1.2, so clip = +1 and
     pg = -min(1.3499, 1.2) = -1.2."""
-    kw = {k: v for k, v in loss_kwargs.items() if k not in _AGGREGATION}
+    kw = _from_before_params({k: v for k, v in loss_kwargs.items() if k not in _AGGREGATION})
     if kw.get("ref_logprobs") is not None:
         kw["ref_logprobs"] = kw["ref_logprobs"].float()
     if kw.get("sample_logprobs") is not None:
@@ -68,6 +70,23 @@ def token_terms(
 
 
 _AGGREGATION = ("agg", "norm_len", "num_sequences", "num_tokens")
+_BEFORE_PARAMS = ("sapo_tau_pos", "sapo_tau_neg", "is_cap", "vespo_k", "vespo_lambda")
+
+
+def _from_before_params(kw: dict[str, object]) -> dict[str, object]:
+    """Saved rollouts written before the surrogates had their own parameter types (issue 54) hold every surrogate's
+    parameters among the loss's keywords (VESPO's as (A >= 0, A < 0) pairs): the chosen surrogate's become its
+    surrogate_params, the others are dropped."""
+    if not set(_BEFORE_PARAMS) & set(kw):
+        return kw
+    old = {k: kw.pop(k) for k in _BEFORE_PARAMS if k in kw}
+    flat = {k: v for k, v in old.items() if not k.startswith("vespo")}
+    for name in ("k", "lambda"):
+        if f"vespo_{name}" in old:
+            flat[f"vespo_{name}_pos"], flat[f"vespo_{name}_neg"] = old[f"vespo_{name}"]
+    keys = flat_keys(SURROGATES[str(kw.get("surrogate", "clip"))].params)  # {flat name: field}
+    kw["surrogate_params"] = {field: flat[key] for key, field in keys.items() if key in flat} or None
+    return kw
 
 
 def aggregate(
@@ -85,4 +104,6 @@ def aggregate(
     default to these rows' own (B and sum m): the loss of a group alone."""
     m = completion_mask.float()  # (B, T)
     terms = per_token.float() * m  # (B, T)
-    return aggregate_terms(terms, m, agg=agg, norm_len=norm_len, num_sequences=num_sequences, num_tokens=num_tokens)
+    return aggregate_terms(
+        terms, m, agg=agg, norm_len=norm_len, num_sequences=num_sequences, num_tokens=num_tokens
+    )

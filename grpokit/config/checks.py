@@ -196,14 +196,17 @@ def check_settings_in_use(cfg: Any) -> None:
 def check_algo_knobs(cfg: Any) -> None:
     """algo.* knobs set explicitly that could not take effect (grpokit.algos.AlgoSettings.ineffective):
     refused now, not silently ignored, nor refused at the first step."""
-    from grpokit.algos import KNOBS, PRESETS  # lazy: grpokit.algos imports torch
+    from grpokit.algos import KNOBS, PRESETS, IneffectiveSettingError  # lazy: grpokit.algos imports torch
 
     given = {key: getattr(cfg.algo, key) for key in KNOBS if getattr(cfg.algo, key) is not None}
     try:
         settings = PRESETS[cfg.algo.preset].override(**given)
+    except IneffectiveSettingError as e:  # a surrogate's or estimator's own setting that neither reads
+        problems = [str(e)]
     except (KeyError, ValueError):
         return  # a bad preset or value is reported by its own check
-    problems = settings.ineffective(set(given))
+    else:
+        problems = settings.ineffective(set(given))
     if problems:
         raise ConfigError(
             f"{problems[0]} (algo.preset={cfg.algo.preset}). Remove the setting or change the algorithm."

@@ -3,7 +3,7 @@
 
     advantages = batch_advantages(batch, algo, group_size, old, ref, values, device=device, dist=dist)
 
-Under torchrun an estimator that reads one group at a time (grpokit.algos.advantages.GROUP_LOCAL) runs on
+Under torchrun an estimator registered group_local (grpokit.algos.advantages.Estimator) runs on
 this rank's whole groups; any other (a batch std, per-token whitening over the batch, your own) runs on
 every rank's rows gathered, and each rank keeps its own: the numbers one process would compute.
 """
