@@ -42,8 +42,15 @@ import math
 from collections.abc import Callable
 from numbers import Real
 
-PROCESS_ADVANTAGES = ("process_group",)
-"""Advantage estimators that read step rewards: choosing one needs a process reward function."""
+
+def reads_step_rewards(estimator: str) -> bool:
+    """The advantage estimator ``estimator`` (a name or alias) reads step rewards: it was registered so
+    (grpokit.algos.advantages, step_rewards=True: process_group), and choosing it needs a process reward function.
+    A "module:function" of your own is not imported to say: False."""
+    from grpokit.algos.advantages import estimator as entry
+    from grpokit.algos.advantages import user_defined
+
+    return not user_defined(estimator) and entry(estimator).step_rewards
 
 
 def is_process_reward(fn: object) -> bool:
@@ -155,11 +162,11 @@ def step_rewards_of(
     text as `tokenizer` decoded them for the reward functions. The other functions' weighted total is one
     more step at the last token (see the module docstring). Mapped only when the estimator may read them
     (a process one, or your own); the trainer has checked the setup (check_process_setup) when built."""
-    from grpokit.algos.advantages import ADVANTAGE_ALIASES, ADVANTAGES
+    from grpokit.algos.advantages import user_defined
 
     process = [(name, w) for name, fn, w in functions if is_process_reward(fn)]
-    estimator = ADVANTAGE_ALIASES.get(algo.advantage.estimator, algo.advantage.estimator)
-    if not process or (estimator in ADVANTAGES and estimator not in PROCESS_ADVANTAGES):
+    estimator = algo.advantage.estimator
+    if not process or (not user_defined(estimator) and not reads_step_rewards(estimator)):
         return None  # a built-in outcome estimator reads no steps: no need to map them
     outcome = [(name, w) for name, fn, w in functions if not is_process_reward(fn) and w != 0]
     out = []
@@ -178,11 +185,10 @@ def step_rewards_of(
 def check_process_setup(algo, functions: list[tuple[str, Callable, float]], turn_rewards: bool = False) -> None:
     """ConfigError when the algorithm's estimator reads step rewards and no reward function gives them
     (``turn_rewards``: an environment's per-turn rewards give them, grpokit.rollout.episodes)."""
-    from grpokit.algos.advantages import ADVANTAGE_ALIASES
     from grpokit.config.schema import ConfigError
 
     estimator = algo.advantage.estimator
-    if ADVANTAGE_ALIASES.get(estimator, estimator) not in PROCESS_ADVANTAGES or turn_rewards:
+    if not reads_step_rewards(estimator) or turn_rewards:
         return
     if not any(is_process_reward(fn) for _, fn, _ in functions):
         names = [name for name, _, _ in functions]

@@ -38,11 +38,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from grpokit.algos.advantages import ADVANTAGE_ALIASES
 from grpokit.core.errors import ConfigError, TrainingError
 from grpokit.core.user_code import describe, load_module
 from grpokit.data.prompts import reward_columns
-from grpokit.rewards.process import PROCESS_ADVANTAGES, is_process_reward
+from grpokit.rewards.process import is_process_reward, reads_step_rewards
 from grpokit.rollout.batch import ScoredBatch
 from grpokit.rollout.envs import (
     Environment,
@@ -445,8 +444,7 @@ class EpisodeSampler:
             for ids, mask in zip(r.completion_ids.cpu(), r.attention_mask.cpu())
         ]
         step_rewards = None
-        estimator = ADVANTAGE_ALIASES.get(self.algo.advantage.estimator, self.algo.advantage.estimator)
-        if estimator in PROCESS_ADVANTAGES:
+        if reads_step_rewards(self.algo.advantage.estimator):
             outcome = result.total if any(w != 0 for _, _, w in self.reward_functions) else None
             step_rewards = episode_step_rewards(episodes, outcome)
         totals = [0.0 if ep.failed is not None else t for ep, t in zip(episodes, result.total)]
