@@ -57,6 +57,44 @@ TRAIN: dict[str, Metric] = {
     "dynamic_sampling/discarded_reward_mean": Metric(
         "reward", "mean reward of the dropped groups (1: solved, 0: hopeless)", "a group was dropped"
     ),
+    # prompt selection: grpokit.rollout.selection (data.selection.mode=greso)
+    "selection/skipped_frac": Metric(
+        "share",
+        "prompts the stream reached and skipped before generation (GRESO's rule)",
+        "data.selection on",
+    ),
+    "selection/generated_groups": Metric(
+        "count", "groups generated for the step, refills included", "data.selection on"
+    ),
+    "selection/flat_trained": Metric(
+        "count",
+        "flat groups trained because data.selection.max_rounds could not refill them",
+        "data.selection on",
+    ),
+    "selection/p_solved": Metric(
+        "probability",
+        "GRESO's keep probability p of a prompt all solved on its last visit (p^z after z)",
+        "data.selection on",
+    ),
+    "selection/p_failed": Metric(
+        "probability", "the same for a prompt all failed on its last visit", "data.selection on"
+    ),
+    "selection/dry": Metric(
+        "flag", "1 while every training prompt's last visit was flat: no skip, no refill", "data.selection on"
+    ),
+    "history/seen_frac": Metric("share", "training prompts visited at least once", "data.selection on"),
+    "history/solved_frac": Metric(
+        "share", "training prompts whose last visit was all solved (no reward spread)", "data.selection on"
+    ),
+    "history/failed_frac": Metric(
+        "share", "training prompts whose last visit was all failed (no reward spread)", "data.selection on"
+    ),
+    "history/pass_rate_mean": Metric(
+        "share",
+        "mean over the prompts visited of their recent pass rate (the accuracy reward's, last data.selection.window "
+        "visits)",
+        "data.selection on, with an accuracy reward",
+    ),
     "advantage/abs_mean": Metric(
         "advantage", "mean |advantage| over completions (over tokens when per token)"
     ),

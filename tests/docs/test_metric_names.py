@@ -122,7 +122,8 @@ def test_every_metric_written_is_registered_and_every_registered_metric_is_writt
     ppo = tmp_path / "ppo"
     small_trainer(ppo, 1, "algo.preset=ppo").train()
     overlapped = tmp_path / "async"  # async/*: a sampler process beside the trainer (rollout.max_staleness)
-    small_trainer(overlapped, 2, "rollout.max_staleness=1").train()
+    # selection/*, history/*: prompt selection in the sampler process (data.selection, grpokit.rollout.selection)
+    small_trainer(overlapped, 2, "rollout.max_staleness=1", "data.selection.mode=greso").train()
     multiturn = multiturn_run(tmp_path / "multiturn")
     sft = sft_run(tmp_path / "sft")
 
