@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 
 from grpokit.bench.model import build_random_model
 from grpokit.bench.report import print_algos_table, print_table
-from grpokit.bench.run import compare_algos, run_bench
+from grpokit.bench.run import bench_overrides, compare_algos, run_bench
 from grpokit.bench.shapes import BENCH_SHAPES, MODEL_SHAPES, BenchError, cache_root
 from grpokit.bench.trl import check_trl, compare, run_trl
-from grpokit.config.schema import DTYPES, ENGINES, KV_CACHES, PRECISION_MODES
+from grpokit.config.schema import DTYPES, ENGINES, KV_CACHES, PRECISION_MODES, load_config
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -20,6 +21,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
         print(f"grpokit bench: {message}", file=sys.stderr)
         return code
 
+    problem = unused_flags(args) or bad_numbers(args)
+    if problem:
+        return fail(problem)
     if args.steps is not None and args.steps < 1:
         return fail(f"--steps must be >= 1, got {args.steps}")
     if args.json and (Path(args.json).is_dir() or not Path(args.json).parent.is_dir()):  # not after the bench ran
@@ -55,14 +59,6 @@ def cmd_bench(args: argparse.Namespace) -> int:
             check_trl(args.trl_python)  # before spending minutes on our side
             if args.trl_script is not None and not Path(args.trl_script).is_file():
                 return fail(f"--trl-script {args.trl_script}: no such file")
-        if args.model_dir:
-            model_dir = Path(args.model_dir)
-            if not (model_dir / "config.json").is_file():
-                return fail(f"--model-dir {model_dir}: no config.json there")
-        else:
-            size = args.model_size or ("tiny" if args.shape == "tiny" else "0.5b")
-            print(f"grpokit bench: random {size} model in {args.cache_dir or cache_root()}", file=sys.stderr)
-            model_dir = build_random_model(size, args.cache_dir)
         common = dict(
             gradient_checkpointing=args.gradient_checkpointing,
             dtype=args.dtype,
@@ -72,6 +68,15 @@ def cmd_bench(args: argparse.Namespace) -> int:
             cuda_graphs=args.cuda_graphs,
             device=args.device,
         )
+        for algo in algos:  # the settings and --set of each run, before a model is built (minutes)
+            load_config(None, [*bench_overrides(BENCH_SHAPES[args.shape], args.steps, algo=algo, beta=args.beta,
+                                                full_length=True, seed=0, **common), *args.set])  # fmt: skip
+        if args.model_dir:  # checked by bad_numbers
+            model_dir = Path(args.model_dir)
+        else:
+            size = args.model_size or ("tiny" if args.shape == "tiny" else "0.5b")
+            print(f"grpokit bench: random {size} model in {args.cache_dir or cache_root()}", file=sys.stderr)
+            model_dir = build_random_model(size, args.cache_dir)
         # One step of the tiny model first: the first run in a process would otherwise also count the
         # process's one-time costs (modules imported, thread pools, library workspaces) as its memory.
         run_bench(build_random_model("tiny", args.cache_dir), "tiny", steps=1, algo=algos[0], **common)
@@ -126,7 +131,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 def _cmd_learn(args: argparse.Namespace, fail) -> int:
     """--learn: held-out accuracy per step and per training second, grpokit beside TRL's GRPOTrainer on the
     demo's addition task, several seeds (grpokit.bench.learn); a table, a plot, RESULT."""
-    from grpokit.bench.learn import FULL, QUICK, plot_learn, print_learn_table, run_learn
+    from grpokit.bench.learn import FULL, QUICK, plot_learn, print_learn_table, run_learn, task_for
 
     base = QUICK if args.quick else FULL
     seeds = base["seeds"] if args.seeds is None else args.seeds
@@ -140,7 +145,11 @@ def _cmd_learn(args: argparse.Namespace, fail) -> int:
         return fail(f"--output-dir {out_dir}: no such folder (the plot learn.png is written there)")
     try:
         check_trl(args.trl_python)
-        result = run_learn(seeds=seeds, steps=steps, eval_every=every, grpokit_set=args.set, trl_set=args.trl_set)
+        arms = tuple(a.strip() for a in args.arms.split(",")) if args.arms else ("grpokit", "selection", "trl")
+        result = run_learn(
+            seeds=seeds, steps=steps, eval_every=every, grpokit_set=args.set, trl_set=args.trl_set,
+            task=task_for(args.task, args.train_size), frameworks=arms,
+        )  # fmt: skip
     except BenchError as e:
         return fail(str(e), code=1)
     print_learn_table(result)
@@ -193,7 +202,7 @@ def _cmd_plan(args: argparse.Namespace, fail) -> int:
     """--plan MODEL_CONFIG --memory-gib N: which settings fit, by role (grpokit.bench.plan), on --shape."""
     from grpokit.bench.plan import ModelDims, plan, print_plan
 
-    if args.memory_gib is None or args.memory_gib <= 0:
+    if args.memory_gib is None:
         return fail("--plan needs --memory-gib N (> 0), the GPU's memory in GiB, e.g. --memory-gib 16")
     try:
         dims = ModelDims.from_file(args.plan)
@@ -284,10 +293,8 @@ def _cmd_sft_bench(args: argparse.Namespace, fail) -> int:
     try:
         if args.compare == "trl":
             check_trl(args.trl_python)
-        if args.model_dir:
+        if args.model_dir:  # checked by bad_numbers
             model_dir = Path(args.model_dir)
-            if not (model_dir / "config.json").is_file():
-                return fail(f"--model-dir {model_dir}: no config.json there")
         else:
             size = args.model_size or ("tiny" if shape == "tiny" else "0.5b")
             model_dir = build_random_model(size, args.cache_dir)
@@ -309,6 +316,121 @@ def _cmd_sft_bench(args: argparse.Namespace, fail) -> int:
     return 0
 
 
+MODES = {
+    "learn": "--learn",
+    "async": "--async",
+    "plan": "--plan",
+    "memory": "--memory",
+    "sft": "--mode sft",
+    "grpo": "the GRPO step bench (no --learn, --async, --plan, --memory or --mode sft)",
+}
+"""The bench's modes, each by the flag that chooses it (``mode_of``)."""
+
+FLAG_MODES: dict[str, tuple[str, ...]] = {
+    "shape": ("grpo", "sft", "plan"),
+    "packing": ("sft",),
+    "model_size": ("grpo", "sft"),
+    "model_dir": ("grpo", "sft"),
+    "steps": ("grpo", "sft", "learn", "async", "memory"),
+    "ks": ("async",),
+    "reward_latency": ("async",),
+    "target": ("async",),
+    "seeds": ("learn", "async"),
+    "eval_every": ("learn", "async"),
+    "quick": ("learn",),
+    "trl_set": ("learn",),
+    "compare": ("grpo", "sft", "memory"),
+    "trl_script": ("grpo", "memory"),  # --memory refuses it with its reason (TRL runs in this Python)
+    "trl_python": ("grpo", "sft", "learn", "memory"),
+    "dtype": ("grpo", "sft"),
+    "precision": ("grpo", "sft"),
+    "engine": ("grpo",),
+    "kv_cache": ("grpo",),
+    "cuda_graphs": ("grpo",),
+    "device": ("grpo", "sft"),
+    "algos": ("grpo",),
+    "set": ("grpo", "learn", "async", "memory"),
+    "memory_cap_gib": ("grpo",),
+    "beta": ("grpo", "memory"),
+    "batch": ("memory",),
+    "memory_gib": ("plan",),
+    "gradient_checkpointing": ("grpo", "sft"),
+    "cache_dir": ("grpo", "sft"),
+    "output_dir": ("grpo", "learn", "async"),
+}
+"""Which modes read each option (by its argparse dest); one given to another mode would do nothing: refused.
+--json, --mode and the mode flags themselves are every mode's."""
+
+TRL_ONLY = ("trl_script", "trl_python")
+"""Options read only beside TRL: with --compare trl (--learn always runs TRL)."""
+
+
+def mode_of(args: argparse.Namespace) -> str:
+    """The mode ``args`` chooses (a key of MODES), in cmd_bench's order of precedence."""
+    if args.learn:
+        return "learn"
+    if args.async_runs:
+        return "async"
+    if args.plan:
+        return "plan"
+    if args.memory:
+        return "memory"
+    return "sft" if args.mode == "sft" else "grpo"
+
+
+def unused_flags(args: argparse.Namespace) -> str | None:
+    """Why an option given (a value other than its default) would do nothing in the chosen mode, or None:
+    the first such option by name, the mode, and what to do. Two mode flags at once are refused too."""
+    chosen = [flag for flag, on in (("--learn", args.learn), ("--async", args.async_runs), ("--plan", args.plan),
+                                    ("--memory", args.memory)) if on]  # fmt: skip
+    if args.mode == "sft":
+        chosen.append("--mode sft")
+    if len(chosen) > 1:
+        return f"{' and '.join(chosen)} choose different benches: give one"
+    mode = mode_of(args)
+    flags = {a.dest: a for a in _bench_parser()._actions if a.dest in FLAG_MODES}
+    for dest, modes in FLAG_MODES.items():
+        action = flags[dest]
+        value = getattr(args, dest, action.default)
+        if value == action.default:
+            continue
+        flag = action.option_strings[-1] if dest != "cuda_graphs" else "--no-cuda-graphs"
+        if dest == "gradient_checkpointing":
+            flag = "--no-gradient-checkpointing"
+        if mode not in modes:
+            names = [MODES[m].split(" (")[0] for m in modes]
+            readers = names[0] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}"
+            return f"{flag} is not read by {MODES[mode]}, only by {readers}: drop it (it would do nothing)"
+        if dest in TRL_ONLY and mode in ("grpo", "sft") and args.compare != "trl":
+            return f"{flag} is read only with --compare trl: add that, or drop {flag}"
+    return None
+
+
+def bad_numbers(args: argparse.Namespace) -> str | None:
+    """Why a number given is out of its range (NaN and infinities included), or None."""
+    checks = [
+        ("--memory-gib", args.memory_gib, lambda v: 0 < v < math.inf, "a number of GiB > 0, e.g. 16"),
+        ("--memory-cap-gib", args.memory_cap_gib, lambda v: 0 < v < math.inf, "a number of GiB > 0, e.g. 16"),
+        ("--beta", args.beta, lambda v: 0 <= v < math.inf, "a number >= 0, e.g. 0.04"),
+        ("--reward-latency", args.reward_latency, lambda v: 0 <= v < math.inf, "seconds >= 0, e.g. 0.1"),
+        ("--target", args.target, lambda v: 0 <= v <= 1, "a held-out accuracy in [0, 1], e.g. 0.5"),
+    ]
+    for flag, value, ok, what in checks:
+        if value is not None and not ok(value):
+            return f"{flag} {value:g}: give {what}"
+    if args.model_dir is not None and not (Path(args.model_dir) / "config.json").is_file():
+        where = "no such folder" if not Path(args.model_dir).exists() else "no config.json there"
+        return f"--model-dir {args.model_dir}: {where}; give a model folder (e.g. from make_model.py), or --model-size"
+    return None
+
+
+def _bench_parser() -> argparse.ArgumentParser:
+    """``grpokit bench``'s options alone (their names and defaults)."""
+    parser = argparse.ArgumentParser(prog="grpokit bench")
+    add_bench_options(parser)
+    return parser
+
+
 def _check_algos(algos: list[str], compare_with: str | None) -> str | None:
     """Why the --algos list cannot run, or None."""
     from grpokit.algos import PRESETS
@@ -327,10 +449,6 @@ def _check_algos(algos: list[str], compare_with: str | None) -> str | None:
 
 def add_bench_parser(subparsers) -> None:
     """Register ``grpokit bench`` on an ``argparse`` subparsers object."""
-    # here, not at the top: ``python -m grpokit.bench.update_memory`` imports this package first, and a module
-    # imported before runpy runs it as __main__ is run twice (a RuntimeWarning in every variant's process)
-    from grpokit.bench.update_memory import BATCHES
-
     p = subparsers.add_parser(
         "bench",
         help="seconds per training step and memory by role on a fixed shape (beside TRL, or per algorithm)",
@@ -340,6 +458,16 @@ def add_bench_parser(subparsers) -> None:
             "Completions always run to the full length. Prints a table and one 'RESULT {json}' line."
         ),
     )
+    add_bench_options(p)
+    p.set_defaults(func=cmd_bench)
+
+
+def add_bench_options(p: argparse.ArgumentParser) -> None:
+    """Every option of ``grpokit bench`` on ``p``."""
+    # here, not at the top: ``python -m grpokit.bench.update_memory`` imports this package first, and a module
+    # imported before runpy runs it as __main__ is run twice (a RuntimeWarning in every variant's process)
+    from grpokit.bench.update_memory import BATCHES
+
     p.add_argument(
         "--mode",
         choices=["grpo", "sft"],
@@ -391,6 +519,13 @@ def add_bench_parser(subparsers) -> None:
         "--eval-every", type=int, help="--learn, --async: steps between evaluations (default 10, --async 5; --quick 5)"
     )
     p.add_argument("--quick", action="store_true", help="--learn: 1 seed x 20 steps, a smoke run")
+    p.add_argument(
+        "--task", default="sum", help="--learn: sum | twin (two rewards) | tools (multi-turn, a tool; no TRL arm)"
+    )
+    p.add_argument("--train-size", type=int, help="--learn: the first N training prompts (default: all)")
+    p.add_argument(
+        "--arms", help="--learn: comma-separated, of grpokit, selection (data.selection.mode=greso), trl (default all)"
+    )
     p.add_argument(
         "--trl-set",
         action="append",
@@ -469,7 +604,6 @@ def add_bench_parser(subparsers) -> None:
         "--cache-dir", help="where random models are built and kept (default $GRPOKIT_CACHE/bench)"
     )
     p.add_argument("--output-dir", help="trainer output directory (default: a temporary one)")
-    p.set_defaults(func=cmd_bench)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -33,6 +33,8 @@ import argparse
 import json
 import math
 import os
+import random
+import re
 import statistics
 import subprocess
 import sys
@@ -45,11 +47,21 @@ from typing import Any
 from grpokit.bench.shapes import BenchError
 from grpokit.core.clock import cpu_seconds
 
+TASKS = ("sum", "twin", "tools")
+"""--task: sum (the default demo's addition, one reward), twin (subtraction from its own warm start, two rewards:
+a strict answer format and the answer's correctness), tools (the tools demo's 4-digit multiplication with a
+``multiply`` tool: multi-turn episodes; grpokit arms only, see ``TRL_TASKS``)."""
+TRL_TASKS = ("sum", "twin")
+"""Tasks TRL runs here: TRL 1.16's tool loop parses calls through its own chat-template schema, which the
+tools demo's tiny template does not carry, so the tools task compares grpokit's arms only."""
+
 
 @dataclass(frozen=True)
 class LearnTask:
     """What both frameworks are given; the rest is each one's default."""
 
+    kind: str = "sum"
+    """Which task (``TASKS``)."""
     prompts_per_step: int = 16
     """Prompts per rollout (TRL: per_device_train_batch_size = prompts x G, one optimizer step per rollout)."""
     group_size: int = 8
@@ -67,6 +79,23 @@ class LearnTask:
     train_size: int | None = None
     """Training prompts used (the first of the demo's 2,300; None: all). A pool small enough to be visited
     several times is where a prompt's history can say something (data.selection)."""
+
+
+KIND_DEFAULTS = {
+    "sum": {},
+    "twin": {},
+    "tools": {"prompts_per_step": 8, "max_new_tokens": 40, "lr": 3e-4, "eval_size": 100},
+}
+"""Each task's batch and length where they differ from LearnTask's (the tools task's: the tools demo's)."""
+
+
+def task_for(kind: str = "sum", train_size: int | None = None) -> LearnTask:
+    """The LearnTask of ``kind`` with its defaults (``KIND_DEFAULTS``) and ``train_size`` training prompts."""
+    if kind not in TASKS:
+        raise BenchError(f"--task {kind!r}: expected one of {', '.join(TASKS)}")
+    if train_size is not None and train_size < 1:
+        raise BenchError(f"--train-size {train_size}: expected at least 1 training prompt")
+    return LearnTask(kind=kind, train_size=train_size, **KIND_DEFAULTS[kind])
 
 
 QUICK = {"seeds": 1, "steps": 20, "eval_every": 5}
@@ -102,9 +131,24 @@ CODE_DIFFERENCES = [
 
 
 def task_data(task: LearnTask) -> tuple[Path, list[dict], list[dict]]:
-    """(the shipped warm-started model's folder, training rows, held-out rows) of the demo task."""
-    from grpokit.demos.default import DemoSpec, make_problems, shipped_model
+    """(the warm-started model's folder, training rows, held-out rows) of ``task.kind``."""
+    if task.kind not in TASKS:
+        raise BenchError(f"--task {task.kind!r}: expected one of {', '.join(TASKS)}")
+    if task.kind == "tools":
+        from grpokit.demos.tools import make_problems as tool_problems
+        from grpokit.demos.tools import prepare
 
+        paths = prepare(log=lambda m: None)
+        from grpokit.demos.tools import ToolDemoSpec
+
+        train_rows, eval_rows = tool_problems(ToolDemoSpec())
+        return paths["model"], train_rows[: task.train_size], eval_rows[: task.eval_size]
+    from grpokit.demos.default import DemoSpec, make_problems, prepare_demo, shipped_model
+
+    if task.kind == "twin":
+        paths = prepare_demo(_twin_spec(), problems=twin_problems, teacher=twin_teacher, prefix="learn-twin", log=_say)
+        train_rows, eval_rows = twin_problems(_twin_spec())
+        return paths["model"], train_rows[: task.train_size], eval_rows[: task.eval_size]
     spec = DemoSpec()
     model_dir = shipped_model(spec)
     if model_dir is None:
@@ -114,6 +158,59 @@ def task_data(task: LearnTask) -> tuple[Path, list[dict], list[dict]]:
         )
     train_rows, eval_rows = make_problems(spec)
     return model_dir, train_rows[: task.train_size], eval_rows[: task.eval_size]
+
+
+def _say(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def _twin_spec():
+    from grpokit.demos.default import DemoSpec
+
+    return DemoSpec(max_operand=59, sft_steps=400, seed=1)
+
+
+TWIN_BARE = 0.4
+"""Share of the twin task's warm-start answers the teacher writes bare (no <answer> tags): the format reward has
+something to teach."""
+
+
+def twin_problems(spec) -> tuple[list[dict], list[dict]]:
+    """a-b= with a >= b from 0..max_operand, shuffled; the first eval_size held out."""
+    pairs = [(a, b) for a in range(spec.max_operand + 1) for b in range(a + 1)]
+    random.Random(spec.seed).shuffle(pairs)
+    rows = [{"prompt": f"{a}-{b}=", "answer": str(a - b)} for a, b in pairs]
+    return rows[spec.eval_size :], rows[: spec.eval_size]
+
+
+def twin_teacher(row: dict, rng: random.Random) -> str:
+    """The noisy teacher of the twin task: right 30% of the time, else one off; bare 40% of the time."""
+    from grpokit.demos.default import completion_text
+
+    total, u = int(row["answer"]), rng.random()
+    value = total if u < 0.3 else total + 1 if u < 0.8 or total == 0 else total - 1
+    return str(value) if rng.random() < TWIN_BARE else completion_text(value)
+
+
+ANSWER_ONLY = re.compile(r"^<answer>-?\d+</answer>$")
+
+
+def answer_format(prompts, completions, **kw) -> list[float]:
+    """The twin task's format reward: 1 when the completion is <answer>N</answer> and nothing else."""
+    return [float(bool(ANSWER_ONLY.match(str(c).strip()))) for c in completions]
+
+
+def task_rewards(task: LearnTask) -> list[tuple[str, Any, float]]:
+    """(name, function, weight) of the task's rewards, the same on both sides."""
+    if task.kind == "tools":
+        from grpokit.demos.tools import tool_answer
+
+        return [("tool_answer", tool_answer, 1.0)]
+    from grpokit.rewards.accuracy import math_accuracy
+
+    if task.kind == "twin":
+        return [("answer_format", answer_format, 0.5), ("math_accuracy", math_accuracy, 1.0)]
+    return [("math_accuracy", math_accuracy, 1.0)]
 
 
 # ----------------------------------------------------------------------------- the shared evaluation
@@ -170,7 +267,17 @@ def grpokit_overrides(task: LearnTask, seed: int, steps: int) -> list[str]:
         "eval.enabled=false",
         "train.samples_every=0",
         "train.tensorboard=false",
+        *(TOOL_OVERRIDES if task.kind == "tools" else []),
     ]
+
+
+TOOL_OVERRIDES = [
+    "rollout.tools=[grpokit.demos.tools:multiply]",
+    "rollout.max_turns=3",
+    "rollout.max_episode_tokens=72",
+    "data.max_prompt_tokens=32",
+]
+"""The tools task's episodes, as the tools demo runs them (grpokit.demos.tools.overrides)."""
 
 
 def trl_values(task: LearnTask, seed: int, steps: int) -> dict[str, Any]:
@@ -215,9 +322,12 @@ def _pairs(items: list[str], flag: str) -> dict[str, Any]:
     return out
 
 
+ARMS = {"grpokit": [], "selection": ["data.selection.mode=greso"]}
+"""grpokit's arms: its defaults, and with prompt selection (data.selection, grpokit.rollout.selection)."""
+
+
 def _run_grpokit(task: LearnTask, seed: int, steps: int, eval_every: int, extra: list[str]) -> dict[str, Any]:
     from grpokit.config.schema import load_config
-    from grpokit.rewards.accuracy import math_accuracy
     from grpokit.trainers.grpo import GRPOTrainer
 
     model_dir, train_rows, eval_rows = task_data(task)
@@ -225,20 +335,20 @@ def _run_grpokit(task: LearnTask, seed: int, steps: int, eval_every: int, extra:
     with tempfile.TemporaryDirectory(prefix="grpokit-learn-") as out:
         cfg.model.name_or_path = str(model_dir)  # set directly: a path is not parsed as YAML
         cfg.train.output_dir = out
-        trainer = GRPOTrainer(
-            cfg, train_rows=train_rows, reward_functions=[("math_accuracy", math_accuracy, 1.0)]
-        )
+        trainer = GRPOTrainer(cfg, train_rows=train_rows, reward_functions=task_rewards(task))
         clock = TrainClock()
         curve = [_point(0, clock, trainer.model, trainer.tokenizer, eval_rows, task)]
+        selection: list[dict[str, float]] = []  # each step's selection/* numbers (data.selection on)
         for step in range(1, steps + 1):
             clock.start()
             metrics = trainer.train_step()
             clock.stop()
             if not metrics:  # the prompts are solved: grpokit stops (stopped_early)
                 break
+            selection.append({k: v for k, v in metrics.items() if k.startswith(("selection/", "zero_var"))})
             if step % eval_every == 0 or step == steps:
                 curve.append(_point(step, clock, trainer.model, trainer.tokenizer, eval_rows, task))
-    return {"curve": curve}
+    return {"curve": curve, "selection": selection}
 
 
 class TrainClock:
@@ -260,7 +370,12 @@ def _point(
     step: int, clock: TrainClock, model, tokenizer, rows: list[dict], task: LearnTask
 ) -> dict[str, float]:
     t0 = time.perf_counter()
-    acc = greedy_accuracy(model, tokenizer, rows, task.max_new_tokens)
+    if task.kind == "tools":  # greedy episodes with the tool (grpokit.demos.tools.accuracy)
+        from grpokit.demos.tools import accuracy
+
+        acc = accuracy(model, tokenizer, rows, with_tool=True)["accuracy"]
+    else:
+        acc = greedy_accuracy(model, tokenizer, rows, task.max_new_tokens)
     return {
         "step": step, "train_s": clock.wall_s, "train_cpu_s": clock.cpu_s, "accuracy": acc,
         "eval_s": time.perf_counter() - t0,
@@ -275,9 +390,8 @@ def _run_trl(
     from transformers import AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from grpokit.rewards.accuracy import math_accuracy
-
     model_dir, train_rows, eval_rows = task_data(task)
+    rewards = task_rewards(task)
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     curve: list[dict[str, float]] = []
 
@@ -298,9 +412,10 @@ def _run_trl(
             self.clock.start()
 
     with tempfile.TemporaryDirectory(prefix="grpokit-learn-trl-") as out:
-        args = GRPOConfig(output_dir=out, **{**trl_values(task, seed, steps), **extra})
+        weights = {"reward_weights": [w for _, _, w in rewards]} if len(rewards) > 1 else {}
+        args = GRPOConfig(output_dir=out, **{**trl_values(task, seed, steps), **weights, **extra})
         trainer = GRPOTrainer(
-            model=str(model_dir), reward_funcs=[math_accuracy], args=args,
+            model=str(model_dir), reward_funcs=[fn for _, fn, _ in rewards], args=args,
             train_dataset=Dataset.from_list(train_rows), processing_class=tokenizer, callbacks=[Clock()],
         )  # fmt: skip
         trainer.train()
@@ -310,7 +425,7 @@ def _run_trl(
 def worker_main(argv: list[str]) -> int:
     """``python -m grpokit.bench.learn FRAMEWORK ...``: one run; its result as JSON in --out."""
     p = argparse.ArgumentParser(prog="python -m grpokit.bench.learn")
-    p.add_argument("framework", choices=["grpokit", "trl"])
+    p.add_argument("framework", choices=[*ARMS, "trl"])
     p.add_argument("--seed", type=int, required=True)
     p.add_argument("--steps", type=int, required=True)
     p.add_argument("--eval-every", type=int, required=True)
@@ -323,8 +438,8 @@ def worker_main(argv: list[str]) -> int:
     torch.set_num_threads(1)
     task = LearnTask(**json.loads(a.task))
     t0 = time.perf_counter()
-    if a.framework == "grpokit":
-        result = _run_grpokit(task, a.seed, a.steps, a.eval_every, a.set)
+    if a.framework in ARMS:
+        result = _run_grpokit(task, a.seed, a.steps, a.eval_every, [*ARMS[a.framework], *a.set])
     else:
         result = _run_trl(task, a.seed, a.steps, a.eval_every, _pairs(a.set, "--trl-set"))
     result.update(framework=a.framework, seed=a.seed, wall_s=time.perf_counter() - t0, settings=a.set)
@@ -405,7 +520,7 @@ def run_learn(
     task: LearnTask = LearnTask(),
     grpokit_set: list[str] = (),
     trl_set: list[str] = (),
-    frameworks: tuple[str, ...] = ("grpokit", "trl"),
+    frameworks: tuple[str, ...] = ("grpokit", "selection", "trl"),
     timeout_s: float | None = None,
     log=lambda m: print(m, file=sys.stderr, flush=True),
 ) -> dict[str, Any]:
@@ -415,7 +530,12 @@ def run_learn(
         raise BenchError(
             f"--learn needs seeds, steps and eval-every >= 1 (got {seeds}, {steps}, {eval_every})"
         )
-    task_data(task)  # the model is there, before any process starts
+    unknown = [fw for fw in frameworks if fw not in (*ARMS, "trl")]
+    if unknown or not frameworks:
+        raise BenchError(f"--arms {','.join(frameworks)}: expected some of {', '.join([*ARMS, 'trl'])}")
+    task_data(task)  # the model is there (the twin task's warm start: built once, cached), before any process
+    if task.kind not in TRL_TASKS:
+        frameworks = tuple(fw for fw in frameworks if fw != "trl")
     trl_pairs = _pairs(list(trl_set), "--trl-set")
     differences = setting_differences(task, list(grpokit_set), trl_pairs)
     runs: list[dict[str, Any]] = []
@@ -423,7 +543,7 @@ def run_learn(
         for seed in range(seeds):
             procs = {}
             for fw in frameworks:
-                sets = list(grpokit_set) if fw == "grpokit" else list(trl_set)
+                sets = list(grpokit_set) if fw in ARMS else list(trl_set)
                 out = Path(tmp) / f"{fw}-{seed}.json"
                 procs[fw] = (*_launch(fw, task, seed, steps, eval_every, sets, out), out)
             log(f"grpokit bench --learn: seed {seed}: {' and '.join(frameworks)} side by side, {steps} steps")
@@ -458,6 +578,7 @@ def run_learn(
     }
     result["equal_seconds"] = at_equal_seconds(result["summary"])
     result["equal_cpu_seconds"] = at_equal_seconds(result["summary"], clock="train_cpu_s")
+    result["comparisons"] = comparisons(result["summary"])
     return result
 
 
@@ -521,6 +642,31 @@ def at_equal_seconds(
     return out
 
 
+def at_equal_steps(summary: dict[str, list[dict[str, float]]], a: str, b: str) -> list[dict]:
+    """At every step both ``a`` and ``b`` evaluated (step 0 left out): their mean accuracies and the gap."""
+    theirs = {r["step"]: r for r in summary.get(b, [])}
+    return [
+        {"step": r["step"], a: r["accuracy_mean"], b: theirs[r["step"]]["accuracy_mean"],
+         "gap": r["accuracy_mean"] - theirs[r["step"]]["accuracy_mean"]}
+        for r in summary.get(a, []) if r["step"] > 0 and r["step"] in theirs
+    ]  # fmt: skip
+
+
+def comparisons(summary: dict[str, list[dict[str, float]]]) -> list[dict]:
+    """Each pair of arms worth reading: the selection against TRL and against grpokit's defaults, grpokit against
+    TRL; at equal steps, equal training seconds and equal CPU seconds."""
+    pairs = [(a, b) for a, b in (("selection", "trl"), ("selection", "grpokit"), ("grpokit", "trl"))]
+    out = []
+    for a, b in pairs:
+        if a in summary and b in summary:
+            out.append({
+                "a": a, "b": b, "equal_steps": at_equal_steps(summary, a, b),
+                "equal_seconds": at_equal_seconds(summary, a, b),
+                "equal_cpu_seconds": at_equal_seconds(summary, a, b, clock="train_cpu_s"),
+            })  # fmt: skip
+    return out
+
+
 def print_learn_table(result: dict[str, Any], file=None) -> None:
     """The summary as Markdown tables (they paste into docs/benchmarks.md): held-out accuracy by step, each
     framework's seeds, and the settings that differ."""
@@ -554,25 +700,28 @@ def print_learn_table(result: dict[str, Any], file=None) -> None:
             step, *cells, *(f"{by_step[fw][step]['train_s_mean']:.1f}" for fw in fws),
             *(f"{by_step[fw][step]['train_cpu_s_mean']:.1f}" for fw in fws),
         )  # fmt: skip
+    given = {fw: " ".join([*ARMS.get(fw, []), *result["grpokit_set"]]) if fw in ARMS else " ".join(result["trl_set"])
+             for fw in fws}  # fmt: skip
     print("\nfinal accuracy per seed\n", file=file)
     w("framework", "settings", *(f"seed {s}" for s in range(result["seeds"])), "train s (mean)")
     w(*["---"] * (3 + result["seeds"]))
     for fw in fws:
         runs = sorted((r for r in result["runs"] if r["framework"] == fw), key=lambda r: r["seed"])
-        given = result["grpokit_set"] if fw == "grpokit" else result["trl_set"]
-        w(fw, " ".join(given) or "defaults", *(f"{r['curve'][-1]['accuracy']:.1%}" for r in runs),
+        w(fw, given[fw] or "defaults", *(f"{r['curve'][-1]['accuracy']:.1%}" for r in runs),
           f"{statistics.fmean(r['curve'][-1]['train_s'] for r in runs):.1f}")  # fmt: skip
-    for key, clock, what in (
-        ("equal_seconds", "train_s", "train s"),
-        ("equal_cpu_seconds", "train_cpu_s", "CPU s"),
-    ):
-        if not result.get(key):
-            continue
-        print(f"\nat equal {what} (TRL's mean curve read at grpokit's mean {what})\n", file=file)
-        w(what, "grpokit", "TRL", "grpokit - TRL")
-        w("---", "---", "---", "---")
-        for r in result[key]:
-            w(f"{r[clock]:.1f}", f"{r['grpokit']:.1%}", f"{r['trl']:.1%}", f"{100 * r['gap']:+.1f} points")
+    for c in result.get("comparisons", []):
+        a, b = c["a"], c["b"]
+        print(f"\n{a} ({given[a] or 'defaults'}) against {b} ({given[b] or 'defaults'})\n", file=file)
+        w("at equal", "where", a, b, f"{a} - {b}")
+        w("---", "---", "---", "---", "---")
+        for key, clock, what in (
+            ("equal_steps", "step", "steps"),
+            ("equal_seconds", "train_s", "train s"),
+            ("equal_cpu_seconds", "train_cpu_s", "CPU s"),
+        ):
+            for r in c[key]:  # b's mean curve read at a's evaluations (seconds), or the same step
+                where = f"step {r[clock]}" if clock == "step" else f"{r[clock]:.1f} s"
+                w(what, where, f"{r[a]:.1%}", f"{r[b]:.1%}", f"{100 * r['gap']:+.1f} points")
     print("\nsettings that differ (TRL's in grpokit's terms, grpokit.config.trl)\n", file=file)
     w("setting", "grpokit", f"TRL {result['versions'].get('trl') or ''}".strip())
     w("---", "---", "---")
@@ -590,7 +739,7 @@ def plot_learn(result: dict[str, Any], path: str | Path) -> Path:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
-    colours = {"grpokit": "tab:blue", "trl": "tab:orange"}
+    colours = {"grpokit": "tab:blue", "selection": "tab:green", "trl": "tab:orange"}
     for fw, rows in result["summary"].items():
         c = colours.get(fw, None)
         for r in (r for r in result["runs"] if r["framework"] == fw):
@@ -617,7 +766,7 @@ def plot_learn(result: dict[str, Any], path: str | Path) -> Path:
         ax.legend()
     task = result["task"]
     fig.suptitle(
-        f"grpokit bench --learn: addition, {task['prompts_per_step']}x{task['group_size']}, lr {task['lr']:g}, "
+        f"grpokit bench --learn: {task.get('kind', 'sum')}, {task['prompts_per_step']}x{task['group_size']}, lr {task['lr']:g}, "
         f"{result['seeds']} seed(s)"
     )
     fig.tight_layout()
