@@ -109,12 +109,15 @@ class GRPOTrainer:
 
     def __init__(
         self,
-        cfg: Config,
+        cfg: Config | None = None,
         *,
+        args=None,
         model=None,
         tokenizer=None,
         train_rows: list[dict] | None = None,
         eval_rows: list[dict] | None = None,
+        train_dataset=None,
+        eval_dataset=None,
         reward_functions: list[tuple[str, Any, float]] | None = None,
         resume: bool | str | Path = False,
         overwrite: bool = False,
@@ -128,15 +131,13 @@ class GRPOTrainer:
         critic: type[Critic] = Critic,
         **unexpected: Any,
     ):
-        if unexpected:  # e.g. TRL's args=GRPOConfig(...)
-            raise ConfigError(
-                f"GRPOTrainer got {sorted(unexpected)}: grpokit takes a Config (load_config); a TRL GRPOConfig "
-                "converts with grpokit.config.trl.from_trl or `grpokit config --from-trl FILE`"
-            )
-        cfg, model, tokenizer, reward_functions, callbacks = trl_arguments(  # TRL's argument forms
-            cfg, model, tokenizer if tokenizer is not None else processing_class,
-            reward_functions if reward_functions is not None else reward_funcs, callbacks, peft_config,
+        given = trl_arguments(  # grpokit's forms, or TRL's call and argument forms (grpokit.compat.trl)
+            cfg, args=args, model=model, tokenizer=tokenizer, processing_class=processing_class,
+            reward_functions=reward_functions, reward_funcs=reward_funcs, callbacks=callbacks, peft_config=peft_config,
+            train_rows=train_rows, eval_rows=eval_rows, train_dataset=train_dataset, eval_dataset=eval_dataset,
+            unexpected=unexpected,
         )  # fmt: skip
+        cfg, model, tokenizer, reward_functions, callbacks, train_rows, eval_rows = given
         name_callables(cfg.rollout)  # rollout.tools given as functions (TRL's way) are kept by name
         validated(cfg)  # the CLI's checks, for a Config built in code too
         check_settings_in_use(cfg)  # lora.*, multi-turn or cache settings of a part that is off: not ignored

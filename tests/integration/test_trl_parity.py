@@ -432,8 +432,10 @@ def test_trl_argument_forms_refused_in_one_line(tmp_path):
     model, tok = make_tiny_model("qwen2", seed=0)
     with pytest.raises(ConfigError, match="needs its tokenizer too: pass tokenizer="):
         GRPOTrainer(cfg, model=model, train_rows=ROWS, reward_funcs=correct_reward)
-    with pytest.raises(ConfigError, match=r"got \['args'\]: grpokit takes a Config"):
+    with pytest.raises(ConfigError, match=r"got a config twice \(the first argument and args=\)"):
         GRPOTrainer(cfg, model=model, tokenizer=tok, args={"learning_rate": 1e-6})
+    with pytest.raises(ConfigError, match=r"reward_weights=...\) is not taken: reward weights are a GRPOConfig field"):
+        GRPOTrainer(cfg, model=model, tokenizer=tok, reward_weights=[1.0])
     with pytest.raises(ConfigError, match=r"reward_functions\[0\]: got a model"):
         GRPOTrainer(cfg, model=model, tokenizer=tok, train_rows=ROWS, reward_funcs=[model])
     with pytest.raises(ConfigError, match="neither a function fn"):

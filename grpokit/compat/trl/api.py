@@ -20,9 +20,12 @@ from __future__ import annotations
 import copy
 import dataclasses
 import math
+import os
+import re
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, NamedTuple
 
 from grpokit.core.errors import ConfigError
 
@@ -38,24 +41,57 @@ def fire(callbacks: Sequence[Any], event: str, trainer: Any, *args: Any) -> None
             hook(trainer, *args)
 
 
+KEYWORDS = (
+    "cfg", "args", "model", "tokenizer", "processing_class", "train_rows", "train_dataset", "eval_rows", "eval_dataset",
+    "reward_functions", "reward_funcs", "callbacks", "peft_config", "resume", "overwrite", "allow_changed_config",
+)  # fmt: skip
+"""GRPOTrainer's keywords a user passes (the part classes sampler/updater/critic aside), for near-miss hints."""
+
+
+class TrainerArguments(NamedTuple):
+    """GRPOTrainer's arguments in grpokit's forms."""
+
+    cfg: Any
+    model: Any
+    tokenizer: Any
+    reward_functions: list[tuple[str, Callable, float]] | None
+    callbacks: list[Any]
+    train_rows: list[dict] | None
+    eval_rows: list[dict] | None
+
+
 def trl_arguments(
     cfg: Any,
-    model: Any,
-    tokenizer: Any,
-    reward_functions: Any,
-    callbacks: Sequence[Any],
+    *,
+    args: Any = None,
+    model: Any = None,
+    tokenizer: Any = None,
+    processing_class: Any = None,
+    reward_functions: Any = None,
+    reward_funcs: Any = None,
+    callbacks: Sequence[Any] = (),
     peft_config: Any = None,
-) -> tuple[Any, Any, Any, list[tuple[str, Callable, float]] | None, list[Any]]:
-    """(cfg, model, tokenizer, reward_functions, callbacks) in grpokit's forms; cfg is copied when changed.
-    Arguments of the wrong kind (a cfg that is not a Config, a model that is no module, a tokenizer that
-    cannot encode) are a ConfigError naming the argument."""
-    from grpokit.config.schema import Config
+    train_rows: Any = None,
+    eval_rows: Any = None,
+    train_dataset: Any = None,
+    eval_dataset: Any = None,
+    unexpected: dict[str, Any] | None = None,
+) -> TrainerArguments:
+    """GRPOTrainer's arguments, given grpokit's way or TRL's (grpokit.compat.trl.call), in grpokit's forms; cfg is
+    copied when changed. Arguments of the wrong kind, a keyword given under both names, or one GRPOTrainer does not
+    take are a ConfigError naming it."""
+    from grpokit.compat.trl.call import config_from_args, refuse_unexpected, rows_of, weighted
 
-    if not isinstance(cfg, Config):
-        sft = " (an SFTConfig goes to grpokit.trainers.sft.SFTTrainer)" if type(cfg).__name__ == "SFTConfig" else ""
-        raise ConfigError(
-            f"GRPOTrainer's cfg must be a grpokit.config.schema.Config (load_config builds one), got {type(cfg).__name__}{sft}"
-        )
+    refuse_unexpected(unexpected or {})
+    if model is None and (isinstance(cfg, (str, os.PathLike)) or _is_module(cfg)):
+        cfg, model = None, cfg  # TRL's first argument is the model
+    tokenizer = _one_of("tokenizer", tokenizer, "processing_class", processing_class)
+    reward_functions = _one_of("reward_functions", reward_functions, "reward_funcs", reward_funcs)
+    train_rows = _one_of("train_rows", train_rows, "train_dataset", rows_of(train_dataset, "train_dataset"))
+    eval_rows = _one_of("eval_rows", eval_rows, "eval_dataset", rows_of(eval_dataset, "eval_dataset"))
+    cfg, reward_weights = config_from_args(cfg, args)
+    if isinstance(model, os.PathLike):
+        model = os.fspath(model)
     if model is not None and not isinstance(model, str) and not _is_module(model):
         raise ConfigError(
             f"model: got {type(model).__name__}; give a loaded transformers model (with tokenizer=), a model "
@@ -76,7 +112,16 @@ def trl_arguments(
         )
     if peft_config is not None:
         cfg = lora_from_peft(copy.deepcopy(cfg), peft_config)
-    return cfg, model, tokenizer, rewards_from(reward_functions), [adapt_callback(c) for c in callbacks]
+    rewards = weighted(rewards_from(reward_functions), reward_weights)
+    adapted = [adapt_callback(c) for c in callbacks]
+    return TrainerArguments(cfg, model, tokenizer, rewards, adapted, train_rows, eval_rows)
+
+
+def _one_of(name: str, value: Any, trl_name: str, trl_value: Any) -> Any:
+    """grpokit's keyword or TRL's name for the same thing; both given is refused."""
+    if value is not None and trl_value is not None:
+        raise ConfigError(f"GRPOTrainer got both {name}= and {trl_name}= (TRL's name for it): give one")
+    return value if value is not None else trl_value
 
 
 def lora_from_peft(cfg: Any, peft_config: Any) -> Any:
@@ -123,10 +168,8 @@ def rewards_from(items: Any) -> list[tuple[str, Callable, float]] | None:
         raise ConfigError("reward_functions is empty: give at least one (or None for the config's rewards)")
     out = []
     for i, item in enumerate(items):
-        if isinstance(item, str):
-            from grpokit.rewards import resolve_reward
-
-            out.append((item, resolve_reward(item), 1.0))
+        if isinstance(item, (str, os.PathLike)):
+            out.append(named_reward(os.fspath(item), i))
         elif isinstance(item, tuple) and len(item) in (2, 3) and isinstance(item[0], str) and callable(item[1]):
             weight = item[2] if len(item) == 3 else 1.0
             if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight):
@@ -137,12 +180,55 @@ def rewards_from(items: Any) -> list[tuple[str, Callable, float]] | None:
         elif callable(item) and not _is_module(item):
             out.append((getattr(item, "__name__", type(item).__name__), item, 1.0))
         else:
-            what = "a model" if _is_module(item) else repr(item)[:80]
+            what = "a model object" if _is_module(item) else repr(item)[:80]
             raise ConfigError(
-                f"reward_functions[{i}]: got {what}; give a function, a grpokit reward name, or (name, function"
-                "[, weight]) (a reward model goes in the config: rewards: [{name: reward_model, kwargs: {path: DIR}}])"
+                f"reward_functions[{i}]: got {what}; give a function, a grpokit reward name, (name, function"
+                "[, weight]), or a sequence-classification reward model's folder or hub id (a loaded one: save it "
+                "with save_pretrained(DIR) and give DIR)"
             )
     return out
+
+
+HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
+"""owner/name: a hub id (a local folder of that name comes first)."""
+
+
+def named_reward(spec: str, i: int) -> tuple[str, Callable, float]:
+    """A reward named in reward_funcs, as TRL reads it: a grpokit reward (a built-in name, module:function or
+    file.py:function), else a model folder or hub id: a sequence-classification reward model
+    (grpokit.rewards.reward_model, named by the folder's or id's last part, as TRL names it). A process reward
+    model stays the config's explicit form: rewards: [{name: process_reward_model, kwargs: {path: DIR}}]."""
+    from grpokit.rewards import resolve_reward
+    from grpokit.rewards.registry import BUILTINS
+
+    folder = Path(spec).expanduser()
+    if spec in BUILTINS or ":" in spec or not ((folder / "config.json").is_file() or _hub_id(spec, folder)):
+        return spec, resolve_reward(spec), 1.0
+    if not folder.is_dir():
+        folder = _download(spec, i)
+    from grpokit.rewards.reward_model import make_reward_model
+
+    try:
+        return spec.rstrip("/").rsplit("/", 1)[-1], make_reward_model(str(folder)), 1.0
+    except ValueError as e:
+        raise ConfigError(f"reward_funcs[{i}]={spec!r}: {e}") from None
+
+
+def _hub_id(spec: str, folder: Path) -> bool:
+    return bool(HUB_ID.fullmatch(spec)) and not folder.exists() and not spec.endswith(".py")
+
+
+def _download(spec: str, i: int) -> Path:
+    """The hub id's files (as transformers would fetch them); a ConfigError naming the id when it cannot."""
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(spec))
+    except Exception as e:  # noqa: BLE001 - offline, unknown id, no access: one line that names the id
+        raise ConfigError(
+            f"reward_funcs[{i}]={spec!r} is neither a grpokit reward nor a local model folder, and the hub could not "
+            f"give it ({type(e).__name__}: {' '.join(str(e).split())[:200]}); give a folder, or a reward function"
+        ) from None
 
 
 def _is_module(obj: Any) -> bool:

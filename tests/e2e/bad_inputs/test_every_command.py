@@ -273,7 +273,7 @@ def _sft_config(world, tmp_path, **changes):
 # (id, the call, words): arguments of the Python API of the wrong kind or value, each a named error
 # (ConfigError or DataError, both exit 2 from the CLI) instead of TypeError/KeyError/AttributeError later
 API_ARGUMENTS = [
-    ("cfg-none", lambda w, t, m, tok: GRPOTrainer(None), "cfg must be a grpokit.config.schema.Config (load_config builds one), got NoneType"),
+    ("cfg-int", lambda w, t, m, tok: GRPOTrainer(3), "must be a grpokit Config (load_config builds one) or TRL's GRPOConfig (or its to_dict()), got int"),
     ("cfg-sft-to-grpo", lambda w, t, m, tok: GRPOTrainer(_sft_config(w, t)), "an SFTConfig goes to"),
     ("cfg-grpo-to-sft", lambda w, t, m, tok: _sft_trainer(Config()), "a grpokit.config.schema.Config goes to GRPOTrainer"),
     ("sft-lr-negative", lambda w, t, m, tok: _sft_trainer(_sft_config(w, t, optim__lr=-1.0)), "optim.lr=-1.0"),
