@@ -67,8 +67,34 @@ def read_run(run_dir: str | Path, *, max_groups: int | None = None) -> dict[str,
         "eval": _columns(evals),
         "steps": steps,
         "vocab": {str(k): v for k, v in vocab.items()},
+        "history": prompt_history(folder, warnings),
         "warnings": warnings,
     }
+
+
+def prompt_history(folder: Path, warnings: list[str]) -> dict[str, Any] | None:
+    """The per-prompt history of the run's newest checkpoint (data.selection, grpokit.rollout.selection): its step
+    and every training row visited or skipped, with its numbers; None without one (selection off, no checkpoint)."""
+    from grpokit.model.checkpoint import STATE_FILE, list_checkpoints
+    from grpokit.rollout.selection import PromptHistory
+
+    saved = list_checkpoints(folder / "checkpoints")
+    if not saved:
+        return None
+    try:
+        state = torch.load(saved[-1] / STATE_FILE, map_location="cpu", weights_only=False, mmap=True)
+    except Exception as e:  # noqa: BLE001 - a damaged checkpoint: said, the rest of the page stands
+        warnings.append(f"{saved[-1] / STATE_FILE}: cannot be read ({type(e).__name__}); no prompt history shown")
+        return None
+    selection = (state.get("stream") or {}).get("selection")
+    if selection is None:
+        return None
+    history = PromptHistory(selection["history"]["n"])
+    history.load_state(selection["history"])
+    return {
+        "step": int(state["step"]), "rows": history.rows(), "n": history.n, "counts": history.counts(),
+        "p_solved": selection["p_solved"], "p_failed": selection["p_failed"],
+    }  # fmt: skip
 
 
 def _read_jsonl(path: Path, warnings: list[str]) -> list[dict[str, Any]]:

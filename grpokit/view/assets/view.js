@@ -437,8 +437,39 @@
     $("objective").innerHTML = html;
   }
 
+  // ------------------------------------------------------------------------------------------- prompt history
+  // each training prompt's visits as the newest checkpoint holds them (data.selection; grpokit.view.data)
+  const KINDS = { 1: "all solved", "-1": "all failed", 0: "spread" };
+  function fillHistory() {
+    const pick = $("history-run");
+    pick.innerHTML = RUNS.map((r, i) => `<option value="${i}">${esc(r.name)}</option>`).join("");
+    pick.onchange = drawHistory;
+    $("history-sort").onchange = drawHistory;
+    drawHistory();
+  }
+  function drawHistory() {
+    const h = RUNS[+$("history-run").value].history;
+    if (!h) {
+      $("history-summary").innerHTML = `<p class="muted">No prompt history in this run's newest checkpoint: prompt selection was off (data.selection.mode=off) or no checkpoint was saved.</p>`;
+      $("history-table").innerHTML = "";
+      return;
+    }
+    const c = h.counts;
+    $("history-summary").innerHTML =
+      `<p>At step ${h.step}: ${c.seen} of ${h.n} training prompts visited; last visit all solved ${c.solved}, all failed ${c.failed}. ` +
+      `A prompt flat on its last z visits is generated with probability p^z: p = ${fmt(h.p_solved, 2)} (solved), ${fmt(h.p_failed, 2)} (failed).</p>`;
+    const key = $("history-sort").value;
+    const rows = h.rows.slice().sort((a, b) => (key === "row" ? a.row - b.row : (b[key] ?? -1) - (a[key] ?? -1)));
+    const head = "<tr><th>row</th><th>visits</th><th>last step</th><th>recent pass rate</th><th>last reward mean</th><th>last reward spread</th><th>last visit</th><th>flat in a row</th><th>skipped</th></tr>";
+    $("history-table").innerHTML = head + rows.map((r) =>
+      `<tr data-row="${r.row}"><td>${r.row}</td><td>${r.visits}</td><td>${r.last_step < 0 ? "–" : r.last_step + 1}</td><td>${num(r.pass_rate, 3)}</td>` +
+      `<td>${num(r.reward_mean, 3)}</td><td>${num(r.reward_spread, 3)}</td><td>${r.visits ? KINDS[r.kind] : "–"}</td><td>${r.flat_run}</td><td>${r.skipped}</td></tr>`
+    ).join("");
+  }
+
   // ------------------------------------------------------------------------------------------- start
   $("title").textContent = "grpokit view: " + RUNS.map((r) => r.name).join(" vs ");
   fillRuns();
-  showTab(location.hash === "#steps" ? "steps" : "curves");
+  fillHistory();
+  showTab(["#steps", "#history"].includes(location.hash) ? location.hash.slice(1) : "curves");
 })();
