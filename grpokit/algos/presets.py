@@ -51,7 +51,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from .advantages import get_advantage
+from .advantages import ADVANTAGES, get_advantage
+from .knobs import flat_keys
 from .objectives import SURROGATES
 from .settings import KNOBS, AlgoSettings
 
@@ -217,3 +218,44 @@ def preset_table() -> str:
 def _num(x: float) -> str:
     """0.2 -> "0.2", 3e-4 -> "3e-4"."""
     return f"{x:g}" if x >= 1e-3 else f"{x:.0e}".replace("e-0", "e-")
+
+
+def registry_tables() -> str:
+    """docs/algorithms/index.md's two tables of who reads what, in Markdown, generated from the registrations
+    (objectives.SURROGATES, advantages.ADVANTAGES; a test keeps the page equal to it)."""
+    rows = [
+        "| `algo.surrogate` | its own settings | reads of the clip range | ratio level |",
+        "|---|---|---|---|",
+    ]
+    for name, s in SURROGATES.items():
+        rows.append(
+            f"| `{name}` | {_keys(s.params)} | {', '.join(f'`{k}`' for k in s.reads) or 'none'} | "
+            f"{'token only (builds its own)' if s.token_ratio else 'any'} |"
+        )
+    rows += [
+        "",
+        "| `algo.advantage` | formula | its own settings | one value per | needs | under torchrun |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, e in ADVANTAGES.items():
+        if ":" in name:  # a module:function imported this session
+            continue
+        needs = [
+            text
+            for on, text in (
+                (e.needs_critic, "a critic"),
+                (e.step_rewards, "step rewards (a process reward)"),
+                (not e.kl_in_reward, "no KL in the reward"),
+            )
+            if on
+        ]
+        rows.append(
+            f"| `{name}` | {(e.fn.__doc__ or '').strip()} | {_keys(e.params)} | "
+            f"{'token' if e.per_token else 'completion'} | {', '.join(needs) or '-'} | "
+            f"{'its own groups' if e.group_local else 'the whole batch gathered'} |"
+        )
+    return "\n".join(rows) + "\n"
+
+
+def _keys(params: type | None) -> str:
+    return ", ".join(f"`algo.{key}`" for key in flat_keys(params)) or "none"

@@ -169,3 +169,12 @@ def test_saved_rollouts_from_before_the_parameter_types_show_the_same_terms():
     assert not torch.equal(
         default["pg"], token_terms(logp, old, adv, mask, surrogate="vespo", **before)["pg"]
     )
+
+
+def test_the_docs_tables_are_the_generated_ones():
+    from paths import REPO
+
+    from grpokit.algos.presets import registry_tables
+
+    page = (REPO / "docs" / "algorithms" / "index.md").read_text()
+    assert registry_tables() in page, "docs/algorithms/index.md's tables are stale: paste registry_tables()"
