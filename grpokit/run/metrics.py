@@ -177,6 +177,14 @@ TRAIN: dict[str, Metric] = {
     "rollout/weight_lag": Metric(
         "steps", "steps the engine's weights are behind the trainer's (rollout.vllm.sync_every > 1)"
     ),
+    "rollout/push_bytes": Metric(
+        "bytes",
+        "what the weight push before this step's rollout sent to the engine (vllm: every weight, or the LoRA "
+        "adapter alone, rollout.vllm.lora_push); 0 when none (an engine that holds no weights, or none changed)",
+    ),
+    "rollout/push_s": Metric(
+        "seconds", "that push's transfer and the engine's cache reset, before its checks; 0 when none"
+    ),
     "mismatch/ess": Metric(
         "share",
         "effective sample size of those weights over the loss tokens, (sum w)^2 / (n sum w^2): 1 = all equal",

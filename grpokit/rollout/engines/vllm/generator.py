@@ -12,10 +12,16 @@ off-policy, up to sync_every - 1 steps behind, and says so in ``rollout/weight_l
 (evaluation, ``grpokit sample``) pushes whenever the weights changed. A push is vLLM's
 ``reload_weights(weights_iterator=...)`` on the worker, in-process (the tensors are handed over, no copy
 through a file or a socket), then ``reset_prefix_cache()``: KV blocks computed with the old weights would
-otherwise be reused for prompts seen before (measured: 17-43 nats off on a 300-token prompt).
-With LoRA the adapter is merged into the pushed weights (W + B A * alpha / r, computed apart: the
-trainer's model is never merged and unmerged, which would drift its frozen base by rounding); the engine
-then needs no LoRA support, runs at full speed, and the same check covers every weight.
+otherwise be reused for prompts seen before (measured: 17-43 nats off on a 300-token prompt). Each push (the
+transfer and the reset) runs under ``rollout.vllm.sync_timeout_s``: past it, :class:`WeightSyncTimeout` stops the
+run instead of a hang; its bytes and seconds are the step's ``rollout/push_bytes`` and ``rollout/push_s``.
+
+With LoRA (``rollout.vllm.lora_push``): where vLLM's LoRA takes the adapter (its targets, rank and features), the
+engine starts from the base weights with LoRA enabled and each push sends the adapter alone (vLLM's add_lora,
+replaced in place; every request carries it), a few MB instead of the model; elsewhere (auto's fallback, or
+``merged``) the adapter is merged into the pushed weights (W + B A * alpha / r, computed apart: the trainer's
+model is never merged and unmerged, which would drift its frozen base by rounding), and the engine needs no
+LoRA support and runs at full speed. The checks below cover both: the probe's log-probs see the adapter.
 
 Check (``rollout.vllm.check_weights``): after every push, and before every rollout that should see
 current weights, 4,096 evenly spaced values of a few tensors the engine keeps readable (the embedding,
@@ -58,10 +64,22 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from grpokit.core.errors import ConfigError
 from grpokit.rollout.engines.base import Engine, Rollout, SamplingParams, left_pad
-from grpokit.rollout.engines.vllm.errors import VLLMUnavailable, WeightSyncError
+from grpokit.rollout.engines.vllm.errors import VLLMUnavailable, WeightSyncError, within
 from grpokit.rollout.engines.vllm.local import LocalEngine, start_llm, vllm_missing
-from grpokit.rollout.engines.vllm.weights import fingerprint, trainer_weights, version_of
+from grpokit.rollout.engines.vllm.weights import (
+    adapter_problem,
+    adapter_weights,
+    base_version,
+    base_weights,
+    fingerprint,
+    lora_config,
+    lora_rank,
+    trainer_weights,
+    version_of,
+    weight_bytes,
+)
 
 SEED_SPACE = 2**31 - 1
 PROBE_TOKENS = 512
@@ -111,6 +129,8 @@ class VLLMGenerator(Engine):
         self.lagging = False  # the next generate may sample from older weights (sync_every > 1)
         self.pushes = 0
         self.probe_ids: list[int] | None = None  # the first prompt sampled, for probe()
+        self.adapter = False  # each push sends the LoRA adapter alone (rollout.vllm.lora_push), set at the start
+        self.base_pushed: tuple[int, int] | None = None  # base_version the engine holds, when the adapter is apart
         self.stats: dict = {}
 
     @classmethod
@@ -131,13 +151,40 @@ class VLLMGenerator(Engine):
                 s = self.settings
                 self.llm = ServerEngine(
                     s.server_url, timeout_s=s.server_timeout_s, weight_transfer=s.weight_transfer,
-                    collective_port=s.collective_port,
+                    collective_port=s.collective_port, sync_timeout_s=s.sync_timeout_s,
                 )  # fmt: skip
                 self.say(f"vLLM server at {self.settings.server_url}: {self.llm.describe()}")
+                self.adapter = self._pushes_adapter(model, self.llm.max_lora_rank)
             else:
+                self.adapter = self._pushes_adapter(model, None)
                 self.llm = self._start(model)
-                self.pushed = version_of(model)
+                # the engine holds the weights it started from; with the adapter apart, the first rollout pushes it
+                self.pushed = None if self.adapter else version_of(model)
         return self.llm
+
+    def _pushes_adapter(self, model: torch.nn.Module, server_rank: int | None) -> bool:
+        """Whether each push sends the LoRA adapter alone (rollout.vllm.lora_push), decided once, when the engine
+        starts (a colocated one then starts with LoRA) or is reached (a server: ``server_rank``, its
+        --max-lora-rank). auto falls back to the merged weights with a notice saying why; adapter refuses."""
+        how = self.settings.lora_push
+        if how == "merged" or (how == "auto" and lora_config(model) is None):
+            return False
+        problem = adapter_problem(model)
+        if problem is None and server_rank is not None and server_rank < lora_rank(model):
+            problem = (
+                f"the server at {self.settings.server_url} takes LoRA adapters up to rank {server_rank} (its "
+                f"--max-lora-rank; 0: none), this one needs {lora_rank(model)}"
+            )
+        if problem is None:
+            return True
+        if how == "adapter":
+            raise ConfigError(
+                f"rollout.vllm.lora_push=adapter: {problem}. Set rollout.vllm.lora_push=merged (or auto) to push "
+                "the merged weights instead."
+            )
+        if lora_config(model) is not None:
+            self.say(f"vLLM: each push sends the merged weights, not the LoRA adapter alone: {problem}")
+        return False
 
     def _start(self, model: torch.nn.Module) -> LocalEngine:
         from safetensors.torch import save_file
@@ -147,8 +194,10 @@ class VLLMGenerator(Engine):
         self.folder = Path(tempfile.mkdtemp(prefix="grpokit-vllm-"))
         weakref.finalize(self, shutil.rmtree, self.folder, True)  # removed with the generator at the latest
         base.config.save_pretrained(self.folder)
-        state = {k: v.detach().cpu().contiguous() for k, v in trainer_weights(model).items()}
+        start_weights = base_weights(model) if self.adapter else trainer_weights(model)  # the adapter apart
+        state = {k: v.detach().cpu().contiguous() for k, v in start_weights.items()}
         save_file(state, str(self.folder / "model.safetensors"))
+        self.base_pushed = base_version(model) if self.adapter else None
         dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
         length = self.settings.max_model_len or self.max_model_len
         limit = getattr(base.config, "max_position_embeddings", None)
@@ -158,7 +207,7 @@ class VLLMGenerator(Engine):
         llm = start_llm(
             self.folder, dtype=dtype, seed=self.seed, max_model_len=length, enforce_eager=s.enforce_eager,
             cpu_kv_cache_gib=s.cpu_kv_cache_gib, gpu_memory_utilization=s.gpu_memory_utilization, sleep=s.sleep,
-            cuda=cuda,
+            cuda=cuda, max_lora_rank=lora_rank(model) if self.adapter else 0,
         )  # fmt: skip
         return LocalEngine(llm, dtype)
 
@@ -183,6 +232,7 @@ class VLLMGenerator(Engine):
         the weights the engine holds (off-policy by ``step - pushed_step`` steps)."""
         self.engine_for(model)
         self.lagging = False
+        self.stats.update(push_bytes=0, push_s=0.0)  # until a push before this step's rollout says otherwise
         if self.pushed_step is None:
             self.pushed_step = step
         if self.pushed is None:  # the engine holds none of the trainer's weights yet: generate pushes them
@@ -198,26 +248,53 @@ class VLLMGenerator(Engine):
         self.stats["weight_lag"] = step - self.pushed_step if self.lagging else 0
 
     def push(self, model: torch.nn.Module) -> None:
-        """Hand the trainer's weights to the engine, drop its prefix cache, check them."""
+        """Hand the trainer's weights (or its LoRA adapter alone) to the engine, drop its prefix cache, check them.
+        The transfer and the cache reset run under rollout.vllm.sync_timeout_s (WeightSyncTimeout past it)."""
         llm = self.engine_for(model)
         self._wake(["weights"])
         started = time.perf_counter()
-        weights = list(trainer_weights(model).items())
-        self._reload(llm, weights)
-        base = model.get_base_model() if hasattr(model, "get_base_model") else model
-        if getattr(base.config, "tie_word_embeddings", False):
-            llm.refresh_tied_head()
-        llm.reset_prefix_cache()  # KV blocks of the old weights must not serve the next prompts
-        self.stats["push_s"] = time.perf_counter() - started  # the transfer, before the checks
         self.pushed = None  # until the checks pass: a failed push is pushed again by the next call
+        where = self.settings.server_url if self.settings.mode == "server" else "in this process"
+        what = f"weight push {self.pushes + 1} to the vLLM engine ({where})"
+        sent = within(self.settings.sync_timeout_s, what, lambda: self._transfer(llm, model))
+        self.stats.update(push_s=time.perf_counter() - started, push_bytes=sent)  # the transfer, before the checks
         self.pushes += 1
         self.check(model)
         self.probe(model)
         self.pushed = version_of(model)
 
+    def _transfer(self, llm, model: torch.nn.Module) -> int:
+        """The push itself; the bytes it sent. With the adapter apart: the base weights when they changed (a
+        server's first push: it started from its own --model), then the adapter; else every weight, the adapter
+        merged in. Then the tied LM head's refresh (when the base was sent) and the prefix cache reset."""
+        sent, base_sent = 0, True
+        if self.adapter:
+            base_sent = base_version(model) != self.base_pushed
+            if base_sent:
+                weights = list(base_weights(model).items())
+                self._reload(llm, weights)
+                sent += weight_bytes(weights)
+                self.base_pushed = base_version(model)
+            adapter, config = adapter_weights(model)
+            self._load_adapter(llm, adapter, config)
+            sent += weight_bytes(adapter)
+        else:
+            weights = list(trainer_weights(model).items())
+            self._reload(llm, weights)
+            sent += weight_bytes(weights)
+        base = model.get_base_model() if hasattr(model, "get_base_model") else model
+        if base_sent and getattr(base.config, "tie_word_embeddings", False):
+            llm.refresh_tied_head()
+        llm.reset_prefix_cache()  # KV blocks of the old weights must not serve the next prompts
+        return sent
+
     def _reload(self, llm, weights: list[tuple[str, Tensor]]) -> None:
-        """The transfer itself (a test replaces it to skip a sync)."""
+        """The transfer of weights (a test replaces it to skip a sync)."""
         llm.load_weights(weights)
+
+    def _load_adapter(self, llm, adapter: list[tuple[str, Tensor]], config: dict[str, Any]) -> None:
+        """The transfer of the LoRA adapter (a test replaces it to skip a sync)."""
+        llm.load_adapter(adapter, config)
 
     def check(self, model: torch.nn.Module) -> None:
         """WeightSyncError unless the engine's readable tensors equal the trainer's (rollout.vllm.check_weights)."""

@@ -36,15 +36,15 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from grpokit.rollout.engines.vllm.errors import VLLMServerError
+from grpokit.rollout.engines.vllm.errors import VLLMServerError, WeightSyncTimeout
 
 START = "grpokit vllm-serve --model MODEL_DIR --port PORT"
 """How to start the server (grpokit.cli.vllm_serve), for the messages."""
 
 
-def pack_weights(weights: list[tuple[str, Tensor]]) -> bytes:
+def pack_weights(weights: list[tuple[str, Tensor]], metadata: dict[str, str] | None = None) -> bytes:
     """The tensors as one safetensors file (bytes), on the CPU, contiguous; a tensor sharing another's
-    storage is copied (safetensors refuses shared storage)."""
+    storage is copied (safetensors refuses shared storage). ``metadata``: strings kept in its header."""
     from safetensors.torch import save
 
     state: dict[str, Tensor] = {}
@@ -54,7 +54,7 @@ def pack_weights(weights: list[tuple[str, Tensor]]) -> bytes:
         ptr = t.untyped_storage().data_ptr()
         state[name] = t.clone() if ptr in seen else t
         seen.add(ptr)
-    return save(state)
+    return save(state, metadata=metadata)
 
 
 def unpack_weights(blob: bytes) -> list[tuple[str, Tensor]]:
@@ -62,6 +62,12 @@ def unpack_weights(blob: bytes) -> list[tuple[str, Tensor]]:
     from safetensors.torch import load
 
     return list(load(blob).items())
+
+
+def metadata_of(blob: bytes) -> dict[str, str]:
+    """The metadata in the header of a safetensors file (``blob``): 8 bytes of header length, then its JSON."""
+    header_len = int.from_bytes(blob[:8], "little")
+    return json.loads(blob[8 : 8 + header_len]).get("__metadata__", {})
 
 
 def pack_fingerprints(tensors: dict[str, tuple[tuple[int, ...], Tensor]]) -> bytes:
@@ -77,8 +83,7 @@ def unpack_fingerprints(blob: bytes) -> dict[str, tuple[tuple[int, ...], Tensor]
     from safetensors.torch import load
 
     values = load(blob)
-    header_len = int.from_bytes(blob[:8], "little")  # safetensors: 8-byte header length, then the JSON header
-    metadata = json.loads(blob[8 : 8 + header_len]).get("__metadata__", {})
+    metadata = metadata_of(blob)
     return {name: (tuple(json.loads(metadata[name])), tensor) for name, tensor in values.items()}
 
 
@@ -87,15 +92,19 @@ class ServerEngine:
     dependency). Waits up to ``timeout_s`` for its health check at construction. ``weight_transfer``: how a
     push travels, ``http`` (a safetensors file in a POST) or ``collective`` (each tensor broadcast over a
     process group of the two, grpokit.rollout.engines.vllm.collective, which meets at the server's host on
-    ``collective_port``)."""
+    ``collective_port``). ``sync_timeout_s``: how long each call of a weight push may take
+    (rollout.vllm.sync_timeout_s: WeightSyncTimeout past it); the other calls wait as long as the server works (a
+    long rollout is not a dead server)."""
 
     def __init__(
-        self, url: str, *, timeout_s: float = 240.0, weight_transfer: str = "http", collective_port: int = 51216
-    ):
+        self, url: str, *, timeout_s: float = 240.0, weight_transfer: str = "http", collective_port: int = 51216,
+        sync_timeout_s: float = 300.0,
+    ):  # fmt: skip
         self.url = url.rstrip("/")
-        self.timeout_s = timeout_s
+        self.timeout_s, self.sync_timeout_s = timeout_s, sync_timeout_s
         self.info = self._wait_healthy(timeout_s)
         self.dtype: str = self.info["dtype"]
+        self.max_lora_rank: int = int(self.info.get("max_lora_rank", 0))  # 0: the server takes no adapter
         self.weight_transfer, self.collective_port = weight_transfer, collective_port
         self.group: Any = None  # the collective's process group (opened at the first push) and its name
         self.group_name = ""
@@ -124,9 +133,12 @@ class ServerEngine:
                 )
             time.sleep(0.5)
 
-    def _call(self, what: str, path: str, *, body: bytes | None = None, json_body: Any = None) -> bytes:
+    def _call(
+        self, what: str, path: str, *, body: bytes | None = None, json_body: Any = None, timeout: float | None = None
+    ) -> bytes:
         """POST (with a body) or GET ``path``; the answer's bytes. VLLMServerError when the server is gone or
-        the call failed there (its message)."""
+        the call failed there (its message); WeightSyncTimeout when ``timeout`` seconds passed without an answer
+        (None: no limit)."""
         headers = {}
         if json_body is not None:
             body = json.dumps(json_body).encode()
@@ -135,7 +147,7 @@ class ServerEngine:
             headers["Content-Type"] = "application/octet-stream"
         request = urllib.request.Request(f"{self.url}{path}", data=body, headers=headers)
         try:
-            with urllib.request.urlopen(request) as r:  # no timeout: a long rollout is not a dead server
+            with urllib.request.urlopen(request, timeout=timeout) as r:  # None: a long rollout is not a dead server
                 return r.read()
         except urllib.error.HTTPError as e:
             try:
@@ -146,14 +158,22 @@ class ServerEngine:
                 f"the vLLM server at {self.url} failed {what} (HTTP {e.code}): {detail or e.reason}"
             ) from None
         except (OSError, http.client.HTTPException) as e:  # refused, reset, timed out (OSError too)
+            timed_out = isinstance(e, TimeoutError) or isinstance(getattr(e, "reason", None), TimeoutError)
+            if timeout is not None and timed_out:  # reading the answer, or connecting (URLError's reason)
+                raise WeightSyncTimeout(
+                    f"the vLLM server at {self.url} did not answer {what} within {timeout:g} s "
+                    "(rollout.vllm.sync_timeout_s): it hangs or is overloaded. Nothing was trained on samples of "
+                    "unknown weights; the run stops. Raise rollout.vllm.sync_timeout_s if a push of this model "
+                    "legitimately takes longer."
+                ) from None
             raise VLLMServerError(
                 f"the vLLM server at {self.url} stopped answering during {what} ({type(e).__name__}: "
                 f"{getattr(e, 'reason', e)}): it was stopped or died (its own output says why). Nothing was "
                 f"trained on this step's samples; restart it ({START}) and resume the run (grpokit train --resume)."
             ) from None
 
-    def _json(self, what: str, path: str, payload: Any = None) -> Any:
-        return json.loads(self._call(what, path, json_body=payload if payload is not None else {}))
+    def _json(self, what: str, path: str, payload: Any = None, timeout: float | None = None) -> Any:
+        return json.loads(self._call(what, path, json_body=payload if payload is not None else {}, timeout=timeout))
 
     # ----------------------------------------------------------------------------- LocalEngine's calls
 
@@ -166,7 +186,13 @@ class ServerEngine:
         if self.weight_transfer == "collective":
             self._broadcast_weights(weights)
         else:
-            self._call("a weight push", "/weights", body=pack_weights(weights))
+            self._call("a weight push", "/weights", body=pack_weights(weights), timeout=self.sync_timeout_s)
+
+    def load_adapter(self, weights: list[tuple[str, Tensor]], config: dict[str, Any]) -> None:
+        """The LoRA adapter in a POST (safetensors, its adapter_config in the header), over HTTP whatever the weight
+        transfer: a few MB, where the collective channel is for whole models."""
+        blob = pack_weights(weights, metadata={"adapter_config": json.dumps(config)})
+        self._call("an adapter push", "/lora", body=blob, timeout=self.sync_timeout_s)
 
     # ----------------------------------------------------------------------------- the collective transfer
 
@@ -233,10 +259,10 @@ class ServerEngine:
         self._alongside("a weight push", "/collective/weights", payload, lambda: send(self.group, weights, self.group_device))
 
     def refresh_tied_head(self) -> None:
-        self._json("the tied LM head's refresh", "/refresh_tied_head")
+        self._json("the tied LM head's refresh", "/refresh_tied_head", timeout=self.sync_timeout_s)
 
     def reset_prefix_cache(self) -> None:
-        self._json("the prefix cache reset", "/reset_prefix_cache")
+        self._json("the prefix cache reset", "/reset_prefix_cache", timeout=self.sync_timeout_s)
 
     def readable(self) -> dict[str, tuple[tuple[int, ...], Tensor]]:
         return unpack_fingerprints(self._call("the weight check", "/fingerprints", body=b""))

@@ -5,6 +5,7 @@ grpokit.rollout.engines.vllm.local.LocalEngine, the engine the colocated mode ru
     GET  /health              model, dtype, max_model_len, pid (answers once the engine is up)
     POST /generate            {"requests": [{"prompt_token_ids": [...], "params": {...}}]} -> token ids, log-probs
     POST /weights             a safetensors file in the body: vLLM's reload_weights with its tensors
+    POST /lora                a LoRA adapter as a safetensors file, its adapter_config in the header (--max-lora-rank)
     POST /refresh_tied_head   a tied LM head rebuilt from the embedding (grpokit.rollout.engines.vllm.local._refresh_tied_head)
     POST /reset_prefix_cache  no KV block of the old weights serves a prompt again
     POST /fingerprints        the weight check's values (safetensors bytes)
@@ -29,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from grpokit.rollout.engines.vllm.local import LocalEngine, start_llm
-from grpokit.rollout.engines.vllm.remote import pack_fingerprints, unpack_weights
+from grpokit.rollout.engines.vllm.remote import metadata_of, pack_fingerprints, unpack_weights
 
 
 class Channel:
@@ -118,6 +119,13 @@ def build_app(engine: LocalEngine, info: dict[str, Any], host: str = "127.0.0.1"
         engine.load_weights(tensors)  # on the event loop's thread, as every engine call
         return {"tensors": len(tensors)}
 
+    @app.post("/lora")
+    async def lora(request: Request):
+        blob = await request.body()
+        tensors = unpack_weights(blob)
+        engine.load_adapter(tensors, json.loads(metadata_of(blob)["adapter_config"]))
+        return {"tensors": len(tensors)}
+
     @app.post("/refresh_tied_head")
     async def refresh_tied_head():
         engine.refresh_tied_head()
@@ -152,9 +160,11 @@ def serve(
     cpu_kv_cache_gib: int = 1,
     gpu_memory_utilization: float = 0.9,
     threads: int | None = None,
+    max_lora_rank: int = 0,
 ) -> None:
     """Start the engine of ``model`` (a folder with config.json and safetensors, or a hub id), then answer
-    on ``host``:``port`` until stopped (Ctrl-C, SIGTERM)."""
+    on ``host``:``port`` until stopped (Ctrl-C, SIGTERM). ``max_lora_rank`` > 0: with vLLM's LoRA support, so a LoRA
+    run pushes its adapter alone (rollout.vllm.lora_push), of at most that rank."""
     import torch
     import uvicorn
 
@@ -164,12 +174,13 @@ def serve(
     llm = start_llm(
         model, dtype=dtype, seed=seed, max_model_len=max_model_len, enforce_eager=enforce_eager,
         cpu_kv_cache_gib=cpu_kv_cache_gib, gpu_memory_utilization=gpu_memory_utilization, sleep=False, cuda=cuda,
+        max_lora_rank=max_lora_rank,
     )  # fmt: skip
     config = llm.llm_engine.model_config
     resolved = str(config.dtype).removeprefix("torch.")
     info = {
         "model": str(model), "dtype": resolved, "max_model_len": config.max_model_len, "pid": os.getpid(),
-        "device": "cuda" if cuda else "cpu",
+        "device": "cuda" if cuda else "cpu", "max_lora_rank": max_lora_rank,
     }  # fmt: skip
     app = build_app(LocalEngine(llm, resolved), info, host)
     print(f"grpokit vllm-serve: {json.dumps(info)} at http://{host}:{port}", flush=True)
