@@ -91,3 +91,21 @@ class Closer:
     def close(self):
         with open(self.path, "w") as f:
             f.write("closed")
+
+
+class Chat:
+    """grpokit's own environment for the runs with an environment per row: one step, then done."""
+
+    def reset(self, row):
+        return [{"role": "user", "content": row["prompt"]}]
+
+    def step(self, text):
+        return EnvStep([], None, True)
+
+
+def chat_digit(prompts, completions, environment, **kwargs):
+    """Chat's own reward: 1 when the model's first turn holds a digit; None (does not apply) on other rows."""
+    return [
+        float(any(c.isdigit() for c in completion[0]["content"])) if env == "chat" else None
+        for completion, env in zip(completions, environment)
+    ]
