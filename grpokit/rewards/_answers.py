@@ -9,15 +9,18 @@ Only what a reader of the rendered completion sees is graded:
   - what a reader does not see, or sees withdrawn, is removed: struck-out text (~~x~~, <del>, <s>,
     \\sout, \\cancel), markdown comments and link reference definitions ([//]: # (x)), images with
     their alt text, link targets and titles, \\label; \\textbf{x} and its kind are read as x;
-  - a completion whose graded part recolours, scales, overlaps or redefines text (\\color,
-    \\textcolor, \\colorbox, \\scalebox, \\resizebox, \\style, \\htmlStyle, \\class, \\rlap, \\smash,
-    \\raisebox, \\def, \\newcommand, \\renewcommand, \\let, \\iffalse), or holds an HTML element other
+  - a completion whose graded part holds TeX that does not print what it holds as written, by an
+    allowlist (`_tex.py`: a command or environment not known to print, such as \\color, \\rlap, \\def,
+    \\setbox, \\iffalse, \\begin{comment} or an environment of its own), or holds an HTML element other
     than plain text markup (b, i, em, strong, sup, sub, p, br, lists, tables, headings: any other, such as
     <template>, <noscript>, <textarea>, <font>, <span>, <details>, <script>), any HTML attribute, or CDATA,
     cannot be graded from what a reader sees: it scores 0 (MALFORMED).
 Then the answer is, at the first level present: the <answer>...</answer> blocks (a \\boxed{} inside
-one wins over its text), every \\boxed{} / \\fbox{}, every GSM8K "#### n", else the last answer
-marker: "answer" followed by "is", "would/will/should be", ":" or "=" ("The final answer is 18",
+one wins over its text), every \\boxed{} / \\fbox{} the text owns (`disowned`: not one it negates, "not
+\\boxed{18}", "\\boxed{18} is wrong", "rather than"; gives as someone else's or hypothetically, "Tom thinks",
+"one might say", "Tom's answer"; gives up, "at first I thought"; calls a mistake; or asks, "\\boxed{18}?"),
+every GSM8K "#### n", else the last answer
+marker the text owns: "answer" followed by "is", "would/will/should be", ":" or "=" ("The final answer is 18",
 "**Answer:** 18", "Answer = 18"), or a heading or bold label "Answer" / "Final Answer" alone on its
 line with the value on the next one; markdown emphasis around the marker or the value is dropped, and
 so is the sentence's closing ".", "!" or "?" ("The answer is 18!" is 18, not 18 factorial: a boxed
@@ -26,10 +29,11 @@ so is the sentence's closing ".", "!" or "?" ("The answer is 18!" is 18, not 18 
 
 from __future__ import annotations
 
-import collections
 import re
 
+from grpokit.rewards._tex import first_unprinted
 from grpokit.rewards._text import tag_blocks
+from grpokit.rewards._units import unit_after
 
 MAX_ANSWER_CHARS = 1000
 MALFORMED = "\x00malformed"
@@ -41,16 +45,12 @@ _PHRASE_RE = re.compile(
     r"|^[ \t]*#*[ \t]*[*_]*[ \t]*(?:final[ \t]+)?answer[ \t]*[*_]*[ \t]*:?[ \t]*[*_]*[ \t]*$",
     re.IGNORECASE | re.MULTILINE,
 )
-_BOX_RE = re.compile(r"\\(?:boxed|fbox)\s*")
+_BOX_RE = re.compile(r"\\(?:boxed|fbox)(?![A-Za-z])\s*")
 _INLINE_CODE_RE = re.compile(r"`[^`\n]*`")
 _HTML_COMMENT_RE = re.compile(r"<!--.*?(?:-->|\Z)", re.DOTALL)
-_PHANTOM_RE = re.compile(r"\\[hv]?phantom\s*")
+_PHANTOM_RE = re.compile(r"\\[hv]?phantom(?![A-Za-z])\s*")
 _HIDING_RE = re.compile(
-    r"\\(?:color|textcolor|colorbox|fcolorbox|pagecolor|scalebox|resizebox|def|edef|gdef|newcommand|"
-    r"renewcommand|providecommand|let|iffalse|if0|DeclareRobustCommand|style|htmlStyle|htmlClass|htmlId|"
-    r"htmlData|class|cssId|mathcolor|rlap|llap|clap|mathrlap|mathllap|mathclap|smash|raisebox|"
-    r"mathchoice|hidden)(?![A-Za-z])"
-    r"|<\s*(?:details|style|script)\b|<\s*[A-Za-z][^>]*\b(?:style|class|hidden)\b|<!\[CDATA\[|<!(?!--)",
+    r"<\s*(?:details|style|script)\b|<\s*[A-Za-z][^>]*\b(?:style|class|hidden)\b|<!\[CDATA\[|<!(?!--)",
     re.IGNORECASE,
 )
 _TAG_RE = re.compile(r"<\s*(/?)\s*([A-Za-z][A-Za-z0-9-]*)((?:\s+[^<>]*?)?)\s*(/?)\s*>")
@@ -75,11 +75,13 @@ STRUCK_RE = re.compile(
     r"~~(?=\S)(?:.*?\S)?~~|<\s*(del|s|strike)\s*>.*?<\s*/\s*\1\s*>",
     re.IGNORECASE | re.DOTALL,
 )
-_STRUCK_LATEX_RE = re.compile(r"\\(?:sout|st|cancel|bcancel|xcancel|xout|cancelto\s*\{[^{}]*\})\s*")
+_STRUCK_LATEX_RE = re.compile(
+    r"\\(?:(?:sout|st|cancel|bcancel|xcancel|xout)(?![A-Za-z])|cancelto\s*\{[^{}]*\})\s*"
+)
 _MD_DEFINITION_RE = re.compile(r"^[ \t]{0,3}\[[^\]\n]+\]:[ \t]*\S.*$", re.MULTILINE)
 _MD_IMAGE_RE = re.compile(r"!\[[^\]\n]*\]\([^)\n]*\)|!\[[^\]\n]*\]\[[^\]\n]*\]")
 _MD_LINK_RE = re.compile(r"\[([^\]\n]*)\]\([^)\n]*\)|\[([^\]\n]*)\]\[[^\]\n]*\]")
-_INVISIBLE_ARG_RE = re.compile(r"\\(?:label|href|url|hyperref)\s*")
+_INVISIBLE_ARG_RE = re.compile(r"\\(?:label|href|url|hyperref)(?![A-Za-z])\s*")
 _FORMAT_RE = re.compile(
     r"\\(?:textbf|textit|textsl|emph|underline|textsf|texttt|textrm|textup)\s*\{([^{}]*)\}"
 )
@@ -99,35 +101,143 @@ def _group_end(text: str, i: int, limit: int) -> int | None:
     return None
 
 
+_NOT_THIS_RE = re.compile(r",?\s+(?:rather\s+than|instead\s+of|not)\b", re.IGNORECASE)
 _CLAUSE_RE = re.compile(r"[,;]\s+(?=[A-Za-z]{2,}\b)(?![A-Za-z]\w*\s*=)")
 
 
-def _boxed(text: str) -> list[str]:
+def _boxes(text: str) -> list[tuple[int, int, str]]:
+    """(start, end, content) of every \\boxed{} / \\fbox{} of `text` (at most _MAX_BOXES + 1)."""
     out = []
     for m in _BOX_RE.finditer(text):
         i = m.end()
         if i < len(text) and text[i] == "{":
             j = _group_end(text, i, MAX_ANSWER_CHARS + 2)
-            out.append(text[i + 1 : j] if j is not None else "\x00unbalanced")
+            out.append(
+                (
+                    m.start(),
+                    j + 1 if j is not None else len(text),
+                    text[i + 1 : j] if j is not None else "\x00unbalanced",
+                )
+            )
         else:  # "\boxed 5"
             token = re.match(r"[^\s$]+", text[i : i + 100])
-            out.append(token.group(0) if token else "")
+            out.append((m.start(), i + (token.end() if token else 0), token.group(0) if token else ""))
         if len(out) > _MAX_BOXES:
             break
     return out
 
 
+def _boxed(text: str) -> list[str]:
+    return [content for _, _, content in _boxes(text)]
+
+
+def _owned_boxes(text: str) -> list[str]:
+    """The boxes the text states as its own answer (see `disowned`), each with the unit written right after
+    it ("\\boxed{120} hours" is "120 hours")."""
+    out = []
+    for start, end, content in _boxes(text):
+        if not disowned(text, start, end):
+            unit = unit_after(text[end:])
+            out.append(
+                content if unit is None else f"{content}{unit}" if unit == "%" else f"{content} {unit}"
+            )
+    return out
+
+
 def _phrase(text: str) -> str | None:
-    last = collections.deque(_PHRASE_RE.finditer(text), maxlen=1)
-    if not last:
-        return None
-    end = last[0].end()
-    rest = text[end : end + 300].lstrip().split("\n", 1)[0]
-    rest = re.split(r"[.!?]\s", rest, maxsplit=1)[0].strip()
-    rest = _CLAUSE_RE.split(rest, maxsplit=1)[0].strip()  # "18, which is ...": the clause is not the answer
-    while rest and rest[-1] in ".!?*_ " and not rest.endswith(("\\!", "\\?")):
-        rest = rest[:-1]
-    return rest.lstrip("*_ ").strip() or None
+    """The value after the last answer marker the text states as its own (see `disowned`)."""
+    for match in reversed(list(_PHRASE_RE.finditer(text))[-_MAX_BOXES:]):
+        end = match.end()
+        rest = text[end : end + 300].lstrip().split("\n", 1)[0]
+        rest = re.split(r"[.!?]\s", rest, maxsplit=1)[0].strip()
+        rest = _CLAUSE_RE.split(rest, maxsplit=1)[0].strip()  # "18, which is ...": not the answer
+        rest = _NOT_THIS_RE.split(rest, maxsplit=1)[0].strip()  # "17 rather than 18": 17
+        while rest and rest[-1] in ".!?*_ " and not rest.endswith(("\\!", "\\?")):
+            rest = rest[:-1]
+        value = rest.lstrip("*_ ").strip()
+        if not value:
+            return None
+        if not disowned(text, match.start(), match.end()):
+            return value
+    return None
+
+
+# --- answers the text itself disowns -------------------------------------------------------------------
+_CLAUSE_END_RE = re.compile(
+    r"(?<!\d)[.!?](?=\s|$)|\n|;|,?\s+(?:but|however|whereas|yet|so|thus|hence|therefore)\b,?", re.IGNORECASE
+)
+
+_FILLER = (
+    r"(?:(?:equal|equals|exactly|quite|simply|just|really|actually|the|a|an|to|be|is|was|answer|result|value|"
+    r"correct|right|final|of)\s+)*"
+)
+_NEGATED_BEFORE_RE = re.compile(
+    r"(?:\bnot|n't|\bnever|\bno\s+longer|\brather\s+than|\binstead\s+of|\bother\s+than|\bexcept(?:\s+for)?)"
+    rf"\s+{_FILLER}[$(\[]*\s*$",
+    re.IGNORECASE,
+)
+_NEGATED_AFTER_RE = re.compile(
+    r"^[\s$)\]*_]*(?:\?|[,(]?\s*(?:(?:(?:is|was|would\s+be|seems|looks|are)\s+(?:not\b|never\b|wrong|incorrect|false\b|"
+    r"invalid|mistaken|a\s+mistake|an\s+error))|isn't|wasn't|wrong\b|incorrect|false\b|invalid|mistaken|erroneous|"
+    r"ruled\s+out|rejected)|[\u2717\u2718\u274c])",
+    re.IGNORECASE,
+)
+_SAYING = (
+    r"say|says|said|claim|claims|claimed|think|thinks|thought|believe|believes|believed|guess|guesses|guessed|"
+    r"answered|write|"
+    r"writes|wrote|suggest|suggests|suggested|propose|proposes|proposed|argue|argues|argued|assert|asserts|"
+    r"asserted|insist|insists|insisted|expect|expects|expected|assume|assumes|assumed|get|gets|got"
+)
+_SUBJECT = (
+    r"[A-Z][a-z]+|(?i:he|she|they|one|someone|somebody|anyone|everyone|people|others|many|most|students?|"
+    r"teachers?|friends?|classmates?|i|we|you)"
+)
+_ATTRIBUTED_RE = re.compile(
+    rf"\b(?!(?i:my|our|your|its|the|this|that|a|an)\b)(?P<subject>{_SUBJECT})\s+(?:(?P<modal>(?i:might|may|would|could|will|should))\s+(?:have\s+)?)?"
+    r"(?:(?i:wrongly|mistakenly|incorrectly|often|usually|also|first|initially|naively)\s+)?"
+    rf"(?P<verb>(?i:{_SAYING}))\b"
+    r"|\b(?!(?i:my|our)\b)(?:[A-Za-z]+'s|(?i:his|her|their))\s+"
+    r"(?i:answer|guess|claim|result|value|solution|attempt)\b"
+)
+_SELF = frozenset("i we you i'd we'd".split())
+_PAST_BELIEF = frozenset("thought believed guessed assumed expected".split())
+_MISTAKE_RE = re.compile(
+    r"\b(?:mistake|mistaken|mistakenly|wrong|wrongly|incorrect|incorrectly|erroneous|error|pitfall|trap|naive|"
+    r"naively|careless|tempting)\w*\s+(?:[\w$]+\s+){0,4}[$(\[]*\s*$",
+    re.IGNORECASE,
+)
+
+
+def _clause(text: str, start: int, end: int) -> tuple[str, str]:
+    """(the text of the clause before `start`, the text after `end` to the clause's end)."""
+    lo = max(0, start - 300)
+    before = text[lo:start]
+    cut = None
+    for m in _CLAUSE_END_RE.finditer(before):
+        cut = m.end()
+    before = before[cut:] if cut is not None else before
+    after = text[end : end + 300]
+    m = _CLAUSE_END_RE.search(after)
+    return before, (after[: m.start() + 1] if m else after)
+
+
+def disowned(text: str, start: int, end: int) -> bool:
+    """Whether the text itself rejects the answer at text[start:end] or gives it as another's: negated
+    ("not \\boxed{18}", "rather than", "\\boxed{18} is wrong", a question "\\boxed{18}?"), said or believed
+    by someone else or hypothetically ("Tom thinks", "one might say", "Tom's answer", "you might guess"), a
+    belief given up ("I thought"), or named a mistake ("a common mistake is to answer"). The clause around
+    it decides (up to a sentence end, a semicolon or a "but")."""
+    before, after = _clause(text, start, end)
+    if _NEGATED_BEFORE_RE.search(before) or _NEGATED_AFTER_RE.match(after) or _MISTAKE_RE.search(before):
+        return True
+    for m in _ATTRIBUTED_RE.finditer(before):
+        between = before[m.end() :]
+        if "," in between or len(between.split()) > 8:
+            continue  # "Tom said he has 3 boxes, which makes 18": the saying is not about the answer
+        subject, verb = (m.group("subject") or "").lower(), (m.group("verb") or "").lower()
+        if not verb or m.group("modal") or subject not in _SELF or verb in _PAST_BELIEF:
+            return True
+    return False
 
 
 def _without_code(text: str) -> str:
@@ -237,7 +347,8 @@ def visible_region(text: str) -> str | None:
     text = _HTML_COMMENT_RE.sub(" ", text) if "<!--" in text else text
     if _HIDING_RE.search(text) or ("<" in text and _hides_in_html(STRUCK_RE.sub(" ", text))):
         return None
-    return _without_phantoms(_without_latex_comments(_without_markup(text)))
+    text = _without_phantoms(_without_latex_comments(_without_markup(text)))
+    return None if first_unprinted(text) is not None else text
 
 
 def extract_answers(completion: str) -> list[str]:
@@ -252,10 +363,12 @@ def extract_answers(completion: str) -> list[str]:
     if tags:
         out = []
         for tag in tags:
-            out.extend(_boxed(tag) or [_phrase(tag) or tag.strip()])
+            out.extend(_owned_boxes(tag) or [_phrase(tag) or tag.strip()])
         return out
     return (
-        _boxed(region) or [h.strip() for h in _HASH_RE.findall(region)] or [p for p in [_phrase(region)] if p]
+        _owned_boxes(region)
+        or [h.strip() for h in _HASH_RE.findall(region)]
+        or [p for p in [_phrase(region)] if p]
     )
 
 

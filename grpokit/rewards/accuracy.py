@@ -12,16 +12,19 @@ any command of that kind) or Unicode (every mathematical relation or arrow chara
 unless the ground truth has one; a number with a subscript or a prime mark (`18_8`, `18'`) the ground
 truth lacks; and an ellipsis (`18\\ldots`, `18...`): they state another value.
 
-Words after a number: with the prompt (the trainer always gives it), a number may be followed only
-by words its question uses, singular or plural ("18 apples"), the currency its currency sign names,
-"in total" / "altogether" / "each", and units (time, length, mass, volume, angle, money) of a quantity
-the question gives in no unit ("18 years" to "How old is Tom?"); a unit of a quantity the question
-measures in another unit states another value ("18 cents" for dollars, "18 km" for metres, "18
-minutes" for hours), and so does any other word ("18 doubled", "18 thousandths", "18 dozen"); a percent
-("18%", "18 per cent") to a question that speaks of no percent. Without a prompt, any word but those
-of _NOT_UNITS. Read as the value they show: "18 (dollars)" as "18 dollars", "eighteen (18)" as 18 (words
-that spell another number score 0), a repeating decimal 18.\\overline{3} as 55/3, and a trailing check mark
-is dropped.
+Words after a number (`_units.py`): with the prompt (the trainer always gives it), a number may be
+followed by the unit the question asks for ("How many minutes ...": "120 minutes" or "120 min", never "120
+hours", even where the question mentions hours), else a unit the question uses or a unit of a quantity it
+gives in no unit ("18 years" to "How old is Tom?"), a rate in the unit the question asks ("$18 per day",
+"$18 a day", "$18/day" to "How much does he earn each day?"), words its question uses, singular or plural
+("18 apples"), the currency its currency sign names, and "in total" / "altogether" / "each"; any other
+word states another value ("18 doubled", "18 thousandths", "18 dozen"), and so does a percent ("18%", "18
+per cent") to a question that speaks of no percent. A unit written right after a box is the box's
+("\\boxed{120} hours"), and one glued to its number is read apart ("18cm"). Without a prompt, any word but
+those of NOT_UNITS. Read as the value they show: "18 (dollars)" as "18 dollars", "eighteen (18)" and "18
+(eighteen)" as 18 (words that spell another number score 0), a repeating decimal 18.\\overline{3} as 55/3,
+and a trailing check mark is dropped. A gold of several values (the roots "2, 3") is matched by the same
+values in any order, joined by commas, "or" or "and", each alone or as "x = 2" (`several_values`).
 
 Equivalence: an exact match after light normalisation (done once), then an exact rational
 comparison when both sides are plain numbers (thousands separators, decimals, a/b and
@@ -45,24 +48,16 @@ Ground truth: the `answer` column, a bare value ("18", "\\frac{1}{2}") or a full
 from __future__ import annotations
 
 import ast
-import json
 import math
-import os
-import queue
 import re
-import select
-import subprocess
-import sys
-import threading
-import time
 import unicodedata
-from collections.abc import Callable
 from fractions import Fraction
 from functools import lru_cache
-from pathlib import Path
 
 from grpokit.rewards._answers import MALFORMED, MAX_ANSWER_CHARS, extract_answers, gold_answer
 from grpokit.rewards._text import to_text
+from grpokit.rewards._units import NOT_UNITS, question_units, spaced_units, words_allowed
+from grpokit.rewards._verify_pool import shared_pool, warm_up
 
 __all__ = [
     "MALFORMED",
@@ -83,16 +78,10 @@ _SPACES = re.compile(r"\\\\|\\[,!;: ]|\\q?quad|~")
 _NUMBER_RE = re.compile(
     r"^(?P<sign>[-+]?)\s*(?:\\?\$|€|£)?\s*(?P<sign2>[-+]?)"
     r"(?P<num>\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d{1,3}(?: \d{3})+(?:\.\d+)?|\d+(?:\.\d+)?|\.\d+|\d+\s*/\s*\d+|\\[dt]?frac\{\d+\}\{\d+\})"
-    r"\s*(?P<pct>%|percent)?(?P<words>(?:\s+[a-z]{2,}){0,4})$",
+    r"\s*(?P<pct>%|percent)?(?P<words>(?:\s+(?:[a-z]{2,}|[mglsh]\b)){0,4})$",
     re.ASCII | re.IGNORECASE,
 )
-_NOT_UNITS = frozenset(
-    "or and nor not to plus minus times over divided mod hundred hundreds thousand thousands million "
-    "millions billion billions trillion dozen dozens squared cubed half halves thirds quarters pi sqrt "
-    "doubled tripled quadrupled halved tenths hundredths thousandths millionths score scores "
-    "factorial percent more less fewer than about approximately roughly nearly almost around least "
-    "most at is are was were if".split()
-)
+_NOT_UNITS = NOT_UNITS
 
 
 def _has_foreign_digits(s: str) -> bool:
@@ -125,14 +114,17 @@ def normalize(s: str) -> str:
     s = _PER_CENT_RE.sub("%", s)  # "18 per cent", "18 percent", "18 pct"
     s = _REPEATING_RE.sub(_repeating_fraction, s)  # 18.\overline{3} = \frac{165}{9}
     paren = _PAREN_WORDS_RE.match(s)
-    if paren:  # "18 (dollars)" reads "18 dollars"; "eighteen (18)" is 18 when the words say 18
+    if paren:  # "18 (dollars)" is "18 dollars"; "eighteen (18)", "18 (eighteen)" are 18 when both say 18
         value, words = paren.group(1), paren.group(2)
         said = number_words(value.lower())
+        spelled = number_words(words.lower().replace("-", " "))
         if said is not None and _DIGITS_RE.fullmatch(words.replace(",", "")):
             s = words if said == int(words.replace(",", "")) else "\x00disagrees"
+        elif spelled is not None and _DIGITS_RE.fullmatch(value.replace(",", "")):
+            s = value if spelled == int(value.replace(",", "")) else "\x00disagrees"
         elif said is None and re.fullmatch(r"[A-Za-z][A-Za-z ]*", words):
             s = f"{value} {words}"
-    return s
+    return spaced_units(s)
 
 
 _CHECK_MARK_RE = re.compile(r"(?:\s*(?:[\u2713\u2714\u2611\u2705]|\\checkmark\b))+$")
@@ -319,71 +311,41 @@ _WORD_RE = re.compile(r"[a-z]+")
 
 
 def _words_allowed(pred: str, units: frozenset[str] | None) -> bool:
-    """False when `pred` is a number followed by a word that may change its value: with a question,
-    any word it does not use (singular or plural); without one, the words of _NOT_UNITS."""
+    """False when `pred` is a number followed by words that may change its value (see `_units.py`)."""
     m = _NUMBER_RE.match(pred)
     if m is None or not m.group("words").strip():
         return True
-    words = _WORD_RE.findall(m.group("words").lower())
-    if units is None:
-        return not any(w in _NOT_UNITS for w in words)
-    asked = {UNIT_DIMENSIONS[u] for u in units if u in UNIT_DIMENSIONS}
-    for w in words:
-        one = singular(w)
-        if w in units or one in units or w + "s" in units or w in _NEUTRAL or one in _NEUTRAL:
-            continue
-        if one in UNIT_DIMENSIONS and UNIT_DIMENSIONS[one] not in asked:
-            continue  # "18 years" to "How old is Tom?": a unit of what the question measures in no unit
-        return False  # a word the question does not use, or a unit other than the question's (cents for $)
-    return True
+    return words_allowed(_WORD_RE.findall(m.group("words").lower()), units)
 
 
-_NEUTRAL = frozenset("in total altogether all together overall each".split())
-"""Trailing words that never change a value, whatever the question."""
-UNIT_DIMENSIONS = {
-    **dict.fromkeys("second sec minute min hour hr day week month year decade century".split(), "time"),
-    **dict.fromkeys(
-        "millimeter millimetre mm centimeter centimetre cm meter metre m kilometer kilometre km inch foot ft "
-        "yard yd mile mi".split(),
-        "length",
-    ),
-    **dict.fromkeys("milligram mg gram g kilogram kg lb ounce oz ton tonne".split(), "mass"),
-    **dict.fromkeys(
-        "milliliter millilitre ml liter litre l gallon quart pint cup teaspoon tablespoon".split(), "volume"
-    ),
-    **dict.fromkeys("degree radian".split(), "angle"),
-    **dict.fromkeys("dollar cent penny nickel dime euro pound yen rupee".split(), "money"),
-}
-"""Units by what they measure (singular). A number may be followed by a unit its question uses, or by any
-unit of a quantity the question gives in no unit; a unit of the same quantity that the question does not
-use states another value ("18 cents" for dollars, "18 km" for metres, "18 minutes" for hours)."""
-_IRREGULAR = {"feet": "foot", "inches": "inch", "pennies": "penny", "centuries": "century"}
+_SEVERAL_RE = re.compile(r"\s*(?:,|;|\bor\b|\band\b)\s*")
+_NAMED_VALUE_RE = re.compile(r"^[A-Za-z](?:_\{?\w+\}?)?\s*=\s*")
 
 
-def singular(word: str) -> str:
-    if word in _IRREGULAR:
-        return _IRREGULAR[word]
-    if word.endswith(("ches", "shes", "xes")):
-        return word[:-2]
-    return word[:-1] if word.endswith("s") and not word.endswith("ss") and len(word) > 2 else word
-
-
-_CURRENCY_SIGNS = {"$": "dollar", "€": "euro", "£": "pound", "¥": "yen", "₹": "rupee"}
-
-
-def question_units(prompt: object) -> frozenset[str] | None:
-    """The words a number may be followed by in an answer to `prompt`: its own words (and their singular
-    forms), the currency its currency sign names, "%" when it speaks of percent; minus the words that
-    change a value. None without a prompt."""
-    text = to_text(prompt).lower()
-    if not text:
+def _values(s: str) -> list[str] | None:
+    """The values of a list of alternatives ("2, 3", "2 or 3", "x = 2 or x = 3", "\\{2, 3\\}"), each without
+    its "x =", None for one value (a thousands separator does not split one: "1,000") or a tuple "(2, 3)"."""
+    s = s.strip()
+    if s.startswith("\\{") and s.endswith("\\}"):
+        s = s[2:-2]
+    elif s[:1] in "([" or _plain_number(s) is not None:
         return None
-    found = _WORD_RE.findall(text)
-    words = (set(found) | {singular(w) for w in found}) - _NOT_UNITS
-    words |= {unit for sign, unit in _CURRENCY_SIGNS.items() if sign in text}
-    if "%" in text or re.search(r"\bper\s?cent|\bpercent", text):
-        words.add("%")
-    return frozenset(words)
+    parts = [part for part in _SEVERAL_RE.split(s) if part.strip()]
+    return [_NAMED_VALUE_RE.sub("", part).strip() for part in parts] if len(parts) > 1 else None
+
+
+def several_values(pred: str, gold: str) -> bool | None:
+    """For a gold of several values (the roots of an equation, "2, 3"), whether `pred` states the same
+    values in any order and in any of the ways of `_values` ("x = 3 or x = 2"); None when the gold is one
+    value, or a value is not a plain number (math-verify decides)."""
+    golds = _values(gold)
+    preds = _values(pred) if golds is not None else None
+    if golds is None or preds is None:
+        return None
+    p, g = [_plain_number(v) for v in preds], [_plain_number(v) for v in golds]
+    if None in p or None in g:
+        return None
+    return sorted(v for v, _ in p) == sorted(v for v, _ in g)
 
 
 def _exact_values(pred: str, gold: str) -> tuple | None:
@@ -395,179 +357,6 @@ def _exact_values(pred: str, gold: str) -> tuple | None:
     side, (value, pct) = ("pred", p) if p is not None else ("gold", g)
     values = [value, value / 100] if pct else [value]
     return side, tuple((v.numerator, v.denominator) for v in values)
-
-
-# --- math-verify in worker processes ---------------------------------------------------------------
-class VerifierPool:
-    """A few long-lived `_math_worker` processes, each answering one (gold, pred) at a time.
-
-    Thread-safe; usable from any thread (no signals in this process). A worker that misses its
-    deadline is killed and replaced, and that item counts as incorrect.
-    """
-
-    def __init__(self, workers: int | None = None):
-        self.workers = workers or max(1, min(4, os.cpu_count() or 1))
-        self._idle: queue.SimpleQueue = queue.SimpleQueue()
-        self._lock = threading.Lock()
-        self._live = 0
-        self.timeouts = 0
-
-    def _spawn(self) -> subprocess.Popen:
-        proc = subprocess.Popen(
-            [sys.executable, "-B", str(Path(__file__).with_name("_math_worker.py"))],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            text=True,
-            bufsize=1,
-        )
-        if self._readline(proc, 60.0) != "@ready":
-            proc.kill()
-            raise RuntimeError("math-verify worker failed to start (is math-verify installed?)")
-        return proc
-
-    def warm(self, starting: Callable[[], None] | None = None) -> None:
-        """Start one worker now unless one is live, so that the first answer math-verify must read does
-        not wait for its start (1-2 s on an idle core, 10 s and more under load). `starting()` is
-        called just before a start (RewardRunner's workers then stop the completion's budget)."""
-        with self._lock:
-            if self._live > 0:
-                return
-            self._live += 1
-        if starting is not None:
-            starting()
-        try:
-            proc = self._spawn()
-        except BaseException:
-            with self._lock:
-                self._live -= 1
-            raise
-        self._idle.put(proc)
-
-    def _checkout(self) -> subprocess.Popen:
-        try:
-            return self._idle.get_nowait()
-        except queue.Empty:
-            pass
-        with self._lock:
-            spawn = self._live < self.workers
-            if spawn:
-                self._live += 1
-        if not spawn:
-            return self._idle.get()
-        try:
-            return self._spawn()
-        except BaseException:
-            with self._lock:
-                self._live -= 1
-            raise
-
-    @staticmethod
-    def _readline(proc: subprocess.Popen, timeout: float) -> str | None:
-        deadline = time.monotonic() + timeout
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return None
-            ready, _, _ = select.select([proc.stdout], [], [], left)
-            if ready:
-                line = proc.stdout.readline()
-                if not line:
-                    return None
-                if line.startswith("@"):
-                    return line.strip()
-
-    def verify(self, groups: list[list[tuple[str, str, tuple | None]]], timeout_s: float) -> list[bool]:
-        """For each group (one completion's items), whether verify(gold, pred) holds for all its
-        (gold, pred, exact) items; `exact` is None or _exact_values(): compare the other side exactly
-        with those rational values. Groups run in parallel over the workers, the items of a group one
-        after the other within ONE budget for the group, budget_s(timeout_s): past it the group is
-        False (counted in `timeouts`) and its worker is replaced. A group stops at its first False."""
-        results = [False] * len(groups)
-        todo = iter(range(len(groups)))
-        lock = threading.Lock()
-        errors: list[BaseException] = []
-        budget = budget_s(timeout_s)
-
-        def work() -> None:
-            proc = None
-            try:
-                while True:
-                    with lock:
-                        g = next(todo, None)
-                    if g is None:
-                        return
-                    left, ok = budget, True  # time spent waiting for answers (not starting workers)
-                    for gold, pred, exact in groups[g]:
-                        if proc is None:
-                            proc = self._checkout()
-                        request = {"gold": gold, "pred": pred, "timeout_s": timeout_s, "exact": exact}
-                        proc.stdin.write(json.dumps(request) + "\n")
-                        proc.stdin.flush()
-                        asked = time.monotonic()
-                        reply = self._readline(proc, left)
-                        left -= time.monotonic() - asked
-                        if reply is None:  # stuck or dead: replace it
-                            self.timeouts += 1
-                            proc.kill()
-                            proc.wait()
-                            proc = None
-                            with self._lock:
-                                self._live -= 1
-                        if reply != "@1":
-                            ok = False
-                            break
-                    results[g] = ok
-            except BaseException as e:
-                errors.append(e)
-            finally:
-                if proc is not None:
-                    self._idle.put(proc)
-
-        threads = [threading.Thread(target=work, daemon=True) for _ in range(min(self.workers, len(groups)))]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        if errors:
-            raise errors[0]
-        return results
-
-
-def budget_s(timeout_s: float) -> float:
-    """math-verify's time for one completion, all its answers together (gold parse + pred parse + verify)."""
-    return 2 * max(1, math.ceil(timeout_s)) + 2.0
-
-
-_POOL: VerifierPool | None = None
-_POOL_LOCK = threading.Lock()
-_POOL_WORKERS: int | None = None  # None: VerifierPool's default; 1 in a forked child
-
-
-def _pool() -> VerifierPool:
-    global _POOL
-    with _POOL_LOCK:
-        if _POOL is None:
-            _POOL = VerifierPool(_POOL_WORKERS)
-        return _POOL
-
-
-def _forget_pool_in_child() -> None:
-    """A forked child (the reward runner's workers) starts its own math-verify workers: sharing the
-    parent's pipes would interleave two processes' requests and replies. One: the runner already
-    spreads completions over its workers, and its warm_up starts one (a second would start, cold,
-    inside a completion's budget)."""
-    global _POOL, _POOL_LOCK, _POOL_WORKERS
-    _POOL, _POOL_LOCK, _POOL_WORKERS = None, threading.Lock(), 1
-
-
-os.register_at_fork(after_in_child=_forget_pool_in_child)
-
-
-def _warm_up(starting: Callable[[], None]) -> None:
-    """math_accuracy's warm_up hook (see grpokit.rewards._workers): this process's math-verify worker
-    started before a completion's budget runs; a no-op once one is live."""
-    _pool().warm(starting)
 
 
 def _latex_gold(gold: str) -> str:
@@ -603,8 +392,10 @@ def score_answers(
             continue
         keys = []
         for c in cands:
-            c = answer_side(c, g)
-            v = False if c is None else quick_verdict(c, g, units)
+            v = several_values(c, g)
+            if v is None:
+                c = answer_side(c, g)
+                v = False if c is None else quick_verdict(c, g, units)
             if v is False:  # already wrong: math-verify need not see its other candidates
                 scores[i] = 0.0
                 break
@@ -617,7 +408,7 @@ def score_answers(
                 scores[i] = 1.0
     if groups:
         keys = list(groups)
-        for key, ok in zip(keys, _pool().verify([list(k) for k in keys], timeout_s)):
+        for key, ok in zip(keys, shared_pool().verify([list(k) for k in keys], timeout_s)):
             for i in groups[key]:
                 scores[i] = 1.0 if ok else 0.0
     return scores
@@ -636,7 +427,7 @@ def make_math_accuracy(answer_column: str = "answer", timeout_s: float = 2.0):
         return score_answers(texts, list(columns[answer_column]), timeout_s, prompts)
 
     math_accuracy.per_completion = True  # RewardRunner: one time budget per completion, not per batch
-    math_accuracy.warm_up = _warm_up  # RewardRunner's workers: math-verify starts outside any budget
+    math_accuracy.warm_up = warm_up  # RewardRunner's workers: math-verify starts outside any budget
     math_accuracy.chunked = True  # RewardRunner: several completions per call, still one budget each
     math_accuracy.columns = (
         answer_column,

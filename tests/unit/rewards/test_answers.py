@@ -200,3 +200,136 @@ def test_one_math_verify_budget_per_completion_not_per_boxed_expression():
     assert (
         time.monotonic() - start < 4.0 + 12.0
     )  # one budget (2 * 1 + 2 s) plus a worker restart and slack; not 8 x 4 s
+
+
+# --- issue 51: only what a reader sees, the answer the text owns, the unit asked for, more right styles
+APPLES = "Tom has 3 boxes of 6 apples. How many apples does Tom have?"
+TRIP = "A trip takes 2 hours. How many minutes does the trip take?"
+ROPE = "A rope is 9 metres long and another 9 metres. How many metres of rope are there?"
+WEIGHT = "A bag weighs 9 pounds and another 9 pounds. How many pounds do they weigh together?"
+WAGE = "Tom earns $3 an hour and works 6 hours a day. How much does he earn each day?"
+ROOTS = "Solve x^2 - 5x + 6 = 0."
+
+# TeX that prints nothing: not an answer, by an allowlist (rewards/_tex.py), whatever the construct
+UNPRINTED = [  # (name, completion): each hides \boxed{18}; the visible answer is 17
+    ("box register", r"\setbox0=\hbox{$\boxed{18}$} The answer is 17."),
+    ("sbox", r"\newsavebox{\b}\sbox{\b}{\boxed{18}} The answer is 17."),
+    ("savebox", r"\savebox{\b}{\boxed{18}} The answer is 17."),
+    ("comment environment", "\\begin{comment}\\boxed{18}\\end{comment}\nThe answer is 17."),
+    ("iffalse", r"\iffalse \boxed{18} \fi The answer is 17."),
+    ("ifnum", r"\ifnum1=0 \boxed{18}\fi The answer is 17."),
+    ("iftrue and else", r"\iftrue The answer is 17. \else \boxed{18} \fi"),
+    (
+        "newenvironment",
+        "\\newenvironment{h}{\\setbox0\\vbox\\bgroup}{\\egroup}\\begin{h}\\boxed{18}\\end{h} So 17.",
+    ),
+    ("an environment of its own", "\\begin{secret}\\boxed{18}\\end{secret} The answer is 17."),
+    ("vbox to zero height", r"\vbox to 0pt{\boxed{18}} The answer is 17."),
+    ("csname", r"\csname iffalse\endcsname \boxed{18} \fi The answer is 17."),
+    ("hspace argument", r"\hspace{\boxed{18}} The answer is 17."),
+]
+# the answer the text itself rejects, gives as another's or gives up is not its answer
+DISOWNED = [  # (name, completion): \boxed{18} or "the answer is 18" disowned; the stated answer is 17
+    ("negated", r"The answer is not \boxed{18}. The answer is 17."),
+    ("not equal to", r"The total is not equal to \boxed{18}; the answer is 17."),
+    ("called wrong after it", r"\boxed{18} is wrong. The answer is 17."),
+    ("marked with a cross", "\\boxed{18} \u2717 The answer is 17."),
+    ("rather than", r"The answer is 17 rather than \boxed{18}."),
+    ("instead of", r"The answer is 17 instead of \boxed{18}."),
+    ("someone thinks", r"Tom thinks it is \boxed{18}, but the answer is 17."),
+    ("one might say", r"One might say \boxed{18}; the answer is 17."),
+    ("you might guess", r"You might guess \boxed{18}. The answer is 17."),
+    ("a possessive", r"Tom's answer of \boxed{18} is off. The answer is 17."),
+    ("students write", r"Students often write \boxed{18}. The answer is 17."),
+    ("a belief given up", r"At first I thought \boxed{18}. The answer is 17."),
+    ("a common mistake", r"A common mistake is to answer \boxed{18}. The answer is 17."),
+    ("asked, not stated", r"Is it \boxed{18}? No, the answer is 17."),
+    ("a phrase said by another", "Tom says the answer is 18. I get 17 as the answer.\nThe answer is 17."),
+]
+OWNED = [  # honest phrasing around the right answer 18 still scores 1
+    r"I think the answer is \boxed{18}.",
+    r"We get \boxed{18}.",
+    r"So you get \boxed{18} apples.",
+    r"It is not hard to see that the answer is \boxed{18}.",
+    r"The answer is \boxed{18}, not 17.",
+    r"\boxed{18} (not 17)",
+    r"The answer isn't 17; it is \boxed{18}.",
+    r"Tom thinks it is \boxed{17}, but the answer is 18.",
+    r"After some thought, the answer is \boxed{18}.",
+    r"Not counting the boxes, there are \boxed{18} apples.",
+    r"Tom said he has 3 boxes of 6 apples, which makes \boxed{18}.",
+    r"A common mistake is to answer \boxed{17}; the answer is \boxed{18}.",
+    r"My guess is \boxed{18}.",
+    r"Correcting the error, the answer is \boxed{18}.",
+    r"The answer is 18, not \boxed{17}.",
+]
+
+
+@pytest.mark.parametrize("name,completion", UNPRINTED, ids=[c[0] for c in UNPRINTED])
+def test_tex_that_prints_nothing_holds_no_answer(name, completion):
+    """At 37165e5 each of these but \\iffalse (on the old list of hiding commands) scored 1 against 18 (the hidden
+    box) and 0 against 17."""
+    assert fast_math([APPLES] * 2, [completion] * 2, answer=["18", "17"]) == [0.0, 0.0]
+
+
+def test_the_tex_allowlist_passes_honest_tex():
+    honest = (
+        r"Since $\frac{3}{4} \cdot 24 = 18$ and $\sqrt{324} = 18$, we have \begin{aligned} x &= 3 \times 6 \\ &= 18 "
+        r"\end{aligned} so $\left(\dfrac{36}{2}\right) \geq 18 \pm 0$, $\mathbb{N} \ni 18$, \textbf{Answer:} "
+        r"$\boxed{18}$ \quad \checkmark"
+    )
+    assert fast_math([APPLES], [honest], answer=["18"]) == [1.0]
+
+
+@pytest.mark.parametrize("name,completion", DISOWNED, ids=[c[0] for c in DISOWNED])
+def test_an_answer_the_text_disowns_does_not_beat_the_stated_one(name, completion):
+    """Before, the disowned \\boxed{18} won (1 against 18); now the stated 17 is graded."""
+    assert fast_math([APPLES] * 2, [completion] * 2, answer=["18", "17"]) == [0.0, 1.0]
+
+
+@pytest.mark.parametrize("completion", OWNED)
+def test_honest_phrasing_keeps_its_answer(completion):
+    assert fast_math([APPLES], [completion], answer=["18"]) == [1.0]
+
+
+UNITS = [  # (name, completion, gold, question, expected)
+    ("the unit asked for", r"\boxed{120 \text{ minutes}}", "120", TRIP, 1.0),
+    ("its abbreviation", r"\boxed{120\text{ min}}", "120", TRIP, 1.0),
+    ("a unit the question mentions but does not ask for", r"\boxed{120 \text{ hours}}", "120", TRIP, 0.0),
+    ("the unit after the box", r"The trip takes \boxed{120} hours.", "120", TRIP, 0.0),
+    ("the asked unit after the box", r"The trip takes \boxed{120} minutes.", "120", TRIP, 1.0),
+    ("glued to the number", r"\boxed{18cm}", "18", ROPE, 0.0),
+    ("glued, the right unit", r"\boxed{18m}", "18", ROPE, 1.0),
+    ("a single-letter unit", r"\boxed{18 \text{ m}}", "18", ROPE, 1.0),
+    ("kilograms for pounds", r"\boxed{18 kg}", "18", WEIGHT, 0.0),
+    ("pounds for pounds", r"\boxed{18 \text{ lbs}}", "18", WEIGHT, 1.0),
+    ("unit in text after the box", r"So \boxed{18}\,\text{cm} in all.", "18", ROPE, 0.0),
+    ("a percent sign after the box", r"\boxed{50}\%", "0.5", None, 1.0),
+]
+
+
+@pytest.mark.parametrize("name,completion,gold,prompt,expected", UNITS, ids=[c[0] for c in UNITS])
+def test_a_unit_other_than_the_one_asked_for_is_wrong(name, completion, gold, prompt, expected):
+    assert fast_math([prompt], [completion], answer=[gold]) == [expected]
+
+
+STYLES_51 = [  # (name, completion, gold, question, expected): right styles that scored 0 at 37165e5, and their wrong twins
+    ("a number and its spelling", "The answer is 18 (eighteen).", "18", APPLES, 1.0),
+    ("boxed with its spelling", r"\boxed{18 \text{ (eighteen)}}", "18", APPLES, 1.0),
+    ("a spelling that disagrees", "The answer is 18 (seventeen).", "18", APPLES, 0.0),
+    ("money per day", r"The answer is \$18 per day.", "18", WAGE, 1.0),
+    ("money a day", "He earns \\$18 a day.\n\n**Answer:** \\$18 a day", "18", WAGE, 1.0),
+    ("money over a day", r"\boxed{\$18/\text{day}}", "18", WAGE, 1.0),
+    ("money per hour, the wrong rate", r"The answer is \$18 per hour.", "18", WAGE, 0.0),
+    ("roots joined by or", r"\boxed{x = 2 \text{ or } x = 3}", "2, 3", ROOTS, 1.0),
+    ("roots joined by and, any order", r"The answer is x = 3 and x = 2.", "2,3", ROOTS, 1.0),
+    ("roots as a set", r"\boxed{\{3, 2\}}", "x=2 \\text{ or } x=3", ROOTS, 1.0),
+    ("one root of two", r"\boxed{x = 2}", "2, 3", ROOTS, 0.0),
+    ("a wrong root", r"\boxed{x = 2 \text{ or } x = 4}", "2, 3", ROOTS, 0.0),
+    ("alternatives to a one-value gold", r"\boxed{18 \text{ or } 19}", "18", APPLES, 0.0),
+]
+
+
+@pytest.mark.parametrize("name,completion,gold,prompt,expected", STYLES_51, ids=[c[0] for c in STYLES_51])
+def test_more_right_styles(name, completion, gold, prompt, expected):
+    assert fast_math([prompt], [completion], answer=[gold]) == [expected]
