@@ -338,6 +338,9 @@ FLAG_MODES: dict[str, tuple[str, ...]] = {
     "seeds": ("learn", "async"),
     "eval_every": ("learn", "async"),
     "quick": ("learn",),
+    "task": ("learn",),
+    "train_size": ("learn",),
+    "arms": ("learn",),
     "trl_set": ("learn",),
     "compare": ("grpo", "sft", "memory"),
     "trl_script": ("grpo", "memory"),  # --memory refuses it with its reason (TRL runs in this Python)
@@ -359,7 +362,10 @@ FLAG_MODES: dict[str, tuple[str, ...]] = {
     "output_dir": ("grpo", "learn", "async"),
 }
 """Which modes read each option (by its argparse dest); one given to another mode would do nothing: refused.
---json, --mode and the mode flags themselves are every mode's."""
+EVERY_MODE's are read by every mode (a new option goes in one of the two: tests/unit/bench/test_bench_inputs.py)."""
+
+EVERY_MODE = ("help", "mode", "learn", "async_runs", "plan", "memory", "json")
+"""The options every mode reads: the mode flags themselves and --json."""
 
 TRL_ONLY = ("trl_script", "trl_python")
 """Options read only beside TRL: with --compare trl (--learn always runs TRL)."""
@@ -388,15 +394,15 @@ def unused_flags(args: argparse.Namespace) -> str | None:
     if len(chosen) > 1:
         return f"{' and '.join(chosen)} choose different benches: give one"
     mode = mode_of(args)
-    flags = {a.dest: a for a in _bench_parser()._actions if a.dest in FLAG_MODES}
-    for dest, modes in FLAG_MODES.items():
-        action = flags[dest]
+    for action in _bench_parser()._actions:
+        dest = action.dest
+        if dest not in FLAG_MODES:
+            continue
+        modes = FLAG_MODES[dest]
         value = getattr(args, dest, action.default)
         if value == action.default:
             continue
-        flag = action.option_strings[-1] if dest != "cuda_graphs" else "--no-cuda-graphs"
-        if dest == "gradient_checkpointing":
-            flag = "--no-gradient-checkpointing"
+        flag = action.option_strings[-1]
         if mode not in modes:
             names = [MODES[m].split(" (")[0] for m in modes]
             readers = names[0] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}"

@@ -62,6 +62,18 @@ COMPUTE_BYTES = {"fp32": 4, "bf16_mixed": 2, "fp16_mixed": 2, "bf16_kahan": 2, "
 OPTIMIZER_BYTES = {"fp32": 8, "bf16_mixed": 8, "fp16_mixed": 8, "bf16_kahan": 6, "bf16_pure": 4}
 
 
+DIM_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
+"""The config.json fields the plan reads; each a whole number >= 1 (num_key_value_heads and head_dim too, when given)."""
+
+
+def _whole(c: dict[str, Any], key: str) -> int:
+    """``c[key]`` as a whole number >= 1, else ValueError naming the field and its value."""
+    value = c[key]
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{key} is {value!r}, not a whole number >= 1")
+    return value
+
+
 @dataclass(frozen=True)
 class ModelDims:
     vocab: int
@@ -75,15 +87,37 @@ class ModelDims:
 
     @classmethod
     def from_dict(cls, c: dict[str, Any]) -> ModelDims:
-        heads = c["num_attention_heads"]
+        """The dimensions of a transformers config.json; ValueError naming the field for one that is missing,
+        not a whole number >= 1 (a string, a bool, 0, a negative) or inconsistent (hidden_size not a multiple
+        of num_attention_heads without a head_dim; num_key_value_heads not dividing num_attention_heads)."""
+        if not isinstance(c, dict):
+            raise ValueError(f"expected a mapping of fields, got {type(c).__name__}")
+        dims = {}
+        for key in DIM_FIELDS:
+            if key not in c:
+                raise ValueError(f"no field {key!r}")
+            dims[key] = _whole(c, key)
+        heads = dims["num_attention_heads"]
+        kv_heads = _whole(c, "num_key_value_heads") if c.get("num_key_value_heads") is not None else heads
+        if c.get("head_dim") is not None:
+            head_dim = _whole(c, "head_dim")
+        elif dims["hidden_size"] % heads:
+            raise ValueError(
+                f"hidden_size {dims['hidden_size']} is not a multiple of num_attention_heads {heads} and no "
+                "head_dim is given"
+            )
+        else:
+            head_dim = dims["hidden_size"] // heads
+        if heads % kv_heads:
+            raise ValueError(f"num_key_value_heads {kv_heads} does not divide num_attention_heads {heads}")
         return cls(
-            vocab=c["vocab_size"],
-            hidden=c["hidden_size"],
-            intermediate=c["intermediate_size"],
-            layers=c["num_hidden_layers"],
+            vocab=dims["vocab_size"],
+            hidden=dims["hidden_size"],
+            intermediate=dims["intermediate_size"],
+            layers=dims["num_hidden_layers"],
             heads=heads,
-            kv_heads=c.get("num_key_value_heads") or heads,
-            head_dim=c.get("head_dim") or c["hidden_size"] // heads,
+            kv_heads=kv_heads,
+            head_dim=head_dim,
             tied=bool(c.get("tie_word_embeddings", False)),
         )
 
@@ -93,8 +127,11 @@ class ModelDims:
         p = p / "config.json" if p.is_dir() else p
         try:
             return cls.from_dict(json.loads(p.read_text()))
-        except (OSError, ValueError, KeyError) as e:
-            raise ValueError(f"--plan {path}: not a transformers config.json of a decoder ({e})") from None
+        except (OSError, ValueError) as e:
+            raise ValueError(
+                f"--plan {path}: not a transformers config.json of a decoder ({e}); give the config.json of the "
+                "model to plan for (or its folder)"
+            ) from None
 
     @property
     def params(self) -> int:

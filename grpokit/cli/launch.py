@@ -114,10 +114,12 @@ def main(argv: list[str]) -> int:
         ValueError,
         RuntimeError,
         OSError,
+        AssertionError,  # torch's agent asserts some settings only when it starts
     ) as e:  # torch's agent failed before or while starting the ranks
         text = str(e).strip().splitlines()
         print(
-            f"grpokit launch: torchrun failed: {type(e).__name__}: {text[0] if text else ''}", file=sys.stderr
+            f"grpokit launch: torchrun failed: {type(e).__name__}: {text[0] if text else '(no message)'}",
+            file=sys.stderr,
         )
         return 1
     finally:
@@ -151,8 +153,12 @@ def parse_options(options: list[str], command: list[str]):
     trial = copy.deepcopy(args)
     trial.log_dir = trial.log_dir or os.devnull  # no log folder made for the check
     try:
-        config_from_args(trial)
+        config, _, _ = config_from_args(trial)
     except (ValueError, RuntimeError, AssertionError, TypeError, KeyError, OSError) as e:
         text = str(e).strip().splitlines()
         refuse(f"{type(e).__name__}: {text[0] if text else ''}".rstrip(": "))
+    if config.nproc_per_node < 1:  # torch's agent asserts it later, with a bare AssertionError and a traceback
+        refuse(f"--nproc_per_node={args.nproc_per_node} starts no process: give 1 or more (e.g. --nproc_per_node=2)")
+    if not 0 <= args.master_port <= 65535:  # torch's rendezvous refuses it only once started
+        refuse(f"--master_port={args.master_port} is not a port: give one in 0-65535 (e.g. --master_port=29500)")
     return args

@@ -152,7 +152,9 @@ def check_settings_in_use(cfg: Any) -> None:
     """Settings changed from their default in a part that is off would be silently ignored: refused, as
     critic.* without a critic is: lora.* without lora.enabled, the multi-turn rollout.* settings without
     rollout.tools or rollout.environment, the fast engine's cache settings with rollout.engine=hf, rollout.vllm.*
-    without rollout.engine=vllm, optim.micro_batch_tokens without packing. Checked when a trainer starts (a Python API user may set rollout.tools in code after load_config)."""
+    without rollout.engine=vllm, optim.micro_batch_tokens without packing, optim.offload_reference without a
+    reference model (check_reference_offload). Checked when a trainer starts (a Python API user may set
+    rollout.tools in code after load_config)."""
     lora = [f.name for f in dataclasses.fields(cfg.lora) if f.name != "enabled"]
     checks = [(cfg.lora, "lora", lora, cfg.lora.enabled, "lora.enabled=true")]
     r = getattr(cfg, "rollout", None)
@@ -181,6 +183,8 @@ def check_settings_in_use(cfg: Any) -> None:
     if o is not None and hasattr(o, "micro_batch_tokens"):
         packing = o.packing or bool(getattr(getattr(cfg, "sft", None), "packing", False))
         checks.append((o, "optim", ["micro_batch_tokens"], packing, "optim.packing=true (grpokit sft: or sft.packing)"))
+    if o is not None and getattr(o, "offload_reference", False):
+        check_reference_offload(cfg)
     for section, prefix, names, on, how in checks:
         if on:
             continue
@@ -191,6 +195,58 @@ def check_settings_in_use(cfg: Any) -> None:
             raise ConfigError(
                 f"{shown}: taken only with {how}, so ignored as it stands; set that, or remove the setting."
             )
+
+
+def check_reference_offload(cfg: Any) -> None:
+    """optim.offload_reference=true moves a reference model that does not exist (algo.beta 0 and no KL in the
+    reward; grpokit sft, which has none): it would do nothing, so it is refused."""
+    if not hasattr(cfg, "algo"):  # grpokit sft: no reference model
+        raise ConfigError(
+            "optim.offload_reference=true: grpokit sft keeps no reference model, so there is nothing to offload; "
+            "remove the setting (optim.offload_optimizer offloads the optimizer's states)."
+        )
+    from grpokit.algos import KNOBS, PRESETS  # lazy: grpokit.algos imports torch
+
+    try:
+        settings = PRESETS[cfg.algo.preset].override(
+            **{key: getattr(cfg.algo, key) for key in KNOBS if getattr(cfg.algo, key) is not None}
+        )
+    except (KeyError, ValueError):
+        return  # a bad preset or value is reported by its own check
+    if not settings.uses_reference:
+        raise ConfigError(
+            f"optim.offload_reference=true: this run keeps no reference model (algo.beta={settings.kl.beta:g} and "
+            f"algo.kl_reward_coef={settings.kl.reward_coef:g}: no KL), so there is nothing to offload; remove the "
+            "setting, or set algo.beta > 0 for a KL to the reference."
+        )
+
+
+def check_entropy_start(cfg: Any) -> None:
+    """With algo.adaptive_entropy the coefficient c lives in [entropy_coef_min, entropy_coef_max]
+    (grpokit.algos.entropy_bonus.EntropyControl): a start (algo.entropy_coef) above the maximum is never applied
+    (the bonus acts only after a step at or below the target, and that step clamps c to the maximum); one below
+    the minimum would apply a coefficient the range excludes. Both refused."""
+    from grpokit.algos import KNOBS, PRESETS  # lazy: grpokit.algos imports torch
+
+    given = {key: getattr(cfg.algo, key) for key in KNOBS if getattr(cfg.algo, key) is not None}
+    try:
+        entropy = PRESETS[cfg.algo.preset].override(**given).entropy
+    except (KeyError, ValueError):
+        return  # a bad preset or value is reported by its own check
+    if not entropy.adaptive or entropy.coef_min > entropy.coef_max:  # the latter is refused as ineffective
+        return
+    fix = "start within [algo.entropy_coef_min, algo.entropy_coef_max], or widen that range."
+    if entropy.coef > entropy.coef_max:
+        raise ConfigError(
+            f"algo.entropy_coef={entropy.coef:g} is above algo.entropy_coef_max={entropy.coef_max:g}: the adaptive "
+            "bonus acts only after a step at or below algo.entropy_target, which clamps the coefficient to the "
+            f"maximum, so this start would never be used; {fix}"
+        )
+    if entropy.coef < entropy.coef_min:
+        raise ConfigError(
+            f"algo.entropy_coef={entropy.coef:g} is below algo.entropy_coef_min={entropy.coef_min:g}: the adaptive "
+            f"coefficient would be applied below its own minimum until it climbs there; {fix}"
+        )
 
 
 def check_algo_knobs(cfg: Any) -> None:
@@ -337,6 +393,7 @@ def check_config(cfg: Any) -> None:
     check_tree(cfg)  # ranges, choices and the single-setting rules, as declared
     check_critic(cfg)  # critic.* settings need an algorithm that trains a critic
     check_algo_knobs(cfg)  # algo.* knobs the chosen estimator, loss or batch settings would ignore
+    check_entropy_start(cfg)  # an adaptive entropy coefficient that starts outside its own range
     check_async(cfg.rollout)  # rollout.max_staleness with an engine or multi-turn it cannot run with yet
     if cfg.rollout.group_size < 2:
         raise ConfigError(
