@@ -803,6 +803,15 @@ class TrainConfig:
         "Under torchrun (WORLD_SIZE > 1): fsdp (shard with FSDP2) | ddp | auto (ddp with LoRA, else fsdp).",
         choices=STRATEGIES,
     )
+    defaults: str = setting(
+        "grpokit",
+        """grpokit | trl: trl lays TRL GRPOConfig's defaults under this config wherever a setting is left unset or at
+        grpokit's default (optim.adam_beta2 0.999, algo.std_eps 1e-4, algo.beta 0 and token-mean unless algo.preset
+        is chosen, train.stop_after_flat_steps 0, optim.schedule linear, rollout.max_new_tokens 512, train.seed 42,
+        model.gradient_checkpointing, 3 epochs unless train.steps is set; grpokit.config.trl.with_trl_defaults). The
+        list and why grpokit's differ: docs/guides/from-trl.md.""",
+        choices=("grpokit", "trl"),
+    )
 
 
 @dataclass
@@ -827,6 +836,10 @@ def config_from_dict(values: dict[str, Any]) -> Config:
     """Build and validate a Config from a nested mapping (as read from YAML)."""
     if not isinstance(values, dict):
         raise ConfigError(f"a config must be a mapping of sections, got {type(values).__name__}")
+    if isinstance(values.get("train"), dict) and values["train"].get("defaults") == "trl":
+        from grpokit.config.trl import with_trl_defaults
+
+        values = with_trl_defaults(values)  # train.defaults=trl: TRL's defaults under the given values
     cfg = build_config(Config, values)
     check_config(cfg)
     return cfg

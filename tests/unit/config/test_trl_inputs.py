@@ -96,3 +96,64 @@ def test_the_training_argument_tables_are_transformers_fields_and_defaults():
     assert TRAINING_INERT <= set(fields)
     for key, (default, _) in TRAINING_REFUSED_UNLESS_DEFAULT.items():
         assert fields[key].default == default, key
+
+
+# ---------------------------------------------------------------- train.defaults=trl: TRL's defaults, one switch
+
+
+def changed_by_the_switch() -> dict[str, object]:
+    """Every dotted setting train.defaults=trl changes on an empty config, with its new value (the algorithm's as
+    resolved over its preset; norm_len and overlong_buffer follow rollout.max_new_tokens)."""
+    from grpokit.config.schema import Config, config_to_dict, load_config, resolve_algo
+
+    default, switched = Config(), load_config(None, ["train.defaults=trl"])
+    ours, theirs = config_to_dict(default), config_to_dict(switched)
+    changed = {
+        f"{section}.{key}": value
+        for section, fields in theirs.items()
+        if isinstance(fields, dict) and section != "algo"
+        for key, value in fields.items()
+        if value != ours[section][key] and (section, key) != ("train", "defaults")
+    }
+    a, b = resolve_algo(default).flat(), resolve_algo(switched).flat()
+    changed.update({f"algo.{k}": b[k] for k in a if a[k] != b[k] and k not in ("norm_len", "overlong_buffer")})
+    return changed
+
+
+def test_the_trl_switch_gives_trls_defaults_where_they_differ():
+    changed = changed_by_the_switch()
+    # TRL 1.16's GRPOConfig defaults, written out by hand (grpokit's in brackets)
+    expected = {
+        "optim.adam_beta2": 0.999,  # (0.99)
+        "algo.std_eps": 1e-4,  # (1e-6)
+        "algo.beta": 0.0,  # (the grpo preset's 0.04)
+        "algo.agg": "token-mean",  # TRL's loss_type dapo (the grpo preset's seq-mean-token-mean)
+        "train.stop_after_flat_steps": 0,  # TRL has no such stop (5)
+        "optim.schedule": "linear",  # (constant)
+        "rollout.max_new_tokens": 512,  # (256)
+        "train.seed": 42,  # (0)
+        "model.gradient_checkpointing": True,  # (False)
+        "train.num_train_epochs": 3.0,  # (train.steps 100)
+    }
+    assert changed == expected
+    # where the run writes and the batch's geometry stay grpokit's
+    for key in ("train.output_dir", "train.report_to", "rollout.prompts_per_step", "optim.micro_batch_size"):
+        assert key not in changed
+
+
+def test_what_is_given_wins_over_the_switch():
+    from grpokit.config.schema import load_config, validated
+
+    cfg = load_config(None, ["train.defaults=trl", "algo.preset=dapo", "train.steps=7", "optim.adam_beta2=0.95"])
+    assert (cfg.optim.adam_beta2, cfg.train.steps, cfg.train.num_train_epochs) == (0.95, 7, None)
+    assert (cfg.algo.agg, cfg.algo.beta, cfg.algo.std_eps) == (None, None, None)  # the dapo preset's own
+    assert cfg.optim.schedule == "linear" and validated(cfg) == cfg  # a second pass changes nothing
+
+
+def test_the_from_trl_guide_lists_every_default_the_switch_changes():
+    from paths import REPO
+
+    text = (REPO / "docs/guides/from-trl.md").read_text()
+    table = text[text.index("## Defaults that differ from TRL's") :].split("\n## ")[0]
+    missing = [key for key in changed_by_the_switch() if f"`{key}`" not in table]
+    assert not missing, f"docs/guides/from-trl.md's defaults table does not name {missing}"
