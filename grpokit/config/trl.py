@@ -366,6 +366,8 @@ def from_trl(args: Any) -> tuple[dict[str, Any], list[str]]:
         out["train"]["num_train_epochs"] = float(v["num_train_epochs"])
         notes.append(f"max_steps unset: num_train_epochs={v['num_train_epochs']} passes over the prompts")
     out["train"]["seed"] = int(v["seed"])
+    out["train"]["stop_after_flat_steps"] = 0  # TRL trains on through steps without reward spread
+    notes.append("train.stop_after_flat_steps=0: TRL has no stop after steps without reward spread (grpokit's default: 5)")
     out["train"]["output_dir"] = str(v["output_dir"])
     saves = v["save_steps"] and v.get("save_strategy", "steps") not in ("no", "epoch", "best")
     out["train"]["save_every"] = _per("save_steps", int(v["save_steps"]), k) if saves else 0
@@ -525,6 +527,40 @@ def _vllm(v: dict[str, Any], out: dict[str, dict[str, Any]], notes: list[str]) -
         f"use_vllm: rollout.engine=vllm, {'served' if w['vllm_mode'] == 'server' else 'colocated'}; TRL's importance-sampling correction as "
         f"rollout.mismatch_correction={mode} with cap {cap} (grpokit's own default on vllm: token_truncate, cap 2)"
     )
+
+
+SWITCH_LEAVES = frozenset({
+    ("train", "output_dir"), ("train", "report_to"), ("train", "save_every"), ("train", "keep_checkpoints"),
+    ("rollout", "group_size"), ("rollout", "prompts_per_step"), ("optim", "micro_batch_size"),
+    ("optim", "mini_batches"), ("optim", "epochs"), ("model", "trust_remote_code"),
+})  # fmt: skip
+"""What train.defaults=trl leaves as it is: where the run writes and reports, and the batch's geometry (TRL's is
+counted in completions per device, grpokit's in prompts per step: set rollout.prompts_per_step x group_size)."""
+
+
+def with_trl_defaults(values: dict[str, Any]) -> dict[str, Any]:
+    """train.defaults=trl: the config's values (nested, as read) with TRL GRPOConfig's defaults (``from_trl({})``)
+    laid under every setting left unset or at grpokit's default, except SWITCH_LEAVES; the algorithm's only when
+    algo.preset is left at grpo (a preset chosen keeps its own), the epochs only when train.steps is left at its
+    default. The defaults that differ, and why grpokit's are what they are: docs/guides/from-trl.md."""
+    import copy
+
+    from grpokit.config.schema import Config, config_to_dict
+
+    ours, (theirs, _) = config_to_dict(Config()), from_trl({})
+    out = copy.deepcopy(values)
+    sections = {name: out.get(name) if isinstance(out.get(name), dict) else {} for name in theirs}
+    preset_chosen = sections["algo"].get("preset", "grpo") != "grpo"
+    steps_given = sections["train"].get("steps", ours["train"]["steps"]) != ours["train"]["steps"]
+    for name, fields in theirs.items():
+        if (name == "algo" and preset_chosen) or not isinstance(out.setdefault(name, {}), dict):
+            continue  # (a section that is no mapping is refused by the config's own check)
+        for key, value in fields.items():
+            if (name, key) in SWITCH_LEAVES or (name, key) == ("train", "num_train_epochs") and steps_given:
+                continue
+            if key not in out[name] or out[name][key] == ours[name][key]:
+                out[name][key] = value
+    return out
 
 
 def grpokit_yaml(values: dict[str, Any], notes: list[str], source: str) -> str:
