@@ -1,4 +1,4 @@
-"""The rollout engines moved to grpokit.rollout.engines (one module or folder per engine, docs/engines.md): this
+"""The rollout engines moved to grpokit.rollout.engines (one module or folder per engine, docs/design/engines.md): this
 path keeps the public names it had, for code written before."""
 
 from grpokit.rollout.engines import moved

@@ -10,7 +10,7 @@
 
 Every engine takes one :class:`SamplingParams` and returns one :class:`Rollout`; what it can do is said by its
 class's capabilities (``exact_logprobs``, ``holds_weights``, ``needs_fresh_process``, ``takes_lora_adapters``),
-which the rest of the library reads instead of its name. Adding one: docs/engines.md.
+which the rest of the library reads instead of its name. Adding one: docs/design/engines.md.
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ def moved(old: str, name: str, new: str) -> AttributeError:
     """The error of ``old.name`` where the module ``old`` kept only its public names when its code moved to
     ``new`` (grpokit.rollout.generation and the other paths from before the engines' folder)."""
     return AttributeError(
-        f"module {old!r} has no attribute {name!r}: its code moved to {new} (docs/engines.md)"
+        f"module {old!r} has no attribute {name!r}: its code moved to {new} (docs/design/engines.md)"
     )
 
 

@@ -7,7 +7,7 @@
                               eos_token_ids=[2], pad_token_id=0)
 
 An engine implements ``sample(model, prompt_ids, params)``; its capabilities are class attributes that the
-rest of the library reads instead of the engine's name (docs/engines.md says how to add one).
+rest of the library reads instead of the engine's name (docs/design/engines.md says how to add one).
 
 Conventions every engine keeps (and ``grpokit.model.logprobs.completion_logprobs``):
 
