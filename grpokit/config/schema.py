@@ -394,6 +394,15 @@ class RolloutConfig:
         region bounds the distance to the policy that sampled; TRL's AsyncGRPO, prime-rl; auto correction none).""",
         choices=("proximal", "behaviour"),
     )
+    sampler_timeout_s: float = setting(
+        60.0,
+        """With rollout.max_staleness >= 1: seconds the sampler process may go without a heartbeat (it beats every
+        second from a thread of its own) while the trainer waits on it; then the run stops with
+        SamplerStalledError and a checkpoint (a stopped, frozen or hung process). Its first beat gets 600 s at
+        least (a spawned process imports torch first).""",
+        range="(0, inf)",
+        example=60.0,
+    )
     kv_cache: str = setting(
         "auto",
         "fast engine's cache: auto (static where the model supports it) | static | dynamic.",

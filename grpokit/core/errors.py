@@ -88,3 +88,14 @@ def exit_code(error: BaseException) -> int:
     if isinstance(error, OSError):
         return EXIT_IO
     return EXIT_FAILED
+
+
+def with_text(error: Exception, more: str) -> Exception:
+    """An error of ``error``'s class whose message ends with ``more`` (e.g. the checkpoint saved on the way out);
+    ``error`` itself when ``more`` is empty or its class takes more than a message."""
+    if not more:
+        return error
+    try:
+        return type(error)(f"{error}{more}")
+    except TypeError:
+        return error

@@ -23,7 +23,7 @@ from typing import Any, Protocol
 
 from grpokit.compat.trl.api import fire
 from grpokit.core.clock import TrainingClock
-from grpokit.core.errors import FlatRewardsError, TrainingError
+from grpokit.core.errors import CallbackError, FlatRewardsError
 from grpokit.run.lock import holding
 from grpokit.run.log import RunLogger
 from grpokit.run.state import RunState, StopOnSignals
@@ -44,11 +44,13 @@ class Trainer(Protocol):
     eval_rows: list[dict]  # held-out rows: evaluated before, every eval.every steps, after
     learner: Learner  # the model trained, its precision (sizes the checkpoints: RunState.check_space)
 
-    def begin(self, log: RunLogger) -> None:
-        """The run's log is open: the trainer's first lines, and where it writes while the run lasts."""
+    def begin(self, log: RunLogger, stop: StopOnSignals) -> None:
+        """The run's log is open: the trainer's first lines, and where it writes while the run lasts; ``stop``:
+        the run's signals (a signal sent to another process of the run stops it through ``stop.request``)."""
 
     def train_step(self) -> dict[str, float]:
-        """One step; its metrics, or {} when it was not taken (``stopped_early`` then says why)."""
+        """One step; its metrics, or {} when it was not taken (``stopped_early`` then says why, or a signal came
+        while it waited: ``stop.signal_name``)."""
 
     def evaluate(self) -> dict[str, float]:
         """The held-out metrics at this step."""
@@ -82,7 +84,7 @@ def run_training(trainer: Trainer) -> dict[str, Any]:
             ) as log,
             StopOnSignals() as stop,
         ):
-            trainer.begin(log)
+            trainer.begin(log, stop)
             fire(trainer.callbacks, "on_train_begin", trainer)
             if evaluates and trainer.step == 0:
                 summary.update(eval_summary(evaluate(trainer, log), "before"))
@@ -99,10 +101,12 @@ def run_training(trainer: Trainer) -> dict[str, Any]:
                 metrics = take_step(trainer)
                 if trainer.stopped_early:
                     break  # the step was not taken (GRPO: the prompts are solved)
+                if not metrics and stop.signal_name:
+                    break  # a signal while the step waited for its batch: not taken, the last one is saved
                 log.log_step(trainer.step, metrics)
                 run.step_logged()  # --overwrite: the run replaced goes once this one has a step
                 trainer.log_history.append({"step": trainer.step, **metrics})
-                run_callbacks(trainer, metrics)  # one that raises: checkpoint, TrainingError
+                run_callbacks(trainer, metrics)  # one that raises: checkpoint, CallbackError
                 stop.signal_name = dist.agree(stop.signal_name)  # every rank stops at the same step
                 if stop.signal_name:
                     break  # the safe point: this step is done and logged
@@ -186,13 +190,13 @@ def eval_summary(result: dict[str, float], when: str) -> dict[str, Any]:
 
 def run_callbacks(trainer: Trainer, metrics: dict[str, float]) -> None:
     """``fn(step, metrics, trainer)`` for each of ``trainer.callbacks``, in order; one that raises stops the
-    run with a checkpoint (``trainer.save()``) and a TrainingError naming the callback."""
+    run with a checkpoint (``trainer.save()``) and a CallbackError (the user's code: exit 3) naming the callback."""
     for callback in trainer.callbacks:
         try:
             callback(trainer.step, metrics, trainer)
         except Exception as e:
             name = getattr(callback, "__qualname__", repr(callback))
-            raise TrainingError(
+            raise CallbackError(
                 f"callback {name} stopped the run at step {trainer.step}: {type(e).__name__}: {e} "
                 f"(checkpoint of step {trainer.step}: {trainer.save()})."
             ) from e

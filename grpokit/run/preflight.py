@@ -46,6 +46,7 @@ FREE_TO_CHANGE = {
     "rollout.engine",
     "rollout.kv_cache",
     "rollout.cuda_graphs",
+    "rollout.sampler_timeout_s",
 }
 
 # config.json keys that hold a model's number of positions, most common first

@@ -35,7 +35,7 @@ from typing import Any
 
 from grpokit.config.schema import Config, ConfigError, save_config
 from grpokit.core.clock import TrainingClock
-from grpokit.core.errors import TrainingError
+from grpokit.core.errors import RunIOError, TrainingError
 from grpokit.core.files import replace_whole
 from grpokit.model.checkpoint import (
     CheckpointError,
@@ -50,6 +50,7 @@ from grpokit.model.checkpoint import (
     verify_checkpoint,
 )
 from grpokit.run.lock import OutputLock, claim_output_dir, discard_aside, is_main_rank, set_aside
+from grpokit.run.log import read_metrics
 from grpokit.run.preflight import check_free_space, checkpoint_bytes, checkpoints_at_peak, config_changes
 from grpokit.train.distributed import Distributed
 from grpokit.train.learner import Learner
@@ -73,6 +74,17 @@ class StopOnSignals:
     def __exit__(self, *exc_info: object) -> None:
         for signum, handler in self._previous.items():
             signal.signal(signum, handler)
+
+    def request(self, name: str, where: str) -> None:
+        """Stop after this step as for the signal ``name`` sent to another process of the run (``where``: "sent
+        to the sampler process 123"), with the same line on stderr."""
+        if self.signal_name is None:
+            self.signal_name = name
+            print(
+                f"\ngrpokit: {name} {where}: stopping after this step with a checkpoint",
+                file=sys.stderr,
+                flush=True,
+            )
 
     def _handle(self, signum: int, frame: object) -> None:
         if self.signal_name is not None and signum == signal.SIGINT:
@@ -115,7 +127,7 @@ class RunState:
 
     def check_space(self, learner: Learner, step: int) -> None:
         """Before the run writes anything: its checkpoints fit on the disk of the output folder
-        (grpokit.run.preflight.check_free_space, from rank 0's view): a TrainingError on every rank when the
+        (grpokit.run.preflight.check_free_space, from rank 0's view): a RunIOError on every rank when the
         first would not fit, a warning when the later ones may not."""
         refusal = None
         if self.dist.is_main:
@@ -132,7 +144,7 @@ class RunState:
                     print(f"grpokit: warning: {warning}", file=sys.stderr)
         refusal = self.dist.agree(refusal)
         if refusal:
-            raise TrainingError(refusal)
+            raise RunIOError(refusal)  # disk full: exit 5 (grpokit.core.errors)
 
     def start(self) -> None:
         """The run starts: only now are run files written. A run being replaced (overwrite) is moved
@@ -234,6 +246,14 @@ class RunState:
         self.saved = (state["step"], self.resume_from)
         self.clock.carry(state)  # the seconds the earlier legs' steps took (rank 0's under torchrun)
         return state
+
+    def logged_history(self, step: int) -> list[dict[str, Any]]:
+        """The metrics of steps 1 .. ``step`` as metrics.jsonl holds them (the last line of a step: a run killed
+        after logging a step past its newest checkpoint logged it twice), for a resumed run's log_history (what
+        reward functions read in trainer_state, and callbacks). Every rank reads it."""
+        path = self.out / "metrics.jsonl"
+        by_step = {line["step"]: line for line in read_metrics(path)} if path.is_file() else {}
+        return [by_step[n] for n in range(1, step + 1) if n in by_step]
 
     def previous_summary(self, summary: dict[str, Any]) -> dict[str, Any]:
         """On resume, keep the before-training accuracy of the first leg of the run. Rank 0 alone: it alone

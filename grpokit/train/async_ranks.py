@@ -20,11 +20,12 @@ What keeps the ranks in step:
 - a batch too old on one rank is dropped on all (``agree_on_age``: one all-gather of a flag per batch taken),
   so every rank takes the same batch indices, runs the same optimizer steps and pushes at the same steps;
 - a sampler process that dies (or whose reward raises) on one rank is said to the others in that same
-  all-gather (``say_died``): every rank then saves the checkpoint (a collective) and stops with
-  SamplerDiedError naming the rank;
+  all-gather (``say_died``): every rank then saves the checkpoint (a collective) and stops with the same kind
+  of error (SamplerDiedError, or the reward's RewardFunctionError: the same exit code) naming the rank;
 - a process samples with its rank's share and seed and no collective (``RankShare``): under dynamic sampling
   each fills its own share, so the ranks' prompt streams may end at different places; a checkpoint keeps every
-  rank's (``checkpoint_over_ranks``) and a resume gives each rank its own;
+  rank's position and batches in flight (``checkpoint_over_ranks``) and a resume gives each rank its own
+  (``rank_state``);
 - fsdp: the process samples from the full, unsharded copy the trainer keeps for generation
   (Distributed.generation_model), whose trainable weights every rank gathers from the shards after each step
   (``sampling_weights``), before a push.
@@ -38,6 +39,7 @@ from typing import Any
 
 from torch import nn
 
+from grpokit.core import errors
 from grpokit.rollout.episodes import OVER_RANKS as EPISODES_OVER_RANKS
 from grpokit.train.async_sampler import SamplerDiedError
 from grpokit.train.distributed import Distributed
@@ -86,8 +88,8 @@ def sampler_for_process(sampler: Sampler, dist: Distributed, policy: nn.Module) 
 
 def agree_on_age(dist: Distributed) -> Callable[[bool], bool] | None:
     """AsyncSampler.take's ``agree`` under torchrun: drop (True) when the batch is too old on any rank. A rank
-    whose sampler process died sends its message instead (``say_died``); every other rank then raises
-    OtherRankSamplerDied with it. None alone."""
+    whose sampler process died or failed sends its error instead (``say_died``); every other rank then raises
+    the same kind of error with it (``told_by``). None alone."""
     if not dist.active:
         return None
 
@@ -96,17 +98,34 @@ def agree_on_age(dist: Distributed) -> Callable[[bool], bool] | None:
         died = [(rank, said) for rank, (kind, said) in enumerate(everyone) if kind == "died"]
         if died:
             rank, said = died[0]
-            raise OtherRankSamplerDied(f"on rank {rank}: {said}")
+            raise told_by(rank, *said)
         return any(said for _, said in everyone)
 
     return agree
 
 
-def say_died(dist: Distributed, error: SamplerDiedError) -> None:
-    """This rank's sampler process died (``error``): tell the ranks waiting in ``agree_on_age`` (the all-gather
-    matching theirs). Alone, or when another rank's died (they know): nothing."""
-    if dist.active and not isinstance(error, OtherRankSamplerDied):
-        dist.gather(("died", str(error)))
+def told_by(rank: int, name: str, code: int, message: str) -> Exception:
+    """The error a rank stops with when rank ``rank``'s sampler failed with the error class ``name`` (exit code
+    ``code``) saying ``message``: that class when grpokit.core.errors defines it, else one of its kind, so that
+    every rank ends with the same exit code; OtherRankSamplerDied when the process itself died. Marked
+    ``told_by_rank``: ``say_died`` does not say it again."""
+    cls = getattr(errors, name, None)
+    if not (isinstance(cls, type) and issubclass(cls, Exception)):
+        kinds = {errors.EXIT_USAGE: errors.ConfigError, errors.EXIT_USER_CODE: errors.UserCodeFailedError}
+        cls = kinds.get(code)
+    if cls is None or issubclass(cls, SamplerDiedError):
+        cls = OtherRankSamplerDied
+    error = cls(f"on rank {rank}: {message}")
+    error.told_by_rank = rank
+    return error
+
+
+def say_died(dist: Distributed, error: Exception) -> None:
+    """This rank's sampler process died or failed (``error``: SamplerDiedError, or the user's code failing there):
+    tell the ranks waiting in ``agree_on_age`` (the all-gather matching theirs): its class, exit code and message.
+    Alone, or when another rank's failed (they know): nothing."""
+    if dist.active and getattr(error, "told_by_rank", None) is None:
+        dist.gather(("died", (type(error).__name__, errors.exit_code(error), str(error))))
 
 
 OVER_RANKS = {
@@ -137,11 +156,28 @@ def taken_over_ranks(
     return sampling_over_ranks(sampling, dist), {**overlap, **reduced}
 
 
-def checkpoint_over_ranks(dist: Distributed, state: dict[str, Any], stream: dict[str, Any]) -> dict[str, Any]:
-    """A checkpoint's ``async`` entry (AsyncSampler.checkpoint_state) under torchrun: the batches in flight on the
-    rank that had most, and every rank's prompt-stream position after its last batch taken (``streams``, by rank;
-    a resume gives each its own). Every rank calls it. Alone: ``state``."""
+PER_RANK = ("stream", "batches", "in_flight", "dropped_total")
+"""The entries of a checkpoint's ``async`` state (AsyncSampler.checkpoint_state) that are each rank's own."""
+
+
+def checkpoint_over_ranks(dist: Distributed, state: dict[str, Any]) -> dict[str, Any]:
+    """A checkpoint's ``async`` entry (AsyncSampler.checkpoint_state) under torchrun: rank 0's, with every rank's
+    own entries (``PER_RANK``: its prompt-stream position after its last batch taken, its batches in flight)
+    in ``ranks``, by rank, and ``in_flight`` the most any rank lost. Every rank calls it. Alone: ``state``."""
     if not dist.active:
         return state
-    everyone = dist.gather((state["in_flight"], stream))
-    return {**state, "in_flight": max(n for n, _ in everyone), "streams": [s for _, s in everyone]}
+    everyone = dist.gather({key: state[key] for key in PER_RANK if key in state})
+    return {**state, "in_flight": max(own["in_flight"] for own in everyone), "ranks": everyone}
+
+
+def rank_state(dist: Distributed, saved: dict[str, Any] | None) -> dict[str, Any] | None:
+    """This rank's part of a checkpoint's ``async`` entry (``checkpoint_over_ranks``): its own ``PER_RANK``
+    entries over the shared ones; a checkpoint written before ``ranks`` gives its prompt position alone
+    (``streams``)."""
+    if not saved or not dist.active:
+        return saved
+    if saved.get("ranks"):
+        return {**saved, **saved["ranks"][dist.rank]}
+    if saved.get("streams"):
+        return {**saved, "stream": saved["streams"][dist.rank]}
+    return saved

@@ -15,6 +15,24 @@ so at most K batches are ahead), and by then the weights of version j - K were p
 step j, is at most K versions old and none is dropped. With sync_every = S > 1 it can be up to K + S - 1
 old; those over K are dropped and the weights pushed then, so the batches after them are fresh.
 
+Versions set by the steps, not by timing: the credit for batch j names the version the trainer had pushed when
+it gave it (the one taking batch j - K), and the process makes batch j from exactly those weights; a push waits,
+if it must, until the process has copied the weights of every batch already credited (with K = 1 it has long
+done so: it starts the batch as soon as the credit comes). So two runs with the same settings make the same
+batches from the same weights, whatever the machine's load; a checkpoint keeps the batches in flight
+(``checkpoint_state`` waits for them) and the weights of the last push when the trainer's are newer, and a
+resume (``load_state``) takes those batches first and starts the process where the stopped one was: a resumed
+run is the uninterrupted one bit for bit. (A process that made each batch from the newest weights it found
+would make some batches a version fresher when it was slower than the trainer, by timing alone.)
+
+Liveness: the process beats (a counter in shared memory, every HEARTBEAT_S) from a thread of its own; a
+trainer waiting on it (for a batch, for it to take the weights before a push, for the batches a checkpoint
+keeps) raises SamplerStalledError when no beat came for ``timeout_s`` (rollout.sampler_timeout_s: a
+SIGSTOP, a frozen or hung process), SamplerDiedError when it ended. Before its first beat it gets
+START_ALLOWANCE_S at least (a spawned process imports torch first). SIGTERM or SIGINT sent to the process
+itself is not swallowed: it is written to the shared board (``signal_name``) and the trainer stops the run
+after its step with a checkpoint, as for a signal sent to it; a second one ends the process.
+
 The sampled log-probs (the behaviour policy's, of the version that made the batch) travel in the batch's
 Rollout.logprobs; the update's importance weights pi_old / pi_sampler (rollout.mismatch_correction,
 grpokit.train.mismatch; auto is token_truncate with K >= 1) correct for the staleness with them. With a
@@ -42,9 +60,11 @@ the frozen base never changes); a lock held only while one side copies means a p
 batch and the sampler never waits longer than a copy.
 
     sampler = AsyncSampler(trainer_sampler, model, rewards=build_rewards, max_staleness=1, sync_every=1,
-                           version=step)
+                           version=step, timeout_s=60)
+    sampler.load_state(checkpoint["async"])                # a resume: the batches in flight, the last push
     batch, timing, sampling, metrics = sampler.take(step)  # starts the process on the first call
     sampler.trained(model, step + 1)                       # push when due
+    state = sampler.checkpoint_state()                     # waits for the batches in flight
     sampler.close()
 """
 
@@ -52,6 +72,7 @@ from __future__ import annotations
 
 import copyreg
 import ctypes
+import dataclasses
 import io
 import multiprocessing
 import os
@@ -65,24 +86,37 @@ import time
 import traceback
 import types
 import weakref
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
-from grpokit.core.errors import ConfigError, TrainingError
+from grpokit.core.errors import (
+    ConfigError,
+    SamplerDiedError,
+    SamplerStalledError,
+    TrainingError,
+    UserCodeFailedError,
+)
 from grpokit.core.workers import PR_SET_PDEATHSIG, read_frame, write_frame
 from grpokit.rewards import RewardRunner
 from grpokit.rollout.engines import engine_class
 from grpokit.rollout.episodes import EpisodeSampler, multi_turn
 from grpokit.rollout.generation import rollout_metrics
 
-POLL_S = 0.5  # how often a waiting trainer checks that the sampler process is alive
+POLL_S = 0.5  # how often a waiting trainer checks that the sampler process is alive and beating
+HEARTBEAT_S = 1.0  # how often the process's heartbeat thread beats
+START_ALLOWANCE_S = 600.0  # the least time a process gets for its first beat (spawn imports torch... first)
+BEAT, STARTED, SIGNAL = range(3)  # the board's slots: beats, the last batch whose weights the process took, a
+# signal sent to the process (its number; 0: none)
+
+__all__ = ["AsyncSampler", "SamplerDiedError", "SamplerStalledError", "StopRequested", "Taken"]
 
 
-class SamplerDiedError(TrainingError):
-    """The sampler process of an asynchronous run (rollout.max_staleness >= 1) died or failed."""
+class StopRequested(Exception):
+    """take() stopped waiting for a batch: ``stopping()`` said the run stops (a signal); no batch was taken."""
 
 
 @dataclass
@@ -340,7 +374,9 @@ class AsyncSampler:
     sampler: the trainer's grpokit.train.sampler.Sampler (its settings, data and prompt stream are what the
     process starts from; its model is the policy sent when the process starts). model: the policy (its
     trainable parameters are pushed). rewards: a picklable function returning the run's reward functions,
-    called in the process. version: the trainer's step the process starts at (a resumed run: the checkpoint's)."""
+    called in the process. version: the trainer's step the process starts at (a resumed run: the checkpoint's;
+    ``load_state`` then gives the rest). timeout_s: rollout.sampler_timeout_s, how long a waiting trainer lets
+    the process go without a heartbeat."""
 
     def __init__(
         self,
@@ -351,12 +387,13 @@ class AsyncSampler:
         max_staleness: int,
         sync_every: int,
         version: int,
-        first_batch: int | None = None,
         reference=None,
+        timeout_s: float = 60.0,
     ):
         if max_staleness < 1:
             raise ValueError(f"max_staleness must be >= 1 (0 is the synchronous loop), got {max_staleness}")
         self.sampler, self.max_staleness, self.sync_every = sampler, max_staleness, sync_every
+        self.timeout_s = timeout_s
         self.recipe = SamplerRecipe.of(sampler, rewards)
         # a grpokit.train.reference.ReferencePass: the process makes each batch's reference pass (None: the trainer)
         self.reference = reference
@@ -364,9 +401,11 @@ class AsyncSampler:
         check_sendable(self.recipe, max_staleness, "the sampler's settings, tokenizer, prompts or rewards")
         check_named_code(sampler.cfg.rollout, max_staleness)
         self.version = version  # the weights the process holds (the last push)
-        self.next_index = version if first_batch is None else first_batch  # the next batch to take
+        self.next_index = version  # the next batch to take
+        self.credited = self.next_index + max_staleness - 1  # the last batch the process was given credit for
         self.pid: int | None = None
         self.process = None
+        self.failed = False  # the process ended, failed or stalled: nothing more comes from it
         self.stream_state = sampler.stream.state()  # the prompts' position after the last batch taken
         self.dropped_total = 0
         self._queue: queue.Queue = queue.Queue()
@@ -380,16 +419,20 @@ class AsyncSampler:
                 for n, p in trainable_parameters(model).items()
             }
         self._shared_version = torch.tensor([version], dtype=torch.long).share_memory_()
+        self._board = torch.zeros(3, dtype=torch.long).share_memory_()  # BEAT, STARTED, SIGNAL
+        self._beats = (0, time.monotonic())  # the last beat count seen, and when it was seen to change
         self._lock = self._context.Lock()
         self._finalizer = None
         self._drain: threading.Thread | None = None
 
     # ------------------------------------------------------------------ the trainer's side
 
-    def start(self, version: int | None = None) -> None:
-        """Spawn the sampler process, unless it runs: it starts with the policy as it is now, the weights of
-        ``version`` (the trainer's step; pushed first when newer than the last push), and the prompt stream
-        where the last batch taken left it."""
+    def start(self, version: int | None = None, log_history: Sequence[dict[str, float]] = ()) -> None:
+        """Start the sampler process, unless it runs: it starts with the policy as it is now, the weights of
+        ``version`` (the trainer's step; pushed first when newer than the last push), the prompt stream where the
+        last batch it made left it, and ``log_history`` (the steps logged so far, for its reward functions).
+        It makes the batches after those already queued (a resume's) up to the credited one, each from the last
+        push's weights."""
         if self.process is not None:
             return
         if version is not None and version > self.version:  # a restart after close(): the trainer moved on
@@ -403,13 +446,17 @@ class AsyncSampler:
                 f"rollout.max_staleness={self.max_staleness}: the policy cannot be sent to the sampler process "
                 f"(pickle: {type(e).__name__}: {e}); set rollout.max_staleness=0."
             ) from None
-        self._logged = 0  # a new process: the trainer's log so far goes with the first credit
+        made = self._made()  # a resume's batches in flight, taken before any the process makes
+        index = self.next_index + len(made)
+        self._logged = len(log_history)  # the process starts with them; the credits carry the later ones
         requests, to_child = self._context.Pipe(duplex=False)  # (the process's end, the trainer's end)
         from_child, replies = self._context.Pipe(duplex=False)
         start = {
-            "version": self.version, "index": self.next_index, "stream": self.stream_state,
-            "credits": self.max_staleness, "log_history": [],
+            "version": self.version, "index": index, "stream": made[-1].stream if made else self.stream_state,
+            "versions": [self.version] * (self.credited - index + 1), "log_history": list(log_history),
         }  # fmt: skip
+        self._board.copy_(torch.tensor([0, index - 1, 0]))
+        self._beats, self.failed = (0, time.monotonic()), False
         process = self._context.Process(
             target=_sampler_process,
             args=(
@@ -419,6 +466,7 @@ class AsyncSampler:
                 self._shared,
                 self._shared_version,
                 self._lock,
+                self._board,
                 requests,
                 replies,
                 start,
@@ -440,20 +488,23 @@ class AsyncSampler:
         *,
         log_history: Sequence[dict[str, float]] = (),
         agree: Callable[[bool], bool] | None = None,
+        stopping: Callable[[], bool] | None = None,
     ) -> tuple[object, dict[str, float], dict[str, float], dict[str, float]]:
         """(batch, the sampler's seconds by stage, sampling metrics, async/* metrics and the batch's episode
         metrics) for the trainer at ``step`` (its weights are version ``step``): the next batch at most
         max_staleness versions old. Older ones are dropped (counted) and the weights pushed at once.
-        SamplerDiedError when the process died or failed.
+        SamplerDiedError when the process died or failed, SamplerStalledError when it gave no heartbeat for
+        timeout_s; the user's code failing there (a reward function) raises its own error.
 
         log_history: the steps logged so far; those the process has not seen go with the next credit (its
         reward functions' trainer_state.log_history). agree: under torchrun, turns this rank's "too old" into
-        every rank's (grpokit.train.async_ranks.agree_on_age), so all ranks drop the same batches."""
-        self.start(step)
+        every rank's (grpokit.train.async_ranks.agree_on_age), so all ranks drop the same batches. stopping:
+        polled while no batch has come; True raises StopRequested (nothing taken)."""
+        self.start(step, log_history)
         t0 = time.monotonic()
         dropped = 0
         while True:
-            item = self._next_item()
+            item = self._next_item(stopping)
             staleness = step - item.version
             self.stream_state = item.stream
             self.next_index = item.index + 1
@@ -463,7 +514,8 @@ class AsyncSampler:
             if too_old and self.version < step:
                 self._push_weights(step)  # the newest weights before the credit: the next batch is fresh
             news, self._logged = list(log_history[self._logged :]), max(self._logged, len(log_history))
-            self._send(("credit", news))  # room for one more batch
+            self._send(("credit", news, self.version))  # room for one more batch, made from these weights
+            self.credited += 1
             if not too_old:
                 break
             dropped += len(item.batch.texts)
@@ -498,6 +550,12 @@ class AsyncSampler:
             return True
         return False
 
+    def signal_name(self) -> str | None:
+        """The signal sent to the sampler process itself (SIGTERM, SIGINT), which asks the run to stop after its
+        step; None when none came."""
+        number = int(self._board[SIGNAL])
+        return signal.Signals(number).name if number else None
+
     def close(self) -> None:
         """Stop the process and everything it started; the batches not taken are discarded (the next take
         starts a new process from the batch after the last one taken)."""
@@ -511,29 +569,106 @@ class AsyncSampler:
             self._drain.join(timeout=10)
             self._drain = None
         self.pid, self.process, self._queue, self._last_take = None, None, queue.Queue(), None
+        self.credited = self.next_index + self.max_staleness - 1
 
-    def in_flight(self) -> int:
-        """Batches made or being made by the process and not taken: lost when the run stops here."""
-        if self.pid is None:
-            return 0
-        made = sum(1 for frame in list(self._queue.queue) if frame is not None and frame[0] == "batch")
-        return min(self.max_staleness, made + 1)  # credits bound what it holds and makes
+    def checkpoint_state(self, step: int) -> dict:
+        """What a checkpoint of the trainer's ``step`` records (``load_state`` restores it): the last push's
+        version, and its weights when the trainer's are newer (rollout.sync_every > 1); the next batch's index
+        (batches taken, dropped ones included) and the prompt stream after the batch before it; the batches in
+        flight (those the process was given credit for: at most K), waited for while the process lives and
+        beats; ``in_flight``: those it could not give (it ended or stalled), made again on resume; the samples
+        dropped so far."""
+        if self.process is not None and not self.failed:
+            wanted = self.credited - self.next_index + 1
+            while len(self._made()) < wanted and not self._ended_in_queue():
+                if self._exited() or self._stalled():
+                    break
+                time.sleep(0.01)
+        made = self._made()
+        state = {
+            "version": self.version,
+            "next_batch": self.next_index,
+            "stream": self.stream_state,
+            "batches": [
+                {f.name: getattr(t, f.name) for f in dataclasses.fields(t) if f.name != "done_at"}
+                for t in made
+            ],
+            "in_flight": self.credited - self.next_index + 1 - len(made),
+            "dropped_total": self.dropped_total,
+        }
+        if self.version != step:  # the process's weights are older than the trainer's: kept, to go on from
+            state["weights"] = {name: buffer.clone() for name, buffer in self._shared.items()}
+        return state
 
-    def checkpoint_state(self) -> dict[str, int]:
-        """What a checkpoint records: the sampler's weights' version (the last push), the next batch's index
-        (batches taken, dropped ones included) and the batches in flight, which a resume discards."""
-        return {"version": self.version, "next_batch": self.next_index, "in_flight": self.in_flight()}
+    def load_state(self, saved: dict | None, policy: torch.nn.Module, version: int, stream: dict) -> int:
+        """Go on from a checkpoint, before the process starts: ``policy``'s trainable weights (restored, the
+        trainer's at ``version``, its step) as the last push, or the last push's own when the checkpoint kept
+        them (``saved``: its ``checkpoint_state``, under torchrun this rank's); its batches in flight are taken
+        first and the process makes the rest; ``stream``: the prompt stream after the last batch taken, when
+        the checkpoint does not say. Returns how many batches in flight it lost (made again from the restored
+        weights: the run then departs from the uninterrupted one). A checkpoint written before these were kept
+        gives the index alone; None (a synchronous run's) the step."""
+        saved = saved or {}
+        with torch.no_grad():
+            params = trainable_parameters(policy)
+            kept = saved.get("weights")
+            for name, buffer in self._shared.items():
+                buffer.copy_(kept[name] if kept is not None else params[name])
+        self.version = int(saved["version"]) if kept is not None else version
+        self._shared_version[0] = self.version
+        self.next_index = int(saved.get("next_batch", version))
+        self.credited = self.next_index + self.max_staleness - 1
+        self.dropped_total = int(saved.get("dropped_total", 0))
+        self.stream_state = saved.get("stream") or stream
+        batches = (saved.get("batches") or [])[: self.max_staleness]  # (a smaller K now: the first K)
+        for fields in batches:
+            self._queue.put(("batch", Taken(**fields, done_at=time.monotonic())))
+        return (self.credited - self.next_index + 1 - len(batches)) if saved else 0
 
     # ------------------------------------------------------------------ internals
 
+    def _made(self) -> list[Taken]:
+        """The batches in the queue, from the next one to take on, in order."""
+        out: list[Taken] = []
+        for frame in list(self._queue.queue):
+            if frame is None or frame[0] != "batch" or frame[1].index != self.next_index + len(out):
+                break
+            out.append(frame[1])
+        return out
+
+    def _ended_in_queue(self) -> bool:
+        return any(frame is None or frame[0] == "error" for frame in list(self._queue.queue))
+
     def _push_weights(self, version: int, model: torch.nn.Module | None = None) -> None:
+        """Write ``model``'s trainable weights (the sampler's own policy when None) as ``version``, once the process
+        has taken the weights of every batch credited so far (their version: the module docstring)."""
         model = model if model is not None else self.sampler.model
         params = trainable_parameters(model)
-        with self._lock, torch.no_grad():
-            for name, shared in self._shared.items():
-                shared.copy_(params[name])
-            self._shared_version[0] = version
+        if self.process is not None and not self.failed:
+            while int(self._board[STARTED]) < self.credited:
+                if self._exited() or self._stalled():
+                    break  # the next take says so
+                time.sleep(0.002)
+        locked = self._acquire()
+        try:
+            with torch.no_grad():
+                for name, shared in self._shared.items():
+                    shared.copy_(params[name])
+                self._shared_version[0] = version
+        finally:
+            if locked:
+                self._lock.release()
         self.version = version
+
+    def _acquire(self) -> bool:
+        """The lock the process copies the weights under; False, not held, when no process runs, or when it
+        ended or stalled holding it (a SIGKILL or SIGSTOP in the middle of a copy): it reads nothing more."""
+        if self.process is None:
+            return False
+        while not self._lock.acquire(timeout=POLL_S):
+            if self._exited() or self._stalled():
+                return False
+        return True
 
     def _send(self, message: tuple) -> None:
         try:
@@ -541,16 +676,22 @@ class AsyncSampler:
         except (OSError, ValueError):  # the process is gone (or its pipe closed): _next_item says so
             pass
 
-    def _next_item(self) -> Taken:
+    def _next_item(self, stopping: Callable[[], bool] | None = None) -> Taken:
         while True:
             try:
                 frame = self._queue.get(timeout=POLL_S)
             except queue.Empty:
                 if self._exited():
                     frame = self._queue.get() if not self._queue.empty() else None
+                elif stopping is not None and stopping():  # a signal first: the run stops as asked
+                    raise StopRequested from None
+                elif self._stalled():
+                    self.failed = True
+                    raise SamplerStalledError(self._stalled_message()) from None
                 else:
                     continue
             if frame is None:
+                self.failed = True
                 self._queue.put(None)  # every later take sees it too
                 deadline = time.monotonic() + 2.0  # its pipe closed: it is exiting; how it ended
                 while not self._exited() and time.monotonic() < deadline:
@@ -563,9 +704,34 @@ class AsyncSampler:
                 )
             kind, payload = frame
             if kind == "error":
+                self.failed = True
                 self._queue.put(None)
-                raise SamplerDiedError(f"the sampler process failed: {payload}")
+                raise _raised_there(*payload)
             return payload
+
+    def _stalled(self) -> bool:
+        """No heartbeat for timeout_s (START_ALLOWANCE_S at least before the first one)."""
+        count, now = int(self._board[BEAT]), time.monotonic()
+        if count != self._beats[0]:
+            self._beats = (count, now)
+            return False
+        allowed = self.timeout_s if count else max(self.timeout_s, START_ALLOWANCE_S)
+        return now - self._beats[1] > allowed
+
+    def _stalled_message(self) -> str:
+        state = {"T": " (its state: stopped, as by SIGSTOP)", "t": " (its state: stopped by a debugger)",
+                 "D": " (its state: waiting on a disk or a device)"}  # fmt: skip
+        try:
+            stat = Path(f"/proc/{self.pid}/stat").read_text()
+            now = state.get(stat[stat.rindex(")") + 2], "")
+        except (OSError, ValueError):
+            now = ""
+        return (
+            f"the sampler process (pid {self.pid}) of rollout.max_staleness={self.max_staleness} gave no heartbeat "
+            f"for {time.monotonic() - self._beats[1]:.0f} s (rollout.sampler_timeout_s={self.timeout_s:g}){now}: "
+            "it is stopped, frozen or hung, so no batch can come; the run stops here (raise "
+            "rollout.sampler_timeout_s if its machine can pause it that long)."
+        )
 
     def _exited(self) -> bool:
         return self.process is None or not self.process.is_alive()
@@ -579,17 +745,39 @@ class AsyncSampler:
         return f" (exit status {code})"
 
 
+def _raised_there(where: str, error: BaseException) -> Exception:
+    """The trainer's error for ``error``, raised in the sampler process at ``where`` ("batch 3", "starting"): the
+    user's code or settings failing there keep their own kind (a reward function: RewardFunctionError, exit 3);
+    anything else is the process failing (SamplerDiedError)."""
+    if isinstance(error, (UserCodeFailedError, ConfigError)):
+        try:
+            return type(error)(f"in the sampler process, {where}: {error}")
+        except TypeError:  # a class of more arguments: its kind
+            kind = UserCodeFailedError if isinstance(error, UserCodeFailedError) else ConfigError
+            return kind(f"in the sampler process, {where}: {type(error).__name__}: {error}")
+    return SamplerDiedError(f"the sampler process failed: {where}: {type(error).__name__}: {error}")
+
+
+def _sendable(error: BaseException) -> BaseException:
+    """``error`` if it pickles (it reaches the trainer as itself), else a TrainingError saying what it was."""
+    try:
+        pickle.loads(pickle.dumps(error))
+        return error
+    except Exception:  # noqa: BLE001 - any pickling failure: its text
+        return TrainingError(f"{type(error).__name__}: {error}")
+
+
 # ---------------------------------------------------------------------- the sampler process
 
 
 def _sampler_process(
-    parent, box, reference_tensors, shared, shared_version, lock, requests, replies, start
+    parent, box, reference_tensors, shared, shared_version, lock, board, requests, replies, start
 ) -> None:
-    """The process's main: tie its life to the trainer's, build the Sampler from the recipe and the policy
-    pickled in ``box`` (a one-item list it empties: the bytes are freed once loaded; the reference pass, if any,
-    with the trainer's ``reference_tensors``), then serve (a failure is sent to the trainer, which raises it as
-    SamplerDiedError)."""
-    _tie_to(parent)
+    """The process's main: tie its life to the trainer's and start its heartbeat, build the Sampler from the
+    recipe and the policy pickled in ``box`` (a one-item list it empties: the bytes are freed once loaded; the
+    reference pass, if any, with the trainer's ``reference_tensors``), then serve (a failure is sent to the
+    trainer, which raises it: grpokit.train.async_sampler._raised_there)."""
+    _tie_to(parent, board.numpy())
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
     torch.set_num_threads(1)
     out = replies.fileno()
@@ -600,10 +788,12 @@ def _sampler_process(
             recipe, model, reference = _load_payload(payload, reference_tensors)
             del payload
             sampler = recipe.build(model)
-        except Exception as e:  # noqa: BLE001 - the trainer raises it as SamplerDiedError
-            write_frame(out, ("error", f"starting: {type(e).__name__}: {e}"))
+        except Exception as e:  # noqa: BLE001 - the trainer raises it
+            write_frame(out, ("error", ("starting", _sendable(e))))
             return
-        _serve(sampler, reference, shared, shared_version, lock, requests.fileno(), out, **start)
+        _serve(
+            sampler, reference, shared, shared_version, lock, board.numpy(), requests.fileno(), out, **start
+        )
     except BaseException:  # noqa: BLE001 - shown here; the trainer sees the pipe close
         traceback.print_exc()
         status = 1
@@ -626,9 +816,10 @@ def _sampler_process(
         os._exit(status)
 
 
-def _tie_to(parent: int) -> None:
-    """This process in its own process group (the trainer's Ctrl-C is the trainer's; killpg reaches what it
-    starts), killed when the trainer dies (PR_SET_PDEATHSIG), gone at once if it already has."""
+def _tie_to(parent: int, board) -> None:
+    """This process in its own process group (the terminal's Ctrl-C is the trainer's; killpg reaches what it
+    starts), killed when the trainer dies (PR_SET_PDEATHSIG), gone at once if it already has; its heartbeat
+    started; SIGTERM and SIGINT sent to it asking the trainer to stop the run (``_signalled``)."""
     os.setpgid(0, 0)
     try:
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
@@ -636,7 +827,30 @@ def _tie_to(parent: int) -> None:
         pass
     if os.getppid() != parent:
         os._exit(0)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    for signum in (signal.SIGINT, signal.SIGTERM):  # (a fork inherits the trainer's StopOnSignals handler)
+        signal.signal(signum, lambda signum, frame: _signalled(board, signum))
+    threading.Thread(target=_beat, args=(board,), daemon=True, name="grpokit-heartbeat").start()
+
+
+def _beat(board) -> None:
+    """The heartbeat: the board's count, every HEARTBEAT_S, while the process is scheduled at all."""
+    while True:
+        board[BEAT] += 1
+        time.sleep(HEARTBEAT_S)
+
+
+def _signalled(board, signum: int) -> None:
+    """SIGTERM or SIGINT sent to the process: the first is written on the board for the trainer, which stops
+    the run after its step with a checkpoint (the process keeps serving until then); a second ends it at once."""
+    if board[SIGNAL]:
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+        return
+    board[SIGNAL] = signum
+    name = signal.Signals(signum).name
+    # os.write, not print: the handler may interrupt a print of the process's own
+    os.write(2, f"grpokit: sampler process {os.getpid()}: {name}: the run stops after this step with a checkpoint "
+                f"({name} again ends this process at once)\n".encode())  # fmt: skip
 
 
 def _serve(
@@ -645,34 +859,49 @@ def _serve(
     shared,
     shared_version,
     lock,
+    board,
     requests: int,
     replies: int,
     *,
     version,
     index,
     stream,
-    credits,
+    versions,
     log_history,
 ):
-    """Take the newest pushed weights, make a batch (with ``reference``, a ReferencePass, its reference
-    log-probs too), send it, while credits last; end at "stop" or when the trainer's end of the requests closes."""
+    """Make each credited batch from the weights its credit names (``versions``: those of the batches credited
+    before the start), with ``reference`` (a ReferencePass) its reference log-probs too, and send it; end at
+    "stop" or when the trainer's end of the requests closes."""
     params = trainable_parameters(sampler.model)
     sampler.stream.load_state(stream)
     log_history = list(log_history)  # the trainer's logged steps, for reward functions' trainer_state
+    pending = deque(versions)  # the version each credited batch not yet started is made from, in order
     while True:
-        ready, _, _ = select.select([requests], [], [], None if credits == 0 else 0)
+        ready, _, _ = select.select([requests], [], [], None if not pending else 0)
         if ready:
             message = read_frame(requests)
             if message is None or message[0] == "stop":
                 return
-            credits += 1  # ("credit", the trainer's log lines since the last one)
-            log_history += message[1]
+            # ("credit", the trainer's log lines since the last one, the version of the batch it allows)
+            _, news, credited_version = message
+            pending.append(credited_version)
+            log_history += news
             continue
+        wanted = pending.popleft()
         with lock, torch.no_grad():
-            if int(shared_version[0]) != version:
+            pushed = int(shared_version[0])
+            if pushed != wanted:  # the trainer waits for STARTED before a push: this cannot happen
+                problem = TrainingError(
+                    f"its weights of version {wanted} were replaced by version {pushed} before it took them: a "
+                    "defect of grpokit's push (please report it)"
+                )
+                write_frame(replies, ("error", (f"batch {index}", problem)))
+                return
+            if wanted != version:
                 for name, buffer in shared.items():
                     params[name].copy_(buffer)
-                version = int(shared_version[0])
+                version = wanted
+            board[STARTED] = index  # a push may now replace them
         t = time.perf_counter()
         try:
             batch, timing, sampling = sampler.sample_batch(index, log_history)
@@ -680,8 +909,8 @@ def _serve(
                 t_ref = time.perf_counter()
                 batch.ref_logprobs = reference.logprobs(sampler.model, batch.rollout)  # (N, Lc)
                 timing["reference"] = time.perf_counter() - t_ref
-        except Exception as e:  # noqa: BLE001 - the trainer raises it as SamplerDiedError
-            write_frame(replies, ("error", f"batch {index}: {type(e).__name__}: {e}"))
+        except Exception as e:  # noqa: BLE001 - the trainer raises it
+            write_frame(replies, ("error", (f"batch {index}", _sendable(e))))
             return
         busy = time.perf_counter() - t
         taken = Taken(
@@ -690,7 +919,6 @@ def _serve(
         )  # fmt: skip
         write_frame(replies, ("batch", taken))
         index += 1
-        credits -= 1
 
 
 def _drain(conn, into: queue.Queue) -> None:

@@ -350,13 +350,18 @@ class Learner:
             "scheduler": self.scheduler.state_dict(),
             "scaler": self.scaler.state_dict() if self.scaler is not None else None,
             "precision": self.precision.name,
+            "micro": {"cap": self.micro.cap, "room_first": self.micro.room_first},
         }
 
     def load_state(self, state: dict[str, Any], weights_from: Path | None = None) -> None:
-        """Restore ``state()`` (and the weights saved in ``weights_from``, a checkpoint folder, when given)."""
+        """Restore ``state()`` (and the weights saved in ``weights_from``, a checkpoint folder, when given),
+        weights first: an optimizer that keeps copies of them (optim.offload_optimizer) takes them anew."""
         if weights_from is not None:
             load_weights_into(self.model, weights_from)
         self.dist.load_optimizer(self.model, self.optimizer, state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         if self.scaler is not None and state.get("scaler"):
             self.scaler.load_state_dict(state["scaler"])
+        micro = state.get("micro") or {}
+        self.micro.cap = micro.get("cap", self.micro.cap)
+        self.micro.room_first = micro.get("room_first", self.micro.room_first)

@@ -75,6 +75,15 @@ class MismatchGuard:
         self.above: list[float] = []  # sampler_kl of the current run of steps above the limit
         self.warned = False
 
+    def state(self) -> dict:
+        """What a checkpoint keeps (trainer_state.pt["mismatch"]): the run of steps above the limit, the warning."""
+        return {"above": list(self.above), "warned": self.warned}
+
+    def load_state(self, state: dict | None) -> None:
+        """Go on from ``state()`` (None: a checkpoint written before it was kept: as built)."""
+        if state is not None:
+            self.above, self.warned = list(state["above"]), bool(state["warned"])
+
     def check(self, metrics: dict[str, float], step: int) -> None:
         kl = metrics.get("sampler_kl", math.nan)
         if not self.limit or math.isnan(kl):

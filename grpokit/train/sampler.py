@@ -3,8 +3,9 @@ dynamic sampling, and the check that the batch has any reward spread to learn fr
 
 Owns: the training prompts (rows, their token ids, the seeded ``stream`` over them, which checkpoints
 save), the ``generator`` (grpokit.rollout.generation), the reward runner, and the spread check's memory
-(``flat_steps``, ``had_spread``, ``best_reward``). Reads the policy ``model`` to sample from (never trains it)
-and ``dist`` to split prompts over ranks. Nothing here computes a gradient.
+(``flat_steps``, ``had_spread``, ``best_reward``; checkpoints save it: ``spread_state``). Reads the policy
+``model`` to sample from (never trains it) and ``dist`` to split prompts over ranks. Nothing here computes a
+gradient.
 
     sampler = Sampler(cfg, algo, model, tokenizer, train_rows, rewards, reward_names, dist=dist)
     batch, timing, sampling = sampler.sample_batch(step, log_history)  # ScoredBatch, seconds, sampling metrics
@@ -23,7 +24,7 @@ from collections.abc import Sequence
 import torch
 
 from grpokit.config.schema import Config, DataConfig
-from grpokit.core.errors import FlatRewardsError, TrainingError
+from grpokit.core.errors import FlatRewardsError, RewardFunctionError, TrainingError
 from grpokit.core.notices import Notices
 from grpokit.data.prompts import reward_columns
 from grpokit.data.templates import encode_prompts
@@ -240,6 +241,17 @@ class Sampler:
             self.say(warning)
         return stopped_early
 
+    def spread_state(self) -> dict[str, float | int | bool]:
+        """The spread check's memory (a checkpoint's trainer_state.pt["spread"]): flat steps in a row, whether
+        any step had spread, the best reward so far."""
+        return {"flat_steps": self.flat_steps, "had_spread": self.had_spread, "best_reward": self.best_reward}
+
+    def load_spread_state(self, state: dict | None) -> None:
+        """Go on from ``spread_state()`` (None: a checkpoint written before it was kept: as built)."""
+        if state is not None:
+            self.flat_steps, self.had_spread = int(state["flat_steps"]), bool(state["had_spread"])
+            self.best_reward = float(state["best_reward"])
+
     @torch.no_grad()
     def rollout(
         self,
@@ -306,7 +318,7 @@ class Sampler:
         result = self.rewards(prompts, completions, columns)
         problem = result.failure(self.cfg.train.max_reward_failure_frac, prompts, completions)
         if problem:
-            raise TrainingError(
+            raise RewardFunctionError(  # the user's code: exit 3 (grpokit.core.errors)
                 f"step {step + 1}: {problem}\nFix the reward function (or the data it reads). "
                 f"train.max_reward_failure_frac={self.cfg.train.max_reward_failure_frac:g} is the share of "
                 "a step's completions a function may fail on and still count 0 there."

@@ -36,6 +36,7 @@ from grpokit.compat.trl.api import trl_arguments
 from grpokit.compat.trl.names import with_trl_names
 from grpokit.config.checks import check_settings_in_use, check_vllm_installed
 from grpokit.config.schema import Config, ConfigError, resolve_algo, validated
+from grpokit.core.errors import TrainingError, with_text
 from grpokit.core.notices import Notices
 from grpokit.data.prompts import check_reward_columns, load_train_eval
 from grpokit.data.templates import describe_templates
@@ -57,17 +58,18 @@ from grpokit.rollout.record import TokenRecorder, sample_rows, write_rollouts
 from grpokit.run.log import RunLogger, reward_metric_names
 from grpokit.run.loop import run_training
 from grpokit.run.preflight import check_context, check_positions, check_tracker_login
-from grpokit.run.state import RunState
+from grpokit.run.state import RunState, StopOnSignals
 from grpokit.train.advantages import batch_advantages
 from grpokit.train.async_ranks import (
     agree_on_age,
     checkpoint_over_ranks,
+    rank_state,
     sampler_for_process,
     sampling_weights,
     say_died,
     taken_over_ranks,
 )
-from grpokit.train.async_sampler import AsyncSampler, SamplerDiedError, check_sendable
+from grpokit.train.async_sampler import AsyncSampler, StopRequested, check_sendable
 from grpokit.train.costs import step_costs
 from grpokit.train.critic import Critic
 from grpokit.train.distributed import Distributed
@@ -260,20 +262,21 @@ class GRPOTrainer:
         self.step = 0
         self.stopped_early: str | None = None  # why the run ended before train.steps (not an error)
         self._log: RunLogger | None = None  # the run's log while train() runs: samples go there
-        first_batch = self._resume() if self.run.resume_from is not None else self.step
-        # rollout.max_staleness >= 1: batches made by a sampler process beside the update, from the weights
-        # and prompt position restored above (grpokit.train.async_sampler; torchrun: one per rank for its
-        # share, grpokit.train.async_ranks); None: the synchronous loop
+        self._stop: StopOnSignals | None = None  # the run's signals while train() runs (begin)
+        # rollout.max_staleness >= 1: batches made by a sampler process beside the update (grpokit.train.async_sampler;
+        # torchrun: one per rank for its share, grpokit.train.async_ranks); None: the synchronous loop
         self.async_sampler = None
         if cfg.rollout.max_staleness:
             policy = sampling_weights(self.dist, self.model, self.step)  # fsdp: the unsharded copy
             self.async_sampler = AsyncSampler(
                 sampler_for_process(self.sampler, self.dist, policy), policy, rewards=process_rewards,
                 max_staleness=cfg.rollout.max_staleness, sync_every=cfg.rollout.sync_every, version=self.step,
-                first_batch=first_batch,
                 # the reference's log-probs made in the process, beside the update (a CPU run; not fsdp)
                 reference=sampler_reference(cfg, self.algo, self.dist, device, self.ref_model, precision),
+                timeout_s=cfg.rollout.sampler_timeout_s,
             )  # fmt: skip
+        if self.run.resume_from is not None:  # every part built: each takes its piece of the checkpoint
+            self.restore(self.run.load_resume_state())
         # what evaluation decodes with: the sampler's engine; but when the sampler process owns an engine that holds
         # its own weights (vLLM's; rollout.max_staleness >= 1), the fast engine over the trainer's own weights: the
         # trainer's engine would start for evaluation alone, a second copy beside the process's (on a GPU, in the
@@ -311,28 +314,64 @@ class GRPOTrainer:
         renamed = dict(zip(given_names, reward_metric_names(given_names)))
         return [(renamed[name], fn, weight) for name, fn, weight in functions], renamed
 
-    def _resume(self) -> int:
-        """Every part takes its own piece of the checkpoint being resumed. Returns the index of the next batch
-        to sample (an asynchronous run's batches taken, dropped ones included; else the step)."""
-        state = self.run.load_resume_state()  # checks the world size, restores this rank's RNG
-        # under torchrun the weights were loaded before sharding (dist.wrap)
+    # ----------------------------------------------------------------------------- checkpoints
+
+    def checkpoint_state(self) -> dict[str, Any]:
+        """Every part's own state, by its trainer_state.pt key; ``restore`` gives each its piece back (the two are
+        the one path a checkpoint's state takes). The learner's (weights, optimizer wherever it lives,
+        schedule, loss scale), the step, the clock and the RNG states are RunState.save's.
+
+            stream           the prompt stream's position (an asynchronous run: after the last batch taken)
+            spread           the spread check's memory: flat steps in a row, best reward so far (Sampler)
+            critic           PPO's critic's optimizer, schedule and scaler (its weights: the critic/ folder)
+            entropy_control  the entropy bonus's adaptive coefficient
+            mismatch         the sampler/trainer KL watch's run of steps above its limit
+            async            the sampler process's last push and batches in flight (AsyncSampler; torchrun:
+                             every rank's, grpokit.train.async_ranks)"""
+        sampler = self.sampler
+        state: dict[str, Any] = {
+            "stream": sampler.stream.state(),
+            "spread": sampler.spread_state(),
+            "critic": self.critic.state() if self.critic else None,
+            "entropy_control": self.updater.entropy_state(),
+            "mismatch": self.mismatch.state(),
+        }
+        if self.async_sampler is not None:  # waits for the batches in flight (while its process lives)
+            own = self.async_sampler.checkpoint_state(self.step)
+            state["stream"] = own["stream"]
+            state["async"] = checkpoint_over_ranks(self.dist, own)
+        return state
+
+    def restore(self, state: dict[str, Any]) -> None:
+        """Every part takes its own piece of a checkpoint's trainer_state.pt (``checkpoint_state``; RunState's
+        ``load_resume_state`` has checked the world size and restored the RNG and the clock), once every part
+        is built, so that nothing built after it replaces what it restored. A piece a checkpoint of an
+        older grpokit lacks leaves its part as built."""
+        # the weights (under torchrun loaded before sharding, dist.wrap), optimizer (its offloaded copies synced)
         self.learner.load_state(state, weights_from=None if self.dist.active else self.run.resume_from)
         if self.critic is not None:
             self.critic.load(state, self.run.resume_from)  # PPO's critic/ folder and optimizer
-        self.sampler.stream.load_state(state["stream"])
-        self.updater.load_entropy_state(state.get("entropy_control"))  # the entropy bonus's adaptive coefficient
         self.step = state["step"]
-        overlap = state.get("async")  # the stopped run's sampler process: its batches not taken are lost
-        if overlap and overlap.get("streams"):  # torchrun: each rank's own prompt position (async_ranks)
-            self.sampler.stream.load_state(overlap["streams"][self.dist.rank])
-        if overlap and overlap["in_flight"]:
-            lost, r = overlap["in_flight"], self.cfg.rollout
+        self.sampler.stream.load_state(state["stream"])
+        self.sampler.load_spread_state(state.get("spread"))
+        self.updater.load_entropy_state(state.get("entropy_control"))  # the entropy bonus's adaptive coefficient
+        self.mismatch.load_state(state.get("mismatch"))
+        self.log_history = self.run.logged_history(self.step)  # reward functions' trainer_state, callbacks
+        if self.async_sampler is None:
+            return
+        own = rank_state(self.dist, state.get("async"))  # torchrun: this rank's prompt position and batches
+        if own and own.get("stream"):
+            self.sampler.stream.load_state(own["stream"])
+        policy = sampling_weights(self.dist, self.model, self.step)  # the restored weights (fsdp: gathered)
+        lost = self.async_sampler.load_state(own, policy, self.step, self.sampler.stream.state())
+        if lost:
+            r = self.cfg.rollout
             self.say(
                 f"resuming an asynchronous run at step {self.step}: the {lost} batch(es) its sampler process had "
-                f"made or was making ({lost * r.prompts_per_step * r.group_size} samples) were discarded; sampling "
-                f"restarts from the weights of step {self.step}."
+                f"made or was making ({lost * r.prompts_per_step * r.group_size} samples) were not in the checkpoint "
+                f"(its process had ended or stalled, or an older grpokit wrote it); they are made again from the "
+                f"weights of step {self.step}, so this run departs from the uninterrupted one."
             )
-        return overlap["next_batch"] if overlap else self.step
 
     # ----------------------------------------------------------------------------- the run
 
@@ -347,11 +386,13 @@ class GRPOTrainer:
             if self.async_sampler is not None:
                 self.async_sampler.close()
 
-    def begin(self, log: RunLogger) -> None:
-        """The run's log is open (grpokit.run.loop): the parts' messages and the samples go there."""
+    def begin(self, log: RunLogger, stop: StopOnSignals | None = None) -> None:
+        """The run's log is open (grpokit.run.loop): the parts' messages and the samples go there. ``stop``: the
+        run's signal handling (a signal sent to the sampler process stops the run through it)."""
         self._log = self.say.log = log
+        self._stop = stop
         if self.async_sampler is not None:  # the first batch is made while the trainer evaluates
-            self.async_sampler.start(self.step)
+            self.async_sampler.start(self.step, self.log_history)
             r = self.cfg.rollout
             log.print(
                 f"asynchronous rollouts: sampler process {self.async_sampler.pid}, batches at most "
@@ -380,7 +421,8 @@ class GRPOTrainer:
 
     def train_step(self) -> dict[str, float]:
         """One rollout and its updates, in the order the data flows: sample -> score -> advantages -> update
-        -> metrics. Each stage is a part given the values it needs; it returns what the next one takes."""
+        -> metrics. Each stage is a part given the values it needs; it returns what the next one takes. {}: the
+        step was not taken (solved prompts: ``stopped_early``; or a signal came while it waited for its batch)."""
         cfg, step, dist, device = self.cfg, self.step, self.dist, self.learner.device
         t0 = time.perf_counter()
         # sample and score: N = P*G rows (this rank's share), rewards (N,)
@@ -388,7 +430,11 @@ class GRPOTrainer:
             batch, timing, sampling = self.sampler.sample_batch(step, self.log_history)
             overlap = {}
         else:  # made by the sampler process beside the last update: at most rollout.max_staleness steps old
-            batch, timing, sampling, overlap = self._take_async(step)
+            try:
+                batch, timing, sampling, overlap = self._take_async(step)
+            except StopRequested:  # a signal while it waited: the run stops at the last step taken
+                self._sampler_signal()
+                return {}
         everyone = batch.across_ranks(dist)  # torchrun: every rank's rows, for the spread check and metrics
         solved = self.sampler.check_spread(everyone, step)  # raises FlatRewardsError if stuck
         if solved:
@@ -421,6 +467,7 @@ class GRPOTrainer:
         self.learner.scheduler.step()
         if self.async_sampler is not None:  # the sampler process gets the new weights every rollout.sync_every steps
             self.async_sampler.trained(sampling_weights(self.dist, self.model, self.step), self.step)
+            self._sampler_signal()  # a signal sent to its process: this is the run's last step
         # metrics: the global batch's under torchrun
         abs_mean = advantage_abs_mean(advantages, batch.rollout.completion_mask, dist)
         metrics = step_metrics(everyone, abs_mean, update_metrics, sampling, self.accuracy_name)
@@ -438,34 +485,41 @@ class GRPOTrainer:
             self._save_samples(batch, advantages, record)
         return metrics
 
-    def _take_async(self, step: int) -> tuple[ScoredBatch, dict[str, float], dict[str, float], dict[str, float]]:
-        """The asynchronous sampler's next batch, with the steps logged so far for its reward functions; its
-        process dying stops the run with a checkpoint (torchrun: every rank's, grpokit.train.async_ranks)."""
+    def _take_async(
+        self, step: int
+    ) -> tuple[ScoredBatch, dict[str, float], dict[str, float], dict[str, float]]:
+        """The asynchronous sampler's next batch, with the steps logged so far for its reward functions. Its
+        process dying or stalling, or the user's code failing there, stops the run with a checkpoint (torchrun:
+        every rank's, grpokit.train.async_ranks); a signal (to this process or to the sampler's) while it waits
+        raises StopRequested (one process: under torchrun the ranks take their batches in step)."""
+        sampler = self.async_sampler
+        stopping = None
+        if not self.dist.active:
+            stopping = lambda: bool(self._stop and self._stop.signal_name) or bool(sampler.signal_name())  # noqa: E731
         try:
-            batch, timing, sampling, overlap = self.async_sampler.take(
-                step, log_history=self.log_history, agree=agree_on_age(self.dist)
+            batch, timing, sampling, overlap = sampler.take(
+                step, log_history=self.log_history, agree=agree_on_age(self.dist), stopping=stopping
             )
-        except SamplerDiedError as e:
+        except (TrainingError, ConfigError) as e:
             say_died(self.dist, e)  # the other ranks wait for this batch's agreement: they stop too
             where = f" Checkpoint of step {self.step}: {self.save()}." if self.step > 0 else ""
-            raise SamplerDiedError(f"{e}{where}") from None
+            raise with_text(e, where) from None
         sampling, overlap = taken_over_ranks(self.dist, sampling, overlap)
         return batch, timing, sampling, overlap
+
+    def _sampler_signal(self) -> None:
+        """A SIGTERM or SIGINT sent to the sampler process stops the run as one sent to the trainer does."""
+        name = self.async_sampler.signal_name() if self.async_sampler is not None else None
+        if name and self._stop is not None:
+            self._stop.request(name, f"sent to the sampler process {self.async_sampler.pid}")
 
     # ----------------------------------------------------------------------------- samples, eval, io
 
     def save(self) -> Path:
-        """Checkpoint this step (grpokit.run.state): the policy, its optimizer, the prompt stream, the critic."""
-        critic = self.critic
-        state = {"stream": self.sampler.stream.state(), "critic": critic.state() if critic else None}
-        if self.async_sampler is not None:  # the prompts of the batches taken; the sampler's version and backlog
-            state["stream"] = self.async_sampler.stream_state
-            state["async"] = checkpoint_over_ranks(
-                self.dist, self.async_sampler.checkpoint_state(), self.async_sampler.stream_state
-            )  # torchrun: every rank's prompt position
-        state["entropy_control"] = self.updater.entropy_state()
-        subfolders = critic.folders() if critic else {}
-        return self.run.save(self.step, self.learner, self.tokenizer, state, subfolders)
+        """Checkpoint this step (grpokit.run.state): the policy, its optimizer and schedule, and every part's own
+        state (``checkpoint_state``); PPO's critic in its folder."""
+        subfolders = self.critic.folders() if self.critic else {}
+        return self.run.save(self.step, self.learner, self.tokenizer, self.checkpoint_state(), subfolders)
 
     def _save_samples(
         self, batch: ScoredBatch, advantages: torch.Tensor, record: TokenRecorder | None

@@ -118,11 +118,12 @@ class SFTTrainer:
         self.stream = PromptStream(list(range(len(self.examples))), cfg.train.seed, cfg.data.shuffle)
         self.step = 0
         self.stopped_early: str | None = None  # why the run ended before train.steps (stop), or None
-        if resume_from is not None:
-            state = self.run.load_resume_state()  # RNG restored
+        if resume_from is not None:  # every part built: each takes its piece (the mirror of save())
+            state = self.run.load_resume_state()  # RNG and clock restored
             self.learner.load_state(state, weights_from=None if self.dist.active else resume_from)
             self.stream.load_state(state["stream"])
             self.step = state["step"]
+            self.log_history = self.run.logged_history(self.step)  # callbacks' log_history: every leg's
 
     # ----------------------------------------------------------------------------- set-up helpers
 
@@ -158,7 +159,7 @@ class SFTTrainer:
         the summary, none written)."""
         return run_training(self)
 
-    def begin(self, log: RunLogger) -> None:
+    def begin(self, log: RunLogger, stop=None) -> None:
         """The run's log is open (grpokit.run.loop): SFT has nothing of its own to say first."""
 
     def finish(self, summary: dict[str, Any], final: Path) -> None:

@@ -27,6 +27,9 @@ def fails_on_rank_1(prompts, completions, trainer_state=None, **kw):
     return score(prompts, completions)
 '''
 SAMPLES = 4  # per step: 2 prompts (one per rank) x 2 completions
+# the clocks' numbers (and how full the queue was when a batch was taken)
+VARYING = ("time/", "tokens_per_s", "peak_memory_mb", "async/wait_s", "async/sampler_busy", "async/trainer_busy",
+           "async/queue_depth")  # fmt: skip
 
 
 def _metrics(out: Path) -> list[dict]:
@@ -65,9 +68,11 @@ def _check_ages(lines: list[dict]) -> None:
 
 
 @pytest.mark.slow
-def test_k1_on_two_ranks_trains_no_stale_sample_and_resumes_counting_versions(tmp_path):
+def test_k1_on_two_ranks_trains_no_stale_sample_and_resumes_as_the_uninterrupted_run(tmp_path):
     """DDP, K = 1, weights pushed every 2 steps (so batches can be 2 steps old and are dropped): 5 steps, a
-    checkpoint each; then a resume from step 3 repeats steps 4 and 5, its first batch sampled by version 3."""
+    checkpoint each; then a resume from step 3 repeats steps 4 and 5 as the uninterrupted run made them: each
+    rank's batch in flight and the last push are in the checkpoint (issue 48: it used to restart from the
+    restored weights, version 3, and never match)."""
     cfg = _config(tmp_path, "ddp", steps=5)
     run = tmp_path / "run"
     launch(["grpokit", "train", str(cfg), "--output-dir", str(run)], nproc=2, module=True, timeout=600)
@@ -81,18 +86,20 @@ def test_k1_on_two_ranks_trains_no_stale_sample_and_resumes_counting_versions(tm
     shutil.copytree(run, tmp_path / "resumed")
     args = ["--output-dir", str(tmp_path / "resumed"), "--resume-from", "step_000003"]
     again = launch(["grpokit", "train", str(cfg), *args], nproc=2, module=True, timeout=600)
-    assert "resuming an asynchronous run at step 3" in again.stderr
+    assert "resuming an asynchronous run" not in again.stderr  # nothing in flight was lost
     after = _metrics(tmp_path / "resumed")
     assert [m["step"] for m in after] == [1, 2, 3, 4, 5, 4, 5]
-    assert after[5]["async/version"] == 3  # the restored weights sampled the first batch on both ranks
-    _check_ages(after[5:])
+    # every number but the clocks' (grad_norm, loss, kl...)
+    for straight, resumed in zip(after[3:5], after[5:]):
+        same = {k: v for k, v in straight.items() if not k.startswith(VARYING) and not k.endswith("/seconds")}
+        assert {k: resumed[k] for k in same} == same
 
 
 @pytest.mark.slow
 def test_a_sampler_failing_on_one_rank_stops_both_ranks_with_the_checkpoint(tmp_path):
     """Rank 1's sampler process fails on batch 2 (its reward raises there only): rank 1 says so to rank 0 in the
     agreement on batch 2's age, both ranks save the checkpoint of step 2 (a collective) and stop with
-    SamplerDiedError; nothing waits forever (the launch has a time limit)."""
+    RewardFunctionError (rank 0 too: the same exit code); nothing waits forever (the launch has a time limit)."""
     cfg = _config(tmp_path, "ddp", steps=6, reward="fails_on_rank_1")
     run = tmp_path / "run"
     ended = launch(
@@ -104,7 +111,8 @@ def test_a_sampler_failing_on_one_rank_stops_both_ranks_with_the_checkpoint(tmp_
     )
     assert ended.returncode != 0
     assert "rank 1's verifier is down" in ended.stderr  # rank 1's own error
-    assert "on rank 1: the sampler process failed: batch 2" in ended.stderr  # rank 0's, told by rank 1
+    assert "on rank 1: in the sampler process, batch 2" in ended.stderr  # rank 0's, told by rank 1
+    assert ended.returncode == 3  # both ranks stop as for the reward's error: the user's code (issue 48)
     assert ended.stderr.count("Checkpoint of step 2") >= 2  # each rank names the checkpoint it saved
     assert [m["step"] for m in _metrics(run)] == [1, 2]
     assert (run / "checkpoints" / "step_000002").is_dir()

@@ -24,6 +24,7 @@ from tiny_model import make_tiny_model
 from tool_model import tool_model
 
 from grpokit.config.schema import ConfigError, load_config, resolve_algo
+from grpokit.core.errors import RewardFunctionError
 from grpokit.train.async_sampler import SamplerDiedError, _shared_payload, trainable_parameters
 from grpokit.train.mismatch import MismatchCorrection, MismatchError, MismatchGuard
 from grpokit.train.update import PolicyUpdate
@@ -333,7 +334,8 @@ def test_a_reward_failing_in_the_sampler_stops_the_run_and_leaves_no_process(tmp
     # Asked of the process object: /proc/<pid>/cmdline reads empty once the failing process has exited (a zombie)
     assert trainer.async_sampler.start_method == "spawn"
     assert type(trainer.async_sampler.process).__name__ == "SpawnProcess"
-    with pytest.raises(SamplerDiedError, match="the sampler process failed: batch 0: TrainingError.*answer column"):
+    # the user's code failing in the process keeps its kind (exit 3), not the process's (4): issue 48
+    with pytest.raises(RewardFunctionError, match="in the sampler process, batch 0: step 1: .*answer column"):
         trainer.train()
     assert trainer.step == 0 and trainer.async_sampler.pid is None
     deadline = time.monotonic() + 10
