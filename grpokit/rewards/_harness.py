@@ -66,7 +66,7 @@ needs nothing there (the interpreter and the C library use system calls: os.cpu_
 sched_getaffinity), and almost every file of procfs shows the whole machine (meminfo, stat, loadavg,
 sys/fs/inode-nr, ...), which another sandbox moves. Even a procfs of the sandbox's own processes only
 (subset=pid) shows, in each /proc/PID/net, kernel-wide protocol counters (sockets allocated, their
-memory). The guard counts through a procfs of its own whose mount is detached (`_guard_proc`)."""
+memory). The guard counts through a procfs of its own, detached with the host's root (`_guard_proc`)."""
 STOP_GRACE_S = 0.05
 NOFILE = 64
 """Open descriptors per process (RLIMIT_NOFILE)."""
@@ -161,11 +161,11 @@ def _build_root(cfg, sources):
                 )
     for fd in sources.values():
         os.close(fd)
-    full_proc = _guard_proc()
     os.mkdir(ROOT + "/proc")  # empty: see PROC_SHOWN
     os.mkdir(ROOT + "/tmp")
     tmp = f"size={int(cfg['tmpfs_mb'])}m,nr_inodes={int(cfg['tmpfs_inodes'])},mode=700"
     _mount("tmpfs", ROOT + "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, tmp)
+    full_proc = _guard_proc()
     os.chdir(ROOT)
     _check(libc.syscall(155, b".", b"."), "pivot_root")  # 155: pivot_root on x86_64
     _check(libc.umount2(b".", MNT_DETACH), "detach the host root")
@@ -182,16 +182,13 @@ def _build_root(cfg, sources):
 
 
 def _guard_proc():
-    """A descriptor of a whole procfs of the sandbox's pid namespace, its mount detached: the guard
-    counts through it (/proc/PID/fd, maps, status and /proc/sysvipc, which the candidate's /proc does
-    not show), and nothing the candidate can reach leads to it (it closes its copy when forked)."""
-    path = ROOT + "/.guard-proc"
-    os.mkdir(path)
-    _mount("proc", path, "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    _check(libc.umount2(path.encode(), MNT_DETACH), "detach the guard's /proc")
-    os.rmdir(path)
-    return fd
+    """A descriptor of a whole procfs of the sandbox's pid namespace for the guard, which counts through it
+    (/proc/PID/fd, maps, status and /proc/sysvipc, which the candidate's /proc does not show). It is mounted
+    over the host's /proc of this mount namespace, so detaching the host's root detaches it too (one
+    unmount, not two: each waits for the kernel's RCU); nothing the candidate can reach leads to it (it
+    closes its copy of the descriptor when forked)."""
+    _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    return os.open("/proc", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
 
 
 def _drop_capabilities():
