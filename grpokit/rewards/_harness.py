@@ -61,7 +61,8 @@ ROOT = "/tmp"  # mount point of the new root's tmpfs, inside the private mount n
 HOST_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib64", "/lib32", "/libx32")
 DEVICES = ("null", "zero", "full", "random", "urandom")
 PROC_SHOWN = ()
-"""What the candidate's /proc shows: an allowlist, and it is empty; /sys is not mounted either. A program
+"""What the candidate's /proc shows (files of the sandbox's procfs, bound read-only): an allowlist, and it is
+empty; /sys is not mounted either. An entry belongs here only if no other sandbox can move it. A program
 needs nothing there (the interpreter and the C library use system calls: os.cpu_count reads
 sched_getaffinity), and almost every file of procfs shows the whole machine (meminfo, stat, loadavg,
 sys/fs/inode-nr, ...), which another sandbox moves. Even a procfs of the sandbox's own processes only
@@ -166,6 +167,10 @@ def _build_root(cfg, sources):
     tmp = f"size={int(cfg['tmpfs_mb'])}m,nr_inodes={int(cfg['tmpfs_inodes'])},mode=700"
     _mount("tmpfs", ROOT + "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, tmp)
     full_proc = _guard_proc()
+    for name in PROC_SHOWN:  # each a file bound read-only from the sandbox's own procfs
+        open(f"{ROOT}/proc/{name}", "w").close()
+        _mount(f"/proc/{name}", f"{ROOT}/proc/{name}", None, MS_BIND)
+        _mount(None, f"{ROOT}/proc/{name}", None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
     os.chdir(ROOT)
     _check(libc.syscall(155, b".", b"."), "pivot_root")  # 155: pivot_root on x86_64
     _check(libc.umount2(b".", MNT_DETACH), "detach the host root")
