@@ -424,8 +424,8 @@ class RolloutConfig:
     environment: str | dict[str, str] | None = setting(
         None,
         """Multi-turn rollouts in an environment (grpokit.rollout.envs): a factory as package.module:Env or
-        file.py:Env, a verifiers environment (verifiers:ID or verifiers:file.py) or an OpenEnv server
-        (openenv:URL, or package.module:Env for an OpenEnvironment subclass). The tools its class lists in
+        file.py:Env, or an OpenEnv server (openenv:URL, or package.module:Env for an OpenEnvironment
+        subclass). The tools its class lists in
         `tools` (functions or names) are offered beside rollout.tools. A mapping {name: environment} gives each
         row the one its rollout.environment_column names (docs/guides/environments.md).""",
     )

@@ -3,7 +3,7 @@ rollout is a batch of episodes (grpokit.rollout.multiturn) instead of single com
 
     rollout:
       tools: [python, my_tools.py:multiply]    # and/or environment: my_env.py:Env (grpokit.rollout.envs protocol;
-                                               # its class's `tools` are offered too), verifiers:ID, openenv:URL,
+                                               # its class's `tools` are offered too), openenv:URL,
                                                # or {name: environment, ...}: each row's named by a column
       max_turns: 4                             # model turns per episode
       max_new_tokens: 128                      # per model turn
@@ -87,7 +87,6 @@ def multi_turn(rollout_cfg) -> bool:
 
 
 ENVIRONMENT_KINDS: dict[str, str] = {
-    "verifiers": "grpokit.integrations.verifiers:environment_factory",
     "openenv": "grpokit.integrations.openenv:environment_factory",
 }
 """Environments of other ecosystems, named 'KIND:target' in rollout.environment: KIND's loader, a
@@ -98,7 +97,7 @@ only when a run names such an environment."""
 
 def load_environment(spec: str) -> Callable[[], Environment]:
     """The factory named 'module:attr' or 'file.py:attr' (a class or a function with no arguments), or an
-    environment of another ecosystem, 'KIND:target' (ENVIRONMENT_KINDS: verifiers:ID, openenv:URL)."""
+    environment of another ecosystem, 'KIND:target' (ENVIRONMENT_KINDS: openenv:URL)."""
     kind, sep, target = spec.partition(":")
     if sep and kind in ENVIRONMENT_KINDS:
         module, _, loader = ENVIRONMENT_KINDS[kind].partition(":")
