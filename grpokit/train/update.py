@@ -141,6 +141,28 @@ def eval_logprobs(
     return rows_no_grad(learner, r, forward)
 
 
+@dataclasses.dataclass
+class UpdatePlan:
+    """One rollout's update in the making (PolicyUpdate.prepare), passed to forward_backward and optimizer_step
+    for each mini-batch: the inputs of every mini-batch's loss and what the steps add up."""
+
+    rollout: Rollout
+    advantages: torch.Tensor  # (N,) or (N, Lc)
+    mask: torch.Tensor  # (N, Lc) the tokens the loss trains on (loss_mask)
+    old_logprobs: torch.Tensor | None  # (N, Lc) the ratio's denominator; None: the current log-probs, detached
+    ref_logprobs: torch.Tensor | None  # (N, Lc) the reference's, for a KL
+    entropy: torch.Tensor | None  # (N, Lc) the policy's before the update (algo.top_entropy_quantile)
+    mini_batches: list[torch.Tensor]  # (M,) row indices each, in the order they step
+    step: int  # the run's step: seeds the order and the masks' draws
+    record: TokenRecorder | None  # the per-token numbers of a saved step
+    ref_seconds: float  # spent on the reference's pass in prepare
+    stats: UpdateStats = dataclasses.field(default_factory=UpdateStats)
+    finite: bool = True  # the last mini-batch's gradient was finite
+    coefs: list[float] = dataclasses.field(default_factory=list)  # the entropy bonus's alpha per optimizer step
+    measured: torch.Tensor | None = None  # the last mini-batch's sum of H and tokens (the entropy bonus)
+    bonus_sums: torch.Tensor = dataclasses.field(default_factory=lambda: torch.zeros(2, dtype=torch.float64))
+
+
 class PolicyUpdate:
     """The clipped policy-gradient update (see the module docstring); ``learner`` holds the policy."""
 
@@ -183,7 +205,8 @@ class PolicyUpdate:
         denominator) or by a KL in the reward (its k1 = old - ref). ref: whenever there is a reference,
         so the KL is logged even when only the reward uses it; ``ref_logprobs`` when the batch came with them
         (an asynchronous run's sampler process computed them, grpokit.train.reference): no pass here then."""
-        needs_old = several_passes(self.optim) or self.algo.kl.reward_coef > 0
+        # old log-probs before the update: several passes, a KL in the reward, a teacher's dense advantage
+        needs_old = several_passes(self.optim) or self.algo.kl.reward_coef > 0 or self.algo.uses_teacher
         t = time.perf_counter()
         if not self.uses_reference:
             ref_logprobs = None
@@ -227,8 +250,34 @@ class PolicyUpdate:
         old/ref log-probs as from ``rollout_logprobs`` (computed here when both are None). ``step``: the
         run's step (seeds the mini-batch order). ``record``: a rollout_record.TokenRecorder to fill with the
         per-token numbers the loss used. Returns the metrics (the global batch's under torchrun) and the
-        seconds spent on the reference here."""
-        learner = self.learner
+        seconds spent on the reference here.
+
+        The same as the three public pieces a loop of one's own calls (docs/guides/own-loop.md):
+
+            plan = updater.prepare(r, advantages, old, ref, step=step)
+            for k in range(len(plan.mini_batches)):
+                updater.forward_backward(plan, k)   # the gradient of mini-batch k, over its micro-batches
+                updater.optimizer_step(plan, k)     # clip, step the optimizer, move the entropy coefficient
+            metrics = updater.finish(plan)
+        """
+        plan = self.prepare(r, advantages, old_logprobs, ref_logprobs, step=step, record=record)
+        for k in range(len(plan.mini_batches)):
+            self.forward_backward(plan, k)
+            self.optimizer_step(plan, k)
+        return self.finish(plan), plan.ref_seconds
+
+    def prepare(
+        self,
+        r: Rollout,
+        advantages: torch.Tensor,
+        old_logprobs: torch.Tensor | None = None,
+        ref_logprobs: torch.Tensor | None = None,
+        *,
+        step: int = 0,
+        record: TokenRecorder | None = None,
+    ) -> UpdatePlan:
+        """What the update of rollout ``r`` needs before its first gradient: the loss mask, the ratio's denominator,
+        the entropies that choose tokens (algo.top_entropy_quantile) and the mini-batches' rows (``update``)."""
         mask = loss_mask(r, self.algo.batch.mask_truncated)  # (N, Lc)
         ref_seconds = 0.0
         if old_logprobs is None and ref_logprobs is None:
@@ -240,44 +289,58 @@ class PolicyUpdate:
         # algo.top_entropy_quantile: the policy's entropies before the update choose the tokens to train
         top_entropy = self.algo.masks.top_entropy_quantile < 1
         entropy = self.logprobs_no_grad(self.learner.model, r, entropy=True) if top_entropy else None  # (N, Lc)
-
-        stats = UpdateStats()  # what the update reports, kept out of the gradient loop
-        lengths = r.row_lengths  # (N,) real tokens per row
-        learner.model.train()
+        self.learner.model.train()
         order = mini_batch_order(r.completion_ids.shape[0], self.optim, step_seed(self.seed, step, 0))
-        bonus = self.algo.entropy
-        coefs, bonus_sums = [], torch.zeros(2, dtype=torch.float64)  # alpha per step; sum of H and tokens trained on
-        for k, mb in enumerate(order):  # (M,) rows each
-            chosen = self.chosen_tokens(r, mb, mask, advantages, entropy, step_seed(self.seed, step, 1000 + k))
-            if bonus.on:  # the coefficient of this optimizer step; the bonus's entropy is filled in by the micro-batches
-                chosen["entropy_coef"] = self.entropy_control.applied(bonus.adaptive, bonus.target)
-                coefs.append(chosen["entropy_coef"])
-            measured = torch.zeros(2, dtype=torch.float64)  # this mini-batch's sum of H, tokens (reset by a retry)
-            part, finite = learner.run_micro(
-                lambda rows, mb=mb, first=(k == 0), chosen=chosen, measured=measured: self._mini_batch_gradients(
-                    r, mb, rows, advantages, mask, lengths, old_logprobs, ref_logprobs, first, record, chosen, measured
-                ),
-                lengths[mb],
-            )
-            stats.merge(part)
-            stats.add_step(learner.clip_and_step(finite, step))
-            if bonus.on:
-                measured = self.dist.sum(measured).cpu()  # torchrun: the whole mini-batch's
-                bonus_sums += measured
-                if bonus.adaptive:  # Skywork-OR1: c moves by delta after each optimizer step
-                    e = float(measured[0] / measured[1]) if measured[1] > 0 else float("nan")
-                    self.entropy_control.observe(
-                        e, target=bonus.target, delta=bonus.coef_delta, coef_min=bonus.coef_min, coef_max=bonus.coef_max
-                    )
+        return UpdatePlan(
+            r, advantages, mask, old_logprobs, ref_logprobs, entropy, list(order), step, record, ref_seconds
+        )
 
+    def forward_backward(self, plan: UpdatePlan, k: int) -> None:
+        """Accumulate the gradient of the plan's mini-batch ``k`` over its micro-batches (the learner's size,
+        retried smaller after an out-of-memory error): the parameters' .grad, the plan's statistics."""
+        r, mb, bonus = plan.rollout, plan.mini_batches[k], self.algo.entropy
+        chosen = self.chosen_tokens(
+            r, mb, plan.mask, plan.advantages, plan.entropy, step_seed(self.seed, plan.step, 1000 + k)
+        )
+        if bonus.on:  # the coefficient of this optimizer step; the bonus's entropy is filled in by the micro-batches
+            chosen["entropy_coef"] = self.entropy_control.applied(bonus.adaptive, bonus.target)
+            plan.coefs.append(chosen["entropy_coef"])
+        measured = plan.measured = torch.zeros(2, dtype=torch.float64)  # this mini-batch's sum of H, tokens
+        part, plan.finite = self.learner.run_micro(
+            lambda rows: self._mini_batch_gradients(
+                r, mb, rows, plan.advantages, plan.mask, r.row_lengths, plan.old_logprobs, plan.ref_logprobs,
+                k == 0, plan.record, chosen, measured,
+            ),
+            r.row_lengths[mb],
+        )  # fmt: skip
+        plan.stats.merge(part)
+
+    def optimizer_step(self, plan: UpdatePlan, k: int) -> None:
+        """The optimizer step after ``forward_backward(plan, k)``: clip the gradient and step (a non-finite one
+        is skipped, Learner.clip_and_step); with an adaptive entropy bonus, move its coefficient (Skywork-OR1)."""
+        plan.stats.add_step(self.learner.clip_and_step(plan.finite, plan.step))
+        bonus = self.algo.entropy
+        if bonus.on:
+            measured = self.dist.sum(plan.measured).cpu()  # torchrun: the whole mini-batch's
+            plan.bonus_sums += measured
+            if bonus.adaptive:  # c moves by delta after each optimizer step
+                e = float(measured[0] / measured[1]) if measured[1] > 0 else float("nan")
+                self.entropy_control.observe(
+                    e, target=bonus.target, delta=bonus.coef_delta, coef_min=bonus.coef_min, coef_max=bonus.coef_max
+                )
+
+    def finish(self, plan: UpdatePlan) -> dict[str, float]:
+        """The update's metrics (the global batch's under torchrun), once every mini-batch has stepped."""
+        stats = plan.stats
         stats.over_ranks(self.dist)  # torchrun: the global batch's sums
         metrics = stats.metrics(n_updates=self.optim.epochs * self.optim.mini_batches)
-        metrics.update(learner.metrics())  # lr, loss_scale, micro_batch_size
-        metrics["cov/logp_adv"] = self.logp_adv_covariance(r, mask, advantages)
-        if bonus.on:
-            metrics["entropy_coef"] = sum(coefs) / len(coefs)  # the alpha applied, averaged over optimizer steps
-            metrics["entropy/bonus"] = float(bonus_sums[0] / bonus_sums[1]) if bonus_sums[1] > 0 else float("nan")
-        return metrics, ref_seconds
+        metrics.update(self.learner.metrics())  # lr, loss_scale, micro_batch_size
+        metrics["cov/logp_adv"] = self.logp_adv_covariance(plan.rollout, plan.mask, plan.advantages)
+        if self.algo.entropy.on:
+            sums = plan.bonus_sums
+            metrics["entropy_coef"] = sum(plan.coefs) / len(plan.coefs)  # the alpha applied, averaged over steps
+            metrics["entropy/bonus"] = float(sums[0] / sums[1]) if sums[1] > 0 else float("nan")
+        return metrics
 
     def chosen_tokens(self, r, mb, mask, advantages, entropy, seed: int) -> dict[str, torch.Tensor]:
         """The tokens of mini-batch ``mb`` (M,) that the masks choose over the whole mini-batch (so the split into
