@@ -12,12 +12,11 @@ choices; the checks, ``grpokit config`` and the reference page (grpokit.config.r
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-
-import yaml
 
 from grpokit.config.checks import (
     REPORT_TO,
@@ -31,6 +30,7 @@ from grpokit.config.checks import (
     check_trackers,
 )
 from grpokit.config.declare import algo_knob, setting
+from grpokit.config.run_file import check_resolved_algo, split_records, write_run_file
 from grpokit.core.errors import ConfigError
 from grpokit.core.yaml_io import parse_value, read_yaml_file
 
@@ -898,13 +898,26 @@ def load_config(
         values = read_yaml_file(p) or {}  # refuses a missing or non-UTF-8 file, bad YAML, a key given twice
         if not isinstance(values, dict):
             raise ConfigError(f"{p}: the top level must be a mapping of sections (model:, data:, ...)")
+        values, records = split_records(values)  # an OUTPUT/config.yaml's records of the run (run_file)
         values = _from_trl_if_flat(values, p) if build is None else values
+        if build is None and "resolved_algo" in records:  # the file alone, before overrides change it on purpose
+            _check_recorded_algo(copy.deepcopy(values), records["resolved_algo"], p)
     apply_overrides(values, overrides)
     try:
         return (build or config_from_dict)(values)
     except ConfigError as e:
         where = f"{path}: " if path is not None else ""
         raise ConfigError(f"{where}{e}") from None
+
+
+def _check_recorded_algo(values: dict[str, Any], recorded: Any, path: Path) -> None:
+    """An OUTPUT/config.yaml's settings still resolve to the algorithm it records (run_file.check_resolved_algo);
+    a file that does not load alone is left to the real load to report."""
+    try:
+        now = resolve_algo(config_from_dict(values)).flat()
+    except ConfigError:
+        return
+    check_resolved_algo(recorded, now, str(path))
 
 
 def _from_trl_if_flat(values: dict[str, Any], path: Path) -> dict[str, Any]:
@@ -931,12 +944,12 @@ def config_to_dict(cfg: Config) -> dict[str, Any]:
     return dataclasses.asdict(cfg)
 
 
-def save_config(cfg: Config, path: str | Path, resolved_algo: Any = None) -> None:
-    """Write the config as YAML; `resolved_algo` (an AlgoSettings) is recorded by its flat names."""
-    data = config_to_dict(cfg)
-    if resolved_algo is not None:
-        data["resolved_algo"] = resolved_algo.flat() if hasattr(resolved_algo, "flat") else resolved_algo
-    Path(path).write_text(yaml.safe_dump(data, sort_keys=False))
+def save_config(cfg: Any, path: str | Path, resolved_algo: Any = None, given: dict[str, Any] | None = None) -> list[str]:
+    """Write OUTPUT/config.yaml (grpokit.config.run_file): the config, `resolved_algo` (an AlgoSettings) by its flat
+    names, and `given` (run_file.given_in_code: what the run was given in code). Returns the parts the file cannot
+    load again (said in it and once on stdout)."""
+    flat = resolved_algo.flat() if hasattr(resolved_algo, "flat") else resolved_algo
+    return write_run_file(path, dataclasses.asdict(cfg), flat, given)
 
 
 def resolve_algo(cfg: Config) -> AlgoSettings:

@@ -110,6 +110,7 @@ class RunState:
         overwrite: bool = False,
         resolved_algo=None,
         curves: bool = True,
+        given: dict[str, Any] | None = None,
     ):
         self.cfg, self.dist = cfg, dist or Distributed()
         self.out = Path(cfg.train.output_dir)
@@ -119,6 +120,7 @@ class RunState:
         )
         self.overwrite = overwrite
         self.resolved_algo = resolved_algo  # written into config.yaml beside the config
+        self.given = given  # what the run was given in code (grpokit.config.run_file.given_in_code), recorded there too
         self.curves = curves  # finish() draws curves.png (GRPO's reward, KL, ... panels)
         self.resume_from: Path | None = None
         self.saved: tuple[int, Path] | None = None  # (step, path) of the last checkpoint written or loaded
@@ -157,7 +159,7 @@ class RunState:
         self.out.mkdir(parents=True, exist_ok=True)
         for partial in remove_partial(self.out / "checkpoints"):
             print(f"grpokit: removed {partial}, a checkpoint left half-written", file=sys.stderr)
-        save_config(self.cfg, self.out / "config.yaml", resolved_algo=self.resolved_algo)
+        save_config(self.cfg, self.out / "config.yaml", resolved_algo=self.resolved_algo, given=self.given)
 
     def step_logged(self) -> None:
         """A step of this run is logged: the run it replaced (--overwrite), set aside by start(), is deleted."""

@@ -35,6 +35,7 @@ import torch
 from grpokit.compat.trl.api import trl_arguments
 from grpokit.compat.trl.names import with_trl_names
 from grpokit.config.checks import check_settings_in_use, check_vllm_installed
+from grpokit.config.run_file import given_in_code
 from grpokit.config.schema import Config, ConfigError, resolve_algo, validated
 from grpokit.core.errors import TrainingError, with_text
 from grpokit.core.notices import Notices
@@ -153,7 +154,9 @@ class GRPOTrainer:
         torch.manual_seed(cfg.train.seed)
         self.dist = Distributed.from_env(cfg)  # torchrun: the process group (grpokit.train.distributed)
         # the output folder: not in use by another run; train() locks it until it ends (grpokit.run.lock)
-        self.run = RunState(cfg, self.dist, resume=resume, overwrite=overwrite, resolved_algo=self.algo)
+        recorded = given_in_code(cfg, model=model, tokenizer=tokenizer, train_rows=train_rows, eval_rows=eval_rows,
+                                 reward_functions=reward_functions)  # for config.yaml; placeholders given again
+        self.run = RunState(cfg, self.dist, resume=resume, overwrite=overwrite, resolved_algo=self.algo, given=recorded)
         self.callbacks = list(callbacks)
         self.log_history: list[dict[str, float]] = []  # every step's metrics, as TRL's state.log_history
 

@@ -26,6 +26,7 @@ import torch
 
 from grpokit.algos.sft import nll_sum
 from grpokit.config.checks import check_settings_in_use
+from grpokit.config.run_file import given_in_code
 from grpokit.config.schema import ConfigError
 from grpokit.config.sft import SFTConfig, prompt_data_config, validated_sft
 from grpokit.data.prompts import DataError
@@ -80,7 +81,9 @@ class SFTTrainer:
         torch.manual_seed(cfg.train.seed)
         self.dist = Distributed.from_env(cfg, batch_size=cfg.sft.batch_size)
         # checks the output folder; no curves.png (its panels are GRPO's)
-        self.run = RunState(cfg, self.dist, resume=resume, overwrite=overwrite, curves=False)
+        recorded = given_in_code(cfg, model=model, tokenizer=tokenizer, train_rows=train_rows, eval_rows=eval_rows,
+                                 reward_functions=reward_functions)  # for config.yaml; placeholders given again
+        self.run = RunState(cfg, self.dist, resume=resume, overwrite=overwrite, curves=False, given=recorded)
 
         # data and rewards, checked before the model loads
         self.train_rows, self.eval_rows = load_sft_rows(cfg.data, train_rows, eval_rows)
