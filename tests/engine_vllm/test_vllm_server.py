@@ -50,7 +50,7 @@ def server(tmp_path_factory):
     log = open(folder / "server.log", "w")
     proc = subprocess.Popen(
         [sys.executable, "-m", "grpokit", "vllm-serve", "--model", str(folder / "model"), "--port", str(port),
-         "--dtype", "float32", "--max-model-len", "512", "--threads", "1"],
+         "--dtype", "float32", "--max-model-len", "512", "--threads", "1", "--max-lora-rank", "8"],
         stdout=log, stderr=subprocess.STDOUT, env=env,
     )  # fmt: skip
     yield f"http://127.0.0.1:{port}", proc
@@ -204,6 +204,32 @@ def test_grpokit_train_runs_two_steps_through_the_server_and_resumes(server, tmp
         assert m["rollout/weight_lag"] == 0
     assert resumed.sampler.generator.stats["probe_gap"] < 1e-3
     assert (resumed.sampler.generator.llm.group is not None) == (transfer == "collective")
+
+
+def test_a_lora_run_pushes_the_base_then_the_adapter_alone_to_a_server_that_takes_adapters(generator):
+    """The server was started with --max-lora-rank 8: the first push of a LoRA policy sends the base (the server
+    holds its own --model), then each push the adapter alone, over HTTP; the rollouts are the trainer's."""
+    from test_vllm_lora import adapter_bytes, lora_model
+
+    from grpokit.rollout.engines.vllm.weights import base_weights, weight_bytes
+
+    url = generator.llm.url
+    gen = VLLMGenerator(settings(mode="server", server_url=url), max_model_len=512, seed=0)
+    model = lora_model(seed=9)
+    r = sample(gen, model)
+    assert gen.adapter and gen.llm.max_lora_rank == 8
+    assert gen.stats["push_bytes"] == weight_bytes(base_weights(model).items()) + adapter_bytes(model)
+    mask = r.completion_mask.bool()
+    assert float((trainer_logprobs(model, r, 1.0) - r.logprobs)[mask].abs().max()) < LOGPROB_TOL
+    optimizer_step(model, lr=3e-2)
+    after = sample(gen, model, temperature=0.0, group_size=1)
+    assert gen.stats["push_bytes"] == adapter_bytes(model)  # the base unchanged: the adapter alone
+    hf = HFGenerator().generate(
+        model, SAMPLE_PROMPTS, group_size=1, max_new_tokens=12, temperature=0.0, eos_token_ids=EOS, pad_token_id=0
+    )
+    assert torch.equal(after.completion_ids, hf.completion_ids)
+    assert gen.stats["probe_gap"] < 1e-3
+    gen.close()
 
 
 def test_a_call_the_server_fails_brings_its_message_back(generator):

@@ -166,3 +166,14 @@ def test_the_adapter_push_carries_the_adapter_alone_by_peft_names_and_the_base_u
     q = model.get_base_model().model.layers[0].self_attn.q_proj
     assert torch.equal(base["model.layers.0.self_attn.q_proj.weight"], q.base_layer.weight)  # unmerged
     assert not any("lora" in name for name in base)
+
+
+def test_vllm_serve_takes_the_lora_ranks_vllm_accepts():
+    import argparse
+
+    from grpokit.cli.main import build_parser
+    from grpokit.rollout.engines.vllm.weights import LORA_RANKS
+
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    flag = next(a for a in sub.choices["vllm-serve"]._actions if a.dest == "max_lora_rank")
+    assert tuple(flag.choices) == (0, *LORA_RANKS) and flag.default == 0  # 0: the server takes no adapter
