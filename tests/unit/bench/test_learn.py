@@ -13,14 +13,20 @@ import torch
 from grpokit import bench
 from grpokit.bench.learn import (
     LearnTask,
+    answer_format,
     at_equal_seconds,
+    at_equal_steps,
     cpu_seconds,
     greedy_accuracy,
     interpolate,
     setting_differences,
     summarize,
     task_data,
+    task_for,
+    task_rewards,
+    twin_problems,
 )
+from grpokit.bench.shapes import BenchError
 
 
 def _bench_args(argv):
@@ -31,8 +37,9 @@ def _bench_args(argv):
 
 @pytest.mark.slow
 def test_learn_runs_both_frameworks_end_to_end(tmp_path, capsys):
-    """Two steps of each framework, one seed: both frameworks' curves, accuracies in [0, 1], the plot, and the
-    setting given with --set listed among the differences."""
+    """Two steps of each arm (grpokit, grpokit with prompt selection, TRL), one seed: every arm's curve, accuracies
+    in [0, 1], the plot, the selection arm's per-step selection numbers, and the setting given with --set listed
+    among the differences."""
     pytest.importorskip("trl", reason="TRL runs beside grpokit here: pip install 'grpokit[trl]'")
     args = _bench_args(
         ["--learn", "--quick", "--steps", "2", "--eval-every", "1", "--output-dir", str(tmp_path)]
@@ -41,8 +48,8 @@ def test_learn_runs_both_frameworks_end_to_end(tmp_path, capsys):
     assert args.func(args) == 0
     out = capsys.readouterr().out
     result = json.loads(next(line for line in out.splitlines() if line.startswith("RESULT "))[7:])
-    assert sorted(result["summary"]) == ["grpokit", "trl"]
-    for fw in ("grpokit", "trl"):
+    assert sorted(result["summary"]) == ["grpokit", "selection", "trl"]
+    for fw in ("grpokit", "selection", "trl"):
         (run,) = [r for r in result["runs"] if r["framework"] == fw]
         assert [p["step"] for p in run["curve"]] == [0, 1, 2]
         assert all(0.0 <= p["accuracy"] <= 1.0 for p in run["curve"])
@@ -50,10 +57,17 @@ def test_learn_runs_both_frameworks_end_to_end(tmp_path, capsys):
         assert run["curve"][2]["train_cpu_s"] > run["curve"][1]["train_cpu_s"] > 0.0
     # the same checkpoint and the same evaluation function: step 0 is one number on both sides
     firsts = {r["framework"]: r["curve"][0]["accuracy"] for r in result["runs"]}
-    assert firsts["grpokit"] == firsts["trl"]
+    assert firsts["grpokit"] == firsts["trl"] == firsts["selection"]
+    (selection,) = [r for r in result["runs"] if r["framework"] == "selection"]
+    assert [s["selection/generated_groups"] >= 16 for s in selection["selection"]] == [True, True]
+    assert [c["a"] + "-" + c["b"] for c in result["comparisons"]] == [
+        "selection-trl",
+        "selection-grpokit",
+        "grpokit-trl",
+    ]
     assert {"key": "optim.weight_decay", "grpokit": 0.01, "trl": 0.0} in result["differences"]
     assert (tmp_path / "learn.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert "| step | grpokit accuracy | trl accuracy |" in out
+    assert "| step | grpokit accuracy | selection accuracy | trl accuracy |" in out
     assert json.loads((tmp_path / "r.json").read_text())["summary"] == result["summary"]
 
 
@@ -131,7 +145,9 @@ def test_cpu_seconds_count_the_children():
     import sys
 
     before = cpu_seconds()
-    burn = "import time, sys\nwhile time.process_time() < 0.5: pass\nprint('done', flush=True)\ntime.sleep(30)"
+    burn = (
+        "import time, sys\nwhile time.process_time() < 0.5: pass\nprint('done', flush=True)\ntime.sleep(30)"
+    )
     child = subprocess.Popen([sys.executable, "-c", burn], stdout=subprocess.PIPE, text=True)
     try:
         assert child.stdout.readline().strip() == "done"
@@ -139,3 +155,41 @@ def test_cpu_seconds_count_the_children():
     finally:
         child.kill()
         child.wait()
+
+
+def test_the_tasks_by_hand():
+    """The twin task's format reward, problems and rewards; each task's defaults; unknown names refused."""
+    assert answer_format(
+        None, ["<answer>12</answer>", " <answer>3</answer>\n", "12", "<answer>1</answer>x"]
+    ) == [
+        1.0,
+        1.0,
+        0.0,
+        0.0,
+    ]
+    spec = type("Spec", (), {"max_operand": 3, "seed": 0, "eval_size": 2})()
+    train, held_out = twin_problems(spec)  # a - b for 0 <= b <= a <= 3: 10 problems
+    assert len(train) == 8 and len(held_out) == 2
+    assert all(
+        int(r["prompt"].split("-")[0]) - int(r["prompt"][:-1].split("-")[1]) == int(r["answer"])
+        for r in train
+    )
+    assert [name for name, _, _ in task_rewards(task_for("twin"))] == ["answer_format", "math_accuracy"]
+    assert [w for _, _, w in task_rewards(task_for("twin"))] == [0.5, 1.0]
+    assert (task_for("tools").prompts_per_step, task_for("tools").max_new_tokens) == (8, 40)
+    assert task_for("sum", 400).train_size == 400
+    with pytest.raises(BenchError, match="--task 'nope'"):
+        task_for("nope")
+
+
+def test_accuracy_at_equal_steps_by_hand():
+    summary = {
+        "selection": [{"step": 0, "accuracy_mean": 0.1}, {"step": 10, "accuracy_mean": 0.5}],
+        "trl": [
+            {"step": 0, "accuracy_mean": 0.1},
+            {"step": 10, "accuracy_mean": 0.4},
+            {"step": 20, "accuracy_mean": 0.6},
+        ],
+    }
+    (row,) = at_equal_steps(summary, "selection", "trl")  # step 0 left out; step 20 only on one side
+    assert row == {"step": 10, "selection": 0.5, "trl": 0.4, "gap": pytest.approx(0.1)}
