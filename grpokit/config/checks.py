@@ -179,6 +179,7 @@ def check_settings_in_use(cfg: Any) -> None:
                     (r.vllm, "rollout.vllm", list(VLLM_COLOCATED), not server,
                      "rollout.vllm.mode=colocate (a server takes them on its command line: grpokit vllm-serve --help)")
                 )  # fmt: skip
+                checks.append((r.vllm, "rollout.vllm", ["lora_push"], cfg.lora.enabled, "lora.enabled=true"))
     o = getattr(cfg, "optim", None)
     if o is not None and hasattr(o, "micro_batch_tokens"):
         packing = o.packing or bool(getattr(getattr(cfg, "sft", None), "packing", False))
