@@ -177,3 +177,13 @@ def test_vllm_serve_takes_the_lora_ranks_vllm_accepts():
     sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
     flag = next(a for a in sub.choices["vllm-serve"]._actions if a.dest == "max_lora_rank")
     assert tuple(flag.choices) == (0, *LORA_RANKS) and flag.default == 0  # 0: the server takes no adapter
+
+
+def test_lora_push_without_lora_is_refused_as_a_setting_that_would_be_ignored():
+    from grpokit.config.checks import check_settings_in_use
+    from grpokit.config.schema import load_config
+
+    vllm = ["rollout.engine=vllm", "rollout.vllm.lora_push=merged"]
+    with pytest.raises(ConfigError, match=r"rollout.vllm.lora_push='merged': taken only with lora.enabled=true"):
+        check_settings_in_use(load_config(None, vllm))
+    check_settings_in_use(load_config(None, [*vllm, "lora.enabled=true"]))
