@@ -153,7 +153,8 @@ def _cmd_learn(args: argparse.Namespace, fail) -> int:
     except BenchError as e:
         return fail(str(e), code=1)
     print_learn_table(result)
-    result["plot"] = str(plot_learn(result, out_dir / "learn.png"))
+    plot = "learn.png" if args.task == "sum" else f"learn-{args.task}.png"  # one per task in one folder
+    result["plot"] = str(plot_learn(result, out_dir / plot))
     print(f"plot: {result['plot']}", file=sys.stderr)
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2))

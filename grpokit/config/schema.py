@@ -778,8 +778,9 @@ class TrainConfig:
         None,
         """Reward whose value 1 means correct: accuracy, eval pass@1 / maj@k, the flat-reward check. Unset: the one
         verifier among the rewards (math_accuracy, code_tests, a function named *accuracy* or
-        *correct*), else the first reward that is not a format/length one (the run says which), else an
-        error asking for it (grpokit.rewards.which_accuracy).""",
+        *correct*), else the only reward that is not a format/length one (the run says which); several
+        verifiers are refused until one is named; otherwise none, never a guess: no accuracy metric, said when the
+        run starts (grpokit.rewards.which_accuracy).""",
     )
     reward_timeout_s: float = setting(
         120.0,

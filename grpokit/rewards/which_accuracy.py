@@ -5,15 +5,17 @@ flat-reward check): one documented rule, never a format or length reward picked 
   2. else the one verifier among the rewards: a built-in that checks correctness (math_accuracy,
      code_tests) or a function whose name says accuracy / correct (TRL's
      `accuracy_reward`, `reasoning_accuracy_reward`);
-  3. else the first reward whose name does not say format / length / overlong / brevity / language,
-     announced when the run starts (`pick_accuracy_reward` says why);
+  3. else the only reward, or the only one whose name does not say format / length / overlong / brevity /
+     language (with `format_strict` beside it), announced when the run starts (`pick_accuracy_reward` says why);
   4. else, with several verifiers, an error that asks for `train.accuracy_reward`;
-  5. else (only shaping rewards, as TRL's quickstart `reward_len` alone) none: the run trains, as TRL's does,
-     without the accuracy metric or held-out accuracy (the flat-reward check reads the total reward's
-     spread either way), and says so in one line when it starts.
+  5. else none, never a guess: only shaping rewards (TRL's quickstart `reward_len` alone), or several rewards none
+     of which says it is the verifier (`fmt` and `exact_sort`: either could be the format one). The run trains,
+     as TRL's does, without the accuracy metric or held-out accuracy (the flat-reward check reads the total
+     reward's spread either way), and says so in one line when it starts, naming `train.accuracy_reward`.
 
 Before issue 30 the first reward listed was taken: with TRL's `think_format_reward` first, "accuracy"
-read 1.0 while the accuracy reward was 0.19.
+read 1.0 while the accuracy reward was 0.19. Before issue 52 the first reward whose name did not say format was:
+with `fmt` and `exact_sort`, accuracy, pass@1, maj@k and the flat-reward stop followed `fmt`.
 """
 
 from __future__ import annotations
@@ -58,11 +60,16 @@ def pick_accuracy_reward(
     if len(verifiers) == 1:
         return verifiers[0], "the one verifier among the rewards"
     plain = [n for n in names if not says(n, SHAPING_WORDS)]
+    if not verifiers and len(plain) == 1:
+        if len(names) == 1:
+            return plain[0], "the only reward"
+        return plain[0], f"the only reward of {names} that is not a format/length one; train.accuracy_reward chooses another"
     if not verifiers and plain:
-        why = "the only reward" if len(names) == 1 else (
-            f"the first reward that is not a format/length one (of {names}; set train.accuracy_reward to choose)"
+        return None, (
+            f"none: of the rewards {names} none says it is the verifier (a name with accuracy or correct), and grpokit "
+            "does not guess, so no accuracy metric and no held-out accuracy; set train.accuracy_reward to the one "
+            f"whose 1 means correct, e.g. train.accuracy_reward={plain[-1]}"
         )
-        return plain[0], why
     if not verifiers:
         return None, (
             f"none: the rewards {names} are all format/length ones, so no accuracy metric and no held-out "

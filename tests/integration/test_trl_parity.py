@@ -110,10 +110,12 @@ def test_accuracy_is_the_verifier_never_a_format_reward_listed_first():
         choose(["math_accuracy", "code_tests"], None)  # several verifiers: which one is asked
     from grpokit.rewards.which_accuracy import pick_accuracy_reward
 
-    # no verifier: the first that is not a format/length reward, and the run says so
-    assert pick_accuracy_reward(["format_strict", "digit_steps", "has_seven"], None) == (
-        "digit_steps", "the first reward that is not a format/length one (of ['format_strict', 'digit_steps', "
-        "'has_seven']; set train.accuracy_reward to choose)")
+    # no verifier: the one reward that is not a format/length one; with several, none (no guess: issue 52's `fmt`
+    # beside `exact_sort` was picked for being listed first), and the run says so, naming train.accuracy_reward
+    assert pick_accuracy_reward(["format_strict", "has_seven"], None)[0] == "has_seven"
+    name, why = pick_accuracy_reward(["fmt", "exact_sort"], None)
+    assert name is None and "does not guess" in why and "train.accuracy_reward=exact_sort" in why
+    assert pick_accuracy_reward(["format_strict", "digit_steps", "has_seven"], None)[0] is None
     with pytest.raises(ConfigError, match="2 look like verifiers"):
         choose(["math_accuracy", "accuracy_reward"], None)
     with pytest.raises(ConfigError, match="train.accuracy_reward='nope' is not one of the rewards"):

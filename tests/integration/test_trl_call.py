@@ -1,0 +1,197 @@
+"""TRL's GRPOTrainer call runs as written (issue 52; grpokit.compat.trl.call): TRL's quickstart with the import swapped,
+args=GRPOConfig(...) with reward_weights, datasets, a pathlib.Path model and a reward model's folder in reward_funcs;
+the same call with grpokit's own config when TRL is absent."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from tiny_model import make_tiny_tokenizer, save_tiny_model
+
+datasets = pytest.importorskip(
+    "datasets", reason="TRL's call takes datasets.Dataset: pip install 'grpokit[dev]'"
+)
+
+# TRL 1.16's quickstart, as its GRPOTrainer docstring and docs/source/quickstart.md give it
+TRL_QUICKSTART = """
+from trl import GRPOTrainer
+from trl.rewards import accuracy_reward
+from datasets import load_dataset
+
+dataset = load_dataset("trl-lib/DeepMath-103K", split="train")
+
+trainer = GRPOTrainer(
+    model="Qwen/Qwen2.5-0.5B-Instruct",
+    reward_funcs=accuracy_reward,
+    train_dataset=dataset,
+)
+trainer.train()
+"""
+
+# DeepMath-103K's shape: a conversational prompt and a LaTeX solution
+DEEPMATH_ROWS = [{"prompt": [{"role": "user", "content": "What is 1+2?"}], "solution": "$3$"}]
+
+
+def save_brief_model(path: Path) -> Path:
+    """A tiny qwen2 that ends its completions after ~10 tokens (TRL's default allows 512): its layers add nothing to
+    the embeddings, which share a common part that the end-of-sequence row of the LM head reads."""
+    from tiny_model import make_tiny_model
+
+    model, tok = make_tiny_model("qwen2", seed=0, max_position_embeddings=1024)
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
+        model.model.embed_tokens.weight.mul_(0.1).add_(1.0)
+        model.lm_head.weight[tok.eos_token_id] = 0.15
+    save_tiny_model(path, max_position_embeddings=1024)  # the tokenizer files as the tests' other models
+    model.save_pretrained(path)
+    return path
+
+
+@pytest.mark.slow
+def test_trls_quickstart_runs_unchanged_with_the_import_swapped(tmp_path, monkeypatch):
+    """Only the import, the hub dataset (a local one of DeepMath's shape, built with datasets) and the hub model (a
+    tiny local one) are swapped. With no args, TRL's GRPOConfig defaults: 8 completions of up to 512 tokens per
+    prompt, one prompt a step, 3 epochs: 3 steps over the row, written to ./trainer_output."""
+    pytest.importorskip(
+        "trl", reason="the quickstart's reward is trl.rewards.accuracy_reward: pip install 'grpokit[trl]'"
+    )
+    model = save_brief_model(tmp_path / "model")
+    script = (
+        TRL_QUICKSTART.replace("from trl import GRPOTrainer", "from grpokit import GRPOTrainer")
+        .replace('load_dataset("trl-lib/DeepMath-103K", split="train")', "Dataset.from_list(DEEPMATH_ROWS)")
+        .replace('"Qwen/Qwen2.5-0.5B-Instruct"', repr(str(model)))
+    )
+    assert script.count("\n") == TRL_QUICKSTART.count("\n")  # line for line
+    monkeypatch.chdir(tmp_path)
+    scope = {"Dataset": datasets.Dataset, "DEEPMATH_ROWS": DEEPMATH_ROWS}
+    exec(compile(script, "quickstart.py", "exec"), scope)  # noqa: S102 - TRL's own script, swapped as above
+    trainer = scope["trainer"]
+    cfg = trainer.cfg
+    assert (cfg.rollout.group_size, cfg.rollout.prompts_per_step, cfg.rollout.max_new_tokens) == (8, 1, 512)
+    assert (cfg.optim.adam_beta2, cfg.algo.std_eps, cfg.train.seed, cfg.train.num_train_epochs) == (
+        0.999,
+        1e-4,
+        42,
+        3.0,
+    )
+    assert trainer.reward_names == ["accuracy_reward"] and trainer.step == 3
+    metrics = [
+        json.loads(line) for line in (tmp_path / "trainer_output" / "metrics.jsonl").read_text().splitlines()
+    ]
+    steps = [m for m in metrics if "reward/accuracy_reward/mean" in m]
+    assert [m["step"] for m in steps] == [1, 2, 3]
+    assert all(m["rewards/accuracy_reward/mean"] == m["reward/accuracy_reward/mean"] for m in steps)
+
+
+@pytest.fixture(scope="module")
+def scorer(tmp_path_factory) -> Path:
+    """A tiny sequence-classification reward model's folder (one score per text)."""
+    from transformers import LlamaConfig, LlamaForSequenceClassification
+
+    path = tmp_path_factory.mktemp("rm") / "tiny-rm"
+    tok = make_tiny_tokenizer(64)
+    config = LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                         num_key_value_heads=1, max_position_embeddings=256, num_labels=1,
+                         pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)  # fmt: skip
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        LlamaForSequenceClassification(config).save_pretrained(path)
+    tok.save_pretrained(path)
+    file = path / "tokenizer_config.json"
+    file.write_text(
+        json.dumps({**json.loads(file.read_text()), "tokenizer_class": "PreTrainedTokenizerFast"})
+    )
+    return path
+
+
+def has_seven(completions, **kwargs):
+    return [float("7" in c) for c in completions]
+
+
+ROWS = [{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a in range(4) for b in range(4)]
+
+
+@pytest.mark.slow
+def test_args_grpoconfig_with_reward_weights_datasets_a_path_and_a_reward_model(tmp_path, scorer):
+    """TRL's GRPOConfig converts (its learning rate, steps, group and batch reach the run); reward_weights weigh
+    reward_funcs in order; a folder among them is a sequence-classification reward model; model a pathlib.Path."""
+    trl = pytest.importorskip("trl", reason="args=GRPOConfig(...) needs TRL: pip install 'grpokit[trl]'")
+    from grpokit import GRPOTrainer
+
+    model = save_tiny_model(tmp_path / "model")
+    args = trl.GRPOConfig(
+        output_dir=str(tmp_path / "out"), use_cpu=True, bf16=False, learning_rate=3e-6, max_steps=1, num_generations=4,
+        per_device_train_batch_size=8, max_completion_length=8, reward_weights=[1.0, 0.5], report_to="none",
+        save_strategy="no", gradient_checkpointing=False,
+    )  # fmt: skip
+    trainer = GRPOTrainer(
+        model=Path(model), reward_funcs=[has_seven, str(scorer)], args=args,
+        train_dataset=datasets.Dataset.from_list(ROWS), eval_dataset=datasets.Dataset.from_list(ROWS[:2]),
+    )  # fmt: skip
+    cfg = trainer.cfg
+    assert (cfg.optim.lr, cfg.train.steps, cfg.rollout.group_size, cfg.rollout.prompts_per_step) == (
+        3e-6,
+        1,
+        4,
+        2,
+    )
+    assert cfg.model.name_or_path == str(model) and trainer.reward_weights == {
+        "has_seven": 1.0,
+        "tiny-rm": 0.5,
+    }
+    assert len(trainer.train_rows) == 16 and len(trainer.eval_rows) == 2
+    trainer.train()
+    steps = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
+    scored = [m for m in steps if "reward/tiny-rm/mean" in m]
+    assert len(scored) == 1
+    for m in scored:  # the total is the weighted sum: 1 x has_seven + 0.5 x the reward model
+        total = m["reward/has_seven/mean"] + 0.5 * m["reward/tiny-rm/mean"]
+        assert m["reward/total/mean"] == pytest.approx(total, abs=1e-5)
+
+
+def test_the_same_call_with_grpokits_own_config(tmp_path):
+    """No TRL needed: args= (or the first argument) is a grpokit Config, the rest is TRL's call."""
+    from grpokit import GRPOTrainer, load_config
+
+    model = save_tiny_model(tmp_path / "model")
+    cfg = load_config(None, [f"train.output_dir={tmp_path / 'out'}", "train.steps=1", "rollout.group_size=2",
+                             "rollout.prompts_per_step=2", "rollout.max_new_tokens=4", "data.template=plain",
+                             "train.report_to=none", "train.stop_after_flat_steps=0"])  # fmt: skip
+    trainer = GRPOTrainer(
+        model=str(model), reward_funcs=has_seven, args=cfg, train_dataset=datasets.Dataset.from_list(ROWS)
+    )
+    assert trainer.cfg.optim.adam_beta2 == 0.99 and trainer.reward_names == ["has_seven"]
+    assert trainer.train()["steps"] == 1
+
+
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        (
+            {"reward_weights": [1.0]},
+            r"GRPOTrainer\(reward_weights=...\) is not taken: reward weights are a GRPOConfig field",
+        ),
+        ({"optimizers": (None, None)}, r"optimizers=...\) is not taken: the optimizer is AdamW"),
+        ({"train_rows": ROWS, "train_dataset": ROWS}, "both train_rows= and train_dataset="),
+        ({"eval_dataset": {"a": ROWS, "b": ROWS}}, "eval_dataset: a dict of 2 datasets"),
+        ({"train_dataset": "data.jsonl"}, "train_dataset: got the path 'data.jsonl'; give the rows"),
+        (
+            {"args": {"learning_rate": 1e-6, "reward_weights": [1.0, 2.0]}},
+            "reward_weights has 2 values for 1 reward_funcs",
+        ),
+        ({"args": {"num_generations": "four"}}, "TRL num_generations='four': expected an integer"),
+        ({"lerning_rate": 1e-6}, "unknown keyword lerning_rate="),
+    ],
+)
+def test_what_the_trl_call_cannot_take_is_one_named_line(tmp_path, kwargs, message):
+    from grpokit import GRPOTrainer
+    from grpokit.core.errors import ConfigError
+
+    kwargs = {"model": str(tmp_path), "reward_funcs": has_seven, **kwargs}
+    with pytest.raises(ConfigError, match=message):
+        GRPOTrainer(**kwargs)
