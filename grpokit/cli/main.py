@@ -174,6 +174,8 @@ def cmd_train(args: argparse.Namespace) -> int:
             return _fail(args, f"config error: {e}", 2)
         print(describe_config(cfg), end="")
         return 0
+    if not demo and config_path is None and (problem := _model_without_data(overrides)):
+        return _fail(args, f"config error: {problem}", 2)  # before: 'data.train is empty', the model unnamed
     try:
         if demo:
             _one_thread_for_tiny_models()
@@ -189,6 +191,21 @@ def cmd_train(args: argparse.Namespace) -> int:
     except ConfigError as e:
         return _fail(args, f"config error: {e}", 2)
     return _run(cfg, args)
+
+
+def _model_without_data(overrides: list[str]) -> str | None:
+    """`grpokit train model.name_or_path=X` with no config and no data.train: the demo's data goes with the demo's
+    model only, so say that, with the model's path when it is a local one that does not exist (issue 52)."""
+    if any(o.startswith("data.train=") for o in overrides):
+        return None
+    model = [o.split("=", 1)[1] for o in overrides if o.startswith("model.name_or_path=")][-1]
+    local = model.startswith(("/", "./", "../", "~"))
+    missing = f"; and model.name_or_path={model} does not exist" if local and not Path(model).expanduser().exists() else ""
+    return (
+        f"model.name_or_path={model} without a config file is not the demo (its addition data goes with its own model "
+        "only), so there are no prompts: give data.train=FILE (JSONL, JSON, CSV, Parquet, a save_to_disk folder or a hub "
+        f"dataset id; data.eval=FILE for held-out accuracy), or a config file (grpokit config > cfg.yaml){missing}"
+    )
 
 
 def describe_config(cfg) -> str:
