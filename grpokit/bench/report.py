@@ -76,6 +76,28 @@ def print_table(result: dict[str, Any], file=None) -> None:
             cells += [shown, _fmt(ratio, "x")]
         table.add_row(*cells)
     Console(file=file or sys.stdout, width=max(100, shutil.get_terminal_size().columns)).print(table)
+    if result.get("bounds"):
+        print_bounds_table(result["bounds"], file=file)
+
+
+def print_bounds_table(bounds: dict[str, Any], file=None) -> None:
+    """Each phase's median seconds, its bound on the device (grpokit.bench.roofline.phase_bounds) and the ratio."""
+    from rich.console import Console
+    from rich.table import Table
+
+    device = bounds["device"]
+    caption = (
+        f"{device['device']}, {device['dtype']}: {device['mem_bw_bytes_s'] / 1e9:.4g} GB/s, "
+        f"{device['peak_flops'] / 1e12:.4g} TFLOP/s ({device['source']})"
+    )
+    table = Table(title="each phase against its bound on this device", caption=caption)
+    for column in ("phase", "measured s", "bound s", "measured / bound", "bound from"):
+        table.add_column(column, justify="left" if column in ("phase", "bound from") else "right")
+    for name, phase in bounds["phases"].items():
+        work = f"{phase['bytes']:.3g} B" if "bytes" in phase else f"{phase['flops']:.3g} FLOP"
+        table.add_row(name, _fmt(phase["measured_s"]), _fmt(phase["bound_s"]), _fmt(phase["ratio"], "x"),
+                      f"{work}: {phase['basis']}")  # fmt: skip
+    Console(file=file or sys.stdout, width=max(100, shutil.get_terminal_size().columns)).print(table)
 
 
 def print_engines_table(results: dict[str, dict[str, Any]], file=None) -> None:

@@ -15,7 +15,8 @@ from typing import Any
 
 from grpokit.bench.memory import PeakMeter, memory_report
 from grpokit.bench.model import n_words, random_prompts, random_reward
-from grpokit.bench.roofline import decode_roofline
+from grpokit.bench.plan import ModelDims
+from grpokit.bench.roofline import decode_roofline, device_rates, phase_bounds
 from grpokit.bench.shapes import BENCH_SHAPES, TIME_KEYS, BenchShape
 
 
@@ -180,8 +181,9 @@ def run_bench(
 
     Returns a dict: per_step (list of per-step dicts), step_s (list), median_step_s, median (of each
     time split, tokens/s), peak_memory_gib and how it was measured, memory (the measured peak and its
-    split by role, grpokit.bench.memory), shape, device, dtype, n_params, and a decode roofline for this
-    shape on an H100 SXM. Medians are over steps 2..N (step 1 alone when steps == 1).
+    split by role, grpokit.bench.memory), shape, device, dtype, n_params, bounds (each phase's measured median,
+    its bound on this device and their ratio: grpokit.bench.roofline.phase_bounds), and the decode roofline of
+    this shape on an H100 SXM (roofline_h100, as earlier results have it). Medians are over steps 2..N (step 1 alone when steps == 1).
     """
     import torch
 
@@ -255,6 +257,11 @@ def run_bench(
         )
         last = per_step[-1]
         decode_engine = "hf" if engine == "hf" else ("static" if last["static_kv_cache"] else "dynamic")
+        bound_inputs = dict(  # the phases' bounds, taken once the trainer's memory is free (a rate may be measured)
+            dims=ModelDims.from_dict(config.to_dict()), weight_bytes=first.element_size(), kv_bytes=first.element_size(),
+            reference=trainer.algo.uses_reference, lora=cfg.lora.enabled, epochs=cfg.optim.epochs,
+        )  # fmt: skip
+        compute_dtype = mode.compute_dtype
     finally:
         trainer = model = first = None  # noqa: F841  (free the GPU before the next run or TRL's)
         gc.collect()
@@ -271,6 +278,10 @@ def run_bench(
     med = {k: median([s[k] for s in timed]) for k in ("step_s", *(f"{k}_s" for k in TIME_KEYS), "other_s")}
     med["tokens_per_s"] = median([s["tokens_per_s"] for s in timed])
     med["generation_tokens_per_s"] = median([s["generation_tokens_per_s"] for s in timed])
+    bounds = phase_bounds(
+        med, rates=device_rates(dev, compute_dtype), rows=shape.completions, prompt_len=shape.prompt_len,
+        completion_len=shape.completion_len, **bound_inputs,
+    )  # fmt: skip
     import transformers
 
     from grpokit.core.version import VERSION
@@ -316,6 +327,7 @@ def run_bench(
         else "process peak RSS (ru_maxrss)",
         "peak_reserved_gib": peak_reserved,
         "memory": memory,
+        "bounds": bounds,
         "roofline_h100": {
             **roofline,
             "note": "decode-only lower bound for this shape on an H100 SXM (datasheet numbers), "

@@ -90,6 +90,12 @@ def test_run_bench_tiny(tiny_model, tmp_path):
     )
     assert r["completions_per_step"] == 8 and r["n_params"] > 0
     assert r["roofline_h100"]["seconds"] > 0
+    # each phase against its bound on this device (grpokit.bench.roofline.phase_bounds): measured / bound
+    phases = r["bounds"]["phases"]
+    for name in ("generation", "reference", "update"):
+        assert phases[name]["measured_s"] == r["median"][f"{name}_s"] > 0
+        assert phases[name]["ratio"] == pytest.approx(phases[name]["measured_s"] / phases[name]["bound_s"])
+    assert r["bounds"]["device"]["source"].startswith("datasheet: " if "H100" in r["device"] else "measured: ")
     json.dumps(r, allow_nan=False)  # plain JSON
 
 
