@@ -610,9 +610,9 @@ def run_tool_suite(token: str, workers: int = 4) -> dict:
     controls on the same runner; the host checks as in `run_suite`."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from grpokit.rewards.sandbox import SandboxLimits
     from grpokit.rollout.tools import Tool, ToolCall, ToolRunner, load_tools
     from grpokit.rollout.tools.python import make_python_tool
+    from grpokit.sandbox import SandboxLimits
 
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
@@ -674,7 +674,7 @@ def trainer_quotas(token: str) -> dict:
     import fcntl
     import threading
 
-    from grpokit.rewards.sandbox import SandboxLimits, run_program
+    from grpokit.sandbox import SandboxLimits, run_program
 
     out = {}
     hog = threading.Thread(

@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from grpokit.demos.default import WarmStartSpec, demo_overrides, prepare_demo
-from grpokit.rewards._text import to_text
 from grpokit.rewards.process import step_ends
+from grpokit.scoring.completions import to_text
 
 NAME = "demo_steps"
 """`data.train=demo_steps` on the command line picks this variant of the demo."""

@@ -17,8 +17,8 @@ format_strict), code_tests, language_consistency, and the factories overlong_pen
 buffer_len) and length_penalty(max_len, ...). `resolve_reward("name" | "module:fn" | "file.py:fn",
 **params)` turns a config entry into a function, `resolve_reward_specs(cfg.rewards)` the whole list
 (problems are `RewardConfigError`s naming the `rewards[i]` entry); `RewardRunner` runs them with
-weights and timeouts in killable worker processes (see `grpokit.rewards.runner`). The isolation of
-the code sandbox is described in `grpokit.rewards.sandbox`.
+weights and timeouts in killable worker processes (see `grpokit.scoring.runner`). The isolation of
+the code sandbox is described in `grpokit.sandbox`.
 
 Learned and process rewards: `reward_model` (a sequence-classification reward model) and
 `process_reward_model` (a Math-Shepherd-style PRM) are factories taking the model folder as `path`
@@ -28,7 +28,6 @@ by the runner). A function marked `step_rewards = True` returns per completion i
 tokens for the grpo_process preset).
 """
 
-from grpokit.rewards._text import as_completions
 from grpokit.rewards.accuracy import extract_answers, make_math_accuracy, math_accuracy
 from grpokit.rewards.code import code_tests, extract_code, make_code_tests
 from grpokit.rewards.format import format_lenient, format_strict
@@ -43,8 +42,9 @@ from grpokit.rewards.registry import (
     resolve_reward_specs,
 )
 from grpokit.rewards.reward_model import make_process_reward_model, make_reward_model
-from grpokit.rewards.runner import RewardResult, RewardRunner, TrainerState
-from grpokit.rewards.sandbox import SandboxLimits, isolation_report
+from grpokit.sandbox import SandboxLimits, isolation_report
+from grpokit.scoring.completions import as_completions
+from grpokit.scoring.runner import RewardResult, RewardRunner, TrainerState
 
 __all__ = [
     "BUILTINS",

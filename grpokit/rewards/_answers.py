@@ -32,8 +32,8 @@ from __future__ import annotations
 import re
 
 from grpokit.rewards._tex import first_unprinted
-from grpokit.rewards._text import tag_blocks
 from grpokit.rewards._units import unit_after
+from grpokit.scoring.completions import tag_blocks
 
 MAX_ANSWER_CHARS = 1000
 MALFORMED = "\x00malformed"

@@ -9,7 +9,7 @@ from __future__ import annotations
 import ast
 import re
 
-from grpokit.rewards._text import to_text
+from grpokit.scoring.completions import to_text
 
 _FENCE_RE = re.compile(r"```[^\n`]*\n(.*?)```", re.DOTALL)
 

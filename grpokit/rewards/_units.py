@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import re
 
-from grpokit.rewards._text import to_text
+from grpokit.scoring.completions import to_text
 
 NOT_UNITS = frozenset(
     "or and nor not to plus minus times over divided mod hundred hundreds thousand thousands million "

@@ -184,6 +184,6 @@ os.register_at_fork(after_in_child=_forget_pool_in_child)
 
 
 def warm_up(starting: Callable[[], None]) -> None:
-    """math_accuracy's warm_up hook (see grpokit.rewards._workers): this process's math-verify worker
+    """math_accuracy's warm_up hook (see grpokit.scoring._workers): this process's math-verify worker
     started before a completion's budget runs; a no-op once one is live."""
     shared_pool().warm(starting)

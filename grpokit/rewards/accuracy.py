@@ -55,9 +55,9 @@ from fractions import Fraction
 from functools import lru_cache
 
 from grpokit.rewards._answers import MALFORMED, MAX_ANSWER_CHARS, extract_answers, gold_answer
-from grpokit.rewards._text import to_text
 from grpokit.rewards._units import NOT_UNITS, question_units, spaced_units, words_allowed
 from grpokit.rewards._verify_pool import shared_pool, warm_up
+from grpokit.scoring.completions import to_text
 
 __all__ = [
     "MALFORMED",

@@ -19,7 +19,7 @@ completion (`timeout_s`, wall clock) covers all its cases, assert-style or stdin
 left when it runs out fail unrun), so a looping completion costs timeout_s, not cases x timeout_s,
 and never another completion's score; the function is `per_completion` for `RewardRunner`.
 Completions are spread over `workers` parallel sandboxes (default: the number of CPU cores). See
-`sandbox.py` for isolation. An optional `entry_point` column (HumanEval's) names the one function
+`grpokit.sandbox` for isolation. An optional `entry_point` column (HumanEval's) names the one function
 the candidate supplies. The prompt's code (its helpers, such as HumanEval/38's `encode_cyclic`, and the
 function asked for) is found in fences that parse, Markdown indented blocks and unfenced runs of code;
 tests that define `check(candidate)` without calling it are called on the `entry_point`, else the
@@ -30,8 +30,8 @@ that names the row, which RewardRunner reports on that row alone (`row_errors`):
 Why no program can fake a pass: the verdict is decided where the candidate cannot reach.
   - stdin/stdout: the expected output never leaves this process; the sandbox gets the code and
     the input, returns bytes, and this process compares them.
-  - Python tests run in a driver process of their own (`_driver.py`), forked fresh for each
-    completion from a clean fork server (`_zygote.py`), which never runs a line of the
+  - Python tests run in a driver process of their own (`grpokit/sandbox/_driver.py`), forked fresh for each
+    completion from a clean fork server (`grpokit/sandbox/_zygote.py`), which never runs a line of the
     candidate's code. The candidate runs in a sandbox started by the driver. The driver executes the tests with its own builtins; every name the
     tests use but do not define (`add`, or `candidate` via `check(add)`) is a stub whose call sends
     the arguments to the sandbox as plain data (JSON: numbers, strings, lists, tuples, dicts, sets,
@@ -46,7 +46,7 @@ Why no program can fake a pass: the verdict is decided where the candidate canno
     no verdict, before, while or after it runs (its pipes carry only code, calls and answers; its
     argv and environment only limits and fd numbers).
 What the tests can do through a stub is call a function with plain data and get plain data back
-(see `_driver.py` for the rules: arguments are copied in and nothing flows back, whatever the
+(see `grpokit/sandbox/_driver.py` for the rules: arguments are copied in and nothing flows back, whatever the
 candidate raises is one opaque error, NaN fails, helpers the prompt defines are the prompt's). Tests that need
 anything else of the candidate's (a class and its instances, a generator, a constant, passing a
 function to the candidate) are not supported: passing non-plain arguments raises ValueError
@@ -60,7 +60,7 @@ import json
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, replace
+from dataclasses import replace
 
 from grpokit.rewards._code_parts import (
     asked_function,
@@ -69,9 +69,8 @@ from grpokit.rewards._code_parts import (
     prompt_definitions,
     with_check_call,
 )
-from grpokit.rewards._text import to_text
-from grpokit.rewards._zygote import fork_server
-from grpokit.rewards.sandbox import SandboxLimits, give_slot, resolve_isolation, run_program, take_slot
+from grpokit.sandbox import SandboxLimits, resolve_isolation, run_program, run_tests_job
+from grpokit.scoring.completions import to_text
 
 
 def parse_tests(tests: object) -> tuple[str, object] | None:
@@ -133,15 +132,8 @@ def _run_tests(code, tests, limits, isolation, site_packages, prompt_defs, entry
     isolate = resolve_isolation(isolation)
     limits = limits or SandboxLimits()
     n = len(tests["functions"]) if tests["kind"] == "functions" else len(tests["cases"])
-    slot = take_slot()
-    header = {"limits": asdict(limits), "isolate": isolate, "site_packages": site_packages, "slot": slot}
     job = {"code": code, "tests": tests, "prompt_defs": prompt_defs, "entry_point": entry_point}
-    try:  # the driver stops itself at wall_s; it is killed 2 s later
-        verdict = fork_server(site_packages).run(
-            "driver", header, json.dumps(job).encode(), limits.wall_s + 2
-        )
-    finally:
-        give_slot(slot)
+    verdict = run_tests_job(job, limits, isolate, site_packages)
     if verdict is None:  # killed: past its time, or out of CPU or memory
         return [False] * n, True
     if verdict["unsupported"]:

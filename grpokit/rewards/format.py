@@ -15,7 +15,7 @@ import re
 import unicodedata
 from functools import lru_cache
 
-from grpokit.rewards._text import to_text
+from grpokit.scoring.completions import to_text
 
 _STRICT = re.compile(r"<think>\n(?P<think>.*?)\n</think>\n<answer>\n(?P<answer>.*?)\n</answer>", re.DOTALL)
 _LENIENT = re.compile(r"\s*<think>(?P<think>.*?)</think>\s*<answer>(?P<answer>.*?)</answer>\s*", re.DOTALL)

@@ -28,7 +28,7 @@ import re
 import unicodedata
 from functools import lru_cache
 
-from grpokit.rewards._text import to_text
+from grpokit.scoring.completions import to_text
 
 LANGUAGE_SCRIPTS: dict[str, frozenset[str]] = {
     **{

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import math
 
-from grpokit.rewards._text import to_text
+from grpokit.scoring.completions import to_text
 
 log = logging.getLogger("grpokit.rewards")
 _warned = False

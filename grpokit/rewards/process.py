@@ -1,7 +1,7 @@
 """Process rewards: reward functions that score each step of a completion, and how the trainer uses them.
 
 The contract. A reward function marked `step_rewards = True` (an attribute, like `per_completion`)
-is called as any other (TRL's convention, see `grpokit.rewards.runner`) but returns, per completion,
+is called as any other (TRL's convention, see `grpokit.scoring.runner`) but returns, per completion,
 its steps as a list of `(char_end, score)` pairs, or None (not applicable):
 
     def steps_ok(prompts, completions, **kw):            # one step per line, scored by some rule
@@ -38,9 +38,11 @@ Built in: `process_reward_model` (a Math-Shepherd-style PRM, grpokit.rewards.rew
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
-from numbers import Real
+
+from grpokit.scoring.steps import check_char_steps as check_char_steps  # the contract's parts, here too
+from grpokit.scoring.steps import is_process_reward as is_process_reward
+from grpokit.scoring.steps import step_outcome as step_outcome
 
 
 def reads_step_rewards(estimator: str) -> bool:
@@ -51,10 +53,6 @@ def reads_step_rewards(estimator: str) -> bool:
     from grpokit.algos.advantages import user_defined
 
     return not user_defined(estimator) and entry(estimator).step_rewards
-
-
-def is_process_reward(fn: object) -> bool:
-    return bool(getattr(fn, "step_rewards", False))
 
 
 def step_ends(text: str, separator: str = "\n") -> list[int]:
@@ -73,44 +71,6 @@ def step_ends(text: str, separator: str = "\n") -> list[int]:
             ends[-1] = end
         start = end
     return ends
-
-
-def check_char_steps(steps: object, length: int) -> list[tuple[int, float]]:
-    """`steps` as [(char_end, score)] after checking them against a completion of `length` characters;
-    ValueError saying which step is wrong and how."""
-    if isinstance(steps, (str, bytes, dict)) or not isinstance(steps, (list, tuple)):
-        raise ValueError(
-            f"returned {type(steps).__name__} {str(steps)[:40]!r} for a completion; a process reward "
-            "(step_rewards = True) returns a list of (char_end, score) per completion, or None"
-        )
-    out: list[tuple[int, float]] = []
-    last = 0
-    for k, step in enumerate(steps):
-        if not (isinstance(step, (list, tuple)) and len(step) == 2):
-            raise ValueError(f"step {k}: expected a (char_end, score) pair, got {str(step)[:40]!r}")
-        end, score = step
-        if isinstance(end, bool) or not isinstance(end, int):
-            raise ValueError(f"step {k}: char_end {end!r} is not an integer character offset")
-        if end > length:
-            raise ValueError(f"step {k} ends at character {end}, beyond the completion's {length} characters")
-        if end <= last:
-            raise ValueError(
-                f"step {k} ends at character {end}, not after the previous step's end ({last}); "
-                "char_end must be strictly ascending and >= 1"
-            )
-        if isinstance(score, bool) or not isinstance(score, Real) or not math.isfinite(float(score)):
-            raise ValueError(f"step {k}: score {score!r} is not a finite number")
-        out.append((end, float(score)))
-        last = end
-    return out
-
-
-def step_outcome(value: object) -> float | None:
-    """The sequence-level value of a process reward's result for one completion: its last step's score
-    (None for None or no steps; a plain number, e.g. the 0 of a timed-out completion, stays)."""
-    if isinstance(value, list):
-        return value[-1][1] if value else None
-    return value  # type: ignore[return-value]
 
 
 def token_step_ends(
@@ -182,7 +142,9 @@ def step_rewards_of(
     return out
 
 
-def check_process_setup(algo, functions: list[tuple[str, Callable, float]], turn_rewards: bool = False) -> None:
+def check_process_setup(
+    algo, functions: list[tuple[str, Callable, float]], turn_rewards: bool = False
+) -> None:
     """ConfigError when the algorithm's estimator reads step rewards and no reward function gives them
     (``turn_rewards``: an environment's per-turn rewards give them, grpokit.rollout.episodes)."""
     from grpokit.config.schema import ConfigError

@@ -45,8 +45,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from grpokit.core.chat_text import encode_pieces, encode_pieces_with_offsets, render_pieces
-from grpokit.rewards._text import is_conversational, to_text
 from grpokit.rewards.process import step_ends
+from grpokit.scoring.completions import is_conversational, to_text
 
 SEQUENCE, TOKEN, CAUSAL = "ForSequenceClassification", "ForTokenClassification", "ForCausalLM"
 

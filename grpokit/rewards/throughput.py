@@ -13,7 +13,7 @@ import time
 
 from grpokit.rewards.accuracy import math_accuracy
 from grpokit.rewards.code import make_code_tests
-from grpokit.rewards.sandbox import isolation_report
+from grpokit.sandbox import isolation_report
 
 HUMANEVAL_STYLE = (
     "def check(candidate):\n    assert candidate(1, 2) == 3\n    assert candidate(2, 2) == 4\n"

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 
 import torch
 
-from grpokit.rewards.runner import RewardResult
 from grpokit.rollout.generation import Rollout
+from grpokit.scoring.runner import RewardResult
 
 
 @dataclass

@@ -29,9 +29,9 @@ from grpokit.config.schema import DataConfig
 from grpokit.data.prompts import reward_columns
 from grpokit.data.templates import encode_prompts
 from grpokit.rewards import RewardRunner
-from grpokit.rewards._text import as_completions
-from grpokit.rewards.runner import TrainerState
 from grpokit.rollout.engines.base import SamplingParams
+from grpokit.scoring.completions import as_completions
+from grpokit.scoring.runner import TrainerState
 
 
 def final_answer(completion: str) -> Hashable | None:

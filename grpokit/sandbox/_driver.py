@@ -52,7 +52,7 @@ def _load(name, filename):
 
 
 plain = _load("_grpokit_plain", "_plain.py")
-sandbox = _load("_grpokit_sandbox", "sandbox.py")
+sandbox = _load("_grpokit_sandbox", "parent.py")
 
 
 class SandboxLost(BaseException):

@@ -1,4 +1,4 @@
-"""Sandbox side of the code sandbox: runs model-written code. A script started by `sandbox.py`,
+"""Sandbox side of the code sandbox: runs model-written code. A script started by `parent.py`,
 never imported by grpokit. It never sees a test, an expected value or a verdict.
 
 argv[1] is a JSON config: mode, limits, whether to isolate, and the numbers of the pipes it gets:

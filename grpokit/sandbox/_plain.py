@@ -1,6 +1,6 @@
 """Plain data on the wire between the test driver and the sandbox: framing and a tagged JSON codec.
 
-Loaded by file path (never through `grpokit.rewards`, so neither process pays for the package's
+Loaded by file path (never through `grpokit.sandbox`, so neither process pays for the package's
 imports): by the driver, which decodes what the candidate returns, and by the sandbox harness
 before it loses sight of the host filesystem.
 

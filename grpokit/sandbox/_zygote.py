@@ -7,7 +7,7 @@ Two sides in one file, both standard library only:
     request per run over a Unix socket with two pipes attached (job, result), writes the job into
     the one and reads the JSON result from the other within a deadline, and has the run killed
     (its whole process group) when the deadline passes.
-  - the server (this file as a script): loads `_plain.py`, `sandbox.py`, `_harness.py` and
+  - the server (this file as a script): loads `_plain.py`, `parent.py`, `_harness.py` and
     `_driver.py` by path, never reads a job itself, and forks one child per request. The child
     starts its sandbox first (the harness is forked from it, so the sandbox holds nothing but the
     server's clean memory and the request's limits), then reads its job: as "driver" the code and
@@ -172,7 +172,7 @@ def _serve(sock: socket.socket) -> None:
         spec.loader.exec_module(module)
         return module
 
-    driver = load("_grpokit_driver", "_driver.py")  # loads _plain.py and sandbox.py
+    driver = load("_grpokit_driver", "_driver.py")  # loads _plain.py and parent.py
     sandbox = driver.sandbox
     sandbox._harness()
     children: set[int] = set()

@@ -1,4 +1,4 @@
-"""Calling one reward function, never raising (the TRL calling convention; see `grpokit.rewards.runner`),
+"""Calling one reward function, never raising (the TRL calling convention; see `grpokit.scoring.runner`),
 and the forked worker processes that run the calls: the pickled frames on their pipes, the worker's
 loop, starting and killing a worker. Used by `RewardRunner`; nothing here is public."""
 
@@ -15,10 +15,10 @@ from dataclasses import dataclass
 from numbers import Real
 
 from grpokit.core.workers import FRAME_HEADER, fork_worker, read_frame, write_all, write_frame
-from grpokit.rewards._keeper import become_keeper
-from grpokit.rewards._keeper import stop as stop_keeper
-from grpokit.rewards._text import to_text
-from grpokit.rewards.process import check_char_steps
+from grpokit.scoring._keeper import become_keeper
+from grpokit.scoring._keeper import stop as stop_keeper
+from grpokit.scoring.completions import to_text
+from grpokit.scoring.steps import check_char_steps
 
 
 def _check(values: object, n: int, texts: list[str] | None = None) -> tuple[list, list[str | None]]:
@@ -271,7 +271,7 @@ class _Worker:
 
     def kill(self) -> None:
         """Stop the worker and everything it started, at any depth (its keeper kills the tree, see
-        grpokit.rewards._keeper), reap the keeper, close the pipes."""
+        grpokit.scoring._keeper), reap the keeper, close the pipes."""
         stop_keeper(self.pid)
         for fd in (self.to_child, self.from_child):
             _WORKER_FDS.discard(fd)

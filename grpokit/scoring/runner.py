@@ -38,7 +38,7 @@ meaning) and fails as a whole when it runs past `timeout_s`.
 Set-up is not a completion's time. A worker's fork, and a function's `warm_up(starting)` hook
 (math_accuracy's starts its math-verify process: 1-2 s on an idle core, 10 s and more under load),
 run before the completion's budget starts: the worker says READY when it is up, and a hook calls
-`starting()` before slow work (see grpokit.rewards._workers). Set-up has its own limit,
+`starting()` before slow work (see grpokit.scoring._workers). Set-up has its own limit,
 `warm_up_timeout_s`; past it the worker is killed and its completions are tried once more in a
 fresh worker, then fail by name (None, in `row_errors`): an infrastructure fault never scores 0.
 
@@ -86,7 +86,7 @@ from numbers import Real
 
 from grpokit.core.workers import WorkerPool
 from grpokit.core.workers import frame as encode_frame
-from grpokit.rewards._workers import (
+from grpokit.scoring._workers import (
     READY,
     WARMING,
     _call_rows,
@@ -95,8 +95,8 @@ from grpokit.rewards._workers import (
     _Task,
     _Worker,
 )
-from grpokit.rewards.process import is_process_reward, step_outcome
-from grpokit.rewards.result import RewardResult, TrainerState, _mean
+from grpokit.scoring.result import RewardResult, TrainerState, _mean
+from grpokit.scoring.steps import is_process_reward, step_outcome
 
 __all__ = ["RewardResult", "RewardRunner", "TrainerState"]
 

@@ -16,8 +16,8 @@ from tiny_model import make_tiny_model, save_tiny_model
 from grpokit.config.schema import load_config
 from grpokit.core.errors import TrainingError
 from grpokit.rewards import RewardRunner, resolve_reward
-from grpokit.rewards._text import as_completions
-from grpokit.rewards.runner import TrainerState
+from grpokit.scoring.completions import as_completions
+from grpokit.scoring.runner import TrainerState
 from grpokit.trainers.grpo import GRPOTrainer
 
 CHAT_ROWS = [

@@ -20,7 +20,8 @@ LAYERS: list[tuple[str, ...]] = [
     ("config",),  # the config trees and their checks
     ("data",),  # datasets and templates
     ("model",),  # loading, log-probs, precision, checkpoints
-    ("rewards",),  # verifiers and the reward runner
+    ("sandbox", "scoring"),  # the code sandbox; the reward runner (workers, keepers, results)
+    ("rewards",),  # verifiers, reward models, process rewards
     ("compat",),  # other tools' conventions (TRL)
     ("rollout",),  # generation, multi-turn episodes, tools, environments, evaluation
     ("integrations",),  # reasoning-gym, verifiers, OpenEnv
@@ -105,9 +106,10 @@ def test_the_check_sees_an_upward_import(tmp_path):
     (fake / "core" / "bad.py").write_text("def f():\n    from grpokit.trainers.grpo import GRPOTrainer\n")
     (fake / "trainers" / "ok.py").write_text("from ..core import bad\nimport grpokit.core.bad\n")
     (fake / "trainers" / "top.py").write_text("import grpokit\n")
+    trainers = LEVEL["trainers"]  # its place in LAYERS, which grows as packages are added
     assert upward_edges(fake) == [
-        "grpokit/core/bad.py:2 imports grpokit.trainers.grpo: core (layer 0) -> trainers (layer 11)",
-        "grpokit/trainers/top.py:1 imports grpokit: trainers (layer 11) -> the top package",
+        f"grpokit/core/bad.py:2 imports grpokit.trainers.grpo: core (layer 0) -> trainers (layer {trainers})",
+        f"grpokit/trainers/top.py:1 imports grpokit: trainers (layer {trainers}) -> the top package",
     ]
 
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from grpokit.rewards.sandbox import SandboxLimits, resolve_isolation, run_program
 from grpokit.rollout.tools.results import Stopped
+from grpokit.sandbox import SandboxLimits, resolve_isolation, run_program
 
 TOOL_LIMITS = SandboxLimits(wall_s=5.0, cpu_s=5.0, max_output_bytes=1 << 16)
 """The python tool's default limits: shorter than the code rewards' (a call happens inside a rollout)."""

@@ -35,11 +35,11 @@ from grpokit.core.workers import (
     resident_bytes,
     write_frame,
 )
-from grpokit.rewards._keeper import become_keeper
-from grpokit.rewards._keeper import stop as stop_keeper
 from grpokit.rollout.tools.parsers import ToolCall
 from grpokit.rollout.tools.results import Stopped
 from grpokit.rollout.tools.spec import Tool, check_arguments, echo
+from grpokit.scoring._keeper import become_keeper
+from grpokit.scoring._keeper import stop as stop_keeper
 
 _PARENT_FDS: set[int] = set()  # parent-side pipe ends of all live workers: a new child closes them
 

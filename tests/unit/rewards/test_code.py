@@ -15,7 +15,7 @@ import pytest
 from paths import REPO
 
 from grpokit.rewards.code import extract_code, make_code_tests, normalize_output, parse_tests
-from grpokit.rewards.sandbox import isolation_report
+from grpokit.sandbox import isolation_report
 
 ISOLATED = isolation_report()["namespaces"]
 needs_isolation = pytest.mark.skipif(
@@ -542,7 +542,7 @@ def test_many_threads_are_limited():
 def test_one_looping_completion_costs_one_budget_and_no_other_score():
     """8 stdin/stdout cases and 4 completions, one looping: the loop costs one budget (not 8), scores 0,
     is counted as timed out, and the honest completions keep 1.0 through the runner; the run goes on."""
-    from grpokit.rewards.runner import RewardRunner
+    from grpokit.scoring.runner import RewardRunner
 
     cases = [{"input": f"{i} {i}\n", "output": f"{2 * i}\n"} for i in range(8)]
     honest = fenced("a, b = map(int, input().split())\nprint(a + b)\n")
@@ -562,7 +562,7 @@ def test_one_looping_completion_costs_one_budget_and_no_other_score():
 def test_the_driver_refuses_answers_built_to_cost_it_cpu_or_to_fool_comparisons():
     """decode(strict=True), as the driver reads answers: 30,000 ints that all hash to 0 would take it
     ~20 s to put in a set; a Decimal of 1e999999999 would take int() forever; NaN passes `abs(g - w) > tol`."""
-    from grpokit.rewards import _plain
+    from grpokit.sandbox import _plain
 
     collide = {"s": [k * (2**61 - 1) for k in range(1, 30000)]}
     pairs = {"d": [[k * (2**61 - 1), 0] for k in range(1, 30000)]}
@@ -615,7 +615,7 @@ def test_prompt_definitions_are_the_prompts_helpers_not_the_function_asked_for()
 @needs_isolation
 def test_the_fork_server_dies_with_the_process_that_scores():
     """A scoring process killed with SIGKILL leaves no fork server (nor any run of it) behind."""
-    script = "from grpokit.rewards.sandbox import run_program\nimport time\nprint(run_program('print(1)').stdout, flush=True)\ntime.sleep(60)\n"
+    script = "from grpokit.sandbox import run_program\nimport time\nprint(run_program('print(1)').stdout, flush=True)\ntime.sleep(60)\n"
     proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
     assert proc.stdout.readline().strip() == "1"
 

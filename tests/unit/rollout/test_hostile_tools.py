@@ -165,8 +165,8 @@ def test_a_budget_shorter_than_the_call_timeout_stops_the_call_and_says_why():
 def test_the_python_tools_sandbox_clock_counts_in_tools_timeouts():
     """A model's program that loops is stopped by the sandbox's wall clock, inside the call's budget: before,
     the model read '[stopped ...]' as an ordinary result and tools/timeouts stayed 0."""
-    from grpokit.rewards.sandbox import SandboxLimits, isolation_report
     from grpokit.rollout.tools.python import make_python_tool
+    from grpokit.sandbox import SandboxLimits, isolation_report
 
     if not isolation_report()["namespaces"]:
         pytest.skip(f"no user namespaces here: {isolation_report()['reason']}")

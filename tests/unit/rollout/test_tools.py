@@ -195,7 +195,7 @@ def test_python_tool_under_the_hostile_programs():
 
     import hostile_programs as hp
 
-    from grpokit.rewards.sandbox import isolation_report
+    from grpokit.sandbox import isolation_report
 
     if not isolation_report()["namespaces"]:
         pytest.skip(f"no user namespaces here: {isolation_report()['reason']}")

@@ -12,7 +12,7 @@ import uuid
 import hostile_programs as hp
 import pytest
 
-from grpokit.rewards.sandbox import isolation_report
+from grpokit.sandbox import isolation_report
 
 NOBODY = 65534
 pytestmark = pytest.mark.skipif(

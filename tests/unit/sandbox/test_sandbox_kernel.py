@@ -15,7 +15,7 @@ import uuid
 
 import pytest
 
-from grpokit.rewards.sandbox import SandboxLimits, isolation_report, run_program
+from grpokit.sandbox import SandboxLimits, isolation_report, run_program
 
 pytestmark = pytest.mark.skipif(
     not isolation_report()["namespaces"],

@@ -11,7 +11,7 @@ import sys
 import pytest
 from paths import REPO
 
-from grpokit.rewards.sandbox import isolation_report
+from grpokit.sandbox import isolation_report
 
 
 def kernel_allows_user_namespaces() -> bool:
@@ -42,7 +42,7 @@ def test_probe_works_for_an_interpreter_in_a_venv_under_tmp(tmp_path):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
     out = subprocess.run(
         [str(venv / "bin" / "python"), "-c",
-         "import json; from grpokit.rewards.sandbox import isolation_report; print(json.dumps(isolation_report()))"],
+         "import json; from grpokit.sandbox import isolation_report; print(json.dumps(isolation_report()))"],
         capture_output=True, text=True, env=env, timeout=120,
     )
     assert out.returncode == 0, out.stderr[-2000:]

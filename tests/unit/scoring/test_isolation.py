@@ -1,4 +1,4 @@
-"""What a reward function starts dies with the trainer, however it ends (grpokit.rewards._keeper), and a
+"""What a reward function starts dies with the trainer, however it ends (grpokit.scoring._keeper), and a
 reward module that crashes or hangs at import time is a named error, not the trainer's end
 (grpokit.core.user_code). Real processes throughout: sleep children, a new session, a daemon."""
 

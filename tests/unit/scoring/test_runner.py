@@ -146,7 +146,7 @@ def test_a_call_that_raises_is_retried_row_by_row(isolation):
 def test_async_functions_log_metric_log_extra_and_trainer_state():
     import asyncio
 
-    from grpokit.rewards.runner import TrainerState
+    from grpokit.scoring.runner import TrainerState
 
     async def slow(prompts, completions, **kw):
         await asyncio.sleep(1.0)
