@@ -14,6 +14,7 @@ from vllm_models import vllm_model  # noqa: E402
 
 from grpokit import GRPOTrainer, load_config  # noqa: E402
 from grpokit.rollout.engines.vllm import VLLMGenerator, WeightSyncError  # noqa: E402
+from grpokit.rollout.engines.vllm.weights import trainer_weights, weight_bytes  # noqa: E402
 from grpokit.train.sampler import Sampler  # noqa: E402
 
 pytestmark = pytest.mark.slow
@@ -49,6 +50,9 @@ def test_a_run_samples_on_vllm_with_the_trainers_weights_at_every_step(tmp_path)
         assert m["sampling/importance_sampling_ratio/mean"] == m["mismatch/weight_mean"]  # TRL's name beside
         assert m["rollout/weight_lag"] == 0
     assert t.sampler.generator.pushes == 2  # before the rollouts of steps 2 and 3
+    every_weight = weight_bytes(trainer_weights(t.model).items())
+    assert [m["rollout/push_bytes"] for m in lines] == [0, every_weight, every_weight]  # step 1: the start's weights
+    assert lines[0]["rollout/push_s"] == 0 and all(m["rollout/push_s"] > 0 for m in lines[1:])
 
 
 def test_sync_every_two_samples_one_step_behind_and_says_so(tmp_path):
