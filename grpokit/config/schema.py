@@ -45,18 +45,17 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 TEMPLATE_NAMES = ("auto", "chat", "plain", "r1_zero")
 """data.template: grpokit.data.templates.TEMPLATE_NAMES."""
 ENGINES = ("fast", "hf", "vllm")
-"""rollout.engine: the generators of grpokit.rollout.generation (FastGenerator, HFGenerator) and
-grpokit.rollout.vllm (VLLMGenerator)."""
+"""rollout.engine: the engines of grpokit.rollout.engines (its ENGINE_CLASSES, held equal to this by a test)."""
 VLLM_MODES = ("colocate", "server")
-"""rollout.vllm.mode: the ways grpokit.rollout.vllm runs the engine."""
+"""rollout.vllm.mode: the ways grpokit.rollout.engines.vllm runs the engine."""
 WEIGHT_TRANSFERS = ("http", "collective")
 LORA_PUSHES = ("auto", "adapter", "merged")
 """rollout.vllm.lora_push: what grpokit.rollout.engines.vllm pushes for a LoRA policy."""
-"""rollout.vllm.weight_transfer: how a push reaches a server (grpokit.rollout.vllm_remote, vllm_collective)."""
+"""rollout.vllm.weight_transfer: how a push reaches a server (grpokit.rollout.engines.vllm.remote, collective)."""
 MISMATCH_CORRECTIONS = ("auto", "none", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
 """rollout.mismatch_correction: auto, and grpokit.algos.mismatch.IS_MODES."""
 KV_CACHES = ("auto", "static", "dynamic")
-"""rollout.kv_cache: the fast engine's KV cache (grpokit.rollout.decode)."""
+"""rollout.kv_cache: the fast engine's KV cache (grpokit.rollout.engines.fast.decode)."""
 SCHEDULES = ("constant", "cosine", "linear")
 """optim.schedule: grpokit.train.schedules.SCHEDULES."""
 PRECISION_MODES = ("auto", "fp32", "bf16_mixed", "fp16_mixed", "bf16_kahan", "bf16_pure")
