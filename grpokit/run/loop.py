@@ -23,7 +23,7 @@ from typing import Any, Protocol
 
 from grpokit.compat.trl.api import fire
 from grpokit.core.clock import TrainingClock
-from grpokit.core.errors import CallbackError, FlatRewardsError
+from grpokit.core.errors import CallbackError, EngineError, FlatRewardsError, UserCodeFailedError, with_text
 from grpokit.run.lock import holding
 from grpokit.run.log import RunLogger
 from grpokit.run.state import RunState, StopOnSignals
@@ -162,13 +162,19 @@ def cpu_budget_reached(budget: float | None, clock: TrainingClock, dist: Distrib
 
 
 def take_step(trainer: Trainer) -> dict[str, float]:
-    """``trainer.train_step()``; a run stopped for flat rewards (FlatRewardsError) gets a checkpoint of the
-    last step taken, named in its message."""
+    """``trainer.train_step()``; a run stopped for flat rewards (FlatRewardsError), by the user's code
+    (UserCodeFailedError: a reward function) or by its engine or sampler process (EngineError) gets a checkpoint
+    of the last step taken, named in its message. Under torchrun only when every rank stops with it (flat
+    rewards are decided on every rank's rewards; an asynchronous sampler's failure is said to every rank,
+    ``every_rank``): one rank's own failure leaves the others inside the step's collectives."""
     try:
         return trainer.train_step()
-    except FlatRewardsError as e:
+    except (FlatRewardsError, UserCodeFailedError, EngineError) as e:
+        agreed = isinstance(e, FlatRewardsError) or getattr(e, "every_rank", False)
+        if trainer.dist.active and not agreed:
+            raise
         where = f" Checkpoint of step {trainer.step}: {trainer.save()}." if trainer.step > 0 else ""
-        raise FlatRewardsError(f"{e}{where}") from None
+        raise with_text(e, where) from None
 
 
 def evaluate(trainer: Trainer, log: RunLogger) -> dict[str, float]:

@@ -427,16 +427,15 @@ class AsyncSampler:
 
     # ------------------------------------------------------------------ the trainer's side
 
-    def start(self, version: int | None = None, log_history: Sequence[dict[str, float]] = ()) -> None:
-        """Start the sampler process, unless it runs: it starts with the policy as it is now, the weights of
-        ``version`` (the trainer's step; pushed first when newer than the last push), the prompt stream where the
+    def start(self, log_history: Sequence[dict[str, float]] = ()) -> None:
+        """Start the sampler process, unless it runs: it starts from the policy (its module; its trainable weights
+        are the last push's, taken from the shared buffers before its first batch), the prompt stream where the
         last batch it made left it, and ``log_history`` (the steps logged so far, for its reward functions).
-        It makes the batches after those already queued (a resume's) up to the credited one, each from the last
-        push's weights."""
+        It makes the batches after those already queued (a resume's) up to the credited one, each from the
+        weights its credit names (those before the start: the last push's). A restart after close() starts
+        from the last push too, not from newer weights of the trainer: the versions stay set by the steps."""
         if self.process is not None:
             return
-        if version is not None and version > self.version:  # a restart after close(): the trainer moved on
-            self._push_weights(version)
         try:
             payload = _shared_payload(
                 (self.recipe, self.sampler.model, self.reference), self._reference_tensors
@@ -452,7 +451,7 @@ class AsyncSampler:
         requests, to_child = self._context.Pipe(duplex=False)  # (the process's end, the trainer's end)
         from_child, replies = self._context.Pipe(duplex=False)
         start = {
-            "version": self.version, "index": index, "stream": made[-1].stream if made else self.stream_state,
+            "index": index, "stream": made[-1].stream if made else self.stream_state,
             "versions": [self.version] * (self.credited - index + 1), "log_history": list(log_history),
         }  # fmt: skip
         self._board.copy_(torch.tensor([0, index - 1, 0]))
@@ -500,7 +499,7 @@ class AsyncSampler:
         reward functions' trainer_state.log_history). agree: under torchrun, turns this rank's "too old" into
         every rank's (grpokit.train.async_ranks.agree_on_age), so all ranks drop the same batches. stopping:
         polled while no batch has come; True raises StopRequested (nothing taken)."""
-        self.start(step, log_history)
+        self.start(log_history)
         t0 = time.monotonic()
         dropped = 0
         while True:
@@ -863,7 +862,6 @@ def _serve(
     requests: int,
     replies: int,
     *,
-    version,
     index,
     stream,
     versions,
@@ -876,6 +874,7 @@ def _serve(
     sampler.stream.load_state(stream)
     log_history = list(log_history)  # the trainer's logged steps, for reward functions' trainer_state
     pending = deque(versions)  # the version each credited batch not yet started is made from, in order
+    version = None  # the policy came pickled with the trainer's weights: the last push's are copied first
     while True:
         ready, _, _ = select.select([requests], [], [], None if not pending else 0)
         if ready:

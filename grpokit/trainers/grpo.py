@@ -37,7 +37,7 @@ from grpokit.compat.trl.names import with_trl_names
 from grpokit.config.checks import check_settings_in_use, check_vllm_installed
 from grpokit.config.run_file import given_in_code
 from grpokit.config.schema import Config, ConfigError, resolve_algo, validated
-from grpokit.core.errors import TrainingError, with_text
+from grpokit.core.errors import TrainingError
 from grpokit.core.notices import Notices
 from grpokit.data.prompts import check_reward_columns, load_train_eval
 from grpokit.data.templates import describe_templates
@@ -395,7 +395,7 @@ class GRPOTrainer:
         self._log = self.say.log = log
         self._stop = stop
         if self.async_sampler is not None:  # the first batch is made while the trainer evaluates
-            self.async_sampler.start(self.step, self.log_history)
+            self.async_sampler.start(self.log_history)
             r = self.cfg.rollout
             log.print(
                 f"asynchronous rollouts: sampler process {self.async_sampler.pid}, batches at most "
@@ -492,8 +492,8 @@ class GRPOTrainer:
         self, step: int
     ) -> tuple[ScoredBatch, dict[str, float], dict[str, float], dict[str, float]]:
         """The asynchronous sampler's next batch, with the steps logged so far for its reward functions. Its
-        process dying or stalling, or the user's code failing there, stops the run with a checkpoint (torchrun:
-        every rank's, grpokit.train.async_ranks); a signal (to this process or to the sampler's) while it waits
+        process dying or stalling, or the user's code failing there, stops the run (with a checkpoint:
+        grpokit.run.loop.take_step; torchrun: on every rank, grpokit.train.async_ranks); a signal (to this process or to the sampler's) while it waits
         raises StopRequested (one process: under torchrun the ranks take their batches in step)."""
         sampler = self.async_sampler
         stopping = None
@@ -505,8 +505,8 @@ class GRPOTrainer:
             )
         except (TrainingError, ConfigError) as e:
             say_died(self.dist, e)  # the other ranks wait for this batch's agreement: they stop too
-            where = f" Checkpoint of step {self.step}: {self.save()}." if self.step > 0 else ""
-            raise with_text(e, where) from None
+            e.every_rank = True  # so every rank saves the checkpoint (grpokit.run.loop.take_step)
+            raise
         sampling, overlap = taken_over_ranks(self.dist, sampling, overlap)
         return batch, timing, sampling, overlap
 

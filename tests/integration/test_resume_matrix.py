@@ -41,7 +41,8 @@ CASES = {
     "bf16_mixed": ["optim.precision=bf16_mixed", "optim.offload_optimizer=true"],
     "lora": ["lora.enabled=true", "lora.r=4", "optim.offload_optimizer=true"],
     "async_k1": ["rollout.max_staleness=1"],
-    "async_k2_sync2": ["rollout.max_staleness=2", "rollout.sync_every=2"],  # the last push older than the step
+    # a push every 3 steps: step 2's checkpoint keeps the weights of the last push (version 0), older than its own
+    "async_k2_sync3": ["rollout.max_staleness=2", "rollout.sync_every=3"],
 }  # fmt: skip
 SFT = [
     "train.steps=3", "train.save_every=1", "train.keep_checkpoints=3", "train.tensorboard=false",
@@ -137,14 +138,15 @@ def test_every_part_takes_back_what_it_saved_and_reward_functions_see_every_leg(
 
 
 def test_an_asynchronous_checkpoint_keeps_its_batches_in_flight_and_the_last_push(straight):
-    """K = 2 with a push every 2 steps: step 2's checkpoint holds batches 2 and 3 (credited before the push of
-    step 2: both made from the first weights) and, the last push being the trainer's step, no weights; step 3's
-    holds batches 3 and 4 and the weights of the push of step 2, older than the trainer's."""
-    out, _ = straight("async_k2_sync2")
+    """K = 2 with a push every 3 steps: step 2's checkpoint holds batches 2 and 3 (both credited before any push:
+    made from the first weights) and the pushed weights, version 0, older than the trainer's; step 3's, after
+    the push of step 3, holds batches 3 and 4 and no weights (the last push is its own)."""
+    out, _ = straight("async_k2_sync3")
     two = load_trainer_state(out / "checkpoints" / "step_000002")["async"]
-    assert two["next_batch"] == 2 and two["in_flight"] == 0
-    assert [b["index"] for b in two["batches"]] == [2, 3] and "weights" not in two
-    three = load_trainer_state(out / "checkpoints" / "step_000003")["async"]
-    assert three["version"] == 2 and [b["index"] for b in three["batches"]] == [3, 4]
+    assert two["next_batch"] == 2 and two["in_flight"] == 0 and two["version"] == 0
+    assert [(b["index"], b["version"]) for b in two["batches"]] == [(2, 0), (3, 0)]
     model, _ = make_tiny_model("qwen2", seed=0)
-    assert set(three["weights"]) == {name for name, _ in model.named_parameters()}
+    assert set(two["weights"]) == {name for name, _ in model.named_parameters()}
+    three = load_trainer_state(out / "checkpoints" / "step_000003")["async"]
+    assert three["version"] == 3 and [b["index"] for b in three["batches"]] == [3, 4]
+    assert "weights" not in three

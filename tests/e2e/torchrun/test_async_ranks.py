@@ -6,6 +6,7 @@ dropped for its age is dropped on both ranks, and a resume counts the policy ver
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -112,7 +113,11 @@ def test_a_sampler_failing_on_one_rank_stops_both_ranks_with_the_checkpoint(tmp_
     assert ended.returncode != 0
     assert "rank 1's verifier is down" in ended.stderr  # rank 1's own error
     assert "on rank 1: in the sampler process, batch 2" in ended.stderr  # rank 0's, told by rank 1
-    assert ended.returncode == 3  # both ranks stop as for the reward's error: the user's code (issue 48)
+    # each rank ends as for the reward's error, the user's code (exit 3, not a sampler failure's 4: issue 48);
+    # torchrun itself exits 1 for any failure and lists each rank's code (a rank still exiting when the first
+    # one has may be stopped by torchrun's agent: -15)
+    codes = re.findall(r"exitcode\s*:\s*(-?\d+)", ended.stderr)
+    assert "3" in codes and set(codes) <= {"3", "-15"}, ended.stderr[-3000:]
     assert ended.stderr.count("Checkpoint of step 2") >= 2  # each rank names the checkpoint it saved
     assert [m["step"] for m in _metrics(run)] == [1, 2]
     assert (run / "checkpoints" / "step_000002").is_dir()

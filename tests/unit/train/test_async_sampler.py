@@ -328,7 +328,7 @@ def test_a_reward_failing_in_the_sampler_stops_the_run_and_leaves_no_process(tmp
     trainer = GRPOTrainer(
         cfg, model=model, tokenizer=tok, train_rows=ROWS, reward_functions=[("broken", broken_reward, 1.0)]
     )
-    trainer.async_sampler.start(0)
+    trainer.async_sampler.start()
     pid = trainer.async_sampler.pid
     # a fresh interpreter (multiprocessing's spawn), not a fork of the trainer: it can use CUDA the trainer has.
     # Asked of the process object: /proc/<pid>/cmdline reads empty once the failing process has exited (a zombie)
