@@ -254,6 +254,9 @@ class AdvantageInputs:
     """(N, L) log-probs of the reference, when there is one."""
     values: Tensor | None = None
     """(N, L) a critic's value V(s_t) at each completion position (PPO's GAE), None without a critic."""
+    teacher_logprobs: Tensor | None = None
+    """(N, L) a teacher's log-probs of the completion tokens (on-policy distillation), None without one; its dense
+    term is added after the estimator (compute_advantages, grpokit.algos.distill)."""
     step_rewards: list[list[tuple[int, float]]] | None = None
     """Process rewards: for each completion its steps in order, as (t_end, score) with t_end the index in
     the completion of the step's last token (0-based, ascending); None when rewards are per completion."""
@@ -351,6 +354,11 @@ def _group_centre_token_whiten(a: AdvantageInputs) -> Tensor:
         eps=a.eps,
         whiten_mask=a.trained_mask,
     )
+
+
+def _none(a: AdvantageInputs) -> Tensor:
+    """0 (no reward signal: with algo.teacher_kl_coef, the teacher's alone)"""
+    return torch.zeros(a.rewards.shape[0], dtype=torch.float32, device=a.rewards.device)  # (N,)
 
 
 def _process_group(a: AdvantageInputs) -> Tensor:
@@ -507,4 +515,5 @@ register_advantage(  # sum of group-normalised step rewards at or after t   GRPO
     "process_group", _process_group, group_local=True, step_rewards=True, kl_in_reward=False, per_token=True
 )
 register_advantage("gae", _gae, params=GAEParams, needs_critic=True, per_token=True)  # GAE(gamma, lam)  PPO
+register_advantage("none", _none, group_local=True, scored_aware=True)  # 0: on-policy distillation alone
 ADVANTAGE_KINDS = (*ADVANTAGES, *ADVANTAGE_ALIASES)

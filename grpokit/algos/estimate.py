@@ -10,6 +10,7 @@ import torch
 from torch import Tensor
 
 from .advantages import AdvantageInputs, _group_mean, estimator
+from .distill import teacher_advantages
 from .presets import PRESETS
 from .settings import AlgoSettings
 
@@ -30,6 +31,7 @@ def compute_advantages(
     eps: float | None = None,
     scored: Tensor | None = None,
     trained_mask: Tensor | None = None,
+    teacher_logprobs: Tensor | None = None,
 ) -> Tensor:
     """One entry point for the trainer: build AdvantageInputs and run the named estimator.
 
@@ -38,11 +40,17 @@ def compute_advantages(
     0}; refused as AlgoSettings.of refuses them), or an estimator name (a key of ADVANTAGES, an alias, or
     "module:function": its parameters at their defaults).
 
+    With an AlgoSettings whose algo.teacher_kl_coef w > 0 (on-policy distillation), the estimator's advantages get
+    the teacher's dense term added, w (teacher_logprobs - old_logprobs) per token (grpokit.algos.distill): (N, L),
+    on unscored rows too (the teacher needs no reward).
+
     Args:
         rewards: (N,) groups contiguous; group_size: G; the rest as in AdvantageInputs. eps: added to
             every std (None: the AlgoSettings' std_eps, else 1e-6).
+        teacher_logprobs: (N, L) the teacher's log-probs of the completion tokens (needs old_logprobs and
+            completion_mask), required when w > 0.
     Returns:
-        (N,) or (N, L) advantages, exactly 0 at unscored rows (`scored` False).
+        (N,) or (N, L) advantages, the estimator's exactly 0 at unscored rows (`scored` False).
     Raises:
         ValueError: unknown estimator, or an estimator output of any other shape.
     """
@@ -50,8 +58,9 @@ def compute_advantages(
         preset_or_kind = PRESETS[preset_or_kind]
     elif isinstance(preset_or_kind, Mapping):  # flat settings over the defaults, checked as AlgoSettings.of's
         preset_or_kind = AlgoSettings.of(**preset_or_kind)  # type: ignore[arg-type]
-    std_eps, params = 1e-6, None
+    std_eps, params, teacher_coef = 1e-6, None, 0.0
     if isinstance(preset_or_kind, AlgoSettings):
+        teacher_coef = preset_or_kind.advantage.teacher_kl_coef
         kind, ddof = preset_or_kind.advantage.estimator, preset_or_kind.advantage.std_ddof
         std_eps = preset_or_kind.advantage.std_eps
         entry = estimator(kind)
@@ -95,4 +104,11 @@ def compute_advantages(
     if scored is not None:  # unscored rows carry no signal, whatever the estimator
         keep = scored if out.dim() == 1 else scored[:, None]
         out = torch.where(keep, out, torch.zeros_like(out))
+    if teacher_coef > 0:  # on-policy distillation: the teacher's dense per-token term
+        if teacher_logprobs is None or old_logprobs is None or completion_mask is None:
+            raise ValueError(
+                f"algo.teacher_kl_coef={teacher_coef:g} needs teacher_logprobs, old_logprobs and completion_mask (N, L)"
+            )
+        dense = teacher_advantages(old_logprobs, teacher_logprobs, completion_mask, teacher_coef)  # (N, L)
+        out = (out[:, None] if out.dim() == 1 else out).to(dense.dtype) + dense  # (N, L)
     return out

@@ -87,6 +87,15 @@ class AdvantageSettings:
     std_eps: float = knob(
         1e-6, "Added to the std before dividing (TRL: 1e-4).", interval="[0, inf)", example=1e-4
     )
+    teacher_kl_coef: float = knob(
+        0.0,
+        "On-policy distillation: the weight w of the teacher's per-token reverse KL in the advantage, "
+        "A_{i,t} = A_i + w (log pi_teacher - log pi_student) on the student's own tokens (teacher.name_or_path; "
+        "grpokit.algos.distill). With algo.advantage=none the teacher's alone.",
+        interval="[0, inf)",
+        example=1.0,
+        meaning="0 = no teacher",
+    )
     reward_aggregation: str = knob(
         "sum_then_normalize",
         "Several rewards: sum_then_normalize (the weighted sum goes to the estimator) | normalize_then_sum (GDPO: "
@@ -401,6 +410,11 @@ class AlgoSettings:
         return self.kl.beta > 0 or self.kl.reward_coef > 0
 
     @property
+    def uses_teacher(self) -> bool:
+        """On-policy distillation: the advantage takes a teacher's per-token log-probs (algo.teacher_kl_coef > 0)."""
+        return self.advantage.teacher_kl_coef > 0
+
+    @property
     def uses_critic(self) -> bool:
         """The advantage estimator reads a critic's values (PPO's GAE): the trainer builds a critic. A
         "module:function" estimator is not imported to say: it reads none."""
@@ -449,6 +463,15 @@ class AlgoSettings:
         # std_ddof / std_eps with an estimator that divides by no std, and eps_low / eps_high with a surrogate that
         # reads no clip range, are not refused: TRL's configs (grpokit.config.trl) write TRL's defaults out
         out += self._unread_params(given)
+        if (
+            name in ADVANTAGES
+            and ADVANTAGES[name].fn is ADVANTAGES["none"].fn
+            and self.advantage.teacher_kl_coef == 0
+        ):
+            out.append(
+                "algo.advantage=none gives every advantage 0 and nothing would be learnt: set algo.teacher_kl_coef > 0 "
+                "(on-policy distillation, with teacher.name_or_path) or choose an estimator"
+            )
         entry = surrogate(self.ratio.surrogate)
         if entry.token_ratio and self.ratio.level != "token":
             out.append(

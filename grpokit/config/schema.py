@@ -509,6 +509,7 @@ class AlgoConfig:
         check=check_preset,
     )
     advantage: str | None = algo_knob("advantage")
+    teacher_kl_coef: float | None = algo_knob("teacher_kl_coef")
     std_ddof: int | None = algo_knob("std_ddof")
     std_eps: float | None = algo_knob("std_eps")
     reward_aggregation: str | None = algo_knob("reward_aggregation")
@@ -551,6 +552,25 @@ class AlgoConfig:
     mask_truncated: bool | None = algo_knob("mask_truncated")
     gamma: float | None = algo_knob("gamma")
     lam: float | None = algo_knob("lam")
+
+
+@dataclass
+class TeacherConfig:
+    """On-policy distillation's teacher (grpokit.train.teacher): read with algo.teacher_kl_coef > 0."""
+
+    name_or_path: str | None = setting(
+        None,
+        """The teacher model (TRL teacher_model_name_or_path): a folder of a causal LM, or a model id the hub cache
+        holds, that shares the student's tokenizer. Frozen, in eval mode, it scores every token the student
+        samples; w (log pi_teacher - log pi_student) is the token's advantage (algo.teacher_kl_coef = w). None:
+        no teacher.""",
+    )
+    dtype: str = setting(
+        "auto",
+        "The teacher's weights (TRL teacher_model_init_kwargs' dtype): auto (the policy's) | float32 | bfloat16 | "
+        "float16.",
+        choices=DTYPES,
+    )
 
 
 @dataclass
@@ -834,6 +854,9 @@ class Config:
     algo: AlgoConfig = setting(AlgoConfig(), "The algorithm: a preset and the knobs that override it.")
     critic: CriticConfig = setting(
         CriticConfig(), "The value model of the critic-based estimators (PPO's GAE)."
+    )
+    teacher: TeacherConfig = setting(
+        TeacherConfig(), "On-policy distillation's teacher (with algo.teacher_kl_coef > 0)."
     )
     optim: OptimConfig = setting(OptimConfig(), "The optimizer, its schedule, batching and precision.")
     rewards: list[RewardSpec] = setting([RewardSpec()], "The reward functions, summed with their weights.")

@@ -116,6 +116,12 @@ TRAIN: dict[str, Metric] = {
         "a reference is used (algo.beta > 0 or algo.kl_reward_coef > 0)",
     ),
     "entropy": Metric("nats/token", "the policy's entropy over generated tokens"),
+    "teacher/kl": Metric(
+        "nats/token",
+        "the student's reverse KL to the teacher on its own samples, log pi_s - log pi_T (k1), mean over "
+        "generated tokens, before the update: what on-policy distillation lowers",
+        "a teacher (algo.teacher_kl_coef > 0)",
+    ),
     "entropy/trained": Metric(
         "nats/token", "the same over the tokens the loss trains on (less what algo.top_entropy_quantile drops)"
     ),

@@ -31,13 +31,16 @@ def batch_advantages(
     device: torch.device,
     dist: Distributed,
     reward_weights: dict[str, float] | None = None,
+    teacher_logprobs: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """(N,) or (N, Lc) advantages of this rank's ``batch``. old/ref log-probs (N, Lc) or None, as
     PolicyUpdate.rollout_logprobs gives them; values (N, Lc): PPO's critic. With a KL in the reward
     (algo.kl.reward_coef > 0) the estimator also gets k1 = old - ref per token, the sampling policy's KL to
     the reference. Rows no reward function scored get 0 and stay out of the statistics. With
     algo.reward_aggregation=normalize_then_sum (GDPO) the estimator gets, instead of the weighted sum, the sum of
-    each reward normalised within its group, weighted by ``reward_weights`` (name -> weight of batch.per_function)."""
+    each reward normalised within its group, weighted by ``reward_weights`` (name -> weight of batch.per_function).
+    ``teacher_logprobs`` (N, Lc): on-policy distillation's teacher's (algo.teacher_kl_coef; grpokit.train.teacher),
+    whose dense term is added per token."""
     d = device
     kl_coef = algo.kl.reward_coef
     kl = kl_estimate(old_logprobs, ref_logprobs, "k1").to(d) if kl_coef > 0 else None  # (N, Lc)
@@ -51,6 +54,7 @@ def batch_advantages(
         "old_logprobs": old_logprobs.to(d) if old_logprobs is not None else None,
         "ref_logprobs": ref_logprobs.to(d) if ref_logprobs is not None else None,
         "values": values.to(d) if values is not None else None,
+        "teacher_logprobs": teacher_logprobs.to(d) if teacher_logprobs is not None else None,
         "step_rewards": batch.step_rewards,
         "scored": batch.scored.to(d),
         # algo.mask_truncated: per-token whitening over the tokens the loss trains on

@@ -78,6 +78,7 @@ from grpokit.train.learner import Learner, load_model
 from grpokit.train.mismatch import MismatchCorrection, MismatchGuard
 from grpokit.train.reference import sampler_reference
 from grpokit.train.sampler import Sampler, encode_rows
+from grpokit.train.teacher import Teacher, teacher_metrics
 from grpokit.train.update import PolicyUpdate
 
 
@@ -222,6 +223,8 @@ class GRPOTrainer:
         check_tokenizer_fits(model, self.tokenizer, "the tokenizer")
         # a reference for a KL in the loss or in the reward (with LoRA: the base, adapter disabled)
         self.ref_model = frozen_reference(model, cfg.lora.enabled) if self.algo.uses_reference else None
+        # on-policy distillation (algo.teacher_kl_coef > 0): a frozen teacher scores the student's tokens
+        self.teacher = Teacher.build(cfg, self.algo, self.tokenizer, device, precision)
         self.dist.wrap(model, self.ref_model, self.run.resume_from)  # torchrun: FSDP2 / DDP
         if episodes is not None:
             episodes.check_tokenizer(self.tokenizer)  # a template that cannot render tools or turns
@@ -439,7 +442,8 @@ class GRPOTrainer:
                 self._sampler_signal()
                 return {}
         everyone = batch.across_ranks(dist)  # torchrun: every rank's rows, for the spread check and metrics
-        solved = self.sampler.check_spread(everyone, step)  # raises FlatRewardsError if stuck
+        # raises FlatRewardsError if stuck; not with a teacher, whose dense advantage teaches with flat rewards
+        solved = self.sampler.check_spread(everyone, step) if self.teacher is None else None
         if solved:
             self.stopped_early = solved  # the prompts are solved: the step is not taken
             return {}
@@ -450,9 +454,11 @@ class GRPOTrainer:
         timing["reference"] = timing.get("reference", 0.0) + ref_seconds
         values = self.critic.values(batch.rollout) if self.critic else None  # (N, Lc) PPO, else None
         G = cfg.rollout.group_size
+        # the teacher's log-probs of the student's tokens (N, Lc): on-policy distillation, else None
+        teacher_logprobs = self.teacher.logprobs(self.model, batch.rollout) if self.teacher else None
         advantages = batch_advantages(  # (N,) or (N, Lc)
             batch, self.algo, G, old_logprobs, ref_logprobs, values, device=device, dist=dist,
-            reward_weights=self.reward_weights,
+            reward_weights=self.reward_weights, teacher_logprobs=teacher_logprobs,
         )
         # the steps whose rollouts are saved: the update records its per-token numbers (grpokit.rollout.record)
         sampled = cfg.train.samples_every and (step + 1) % cfg.train.samples_every == 0
@@ -474,6 +480,8 @@ class GRPOTrainer:
         # metrics: the global batch's under torchrun
         abs_mean = advantage_abs_mean(advantages, batch.rollout.completion_mask, dist)
         metrics = step_metrics(everyone, abs_mean, update_metrics, sampling, self.accuracy_name)
+        if teacher_logprobs is not None:  # teacher/kl: the student's per-token reverse KL to the teacher
+            metrics.update(teacher_metrics(old_logprobs, teacher_logprobs, batch.rollout.completion_mask, dist))
         generated = float(batch.rollout.completion_mask.sum())
         metrics.update(step_costs(time.perf_counter() - t0, generated, device, dist, timing))
         if overlap:  # async/*: staleness, dropped samples, queue depth, how busy each side was

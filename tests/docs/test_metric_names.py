@@ -9,7 +9,15 @@ import json
 from pathlib import Path
 
 import pytest
-from tiny_model import ADDITION_ROWS, SMALL_RUN, has_seven, make_tiny_model, small_trainer, write_sft_run
+from tiny_model import (
+    ADDITION_ROWS,
+    SMALL_RUN,
+    has_seven,
+    make_tiny_model,
+    save_tiny_model,
+    small_trainer,
+    write_sft_run,
+)
 from tool_model import tool_model
 
 from grpokit.config.schema import load_config
@@ -123,7 +131,16 @@ def test_every_metric_written_is_registered_and_every_registered_metric_is_writt
     small_trainer(ppo, 1, "algo.preset=ppo").train()
     overlapped = tmp_path / "async"  # async/*: a sampler process beside the trainer (rollout.max_staleness)
     # selection/*, history/*: prompt selection in the sampler process (data.selection, grpokit.rollout.selection)
-    small_trainer(overlapped, 2, "rollout.max_staleness=1", "data.selection.mode=greso").train()
+    # teacher/kl: on-policy distillation's teacher beside the rewards (algo.teacher_kl_coef, grpokit.train.teacher)
+    teacher = f"teacher.name_or_path={save_tiny_model(tmp_path / 'teacher', seed=1)}"
+    small_trainer(
+        overlapped,
+        2,
+        "rollout.max_staleness=1",
+        "data.selection.mode=greso",
+        "algo.teacher_kl_coef=0.5",
+        teacher,
+    ).train()
     multiturn = multiturn_run(tmp_path / "multiturn")
     sft = sft_run(tmp_path / "sft")
 

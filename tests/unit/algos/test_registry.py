@@ -89,7 +89,7 @@ def test_the_tables_of_who_reads_what_are_the_registrations():
     # an estimator's flags: a critic, group-local (torchrun), unscored rows, step rewards
     assert [n for n, e in ADVANTAGES.items() if e.needs_critic] == ["gae"]
     assert {n for n, e in ADVANTAGES.items() if e.group_local} == {
-        "group_std", "group_centre", "leave_one_out", "process_group"
+        "group_std", "group_centre", "leave_one_out", "process_group", "none"
     }  # fmt: skip
     assert [n for n, e in ADVANTAGES.items() if e.step_rewards] == ["process_group"]
     assert estimator("rloo") is ADVANTAGES["leave_one_out"] and PRESETS["ppo"].uses_critic
