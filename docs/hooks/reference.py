@@ -5,7 +5,8 @@
     reference/metrics.md    grpokit.run.metrics: every metric a run writes, with its unit
 
 The pages are added to the build as generated files (nothing is written into docs/). A page that holds
-the marker ``<!-- generated: preset table -->`` gets grpokit.algos.presets.preset_table() in its place.
+the marker ``<!-- generated: preset table -->`` gets grpokit.algos.presets.preset_table() in its place, one
+that holds ``<!-- generated: exit codes -->`` grpokit.cli.main.exit_codes_table().
 Registered in mkdocs.yml under ``hooks:``; a failure here fails the build.
 """
 
@@ -16,6 +17,7 @@ import argparse
 from mkdocs.structure.files import File
 
 PRESET_MARKER = "<!-- generated: preset table -->"
+EXIT_CODES_MARKER = "<!-- generated: exit codes -->"
 
 
 def on_files(files, config):
@@ -33,6 +35,10 @@ def on_page_markdown(markdown, page, config, files):
         from grpokit.algos.presets import preset_table
 
         markdown = markdown.replace(PRESET_MARKER, preset_table())
+    if EXIT_CODES_MARKER in markdown:
+        from grpokit.cli.main import exit_codes_table
+
+        markdown = markdown.replace(EXIT_CODES_MARKER, exit_codes_table())
     return markdown
 
 
@@ -66,7 +72,7 @@ def commands_page() -> str:
         "```",
         "",
         _arguments_table(parser),
-        f"Exit codes: {parser.epilog.removeprefix('exit codes: ')}.",
+        "Exit codes: [the table](../exit-codes.md).",
         "",
     ]
     for name, command in sub.choices.items():

@@ -10,10 +10,9 @@ grpokit eval MODEL_DIR DATA.jsonl --reward math_accuracy
 grpokit eval MODEL_DIR openai/gsm8k --data-config main --prompt-column question   # its test split
 grpokit launch --nproc_per_node=2 train cfg.yaml  # torchrun, with the ranks' exit codes (grpokit.cli.launch)
 
-Exit codes: 0 done; 2 a usage error (bad config value, data, model path, output folder, checkpoint to
-resume from), found before the model loads where it can be; 1 the run failed (e.g. disk full, an
-unexpected error); 130 / 143 stopped by SIGINT / SIGTERM after saving a checkpoint (128 + the signal,
-as shells report it). Errors are one line; --debug (or GRPOKIT_DEBUG=1) adds the traceback.
+Exit codes by kind (``EXIT_CODES``; grpokit.core.errors.exit_code maps an error to its kind; the table of
+docs/exit-codes.md and ``grpokit --help``). Errors are one line naming their class; --debug (or
+GRPOKIT_DEBUG=1) adds the traceback.
 """
 
 from __future__ import annotations
@@ -32,6 +31,28 @@ from grpokit.cli.args import config_args as _config_args
 from grpokit.cli.args import debug_on as _debug
 from grpokit.cli.args import fail as _fail
 from grpokit.config.declare import field_docs
+from grpokit.core.errors import EXIT_USAGE
+
+EXIT_CODES = (
+    (0, "done (a run that stopped early as finished too: solved prompts, train.max_cpu_seconds)"),
+    (1, "the run failed: TrainingError (no reward spread, a growing sampler KL, out of memory), or an unexpected "
+        "error (--debug shows its traceback)"),
+    (2, "usage or config error: ConfigError, DataError (a bad value, data, model path, output folder, checkpoint "
+        "to resume from), found before the model loads where it can be"),
+    (3, "the user's code failed while the run ran it: UserCodeFailedError (RewardFunctionError: a reward function "
+        "raising or timing out on too many completions; CallbackError; a tool or an environment), with a checkpoint"),
+    (4, "an engine or the sampler process failed: EngineError (SamplerDiedError, SamplerStalledError; a vLLM "
+        "server down or dying), with a checkpoint"),
+    (5, "disk full or another I/O error: RunIOError, OSError (writing a checkpoint, the log, the output folder)"),
+    (130, "stopped by SIGINT after saving a checkpoint (143: SIGTERM; 128 + the signal, as shells report it), "
+          "sent to any process of the run"),
+)  # fmt: skip
+"""Every exit code of ``grpokit train | sft | demo`` and what it means (docs/exit-codes.md shows the same table)."""
+
+
+def exit_codes_table() -> str:
+    """EXIT_CODES as the Markdown table of docs/exit-codes.md (put there at build time by docs/hooks/reference.py)."""
+    return "\n".join(["| exit code | meaning |", "|---|---|", *(f"| {code} | {text} |" for code, text in EXIT_CODES)])
 
 
 def _print_table(before: float | None, after: float | None) -> None:
@@ -44,8 +65,13 @@ def _print_table(before: float | None, after: float | None) -> None:
     for column in ("held-out accuracy", "before", "after", "change"):
         table.add_column(column)
     if before is not None and after is not None:
-        table.add_row("greedy pass@1", f"{before:.1%}", f"{after:.1%}", f"{after - before:+.1%}")
+        table.add_row("greedy pass@1", f"{before:.1%}", f"{after:.1%}", _points(after - before))
     result_console().print(table)
+
+
+def _points(difference: float) -> str:
+    """A change of accuracy in percentage points (0.050 -> 0.955: "+90.5 points", not "+90.5%")."""
+    return f"{difference * 100:+.1f} points"
 
 
 def _print_tool_table(results: dict) -> None:
@@ -60,7 +86,7 @@ def _print_tool_table(results: dict) -> None:
     for key, label in (("tool", "with the tool"), ("no_tool", "without it")):
         b, a = results["before"][key], results["after"][key]
         table.add_row(
-            label, f"{b['accuracy']:.1%}", f"{a['accuracy']:.1%}", f"{a['accuracy'] - b['accuracy']:+.1%}",
+            label, f"{b['accuracy']:.1%}", f"{a['accuracy']:.1%}", _points(a["accuracy"] - b["accuracy"]),
             f"{b['called_tool']:.0%} -> {a['called_tool']:.0%}",
         )  # fmt: skip
     result_console().print(table)
@@ -109,8 +135,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
         results = run_demo(
             overrides, resume=args.resume, overwrite=args.overwrite, log=lambda m: print(m, file=sys.stderr)
         )
-    except (ConfigError, DataError, TrainingError) as e:
-        return _fail(args, f"demo tools: {e}", 2)
+    except (ConfigError, DataError) as e:
+        return _fail(args, f"demo tools: {e}", EXIT_USAGE)
+    except TrainingError as e:  # by kind (EXIT_CODES)
+        line, code = error_line(e)
+        return _fail(args, f"demo tools: {line}", code)
     _print_tool_table(results)
     print(f"done: training {results['train_seconds']:.0f}s, results {results['output_dir']}/demo_results.json")
     return 0
@@ -305,9 +334,7 @@ def cmd_sft(args: argparse.Namespace) -> int:
 
 def _run(cfg, args: argparse.Namespace, trainer_cls=None) -> int:
     from grpokit.config.schema import ConfigError
-    from grpokit.core.errors import TrainingError
     from grpokit.data.prompts import DataError
-    from grpokit.model.checkpoint import CheckpointError
     from grpokit.trainers.grpo import GRPOTrainer
 
     start = time.perf_counter()
@@ -319,16 +346,13 @@ def _run(cfg, args: argparse.Namespace, trainer_cls=None) -> int:
             allow_changed_config=args.allow_changed_config,
         )
         summary = trainer.train()
-    except (ConfigError, DataError, TrainingError) as e:
-        return _fail(args, str(e), 2)
-    except CheckpointError as e:
-        return _fail(args, str(e), 1)
-    except Exception as e:  # a full disk anywhere (the lock, config.yaml, logs): named, with the free space
-        from grpokit.core.files import disk_full_message, no_space
-
-        if not no_space(e):
-            raise
-        return _fail(args, disk_full_message(e, folder=Path(cfg.train.output_dir)), 1)
+    except (ConfigError, DataError) as e:  # their messages say which key, row or file
+        return _fail(args, str(e), EXIT_USAGE)
+    except Exception as e:  # by kind: the class named, its exit code (EXIT_CODES)
+        line, code = error_line(e, Path(cfg.train.output_dir))
+        if line is None:
+            raise  # unforeseen: main()'s one line, exit 1
+        return _fail(args, line, code)
     if int(os.environ.get("RANK", "0")) > 0:
         return 0  # under torchrun rank 0 alone reports
     if summary.get("stopped_by"):
@@ -354,6 +378,26 @@ def _run(cfg, args: argparse.Namespace, trainer_cls=None) -> int:
         flush=True,
     )  # a result: stdout, with the table (progress and notices are on stderr)
     return 0
+
+
+def error_line(error: BaseException, folder: Path | None = None) -> tuple[str | None, int]:
+    """(the one line a run's ``error`` is reported with, "Class: message" with the class EXIT_CODES names; its
+    exit code) by kind (grpokit.core.errors.exit_code): I/O as RunIOError (a full disk with the free space,
+    ``folder``'s when the path is not known), grpokit's own kinds by their class; (None, 1) for anything
+    else (a bug: main() reports it with its traceback on request)."""
+    from grpokit.core.errors import EXIT_IO, RunIOError, TrainingError, exit_code
+    from grpokit.core.files import disk_full_message, no_space
+    from grpokit.model.checkpoint import CheckpointError
+
+    if isinstance(error, RunIOError):  # a checkpoint that could not be written: its message names the cause
+        return f"RunIOError: {error}", EXIT_IO
+    if no_space(error):  # anywhere (the lock, config.yaml, the logs): with the free space
+        return f"RunIOError: {disk_full_message(error, folder=folder)}", EXIT_IO
+    if isinstance(error, OSError):
+        return f"RunIOError: {type(error).__name__}: {error}", EXIT_IO
+    if isinstance(error, (TrainingError, CheckpointError)):
+        return f"{type(error).__name__}: {error}", exit_code(error)
+    return None, exit_code(error)
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
@@ -453,7 +497,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="grpokit",
         description="GRPO-family RL fine-tuning with verifiable rewards",
-        epilog="exit codes: 0 done, 1 run failed, 2 usage error, 130/143 stopped by SIGINT/SIGTERM (checkpoint saved)",
+        epilog="exit codes (docs/exit-codes.md):\n" + "\n".join(f"  {code:<4} {text}" for code, text in EXIT_CODES),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--debug", action="store_true", help="show tracebacks (also GRPOKIT_DEBUG=1)")
     common = argparse.ArgumentParser(add_help=False)
@@ -608,11 +653,10 @@ def _main(argv: list[str] | None = None) -> int:
     except Exception as e:  # anything unforeseen: one line, the traceback only on request
         if _debug(args):
             raise
-        from grpokit.core.files import disk_full_message, no_space
-
-        if no_space(e):  # a full disk: named as such, with the path and its free space when known
-            print(f"grpokit: {disk_full_message(e)}", file=sys.stderr)
-            return 1
+        line, code = error_line(e)
+        if line is not None:  # a kind of grpokit's own (a full disk: named as such, with its free space)
+            print(f"grpokit: {line}", file=sys.stderr)
+            return code
         first = str(e).strip().splitlines()[0] if str(e).strip() else ""
         print(
             f"grpokit: error: {type(e).__name__}: {first} (run again with --debug for the traceback)",

@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from grpokit.core.errors import ConfigError
+from grpokit.core.errors import ConfigError, RunIOError
 from grpokit.core.files import free_bytes, no_space, size_text
 
 STATE_FILE = "trainer_state.pt"
@@ -40,6 +40,11 @@ _PARTIAL_DIR = re.compile(r"^step_(\d+)\.tmp$")
 
 class CheckpointError(RuntimeError):
     pass
+
+
+class CheckpointWriteError(CheckpointError, RunIOError):
+    """A checkpoint could not be written (disk full, a quota, a folder gone): I/O, exit 5
+    (grpokit.core.errors); the partial folder is removed, earlier checkpoints are intact."""
 
 
 def rng_state() -> dict[str, Any]:
@@ -90,7 +95,7 @@ def save_checkpoint(
         shutil.rmtree(tmp, ignore_errors=True)
         if not isinstance(e, Exception):
             raise  # KeyboardInterrupt, SystemExit: the half checkpoint is gone, the stop goes on
-        raise CheckpointError(_write_failed(directory, e, written)) from e
+        raise CheckpointWriteError(_write_failed(directory, e, written)) from e
     if directory.exists():
         shutil.rmtree(directory)
     tmp.rename(directory)
