@@ -20,3 +20,13 @@ def test_the_model_alone_names_the_model_and_the_missing_data(tmp_path, capsys):
 def test_print_config_still_prints_the_model_alone(capsys):
     assert main(["train", "model.name_or_path=./m", "--print-config"]) == 0
     assert "name_or_path: ./m" in capsys.readouterr().out
+
+
+def test_the_demo_tables_change_is_in_points(capsys):
+    """The demo's table said '+90.5%' for 5.0% -> 95.5% (issue 52, item 6): a change of accuracy is in points."""
+    from grpokit.cli.main import _points, _print_table
+
+    _print_table(0.05, 0.955)
+    out = capsys.readouterr().out
+    assert "+90.5 points" in out and "+90.5%" not in out
+    assert _points(-0.0125) == "-1.2 points"
