@@ -9,13 +9,14 @@ import threading
 from collections.abc import Callable
 from typing import TypeVar
 
-from grpokit.core.errors import TrainingError
+from grpokit.core.errors import EngineError, TrainingError
 
 T = TypeVar("T")
 
 
-class WeightSyncError(TrainingError):
-    """The engine's weights are not the trainer's when they should be (a push that did not arrive)."""
+class WeightSyncError(EngineError):
+    """The engine's weights are not the trainer's when they should be (a push that did not arrive): an engine
+    failure (exit 4, grpokit.core.errors)."""
 
 
 class WeightSyncTimeout(WeightSyncError):
@@ -27,8 +28,9 @@ class VLLMUnavailable(TrainingError):
     """vLLM cannot be imported here; the message says how to install it."""
 
 
-class VLLMServerError(TrainingError):
-    """The vLLM server of rollout.vllm.server_url did not answer, stopped answering or failed a call."""
+class VLLMServerError(EngineError):
+    """The vLLM server of rollout.vllm.server_url did not answer, stopped answering or failed a call: an engine
+    failure (exit 4, grpokit.core.errors)."""
 
 
 def within(seconds: float, what: str, work: Callable[[], T]) -> T:
@@ -37,9 +39,14 @@ def within(seconds: float, what: str, work: Callable[[], T]) -> T:
     the process's exit); after a timeout it is left running, and the engine's weights are unknown: the run
     stops, it does not retry."""
     done: dict[str, object] = {}
+    device = _cuda_device()  # a thread starts on CUDA device 0: the caller's (torchrun: its local rank) carried over
 
     def run() -> None:
         try:
+            if device is not None:
+                import torch
+
+                torch.cuda.set_device(device)
             done["value"] = work()
         except BaseException as e:  # noqa: BLE001 (carried to the caller's thread)
             done["error"] = e
@@ -56,3 +63,13 @@ def within(seconds: float, what: str, work: Callable[[], T]) -> T:
     if "error" in done:
         raise done["error"]  # type: ignore[misc]
     return done["value"]  # type: ignore[return-value]
+
+
+def _cuda_device() -> int | None:
+    """The caller's current CUDA device, or None where CUDA was not initialised (nothing to carry over)."""
+    import sys
+
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_initialized():
+        return None
+    return torch.cuda.current_device()

@@ -69,7 +69,7 @@ LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 def lora_config(model: torch.nn.Module):
     """The PEFT LoRA config of ``model``'s active adapter, or None (not a PEFT model, or not LoRA)."""
     configs = getattr(model, "peft_config", None)
-    if not configs:
+    if not configs or not hasattr(model, "get_base_model"):  # a PeftModel (grpokit's LoRA policies are)
         return None
     config = configs.get(getattr(model, "active_adapter", "default"))
     return config if str(getattr(config, "peft_type", "")).endswith("LORA") else None
