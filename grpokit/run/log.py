@@ -63,6 +63,8 @@ SUMMARY_FORMATS: tuple[tuple[str, str], ...] = (
     ("time/step", "{:.2f} s/step"),
     ("tokens_per_s", "{:.0f} tok/s"),
 )
+LOSS_FORMAT = "loss {:.4f}"
+"""A run without rewards (grpokit sft) shows its loss first, and the last held-out loss beside it (issue 52)."""
 
 _tensorboard_warned = False  # warn once per process, not once per run, when tensorboard is missing
 
@@ -132,6 +134,7 @@ class RunLogger:
             raise
 
         self._console = console
+        self._eval_loss: float | None = None  # the last held-out loss, shown on a run's step lines without rewards
         # (monotonic time, step) at the first log_step of this process: the ETA is measured from there,
         # so a resumed run does not count the steps it did not do.
         self._eta_origin: tuple[float, int] | None = None
@@ -171,6 +174,8 @@ class RunLogger:
         values = _numeric_metrics(metrics)
         _write_jsonl_line(self._eval_file, {"step": step, **values})
         self._add_scalars("eval/", step, values)
+        if isinstance(values.get("loss"), numbers.Real):
+            self._eval_loss = float(values["loss"])
         if self._console:
             shown = ", ".join(f"{key} {_format_value(value)}" for key, value in values.items())
             self.print(f"eval @ step {step}: {shown}")
@@ -239,9 +244,11 @@ class RunLogger:
             tracker.log(step, given)
 
     def _show_step(self, step: int, values: dict[str, float | int | None]) -> None:
-        summary = " | ".join(
-            fmt.format(values[key]) for key, fmt in SUMMARY_FORMATS if values.get(key) is not None
-        )
+        shown = [fmt.format(values[key]) for key, fmt in SUMMARY_FORMATS if values.get(key) is not None]
+        if values.get("reward/total/mean") is None and values.get("loss") is not None:  # SFT: its loss first
+            held_out = [] if self._eval_loss is None else [f"eval {LOSS_FORMAT.format(self._eval_loss)}"]
+            shown = [LOSS_FORMAT.format(values["loss"]), *held_out, *shown]
+        summary = " | ".join(shown)
         eta = self._eta(step, values.get("time/step"))
         if self._progress is not None:
             self._progress.update(self._task, completed=step, eta=eta, summary=summary)
