@@ -237,6 +237,7 @@ def test_every_preset_is_complete_and_cites_its_paper():
         "top_entropy_quantile",
         "cov_penalty",
         "reward_aggregation",
+        "teacher_kl_coef",  # issue 53: on-policy distillation's weight
         "cov_ratio",
         "kl_cov_coef",
         "clip_cov_lb",
