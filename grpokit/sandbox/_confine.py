@@ -198,13 +198,13 @@ def apply_seccomp(libc, unix_only: bool = True) -> None:
         raise OSError(err, f"seccomp: {os.strerror(err)}")
 
 
-def _read(proc: int, path: str, limit: int = 1 << 16) -> bytes:
+def _read(proc: int, path: str, limit: int = 1 << 12) -> bytes:
     """Up to `limit` bytes of `path` under the guard's procfs (its descriptor `proc`)."""
     fd = os.open(path, os.O_RDONLY, dir_fd=proc)
     try:
         out = b""
         while len(out) < limit:
-            chunk = os.read(fd, limit - len(out))
+            chunk = os.read(fd, min(limit - len(out), 1 << 16))
             if not chunk:
                 break
             out += chunk
