@@ -16,7 +16,14 @@
 #                the CPU and packed micro-batches (beta 0), then with the reference too (beta 0.04, offloaded)
 #     extras     0.5b standard without gradient checkpointing; with the dynamic KV cache
 #     xlong      0.5b, completion 4096, beside TRL (the memory shape)
-#     profile    0.5b standard: torch.profiler over one step (scripts/profile_step.py): phases, top kernels
+#     bounds     issue 49: 0.5b standard and long, grpokit alone: each phase's time against its bound on this card
+#                (the bench's "bounds": decode bytes / bandwidth, reference and update FLOP / peak, datasheet rates)
+#     profile    0.5b standard: torch.profiler over one step (scripts/profile_step.py): per phase its top kernels
+#                and the gaps between them -> $OUT/profile.txt, profile.json
+#     profile-long   the same on the long shape -> $OUT/profile-long.txt, profile-long.json
+#
+# Issue 49 item 1 in two device calls of under 10 minutes: `bounds profile` (at most 200 + 200 + 150 s), then
+# `profile-long` (240 s); the first call builds the random 0.5b model (kept in $GRPOKIT_CACHE for the second).
 #
 # Each part has its own time limit (a hang costs that part, not the call); each bench appends its JSON
 # result, labelled, to $OUT/results.jsonl and its table to $OUT/log.txt (the device tool brings back at
@@ -115,11 +122,17 @@ for part in "$@"; do
       bench standard-no-checkpointing 100 --shape standard --model-size 0.5b --steps 3 --no-gradient-checkpointing
       bench standard-dynamic 100 --shape standard --model-size 0.5b --steps 3 --kv-cache dynamic
       ;;
-    profile)
-      echo "=== profile ($(date -u +%T))" | tee -a "$LOG"
-      timeout -k 10 150 python3 scripts/profile_step.py --model-size 0.5b --shape standard --out "$OUT/profile.txt" \
-        > /dev/null 2>> "$LOG"
-      echo "=== profile: exit $? ($(date -u +%T))" | tee -a "$LOG"
+    bounds)
+      bench bounds-standard 200 --shape standard --model-size 0.5b --steps 3
+      bench bounds-long 200 --shape long --model-size 0.5b --steps 2
+      ;;
+    profile | profile-long)
+      shape=standard limit=150
+      [ "$part" = profile-long ] && shape=long limit=240
+      echo "=== $part ($(date -u +%T))" | tee -a "$LOG"
+      timeout -k 10 $limit python3 scripts/profile_step.py --model-size 0.5b --shape $shape --warmup 2 \
+        --out "$OUT/$part.txt" --json "$OUT/$part.json" > /dev/null 2>> "$LOG"
+      echo "=== $part: exit $? ($(date -u +%T))" | tee -a "$LOG"
       ;;
     xlong) bench xlong 500 --shape xlong --model-size 0.5b --steps 2 --compare trl ;;
     *) echo "unknown part $part" | tee -a "$LOG" ;;

@@ -1,68 +1,61 @@
-"""Where a GRPO step's device time goes: torch.profiler over one bench step, after warm-up steps.
+"""Where a GRPO step's device time goes: torch.profiler over one bench step, after warm-up steps, phase by phase.
 
-    python scripts/profile_step.py --model-size 0.5b --shape standard --out runs/profile.txt
+    python scripts/profile_step.py --model-size 0.5b --shape standard --out runs/profile.txt --json runs/profile.json
+    python scripts/profile_step.py --model-size tiny --shape tiny --warmup 1      # a CPU smoke run
 
-The bench's random model and shape (grpokit.bench), the bench's settings; the phases of the step
-(rollout, old/reference log-probs, update) are marked as profiler ranges, so the table shows each
-phase's device time beside the kernels that fill it. Prints, and writes to ``--out``: the phases, the
-top kernels by self device time, the top operators by self CPU time, and the step's wall clock against
-the summed kernel time (how much of the step the device sat idle waiting for the host). A diagnosis
-tool for the GPU sessions (scripts/gpu_session.sh, part ``profile``); it asserts nothing.
+The bench's random model and shape (grpokit.bench), the bench's settings. Each phase of the step (generation, the
+reference's and old log-probs, the update) is a profiler range (grpokit.bench.profile.MARKS); for each, printed and
+written to ``--out`` (and as JSON to ``--json``): its wall time, the time its kernels (operators on a CPU) ran, the
+gaps between them (the device idle, waiting on the host) with the largest named by the kernels on either side, and
+its top kernels by time; then the whole step's top kernels and, on CUDA, its top operators by host time. A
+diagnosis tool for the GPU sessions (scripts/gpu_session.sh, parts ``profile`` and ``profile-long``).
 """
 
 from __future__ import annotations
 
 import argparse
-import functools
+import json
 import tempfile
 import time
 from pathlib import Path
 
 import torch
-from torch.profiler import ProfilerActivity, profile, record_function
+from torch.profiler import ProfilerActivity, profile
 
 from grpokit.bench.model import build_random_model, n_words, random_prompts, random_reward
+from grpokit.bench.profile import format_report, mark_phases, phase_report, profile_spans
 from grpokit.bench.run import bench_overrides, resolve_shape
 from grpokit.config.schema import load_config
 from grpokit.model.loading import load_tokenizer
 from grpokit.trainers.grpo import GRPOTrainer
 
 
-def marked(label: str, fn):
-    """``fn`` run inside a profiler range named ``label``."""
-
-    @functools.wraps(fn)
-    def run(*args, **kwargs):
-        with record_function(label):
-            return fn(*args, **kwargs)
-
-    return run
-
-
-def main() -> None:
+def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model-size", default="0.5b")
     ap.add_argument("--shape", default="standard")
     ap.add_argument("--warmup", type=int, default=2, help="unprofiled steps first (CUDA graphs are recorded in step 1)")
-    ap.add_argument("--rows", type=int, default=30, help="rows of each table")
+    ap.add_argument("--rows", type=int, default=15, help="kernels listed per phase, and rows of the step's tables")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a config override")
+    ap.add_argument("--cache-dir", help="where the random model is built and kept (default $GRPOKIT_CACHE/bench)")
     ap.add_argument("--out", default="runs/profile.txt")
-    args = ap.parse_args()
+    ap.add_argument("--json", help="also write the per-phase report as JSON here")
+    args = ap.parse_args(argv)
+    if args.warmup < 0 or args.rows < 1:
+        ap.error(f"--warmup must be >= 0 and --rows >= 1, got {args.warmup} and {args.rows}")
 
     _, shape = resolve_shape(args.shape)
-    model_dir = build_random_model(args.model_size)
+    model_dir = build_random_model(args.model_size, args.cache_dir)
     steps = args.warmup + 1
     rows = random_prompts(shape.prompts * steps, shape.prompt_len, n_words(load_tokenizer(str(model_dir))), 0)
     opts = dict(dtype="auto", precision="auto", device="auto", gradient_checkpointing=True, full_length=True,
-                engine="fast", kv_cache="auto", cuda_graphs=True, seed=0)
+                engine="fast", kv_cache="auto", cuda_graphs=True, seed=0)  # fmt: skip
     cfg = load_config(None, [*bench_overrides(shape, steps, algo="grpo", beta=None, **opts), *args.set])
     cfg.model.name_or_path = str(model_dir)
     cfg.train.output_dir = tempfile.mkdtemp(prefix="grpokit-profile-")  # the run folder: not beside --out
     trainer = GRPOTrainer(cfg, train_rows=rows, reward_functions=[("random", random_reward(0), 1.0)],
-                          overwrite=True)
-    trainer.sampler.rollout = marked("phase: rollout (generate + score)", trainer.sampler.rollout)
-    trainer.updater.rollout_logprobs = marked("phase: old/reference log-probs", trainer.updater.rollout_logprobs)
-    trainer.updater.update = marked("phase: update", trainer.updater.update)
+                          overwrite=True)  # fmt: skip
+    mark_phases(trainer)
     dev = trainer.learner.device
     cuda = dev.type == "cuda"
 
@@ -78,27 +71,28 @@ def main() -> None:
             torch.cuda.synchronize(dev)
     wall = time.perf_counter() - t0
 
+    report = phase_report(*profile_spans(prof, cuda), top=args.rows)
+    kernel = "kernel" if cuda else "operator"
+    device = torch.cuda.get_device_name(dev) if cuda else f"cpu ({torch.get_num_threads()} threads)"
+    lines = [f"device: {device}; shape {args.shape}, model {args.model_size}, overrides {args.set}",
+             f"profiled step: {wall:.3f} s wall clock (with the profiler's overhead)", ""]  # fmt: skip
+    lines += format_report(report, kernel)
     events = prof.key_averages()
-    device_key = "self_device_time_total" if cuda else "self_cpu_time_total"
-    kernel_us = sum(getattr(e, "self_device_time_total", 0.0) for e in events) if cuda else 0.0
-    phases = [e for e in events if e.key.startswith("phase: ")]
-    lines = [f"device: {torch.cuda.get_device_name(dev) if cuda else 'cpu'}; shape {args.shape}, "
-             f"model {args.model_size}, overrides {args.set}",
-             f"profiled step wall clock {wall:.3f} s (with profiler overhead); summed kernel time "
-             f"{kernel_us / 1e6:.3f} s ({kernel_us / 1e6 / wall:.0%} of the wall clock)" if cuda else
-             f"profiled step wall clock {wall:.3f} s"]
-    for e in phases:
-        dev_s = getattr(e, "device_time_total", 0.0) / 1e6
-        lines.append(f"  {e.key}: CPU {e.cpu_time_total / 1e6:.3f} s, device {dev_s:.3f} s, calls {e.count}")
-    lines += ["", f"top {args.rows} by self {'device' if cuda else 'CPU'} time:",
-              events.table(sort_by=device_key, row_limit=args.rows, max_name_column_width=70)]
+    key = "self_device_time_total" if cuda else "self_cpu_time_total"
+    lines += ["", f"the whole step, top {args.rows} {kernel}s by self {'device' if cuda else 'CPU'} time:",
+              events.table(sort_by=key, row_limit=args.rows, max_name_column_width=70)]  # fmt: skip
     if cuda:
-        lines += ["", f"top {args.rows} by self CPU time:",
-                  events.table(sort_by="self_cpu_time_total", row_limit=args.rows, max_name_column_width=70)]
+        lines += ["", f"top {args.rows} operators by self CPU time (the host's side):",
+                  events.table(sort_by="self_cpu_time_total", row_limit=args.rows, max_name_column_width=70)]  # fmt: skip
     text = "\n".join(lines)
     print(text)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(text + "\n")
+    result = {"device": device, "shape": args.shape, "model_size": args.model_size, "overrides": args.set,
+              "step_wall_s": wall, "phases": report}  # fmt: skip
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=2))
+    return result
 
 
 if __name__ == "__main__":

@@ -36,7 +36,9 @@ Whether the decode replayed CUDA graphs is the trainer's ``rollout/cuda_graphs``
 
 Modules: ``shapes`` (model and step shapes), ``model`` (the random model, prompts, reward), ``run``
 (timing a trainer run), ``memory`` (memory by role), ``update_memory`` (``--memory``: the update alone,
-padded, packed and TRL's), ``plan`` (``--plan``), ``roofline`` (the decode bound), ``trl`` (TRL's
+padded, packed and TRL's), ``plan`` (``--plan``), ``roofline`` (each phase's bound on the device: bytes over
+bandwidth for decoding, FLOP over peak for the reference pass and the update; the result's ``bounds``), ``profile``
+(scripts/profile_step.py's phases: top kernels and the gaps between them), ``trl`` (TRL's
 side), ``report`` (the tables), ``learn`` (learning beside TRL: ``--learn``), ``async_runs`` (asynchronous
 rollouts against the synchronous loop: ``--async``), ``curves`` (a run's accuracy against training seconds, read
 from its output folder), ``cli`` (``grpokit bench``).
