@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import time
 
 import pytest
@@ -184,6 +185,19 @@ def test_sigterm_to_the_trainer_while_its_sampler_is_stopped_ends_the_run_with_1
     (stopped,) = lines_of(err, "grpokit: stopped by SIGTERM after step ")
     assert "continue with --resume" in stopped
     assert verify_checkpoint(list_checkpoints(out / "checkpoints")[-1]) is None
+
+
+def test_a_vllm_server_that_is_down_exits_4_naming_vllm_server_error(run):
+    """rollout.vllm.mode=server with nothing listening at rollout.vllm.server_url (a port just closed): an engine
+    failure (37165e5: 2, the usage error's code). Needs no vLLM here: the client is HTTP."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    code, err, _ = run("score", "rollout.engine=vllm", "rollout.vllm.mode=server", "rollout.vllm.server_timeout_s=1",
+                       f"rollout.vllm.server_url=http://127.0.0.1:{port}")  # fmt: skip
+    assert code == 4, err
+    (line,) = lines_of(err, "grpokit: VLLMServerError: no vLLM server answered at http://127.0.0.1:")
+    assert "Connection refused" in line and "grpokit vllm-serve" in line
 
 
 def test_a_config_error_exits_2(run):
