@@ -45,13 +45,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pyarrow as pa
-import pyarrow.parquet as pq
 import torch
 
 from grpokit.algos.token_terms import token_terms
+
+if TYPE_CHECKING:  # pyarrow is imported where files are written or read: not on `import grpokit.trainers.grpo`
+    import pyarrow as pa
 
 ROLLOUTS_DIR = "rollouts"
 GROUND_TRUTH_COLUMNS = ("answer", "solution", "ground_truth", "reference", "target", "label")
@@ -142,6 +143,9 @@ def write_rollouts(
     ScoredBatch ``batch``, the ``recorder`` the update filled, the step's ``advantages`` (N,) or (N, Lc) and
     the run's AlgoSettings ``algo``; ``ground_truth_column``: the column holding each row's ground truth (the
     accuracy reward's), None to look for one of GROUND_TRUTH_COLUMNS."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
     loss_kwargs = algo.loss_kwargs()
     r = batch.rollout
     lengths = r.attention_mask.sum(1).long()  # (N,) tokens after the prompt (multi-turn: the tools' too)
@@ -224,6 +228,9 @@ def write_rollouts(
 def read_rollouts(path: str | Path) -> tuple[pa.Table, dict[str, Any]]:
     """(table, metadata) of one file written by ``write_rollouts``. Raises ValueError naming the file when
     it is not one."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
     try:
         table = pq.read_table(path)
     except (OSError, pa.ArrowInvalid) as e:
