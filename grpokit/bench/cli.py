@@ -462,7 +462,10 @@ def add_bench_parser(subparsers) -> None:
         description=(
             "Time GRPO training steps of a randomly initialised Qwen2 model on a fixed shape "
             f"({', '.join(f'{k}: {v.prompts}x{v.group_size}, prompt {v.prompt_len}, completion {v.completion_len}' for k, v in BENCH_SHAPES.items())}). "
-            "Completions always run to the full length. Prints a table and one 'RESULT {json}' line."
+            "Completions always run to the full length. Prints a table, each phase (generation, reference, update) "
+            "against its bound on the device it ran on (bytes over bandwidth, FLOP over peak; grpokit.bench.roofline) "
+            "and one 'RESULT {json}' line. An option the chosen bench (--plan, --memory, --learn, --async, --mode sft "
+            "or the step bench) does not read is refused by name."
         ),
     )
     add_bench_options(p)
@@ -527,7 +530,7 @@ def add_bench_options(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--quick", action="store_true", help="--learn: 1 seed x 20 steps, a smoke run")
     p.add_argument(
-        "--task", default="sum", help="--learn: sum | twin (two rewards) | tools (multi-turn, a tool; no TRL arm)"
+        "--task", default="sum", help="--learn: sum | twin (two rewards) | tools (multi-turn, a tool; no TRL arm) | mixed"
     )
     p.add_argument("--train-size", type=int, help="--learn: the first N training prompts (default: all)")
     p.add_argument(

@@ -47,11 +47,13 @@ from typing import Any
 from grpokit.bench.shapes import BenchError
 from grpokit.core.clock import cpu_seconds
 
-TASKS = ("sum", "twin", "tools")
+TASKS = ("sum", "twin", "tools", "mixed")
 """--task: sum (the default demo's addition, one reward), twin (subtraction from its own warm start, two rewards:
 a strict answer format and the answer's correctness), tools (the tools demo's 4-digit multiplication with a
-``multiply`` tool: multi-turn episodes; grpokit arms only, see ``TRL_TASKS``)."""
-TRL_TASKS = ("sum", "twin")
+``multiply`` tool: multi-turn episodes; grpokit arms only, see ``TRL_TASKS``), mixed (the addition model on a pool
+half of which is multiplication it cannot do: a dataset with many prompts that never teach, where a prompt's
+history has something to say; training and held-out rows alike)."""
+TRL_TASKS = ("sum", "twin", "mixed")
 """Tasks TRL runs here: TRL 1.16's tool loop parses calls through its own chat-template schema, which the
 tools demo's tiny template does not carry, so the tools task compares grpokit's arms only."""
 
@@ -85,6 +87,7 @@ KIND_DEFAULTS = {
     "sum": {},
     "twin": {},
     "tools": {"prompts_per_step": 8, "max_new_tokens": 40, "lr": 3e-4, "eval_size": 100},
+    "mixed": {},
 }
 """Each task's batch and length where they differ from LearnTask's (the tools task's: the tools demo's)."""
 
@@ -146,7 +149,9 @@ def task_data(task: LearnTask) -> tuple[Path, list[dict], list[dict]]:
     from grpokit.demos.default import DemoSpec, make_problems, prepare_demo, shipped_model
 
     if task.kind == "twin":
-        paths = prepare_demo(_twin_spec(), problems=twin_problems, teacher=twin_teacher, prefix="learn-twin", log=_say)
+        paths = prepare_demo(
+            _twin_spec(), problems=twin_problems, teacher=twin_teacher, prefix="learn-twin", log=_say
+        )
         train_rows, eval_rows = twin_problems(_twin_spec())
         return paths["model"], train_rows[: task.train_size], eval_rows[: task.eval_size]
     spec = DemoSpec()
@@ -157,7 +162,18 @@ def task_data(task: LearnTask) -> tuple[Path, list[dict], list[dict]]:
             "python -m grpokit.demos.shipped"
         )
     train_rows, eval_rows = make_problems(spec)
+    if task.kind == "mixed":
+        train_rows, eval_rows = mixed_rows(train_rows), mixed_rows(eval_rows)
     return model_dir, train_rows[: task.train_size], eval_rows[: task.eval_size]
+
+
+def mixed_rows(rows: list[dict]) -> list[dict]:
+    """Every other row of the addition task as the multiplication of the same operands (a*b=, answer a*b)."""
+    out = []
+    for i, row in enumerate(rows):
+        a, b = (int(x) for x in row["prompt"][:-1].split("+"))
+        out.append(row if i % 2 == 0 else {"prompt": f"{a}*{b}=", "answer": str(a * b)})
+    return out
 
 
 def _say(message: str) -> None:
