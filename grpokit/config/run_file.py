@@ -147,6 +147,9 @@ def importable_spec(fn: Any, module: str, qualname: str | None) -> tuple[str | N
         return None, f"a callable {type(fn).__qualname__} object, not a function"
     if module == "__main__":
         return None, "a function of the running script (__main__); move it to a module to name it"
+    if "<" in qualname and module.startswith("grpokit."):
+        return None, ("a function grpokit built (a builtin reward given by name in code, or made with parameters); "
+                      "name it in rewards (e.g. name: math_accuracy, with its kwargs)")  # fmt: skip
     if "<" in qualname:
         return None, "a lambda or a function defined inside another"
     loaded = sys.modules.get(module)
