@@ -17,7 +17,7 @@ from grpokit.algos.advantages import group_local
 from grpokit.algos.multi_reward import normalize_then_sum
 from grpokit.rollout.batch import ScoredBatch
 from grpokit.train.distributed import Distributed
-from grpokit.train.update import loss_mask
+from grpokit.train.minibatch import loss_mask
 
 
 def batch_advantages(

@@ -42,7 +42,7 @@ from grpokit.model.logprobs import base_model, scoring_states
 from grpokit.rollout.batch import length_sorted, step_seed
 from grpokit.train.distributed import Distributed
 from grpokit.train.learner import Learner
-from grpokit.train.update import loss_mask, micro_tensors, mini_batch_order, rows_no_grad
+from grpokit.train.minibatch import loss_mask, micro_tensors, mini_batch_order, rows_no_grad
 
 CRITIC_DIR = "critic"
 """The critic's Hugging Face folder inside each checkpoint."""

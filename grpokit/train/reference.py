@@ -42,7 +42,7 @@ from grpokit.model.precision import Precision
 from grpokit.rollout.generation import Rollout
 from grpokit.train.distributed import Distributed
 from grpokit.train.learner import MicroBatchSize
-from grpokit.train.update import eval_logprobs
+from grpokit.train.minibatch import eval_logprobs
 
 
 @dataclasses.dataclass
