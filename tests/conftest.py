@@ -10,7 +10,7 @@ import torch
 _WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0") or 0)
 
 # The asynchronous sampler process (rollout.max_staleness >= 1) is a fork on a CPU-only run by default and a
-# spawned interpreter on a GPU (grpokit.train.async_sampler.start_method). The suite runs the spawned one, the
+# spawned interpreter on a GPU (grpokit.collect.async_sampler.start_method). The suite runs the spawned one, the
 # path a GPU run takes (the CPU cannot run it otherwise); tests of the fork set GRPOKIT_SAMPLER_START=fork.
 os.environ.setdefault("GRPOKIT_SAMPLER_START", "spawn")
 if _WORKERS > 1:

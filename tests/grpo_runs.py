@@ -4,9 +4,9 @@ step was given (``spies``)."""
 
 from tiny_model import make_tiny_model
 
+from grpokit.collect.sampler import Sampler
 from grpokit.config.schema import load_config
 from grpokit.train.critic import Critic
-from grpokit.train.sampler import Sampler
 from grpokit.train.update import PolicyUpdate
 from grpokit.trainers.grpo import GRPOTrainer
 

@@ -116,7 +116,7 @@ def check_critic(cfg: Any) -> None:
 
 
 def check_async(rollout: Any) -> None:
-    """rollout.max_staleness >= 1 (asynchronous rollouts, grpokit.train.async_sampler) with what it cannot run
+    """rollout.max_staleness >= 1 (asynchronous rollouts, grpokit.collect.async_sampler) with what it cannot run
     with yet: refused with the reason; rollout.sync_every without it would be ignored: refused too."""
     k = rollout.max_staleness
     if not k:

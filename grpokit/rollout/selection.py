@@ -23,7 +23,7 @@ Worked example (explore_start 0.5): a prompt all solved on its last 2 visits is 
 0.5^2 = 0.25 when the stream reaches it; skipped, it comes back on the next pass over the data and is drawn
 again. One solved on its last visit and informative before: 0.5. Informative last time: always generated.
 
-The Sampler (grpokit.train.sampler) then refills (data.selection.refill): groups that still come out flat
+The Sampler (grpokit.collect.sampler) then refills (data.selection.refill): groups that still come out flat
 are dropped and more prompts are generated until the step has rollout.prompts_per_step informative groups,
 each extra round sized by the share of flat groups seen so far (GRESO's adaptive batch). Never a silent
 narrowing: the share skipped is in the metrics every step (selection/skipped_frac); a step that could not

@@ -196,7 +196,7 @@ TRAIN: dict[str, Metric] = {
         "effective sample size of those weights over the loss tokens, (sum w)^2 / (n sum w^2): 1 = all equal",
         "a mismatch correction",
     ),
-    # asynchronous rollouts: grpokit.train.async_sampler
+    # asynchronous rollouts: grpokit.collect.async_sampler
     "async/staleness_mean": Metric(
         "steps", "mean over the trained samples of the steps between their policy version and the trainer's",
         "rollout.max_staleness >= 1",

@@ -36,7 +36,7 @@ so the trainer calls them unconditionally. Under torchrun:
 - what it knows is ranks, sizes and reductions (sum, max, gather, agree, ``reduce`` a dict of numbers as
   told, ``gather_rows`` of a batch, ``my_share``); the owners of the numbers say how they add up over
   ranks: a scored batch (grpokit.rollout.batch: ``ScoredBatch.across_ranks``, ``advantage_abs_mean``),
-  the update's sums (``UpdateStats.over_ranks``), the sampling and episode metrics (grpokit.train.sampler),
+  the update's sums (``UpdateStats.over_ranks``), the sampling and episode metrics (grpokit.collect.sampler),
   batch-wide advantage estimators (grpokit.train.advantages), a step's costs (grpokit.train.costs).
 - refused before joining, with the numbers: prompts_per_step not divisible by N or smaller than N,
   model.device=cuda:K (each rank takes cuda:LOCAL_RANK), float16 loss scaling under fsdp.

@@ -1,30 +1,10 @@
-"""The frozen reference's log-probs computed in an asynchronous run's sampler process (rollout.max_staleness >= 1,
-algo.beta > 0 or algo.kl_reward_coef > 0), beside the update instead of before it (issue 34).
+"""A frozen model's log-probs of a batch as the trainer's update computes them (the same function, micro-batches
+and precision: grpokit.train.minibatch.eval_logprobs), made from settings a process can be sent: the reference's
+in an asynchronous run's sampler process (grpokit.collect.reference says when and why), the teacher's in on-policy
+distillation (grpokit.train.teacher).
 
-The reference never changes, so its log-probs of a batch are the same whichever process computes them and
-however old the batch is: the sampler process computes them right after scoring, with the same function, the
-same micro-batches and the same precision as the trainer's update (grpokit.train.update.eval_logprobs), and
-ships them in the batch (ScoredBatch.ref_logprobs); the trainer then skips its own pass. On a CPU with one
-torch thread on both sides (the demo's), the values are bit for bit the trainer's (tested).
-
-    reference = sampler_reference(cfg, algo, dist, device, ref_model, precision)  # None: the trainer's pass
-    ref_logprobs = reference.logprobs(policy, rollout)    # (N, Lc), in the sampler process
-
-Memory: the process uses the trainer's own copy of the reference, not one of its own. Its weights travel as
-shared tensors (``shared_tensors``), never pickled: a forked process maps the trainer's pages (copy on write,
-and nothing writes them), a spawned one maps them from shared memory. With LoRA the reference is the base
-model with the adapter disabled, which the process's copy of the policy already holds: nothing more is sent.
-
-Where the trainer keeps its own pass (``sampler_reference`` returns None):
-
-- on a GPU (the sampler samples on the trainer's device; sharing the reference's CUDA weights with it is
-  not done);
-- under fsdp, whose reference is sharded over the ranks (a sampler process holds no shard group).
-
-Under torchrun with ddp each rank's process computes its own share's. The trainer's micro-batches of a padded
-``optim.micro_batch_size=auto`` on a CPU (and of packed ones) follow the longest row over all ranks, which a
-rank's process does not know: it splits by its own rows, so the values may differ from the trainer's pass in
-their float rounding (each row's forward is the same; only the padding of its micro-batch differs).
+    log_pass = ReferencePass(model, precision, device, temperature, chunk_size, micro_batch_size, tokens)
+    ref_logprobs = log_pass.logprobs(policy, rollout)    # (N, Lc); model None: the policy with its adapter off
 """
 
 from __future__ import annotations
@@ -61,7 +41,7 @@ class _NoGradRows:
 class ReferencePass:
     """The reference's log-probs of a batch as the trainer's update computes them (PolicyUpdate.logprobs_no_grad,
     through the same ``eval_logprobs``), made from settings a process can be sent. ``model``: the frozen
-    reference (its tensors travel shared, grpokit.train.async_sampler.shared_tensors), None with LoRA."""
+    reference (its tensors travel shared, grpokit.collect.async_sampler.shared_tensors), None with LoRA."""
 
     model: torch.nn.Module | None
     precision: Precision
@@ -90,24 +70,3 @@ class ReferencePass:
             )  # fmt: skip
         policy.train(was_training)
         return out
-
-
-def sampler_reference(
-    cfg,
-    algo,
-    dist: Distributed,
-    device: torch.device,
-    ref_model: torch.nn.Module | None,
-    precision: Precision,
-) -> ReferencePass | None:
-    """The reference pass an asynchronous run's sampler process makes (the module docstring); None where the
-    trainer keeps its own: a synchronous run, no reference (algo.beta = 0 and no KL in the reward), a GPU, fsdp."""
-    if not cfg.rollout.max_staleness or not algo.uses_reference:
-        return None
-    if device.type != "cpu" or (dist.active and dist.strategy == "fsdp"):
-        return None
-    optim = cfg.optim
-    return ReferencePass(
-        ref_model, precision, device, cfg.rollout.temperature, optim.logprob_chunk_size, optim.micro_batch_size,
-        optim.micro_batch_tokens if optim.packing else None,
-    )  # fmt: skip

@@ -7,8 +7,8 @@
 ``GRPOTrainer`` composes parts that each own their state; ``train_step`` passes values between them, and
 no part calls back into the trainer:
 
-    Sampler      (grpokit.train.sampler)    prompts, generator, rewards     -> ScoredBatch (rollout, rewards)
-    AsyncSampler (grpokit.train.async_sampler) rollout.max_staleness >= 1: the Sampler in a process beside the
+    Sampler      (grpokit.collect.sampler)    prompts, generator, rewards     -> ScoredBatch (rollout, rewards)
+    AsyncSampler (grpokit.collect.async_sampler) rollout.max_staleness >= 1: the Sampler in a process beside the
                  update -> ScoredBatch at most K steps old, with the policy version that sampled it
     advantages   (grpokit.train.advantages) rewards, log-probs, values      -> advantages (N,) or (N, Lc)
     PolicyUpdate (grpokit.train.update)     rollout, advantages             -> steps the Learner, update metrics
@@ -32,6 +32,18 @@ from typing import Any
 
 import torch
 
+from grpokit.collect.async_ranks import (
+    agree_on_age,
+    checkpoint_over_ranks,
+    rank_state,
+    sampler_for_process,
+    sampling_weights,
+    say_died,
+    taken_over_ranks,
+)
+from grpokit.collect.async_sampler import AsyncSampler, StopRequested, check_sendable
+from grpokit.collect.reference import sampler_reference
+from grpokit.collect.sampler import Sampler, encode_rows
 from grpokit.compat.trl.api import trl_arguments
 from grpokit.compat.trl.names import with_trl_names
 from grpokit.config.checks import check_settings_in_use, check_vllm_installed
@@ -61,23 +73,11 @@ from grpokit.run.loop import run_training
 from grpokit.run.preflight import check_context, check_positions, check_tracker_login
 from grpokit.run.state import RunState, StopOnSignals
 from grpokit.train.advantages import batch_advantages
-from grpokit.train.async_ranks import (
-    agree_on_age,
-    checkpoint_over_ranks,
-    rank_state,
-    sampler_for_process,
-    sampling_weights,
-    say_died,
-    taken_over_ranks,
-)
-from grpokit.train.async_sampler import AsyncSampler, StopRequested, check_sendable
 from grpokit.train.costs import step_costs
 from grpokit.train.critic import Critic
 from grpokit.train.distributed import Distributed
 from grpokit.train.learner import Learner, load_model
 from grpokit.train.mismatch import MismatchCorrection, MismatchGuard
-from grpokit.train.reference import sampler_reference
-from grpokit.train.sampler import Sampler, encode_rows
 from grpokit.train.teacher import Teacher, teacher_metrics
 from grpokit.train.update import PolicyUpdate
 
@@ -269,8 +269,8 @@ class GRPOTrainer:
         self.stopped_early: str | None = None  # why the run ended before train.steps (not an error)
         self._log: RunLogger | None = None  # the run's log while train() runs: samples go there
         self._stop: StopOnSignals | None = None  # the run's signals while train() runs (begin)
-        # rollout.max_staleness >= 1: batches made by a sampler process beside the update (grpokit.train.async_sampler;
-        # torchrun: one per rank for its share, grpokit.train.async_ranks); None: the synchronous loop
+        # rollout.max_staleness >= 1: batches made by a sampler process beside the update (grpokit.collect.async_sampler;
+        # torchrun: one per rank for its share, grpokit.collect.async_ranks); None: the synchronous loop
         self.async_sampler = None
         if cfg.rollout.max_staleness:
             policy = sampling_weights(self.dist, self.model, self.step)  # fsdp: the unsharded copy
@@ -333,7 +333,7 @@ class GRPOTrainer:
             entropy_control  the entropy bonus's adaptive coefficient
             mismatch         the sampler/trainer KL watch's run of steps above its limit
             async            the sampler process's last push and batches in flight (AsyncSampler; torchrun:
-                             every rank's, grpokit.train.async_ranks)"""
+                             every rank's, grpokit.collect.async_ranks)"""
         sampler = self.sampler
         state: dict[str, Any] = {
             "stream": sampler.stream.state(),
@@ -501,7 +501,7 @@ class GRPOTrainer:
     ) -> tuple[ScoredBatch, dict[str, float], dict[str, float], dict[str, float]]:
         """The asynchronous sampler's next batch, with the steps logged so far for its reward functions. Its
         process dying or stalling, or the user's code failing there, stops the run (with a checkpoint:
-        grpokit.run.loop.take_step; torchrun: on every rank, grpokit.train.async_ranks); a signal (to this process or to the sampler's) while it waits
+        grpokit.run.loop.take_step; torchrun: on every rank, grpokit.collect.async_ranks); a signal (to this process or to the sampler's) while it waits
         raises StopRequested (one process: under torchrun the ranks take their batches in step)."""
         sampler = self.async_sampler
         stopping = None
@@ -596,6 +596,6 @@ def sampler_rewards(
     cfg: Config, algo, given: list[tuple[str, Any, float]] | None
 ) -> list[tuple[str, Any, float]]:
     """The run's reward functions again, in an asynchronous run's sampler process (a fresh interpreter,
-    grpokit.train.async_sampler): ``given`` (functions given in code, which reach it by name) or cfg.rewards
+    grpokit.collect.async_sampler): ``given`` (functions given in code, which reach it by name) or cfg.rewards
     resolved there, as GRPOTrainer.reward_functions resolved them in the trainer."""
     return GRPOTrainer.reward_functions(cfg, algo, given)[0]

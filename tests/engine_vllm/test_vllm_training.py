@@ -13,9 +13,9 @@ from tiny_model import ADDITION_ROWS, SMALL_RUN  # noqa: E402
 from vllm_models import vllm_model  # noqa: E402
 
 from grpokit import GRPOTrainer, load_config  # noqa: E402
+from grpokit.collect.sampler import Sampler  # noqa: E402
 from grpokit.rollout.engines.vllm import VLLMGenerator, WeightSyncError  # noqa: E402
 from grpokit.rollout.engines.vllm.weights import trainer_weights, weight_bytes  # noqa: E402
-from grpokit.train.sampler import Sampler  # noqa: E402
 
 pytestmark = pytest.mark.slow
 

@@ -15,8 +15,8 @@ from transformers import (
     LlamaForTokenClassification,
 )
 
+from grpokit.collect.sampler import Sampler
 from grpokit.rewards import RewardConfigError, resolve_reward_specs
-from grpokit.train.sampler import Sampler
 from grpokit.trainers.grpo import GRPOTrainer
 
 CLASSES = {"seq": LlamaForSequenceClassification, "tok": LlamaForTokenClassification, "lm": LlamaForCausalLM}

@@ -25,7 +25,8 @@ LAYERS: list[tuple[str, ...]] = [
     ("compat",),  # other tools' conventions (TRL)
     ("rollout",),  # generation, multi-turn episodes, tools, environments, evaluation
     ("integrations",),  # reasoning-gym, verifiers, OpenEnv
-    ("train",),  # learner, update, sampler, critic, distributed
+    ("train",),  # learner, update, critic, distributed, the log-prob passes
+    ("collect",),  # how a step gets its batch: the sampler, the asynchronous sampler process, the batch sources
     ("run",),  # run state, log, lock, preflight, plots
     ("trainers",),  # GRPO, SFT, rejection sampling
     ("pipeline",),  # multi-stage runs

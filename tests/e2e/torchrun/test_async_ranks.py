@@ -1,4 +1,4 @@
-"""Asynchronous rollouts under torchrun (rollout.max_staleness >= 1, grpokit.train.async_ranks): 2 real ranks on
+"""Asynchronous rollouts under torchrun (rollout.max_staleness >= 1, grpokit.collect.async_ranks): 2 real ranks on
 the CPU (gloo), each with its own sampler process for its share of the prompts. The ranks stay in step: the run
 ends (a rank a step ahead would wait in a collective forever), no rank trains a batch older than K, a batch
 dropped for its age is dropped on both ranks, and a resume counts the policy versions on from the restored step."""

@@ -10,12 +10,13 @@ import torch
 from grpo_runs import make_trainer
 from tiny_model import make_tiny_model
 
+from grpokit.collect.async_sampler import _load_payload, _shared_payload, shared_tensors
+from grpokit.collect.reference import sampler_reference
 from grpokit.config.schema import load_config, resolve_algo
 from grpokit.model.loading import frozen_reference
 from grpokit.model.precision import PRECISIONS
-from grpokit.train.async_sampler import _load_payload, _shared_payload, shared_tensors
 from grpokit.train.distributed import Distributed
-from grpokit.train.reference import ReferencePass, sampler_reference
+from grpokit.train.reference import ReferencePass
 from grpokit.train.update import PolicyUpdate
 
 # wall-clock numbers (and reward/*/seconds), and how long the trainer waited: the rest must match exactly

@@ -1,4 +1,4 @@
-"""Asynchronous rollouts (rollout.max_staleness, grpokit.train.async_sampler) in tiny real runs: K = 0 is the
+"""Asynchronous rollouts (rollout.max_staleness, grpokit.collect.async_sampler) in tiny real runs: K = 0 is the
 synchronous run bit for bit; with K >= 1 no trained batch is older than K, each batch's sampler log-probs are
 those of the weights that made it and are what the importance weights divide by; a killed sampler process
 stops the run with a checkpoint; the settings it cannot run with are refused."""
@@ -23,9 +23,9 @@ from test_parts import fixed_rollout, grads_of_one_step, make_learner, row_logpr
 from tiny_model import make_tiny_model
 from tool_model import tool_model
 
+from grpokit.collect.async_sampler import SamplerDiedError, _shared_payload, trainable_parameters
 from grpokit.config.schema import ConfigError, load_config, resolve_algo
 from grpokit.core.errors import RewardFunctionError
-from grpokit.train.async_sampler import SamplerDiedError, _shared_payload, trainable_parameters
 from grpokit.train.mismatch import MismatchCorrection, MismatchError, MismatchGuard
 from grpokit.train.update import PolicyUpdate
 from grpokit.train.update_stats import UpdateStats
@@ -496,7 +496,7 @@ def test_multi_turn_episodes_run_in_the_sampler_and_the_ratio_uses_its_log_probs
 def test_a_cpu_run_forks_its_sampler_and_spawns_it_where_a_fork_cannot_serve(monkeypatch):
     # a fork starts the first batch in 0.2 s where a fresh interpreter takes 5-12 s (the 2-core CPU); CUDA or
     # vLLM need the fresh interpreter; the environment variable chooses, and a fork it cannot serve is refused
-    from grpokit.train.async_sampler import start_method
+    from grpokit.collect.async_sampler import start_method
 
     monkeypatch.delenv("GRPOKIT_SAMPLER_START", raising=False)
     assert not torch.cuda.is_initialized()

@@ -1,5 +1,5 @@
 """The trainer's side of asynchronous rollouts (rollout.max_staleness >= 1): what a rank's sampler process samples
-with under torchrun (grpokit.train.async_ranks: its share, its seed, no collective), and the log_history its reward
+with under torchrun (grpokit.collect.async_ranks: its share, its seed, no collective), and the log_history its reward
 functions see. Real tiny runs; the 2-rank runs are in tests/e2e/torchrun/test_async_ranks.py."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import torch
 from grpo_runs import ROWS, has_seven, make_cfg, make_trainer
 from tiny_model import make_tiny_model
 
-from grpokit.train.async_ranks import (
+from grpokit.collect.async_ranks import (
     OVER_RANKS,
     RankShare,
     agree_on_age,
@@ -104,8 +104,8 @@ def test_under_fsdp_the_process_samples_the_unsharded_copy_with_the_policys_trai
     carries the parameters marked trainable, so sampling_weights marks the copy's as the policy's are. Without
     that no weight would reach the sampler process (trainable_parameters of the frozen copy is empty). The copy
     is set here as wrap() leaves it, its gather for this version done (no process group in a unit test)."""
-    from grpokit.train.async_ranks import sampling_weights
-    from grpokit.train.async_sampler import trainable_parameters
+    from grpokit.collect.async_ranks import sampling_weights
+    from grpokit.collect.async_sampler import trainable_parameters
 
     model, _ = make_tiny_model("qwen2", seed=0)
     model.get_input_embeddings().requires_grad_(False)  # a frozen part stays frozen in the copy

@@ -1,5 +1,5 @@
 """Asynchronous rollouts under torchrun (``grpokit launch``, rollout.max_staleness >= 1): every rank runs its own
-sampler process (grpokit.train.async_sampler) for its own share of the prompts, and the ranks agree on what
+sampler process (grpokit.collect.async_sampler) for its own share of the prompts, and the ranks agree on what
 they take.
 
 Every rank samples, not rank 0 for all: in the synchronous loop each rank already samples its share (its slice
@@ -39,11 +39,11 @@ from typing import Any
 
 from torch import nn
 
+from grpokit.collect.async_sampler import SamplerDiedError
+from grpokit.collect.sampler import Sampler, sampling_over_ranks
 from grpokit.core import errors
 from grpokit.rollout.episodes import OVER_RANKS as EPISODES_OVER_RANKS
-from grpokit.train.async_sampler import SamplerDiedError
 from grpokit.train.distributed import Distributed
-from grpokit.train.sampler import Sampler, sampling_over_ranks
 
 
 class RankShare(Distributed):
@@ -145,7 +145,7 @@ def taken_over_ranks(
     dist: Distributed, sampling: dict[str, float], overlap: dict[str, float]
 ) -> tuple[dict[str, float], dict[str, float]]:
     """A take's sampling, async/* and (multi-turn) episode metrics over every rank's share
-    (grpokit.train.sampler.sampling_over_ranks; ``OVER_RANKS``), as one process would report them; a metric no
+    (grpokit.collect.sampler.sampling_over_ranks; ``OVER_RANKS``), as one process would report them; a metric no
     table names (masked_token_frac) stays this rank's. Alone: as they are."""
     if not dist.active:
         return sampling, overlap

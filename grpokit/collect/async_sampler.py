@@ -146,7 +146,7 @@ class SamplerRecipe:
     settings and data, and ``rewards``, a picklable function that returns the run's [(name, fn, weight)]
     (called in the process: a config's rewards are resolved again there)."""
 
-    sampler_class: type  # grpokit.train.sampler.Sampler, or the subclass the trainer was given
+    sampler_class: type  # grpokit.collect.sampler.Sampler, or the subclass the trainer was given
     cfg: object  # Config
     algo: object  # the resolved algorithm
     tokenizer: object
@@ -154,12 +154,12 @@ class SamplerRecipe:
     encoded: list[list[int]]  # the prompts' token ids
     reward_names: list[str]
     has_critic: bool
-    dist: object  # its share of the prompts and its seed: Distributed() alone (grpokit.train.async_ranks: a rank's)
+    dist: object  # its share of the prompts and its seed: Distributed() alone (grpokit.collect.async_ranks: a rank's)
     rewards: Callable[[], list]
 
     @classmethod
     def of(cls, sampler, rewards: Callable[[], list]) -> SamplerRecipe:
-        """The recipe of the trainer's ``sampler`` (grpokit.train.sampler.Sampler)."""
+        """The recipe of the trainer's ``sampler`` (grpokit.collect.sampler.Sampler)."""
         return cls(
             type(sampler), sampler.cfg, sampler.algo, sampler.tokenizer, sampler.train_rows, sampler.encoded,
             list(sampler.reward_names), sampler.has_critic, sampler.dist, rewards,
@@ -371,7 +371,7 @@ def start_method(engine: str) -> str:
 class AsyncSampler:
     """Owns the sampler process, the queue of batches it made, and the version counter (the module docstring).
 
-    sampler: the trainer's grpokit.train.sampler.Sampler (its settings, data and prompt stream are what the
+    sampler: the trainer's grpokit.collect.sampler.Sampler (its settings, data and prompt stream are what the
     process starts from; its model is the policy sent when the process starts). model: the policy (its
     trainable parameters are pushed). rewards: a picklable function returning the run's reward functions,
     called in the process. version: the trainer's step the process starts at (a resumed run: the checkpoint's;
@@ -497,7 +497,7 @@ class AsyncSampler:
 
         log_history: the steps logged so far; those the process has not seen go with the next credit (its
         reward functions' trainer_state.log_history). agree: under torchrun, turns this rank's "too old" into
-        every rank's (grpokit.train.async_ranks.agree_on_age), so all ranks drop the same batches. stopping:
+        every rank's (grpokit.collect.async_ranks.agree_on_age), so all ranks drop the same batches. stopping:
         polled while no batch has come; True raises StopRequested (nothing taken)."""
         self.start(log_history)
         t0 = time.monotonic()
@@ -775,7 +775,7 @@ def _sampler_process(
     """The process's main: tie its life to the trainer's and start its heartbeat, build the Sampler from the
     recipe and the policy pickled in ``box`` (a one-item list it empties: the bytes are freed once loaded; the
     reference pass, if any, with the trainer's ``reference_tensors``), then serve (a failure is sent to the
-    trainer, which raises it: grpokit.train.async_sampler._raised_there)."""
+    trainer, which raises it: grpokit.collect.async_sampler._raised_there)."""
     _tie_to(parent, board.numpy())
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
     torch.set_num_threads(1)
