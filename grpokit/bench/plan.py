@@ -16,11 +16,13 @@ Roles of the update's peak (the backward pass of its largest micro-batch):
                   (positions x hidden x layers) plus one layer recomputed (positions x ACT_PER_POSITION);
                   positions = rows x the longest row padded, the real tokens packed; plus the LM head's
                   chunk (logprob_chunk_size x vocabulary x LOGITS_COPIES x 4 B)
+    teacher       on-policy distillation's frozen teacher (grpokit.train.teacher), resident the whole run: its
+                  parameters x the bytes of its dtype (teacher.dtype; auto: the policy's weight dtype)
     kv cache      the sampler's, during generation: rows x (prompt + completion) x layers x 2 x kv heads x
                   head dim x bytes; freed before the update when the update would not fit beside it
 
-The peak is the larger of generation (weights, optimizer, reference, KV cache) and the update (weights,
-gradients, optimizer, reference, activations).
+The peak is the larger of generation (weights, optimizer, reference, teacher, KV cache) and the update (weights,
+gradients, optimizer, reference, teacher, activations).
 
 On the CPU (device "cpu", the bench's own measurement) the activations are the layers' saved inputs plus the
 larger of one recomputed layer (CPU_LAYER_SCALE of the GPU model's) and the LM-head chunk's two logits blocks (the
@@ -156,6 +158,8 @@ class Settings:
     offload_optimizer: bool = False
     offload_reference: bool = False
     logprob_chunk_size: int = 1024
+    teacher_params: int = 0  # on-policy distillation's teacher (algo.teacher_kl_coef > 0); 0: none
+    teacher_bytes: int | None = None  # bytes a teacher parameter (teacher.dtype); None: the policy's
 
     @classmethod
     def from_config(cls, cfg, *, beta: float) -> Settings:
@@ -233,6 +237,7 @@ def predict(
         "policy_gradients": trainable * wb,
         "policy_optimizer": 0 if s.offload_optimizer else trainable * OPTIMIZER_BYTES[s.precision],
         "reference_model": p * wb if s.beta > 0 and not s.lora and not s.offload_reference else 0,
+        "teacher_model": s.teacher_params * (s.teacher_bytes or wb),
         "activations": int(activations),
     }
     update_peak = sum(roles.values())
@@ -247,6 +252,7 @@ def predict(
         kv = sum(lengths) * dims.layers * 2 * dims.kv_heads * dims.head_dim * cb
         roles["kv_cache"] = kv
     gen_peak = roles["policy_weights"] + roles["policy_optimizer"] + roles["reference_model"] + kv
+    gen_peak += roles["teacher_model"]
     return {
         "roles": roles,
         "largest_micro_batch_positions": positions,
@@ -300,11 +306,14 @@ def lora_params(dims: ModelDims, r: int = 16) -> int:
     return dims.layers * per_layer
 
 
-def plan(dims: ModelDims, memory_gib: float, lengths: list[int]) -> list[dict[str, Any]]:
-    """Each candidate's prediction and whether its peak fits ``memory_gib`` GiB."""
+def plan(
+    dims: ModelDims, memory_gib: float, lengths: list[int], teacher: ModelDims | None = None
+) -> list[dict[str, Any]]:
+    """Each candidate's prediction and whether its peak fits ``memory_gib`` GiB; ``teacher``: on-policy
+    distillation's, held beside each (in the policy's weight dtype)."""
     rows = []
     for name, kw in CANDIDATES.items():
-        s = Settings(**kw)
+        s = Settings(**kw, teacher_params=teacher.params if teacher is not None else 0)
         if s.lora:
             s = replace(s, lora_params=lora_params(dims))
         pred = predict(dims, s, lengths)
@@ -327,6 +336,9 @@ def print_plan(dims: ModelDims, memory_gib: float, rows: list[dict[str, Any]], s
         "kv_cache",
     ]
     head = ["weights", "grads", "optim", "ref", "activ", "kv", "peak", "fits"]
+    if any(r["roles"].get("teacher_model") for r in rows):  # on-policy distillation's teacher beside them
+        keys.insert(4, "teacher_model")
+        head.insert(4, "teacher")
     print(f"{'':<72}" + "".join(f"{h:>8}" for h in head))
     for r in rows:
         cells = "".join(f"{r['roles'].get(k, 0) / gib:>8.2f}" for k in keys)
