@@ -394,3 +394,35 @@ def test_the_objective_subtracts_the_entropy_bonus_and_the_total_is_the_logged_l
     _shot(browser, "entropy_bonus", tmp_path, objective)
     _shot(browser, "entropy_bonus_step", tmp_path, browser.find_element(By.ID, "step-summary"))
     assert _errors(browser) == []
+
+
+def test_the_group_detail_follows_the_group_filter(runs, browser, tmp_path):
+    """A filter that hides the selected group moves the detail pane to the first group shown, or empties it when no
+    group matches (issue 52: it kept showing a group the filter had taken out)."""
+    a, _, page = runs
+    browser.get(page.as_uri())
+    time.sleep(0.5)
+    browser.find_element(By.CSS_SELECTOR, 'a[data-tab="steps"]').click()
+    detail = lambda: browser.find_element(By.ID, "g-stats").text  # noqa: E731
+    rows = browser.find_elements(By.CSS_SELECTOR, "#groups tr.group-row")
+    rows[-1].click()  # the last group, which no narrowing filter below keeps first
+    chosen = int(rows[-1].get_attribute("data-group"))
+    assert detail().startswith(f"group {chosen}:")
+    flat = "flat" in rows[-1].text
+    Select(browser.find_element(By.ID, "group-filter")).select_by_value("spread" if flat else "flat")
+    shown = [int(r.get_attribute("data-group")) for r in browser.find_elements(By.CSS_SELECTOR, "#groups tr.group-row")]
+    assert chosen not in shown
+    if shown:
+        assert detail().startswith(f"group {shown[0]}:")
+        assert browser.find_element(By.CSS_SELECTOR, "#groups tr.group-row.selected").get_attribute("data-group") == str(shown[0])
+    else:
+        assert browser.find_element(By.ID, "no-group").text == "No group matches the filter."
+    Select(browser.find_element(By.ID, "group-filter")).select_by_value("failed")  # no reward failed in these runs
+    assert browser.find_elements(By.CSS_SELECTOR, "#groups tr.group-row") == []
+    assert browser.find_element(By.ID, "no-group").text == "No group matches the filter."
+    assert browser.find_element(By.ID, "token-view").text == "" and browser.find_element(By.ID, "objective").text == ""
+    _shot(browser, "filter_none", tmp_path)
+    Select(browser.find_element(By.ID, "group-filter")).select_by_value("all")
+    first = browser.find_element(By.CSS_SELECTOR, "#groups tr.group-row").get_attribute("data-group")
+    assert detail().startswith(f"group {first}:")
+    assert _errors(browser) == []

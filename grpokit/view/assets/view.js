@@ -305,7 +305,19 @@
         .join("");
     if (!groups.length) $("groups").insertAdjacentHTML("beforeend", `<tr><td colspan="8" class="muted">no group matches</td></tr>`);
     $("groups").querySelectorAll("tr.group-row").forEach((tr) => tr.addEventListener("click", () => selectGroup(+tr.dataset.group)));
-    if (state.group === null && groups.length) selectGroup(groups[0].group);
+    // the detail pane follows the filter: a group it filtered out gives way to the first shown, or to none
+    if (groups.length && !groups.some((g) => g.group === state.group)) selectGroup(groups[0].group);
+    else if (!groups.length) clearGroup();
+  }
+
+  function clearGroup() {
+    state.group = null;
+    state.row = null;
+    $("group-detail").innerHTML = `<p class="muted" id="no-group">No group matches the filter.</p>`;
+    $("token-view").innerHTML = "";
+    $("token-legend").innerHTML = "";
+    $("token-info").textContent = "";
+    $("objective").innerHTML = "";
   }
 
   function selectGroup(g) {
