@@ -832,6 +832,12 @@ class TrainConfig:
         "Under torchrun (WORLD_SIZE > 1): fsdp (shard with FSDP2) | ddp | auto (ddp with LoRA, else fsdp).",
         choices=STRATEGIES,
     )
+    plots: bool = setting(
+        True,
+        """Draw curves.png when the run ends (matplotlib: a few seconds, counted in summary.json's
+        seconds_after_steps); false leaves it out, and grpokit.run.plots.plot_training_curves draws it later from
+        metrics.jsonl.""",
+    )
     defaults: str = setting(
         "grpokit",
         """grpokit | trl: trl lays TRL GRPOConfig's defaults under this config wherever a setting is left unset or at

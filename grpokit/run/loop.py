@@ -18,6 +18,7 @@ lines it opens the log with, its entries in the summary. Every rank runs the loo
 from __future__ import annotations
 
 import dataclasses
+import time
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -129,6 +130,7 @@ def run_training(trainer: Trainer) -> dict[str, Any]:
                     "checkpoint": checkpoint and str(checkpoint),
                 }
             run.clock.stop()  # the evaluation after the steps is not theirs
+            after_steps = time.perf_counter()  # what the run spends after them: summary's seconds_after_steps
             # the work, whatever the machine's load; a resumed run's count goes on from its checkpoint's
             summary["train_seconds"], summary["train_cpu_seconds"] = run.clock.wall(), run.clock.cpu()
             if budget_reached:
@@ -144,6 +146,8 @@ def run_training(trainer: Trainer) -> dict[str, Any]:
             summary.update(steps=trainer.step, checkpoint=str(final), output_dir=str(run.out))
             trainer.finish(summary, final)
             summary.update(run.previous_summary(summary))  # a resumed run keeps its first leg's "before"
+            # the evaluation after the steps, the final checkpoint and (finish) curves.png: not in train_seconds
+            summary["seconds_after_steps"] = time.perf_counter() - after_steps
             run.finish(summary)  # summary.json, curves.png
             fire(trainer.callbacks, "on_train_end", trainer, summary)
     return summary

@@ -30,6 +30,7 @@ import json
 import signal
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -121,7 +122,7 @@ class RunState:
         self.overwrite = overwrite
         self.resolved_algo = resolved_algo  # written into config.yaml beside the config
         self.given = given  # what the run was given in code (grpokit.config.run_file.given_in_code), recorded there too
-        self.curves = curves  # finish() draws curves.png (GRPO's reward, KL, ... panels)
+        self.curves = curves and cfg.train.plots  # finish() draws curves.png (GRPO's reward, KL, ... panels)
         self.resume_from: Path | None = None
         self.saved: tuple[int, Path] | None = None  # (step, path) of the last checkpoint written or loaded
         # the training steps' seconds, every leg's (train.max_cpu_seconds; summary's train_cpu_seconds)
@@ -273,6 +274,7 @@ class RunState:
         replace_whole(self.out / "summary.json", json.dumps(summary, indent=2))  # never seen half-written
         if not self.curves:
             return
+        start = time.perf_counter()
         from grpokit.run.plots import (
             plot_training_curves,  # lazy: matplotlib is slow to import, needed only here
         )
@@ -283,3 +285,6 @@ class RunState:
             self.out / "curves.png",
             eval_path=eval_path if eval_path.is_file() else None,
         )
+        if "seconds_after_steps" in summary:  # the plot's seconds too (train.plots=false leaves them out)
+            summary["seconds_after_steps"] += time.perf_counter() - start
+            replace_whole(self.out / "summary.json", json.dumps(summary, indent=2))
