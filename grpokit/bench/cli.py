@@ -13,7 +13,9 @@ from grpokit.bench.report import print_algos_table, print_table
 from grpokit.bench.run import bench_overrides, compare_algos, run_bench
 from grpokit.bench.shapes import BENCH_SHAPES, MODEL_SHAPES, BenchError, cache_root
 from grpokit.bench.trl import check_trl, compare, run_trl
+from grpokit.config.checks import check_vllm_installed
 from grpokit.config.schema import DTYPES, ENGINES, KV_CACHES, PRECISION_MODES, load_config
+from grpokit.model.loading import pick_device
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -21,7 +23,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         print(f"grpokit bench: {message}", file=sys.stderr)
         return code
 
-    problem = unused_flags(args) or bad_numbers(args)
+    problem = unused_flags(args) or bad_numbers(args) or bad_overrides(args)
     if problem:
         return fail(problem)
     if args.steps is not None and args.steps < 1:
@@ -29,8 +31,6 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.json and (Path(args.json).is_dir() or not Path(args.json).parent.is_dir()):  # not after the bench ran
         where = "is a folder" if Path(args.json).is_dir() else f"its folder {Path(args.json).parent} does not exist or is a file"
         return fail(f"--json {args.json}: {where}; give a file path in an existing folder")
-    if args.batch is not None and not args.memory:
-        return fail(f"--batch {args.batch} is the batch of --memory: add --memory, or drop --batch")
     if args.learn:
         return _cmd_learn(args, fail)
     if args.async_runs:
@@ -68,9 +68,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
             cuda_graphs=args.cuda_graphs,
             device=args.device,
         )
-        for algo in algos:  # the settings and --set of each run, before a model is built (minutes)
-            load_config(None, [*bench_overrides(BENCH_SHAPES[args.shape], args.steps, algo=algo, beta=args.beta,
-                                                full_length=True, seed=0, **common), *args.set])  # fmt: skip
+        for algo in algos:  # the settings and --set of each run, its device and engine, before a model is built
+            cfg = load_config(None, [*bench_overrides(BENCH_SHAPES[args.shape], args.steps, algo=algo, beta=args.beta,
+                                                      full_length=True, seed=0, **common), *args.set])  # fmt: skip
+            device = pick_device(cfg.model.device)  # a GPU this machine lacks
+            if args.memory_cap_gib is not None and device.type != "cuda":
+                return fail(f"--memory-cap-gib {args.memory_cap_gib:g}: a memory cap needs a CUDA device, this run "
+                            f"is on {device}")  # fmt: skip
+            check_vllm_installed(cfg.rollout.engine, "rollout.engine", cfg.rollout.vllm.mode)
         if args.model_dir:  # checked by bad_numbers
             model_dir = Path(args.model_dir)
         else:
@@ -323,7 +328,7 @@ MODES = {
     "plan": "--plan",
     "memory": "--memory",
     "sft": "--mode sft",
-    "grpo": "the GRPO step bench (no --learn, --async, --plan, --memory or --mode sft)",
+    "grpo": "the GRPO step bench (the default)",
 }
 """The bench's modes, each by the flag that chooses it (``mode_of``)."""
 
@@ -407,7 +412,7 @@ def unused_flags(args: argparse.Namespace) -> str | None:
         if mode not in modes:
             names = [MODES[m].split(" (")[0] for m in modes]
             readers = names[0] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}"
-            return f"{flag} is not read by {MODES[mode]}, only by {readers}: drop it (it would do nothing)"
+            return f"{flag} is not read by {MODES[mode]}, only by {readers}: use that, or drop {flag} (it would do nothing)"
         if dest in TRL_ONLY and mode in ("grpo", "sft") and args.compare != "trl":
             return f"{flag} is read only with --compare trl: add that, or drop {flag}"
     return None
@@ -425,9 +430,30 @@ def bad_numbers(args: argparse.Namespace) -> str | None:
     for flag, value, ok, what in checks:
         if value is not None and not ok(value):
             return f"{flag} {value:g}: give {what}"
+    if args.cache_dir is not None and Path(args.cache_dir).exists() and not Path(args.cache_dir).is_dir():
+        return f"--cache-dir {args.cache_dir} is a file: give a folder (random models are built and kept there)"
     if args.model_dir is not None and not (Path(args.model_dir) / "config.json").is_file():
         where = "no such folder" if not Path(args.model_dir).exists() else "no config.json there"
         return f"--model-dir {args.model_dir}: {where}; give a model folder (e.g. from make_model.py), or --model-size"
+    return None
+
+
+def bad_overrides(args: argparse.Namespace) -> str | None:
+    """Why a --set or --trl-set cannot apply, or None: --set's KEY=VALUE form, keys, types and ranges against the
+    config tree (the rules between settings are the mode's own config's, checked where it is built); --trl-set's
+    KEY=VALUE form. Checked before any run or process starts."""
+    from grpokit.config.checks import build_config
+    from grpokit.config.declare import check_tree
+    from grpokit.config.schema import Config, ConfigError, apply_overrides, config_to_dict
+
+    for text in args.trl_set:
+        if "=" not in text or not text.split("=", 1)[0].strip():
+            return f"--trl-set {text!r}: give FIELD=VALUE, a TRL GRPOConfig field (e.g. --trl-set adam_beta2=0.99)"
+    if args.set:
+        try:
+            check_tree(build_config(Config, apply_overrides(config_to_dict(Config()), list(args.set))))
+        except ConfigError as e:
+            return f"--set: {e}"
     return None
 
 

@@ -4,10 +4,12 @@ one named line and exit 2 before any work starts, nothing written. Every case he
 "fits: yes", planned "in nan GiB", ran on a model other than the one named, ended in the generic catch-all line
 or a traceback, or was accepted and did nothing, at 37165e5."""
 
+import importlib.util
 import json
 import os
 
 import pytest
+import torch
 from tiny_model import ADDITION_ROWS, make_tiny_model, save_tiny_model
 
 from grpokit import GRPOTrainer
@@ -83,6 +85,18 @@ CASES = [
     ("async-latency-nan", ["bench", "--async", "--reward-latency", "nan"], ["--reward-latency nan"]),
     ("bench-set-unknown-key", ["bench", "--shape", "tiny", "--model-size", "tiny", "--set", "algo.nope=1"],
      ["algo.nope"]),
+    ("bench-cache-dir-a-file", ["bench", "--shape", "tiny", "--model-size", "tiny", "--cache-dir", "{d}"],
+     ["--cache-dir", "is a file"]),
+    ("bench-device-absent", ["bench", "--shape", "tiny", "--model-size", "tiny", "--device", "cuda"],
+     ["model.device='cuda'", "no CUDA GPU"]),
+    ("bench-engine-absent", ["bench", "--shape", "tiny", "--model-size", "tiny", "--engine", "vllm"],
+     ["rollout.engine=vllm needs vLLM"]),
+    ("bench-cap-on-cpu", ["bench", "--shape", "tiny", "--model-size", "tiny", "--device", "cpu", "--memory-cap-gib", "4"],
+     ["--memory-cap-gib 4: a memory cap needs a CUDA device"]),
+    ("learn-trl-set-form", ["bench", "--learn", "--trl-set", "adam_beta2"], ["--trl-set 'adam_beta2'", "FIELD=VALUE"]),
+    ("learn-set-form", ["bench", "--learn", "--set", "optim.lr"], ["--set: override 'optim.lr'"]),
+    ("async-set-unknown", ["bench", "--async", "--set", "optim.nope=1"], ["--set: unknown config key 'optim.nope'"]),
+    ("memory-set-range", ["bench", "--memory", "--set", "optim.lr=-1"], ["--set: optim.lr=-1.0 is out of range"]),
     # grpokit vllm-serve: options, and the model's positions, before vLLM is looked for
     ("serve-beyond-positions", ["vllm-serve", "--model", "{m}", "--max-model-len", "100000"],
      ["--max-model-len 100000 is beyond the 256 positions", "config.json"]),
@@ -111,6 +125,10 @@ CASES = [
 
 @pytest.mark.parametrize("args, words", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
 def test_bad_input_is_one_named_line_and_exit_2(world, tmp_path, monkeypatch, capsys, args, words):
+    if "cuda" in args and torch.cuda.is_available():
+        pytest.skip("this machine has a CUDA GPU")
+    if "vllm" in args and importlib.util.find_spec("vllm") is not None:
+        pytest.skip("vLLM is installed here")
     monkeypatch.delenv("GRPOKIT_DEBUG", raising=False)
     monkeypatch.setenv("GRPOKIT_CACHE", str(tmp_path / "cache"))  # no random model is built either
     monkeypatch.chdir(tmp_path)

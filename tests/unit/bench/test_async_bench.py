@@ -47,7 +47,7 @@ def test_a_run_curve_sums_the_steps_seconds_and_takes_a_steps_last_line(tmp_path
         (["--ks", "0,x"], "comma-separated integers"),
         (["--ks", "0,1,1"], "distinct"),
         (["--seeds", "0"], "--seeds must be >= 1"),
-        (["--reward-latency", "-1"], "--reward-latency >= 0"),
+        (["--reward-latency", "-1"], "--reward-latency -1: give seconds >= 0"),
     ],
 )
 def test_bad_async_arguments_are_refused_by_name(argv, message, capsys, tmp_path):
