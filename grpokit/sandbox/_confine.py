@@ -199,16 +199,18 @@ def apply_seccomp(libc, unix_only: bool = True) -> None:
 
 
 def _read(proc: int, path: str, limit: int = 1 << 12) -> bytes:
-    """Up to `limit` bytes of `path` under the guard's procfs (its descriptor `proc`)."""
+    """Up to `limit` bytes of `path` under the guard's procfs (its descriptor `proc`), read in pieces of at
+    most 1 MiB (a statm costs one small read, a long /proc/sysvipc/msg a few large ones)."""
     fd = os.open(path, os.O_RDONLY, dir_fd=proc)
     try:
-        out = b""
-        while len(out) < limit:
-            chunk = os.read(fd, min(limit - len(out), 1 << 16))
-            if not chunk:
+        pieces, size = [], 0
+        while size < limit:
+            piece = os.read(fd, min(limit - size, 1 << 20))
+            if not piece:
                 break
-            out += chunk
-        return out
+            pieces.append(piece)
+            size += len(piece)
+        return b"".join(pieces)
     finally:
         os.close(fd)
 
