@@ -81,6 +81,12 @@ def terminates_sampler(prompts, completions, trainer_state=None, **kw):
     return score(prompts, completions)
 
 
+def terminates_its_worker(prompts, completions, trainer_state=None, **kw):
+    if _once(trainer_state):
+        os.kill(os.getpid(), signal.SIGTERM)  # this reward worker
+    return score(prompts, completions)
+
+
 def stops_sampler_then_terminates_trainer(prompts, completions, trainer_state=None, **kw):
     if _once(trainer_state):
         os.kill(_sampler(), signal.SIGSTOP)
@@ -185,6 +191,17 @@ def test_sigterm_to_the_trainer_while_its_sampler_is_stopped_ends_the_run_with_1
     (stopped,) = lines_of(err, "grpokit: stopped by SIGTERM after step ")
     assert "continue with --resume" in stopped
     assert verify_checkpoint(list_checkpoints(out / "checkpoints")[-1]) is None
+
+
+def test_sigterm_to_a_reward_worker_ends_the_run_with_its_error_and_a_checkpoint(run):
+    """A synchronous run: the worker dies, its calls fail, and with train.max_reward_failure_frac 0 the run ends
+    with the reward's error naming the dead worker and a checkpoint of the last step (37165e5: exit 2, the usage
+    error's code, and no checkpoint)."""
+    code, err, out = run("terminates_its_worker")
+    assert code == 3, err
+    assert lines_of(err, "grpokit: RewardFunctionError: step 3: reward function 'terminates_its_worker'")
+    assert "its worker process died" in err and "Checkpoint of step 2: " in err
+    assert verify_checkpoint(out / "checkpoints" / "step_000002") is None
 
 
 def test_a_vllm_server_that_is_down_exits_4_naming_vllm_server_error(run):
