@@ -159,6 +159,16 @@ def parse_options(options: list[str], command: list[str]):
         refuse(f"{type(e).__name__}: {text[0] if text else ''}".rstrip(": "))
     if config.nproc_per_node < 1:  # torch's agent asserts it later, with a bare AssertionError and a traceback
         refuse(f"--nproc_per_node={args.nproc_per_node} starts no process: give 1 or more (e.g. --nproc_per_node=2)")
-    if not 0 <= args.master_port <= 65535:  # torch's rendezvous refuses it only once started
+    port = getattr(args, "master_port", None)  # None: torch picks one
+    if port is not None and not 0 <= port <= 65535:  # torch's rendezvous refuses it only once started
         refuse(f"--master_port={args.master_port} is not a port: give one in 0-65535 (e.g. --master_port=29500)")
+    if args.rdzv_endpoint:  # the same, for the rendezvous's HOST[:PORT]
+        from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
+
+        try:
+            parse_rendezvous_endpoint(args.rdzv_endpoint, default_port=29400)
+        except ValueError as e:
+            refuse(f"--rdzv_endpoint={args.rdzv_endpoint}: {str(e).strip().splitlines()[0]}")
+    if not args.monitor_interval > 0:  # torch's agent asserts it once started, with no message
+        refuse(f"--monitor_interval={args.monitor_interval:g}: give seconds > 0 (e.g. --monitor_interval=0.1)")
     return args

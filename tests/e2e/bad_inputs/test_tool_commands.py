@@ -111,6 +111,10 @@ CASES = [
     ("launch-no-process", ["launch", "--nproc_per_node=0", "train"], ["--nproc_per_node=0 starts no process"]),
     ("launch-negative-processes", ["launch", "--nproc-per-node=-2", "train"], ["--nproc_per_node=-2 starts no process"]),
     ("launch-port", ["launch", "--nproc_per_node=1", "--master_port=99999", "train"], ["--master_port=99999 is not a port"]),
+    ("launch-endpoint-port", ["launch", "--nproc_per_node=1", "--rdzv-endpoint=a:b:c", "train"],
+     ["--rdzv_endpoint=a:b:c", "port number"]),
+    ("launch-monitor-interval", ["launch", "--nproc_per_node=1", "--monitor-interval=-1", "train"],
+     ["--monitor_interval=-1", "> 0"]),
     # settings that would do nothing: refused by name
     ("offload-reference-beta-0", ["train", *TRAIN, "optim.offload_reference=true", "algo.beta=0"],
      ["optim.offload_reference=true", "no reference model", "algo.beta=0"]),
@@ -192,3 +196,13 @@ def test_what_still_runs():
     for start in ("0.01", "0.1"):
         load_config(None, ["algo.adaptive_entropy=true", f"algo.entropy_coef={start}",
                            "algo.entropy_coef_min=0.01", "algo.entropy_coef_max=0.1"])  # fmt: skip
+
+
+def test_launch_options_left_at_torchs_defaults_pass_the_checks():
+    """No --master_port, --rdzv_endpoint or --monitor_interval given: torch's defaults (None, '', 0.1) pass
+    (the --master_port check of 564c526 compared None with 0 and broke every launch without it)."""
+    from grpokit.cli.launch import parse_options
+
+    args = parse_options(["--nproc_per_node=2"], ["train", "cfg.yaml"])
+    assert (args.nproc_per_node, args.master_port) == ("2", None)
+    assert parse_options(["--nproc_per_node=1", "--master_port=29511", "--rdzv_endpoint=localhost:29400"], ["sft"])
