@@ -203,8 +203,6 @@ def cmd_train(args: argparse.Namespace) -> int:
             return _fail(args, f"config error: {e}", 2)
         print(describe_config(cfg), end="")
         return 0
-    if not demo and config_path is None and (problem := _model_without_data(overrides)):
-        return _fail(args, f"config error: {problem}", 2)  # before: 'data.train is empty', the model unnamed
     try:
         if demo:
             _one_thread_for_tiny_models()
@@ -219,6 +217,8 @@ def cmd_train(args: argparse.Namespace) -> int:
             cfg = load_config(config_path, overrides)
     except ConfigError as e:
         return _fail(args, f"config error: {e}", 2)
+    if not demo and config_path is None and not cfg.data.train and (problem := _model_without_data(overrides)):
+        return _fail(args, f"config error: {problem}", 2)  # before: 'data.train is empty', the model unnamed
     return _run(cfg, args)
 
 
