@@ -236,11 +236,11 @@ def run_file_values(cfg_values: dict[str, Any], resolved_algo: dict[str, Any] | 
 
 
 def write_run_file(path: str | Path, cfg_values: dict[str, Any], resolved_algo: dict[str, Any] | None = None,
-                   given: dict[str, Any] | None = None) -> list[str]:  # fmt: skip
-    """Write config.yaml (run_file_values) with a header saying how to train the run again and which parts the
-    file cannot give back; those parts are also said once on stdout. Returns them."""
+                   given: dict[str, Any] | None = None, command: str = "grpokit train") -> list[str]:  # fmt: skip
+    """Write config.yaml (run_file_values) with a header saying how to train the run again (``command``) and which
+    parts the file cannot give back; those parts are also said once on stdout. Returns them."""
     values, missing = run_file_values(cfg_values, resolved_algo, given)
-    header = ["# This run (grpokit.config.run_file): grpokit train THIS_FILE --output-dir NEW trains it again; "
+    header = [f"# This run (grpokit.config.run_file): {command} THIS_FILE --output-dir NEW trains it again; "
               "--resume continues it."]
     if missing:
         header.append("# NOT RELOADABLE AS IT STANDS: these were given in code and are placeholders here; set them:")

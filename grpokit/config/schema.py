@@ -978,7 +978,8 @@ def save_config(cfg: Any, path: str | Path, resolved_algo: Any = None, given: di
     names, and `given` (run_file.given_in_code: what the run was given in code). Returns the parts the file cannot
     load again (said in it and once on stdout)."""
     flat = resolved_algo.flat() if hasattr(resolved_algo, "flat") else resolved_algo
-    return write_run_file(path, dataclasses.asdict(cfg), flat, given)
+    command = "grpokit sft" if hasattr(cfg, "sft") else "grpokit train"  # an SFTConfig has its sft section
+    return write_run_file(path, dataclasses.asdict(cfg), flat, given, command)
 
 
 def resolve_algo(cfg: Config) -> AlgoSettings:
