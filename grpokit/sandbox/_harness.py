@@ -337,7 +337,7 @@ def _candidate(cfg, fds, sources):
             said = os.dup(2)  # why the guard stopped the sandbox goes to its stderr (stdio mode)
             null = os.open("/dev/null", os.O_RDWR)
             for fd in (0, 1, 2):
-                os.dup2(null, fd)  # only the candidate holds the pipes: their end of file is its end
+                os.dup2(null, fd)  # the pipes are the candidate's (and `said`, the guard's till it exits)
             for fd in (fds["req"], fds["resp"]):
                 if fd is not None:
                     os.close(fd)
