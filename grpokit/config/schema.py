@@ -877,7 +877,7 @@ def config_from_dict(values: dict[str, Any]) -> Config:
     if isinstance(values.get("train"), dict) and values["train"].get("defaults") == "trl":
         from grpokit.config.trl import with_trl_defaults
 
-        values = with_trl_defaults(values)  # train.defaults=trl: TRL's defaults under the given values
+        values = with_trl_defaults(values, config_to_dict(Config()))  # TRL's defaults under the given values
     cfg = build_config(Config, values)
     check_config(cfg)
     return cfg

@@ -211,7 +211,7 @@ def from_trl(args: Any) -> tuple[dict[str, Any], list[str]]:
 
     Raises ConfigError naming the first field grpokit cannot honour and why (a value of the wrong type too). A file
     with AsyncGRPOConfig's own fields (ASYNC_MARKS) is read as an AsyncGRPOConfig (``_from_trl_async``)."""
-    values, inert = trl_mapping(args, TRL_KEYS | (ASYNC_INERT - TRAINING_INERT) | {"dtype"})
+    values, inert = trl_mapping(args, TRL_KEYS | (ASYNC_INERT - TRAINING_INERT) | {"dtype"}, TRL_DEFAULTS)
     if set(values) & ASYNC_MARKS:
         out, notes = _from_trl_async(values)
         return out, notes + _inert_note(inert)
@@ -538,16 +538,15 @@ SWITCH_LEAVES = frozenset({
 counted in completions per device, grpokit's in prompts per step: set rollout.prompts_per_step x group_size)."""
 
 
-def with_trl_defaults(values: dict[str, Any]) -> dict[str, Any]:
+def with_trl_defaults(values: dict[str, Any], ours: dict[str, Any]) -> dict[str, Any]:
     """train.defaults=trl: the config's values (nested, as read) with TRL GRPOConfig's defaults (``from_trl({})``)
     laid under every setting left unset or at grpokit's default, except SWITCH_LEAVES; the algorithm's only when
     algo.preset is left at grpo (a preset chosen keeps its own), the epochs only when train.steps is left at its
-    default. The defaults that differ, and why grpokit's are what they are: docs/guides/from-trl.md."""
+    default (``ours``: grpokit's defaults, nested). The defaults that differ, and why grpokit's are what they are:
+    docs/guides/from-trl.md."""
     import copy
 
-    from grpokit.config.schema import Config, config_to_dict
-
-    ours, (theirs, _) = config_to_dict(Config()), from_trl({})
+    theirs, _ = from_trl({})
     out = copy.deepcopy(values)
     sections = {name: out.get(name) if isinstance(out.get(name), dict) else {} for name in theirs}
     preset_chosen = sections["algo"].get("preset", "grpo") != "grpo"

@@ -135,10 +135,11 @@ def _is_default(value: Any, default: Any) -> bool:
     return default == "" and value == []  # TrainingArguments.debug: '' declared, [] after __post_init__
 
 
-def trl_mapping(args: Any, known: frozenset[str]) -> tuple[dict[str, Any], list[str]]:
+def trl_mapping(args: Any, known: frozenset[str], examples: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
     """(the fields grpokit.config.trl maps, the inert TrainingArguments fields given) from a TRL config: a mapping
     (a YAML file's), a ``trl.GRPOConfig`` (or any TrainingArguments dataclass with ``to_dict()``), or its
-    ``to_dict()``. ``known``: the fields from_trl maps. Raises ConfigError naming a field it cannot honour."""
+    ``to_dict()``. ``known``: the fields from_trl maps; ``examples``: their defaults, shown in a type error. Raises
+    ConfigError naming a field it cannot honour."""
     is_object = dataclasses.is_dataclass(args) and not isinstance(args, type)
     if is_object and callable(getattr(args, "to_dict", None)):
         values = args.to_dict()  # enums as their values, as a file would hold them
@@ -179,11 +180,11 @@ def trl_mapping(args: Any, known: frozenset[str]) -> tuple[dict[str, Any], list[
             f"TRL field(s) {sorted(unknown)} have no grpokit equivalent (known: every mapped GRPOConfig field, see "
             "grpokit.config.trl); remove them, or write a grpokit config (grpokit config > cfg.yaml)"
         )
-    check_types(given)
+    check_types(given, examples)
     return given, sorted(inert)
 
 
-def check_types(values: Mapping[str, Any]) -> None:
+def check_types(values: Mapping[str, Any], examples: Mapping[str, Any]) -> None:
     """Each known field's value of its type (None where TRL allows it is left to the defaults), counts >= 1:
     else a ConfigError naming the field and the value."""
     for key, value in values.items():
@@ -191,17 +192,14 @@ def check_types(values: Mapping[str, Any]) -> None:
             continue
         what, ok = KINDS[key]
         if not ok(value):
-            raise ConfigError(f"TRL {key}={value!r}: expected {what}, e.g. {key}: {_example(key, what)}")
+            raise ConfigError(f"TRL {key}={value!r}: expected {what}, e.g. {key}: {_example(examples.get(key), what)}")
         if what == "a number" and not math.isfinite(value) and key != "max_grad_norm":
             raise ConfigError(f"TRL {key}={value!r}: expected a finite number")
         if key in AT_LEAST_ONE and value < 1:
             raise ConfigError(f"TRL {key}={value!r}: must be at least 1")
 
 
-def _example(key: str, what: str) -> str:
-    from grpokit.config.trl import TRL_DEFAULTS
-
-    default = TRL_DEFAULTS.get(key)
+def _example(default: Any, what: str) -> str:
     if default is not None:
         return str(default).lower() if isinstance(default, bool) else str(default)
     return {"an integer": "8", "a number": "1.0", "true or false": "true", "a string": "name"}[what]

@@ -41,13 +41,6 @@ def fire(callbacks: Sequence[Any], event: str, trainer: Any, *args: Any) -> None
             hook(trainer, *args)
 
 
-KEYWORDS = (
-    "cfg", "args", "model", "tokenizer", "processing_class", "train_rows", "train_dataset", "eval_rows", "eval_dataset",
-    "reward_functions", "reward_funcs", "callbacks", "peft_config", "resume", "overwrite", "allow_changed_config",
-)  # fmt: skip
-"""GRPOTrainer's keywords a user passes (the part classes sampler/updater/critic aside), for near-miss hints."""
-
-
 class TrainerArguments(NamedTuple):
     """GRPOTrainer's arguments in grpokit's forms."""
 

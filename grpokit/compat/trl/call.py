@@ -26,6 +26,13 @@ from typing import Any
 
 from grpokit.core.errors import ConfigError
 
+KEYWORDS = (
+    "cfg", "args", "model", "tokenizer", "processing_class", "train_rows", "train_dataset", "eval_rows", "eval_dataset",
+    "reward_functions", "reward_funcs", "callbacks", "peft_config", "resume", "overwrite", "allow_changed_config",
+)  # fmt: skip
+"""GRPOTrainer's keywords a user passes (the part classes sampler/updater/critic aside), for near-miss hints."""
+
+
 UNSUPPORTED = {
     "reward_weights": "reward weights are a GRPOConfig field in TRL: GRPOTrainer(..., args=GRPOConfig("
     "reward_weights=[...])), or give each reward as (name, function, weight) in reward_funcs",
@@ -52,8 +59,6 @@ def refuse_unexpected(unexpected: Mapping[str, Any]) -> None:
             raise ConfigError(f"GRPOTrainer({name}=...) is not taken: {why}")
     if unexpected:
         import difflib
-
-        from grpokit.compat.trl.api import KEYWORDS
 
         name = sorted(unexpected)[0]
         near = difflib.get_close_matches(name, KEYWORDS, n=1)
