@@ -40,7 +40,7 @@ padded, packed and TRL's), ``plan`` (``--plan``), ``roofline`` (each phase's bou
 bandwidth for decoding, FLOP over peak for the reference pass and the update; the result's ``bounds``), ``profile``
 (scripts/profile_step.py's phases: top kernels and the gaps between them), ``trl`` (TRL's
 side), ``report`` (the tables), ``learn`` (learning beside TRL: ``--learn``), ``async_runs`` (asynchronous
-rollouts against the synchronous loop: ``--async``), ``curves`` (a run's accuracy against training seconds, read
+rollouts against the synchronous loop: ``--async``), ``inputs`` (what the command line is given, checked before anything runs), ``curves`` (a run's accuracy against training seconds, read
 from its output folder), ``cli`` (``grpokit bench``).
 """
 

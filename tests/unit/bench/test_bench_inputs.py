@@ -1,9 +1,10 @@
-"""grpokit bench's table of which mode reads which option (grpokit.bench.cli.FLAG_MODES): every option is in it,
+"""grpokit bench's table of which mode reads which option (grpokit.bench.inputs.FLAG_MODES): every option is in it,
 and an option given to a mode that does not read it is refused by name."""
 
 import pytest
 
-from grpokit.bench.cli import EVERY_MODE, FLAG_MODES, MODES, _bench_parser, unused_flags
+from grpokit.bench.cli import _bench_parser
+from grpokit.bench.inputs import EVERY_MODE, FLAG_MODES, MODES, unused_flags
 
 
 def test_every_option_says_which_modes_read_it():
@@ -27,7 +28,7 @@ def test_every_option_says_which_modes_read_it():
 )
 def test_an_option_another_mode_reads_is_refused(argv, refusal):
     args = _bench_parser().parse_args(argv)
-    assert refusal in unused_flags(args)
+    assert refusal in unused_flags(args, _bench_parser()._actions)
 
 
 @pytest.mark.parametrize(
@@ -43,4 +44,4 @@ def test_an_option_another_mode_reads_is_refused(argv, refusal):
     ],
 )
 def test_what_each_mode_reads_is_accepted(argv):
-    assert unused_flags(_bench_parser().parse_args(argv)) is None
+    assert unused_flags(_bench_parser().parse_args(argv), _bench_parser()._actions) is None
