@@ -169,6 +169,21 @@ def test_the_same_call_with_grpokits_own_config(tmp_path):
     assert trainer.train()["steps"] == 1
 
 
+def test_a_hub_id_in_reward_funcs_that_cannot_be_fetched_is_named(monkeypatch):
+    """A reward named owner/name that is no grpokit reward and no local folder is a hub reward model (TRL's
+    meaning); offline, the one line names it."""
+    from grpokit.compat.trl.api import named_reward
+    from grpokit.core.errors import ConfigError
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(
+        ConfigError, match=r"reward_funcs\[1\]='nobody/no-such-rm' is neither a grpokit reward nor a local"
+    ):
+        named_reward("nobody/no-such-rm", 1)
+    with pytest.raises(ConfigError, match="unknown reward"):
+        named_reward("format_strikt", 0)  # no slash: a misspelt grpokit reward, not a hub id
+
+
 @pytest.mark.parametrize(
     "kwargs,message",
     [
