@@ -14,6 +14,18 @@ per-turn reward (it reaches reward functions as the ``turn_rewards`` column and 
 each turn a step); ``done`` ends the episode. An empty ``messages`` list ends it too. ``reset`` must give
 the same messages for the same row (the G episodes of a group share their prompt).
 
+An environment may also score the episode as a whole (verifiers' rubrics, grpokit.integrations.verifiers):
+
+        def finish(self, last_text: str | None) -> dict[str, float | None]:   # once the episode is over
+            ...
+
+``finish`` is called in the episode's worker once the episode has ended (done, max_turns, the token or time
+budget; never after the environment failed, nor when its worker was stopped by a time budget): ``last_text``
+is the model's last turn when the environment was not stepped on it (cut at max_new_tokens or by the episode's
+token budget), else None. What it returns, {name: score or None} (checked: :func:`check_scores`), reaches reward
+functions as the column ``env_scores``; a factory's ``rewards`` attribute, [(name, weight)], makes each name a
+reward of the run (grpokit.rollout.episodes.environment_rewards).
+
 What an environment answers is checked (:func:`check_first`, :func:`check_step`): a list of messages, each
 a dict with a known role and string fields; a reward None or a finite number; ``done`` a bool. Their text
 is data (invalid Unicode replaced; a step's message cut at ``max_chars``). In the trainer each episode's
@@ -237,6 +249,11 @@ class EnvironmentWithTools:
             return self.env.reset(row, until)
         return self.env.reset(row)
 
+    def finish(self, last_text: str | None, until: float | None = None) -> object:
+        if isinstance(self.env, EnvProcess):
+            return self.env.finish(last_text, until)
+        return self.env.finish(last_text)
+
     def step(self, text: str, until: float | None = None) -> EnvStep:
         calls, results = run_calls(self.runner, self.parser, text, until)
         if calls.over_budget:
@@ -329,6 +346,23 @@ def check_step(value: object, max_chars: int | None) -> EnvStep:
     return EnvStep(messages, reward, bool(done), *map(int, counts), over_budget=value.over_budget is True)
 
 
+def check_scores(value: object) -> dict[str, float | None]:
+    """The scores a ``finish`` gave, checked: a dict of str names to finite numbers or None; or ValueError."""
+    if not isinstance(value, dict):
+        raise ValueError(f"returned a {type(value).__name__}, not a dict {{name: score}}")
+    out: dict[str, float | None] = {}
+    for name, score in value.items():
+        if not isinstance(name, str):
+            raise ValueError(f"gave a score named by a {type(name).__name__}, not a str")
+        if score is None:
+            out[name] = None
+            continue
+        if isinstance(score, bool) or not isinstance(score, numbers.Real) or not math.isfinite(float(score)):
+            raise ValueError(f"gave the score {name}={str(score)[:40]}, not a finite number or None")
+        out[name] = float(score)
+    return out
+
+
 def describe_error(e: BaseException) -> str:
     """ "Type: message (at file:line in function)", cut, for a failure message."""
     try:
@@ -344,8 +378,9 @@ def describe_error(e: BaseException) -> str:
 
 def _serve_environment(factory: Callable[[], object], requests: int, replies: int) -> None:
     """An environment worker's loop: ("reset", row) makes a fresh environment and resets it, ("step", (text,
-    tool_results)) steps it (:func:`step_environment`), ("close", None) calls its ``close()`` if it has one;
-    the reply ("ok", value, printed) or ("error", method, reason, printed)."""
+    tool_results)) steps it (:func:`step_environment`), ("finish", last_text) calls its ``finish`` (None when it
+    has none), ("close", None) calls its ``close()`` if it has one; the reply ("ok", value, printed) or ("error",
+    method, reason, printed)."""
     output = OutputTail(2000)
     env = None
     while True:
@@ -365,7 +400,10 @@ def _serve_environment(factory: Callable[[], object], requests: int, replies: in
                 if env is not None and callable(getattr(env, "close", None)):
                     env.close()
             elif env is None:
-                raise RuntimeError("step before reset")
+                raise RuntimeError(f"{op} before reset")
+            elif op == "finish":
+                method = "finish"
+                value = env.finish(arg) if callable(getattr(env, "finish", None)) else None
             else:
                 text, tool_results = arg
                 value = step_environment(env, text, tool_results)
@@ -402,6 +440,13 @@ class EnvProcess:
     def step(self, text: str, until: float | None = None, tool_results: list[dict] | None = None) -> object:
         """The environment's step on the turn's text (and, when it offers tools, the turn's tool results)."""
         return self._call("step", (text, tool_results), until)
+
+    def finish(self, last_text: str | None, until: float | None = None) -> object:
+        """The environment's ``finish(last_text)`` (see the module docstring); None when the episode's worker
+        was stopped (a time budget, a failure): nothing is left to score."""
+        if self.worker is None:
+            return None
+        return self._call("finish", last_text, until)
 
     def _call(self, op: str, arg: object, until: float | None) -> object:
         if op == "reset" and self.served:
@@ -445,6 +490,16 @@ class EnvProcess:
             self.pool.workers.retire(self.worker)
             self.worker = None
         self.served = False
+
+
+def finishes(env: object) -> bool:
+    """Whether an episode's environment has ``finish``: an :class:`EnvProcess` when its factory (a class) has
+    one, :class:`EnvironmentWithTools` when the environment it wraps does, another object by its own."""
+    if isinstance(env, EnvProcess):
+        return callable(getattr(env.pool.factory, "finish", None))
+    if isinstance(env, EnvironmentWithTools):
+        return finishes(env.env)
+    return not isinstance(env, ToolEnvironment) and callable(getattr(env, "finish", None))
 
 
 class EnvPool:

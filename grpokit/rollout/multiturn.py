@@ -10,6 +10,10 @@ episode ends when the environment says done or answers nothing (for tools alone:
 at ``max_turns``, or when the next turn would not fit the total token budget ``max_episode_tokens`` (the
 last two set the truncation flag; so does a turn cut at ``max_new_tokens`` without its EOS).
 
+Once the episodes are over, each environment that has ``finish`` (grpokit.rollout.envs) is called once more,
+in parallel, with the model's last turn when it was not stepped on it; what it returns is the episode's
+``env_scores`` (a verifiers rubric's scores of the whole transcript).
+
 No model output and no environment ends or stalls the rollout: an episode whose environment (tools
 included) has taken ``episode_budget_s`` in all, or when the rollout has waited ``step_budget_s`` on
 environments, ends (truncated, ``over_budget``); an environment that raises, hangs past its worker's clock,
@@ -51,8 +55,10 @@ from grpokit.rollout.envs import (
     EnvProcess,
     ToolEnvironment,
     check_first,
+    check_scores,
     check_step,
     describe_error,
+    finishes,
     step_environment,
 )
 from grpokit.rollout.generation import Rollout, left_pad
@@ -74,6 +80,7 @@ class Episode:
     truncated: bool = False
     over_budget: bool = False  # ended by the episode's or the step's time budget (also truncated)
     failed: str | None = None  # why its environment failed (raise, hang, crash, wrong answer): scored 0
+    env_scores: dict[str, float | None] | None = None  # what its environment's finish() gave (envs: finish)
 
     @property
     def completion(self) -> list[dict]:
@@ -271,7 +278,7 @@ def run_episodes(
         """One reset or step of episode i: (answer, why it failed, over budget, seconds); never raises."""
         i, op, arg = job
         t0 = time.monotonic()
-        until = clock.until(i, t0)
+        until = None if op == "finish" else clock.until(i, t0)  # (finish: only its worker's own clock)
         answer, failure, over = None, None, False
         try:
             if until is not None and until <= t0:
@@ -280,6 +287,8 @@ def run_episodes(
             try:
                 if op == "reset":
                     answer = check_first(value)
+                elif op == "finish":
+                    answer = None if value is None else check_scores(value)
                 elif isinstance(envs[i], (ToolEnvironment, EnvironmentWithTools)):
                     answer = value  # tool results (already cleaned and cut) and an environment answer checked there
                 else:
@@ -348,6 +357,7 @@ def run_episodes(
         comp: list[list[int]] = [[] for _ in range(N)]  # completion-side ids: model's and environment's
         is_model: list[list[int]] = [[] for _ in range(N)]
         lps: list[list[float]] = [[] for _ in range(N)]
+        unstepped: dict[int, str] = {}  # an episode's last turn its environment was not stepped on (cut)
         for turn in range(max_turns):
             if not active:
                 break
@@ -393,6 +403,7 @@ def run_episodes(
                     stepping.append((i, "step", text))
                 else:  # cut at max_new_tokens or by the budget: the turn is unfinished
                     ep.truncated = True
+                    unstepped[i] = text
             t0 = time.perf_counter()
             clock.start_phase()
             answers = list(pool.map(act, stepping))
@@ -442,6 +453,14 @@ def run_episodes(
                     episodes[i].over_budget = episodes[i].truncated = True
                 next_active = []
             active = next_active
+        finishing = [
+            (i, "finish", unstepped.get(i)) for i in range(N) if episodes[i].failed is None and finishes(envs[i])
+        ]
+        if finishing:  # the episodes are over: each environment's finish() scores its own, all at once
+            t0 = time.perf_counter()
+            for (i, _, _), (scores, failure, _, _) in zip(finishing, pool.map(act, finishing)):
+                episodes[i].failed, episodes[i].env_scores = failure, scores
+            t_env += time.perf_counter() - t0
     finally:
         pool.shutdown(wait=True)
     rollout = _as_rollout(prompts, comp, is_model, lps, episodes, pad_token_id)
@@ -477,9 +496,11 @@ class _Clock:
 
 
 def _env_call(env, op: str, arg: object, until: float | None) -> object:
-    """env.reset(row) / env.step(text), handing the deadline to those that take one."""
+    """env.reset(row) / env.step(text) / env.finish(last_text), handing the deadline to those that take one."""
     if isinstance(env, (EnvProcess, EnvironmentWithTools)):
         return getattr(env, op)(arg, until)
+    if op == "finish":
+        return env.finish(arg)
     if op == "step" and hasattr(env, "step_until"):
         return env.step_until(arg, until)
     if op == "step":

@@ -150,6 +150,45 @@ def test_episodes_end_on_done_max_turns_and_budget_with_the_flag():
     assert budget.rollout.truncated.tolist() == [True] * 4
 
 
+class Scored(Echo):
+    """Echo that scores its episode once it is over (envs: finish): the turns it was stepped on, and the
+    length of a last turn it was not stepped on (cut); finish raises on request; a step raises on request."""
+
+    finished: list = []
+
+    def __init__(self, fail: str = ""):
+        super().__init__()
+        self.fail = fail
+
+    def step(self, text):
+        if self.fail == "step":
+            raise RuntimeError("the game broke")
+        return super().step(text)
+
+    def finish(self, last_text):
+        Scored.finished.append(self)
+        if self.fail == "finish":
+            raise ValueError("no score")
+        return {"stepped": self.turn, "cut": None if last_text is None else len(last_text)}
+
+
+def test_an_environments_finish_scores_each_episode_once_it_is_over_a_cut_last_turn_included():
+    model, tok = tool_model()
+    batch = episodes(model, tok, [Scored() for _ in range(4)], max_turns=3, max_new_tokens=12)
+    for k, ep in enumerate(batch.episodes):
+        turns = [m["content"] for m in ep.completion if m["role"] == "assistant"]
+        cut = int(batch.rollout.completion_ids[k, ep.turn_ends[-1]]) != tok.eos_token_id  # ended without its EOS
+        assert ep.env_scores == {"stepped": len(turns) - cut, "cut": len(turns[-1]) if cut else None}
+    assert {ep.env_scores["cut"] is None for ep in batch.episodes} == {True, False}  # both cases seen
+    Scored.finished = []
+    envs = [Scored(), Scored("finish"), Scored("step"), Scored()]
+    batch = episodes(model, tok, envs, max_turns=2, max_new_tokens=40)  # (turns end with their EOS: stepped)
+    assert "finish raised ValueError: no score" in batch.episodes[1].failed  # its episode fails, named
+    assert batch.episodes[1].env_scores is None and batch.episodes[3].env_scores is not None
+    assert "step raised RuntimeError: the game broke" in batch.episodes[2].failed
+    assert envs[2] not in Scored.finished  # a failed environment is not asked to score
+
+
 @pytest.mark.slow
 def test_both_generators_and_one_episode_at_a_time_give_the_same_greedy_episodes():
     model, tok = tool_model()
