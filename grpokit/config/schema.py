@@ -160,7 +160,8 @@ class DataConfig:
     train: str = setting(
         "",
         """Training prompts: JSONL, JSON, CSV, Parquet, a save_to_disk folder, a hub-layout folder, a glob
-        (data/train-*.parquet) or a hub id (openai/gsm8k; the last three through datasets.load_dataset).""",
+        (data/train-*.parquet) or a hub id (openai/gsm8k; the last three through datasets.load_dataset); or
+        another ecosystem's data: reasoning_gym:TASK?size=.., verifiers:ENV_ID (a verifiers environment's dataset).""",
     )
     eval: str | None = setting(None, "Held-out prompts for evaluation (same formats).")
     config: str | None = setting(
@@ -423,10 +424,11 @@ class RolloutConfig:
     environment: str | dict[str, str] | None = setting(
         None,
         """Multi-turn rollouts in an environment (grpokit.rollout.envs): a factory as package.module:Env or
-        file.py:Env, or an OpenEnv server (openenv:URL, or package.module:Env for an OpenEnvironment
-        subclass). The tools its class lists in
-        `tools` (functions or names) are offered beside rollout.tools. A mapping {name: environment} gives each
-        row the one its rollout.environment_column names (docs/guides/environments.md).""",
+        file.py:Env, a verifiers environment (verifiers:ENV_ID, an installed one, or verifiers:my_env.py; its
+        rubric's functions become rewards), or an OpenEnv server (openenv:URL, or package.module:Env for an
+        OpenEnvironment subclass). The tools its class lists in `tools` (functions or names) are offered beside
+        rollout.tools. A mapping {name: environment} gives each row the one its rollout.environment_column
+        names (docs/guides/environments.md).""",
     )
     environment_column: str = setting(
         "environment",

@@ -66,8 +66,12 @@ SUPPORTED_FORMATS = (
 # finds nothing close ("prompt" and "question" share too few letters).
 _PROMPT_LIKE_COLUMNS = ("prompt", "messages", "question", "problem", "query", "instruction", "input")
 
-SOURCE_KINDS: dict[str, str] = {"reasoning_gym": "grpokit.integrations.reasoning_gym:load_rows"}
-"""Data of other ecosystems, named 'KIND:target' in data.train / data.eval (reasoning_gym:basic_arithmetic?size=500):
+SOURCE_KINDS: dict[str, str] = {
+    "reasoning_gym": "grpokit.integrations.reasoning_gym:load_rows",
+    "verifiers": "grpokit.integrations.verifiers:load_rows",
+}
+"""Data of other ecosystems, named 'KIND:target' in data.train / data.eval (reasoning_gym:basic_arithmetic?size=500,
+verifiers:my_env.py: a verifiers environment's dataset):
 KIND's loader, a 'module:function' taking (target, the whole name, prompt_column, limit) and returning rows. The
 loaders sit above this layer (grpokit.integrations), so they are named here, as entry points are, and imported
 only when a run names such data."""

@@ -95,8 +95,9 @@ class OpenEnvironment:
             self.client = None
 
 
-def environment_factory(target: str, spec: str) -> type[OpenEnvironment]:
-    """The environment of 'openenv:URL' (grpokit.rollout.episodes.ENVIRONMENT_KINDS): OpenEnvironment on URL."""
+def environment_factory(target: str, spec: str, rollout_cfg=None) -> type[OpenEnvironment]:
+    """The environment of 'openenv:URL' (grpokit.rollout.episodes.ENVIRONMENT_KINDS): OpenEnvironment on URL
+    (``rollout_cfg``: not read)."""
     try:
         import openenv.core  # noqa: F401 - the client, checked before any episode
     except ImportError as e:

@@ -3,7 +3,7 @@ rollout is a batch of episodes (grpokit.rollout.multiturn) instead of single com
 
     rollout:
       tools: [python, my_tools.py:multiply]    # and/or environment: my_env.py:Env (grpokit.rollout.envs protocol;
-                                               # its class's `tools` are offered too), openenv:URL,
+                                               # its class's `tools` are offered too), verifiers:ID, openenv:URL,
                                                # or {name: environment, ...}: each row's named by a column
       max_turns: 4                             # model turns per episode
       max_new_tokens: 128                      # per model turn
@@ -24,10 +24,14 @@ agent_name take one per example): with ``rollout.environment`` a mapping {name: 
 rendering of them, and the step's metrics say per environment how its episodes went (env/NAME/...). Every
 active episode of every environment generates in the same batched call.
 
+An environment may bring rewards of its own (a verifiers environment's rubric): its factory's ``rewards``,
+[(name, weight)], are added to the run's reward functions (:func:`environment_rewards`), each reading its score
+from the column ``env_scores`` (what the episode's ``finish()`` gave, grpokit.rollout.envs).
+
 Reward functions get TRL's message-list convention: ``prompts[i]`` the first messages, ``completions[i]``
 every message after them (assistant turns, tool results, environment replies), and the columns
 ``turn_rewards`` (per episode, per model turn: the environment's reward or None) and ``completion_ids``
-(the model's own token ids).
+(the model's own token ids), and ``env_scores`` (per episode: its environment's finish() scores, or None).
 """
 
 from __future__ import annotations
@@ -87,17 +91,20 @@ def multi_turn(rollout_cfg) -> bool:
 
 
 ENVIRONMENT_KINDS: dict[str, str] = {
+    "verifiers": "grpokit.integrations.verifiers:environment_factory",
     "openenv": "grpokit.integrations.openenv:environment_factory",
 }
 """Environments of other ecosystems, named 'KIND:target' in rollout.environment: KIND's loader, a
-'module:function' that takes (target, the whole name) and returns a factory of this protocol. The adapters
-sit in the layer above (grpokit.integrations), so they are named here, as entry points are, and imported
-only when a run names such an environment."""
+'module:function' that takes (target, the whole name, the rollout settings) and returns a factory of this
+protocol. The adapters sit in the layer above (grpokit.integrations), so they are named here, as entry points
+are, and imported only when a run names such an environment."""
 
 
-def load_environment(spec: str) -> Callable[[], Environment]:
+def load_environment(spec: str, rollout_cfg=None) -> Callable[[], Environment]:
     """The factory named 'module:attr' or 'file.py:attr' (a class or a function with no arguments), or an
-    environment of another ecosystem, 'KIND:target' (ENVIRONMENT_KINDS: openenv:URL)."""
+    environment of another ecosystem, 'KIND:target' (ENVIRONMENT_KINDS: verifiers:ID, openenv:URL), whose
+    loader reads what it needs of ``rollout_cfg`` (rollout.*: verifiers' tool calls are read with
+    rollout.tool_parser)."""
     kind, sep, target = spec.partition(":")
     if sep and kind in ENVIRONMENT_KINDS:
         module, _, loader = ENVIRONMENT_KINDS[kind].partition(":")
@@ -108,7 +115,7 @@ def load_environment(spec: str) -> Callable[[], Environment]:
                 f"rollout.environment={spec!r} needs the package of {kind} environments ({e}); "
                 f"pip install 'grpokit[{kind}]'"
             ) from e
-        return load(target, spec)
+        return load(target, spec, rollout_cfg)
     target, sep, attr = spec.rpartition(":")
     if not sep or not target or not attr:
         raise ConfigError(
@@ -179,6 +186,60 @@ def shared_tool_names(factory: Callable[[], Environment], spec: str, tools: list
         if name not in names:
             raise ToolDefinitionError(f"{where} names {name!r}, which is not one of its tools {sorted(names)}")
     return set(shared)
+
+
+class EnvironmentReward:
+    """One reward an environment brings (its factory's ``rewards``): the score named ``score`` in each episode's
+    ``env_scores`` column (what its environment's finish() gave); None (does not apply) where there is none (an
+    episode whose worker a time budget stopped) and, with an environment per row, on the rows of the others
+    (those whose ``column`` does not name ``environment``). A lookup: it runs in the scoring process."""
+
+    in_process = True  # (grpokit.scoring.runner: no worker needed to read a column)
+
+    def __init__(self, score: str, environment: str | None = None, column: str | None = None):
+        self.score, self.environment, self.column = score, environment, column
+        self.__name__ = score
+
+    def __call__(self, prompts, completions, env_scores=None, **columns) -> list[float | None]:
+        scores = env_scores if env_scores is not None else [None] * len(completions)
+        mine = columns.get(self.column) if self.environment is not None else None
+        out = []
+        for k, given in enumerate(scores):
+            if mine is not None and mine[k] != self.environment:
+                out.append(None)
+            else:
+                out.append(given.get(self.score) if isinstance(given, dict) else None)
+        return out
+
+    def __repr__(self) -> str:
+        return f"EnvironmentReward({self.score!r}, {self.environment!r}, {self.column!r})"
+
+
+def environment_rewards(rollout_cfg, taken: list[str] = ()) -> list[tuple[str, EnvironmentReward, float]]:
+    """(name, function, weight) for each reward the run's environments of other ecosystems bring: their
+    factory's ``rewards`` [(score name, weight)] (a verifiers environment's rubric: each function with its
+    weight), in order, weighted ones first. With an environment per row a reward is named NAME.SCORE (NAME: the
+    environment's key in rollout.environment) and applies to its rows alone. ConfigError for a name already
+    ``taken`` (the rewards given or configured)."""
+    specs = environment_specs(rollout_cfg.environment)
+    by_row = isinstance(rollout_cfg.environment, dict)
+    out: list[tuple[str, EnvironmentReward, float]] = []
+    for key, spec in specs.items():
+        kind, sep, _ = spec.partition(":")
+        if not sep or kind not in ENVIRONMENT_KINDS:
+            continue  # grpokit's own environments: their rewards are the run's rewards
+        offered = list(getattr(load_environment(spec, rollout_cfg), "rewards", None) or ())
+        offered.sort(key=lambda pair: pair[1] == 0)  # metrics (weight 0) last: never picked as accuracy
+        for score, weight in offered:
+            name = f"{key}.{score}" if by_row else score
+            if name in taken or any(name == n for n, _, _ in out):
+                raise ConfigError(
+                    f"rollout.environment={spec!r} brings a reward named {name!r}, and the run already has one "
+                    "of that name; rename your reward (or the environment's function)"
+                )
+            fn = EnvironmentReward(score, key, rollout_cfg.environment_column) if by_row else EnvironmentReward(score)
+            out.append((name, fn, float(weight)))
+    return out
 
 
 @dataclass
@@ -258,7 +319,7 @@ class EpisodeSampler:
         shared: list[Tool] = []
         self.envs: dict[str, LoadedEnvironment] = {}
         for name, spec in environment_specs(r.environment).items():
-            factory = load_environment(spec)
+            factory = load_environment(spec, r)
             offered = environment_tools(factory, spec, taken)  # the environment's own tools
             shared_names = shared_tool_names(factory, spec, offered)
             for t in offered:
@@ -381,8 +442,9 @@ class EpisodeSampler:
         cannot render the tools or turns is a ConfigError."""
         if self.delta is None or self.delta.tokenizer is not tokenizer:
             self.delta = ChatDelta(tokenizer, [t.schema for t in self.run_tools])
-            for env in self.envs.values():
-                env.delta = ChatDelta(tokenizer, [t.schema for t in env.tools])
+            for env in self.envs.values():  # its tools, and those it runs itself (verifiers' tool_defs)
+                schemas = [t.schema for t in env.tools] + list(getattr(env.factory, "tool_schemas", None) or ())
+                env.delta = ChatDelta(tokenizer, schemas)
 
     def _run(self, generator, model, tokenizer, rows: list[dict], **settings) -> EpisodeBatch:
         """run_episodes over ``rows`` with each row's environment, its chat rendering and its name; the
@@ -423,6 +485,7 @@ class EpisodeSampler:
         columns = reward_columns(per_episode_rows, cfg.data.prompt_column)
         columns["completion_ids"] = batch.rollout.completion_token_ids()  # the model's own ids
         columns["turn_rewards"] = [list(ep.turn_rewards) for ep in episodes]
+        columns["env_scores"] = [ep.env_scores for ep in episodes]
         columns["trainer_state"] = trainer_state
         prompts = [ep.messages[: ep.n_first] for ep in episodes]
         completions = [ep.completion for ep in episodes]
@@ -526,6 +589,7 @@ class EpisodeSampler:
             columns = reward_columns(part, self.cfg.data.prompt_column)
             columns["completion_ids"] = batch.rollout.completion_token_ids()
             columns["turn_rewards"] = [list(ep.turn_rewards) for ep in batch.episodes]
+            columns["env_scores"] = [ep.env_scores for ep in batch.episodes]
             columns["trainer_state"] = TrainerState()
             prompts = [ep.messages[: ep.n_first] for ep in batch.episodes]
             completions = [ep.completion for ep in batch.episodes]
@@ -590,4 +654,12 @@ class EpisodeSampler:
             env.pool.close()
 
 
-__all__ = ["EpisodeSampler", "ToolDefinitionError", "load_environment", "multi_turn", "name_callables"]
+__all__ = [
+    "EnvironmentReward",
+    "EpisodeSampler",
+    "ToolDefinitionError",
+    "environment_rewards",
+    "load_environment",
+    "multi_turn",
+    "name_callables",
+]

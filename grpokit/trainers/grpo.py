@@ -64,7 +64,7 @@ from grpokit.rewards.process import check_process_setup
 from grpokit.rewards.which_accuracy import pick_accuracy_reward
 from grpokit.rollout.batch import ANSWER_FORMAT_HINT, ScoredBatch, advantage_abs_mean, step_metrics
 from grpokit.rollout.engines import engine_class
-from grpokit.rollout.episodes import EpisodeSampler, multi_turn, name_callables
+from grpokit.rollout.episodes import EpisodeSampler, environment_rewards, multi_turn, name_callables
 from grpokit.rollout.evaluate import evaluate
 from grpokit.rollout.generation import FastGenerator, rollout_metrics
 from grpokit.rollout.record import TokenRecorder, sample_rows, write_rollouts
@@ -300,11 +300,14 @@ class GRPOTrainer:
     def reward_functions(
         cfg: Config, algo, given: list[tuple[str, Any, float]] | None
     ) -> tuple[list, dict[str, str]]:
-        """(name, fn, weight) per reward: the given ones or cfg.rewards', the overlong penalty when the preset
-        (``algo``, resolved) shapes lengths, named by function in metrics ("my_rewards.py:brevity" logs
-        reward/brevity/mean); and {name as given: name in metrics}."""
+        """(name, fn, weight) per reward: the given ones or cfg.rewards', those the environments bring (a
+        verifiers rubric's functions: grpokit.rollout.episodes.environment_rewards), the overlong penalty when
+        the preset (``algo``, resolved) shapes lengths, named by function in metrics ("my_rewards.py:brevity"
+        logs reward/brevity/mean); and {name as given: name in metrics}."""
         # problems with cfg.rewards name their rewards[i] entry
         functions = given if given is not None else resolve_reward_specs(cfg.rewards)
+        # the rewards environments bring (a verifiers rubric: each function with its weight)
+        functions = [*functions, *environment_rewards(cfg.rollout, [name for name, _, _ in functions])]
         if algo.batch.overlong_shaping:
             r = cfg.rollout
             budget = r.max_new_tokens
