@@ -106,3 +106,17 @@ def group_scored() -> vf.Environment:
 
 def not_an_environment():
     return {"not": "an environment"}
+
+
+class Forgetful(vf.MultiTurnEnv):
+    """Asks each next turn with the first prompt alone (its get_prompt_messages drops the earlier turns)."""
+
+    async def env_response(self, messages, state, **kwargs):
+        return [vf.UserMessage(content="again")]
+
+    async def get_prompt_messages(self, state):
+        return state["prompt"] if not state["trajectory"] else [*state["prompt"], vf.UserMessage(content="again")]
+
+
+def forgetful() -> vf.Environment:
+    return Forgetful(dataset=Dataset.from_list(QUESTIONS), rubric=vf.Rubric(funcs=[has_digit]), max_turns=3)

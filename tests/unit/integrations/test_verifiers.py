@@ -222,6 +222,28 @@ def test_what_grpokit_cannot_run_is_named(monkeypatch):
         factory("verifiers:no-such-env")
     with pytest.raises(ConfigError, match="dataset='test' must be train"):
         load_prompts(SINGLE + "?dataset=test")
+    row = load_prompts(SINGLE)[0]
+    sampler, _ = factory("verifiers:vf_envs:forgetful")
+    try:
+        env = sampler.factory()
+        env.reset(row)
+        with pytest.raises(ValueError, match="rewrites earlier turns"):
+            env.step("1")  # its next request drops the model's turn: not one transcript
+        env.close()
+    finally:
+        sampler.close()
+    sampler, _ = factory(TOOLS)
+    try:
+        other_tools = {"tool_defs": [{"name": "search", "description": "find", "parameters": {"type": "object"}}]}
+        image = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:,"}}]}]
+        for bad, words in ((dict(row, info=other_tools), r"the row's tools \['search'\] are not the environment's"),
+                           (dict(row, prompt=image), "holds image_url content")):  # fmt: skip
+            env = sampler.factory()
+            with pytest.raises(ValueError, match=words):
+                env.reset(bad)
+            env.close()
+    finally:
+        sampler.close()
     monkeypatch.setattr(verifiers, "__version__", "0.4.0")
     with pytest.raises(vf_integration.UnsupportedVerifiersError, match=r"verifiers 0.4.0 is installed.*>=0.3,<0.4"):
         factory("verifiers:vf_envs:single_turn?system_prompt=other")
