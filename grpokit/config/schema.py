@@ -115,9 +115,11 @@ class SelectionConfig:
         choices=("off", "greso"),
     )
     refill: bool = setting(
-        True,
-        """Drop the groups that come out flat (equal rewards) and generate more prompts until the step has
-        rollout.prompts_per_step informative groups (at most data.selection.max_rounds extra rounds).""",
+        False,
+        """Also drop the groups that still come out flat (equal rewards) and generate more prompts until the step
+        has rollout.prompts_per_step informative groups (at most data.selection.max_rounds extra rounds). Off: the
+        skipped prompts' places go to the next ones in the stream and every step generates prompts_per_step
+        prompts, as without selection (refills cost up to 2x the generation where most groups are flat).""",
     )
     max_rounds: int = setting(
         4,

@@ -23,10 +23,11 @@ Worked example (explore_start 0.5): a prompt all solved on its last 2 visits is 
 0.5^2 = 0.25 when the stream reaches it; skipped, it comes back on the next pass over the data and is drawn
 again. One solved on its last visit and informative before: 0.5. Informative last time: always generated.
 
-The Sampler (grpokit.collect.sampler) then refills (data.selection.refill): groups that still come out flat
-are dropped and more prompts are generated until the step has rollout.prompts_per_step informative groups,
-each extra round sized by the share of flat groups seen so far (GRESO's adaptive batch). Never a silent
-narrowing: the share skipped is in the metrics every step (selection/skipped_frac); a step that could not
+A skipped prompt's place goes to the next one in the stream: a step still generates rollout.prompts_per_step
+prompts, fewer of them flat. With data.selection.refill the Sampler (grpokit.collect.sampler) also drops the
+groups that still come out flat and generates more prompts until the step has rollout.prompts_per_step
+informative groups, each extra round sized by the share of flat groups seen so far (GRESO's adaptive batch).
+Never a silent narrowing: the share skipped is in the metrics every step (selection/skipped_frac); a step that could not
 fill in data.selection.max_rounds extra rounds trains on some flat groups and says so; and when every row's
 last visit was flat (the informative pool ran dry) selection stops skipping and refilling, says so once, and
 the flat batches then meet train.stop_after_flat_steps's stop (solved: stopped early; failed: an error).
@@ -59,7 +60,7 @@ class SelectionSettings:
     target_flat: float = 0.25
     window: int = 4
     max_rounds: int = 4
-    refill: bool = True
+    refill: bool = False
 
     @classmethod
     def of(cls, config) -> SelectionSettings:

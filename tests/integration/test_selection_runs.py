@@ -26,6 +26,7 @@ def same(a: dict, b: dict) -> bool:
 
 SELECTION = [
     "data.selection.mode=greso",
+    "data.selection.refill=true",  # refills visit more prompts in a few steps: more history to carry
     "train.samples_every=0",
     "eval.enabled=false",
     "train.tensorboard=false",
