@@ -52,10 +52,16 @@ class Teacher:
         path = cfg.teacher.name_or_path
         key = f"teacher.name_or_path={path!r}"
         if not algo.uses_teacher:
-            if path is not None:
+            default = type(cfg.teacher)()
+            changed = [
+                f"teacher.{f}={getattr(cfg.teacher, f)!r}"
+                for f in ("name_or_path", "dtype")
+                if getattr(cfg.teacher, f) != getattr(default, f)
+            ]
+            if changed:
                 raise ConfigError(
-                    f"{key}: the teacher is read only by on-policy distillation; set algo.teacher_kl_coef > 0 "
-                    "(its weight in the advantage), or remove the setting."
+                    f"{', '.join(changed)}: the teacher is read only by on-policy distillation; set "
+                    "algo.teacher_kl_coef > 0 (its weight in the advantage), or remove the setting."
                 )
             return None
         if path is None:

@@ -87,6 +87,14 @@ def test_a_teacher_that_cannot_be_read_is_refused(tmp_path, teacher_dir):
         trainer(tmp_path / "a", None)
     with pytest.raises(ConfigError, match=r"teacher.name_or_path=.*set algo.teacher_kl_coef > 0"):
         trainer(tmp_path / "b", teacher_dir, "algo.advantage=group_std", "algo.teacher_kl_coef=0")
+    with pytest.raises(ConfigError, match=r"teacher.dtype='bfloat16': the teacher is read only"):
+        trainer(
+            tmp_path / "b2",
+            None,
+            "algo.advantage=group_std",
+            "algo.teacher_kl_coef=0",
+            "teacher.dtype=bfloat16",
+        )
     other = tmp_path / "other"  # the same model with another tokenizer's vocabulary
     save_tiny_model(other, seed=1)
     make_tiny_tokenizer(vocab_size=70).save_pretrained(other)  # 6 fillers more: 70 ids against 64
