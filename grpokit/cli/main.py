@@ -40,7 +40,8 @@ EXIT_CODES = (
     (2, "usage or config error: ConfigError, DataError (a bad value, data, model path, output folder, checkpoint "
         "to resume from), found before the model loads where it can be"),
     (3, "the user's code failed while the run ran it: UserCodeFailedError (RewardFunctionError: a reward function "
-        "raising or timing out on too many completions; CallbackError; a tool or an environment), with a checkpoint"),
+        "raising or timing out on too many completions; EnvironmentFailedError: a multi-turn environment, by the "
+        "same rule; CallbackError), with a checkpoint"),
     (4, "an engine or the sampler process failed: EngineError (SamplerDiedError, SamplerStalledError; a vLLM "
         "server down or dying), with a checkpoint"),
     (5, "disk full or another I/O error: RunIOError, OSError (writing a checkpoint, the log, the output folder)"),

@@ -7,8 +7,8 @@ docs/exit-codes.md and ``grpokit --help``). Each message says why and what to ch
     2    ConfigError, DataError: usage or config error (a bad value, data, model path, output folder,
          checkpoint to resume from), found before the model loads where it can be
     3    UserCodeFailedError: the user's code failed while the run ran it (RewardFunctionError: a reward function
-         raising or timing out on more than train.max_reward_failure_frac of a step; CallbackError; a tool
-         or an environment)
+         raising or timing out on more than train.max_reward_failure_frac of a step; EnvironmentFailedError, by
+         the same rule; CallbackError)
     4    EngineError: the generation engine or the sampler process failed (SamplerDiedError,
          SamplerStalledError; a vLLM server down or dying)
     5    RunIOError, OSError: disk full or another I/O error writing the run
@@ -50,6 +50,11 @@ class UserCodeFailedError(TrainingError):
 class RewardFunctionError(UserCodeFailedError):
     """A reward function raised or timed out on more of a step's completions than
     train.max_reward_failure_frac allows."""
+
+
+class EnvironmentFailedError(UserCodeFailedError):
+    """A multi-turn run's environment failed (raised, hung, crashed, answered what is not an answer) on every
+    episode of a step, or on more than train.max_reward_failure_frac of them."""
 
 
 class CallbackError(UserCodeFailedError):

@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from grpokit.core.errors import ConfigError, TrainingError
+from grpokit.core.errors import ConfigError, EnvironmentFailedError, RewardFunctionError, TrainingError
 from grpokit.core.user_code import describe, load_module
 from grpokit.data.prompts import reward_columns
 from grpokit.rewards.process import is_process_reward, reads_step_rewards
@@ -490,12 +490,12 @@ class EpisodeSampler:
         prompts = [ep.messages[: ep.n_first] for ep in episodes]
         completions = [ep.completion for ep in episodes]
         env_problem = self.env_failure(episodes)
-        if env_problem:
-            raise TrainingError(f"step {step + 1}: {env_problem}")
+        if env_problem:  # the user's code: exit 3 (grpokit.core.errors)
+            raise EnvironmentFailedError(f"step {step + 1}: {env_problem}")
         result = rewards(prompts, completions, columns)
         problem = result.failure(cfg.train.max_reward_failure_frac, prompts, completions)
         if problem:
-            raise TrainingError(
+            raise RewardFunctionError(
                 f"step {step + 1}: {problem}\nFix the reward function (or the data it reads). "
                 f"train.max_reward_failure_frac={cfg.train.max_reward_failure_frac:g} is the share of "
                 "a step's completions a function may fail on and still count 0 there."

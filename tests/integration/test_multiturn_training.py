@@ -10,7 +10,7 @@ from episode_parts import Countdown, count_digits, parity, turns_reward, used_to
 from tool_model import TOOLS_TEMPLATE, tool_model
 
 from grpokit.config.schema import load_config
-from grpokit.core.errors import ConfigError, TrainingError
+from grpokit.core.errors import ConfigError, EnvironmentFailedError
 from grpokit.rollout.envs import EnvStep
 from grpokit.rollout.tools import ToolDefinitionError
 from grpokit.trainers.grpo import GRPOTrainer
@@ -227,7 +227,7 @@ def test_environment_failures_stop_the_run_only_under_the_failure_fraction_rule(
                            reward_functions=[("turns_reward", turns_reward, 1.0)])  # fmt: skip
 
     strict = trainer(0.0)
-    with pytest.raises(TrainingError) as e:
+    with pytest.raises(EnvironmentFailedError) as e:  # the user's code, exit 3 (issue 48: was TrainingError)
         strict.train_step()
     message = str(e.value)
     for words in ("environment test_multiturn_training:Flaky", "of 8 (allowed: 0 of them) episodes",
