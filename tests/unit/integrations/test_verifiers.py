@@ -167,6 +167,11 @@ def test_in_a_rollout_the_models_tokens_are_trained_the_tools_masked_and_each_ep
             }  # fmt: skip
             assert ep.env_scores["has_digit"] == float(any(c.isdigit() for c in turns[-1]["content"]))
         assert batch.metrics["tools/calls"] == stepped
+        # held-out greedy episodes are scored by the rubric's functions too (evaluate's env_scores column):
+        # verifiers' num_turns counts the turns grpokit played, a cut one included
+        accuracy_fn = dict((n, f) for n, f, _ in environment_rewards(cfg.rollout))["num_turns"]
+        metrics = sampler.evaluate(FastGenerator(), model, tok, rows, accuracy_fn, eos_token_ids=[tok.eos_token_id])
+        assert metrics["greedy_score"] == metrics["episode/turns_mean"] >= 1
     finally:
         sampler.close()
 
