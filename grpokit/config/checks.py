@@ -407,8 +407,12 @@ def check_config(cfg: Any) -> None:
             f"optim.mini_batches={cfg.optim.mini_batches} must divide the rollout batch "
             f"(rollout.prompts_per_step * rollout.group_size = {batch})."
         )
-    if not cfg.rewards:
-        raise ConfigError("rewards: at least one reward function is needed.")
+    environments = cfg.rollout.environment
+    specs = environments.values() if isinstance(environments, dict) else [environments]
+    if not cfg.rewards and not any(str(spec).startswith("verifiers:") for spec in specs):
+        raise ConfigError(  # (a verifiers environment brings its rubric's functions: grpokit.integrations.verifiers)
+            "rewards: at least one reward function is needed (or a verifiers environment, whose rubric gives them)."
+        )
 
 
 def build_config(cls: type, values: dict[str, Any]) -> Any:

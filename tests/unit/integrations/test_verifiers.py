@@ -51,6 +51,15 @@ def test_a_single_turn_environment_gives_its_rows_and_each_rubric_function_is_a_
     # a verifiers Environment sets SIGINT/SIGTERM handlers of its own when made: the trainer's are kept
     assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == handlers
 
+    # a run's config: the environment's rubric alone gives the rewards (rewards: [] is refused without one)
+    with pytest.raises(ConfigError, match="at least one reward function is needed"):
+        load_config(None, ["rewards=[]"])
+    cfg = load_config(None, [f"data.train={SINGLE}", f"rollout.environment={SINGLE}", "rewards=[]"])
+    functions, _ = GRPOTrainer.reward_functions(cfg, resolve_algo(cfg), None)
+    assert [(name, weight) for name, _, weight in functions] == [
+        ("correct_answer", 1.0), ("has_digit", 0.5), ("num_turns", 0.0)
+    ]  # fmt: skip
+
     sampler, cfg = factory(SINGLE)
     try:
         env_class = sampler.factory
