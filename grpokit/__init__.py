@@ -21,6 +21,8 @@ from grpokit.core.version import VERSION as __version__
 # public name -> module that defines it
 _EXPORTS = {
     "GRPOTrainer": "grpokit.trainers.grpo",
+    "GRPOParts": "grpokit.trainers.parts",
+    "build_parts": "grpokit.trainers.parts",
     "TrainingError": "grpokit.core.errors",
     "Config": "grpokit.config.schema",
     "ConfigError": "grpokit.config.schema",
@@ -39,9 +41,11 @@ __all__ = [
     "Config",
     "ConfigError",
     "DataError",
+    "GRPOParts",
     "GRPOTrainer",
     "TrainingError",
     "__version__",
+    "build_parts",
     "config_from_dict",
     "evaluate",
     "load_config",
@@ -60,6 +64,7 @@ if TYPE_CHECKING:
     from grpokit.rollout.evaluate import evaluate
     from grpokit.run.plots import plot_training_curves
     from grpokit.trainers.grpo import GRPOTrainer
+    from grpokit.trainers.parts import GRPOParts, build_parts
     from grpokit.trainers.sft import SFTTrainer
 
 

@@ -7,7 +7,7 @@ same micro-batches and the same precision as the trainer's update (grpokit.train
 ships them in the batch (ScoredBatch.ref_logprobs); the trainer then skips its own pass. On a CPU with one
 torch thread on both sides (the demo's), the values are bit for bit the trainer's (tested).
 
-    reference = sampler_reference(cfg, algo, dist, device, ref_model, precision)  # None: the trainer's pass
+    reference = sampler_reference(cfg, algo, dist, device, ref_model, precision, asynchronous=True)  # None: the trainer's
     ref_logprobs = reference.logprobs(policy, rollout)    # (N, Lc), in the sampler process
 
 Memory: the process uses the trainer's own copy of the reference, not one of its own. Its weights travel as
@@ -43,10 +43,13 @@ def sampler_reference(
     device: torch.device,
     ref_model: torch.nn.Module | None,
     precision: Precision,
+    *,
+    asynchronous: bool,
 ) -> ReferencePass | None:
     """The reference pass an asynchronous run's sampler process makes (the module docstring); None where the
-    trainer keeps its own: a synchronous run, no reference (algo.beta = 0 and no KL in the reward), a GPU, fsdp."""
-    if not cfg.rollout.max_staleness or not algo.uses_reference:
+    trainer keeps its own: a synchronous run (``asynchronous`` False: grpokit.collect.factory decides), no reference
+    (algo.beta = 0 and no KL in the reward), a GPU, fsdp."""
+    if not asynchronous or not algo.uses_reference:
         return None
     if device.type != "cpu" or (dist.active and dist.strategy == "fsdp"):
         return None

@@ -2,9 +2,9 @@
 stops, when the sampler's log-probs drift away from the trainer's (open-instruct #1473: a gap that grows
 until the run collapses). The maths is grpokit.algos.mismatch's.
 
-    correction = MismatchCorrection.from_settings(cfg.rollout)     # None: no correction
+    correction = MismatchCorrection.from_settings(cfg.rollout, max_age)   # None: no correction
     w, _ = correction.weights(old, sample_logprobs, mask)          # (n, L), in grpokit.train.update
-    guard = MismatchGuard(cfg.rollout.max_sampler_kl, say)
+    guard = MismatchGuard(cfg.rollout.max_sampler_kl, say, max_age)
     guard.check(metrics, step)                                     # a notice, or MismatchError
 """
 
@@ -37,13 +37,14 @@ class MismatchCorrection:
     floor: float | None
 
     @classmethod
-    def from_settings(cls, rollout) -> MismatchCorrection | None:
-        """From a RolloutConfig: auto is token_truncate for an engine whose log-probs are not the trainer's
-        model's (its class's exact_logprobs is False: vllm) and for asynchronous rollouts (rollout.max_staleness >= 1:
-        samples of an older policy) with rollout.async_ratio=proximal, none for the others."""
+    def from_settings(cls, rollout, max_age: int = 0) -> MismatchCorrection | None:
+        """From a RolloutConfig and the batches' largest age in steps (``max_age``, the batch source's: grpokit.collect
+        .factory): auto is token_truncate for an engine whose log-probs are not the trainer's model's (its class's
+        exact_logprobs is False: vllm) and for batches of an older policy (max_age >= 1: asynchronous rollouts)
+        with rollout.async_ratio=proximal, none for the others."""
         mode = rollout.mismatch_correction
         if mode == "auto":
-            stale = getattr(rollout, "max_staleness", 0) >= 1 and rollout.async_ratio == "proximal"
+            stale = max_age >= 1 and rollout.async_ratio == "proximal"
             exact = engine_class(rollout.engine).exact_logprobs
             off_policy = not exact or stale  # behaviour: the ratio is already to the sampler
             mode = "token_truncate" if off_policy else "none"
@@ -61,8 +62,9 @@ class MismatchCorrection:
 
 class MismatchGuard:
     """Warns at the first step whose sampler_kl is above ``limit``, stops the run (MismatchError) after
-    GROWING_STEPS steps in a row above it, each higher than the last. ``limit`` 0: off. ``max_staleness``:
-    rollout.max_staleness (asynchronous rollouts), named in the messages: the gap then holds the samples' age."""
+    GROWING_STEPS steps in a row above it, each higher than the last. ``limit`` 0: off. ``max_staleness``: the
+    batches' largest age (rollout.max_staleness, asynchronous rollouts), named in the messages: the gap then holds
+    the samples' age."""
 
     def __init__(self, limit: float, say: Callable[[str], None], max_staleness: int = 0):
         self.limit, self.say = limit, say

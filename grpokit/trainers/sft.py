@@ -25,7 +25,6 @@ from typing import Any
 import torch
 
 from grpokit.algos.sft import nll_sum
-from grpokit.config.checks import check_settings_in_use
 from grpokit.config.run_file import given_in_code
 from grpokit.config.schema import ConfigError
 from grpokit.config.sft import SFTConfig, prompt_data_config, validated_sft
@@ -41,10 +40,9 @@ from grpokit.model.logprobs import attention_implementation, check_packed_attent
 from grpokit.rollout.batch import PromptStream, length_sorted
 from grpokit.run.log import RunLogger
 from grpokit.run.loop import run_training
-from grpokit.run.preflight import check_tracker_login, model_positions
-from grpokit.run.state import RunState
+from grpokit.run.preflight import model_positions
+from grpokit.run.setup import open_run
 from grpokit.train.costs import step_costs
-from grpokit.train.distributed import Distributed
 from grpokit.train.learner import Learner, load_model
 
 
@@ -73,17 +71,16 @@ class SFTTrainer:
         callbacks: Sequence[Callable[[int, dict[str, float], SFTTrainer], Any]] = (),
     ):
         validated_sft(cfg)  # the CLI's checks, for a config built in code too
-        check_settings_in_use(cfg)  # lora.* without lora.enabled: not ignored
-        check_tracker_login(cfg.train.report_to)  # wandb without a login fails now, not after the model loads
         self.cfg = cfg
         self.callbacks = list(callbacks)
         self.log_history: list[dict[str, float]] = []  # every step's metrics, as TRL's state.log_history
-        torch.manual_seed(cfg.train.seed)
-        self.dist = Distributed.from_env(cfg, batch_size=cfg.sft.batch_size)
-        # checks the output folder; no curves.png (its panels are GRPO's)
         recorded = given_in_code(cfg, model=model, tokenizer=tokenizer, train_rows=train_rows, eval_rows=eval_rows,
                                  reward_functions=reward_functions)  # for config.yaml; placeholders given again
-        self.run = RunState(cfg, self.dist, resume=resume, overwrite=overwrite, curves=False, given=recorded)
+        # the first step GRPOTrainer takes too (grpokit.run.setup): settings of parts that are off, the tracker's
+        # login, the seed, torchrun's ranks, the output folder (no curves.png: its panels are GRPO's)
+        self.dist, self.run = open_run(
+            cfg, resume=resume, overwrite=overwrite, batch_size=cfg.sft.batch_size, given=recorded, curves=False
+        )
 
         # data and rewards, checked before the model loads
         self.train_rows, self.eval_rows = load_sft_rows(cfg.data, train_rows, eval_rows)

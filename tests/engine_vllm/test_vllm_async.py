@@ -1,6 +1,6 @@
 """rollout.max_staleness >= 1 with rollout.engine=vllm (colocated): the vLLM engine lives in the sampler process
 (grpokit.collect.async_sampler), the trainer's pushes reach it, and each batch's log-probs are those of the policy
-version that sampled it. (Server mode's refusal needs no vLLM: tests/unit/train/test_async_sampler.py.)"""
+version that sampled it. (Server mode's refusal needs no vLLM: tests/unit/collect/test_async_sampler.py.)"""
 
 from __future__ import annotations
 

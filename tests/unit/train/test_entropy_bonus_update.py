@@ -4,8 +4,8 @@ and the adaptive coefficient stepping after each optimizer step."""
 
 import pytest
 import torch
-from test_parts import assert_same_gradient, fixed_rollout, grads_of_one_step, make_learner
 from tiny_model import make_tiny_model
+from update_parts import assert_same_gradient, fixed_rollout, grads_of_one_step, make_learner
 
 from grpokit.config.schema import resolve_algo
 from grpokit.train.update import PolicyUpdate

@@ -8,8 +8,8 @@ import math
 
 import pytest
 import torch
-from test_parts import fixed_rollout, grads_of_one_step, make_learner, row_logprobs
 from tiny_model import make_tiny_model
+from update_parts import fixed_rollout, grads_of_one_step, make_learner, row_logprobs
 
 from grpokit.config.checks import check_settings_in_use
 from grpokit.config.schema import ConfigError, load_config, resolve_algo

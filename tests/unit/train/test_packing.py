@@ -6,8 +6,8 @@ Llama on the CPU; padded and packed run the same float32 arithmetic in another o
 import pytest
 import torch
 from ragged_batch import ragged_batch
-from test_parts import grads_of_one_step
 from tiny_model import make_tiny_model
+from update_parts import grads_of_one_step
 
 from grpokit.config.schema import load_config, resolve_algo
 from grpokit.data.packing import cut_to_count, pack_masked, pack_sequences, token_budget_batches

@@ -19,11 +19,12 @@ import pytest
 import torch
 from episode_parts import count_digits, turns_reward, used_tool
 from grpo_runs import ROWS, has_seven, make_cfg, make_trainer
-from test_parts import fixed_rollout, grads_of_one_step, make_learner, row_logprobs
 from tiny_model import make_tiny_model
 from tool_model import tool_model
+from update_parts import fixed_rollout, grads_of_one_step, make_learner, row_logprobs
 
 from grpokit.collect.async_sampler import SamplerDiedError, _shared_payload, trainable_parameters
+from grpokit.collect.source import SyncSource
 from grpokit.config.schema import ConfigError, load_config, resolve_algo
 from grpokit.core.errors import RewardFunctionError
 from grpokit.train.mismatch import MismatchCorrection, MismatchError, MismatchGuard
@@ -44,7 +45,7 @@ def test_max_staleness_0_is_the_synchronous_run_bit_for_bit(tmp_path):
     runs = []
     for name, extra in (("default", ()), ("k0", ("rollout.max_staleness=0",))):
         trainer = make_trainer(tmp_path / name, *extra)
-        assert trainer.async_sampler is None  # the synchronous code path: no process, no queue
+        assert type(trainer.source) is SyncSource  # the synchronous code path: no process, no queue
         trainer.train()
         lines = [
             {k: v for k, v in m.items() if not k.startswith(VARYING) and not k.endswith("/seconds")}
@@ -106,7 +107,7 @@ def test_no_batch_older_than_k_is_trained_and_each_ratio_uses_the_log_probs_of_i
         reward_functions=[("has_seven", slow_reward, 1.0)], updater=RecordingUpdate, callbacks=[keep],
     )  # fmt: skip
     versions[0] = weights(trainer.model)
-    assert trainer.async_sampler.start_method == start
+    assert trainer.source.process.start_method == start
     trainer.train()
     history = trainer.log_history
     assert len(history) == 6 == len(RecordingUpdate.seen)
@@ -119,7 +120,7 @@ def test_no_batch_older_than_k_is_trained_and_each_ratio_uses_the_log_probs_of_i
     assert 1 in trained  # overlap happened: some batch was made while the previous one trained
     # pushes at steps 3 and 6 only: the batches of steps 2 and 5 would be made with versions 0 and 3 (2 old):
     # each is dropped and the newest weights pushed at once
-    assert sum(m["async/dropped"] for m in history) >= 16 and trainer.async_sampler.dropped_total >= 16
+    assert sum(m["async/dropped"] for m in history) >= 16 and trainer.source.process.dropped_total >= 16
     model, _ = make_tiny_model("qwen2", seed=0)
     for m, seen in zip(history, RecordingUpdate.seen):
         version, step, r = int(m["async/version"]), m["step"] - 1, seen["rollout"]
@@ -148,10 +149,10 @@ def test_a_killed_sampler_process_stops_the_run_with_a_named_error_and_a_checkpo
 
     def kill_at_two(step, metrics, trainer):
         if step == 2:
-            maps = Path(f"/proc/{trainer.async_sampler.pid}/maps").read_text().splitlines()
+            maps = Path(f"/proc/{trainer.source.process.pid}/maps").read_text().splitlines()
             spans = [line.split()[0].split("-") for line in maps if "/dev/shm/torch_" in line]
             shared.extend(int(end, 16) - int(start, 16) for start, end in spans)
-            os.kill(trainer.async_sampler.pid, signal.SIGKILL)
+            os.kill(trainer.source.process.pid, signal.SIGKILL)
 
     trainer = make_trainer(
         tmp_path, "rollout.max_staleness=1", "train.steps=8", "train.samples_every=0", callbacks=[kill_at_two]
@@ -190,10 +191,10 @@ def test_settings_async_cannot_run_with_are_refused_with_the_reason(overrides, w
 
 
 def test_auto_correction_is_token_truncate_for_stale_samples():
-    cfg = load_config(None, ["rollout.max_staleness=2"])
-    assert MismatchCorrection.from_settings(cfg.rollout) == MismatchCorrection("token_truncate", 2.0, None)
+    cfg = load_config(None, ["rollout.max_staleness=2"])  # the batch source's largest age: 2 steps
+    assert MismatchCorrection.from_settings(cfg.rollout, 2) == MismatchCorrection("token_truncate", 2.0, None)
     cfg = load_config(None, ["rollout.max_staleness=2", "rollout.mismatch_correction=token_mask"])
-    assert MismatchCorrection.from_settings(cfg.rollout).mode == "token_mask"
+    assert MismatchCorrection.from_settings(cfg.rollout, 2).mode == "token_mask"
     assert MismatchCorrection.from_settings(load_config(None, []).rollout) is None  # synchronous, fast engine
 
 
@@ -328,16 +329,16 @@ def test_a_reward_failing_in_the_sampler_stops_the_run_and_leaves_no_process(tmp
     trainer = GRPOTrainer(
         cfg, model=model, tokenizer=tok, train_rows=ROWS, reward_functions=[("broken", broken_reward, 1.0)]
     )
-    trainer.async_sampler.start()
-    pid = trainer.async_sampler.pid
+    trainer.source.process.start()
+    pid = trainer.source.process.pid
     # a fresh interpreter (multiprocessing's spawn), not a fork of the trainer: it can use CUDA the trainer has.
     # Asked of the process object: /proc/<pid>/cmdline reads empty once the failing process has exited (a zombie)
-    assert trainer.async_sampler.start_method == "spawn"
-    assert type(trainer.async_sampler.process).__name__ == "SpawnProcess"
+    assert trainer.source.process.start_method == "spawn"
+    assert type(trainer.source.process.process).__name__ == "SpawnProcess"
     # the user's code failing in the process keeps its kind (exit 3), not the process's (4): issue 48
     with pytest.raises(RewardFunctionError, match="in the sampler process, batch 0: step 1: .*answer column"):
         trainer.train()
-    assert trainer.step == 0 and trainer.async_sampler.pid is None
+    assert trainer.step == 0 and trainer.source.process.pid is None
     deadline = time.monotonic() + 10
     while os.path.exists(f"/proc/{pid}") and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -448,7 +449,7 @@ def test_multi_turn_episodes_run_in_the_sampler_and_the_ratio_uses_its_log_probs
 
     def keep(step, metrics, trainer):
         versions[step] = weights(trainer.model)
-        processes.add(trainer.async_sampler.process)
+        processes.add(trainer.source.process.process)
 
     model, tok = tool_model()
     cfg = load_config(

@@ -74,7 +74,7 @@ def test_the_sampler_ships_the_reference_log_probs_and_they_are_the_trainers_own
         tmp_path, "rollout.max_staleness=1", "train.steps=3", "train.samples_every=0", "eval.enabled=false",
         *extra, updater=ReferenceCounting,
     )  # fmt: skip
-    assert trainer.async_sampler.start_method == start
+    assert trainer.source.process.start_method == start
     trainer.train()
     assert ReferenceCounting.passes == 0  # before: one a step
     assert len(ReferenceCounting.shipped) == 3
@@ -141,9 +141,10 @@ def test_the_trainer_keeps_its_own_pass_where_the_sampler_cannot_make_it():
     def reference(*overrides, dist=None, device="cpu"):
         cfg = load_config(None, ["model.device=cpu", "algo.preset=grpo", *overrides])
         alone = dist or Distributed()
-        return sampler_reference(
-            cfg, resolve_algo(cfg), alone, torch.device(device), None, PRECISIONS["fp32"]
-        )
+        return sampler_reference(  # asynchronous: as grpokit.collect.factory decides it, from rollout.max_staleness
+            cfg, resolve_algo(cfg), alone, torch.device(device), None, PRECISIONS["fp32"],
+            asynchronous=cfg.rollout.max_staleness >= 1,
+        )  # fmt: skip
 
     made = reference("rollout.max_staleness=1", "optim.micro_batch_size=3", "optim.logprob_chunk_size=64")
     assert isinstance(made, ReferencePass)
