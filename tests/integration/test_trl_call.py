@@ -144,7 +144,10 @@ def test_args_grpoconfig_with_reward_weights_datasets_a_path_and_a_reward_model(
         "has_seven": 1.0,
         "tiny-rm": 0.5,
     }
-    assert len(trainer.train_rows) == 16 and len(trainer.eval_rows) == 2
+    # neither has_seven nor the reward model says it is the verifier: no accuracy reward is guessed
+    # (grpokit.rewards.which_accuracy, rule 5), so the held-out rows are not evaluated and the run says why
+    assert len(trainer.train_rows) == 16 and trainer.accuracy_name is None and trainer.eval_rows == []
+    assert "train.accuracy_reward" in trainer.accuracy_why
     trainer.train()
     steps = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
     scored = [m for m in steps if "reward/tiny-rm/mean" in m]
