@@ -70,282 +70,55 @@ batch and the sampler never waits longer than a copy.
 
 from __future__ import annotations
 
-import copyreg
-import ctypes
 import dataclasses
-import io
 import multiprocessing
 import os
-import pickle
 import queue
-import select
 import signal
-import sys
 import threading
 import time
-import traceback
-import types
 import weakref
-from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
+from grpokit.collect.process import (
+    BEAT,
+    SIGNAL,
+    STARTED,
+    SamplerRecipe,
+    Taken,
+    _drain,
+    _raised_there,
+    _sampler_process,
+    _stop,
+)
+from grpokit.collect.transport import (
+    _SCRIPT_HINT,
+    _shared_payload,
+    _started_by_script,
+    check_named_code,
+    check_sendable,
+    shared_tensors,
+    trainable_parameters,
+)
 from grpokit.core.errors import (
     ConfigError,
     SamplerDiedError,
     SamplerStalledError,
-    TrainingError,
-    UserCodeFailedError,
 )
-from grpokit.core.workers import PR_SET_PDEATHSIG, read_frame, write_frame
-from grpokit.rewards import RewardRunner
+from grpokit.core.workers import write_frame
 from grpokit.rollout.engines import engine_class
-from grpokit.rollout.episodes import EpisodeSampler, multi_turn
-from grpokit.rollout.generation import rollout_metrics
 
 POLL_S = 0.5  # how often a waiting trainer checks that the sampler process is alive and beating
-HEARTBEAT_S = 1.0  # how often the process's heartbeat thread beats
 START_ALLOWANCE_S = 600.0  # the least time a process gets for its first beat (spawn imports torch... first)
-BEAT, STARTED, SIGNAL = range(3)  # the board's slots: beats, the last batch whose weights the process took, a
-# signal sent to the process (its number; 0: none)
 
 __all__ = ["AsyncSampler", "SamplerDiedError", "SamplerStalledError", "StopRequested", "Taken"]
 
 
 class StopRequested(Exception):
     """take() stopped waiting for a batch: ``stopping()`` said the run stops (a signal); no batch was taken."""
-
-
-@dataclass
-class Taken:
-    """A batch taken off the queue: its index in the run, the policy version that made it, and the
-    sampler's own numbers."""
-
-    index: int
-    version: int
-    batch: object  # ScoredBatch
-    timing: dict[str, float]  # the sampler's seconds: generation, scoring
-    sampling: dict[str, float]  # sampling metrics (zero_variance_frac, sampling_rounds...)
-    stream: dict[str, int]  # the prompt stream's position after this batch
-    busy_s: float  # the sampler's seconds on this batch
-    done_at: float  # time.monotonic() when it was sent
-    episodes: dict[str, float] = field(default_factory=dict)  # episode/*, tools/* (multi-turn), rollout/*
-
-
-def trainable_parameters(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """The parameters a push carries: those that train (with LoRA the adapter; the frozen base never changes)."""
-    return {name: p for name, p in model.named_parameters() if p.requires_grad}
-
-
-@dataclass
-class SamplerRecipe:
-    """What the sampler process builds its Sampler from (every field picklable): the trainer's Sampler's
-    settings and data, and ``rewards``, a picklable function that returns the run's [(name, fn, weight)]
-    (called in the process: a config's rewards are resolved again there)."""
-
-    sampler_class: type  # grpokit.collect.sampler.Sampler, or the subclass the trainer was given
-    cfg: object  # Config
-    algo: object  # the resolved algorithm
-    tokenizer: object
-    train_rows: list[dict]
-    encoded: list[list[int]]  # the prompts' token ids
-    reward_names: list[str]
-    has_critic: bool
-    dist: object  # its share of the prompts and its seed: Distributed() alone (grpokit.collect.async_ranks: a rank's)
-    rewards: Callable[[], list]
-
-    @classmethod
-    def of(cls, sampler, rewards: Callable[[], list]) -> SamplerRecipe:
-        """The recipe of the trainer's ``sampler`` (grpokit.collect.sampler.Sampler)."""
-        return cls(
-            type(sampler), sampler.cfg, sampler.algo, sampler.tokenizer, sampler.train_rows, sampler.encoded,
-            list(sampler.reward_names), sampler.has_critic, sampler.dist, rewards,
-        )  # fmt: skip
-
-    def build(self, model: torch.nn.Module):
-        """The Sampler of the process around ``model``: its own reward runner, engine and, with multi-turn
-        rollouts, its own tool and environment workers."""
-        functions = self.rewards()
-        rewards = RewardRunner(functions, timeout_s=self.cfg.train.reward_timeout_s)
-        rewards.start()  # the reward workers set up while the engine and the first batch get going
-        episodes = EpisodeSampler(self.cfg, functions, self.algo) if multi_turn(self.cfg.rollout) else None
-        return self.sampler_class(
-            self.cfg, self.algo, model, self.tokenizer, self.train_rows, rewards, self.reward_names,
-            dist=self.dist, has_critic=self.has_critic, episodes=episodes, encoded=self.encoded,
-        )  # fmt: skip
-
-
-def check_sendable(obj: object, max_staleness: int, what: str) -> None:
-    """ConfigError, naming ``what`` and the object, when ``obj`` cannot reach a spawned process: something
-    pickle cannot take (a lambda, a nested function) or a function of a __main__ the process cannot import
-    (a notebook, an interactive session, ``python -c``). Refused on a CPU-only run too, where the process is a
-    fork that could take it (``start_method``): the same config must also run on a GPU or with vLLM, where it
-    is spawned."""
-    try:
-        _SendCheck(io.BytesIO()).dump(obj)
-    except Exception as e:  # noqa: BLE001 - pickle raises several kinds; each is reported with its reason
-        raise ConfigError(
-            f"rollout.max_staleness={max_staleness}: {what} cannot be sent to the sampler process: "
-            f"{type(e).__name__}: {e}. That process is a fork of this one on a CPU-only run, but a fresh "
-            "interpreter (spawn) with CUDA or vLLM, which receives everything pickled; it is refused on every "
-            "run, forked too, so that a config that runs here also runs on a GPU. Define reward functions, "
-            "tools and environments at module level in a .py file (importable, or named in the config as "
-            "path/file.py:function), not as a lambda, a nested function or in a notebook; or set "
-            "rollout.max_staleness=0."
-        ) from None
-
-
-def check_named_code(rollout, max_staleness: int) -> None:
-    """ConfigError when a tool, an environment or a tool parser is named "__main__:..." (given as a function of a
-    notebook or an interactive session, grpokit.rollout.episodes.name_callables) and the sampler process could
-    not import that __main__."""
-    named = [*(rollout.tools if isinstance(rollout.tools, (list, tuple)) else []), rollout.environment]
-    named.append(rollout.tool_parser)
-    here = [name for name in named if isinstance(name, str) and name.startswith("__main__:")]
-    if here and not _main_importable():
-        raise ConfigError(
-            f"rollout.max_staleness={max_staleness}: {', '.join(here)} is defined in __main__ (a notebook or an "
-            "interactive session), which the sampler process cannot import when it is a fresh interpreter (spawn, "
-            "with CUDA or vLLM; refused on a CPU-only run's fork too, so that the config also runs on a GPU); define "
-            "it at module level in a .py file and give it as path/file.py:name or module:name, or set "
-            "rollout.max_staleness=0."
-        )
-
-
-def _main_importable() -> bool:
-    """Whether a spawned process finds what this process's __main__ defines (multiprocessing runs a main
-    script again as __mp_main__; not a notebook, an interactive session or ``python -c``)."""
-    main = sys.modules.get("__main__")
-    spec = getattr(main, "__spec__", None)
-    if spec is not None:
-        return not spec.name.endswith("__main__")  # python -m package: its __main__ is not run again
-    return bool(getattr(main, "__file__", None))
-
-
-def _started_by_script() -> bool:
-    """Whether this process's __main__ is a script file, which a spawned process runs again (as __mp_main__)."""
-    main = sys.modules.get("__main__")
-    return getattr(main, "__spec__", None) is None and bool(getattr(main, "__file__", None))
-
-
-_SCRIPT_HINT = (
-    " (The process imports the script that started the run again, as any spawned process does: a script that "
-    'trains at its top level must do it under `if __name__ == "__main__":`.)'
-)
-
-
-class _SendCheck(pickle.Pickler):
-    """A pickler that also refuses functions and classes of a __main__ a spawned process cannot import."""
-
-    def reducer_override(self, obj):
-        if isinstance(obj, (types.FunctionType, type)) and getattr(obj, "__module__", None) == "__main__":
-            if not _main_importable():
-                raise pickle.PicklingError(
-                    f"{obj.__qualname__} is defined in __main__ (a notebook or an interactive session), which "
-                    "a spawned process cannot import"
-                )
-        return NotImplemented
-
-
-_HOOKS = (
-    "_forward_hooks", "_forward_hooks_with_kwargs", "_forward_hooks_always_called", "_forward_pre_hooks",
-    "_forward_pre_hooks_with_kwargs", "_backward_hooks", "_backward_pre_hooks",
-)  # fmt: skip
-
-
-class _PolicyPickler(pickle.Pickler):
-    """Pickles the policy without its modules' forward and backward hooks: they are the trainer's (gradient
-    checkpointing's input-grad hook is a nested function pickle cannot take) and the sampler runs no backward.
-    The tensors of ``shared`` (name -> tensor) are pickled as their names (``_load_payload`` puts them back)."""
-
-    def __init__(self, file, protocol: int, shared: dict[str, torch.Tensor] | None = None):
-        super().__init__(file, protocol=protocol)
-        self._names = {id(t): name for name, t in (shared or {}).items()}
-
-    def persistent_id(self, obj):
-        return self._names.get(id(obj)) if self._names else None
-
-    def reducer_override(self, obj):
-        if isinstance(obj, torch.nn.Module) and type(obj).__getstate__ is torch.nn.Module.__getstate__:
-            state = obj.__getstate__()
-            for key in _HOOKS:
-                if key in state:
-                    state[key] = OrderedDict()
-            return copyreg.__newobj__, (type(obj),), state
-        return NotImplemented
-
-
-def shared_tensors(module: torch.nn.Module | None) -> dict[str, torch.Tensor]:
-    """``module``'s parameters and buffers by name, each tensor once (None: none): what reaches the sampler
-    process as itself, not as a copy in the pickled description (``_shared_payload`` names them). A fork maps the
-    trainer's pages (copy on write: nothing writes a frozen reference); spawn sends them through the process's
-    arguments, which torch moves into shared memory once and maps there."""
-    if module is None:
-        return {}
-    named = [*module.named_parameters(remove_duplicate=False), *module.named_buffers(remove_duplicate=False)]
-    out: dict[str, torch.Tensor] = {}
-    seen: set[int] = set()
-    for name, t in named:
-        if id(t) not in seen:  # tied weights: one tensor, its first name
-            seen.add(id(t))
-            out[name] = t
-    return out
-
-
-def _shared_payload(obj: object, shared: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
-    """``obj`` pickled into a shared-memory byte tensor: it reaches the spawned process without going through
-    its start pipe (a large policy there would hold the trainer until the process had imported torch). The
-    tensors of ``shared`` are left out, named (``shared_tensors``)."""
-    buffer = io.BytesIO()
-    _PolicyPickler(buffer, pickle.HIGHEST_PROTOCOL, shared).dump(obj)
-    view = buffer.getbuffer()
-    payload = torch.empty(len(view), dtype=torch.uint8).share_memory_()
-    payload.numpy()[:] = memoryview(view).cast("B")
-    return payload
-
-
-class _Unpickler(pickle.Unpickler):
-    """Puts the tensors a payload names (``_PolicyPickler``'s ``shared``) back."""
-
-    def __init__(self, file, shared: dict[str, torch.Tensor]):
-        super().__init__(file)
-        self._shared = shared
-
-    def persistent_load(self, name):
-        return self._shared[name]
-
-
-class _ViewReader:
-    """A file over a memoryview for the unpickler, which copies only what it reads (io.BytesIO would copy the
-    whole payload first)."""
-
-    def __init__(self, view: memoryview):
-        self.view, self.at = view, 0
-
-    def read(self, n: int = -1) -> bytes:
-        end = len(self.view) if n is None or n < 0 else min(len(self.view), self.at + n)
-        out, self.at = self.view[self.at : end].tobytes(), end
-        return out
-
-    def readinto(self, buffer) -> int:
-        n = min(len(buffer), len(self.view) - self.at)
-        memoryview(buffer).cast("B")[:n] = self.view[self.at : self.at + n]
-        self.at += n
-        return n
-
-    def readline(self) -> bytes:  # the text opcodes of protocols 0-1 only: not in a HIGHEST_PROTOCOL payload
-        end = self.at
-        while end < len(self.view) and self.view[end] != 10:
-            end += 1
-        return self.read(end + 1 - self.at)
-
-
-def _load_payload(payload: torch.Tensor, shared: dict[str, torch.Tensor]) -> object:
-    """What ``_shared_payload(obj, shared)`` pickled, its named tensors ``shared``'s own."""
-    return _Unpickler(_ViewReader(memoryview(payload.numpy()).cast("B")), shared).load()
 
 
 START_ENV = "GRPOKIT_SAMPLER_START"
@@ -742,215 +515,3 @@ class AsyncSampler:
         if code < 0:
             return f" (killed by {signal.Signals(-code).name})"
         return f" (exit status {code})"
-
-
-def _raised_there(where: str, error: BaseException) -> Exception:
-    """The trainer's error for ``error``, raised in the sampler process at ``where`` ("batch 3", "starting"): the
-    user's code or settings failing there keep their own kind (a reward function: RewardFunctionError, exit 3);
-    anything else is the process failing (SamplerDiedError)."""
-    if isinstance(error, (UserCodeFailedError, ConfigError)):
-        try:
-            return type(error)(f"in the sampler process, {where}: {error}")
-        except TypeError:  # a class of more arguments: its kind
-            kind = UserCodeFailedError if isinstance(error, UserCodeFailedError) else ConfigError
-            return kind(f"in the sampler process, {where}: {type(error).__name__}: {error}")
-    return SamplerDiedError(f"the sampler process failed: {where}: {type(error).__name__}: {error}")
-
-
-def _sendable(error: BaseException) -> BaseException:
-    """``error`` if it pickles (it reaches the trainer as itself), else a TrainingError saying what it was."""
-    try:
-        pickle.loads(pickle.dumps(error))
-        return error
-    except Exception:  # noqa: BLE001 - any pickling failure: its text
-        return TrainingError(f"{type(error).__name__}: {error}")
-
-
-# ---------------------------------------------------------------------- the sampler process
-
-
-def _sampler_process(
-    parent, box, reference_tensors, shared, shared_version, lock, board, requests, replies, start
-) -> None:
-    """The process's main: tie its life to the trainer's and start its heartbeat, build the Sampler from the
-    recipe and the policy pickled in ``box`` (a one-item list it empties: the bytes are freed once loaded; the
-    reference pass, if any, with the trainer's ``reference_tensors``), then serve (a failure is sent to the
-    trainer, which raises it: grpokit.collect.async_sampler._raised_there)."""
-    _tie_to(parent, board.numpy())
-    os.environ["TOKENIZERS_PARALLELISM"] = "false"
-    torch.set_num_threads(1)
-    out = replies.fileno()
-    sampler, status = None, 0
-    try:
-        try:
-            payload = box.pop()
-            recipe, model, reference = _load_payload(payload, reference_tensors)
-            del payload
-            sampler = recipe.build(model)
-        except Exception as e:  # noqa: BLE001 - the trainer raises it
-            write_frame(out, ("error", ("starting", _sendable(e))))
-            return
-        _serve(
-            sampler, reference, shared, shared_version, lock, board.numpy(), requests.fileno(), out, **start
-        )
-    except BaseException:  # noqa: BLE001 - shown here; the trainer sees the pipe close
-        traceback.print_exc()
-        status = 1
-    finally:
-        try:
-            if sampler is not None:  # its reward, tool and environment workers and its engine end with it
-                sampler.rewards.close()
-                if sampler.episodes is not None:
-                    sampler.episodes.close()
-                close_engine = getattr(sampler.generator, "close", None)  # vllm: its engine, weights folder
-                if close_engine is not None:
-                    close_engine()
-        except BaseException:  # noqa: BLE001 - shown; the process ends all the same
-            traceback.print_exc()
-            status = 1
-        # now, not through the interpreter's shutdown, which waits for threads its libraries started (it held
-        # every stop past close()'s 2 s until the process was killed)
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(status)
-
-
-def _tie_to(parent: int, board) -> None:
-    """This process in its own process group (the terminal's Ctrl-C is the trainer's; killpg reaches what it
-    starts), killed when the trainer dies (PR_SET_PDEATHSIG), gone at once if it already has; its heartbeat
-    started; SIGTERM and SIGINT sent to it asking the trainer to stop the run (``_signalled``)."""
-    os.setpgid(0, 0)
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    except (OSError, AttributeError):
-        pass
-    if os.getppid() != parent:
-        os._exit(0)
-    for signum in (signal.SIGINT, signal.SIGTERM):  # (a fork inherits the trainer's StopOnSignals handler)
-        signal.signal(signum, lambda signum, frame: _signalled(board, signum))
-    threading.Thread(target=_beat, args=(board,), daemon=True, name="grpokit-heartbeat").start()
-
-
-def _beat(board) -> None:
-    """The heartbeat: the board's count, every HEARTBEAT_S, while the process is scheduled at all."""
-    while True:
-        board[BEAT] += 1
-        time.sleep(HEARTBEAT_S)
-
-
-def _signalled(board, signum: int) -> None:
-    """SIGTERM or SIGINT sent to the process: the first is written on the board for the trainer, which stops
-    the run after its step with a checkpoint (the process keeps serving until then); a second ends it at once."""
-    if board[SIGNAL]:
-        signal.signal(signum, signal.SIG_DFL)
-        os.kill(os.getpid(), signum)
-        return
-    board[SIGNAL] = signum
-    name = signal.Signals(signum).name
-    # os.write, not print: the handler may interrupt a print of the process's own
-    os.write(2, f"grpokit: sampler process {os.getpid()}: {name}: the run stops after this step with a checkpoint "
-                f"({name} again ends this process at once)\n".encode())  # fmt: skip
-
-
-def _serve(
-    sampler,
-    reference,
-    shared,
-    shared_version,
-    lock,
-    board,
-    requests: int,
-    replies: int,
-    *,
-    index,
-    stream,
-    versions,
-    log_history,
-):
-    """Make each credited batch from the weights its credit names (``versions``: those of the batches credited
-    before the start), with ``reference`` (a ReferencePass) its reference log-probs too, and send it; end at
-    "stop" or when the trainer's end of the requests closes."""
-    params = trainable_parameters(sampler.model)
-    sampler.stream.load_state(stream)
-    log_history = list(log_history)  # the trainer's logged steps, for reward functions' trainer_state
-    pending = deque(versions)  # the version each credited batch not yet started is made from, in order
-    version = None  # the policy came pickled with the trainer's weights: the last push's are copied first
-    while True:
-        ready, _, _ = select.select([requests], [], [], None if not pending else 0)
-        if ready:
-            message = read_frame(requests)
-            if message is None or message[0] == "stop":
-                return
-            # ("credit", the trainer's log lines since the last one, the version of the batch it allows)
-            _, news, credited_version = message
-            pending.append(credited_version)
-            log_history += news
-            continue
-        wanted = pending.popleft()
-        with lock, torch.no_grad():
-            pushed = int(shared_version[0])
-            if pushed != wanted:  # the trainer waits for STARTED before a push: this cannot happen
-                problem = TrainingError(
-                    f"its weights of version {wanted} were replaced by version {pushed} before it took them: a "
-                    "defect of grpokit's push (please report it)"
-                )
-                write_frame(replies, ("error", (f"batch {index}", problem)))
-                return
-            if wanted != version:
-                for name, buffer in shared.items():
-                    params[name].copy_(buffer)
-                version = wanted
-            board[STARTED] = index  # a push may now replace them
-        t = time.perf_counter()
-        try:
-            batch, timing, sampling = sampler.sample_batch(index, log_history)
-            if reference is not None:  # the frozen reference's: the same whatever weights sampled the batch
-                t_ref = time.perf_counter()
-                batch.ref_logprobs = reference.logprobs(sampler.model, batch.rollout)  # (N, Lc)
-                timing["reference"] = time.perf_counter() - t_ref
-        except Exception as e:  # noqa: BLE001 - the trainer raises it
-            write_frame(replies, ("error", (f"batch {index}", _sendable(e))))
-            return
-        busy = time.perf_counter() - t
-        taken = Taken(
-            index, version, batch, timing, sampling, sampler.stream.state(), busy, time.monotonic(),
-            {**sampler.episode_metrics(), **rollout_metrics(sampler.generator)},
-        )  # fmt: skip
-        write_frame(replies, ("batch", taken))
-        index += 1
-
-
-def _drain(conn, into: queue.Queue) -> None:
-    """A thread: every frame from the process into the queue (it never waits on a full pipe); None at the end.
-    A function, not a method: the thread must not keep the AsyncSampler alive (its finalizer stops the process)."""
-    try:
-        while (frame := read_frame(conn.fileno())) is not None:
-            into.put(frame)
-    except (OSError, pickle.UnpicklingError, EOFError):
-        pass
-    conn.close()
-    into.put(None)
-
-
-def _stop(process, to_child, owner: int) -> None:
-    """Stop the sampler process and its process group, reap it, close the pipe (its owner only)."""
-    if os.getpid() != owner:  # a fork of the owner: not its process
-        return
-    try:  # "stop", then the end of its requests
-        write_frame(to_child.fileno(), ("stop",))
-    except (OSError, ValueError):
-        pass
-    to_child.close()
-    process.join(2.0)
-    if process.exitcode is None:
-        _kill_group(process.pid)
-        process.kill()
-        process.join()
-    _kill_group(process.pid)  # whatever it started in its group
-
-
-def _kill_group(pid: int) -> None:
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except OSError:
-        pass

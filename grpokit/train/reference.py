@@ -41,7 +41,7 @@ class _NoGradRows:
 class ReferencePass:
     """The reference's log-probs of a batch as the trainer's update computes them (PolicyUpdate.logprobs_no_grad,
     through the same ``eval_logprobs``), made from settings a process can be sent. ``model``: the frozen
-    reference (its tensors travel shared, grpokit.collect.async_sampler.shared_tensors), None with LoRA."""
+    reference (its tensors travel shared, grpokit.collect.transport.shared_tensors), None with LoRA."""
 
     model: torch.nn.Module | None
     precision: Precision

@@ -10,8 +10,8 @@ import torch
 from grpo_runs import make_trainer
 from tiny_model import make_tiny_model
 
-from grpokit.collect.async_sampler import _load_payload, _shared_payload, shared_tensors
 from grpokit.collect.reference import sampler_reference
+from grpokit.collect.transport import _load_payload, _shared_payload, shared_tensors
 from grpokit.config.schema import load_config, resolve_algo
 from grpokit.model.loading import frozen_reference
 from grpokit.model.precision import PRECISIONS

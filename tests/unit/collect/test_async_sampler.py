@@ -23,8 +23,9 @@ from tiny_model import make_tiny_model
 from tool_model import tool_model
 from update_parts import fixed_rollout, grads_of_one_step, make_learner, row_logprobs
 
-from grpokit.collect.async_sampler import SamplerDiedError, _shared_payload, trainable_parameters
+from grpokit.collect.async_sampler import SamplerDiedError
 from grpokit.collect.source import SyncSource
+from grpokit.collect.transport import _shared_payload, trainable_parameters
 from grpokit.config.schema import ConfigError, load_config, resolve_algo
 from grpokit.core.errors import RewardFunctionError
 from grpokit.train.mismatch import MismatchCorrection, MismatchError, MismatchGuard

@@ -105,7 +105,7 @@ def test_under_fsdp_the_process_samples_the_unsharded_copy_with_the_policys_trai
     that no weight would reach the sampler process (trainable_parameters of the frozen copy is empty). The copy
     is set here as wrap() leaves it, its gather for this version done (no process group in a unit test)."""
     from grpokit.collect.async_ranks import sampling_weights
-    from grpokit.collect.async_sampler import trainable_parameters
+    from grpokit.collect.transport import trainable_parameters
 
     model, _ = make_tiny_model("qwen2", seed=0)
     model.get_input_embeddings().requires_grad_(False)  # a frozen part stays frozen in the copy
