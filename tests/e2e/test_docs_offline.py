@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import functools
 import http.server
-import shutil
 import subprocess
 import sys
 import threading
@@ -18,16 +17,10 @@ import pytest
 pytest.importorskip("mkdocs", reason="the docs extra builds the site: pip install 'grpokit[docs]'")
 pytest.importorskip("material", reason="the docs extra builds the site: pip install 'grpokit[docs]'")
 pytest.importorskip("selenium", reason="pip install 'grpokit[dev]' (selenium) for the browser tests")
+from browser import NEEDS_CHROMIUM, chromium  # noqa: E402
 from paths import REPO  # noqa: E402
-from selenium import webdriver  # noqa: E402
-from selenium.webdriver.chrome.service import Service  # noqa: E402
 
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-DRIVER = shutil.which("chromedriver")
-pytestmark = pytest.mark.skipif(
-    not (CHROMIUM and DRIVER),
-    reason="needs Debian's chromium and chromium-driver (apt-get install, as .ci/run does)",
-)
+pytestmark = NEEDS_CHROMIUM
 
 
 @pytest.fixture(scope="module")
@@ -51,14 +44,8 @@ class QuietHandler(http.server.SimpleHTTPRequestHandler):
 
 @pytest.fixture(scope="module")
 def browser():
-    options = webdriver.ChromeOptions()
-    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1300,1000",
-                # the network off: every host but this machine's fails to resolve
-                "--host-resolver-rules=MAP * ~NOTFOUND , EXCLUDE 127.0.0.1"):  # fmt: skip
-        options.add_argument(arg)
-    options.binary_location = CHROMIUM
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    driver = webdriver.Chrome(service=Service(DRIVER), options=options)
+    # the network off: every host but this machine's fails to resolve
+    driver = chromium("1300,1000", "--host-resolver-rules=MAP * ~NOTFOUND , EXCLUDE 127.0.0.1")
     yield driver
     driver.quit()
 

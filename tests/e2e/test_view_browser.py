@@ -21,16 +21,11 @@ from grpokit.demos.default import DemoSpec, demo_overrides, prepare_demo
 from grpokit.rollout.record import read_rollouts, rollout_files
 
 selenium = pytest.importorskip("selenium", reason="pip install 'grpokit[dev]' (selenium) for the browser tests")
-from selenium import webdriver  # noqa: E402
-from selenium.webdriver.chrome.service import Service  # noqa: E402
+from browser import NEEDS_CHROMIUM, chromium  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.support.ui import Select  # noqa: E402
 
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-DRIVER = shutil.which("chromedriver")
-pytestmark = pytest.mark.skipif(
-    not (CHROMIUM and DRIVER), reason="needs Debian's chromium and chromium-driver (apt-get install, as .ci/run does)"
-)
+pytestmark = NEEDS_CHROMIUM
 SPEC = DemoSpec(max_operand=9, eval_size=20, hidden_size=32, sft_steps=40, sft_batch=32)
 
 
@@ -67,12 +62,7 @@ def runs(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def browser():
-    options = webdriver.ChromeOptions()
-    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1500,1100"):
-        options.add_argument(arg)
-    options.binary_location = CHROMIUM
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    driver = webdriver.Chrome(service=Service(DRIVER), options=options)
+    driver = chromium("1500,1100")
     yield driver
     driver.quit()
 
