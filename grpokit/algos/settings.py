@@ -1,4 +1,6 @@
 """The algorithm's settings: one frozen, typed object with a part per independent axis.
+(Over 500 lines: one frozen settings object and its seven typed parts, each about a screen; the derivations
+across parts, a preset's and the refusal of settings nothing reads, need them all.)
 
     AlgoSettings
       advantage  AdvantageSettings  which estimator, its std convention

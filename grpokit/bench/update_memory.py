@@ -1,4 +1,6 @@
 """``grpokit bench --memory``: where the memory of a GRPO update goes, padded vs packed, on a long-tailed batch.
+(Over 500 lines: one benchmark, grpokit's update and TRL's on the same long-tailed batch, measured and tabled
+side by side: its two halves are read together.)
 
 The memory of a step is set by its update (the reference pass, the policy's forward and backward, the
 optimizer step); generation on a CPU at the real vocabulary would take most of the time and say nothing

@@ -1,4 +1,6 @@
 """Command line: ``grpokit train | demo | eval | sample | pipeline``.
+(Over 500 lines: the parser of every command beside the small commands it dispatches to; the larger commands
+live in grpokit.cli's other modules.)
 
 grpokit train                                   # the embedded demo (no download)
 grpokit train cfg.yaml algo.preset=dapo rollout.group_size=16

@@ -1,4 +1,6 @@
 """Prompt datasets from local files, local folders in hub layout and the Hugging Face hub.
+(Over 500 lines: every file format's reader with the checks and messages they share: a row's problem named by
+its file, row and column.)
 
 A dataset is a list of rows (dicts). Each row has a prompt column holding either a non-empty
 string or a list of chat messages ``[{"role": "user", "content": "..."}]`` (TRL's

@@ -1,5 +1,7 @@
 """Multi-stage runs (``grpokit pipeline PIPELINE.yaml``): ordered stages of ``sft``, ``rl`` and ``sample``,
 each run as its own ``python -m grpokit.cli.main sft | train | sample`` process, with their state kept in one output tree.
+(Over 500 lines: the pipeline file's reading, its checks across stages (references, cycles, budgets, lineage)
+and the state file a resume reads work on the same Stage and Pipeline and change together.)
 
     name: r1                        # output tree runs/NAME (or --output-dir)
     model: models/base              # the first stage's model; "base" in references

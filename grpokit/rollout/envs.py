@@ -1,4 +1,6 @@
 """Environments for multi-turn rollouts: what answers the model between its turns.
+(Over 500 lines: the environment protocol, its checks and the per-episode worker processes that run it
+(EnvProcess, EnvPool) belong together: the checks run inside the workers.)
 
 The protocol (one instance per episode, made by a factory with no arguments, TRL's ``environment_factory``):
 

@@ -1,5 +1,7 @@
 """Multi-turn sampling for the trainer: when ``rollout.tools`` or ``rollout.environment`` is set, a step's
 rollout is a batch of episodes (grpokit.rollout.multiturn) instead of single completions, scored whole.
+(Over 500 lines: EpisodeSampler, the trainer's side of multi-turn rollouts, with the environment kinds it
+loads, grpokit's, verifiers' and OpenEnv's, and the rewards they bring.)
 
     rollout:
       tools: [python, my_tools.py:multiply]    # and/or environment: my_env.py:Env (grpokit.rollout.envs protocol;

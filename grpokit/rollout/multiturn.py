@@ -1,5 +1,7 @@
 """Multi-turn rollouts: the model acts over several turns, a tool or an environment answers in between,
 and only the model's own tokens are trained (ReTool arXiv 2504.11536, ToRL, RAGEN arXiv 2504.20073).
+(Over 500 lines: run_episodes is one batched loop over turns, about 250 lines, and the helpers here exist
+only for it.)
 
 Each step the episodes' environments are reset from their dataset rows (grpokit.rollout.envs); then, turn after
 turn, every active episode generates together in one batched call of the trainer's generator (either

@@ -1,4 +1,6 @@
 """What a training run shows and writes.
+(Over 500 lines: RunLogger and the writers it owns, the metrics files, TensorBoard, W&B, MLflow and the console,
+with the number formatting they share.)
 
 Everything lands in one ``output_dir``::
 

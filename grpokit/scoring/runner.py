@@ -1,4 +1,6 @@
 """Run several reward functions on a batch, weight them, and survive their failures.
+(Over 500 lines: RewardRunner is one object, the pool of killable workers with its time budgets, whose methods
+share its state; the workers' own side is grpokit.scoring._workers.)
 
 Where the functions run. By default (`isolation="process"`) every call runs in a small pool of
 worker processes forked from the trainer, so that a function that runs past its time is *killed*
