@@ -49,6 +49,8 @@ def grpo_run(out: Path) -> Path:
             *SMALL_RUN,
             "eval.enabled=true",
             "eval.num_samples=2",
+            # two rewards, neither named as the verifier: named here, or no accuracy (and no eval metric) is read
+            "train.accuracy_reward=has_seven",
             "optim.precision=fp16_mixed",
             "algo.dual_clip=3",
             "algo.off_policy_mask=0.0",  # masked_frac/off_policy (issue 35)
