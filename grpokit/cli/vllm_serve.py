@@ -3,7 +3,13 @@
 
 from __future__ import annotations
 
+import json
+import math
+from pathlib import Path
+
 from grpokit.cli.args import fail
+
+DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 
 def add_vllm_serve_parser(subparsers, parents: list) -> None:
@@ -19,7 +25,7 @@ def add_vllm_serve_parser(subparsers, parents: list) -> None:
     p.add_argument("--model", required=True, help="the model folder (config.json, safetensors) or hub id to start from")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface; trusted networks only)")
     p.add_argument("--port", type=int, default=8000, help="port to listen on")
-    p.add_argument("--dtype", default="auto", help="the engine's dtype: auto (the model's), float32, bfloat16, float16")
+    p.add_argument("--dtype", default="auto", choices=DTYPES, help="the engine's dtype: auto (the model's), float32, bfloat16, float16")
     p.add_argument("--max-model-len", type=int, help="prompt plus completion tokens at most (default: the model's)")
     p.add_argument("--seed", type=int, default=0, help="the engine's seed (each request brings its own too)")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.9, help="GPU: vLLM's share of the GPU's memory")
@@ -38,19 +44,62 @@ def add_vllm_serve_parser(subparsers, parents: list) -> None:
 
 
 def cmd_vllm_serve(args) -> int:
+    problem = option_problem(args) or model_length_problem(args.model, args.max_model_len)
+    if problem:  # before vLLM is looked for: a bad option is named wherever the command runs
+        return fail(args, f"vllm-serve: {problem}", 2)
     from grpokit.rollout.vllm import vllm_missing
 
     missing = vllm_missing()
     if missing:
         return fail(args, missing.replace("rollout.engine=vllm", "grpokit vllm-serve"), 2)
-    from grpokit.rollout.vllm_server import model_folder_problem, serve
-
-    problem = model_folder_problem(args.model)
-    if problem:
-        return fail(args, problem, 2)
+    from grpokit.rollout.vllm_server import serve
     serve(
         args.model, host=args.host, port=args.port, dtype=args.dtype, max_model_len=args.max_model_len,
         seed=args.seed, enforce_eager=args.enforce_eager, cpu_kv_cache_gib=args.cpu_kv_cache_gib,
         gpu_memory_utilization=args.gpu_memory_utilization, threads=args.threads, max_lora_rank=args.max_lora_rank,
     )  # fmt: skip
     return 0
+
+
+def option_problem(args) -> str | None:
+    """Why an option's value cannot serve (the first, by name), or None; nothing is imported or started."""
+    if not args.model.strip():
+        return "--model is empty; give the model folder (config.json, safetensors) or a hub id"
+    checks = [
+        ("--port", args.port, lambda v: 0 <= v <= 65535, "a port 0-65535 (0: any free one)"),
+        ("--max-model-len", args.max_model_len, lambda v: v >= 1, "a number of tokens >= 1"),
+        ("--seed", args.seed, lambda v: 0 <= v < 2**63, "a seed >= 0"),
+        ("--gpu-memory-utilization", args.gpu_memory_utilization, lambda v: 0 < v <= 1, "a share in (0, 1], e.g. 0.9"),
+        ("--cpu-kv-cache-gib", args.cpu_kv_cache_gib, lambda v: v >= 1, "a whole number of GiB >= 1"),
+        ("--threads", args.threads, lambda v: v >= 1, "a number of threads >= 1"),
+    ]  # fmt: skip
+    for flag, value, ok, what in checks:
+        if value is not None and (isinstance(value, float) and not math.isfinite(value) or not ok(value)):
+            return f"{flag} {value:g}: give {what}"
+    return None
+
+
+def model_length_problem(model: str, max_model_len: int | None) -> str | None:
+    """Why ``model`` cannot be served with ``max_model_len`` tokens, or None: a local path that is not a model
+    folder, or a length beyond the positions its config.json gives (max_position_embeddings); a hub id is
+    left to vLLM."""
+    path = Path(model)
+    if not path.exists():
+        return None  # a hub id (vLLM resolves it, or names what is wrong)
+    config = path / "config.json"
+    if not config.is_file():
+        return f"--model {model}: no config.json there (a model folder written by save_pretrained is needed)"
+    if max_model_len is None:
+        return None
+    try:
+        values = json.loads(config.read_text())
+    except (OSError, ValueError) as e:
+        return f"--model {model}: config.json cannot be read ({type(e).__name__}: {e})"
+    text = values.get("text_config") if isinstance(values.get("text_config"), dict) else values
+    positions = text.get("max_position_embeddings") if isinstance(text, dict) else None
+    if isinstance(positions, int) and not isinstance(positions, bool) and max_model_len > positions:
+        return (
+            f"--max-model-len {max_model_len} is beyond the {positions} positions of {config} "
+            f"(max_position_embeddings); give at most {positions}, or leave it out for the model's own"
+        )
+    return None
