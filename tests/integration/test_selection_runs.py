@@ -33,7 +33,6 @@ SELECTION = [
 ]
 
 
-@pytest.mark.slow
 def test_the_history_survives_a_checkpoint_and_a_resume_bit_for_bit(tmp_path):
     """4 steps straight against 2 steps, a new trainer resumed from the checkpoint, 2 more: the same history
     (every row's visits, flat runs, spreads, pass rates, skips), exploration probabilities, stream position,
@@ -89,6 +88,7 @@ def test_a_run_whose_prompts_are_all_solved_stops_with_a_named_message(tmp_path,
     assert steps[0]["selection/flat_trained"] == 4.0  # no informative group: the step said so
 
 
+@pytest.mark.slow
 def test_the_asynchronous_sampler_keeps_the_history_of_the_batches_it_made(tmp_path):
     """rollout.max_staleness=1: the sampler process selects and records; each batch carries its stream state, so
     the checkpoint's history counts every group its process generated for the batches taken (refills too)."""

@@ -192,3 +192,19 @@ def test_a_history_of_other_data_is_refused():
     h = PromptHistory(3)
     with pytest.raises(Exception, match="3 training rows, this run has 4"):
         PromptHistory(4).load_state(h.state())
+
+
+def test_selection_under_torchrun_is_refused_by_name():
+    from grpokit.config.schema import load_config
+    from grpokit.rollout.selection import selection_for
+
+    cfg = load_config(None, ["data.selection.mode=greso"])
+    with pytest.raises(
+        Exception, match="data.selection.mode=greso under torchrun \\(2 processes\\) is not done yet"
+    ):
+        selection_for(cfg, 10, ["math_accuracy"], world=2)
+    chosen = selection_for(cfg, 10, ["math_accuracy"], world=1)
+    assert chosen.accuracy == "math_accuracy" and chosen.history.n == 10 and not chosen.settings.refill
+    assert (
+        selection_for(load_config(None, []), 10, ["math_accuracy"], world=2) is None
+    )  # off: nothing refused
