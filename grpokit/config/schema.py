@@ -104,7 +104,8 @@ class SelectionConfig:
         "off",
         """Prompt selection from each prompt's history (grpokit.rollout.selection; docs/algorithms/selection.md):
         off | greso (a prompt all solved or all failed on its last z visits is skipped before generation with
-        probability 1 - p^z and revisited on a later pass; flat groups that still come out are refilled).""",
+        probability 1 - p^z and revisited on a later pass; with data.selection.refill, flat groups that still
+        come out are refilled too).""",
         choices=("off", "greso"),
     )
     refill: bool = setting(
