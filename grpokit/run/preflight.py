@@ -47,6 +47,8 @@ FREE_TO_CHANGE = {
     "rollout.kv_cache",
     "rollout.cuda_graphs",
     "rollout.sampler_timeout_s",
+    "rollout.vllm.server_timeout_s",
+    "rollout.vllm.sync_timeout_s",
 }
 
 # config.json keys that hold a model's number of positions, most common first
@@ -215,10 +217,12 @@ def check_context(
 
 def config_changes(old: dict[str, Any] | None, new: Config) -> list[str]:
     """Settings that differ between the checkpoint's run (``old``, as saved) and ``new``, as
-    "key: old -> new", leaving out FREE_TO_CHANGE and keys the old run did not have yet."""
+    "key: old -> new", leaving out FREE_TO_CHANGE and keys the old run did not have yet (a setting added since,
+    nested sections such as rollout.vllm.* included: a checkpoint of an older grpokit resumes without a flag)."""
     if not old:
         return []
-    before, after = _flatten(old), _flatten(dataclasses.asdict(new))
+    sections = _sections(new)
+    before, after = _flatten(old, sections), _flatten(dataclasses.asdict(new), sections)
     return [
         f"{key}: {before[key]!r} -> {value!r}"
         for key, value in after.items()
@@ -226,12 +230,23 @@ def config_changes(old: dict[str, Any] | None, new: Config) -> list[str]:
     ]
 
 
-def _flatten(values: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+def _sections(tree: Any, prefix: str = "") -> set[str]:
+    """The dotted names of the config's sections, nested ones too (rollout, rollout.vllm, ...): the dataclasses in
+    it, whose settings compare one by one; other mappings (a reward's kwargs) compare whole."""
+    out: set[str] = set()
+    for field in dataclasses.fields(tree):
+        value = getattr(tree, field.name)
+        if dataclasses.is_dataclass(value):
+            out |= {f"{prefix}{field.name}", *_sections(value, f"{prefix}{field.name}.")}
+    return out
+
+
+def _flatten(values: dict[str, Any], sections: set[str], prefix: str = "") -> dict[str, Any]:
     flat: dict[str, Any] = {}
     for key, value in values.items():
         full = f"{prefix}{key}"
-        if isinstance(value, dict) and not prefix:  # sections; deeper mappings (kwargs) compare whole
-            flat.update(_flatten(value, f"{full}."))
+        if isinstance(value, dict) and full in sections:
+            flat.update(_flatten(value, sections, f"{full}."))
         else:
             flat[full] = value
     return flat

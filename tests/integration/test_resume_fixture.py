@@ -89,3 +89,26 @@ def test_todays_code_reaches_the_weights_the_old_code_saved(tmp_path):
         assert now.keys() == then.keys()
         for key, value in then.items():
             torch.testing.assert_close(now[key], value, rtol=0, atol=3e-5, msg=f"{name}: {key}")
+
+
+GRPO_FIXTURE = FIXTURES / "checkpoint_v2" / "step_000002"
+GRPO = ["algo.preset=grpo", "algo.entropy_coef=0.01", "algo.adaptive_entropy=true"]  # make_checkpoint_v2.py's
+
+
+def test_a_grpo_checkpoint_of_37165e5_resumes_to_the_weights_of_todays_uninterrupted_run(tmp_path):
+    """tests/fixtures/checkpoint_v2 was written by 37165e5, before the sampling side moved to grpokit/collect and the
+    trainer was built from its parts (issue 54) and before every part's state went through one path (issue 48): it
+    resumes, with the adaptive entropy coefficient it saved, and its third step lands on the weights today's code
+    reaches in three steps straight (the same machine: both are today's numbers from the same saved state)."""
+    run = tmp_path / "run"
+    shutil.copytree(GRPO_FIXTURE, run / "checkpoints" / GRPO_FIXTURE.name)
+    resumed = make_trainer(run, *GRPO, "train.steps=3", resume=True)
+    assert resumed.step == 2
+    saved = torch.load(GRPO_FIXTURE / "trainer_state.pt", weights_only=False)
+    assert resumed.updater.entropy_state() == saved["entropy_control"]
+    _assert_weights(resumed.model, load_file(GRPO_FIXTURE / "model.safetensors"))
+    resumed.train()
+    straight = make_trainer(tmp_path / "straight", *GRPO, "train.steps=3")
+    straight.train()
+    for (name, p), q in zip(straight.model.named_parameters(), resumed.model.parameters()):
+        torch.testing.assert_close(q, p, rtol=0, atol=3e-5, msg=name)  # the tolerance above: other CPUs' kernels
