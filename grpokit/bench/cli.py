@@ -136,7 +136,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
 def _cmd_learn(args: argparse.Namespace, fail) -> int:
     """--learn: held-out accuracy per step and per training second, grpokit beside TRL's GRPOTrainer on the
     demo's addition task, several seeds (grpokit.bench.learn); a table, a plot, RESULT."""
-    from grpokit.bench.learn import FULL, QUICK, plot_learn, print_learn_table, run_learn, task_for
+    from grpokit.bench.learn import FULL, QUICK, run_learn
+    from grpokit.bench.learn_report import plot_learn, print_learn_table
+    from grpokit.bench.learn_tasks import task_for
 
     base = QUICK if args.quick else FULL
     seeds = base["seeds"] if args.seeds is None else args.seeds

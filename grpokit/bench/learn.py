@@ -31,75 +31,26 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
-import random
-import re
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from grpokit.bench.learn_report import at_equal_seconds, comparisons, summarize
+from grpokit.bench.learn_tasks import (
+    ARMS,
+    TRL_TASKS,
+    LearnTask,
+    greedy_accuracy,
+    task_data,
+    task_rewards,
+)
 from grpokit.bench.shapes import BenchError
 from grpokit.core.clock import cpu_seconds
-
-TASKS = ("sum", "twin", "tools", "mixed")
-"""--task: sum (the default demo's addition, one reward), twin (subtraction from its own warm start, two rewards:
-a strict answer format and the answer's correctness), tools (the tools demo's 4-digit multiplication with a
-``multiply`` tool: multi-turn episodes; grpokit arms only, see ``TRL_TASKS``), mixed (the addition model on a pool
-half of which is multiplication it cannot do: a dataset with many prompts that never teach, where a prompt's
-history has something to say; training and held-out rows alike)."""
-TRL_TASKS = ("sum", "twin", "mixed")
-"""Tasks TRL runs here: TRL 1.16's tool loop parses calls through its own chat-template schema, which the
-tools demo's tiny template does not carry, so the tools task compares grpokit's arms only."""
-
-
-@dataclass(frozen=True)
-class LearnTask:
-    """What both frameworks are given; the rest is each one's default."""
-
-    kind: str = "sum"
-    """Which task (``TASKS``)."""
-    prompts_per_step: int = 16
-    """Prompts per rollout (TRL: per_device_train_batch_size = prompts x G, one optimizer step per rollout)."""
-    group_size: int = 8
-    """G: completions per prompt (TRL: num_generations)."""
-    lr: float = 1e-4
-    """Learning rate, constant (TRL: lr_scheduler_type constant, warmup 0)."""
-    max_new_tokens: int = 8
-    """Completion length limit (TRL: max_completion_length); an answer with its EOS takes 5-6 tokens."""
-    temperature: float = 1.0
-    """Sampling temperature, no top-k or top-p (both frameworks' defaults)."""
-    beta: float = 0.0
-    """KL coefficient: TRL's default 0; grpokit's grpo preset has 0.04, named 0 here."""
-    eval_size: int = 200
-    """Held-out rows evaluated (the demo's 200; fewer for a smoke run)."""
-    train_size: int | None = None
-    """Training prompts used (the first of the demo's 2,300; None: all). A pool small enough to be visited
-    several times is where a prompt's history can say something (data.selection)."""
-
-
-KIND_DEFAULTS = {
-    "sum": {},
-    "twin": {},
-    "tools": {"prompts_per_step": 8, "max_new_tokens": 40, "lr": 3e-4, "eval_size": 100},
-    "mixed": {},
-}
-"""Each task's batch and length where they differ from LearnTask's (the tools task's: the tools demo's)."""
-
-
-def task_for(kind: str = "sum", train_size: int | None = None) -> LearnTask:
-    """The LearnTask of ``kind`` with its defaults (``KIND_DEFAULTS``) and ``train_size`` training prompts."""
-    if kind not in TASKS:
-        raise BenchError(f"--task {kind!r}: expected one of {', '.join(TASKS)}")
-    if train_size is not None and train_size < 1:
-        raise BenchError(f"--train-size {train_size}: expected at least 1 training prompt")
-    return LearnTask(kind=kind, train_size=train_size, **KIND_DEFAULTS[kind])
-
 
 QUICK = {"seeds": 1, "steps": 20, "eval_every": 5}
 """--quick: one seed, 20 steps, an evaluation every 5."""
@@ -133,138 +84,7 @@ CODE_DIFFERENCES = [
 """What the two codes do differently where no setting says it (found by reading both; docs/benchmarks.md)."""
 
 
-def task_data(task: LearnTask) -> tuple[Path, list[dict], list[dict]]:
-    """(the warm-started model's folder, training rows, held-out rows) of ``task.kind``."""
-    if task.kind not in TASKS:
-        raise BenchError(f"--task {task.kind!r}: expected one of {', '.join(TASKS)}")
-    if task.kind == "tools":
-        from grpokit.demos.tools import make_problems as tool_problems
-        from grpokit.demos.tools import prepare
 
-        paths = prepare(log=lambda m: None)
-        from grpokit.demos.tools import ToolDemoSpec
-
-        train_rows, eval_rows = tool_problems(ToolDemoSpec())
-        return paths["model"], train_rows[: task.train_size], eval_rows[: task.eval_size]
-    from grpokit.demos.default import DemoSpec, make_problems, prepare_demo, shipped_model
-
-    if task.kind == "twin":
-        paths = prepare_demo(
-            _twin_spec(), problems=twin_problems, teacher=twin_teacher, prefix="learn-twin", log=_say
-        )
-        train_rows, eval_rows = twin_problems(_twin_spec())
-        return paths["model"], train_rows[: task.train_size], eval_rows[: task.eval_size]
-    spec = DemoSpec()
-    model_dir = shipped_model(spec)
-    if model_dir is None:
-        raise BenchError(
-            "--learn needs the demo model shipped with grpokit (grpokit/demos/model); rebuild it with "
-            "python -m grpokit.demos.shipped"
-        )
-    train_rows, eval_rows = make_problems(spec)
-    if task.kind == "mixed":
-        train_rows, eval_rows = mixed_rows(train_rows), mixed_rows(eval_rows)
-    return model_dir, train_rows[: task.train_size], eval_rows[: task.eval_size]
-
-
-def mixed_rows(rows: list[dict]) -> list[dict]:
-    """Every other row of the addition task as the multiplication of the same operands (a*b=, answer a*b)."""
-    out = []
-    for i, row in enumerate(rows):
-        a, b = (int(x) for x in row["prompt"][:-1].split("+"))
-        out.append(row if i % 2 == 0 else {"prompt": f"{a}*{b}=", "answer": str(a * b)})
-    return out
-
-
-def _say(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
-
-
-def _twin_spec():
-    from grpokit.demos.default import DemoSpec
-
-    return DemoSpec(max_operand=59, sft_steps=400, seed=1)
-
-
-TWIN_BARE = 0.4
-"""Share of the twin task's warm-start answers the teacher writes bare (no <answer> tags): the format reward has
-something to teach."""
-
-
-def twin_problems(spec) -> tuple[list[dict], list[dict]]:
-    """a-b= with a >= b from 0..max_operand, shuffled; the first eval_size held out."""
-    pairs = [(a, b) for a in range(spec.max_operand + 1) for b in range(a + 1)]
-    random.Random(spec.seed).shuffle(pairs)
-    rows = [{"prompt": f"{a}-{b}=", "answer": str(a - b)} for a, b in pairs]
-    return rows[spec.eval_size :], rows[: spec.eval_size]
-
-
-def twin_teacher(row: dict, rng: random.Random) -> str:
-    """The noisy teacher of the twin task: right 30% of the time, else one off; bare 40% of the time."""
-    from grpokit.demos.default import completion_text
-
-    total, u = int(row["answer"]), rng.random()
-    value = total if u < 0.3 else total + 1 if u < 0.8 or total == 0 else total - 1
-    return str(value) if rng.random() < TWIN_BARE else completion_text(value)
-
-
-ANSWER_ONLY = re.compile(r"^<answer>-?\d+</answer>$")
-
-
-def answer_format(prompts, completions, **kw) -> list[float]:
-    """The twin task's format reward: 1 when the completion is <answer>N</answer> and nothing else."""
-    return [float(bool(ANSWER_ONLY.match(str(c).strip()))) for c in completions]
-
-
-def task_rewards(task: LearnTask) -> list[tuple[str, Any, float]]:
-    """(name, function, weight) of the task's rewards, the same on both sides."""
-    if task.kind == "tools":
-        from grpokit.demos.tools import tool_answer
-
-        return [("tool_answer", tool_answer, 1.0)]
-    from grpokit.rewards.accuracy import math_accuracy
-
-    if task.kind == "twin":
-        return [("answer_format", answer_format, 0.5), ("math_accuracy", math_accuracy, 1.0)]
-    return [("math_accuracy", math_accuracy, 1.0)]
-
-
-# ----------------------------------------------------------------------------- the shared evaluation
-
-
-def greedy_accuracy(model, tokenizer, rows: list[dict], max_new_tokens: int, batch: int = 100) -> float:
-    """Share of ``rows`` whose greedy completion scores 1 with ``math_accuracy`` against their ``answer``:
-    HF ``generate`` (do_sample False), prompts left-padded, no special tokens added (as both trainers
-    encode a plain prompt). The same function in the grpokit and the TRL process."""
-    import torch
-
-    from grpokit.rewards.accuracy import math_accuracy
-
-    was = model.training
-    model.eval()
-    device = next(model.parameters()).device
-    pad = tokenizer.pad_token_id
-    eos = tokenizer.eos_token_id
-    scores: list[float] = []
-    with torch.no_grad():
-        for start in range(0, len(rows), batch):
-            chunk = rows[start : start + batch]
-            ids = [tokenizer(r["prompt"], add_special_tokens=False).input_ids for r in chunk]
-            width = max(map(len, ids))
-            input_ids = torch.tensor([[pad] * (width - len(x)) + x for x in ids], device=device)  # (B, Lp)
-            attention = (input_ids != pad).long()  # (B, Lp): the prompts hold no pad token
-            out = model.generate(
-                input_ids=input_ids, attention_mask=attention, do_sample=False, max_new_tokens=max_new_tokens,
-                pad_token_id=pad, eos_token_id=eos, top_p=None, top_k=None, temperature=None,
-            )  # fmt: skip
-            texts = tokenizer.batch_decode(out[:, width:], skip_special_tokens=True)
-            got = math_accuracy([r["prompt"] for r in chunk], texts, answer=[r["answer"] for r in chunk])
-            scores += [float(s or 0.0) for s in got]
-    model.train(was)
-    return sum(scores) / len(scores)
-
-
-# ----------------------------------------------------------------------------- the two workers
 
 
 def grpokit_overrides(task: LearnTask, seed: int, steps: int) -> list[str]:
@@ -338,8 +158,6 @@ def _pairs(items: list[str], flag: str) -> dict[str, Any]:
     return out
 
 
-ARMS = {"grpokit": [], "selection": ["data.selection.mode=greso"]}
-"""grpokit's arms: its defaults, and with prompt selection (data.selection, grpokit.rollout.selection)."""
 
 
 def _run_grpokit(task: LearnTask, seed: int, steps: int, eval_every: int, extra: list[str]) -> dict[str, Any]:
@@ -533,7 +351,7 @@ def run_learn(
     seeds: int = FULL["seeds"],
     steps: int = FULL["steps"],
     eval_every: int = FULL["eval_every"],
-    task: LearnTask = LearnTask(),
+    task: LearnTask | None = None,
     grpokit_set: list[str] = (),
     trl_set: list[str] = (),
     frameworks: tuple[str, ...] = ("grpokit", "selection", "trl"),
@@ -541,7 +359,8 @@ def run_learn(
     log=lambda m: print(m, file=sys.stderr, flush=True),
 ) -> dict[str, Any]:
     """Seeds 0..seeds-1, each framework in its own process, a seed's runs side by side; the result dict
-    (runs, summary per framework and evaluation step, settings that differ)."""
+    (runs, summary per framework and evaluation step, settings that differ); ``task``: the demo's sum when None."""
+    task = LearnTask() if task is None else task
     if seeds < 1 or steps < 1 or eval_every < 1:
         raise BenchError(
             f"--learn needs seeds, steps and eval-every >= 1 (got {seeds}, {steps}, {eval_every})"
@@ -596,200 +415,6 @@ def run_learn(
     result["equal_cpu_seconds"] = at_equal_seconds(result["summary"], clock="train_cpu_s")
     result["comparisons"] = comparisons(result["summary"])
     return result
-
-
-def summarize(runs: list[dict[str, Any]]) -> dict[str, list[dict[str, float]]]:
-    """Per framework, per evaluation step: accuracy mean, sample std, min and max over the seeds, and the
-    mean training seconds."""
-    out: dict[str, list[dict[str, float]]] = {}
-    for fw in dict.fromkeys(r["framework"] for r in runs):
-        curves = [r["curve"] for r in runs if r["framework"] == fw]
-        steps = sorted(set.intersection(*({p["step"] for p in c} for c in curves)))
-        rows = []
-        for step in steps:
-            points = [next(p for p in c if p["step"] == step) for c in curves]
-            accs = [p["accuracy"] for p in points]
-            rows.append({
-                "step": step,
-                "accuracy_mean": statistics.fmean(accs),
-                "accuracy_std": statistics.stdev(accs) if len(accs) > 1 else 0.0,
-                "accuracy_min": min(accs),
-                "accuracy_max": max(accs),
-                "train_s_mean": statistics.fmean(p["train_s"] for p in points),
-                "train_cpu_s_mean": statistics.fmean(p.get("train_cpu_s", math.nan) for p in points),
-                "n": len(accs),
-            })  # fmt: skip
-        out[fw] = rows
-    return out
-
-
-def interpolate(xs: list[float], ys: list[float], x: float) -> float | None:
-    """ys at x on the piecewise-linear curve through (xs, ys) (xs increasing); None outside [xs[0], xs[-1]]."""
-    if not xs or x < xs[0] or x > xs[-1]:
-        return None
-    for (x0, y0), (x1, y1) in zip(zip(xs, ys), zip(xs[1:], ys[1:])):
-        if x0 <= x <= x1:
-            return y0 if x1 == x0 else y0 + (y1 - y0) * (x - x0) / (x1 - x0)
-    return ys[-1]
-
-
-def at_equal_seconds(
-    summary: dict[str, list[dict[str, float]]], a: str = "grpokit", b: str = "trl", clock: str = "train_s"
-) -> list[dict]:
-    """At each of ``a``'s evaluations (its mean training seconds), ``b``'s mean accuracy at the same seconds,
-    read off ``b``'s mean curve (linear between its evaluations); rows past ``b``'s last second are left out.
-    ``clock``: train_s (wall clock) or train_cpu_s (CPU seconds)."""
-    if a not in summary or b not in summary:
-        return []
-    xs = [r[f"{clock}_mean"] for r in summary[b]]
-    ys = [r["accuracy_mean"] for r in summary[b]]
-    out = []
-    for r in summary[a]:
-        other = interpolate(xs, ys, r[f"{clock}_mean"])
-        if other is not None and r["step"] > 0:
-            out.append(
-                {
-                    clock: r[f"{clock}_mean"],
-                    a: r["accuracy_mean"],
-                    b: other,
-                    "gap": r["accuracy_mean"] - other,
-                }
-            )
-    return out
-
-
-def at_equal_steps(summary: dict[str, list[dict[str, float]]], a: str, b: str) -> list[dict]:
-    """At every step both ``a`` and ``b`` evaluated (step 0 left out): their mean accuracies and the gap."""
-    theirs = {r["step"]: r for r in summary.get(b, [])}
-    return [
-        {"step": r["step"], a: r["accuracy_mean"], b: theirs[r["step"]]["accuracy_mean"],
-         "gap": r["accuracy_mean"] - theirs[r["step"]]["accuracy_mean"]}
-        for r in summary.get(a, []) if r["step"] > 0 and r["step"] in theirs
-    ]  # fmt: skip
-
-
-def comparisons(summary: dict[str, list[dict[str, float]]]) -> list[dict]:
-    """Each pair of arms worth reading: the selection against TRL and against grpokit's defaults, grpokit against
-    TRL; at equal steps, equal training seconds and equal CPU seconds."""
-    pairs = [(a, b) for a, b in (("selection", "trl"), ("selection", "grpokit"), ("grpokit", "trl"))]
-    out = []
-    for a, b in pairs:
-        if a in summary and b in summary:
-            out.append({
-                "a": a, "b": b, "equal_steps": at_equal_steps(summary, a, b),
-                "equal_seconds": at_equal_seconds(summary, a, b),
-                "equal_cpu_seconds": at_equal_seconds(summary, a, b, clock="train_cpu_s"),
-            })  # fmt: skip
-    return out
-
-
-def print_learn_table(result: dict[str, Any], file=None) -> None:
-    """The summary as Markdown tables (they paste into docs/benchmarks.md): held-out accuracy by step, each
-    framework's seeds, and the settings that differ."""
-    file = file or sys.stdout
-    summary = result["summary"]
-    fws = list(summary)
-    w = lambda *cells: print("| " + " | ".join(str(c) for c in cells) + " |", file=file)  # noqa: E731
-    task = result["task"]
-    print(
-        f"\nheld-out greedy accuracy ({task['eval_size']} problems), mean +- std (min-max) over "
-        f"{result['seeds']} seed(s); training seconds (wall clock) and CPU seconds (the process and its "
-        "children), mean\n",
-        file=file,
-    )
-    w(
-        "step",
-        *(f"{fw} accuracy" for fw in fws),
-        *(f"{fw} train s" for fw in fws),
-        *(f"{fw} CPU s" for fw in fws),
-    )
-    w(*["---"] * (1 + 3 * len(fws)))
-    by_step = {fw: {r["step"]: r for r in rows} for fw, rows in summary.items()}
-    for step in sorted(set.intersection(*(set(b) for b in by_step.values()))):
-        cells = []
-        for fw in fws:
-            r = by_step[fw][step]
-            cells.append(
-                f"{r['accuracy_mean']:.1%} +- {r['accuracy_std']:.1%} ({r['accuracy_min']:.1%}-{r['accuracy_max']:.1%})"
-            )
-        w(
-            step, *cells, *(f"{by_step[fw][step]['train_s_mean']:.1f}" for fw in fws),
-            *(f"{by_step[fw][step]['train_cpu_s_mean']:.1f}" for fw in fws),
-        )  # fmt: skip
-    given = {fw: " ".join([*ARMS.get(fw, []), *result["grpokit_set"]]) if fw in ARMS else " ".join(result["trl_set"])
-             for fw in fws}  # fmt: skip
-    print("\nfinal accuracy per seed\n", file=file)
-    w("framework", "settings", *(f"seed {s}" for s in range(result["seeds"])), "train s (mean)")
-    w(*["---"] * (3 + result["seeds"]))
-    for fw in fws:
-        runs = sorted((r for r in result["runs"] if r["framework"] == fw), key=lambda r: r["seed"])
-        w(fw, given[fw] or "defaults", *(f"{r['curve'][-1]['accuracy']:.1%}" for r in runs),
-          f"{statistics.fmean(r['curve'][-1]['train_s'] for r in runs):.1f}")  # fmt: skip
-    for c in result.get("comparisons", []):
-        a, b = c["a"], c["b"]
-        print(f"\n{a} ({given[a] or 'defaults'}) against {b} ({given[b] or 'defaults'})\n", file=file)
-        w("at equal", "where", a, b, f"{a} - {b}")
-        w("---", "---", "---", "---", "---")
-        for key, clock, what in (
-            ("equal_steps", "step", "steps"),
-            ("equal_seconds", "train_s", "train s"),
-            ("equal_cpu_seconds", "train_cpu_s", "CPU s"),
-        ):
-            for r in c[key]:  # b's mean curve read at a's evaluations (seconds), or the same step
-                where = f"step {r[clock]}" if clock == "step" else f"{r[clock]:.1f} s"
-                w(what, where, f"{r[a]:.1%}", f"{r[b]:.1%}", f"{100 * r['gap']:+.1f} points")
-    print("\nsettings that differ (TRL's in grpokit's terms, grpokit.config.trl)\n", file=file)
-    w("setting", "grpokit", f"TRL {result['versions'].get('trl') or ''}".strip())
-    w("---", "---", "---")
-    for d in result["differences"]:
-        w(d["key"], d["grpokit"], d["trl"])
-    for d in result["code_differences"]:
-        w(d["what"], d["grpokit"], d["trl"])
-
-
-def plot_learn(result: dict[str, Any], path: str | Path) -> Path:
-    """Held-out accuracy against the step and against training seconds: each seed thin, the mean thick."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
-    colours = {"grpokit": "tab:blue", "selection": "tab:green", "trl": "tab:orange"}
-    for fw, rows in result["summary"].items():
-        c = colours.get(fw, None)
-        for r in (r for r in result["runs"] if r["framework"] == fw):
-            xs = [p["step"] for p in r["curve"]], [p["train_s"] for p in r["curve"]]
-            ys = [p["accuracy"] for p in r["curve"]]
-            for ax, x in zip(axes, xs):
-                ax.plot(x, ys, color=c, alpha=0.3, linewidth=0.8)
-        label = "TRL" if fw == "trl" else fw
-        axes[0].plot(
-            [r["step"] for r in rows], [r["accuracy_mean"] for r in rows], color=c, linewidth=2, label=label
-        )
-        axes[1].plot(
-            [r["train_s_mean"] for r in rows],
-            [r["accuracy_mean"] for r in rows],
-            color=c,
-            linewidth=2,
-            label=label,
-        )
-    axes[0].set_xlabel("step (one rollout, one optimizer step)")
-    axes[1].set_xlabel("training seconds")
-    axes[0].set_ylabel("held-out greedy accuracy")
-    for ax in axes:
-        ax.grid(alpha=0.3)
-        ax.legend()
-    task = result["task"]
-    fig.suptitle(
-        f"grpokit bench --learn: {task.get('kind', 'sum')}, {task['prompts_per_step']}x{task['group_size']}, lr {task['lr']:g}, "
-        f"{result['seeds']} seed(s)"
-    )
-    fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
 
 
 if __name__ == "__main__":

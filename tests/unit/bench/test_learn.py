@@ -11,16 +11,12 @@ import pytest
 import torch
 
 from grpokit import bench
-from grpokit.bench.learn import (
+from grpokit.bench.learn import cpu_seconds, setting_differences
+from grpokit.bench.learn_report import at_equal_seconds, at_equal_steps, interpolate, summarize
+from grpokit.bench.learn_tasks import (
     LearnTask,
     answer_format,
-    at_equal_seconds,
-    at_equal_steps,
-    cpu_seconds,
     greedy_accuracy,
-    interpolate,
-    setting_differences,
-    summarize,
     task_data,
     task_for,
     task_rewards,
