@@ -138,3 +138,12 @@ def test_page_runs(page, tmp_path, demo_cache):
             f"{block.where}: exit {done.returncode}\n--- block\n{block.code}--- stdout (end)\n"
             f"{done.stdout[-3000:]}\n--- stderr (end)\n{done.stderr[-3000:]}"
         )
+
+
+def test_the_readme_stays_under_10_kb_and_starts_with_its_two_commands():
+    """Issue 54: the README is a front door, <= 10 KB, its numbers linked; its first bash block is the two commands
+    .ci/run follows literally (the embedded demo, the tests)."""
+    text = (REPO / "README.md").read_text()
+    assert len(text.encode()) <= 10_000, f"README.md is {len(text.encode())} bytes: link to a docs page instead"
+    first = text.split("```bash\n", 1)[1].split("```", 1)[0]
+    assert "grpokit train --output-dir runs/demo" in first and "python -m pytest -q -n auto" in first
