@@ -87,6 +87,7 @@ from grpokit.collect.process import (
     BEAT,
     SIGNAL,
     STARTED,
+    WORKER,
     SamplerRecipe,
     Taken,
     _drain,
@@ -192,7 +193,7 @@ class AsyncSampler:
                 for n, p in trainable_parameters(model).items()
             }
         self._shared_version = torch.tensor([version], dtype=torch.long).share_memory_()
-        self._board = torch.zeros(3, dtype=torch.long).share_memory_()  # BEAT, STARTED, SIGNAL
+        self._board = torch.zeros(4, dtype=torch.long).share_memory_()  # BEAT, STARTED, SIGNAL, WORKER
         self._beats = (0, time.monotonic())  # the last beat count seen, and when it was seen to change
         self._lock = self._context.Lock()
         self._finalizer = None
@@ -227,7 +228,7 @@ class AsyncSampler:
             "index": index, "stream": made[-1].stream if made else self.stream_state,
             "versions": [self.version] * (self.credited - index + 1), "log_history": list(log_history),
         }  # fmt: skip
-        self._board.copy_(torch.tensor([0, index - 1, 0]))
+        self._board.copy_(torch.tensor([0, index - 1, 0, 0]))
         self._beats, self.failed = (0, time.monotonic()), False
         process = self._context.Process(
             target=_sampler_process,
@@ -323,10 +324,14 @@ class AsyncSampler:
         return False
 
     def signal_name(self) -> str | None:
-        """The signal sent to the sampler process itself (SIGTERM, SIGINT), which asks the run to stop after its
-        step; None when none came."""
+        """The signal sent to the sampler process itself or to one of its tool or environment workers (SIGTERM,
+        SIGINT), which asks the run to stop after its step; None when none came."""
         number = int(self._board[SIGNAL])
         return signal.Signals(number).name if number else None
+
+    def signalled_worker(self) -> int:
+        """The pid of the process's worker that ``signal_name`` was sent to; 0: the process itself."""
+        return int(self._board[WORKER])
 
     def close(self) -> None:
         """Stop the process and everything it started; the batches not taken are discarded (the next take

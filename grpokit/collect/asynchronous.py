@@ -97,10 +97,13 @@ class AsyncSource(BatchSource):
         self._sampler_signal()
 
     def _sampler_signal(self) -> None:
-        """A SIGTERM or SIGINT sent to the sampler process stops the run as one sent to the trainer does."""
+        """A SIGTERM or SIGINT sent to the sampler process, or to one of its tool or environment workers, stops the
+        run as one sent to the trainer does."""
         name = self.process.signal_name()
         if name and self._stop is not None:
-            self._stop.request(name, f"sent to the sampler process {self.process.pid}")
+            worker = self.process.signalled_worker()
+            whose = f"worker {worker} of the sampler process" if worker else "the sampler process"
+            self._stop.request(name, f"sent to {whose} {self.process.pid}")
 
     def state(self, step: int) -> dict[str, Any]:
         """The sampler's entries, the prompt stream's after the last batch taken, and ``async``: the last push and

@@ -32,14 +32,15 @@ from grpokit.core.errors import (
     TrainingError,
     UserCodeFailedError,
 )
-from grpokit.core.workers import PR_SET_PDEATHSIG, read_frame, write_frame
+from grpokit.core.workers import PR_SET_PDEATHSIG, listen_for_stops, read_frame, write_frame
 from grpokit.rewards import RewardRunner
 from grpokit.rollout.episodes import EpisodeSampler, multi_turn
 from grpokit.rollout.generation import rollout_metrics
 
 HEARTBEAT_S = 1.0  # how often the process's heartbeat thread beats
-BEAT, STARTED, SIGNAL = range(3)  # the board's slots: beats, the last batch whose weights the process took, a
-# signal sent to the process (its number; 0: none)
+BEAT, STARTED, SIGNAL, WORKER = range(4)  # the board's slots: beats, the last batch whose weights the process took,
+# a signal sent to the process or to one of its tool or environment workers (its number; 0: none), that worker's pid
+# (0: the process itself)
 
 
 @dataclass
@@ -180,6 +181,7 @@ def _tie_to(parent: int, board) -> None:
         os._exit(0)
     for signum in (signal.SIGINT, signal.SIGTERM):  # (a fork inherits the trainer's StopOnSignals handler)
         signal.signal(signum, lambda signum, frame: _signalled(board, signum))
+    listen_for_stops(lambda name, where, pid: _worker_signalled(board, name, where, pid))  # (and its listener)
     threading.Thread(target=_beat, args=(board,), daemon=True, name="grpokit-heartbeat").start()
 
 
@@ -193,15 +195,24 @@ def _beat(board) -> None:
 def _signalled(board, signum: int) -> None:
     """SIGTERM or SIGINT sent to the process: the first is written on the board for the trainer, which stops
     the run after its step with a checkpoint (the process keeps serving until then); a second ends it at once."""
-    if board[SIGNAL]:
+    if board[SIGNAL] and not board[WORKER]:
         signal.signal(signum, signal.SIG_DFL)
         os.kill(os.getpid(), signum)
         return
-    board[SIGNAL] = signum
+    board[SIGNAL], board[WORKER] = signum, 0
     name = signal.Signals(signum).name
     # os.write, not print: the handler may interrupt a print of the process's own
     os.write(2, f"grpokit: sampler process {os.getpid()}: {name}: the run stops after this step with a checkpoint "
                 f"({name} again ends this process at once)\n".encode())  # fmt: skip
+
+
+def _worker_signalled(board, name: str, where: str, pid: int) -> None:
+    """SIGTERM or SIGINT sent to one of the process's tool or environment workers (grpokit.rollout.tools.runner): on
+    the board for the trainer, as one sent to the process is (the first of either), with that worker's pid."""
+    if not board[SIGNAL]:
+        board[WORKER], board[SIGNAL] = pid, signal.Signals[name].value
+    print(f"grpokit: sampler process {os.getpid()}: {name} {where}: the run stops after this step with a "
+          "checkpoint", file=sys.stderr, flush=True)  # fmt: skip
 
 
 def _serve(

@@ -13,6 +13,14 @@ sampler): the pickled object's length (``FRAME_HEADER``, 8 bytes little-endian),
 
     write_frame(fd, obj, deadline=None)   # TimeoutError when the reader has not taken it by the deadline
     obj = read_frame(fd, deadline=None)   # None at end of file; TimeoutError past the deadline
+
+A SIGTERM or SIGINT sent from outside to a worker that runs the user's code (a tool or environment worker,
+grpokit.rollout.tools.runner) asks the run to stop, as one sent to the trainer does: the process that owns the
+worker hands it to its stop listener, which the trainer's StopOnSignals (grpokit.run.state) sets, and the
+asynchronous sampler's process (grpokit.collect.process: through its board, to the trainer):
+
+    previous = listen_for_stops(lambda name, where, pid: ...)   # while a run's signals are handled
+    stop_signalled("SIGTERM", "sent to tool worker 123 (keeper 122)", 123)   # True: a listener took it
 """
 
 from __future__ import annotations
@@ -31,6 +39,32 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Protocol, TypeVar
 
 PR_SET_PDEATHSIG = 1
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+"""The signals that ask a run to stop, sent to the trainer or to any of its workers (grpokit.run.state)."""
+
+_stop_listener: list = [None]  # this process's StopListener (listen_for_stops)
+
+
+StopListener = Callable[[str, str, int], None]
+
+
+def listen_for_stops(listener: StopListener | None) -> StopListener | None:
+    """Set this process's listener for a stop signal (STOP_SIGNALS) that one of its workers got from outside:
+    ``listener(name, where, pid)`` ("SIGTERM", "sent to tool worker 123 (keeper 122)", 123), called from the thread
+    that found the worker gone; returns the listener it replaces (to put back). None: none (the worker is then
+    replaced, with a line). A forked worker starts with none."""
+    previous, _stop_listener[0] = _stop_listener[0], listener
+    return previous
+
+
+def stop_signalled(name: str, where: str, pid: int) -> bool:
+    """Hand a worker's stop signal to this process's listener (``listen_for_stops``); False when there is none."""
+    listener = _stop_listener[0]
+    if listener is None:
+        return False
+    listener(name, where, pid)
+    return True
 
 
 FRAME_HEADER = struct.Struct("<Q")
@@ -106,6 +140,7 @@ def fork_worker(
     if pid == 0:  # the child: never returns
         status = 0
         try:
+            _stop_listener[0] = None  # the parent's listener is the parent's: a worker stops no run itself
             os.setpgid(0, 0)
             try:
                 ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)

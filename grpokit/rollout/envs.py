@@ -55,6 +55,13 @@ index loaded once). An environment may have ``close()``: it is called in its wor
 (a session to end, a file to remove). Every worker has a keeper (grpokit.rollout.tools.runner): whatever an
 environment or a tool starts is killed with it, at any depth, when the episode ends, the run closes, or the
 process that made the workers (the trainer, the asynchronous sampler's process) dies.
+
+A worker killed from outside grpokit is said so, named with its pid and the signal (grpokit.rollout.tools.runner:
+``Worker.report``): a SIGTERM or SIGINT sent to it stops the run after its step, as one sent to the trainer does;
+its episode, which cannot go on without it, ends there, cut (:class:`WorkerLost`: truncated, as when its time runs
+out, never a failure of the environment); so does a SIGKILL's (the OOM killer's), a SIGHUP's or a SIGQUIT's, the
+run going on with a line. A reset whose worker is killed so is made again on a fresh worker. A worker that ends by
+another signal (a crash: SIGSEGV, SIGABRT) fails its episode, as one that exits does.
 """
 
 from __future__ import annotations
@@ -65,6 +72,7 @@ import math
 import numbers
 import os
 import pickle
+import signal
 import threading
 import time
 import traceback
@@ -283,6 +291,17 @@ class EnvFailure(Exception):
     """One episode's environment failed (raised, hung, crashed, answered something that is not an answer)."""
 
 
+class WorkerLost(TimeoutError):
+    """One episode's environment worker was killed from outside grpokit (a signal of CUT_BY): the episode ends
+    there as when its time runs out (a TimeoutError: truncated, counted in episodes/over_budget), not as a failure
+    of the environment."""
+
+
+CUT_BY = (signal.SIGKILL, signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
+"""Signals that come from outside an environment's code (a user's kill, the OOM killer's SIGKILL): a worker they
+kill cuts its episode (WorkerLost); any other signal is the environment crashing (EnvFailure)."""
+
+
 def check_messages(value: object, roles: tuple[str, ...], max_chars: int | None) -> list[dict]:
     """``value`` as a list of messages with their text as data, or ValueError saying what is wrong: each
     message a dict with a role of ``roles`` and string values (content, name, ...); text cleaned of invalid
@@ -437,7 +456,12 @@ class EnvProcess:
         self.served = False  # the worker has served a reset: the next reset gets a fresh one
 
     def reset(self, row: dict, until: float | None = None) -> object:
-        return self._call("reset", row, until)
+        """The environment made and reset on a fresh worker; made again on another when that one is killed from
+        outside (WorkerLost: a reset starts from nothing)."""
+        try:
+            return self._call("reset", row, until)
+        except WorkerLost:
+            return self._call("reset", row, until)
 
     def step(self, text: str, until: float | None = None, tool_results: list[dict] | None = None) -> object:
         """The environment's step on the turn's text (and, when it offers tools, the turn's tool results)."""
@@ -479,8 +503,17 @@ class EnvProcess:
                 f"{op}: its answer could not be read back ({type(e).__name__}: {str(e)[:200]})"
             ) from None
         if reply is None:
+            worker, lost = self.worker, self.worker.lost()
             self.kill()
-            raise EnvFailure(f"{op}: its worker process died (it exited or was killed)")
+            if lost is None:
+                raise EnvFailure(f"{op}: its worker process died (it exited or was killed)")
+            name = signal.Signals(lost).name
+            if lost in CUT_BY:
+                again = "a fresh worker makes it again" if op == "reset" else "its episode ends there, cut (truncated)"
+                worker.report(f"{again}; the run goes on")
+                raise WorkerLost(f"{op}: its worker was killed by {name}")
+            worker.report("its episode fails")
+            raise EnvFailure(f"{op}: its worker process was killed by {name}")
         self.printed = reply[-1]
         if reply[0] == "ok":
             return reply[1]
@@ -519,9 +552,8 @@ class EnvPool:
         self.workers = WorkerPool("envs")  # forked on its thread (episodes step in threads), killed at close
 
     def spawn(self) -> Worker:
-        return self.workers.spawn(
-            functools.partial(Worker, functools.partial(_serve_environment, self.factory))
-        )
+        serve = functools.partial(_serve_environment, self.factory)
+        return self.workers.spawn(functools.partial(Worker, serve, "environment worker"))
 
     def environments(self, n: int) -> list[EnvProcess]:
         with self._lock:

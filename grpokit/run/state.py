@@ -38,6 +38,7 @@ from grpokit.config.schema import Config, ConfigError, save_config
 from grpokit.core.clock import TrainingClock
 from grpokit.core.errors import RunIOError, TrainingError
 from grpokit.core.files import replace_whole
+from grpokit.core.workers import listen_for_stops
 from grpokit.model.checkpoint import (
     CheckpointError,
     find_resumable,
@@ -60,21 +61,25 @@ from grpokit.train.learner import Learner
 class StopOnSignals:
     """Inside ``with``: the first SIGINT or SIGTERM only records its name (``signal_name``), so the
     training loop can stop at the end of the step and save; a second SIGINT stops at once
-    (KeyboardInterrupt). Outside the main thread (where handlers cannot be set) it does nothing."""
+    (KeyboardInterrupt). Outside the main thread (where handlers cannot be set) it does nothing. One sent to a
+    tool or environment worker of this process does the same (``request``: grpokit.core.workers.listen_for_stops)."""
 
     def __init__(self) -> None:
         self.signal_name: str | None = None
         self._previous: dict[int, Any] = {}
+        self._previous_listener: Any = None
 
     def __enter__(self) -> StopOnSignals:
         if threading.current_thread() is threading.main_thread():
             for signum in (signal.SIGINT, signal.SIGTERM):
                 self._previous[signum] = signal.signal(signum, self._handle)
+        self._previous_listener = listen_for_stops(lambda name, where, pid: self.request(name, where))
         return self
 
     def __exit__(self, *exc_info: object) -> None:
         for signum, handler in self._previous.items():
             signal.signal(signum, handler)
+        listen_for_stops(self._previous_listener)
 
     def request(self, name: str, where: str) -> None:
         """Stop after this step as for the signal ``name`` sent to another process of the run (``where``: "sent

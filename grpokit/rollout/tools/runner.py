@@ -9,6 +9,13 @@ that kills every process below it, at any depth, when the worker is retired or e
 that forked it dies (even by SIGKILL), so nothing a tool or an environment starts (a server, a daemon in
 its own session) outlives the run.
 
+A worker killed from outside grpokit (grpokit retires its workers with a signal of its own: grpokit.scoring._keeper)
+is never passed over in silence. Its keeper ends as it did, and ``Worker.lost`` reads how: a SIGTERM or SIGINT
+sent to it asks the run to stop after its step, as one sent to the trainer does (``Worker.report``: the process's
+stop listener, grpokit.core.workers); any other signal (the OOM killer's or a tool's own SIGKILL, a crash) is a
+line on stderr naming the worker, its pid and the signal. Either way the call fails (the model reads why) and a
+fresh worker serves the next one.
+
 Not a sandbox: tools are the user's own trusted code. Model-written code runs in the python tool
 (grpokit.rollout.tools.python), which adds grpokit.rewards.sandbox's isolation around it.
 """
@@ -20,6 +27,7 @@ import json
 import os
 import queue
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -27,21 +35,24 @@ from dataclasses import dataclass
 
 from grpokit.core.chat_text import clean_text, cut_text
 from grpokit.core.workers import (
+    STOP_SIGNALS,
     OutputTail,
     WorkerPool,
     fork_worker,
     limit_address_space,
     read_frame,
     resident_bytes,
+    stop_signalled,
     write_frame,
 )
 from grpokit.rollout.tools.parsers import ToolCall
 from grpokit.rollout.tools.results import Stopped
 from grpokit.rollout.tools.spec import Tool, check_arguments, echo
-from grpokit.scoring._keeper import become_keeper
+from grpokit.scoring._keeper import RETIRE, become_keeper, ended
 from grpokit.scoring._keeper import stop as stop_keeper
 
 _PARENT_FDS: set[int] = set()  # parent-side pipe ends of all live workers: a new child closes them
+ENDED_WAIT_S = 10.0  # a worker's pipe closed: the time its keeper gets to end (ms when the worker died)
 
 
 @dataclass
@@ -101,43 +112,96 @@ class Worker:
     """One forked worker and its pipes (parent side): ``serve(requests_fd, replies_fd)`` runs in the child
     (the tool runner's, or an environment's: grpokit.rollout.envs), reading pickled requests, writing replies.
     ``pid`` is its keeper's (the forked process, which forks the worker and stays above it; see the module
-    docstring)."""
+    docstring); ``worker_pid`` the worker's own, which it sends first (known from the first call on). ``kind``
+    names it in lines ("tool worker", "environment worker")."""
 
-    def __init__(self, serve: Callable[[int, int], None]):
+    def __init__(self, serve: Callable[[int, int], None], kind: str = "tool worker"):
         def keep_and_serve(parent: int, requests: int, replies: int) -> None:
             become_keeper(parent, (requests, replies))  # this process stays as the keeper; its child serves
+            write_frame(replies, os.getpid())  # who serves: named when it is killed
             serve(requests, replies)
 
         self.pid, self.to_child, self.from_child = fork_worker(keep_and_serve, _PARENT_FDS)
         _PARENT_FDS.update((self.to_child, self.from_child))
+        self.kind = kind
+        self.worker_pid: int | None = None
         self.killed = False
+        self.lost_to: int | None = None  # the signal that killed it, not sent by grpokit (``lost``, ``kill``)
+        self._reported = False
+
+    @property
+    def name(self) -> str:
+        """As "tool worker 123 (keeper 122)": both processes, for a user may have signalled either."""
+        own = f" {self.worker_pid}" if self.worker_pid is not None else ""
+        return f"{self.kind}{own} (keeper {self.pid})"
 
     def call(self, name: str, arguments: object, timeout_s: float) -> object | None:
-        """The reply to the request (name, arguments), None when the worker died; TimeoutError past ``timeout_s``."""
+        """The reply to the request (name, arguments), None when the worker died (then ``lost`` says how);
+        TimeoutError past ``timeout_s``."""
         deadline = time.monotonic() + timeout_s
         try:
             write_frame(self.to_child, (name, arguments), deadline)
         except (BrokenPipeError, OSError):
             return None
+        if self.worker_pid is None:
+            hello = read_frame(self.from_child, deadline)
+            if hello is None:
+                return None
+            self.worker_pid = hello
         return read_frame(self.from_child, deadline)
+
+    def lost(self) -> int | None:
+        """A call got no reply (the worker's pipe closed): its keeper is waited for (it ends as the worker did,
+        within milliseconds; at most ENDED_WAIT_S, past which the worker, which closed its pipe but lives, is
+        retired) and reaped, the pipes closed. Returns the signal that killed the worker from outside grpokit (a
+        SIGTERM sent to it or its keeper, a SIGKILL, a crash's SIGSEGV), or None (it exited)."""
+        if not self.killed:
+            status = ended(self.pid, ENDED_WAIT_S)
+            if status is None:
+                self.kill()
+            else:
+                self._forget(status)
+        return self.lost_to
+
+    def report(self, consequence: str) -> bool:
+        """Say once that the worker was killed from outside grpokit (``lost_to``): a SIGTERM or SIGINT goes to this
+        process's stop listener (grpokit.core.workers.stop_signalled: the run stops after its step; True); another
+        signal, or a stop signal with no listener, is a line on stderr naming the worker, its pid and the signal,
+        then ``consequence`` (what happens now). False when nothing was to be said or the run goes on."""
+        if self.lost_to is None or self._reported:
+            return False
+        self._reported = True
+        name = signal.Signals(self.lost_to).name
+        pid = self.worker_pid if self.worker_pid is not None else self.pid
+        if self.lost_to in STOP_SIGNALS and stop_signalled(name, f"sent to {self.name}", pid):
+            return True
+        line = f"grpokit: {self.name} was killed by {name}, not by grpokit; {consequence}"
+        print(line, file=sys.stderr, flush=True)
+        return False
 
     def signal_stop(self) -> None:
         """Ask the keeper to kill the worker's tree without waiting (``kill`` waits): stopping many workers,
         signal them all first, so that their keepers work at the same time."""
         if not self.killed:
             try:
-                os.kill(self.pid, signal.SIGTERM)
+                os.kill(self.pid, RETIRE)
             except OSError:
                 pass
 
     def kill(self) -> None:
         """Stop the worker and everything it started, at any depth (its keeper kills the tree), reap the
         keeper, close the pipes; once (a second call does nothing: its pipes' numbers may belong to other
-        files by then)."""
+        files by then). A worker found killed from outside before (``lost_to``) is reported (``report``)."""
         if self.killed:
             return
+        self._forget(stop_keeper(self.pid))
+        self.report("it had ended before grpokit retired it")
+
+    def _forget(self, status: int | None) -> None:
+        """The keeper reaped with wait ``status`` (None: killed here): how the worker ended kept, the pipes closed."""
         self.killed = True
-        stop_keeper(self.pid)
+        if status is not None and os.WIFSIGNALED(status):
+            self.lost_to = os.WTERMSIG(status)
         for fd in (self.to_child, self.from_child):
             _PARENT_FDS.discard(fd)
             try:
@@ -254,10 +318,15 @@ class ToolRunner:
             )
         seconds = time.perf_counter() - t0
         if reply is None:
+            lost = worker.lost()
             self._retire(worker)
-            return self._count(
-                ToolResult(f"Error: {tool.name} crashed (its process exited)", True, False, seconds)
-            )
+            if lost is None:
+                return self._count(
+                    ToolResult(f"Error: {tool.name} crashed (its process exited)", True, False, seconds)
+                )
+            worker.report("its call failed (the model reads why) and a fresh worker serves the next call")
+            text = f"Error: {tool.name} failed: its worker was killed by {signal.Signals(lost).name}"
+            return self._count(ToolResult(text, True, False, seconds))
         status, text, printed, grown = reply
         if (self.memory_mb and grown > self.memory_mb * (1 << 19)) or text.startswith("MemoryError"):
             self._retire(worker)  # a leaking tool: a fresh worker for the next call
