@@ -48,7 +48,7 @@ EXIT_CODES = (
         "server down or dying), with a checkpoint"),
     (5, "disk full or another I/O error: RunIOError, OSError (writing a checkpoint, the log, the output folder)"),
     (130, "stopped by SIGINT after saving a checkpoint (143: SIGTERM; 128 + the signal, as shells report it), "
-          "sent to any process of the run"),
+          "sent to any process of the run: the trainer, the sampler process, a tool or environment worker, a rank"),
 )  # fmt: skip
 """Every exit code of ``grpokit train | sft | demo`` and what it means (docs/exit-codes.md shows the same table)."""
 
