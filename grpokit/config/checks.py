@@ -49,6 +49,10 @@ VLLM_SERVER = ("server_url", "server_timeout_s", "weight_transfer", "collective_
 """rollout.vllm.* settings of the server mode's client."""
 VLLM_COLOCATED = ("cpu_kv_cache_gib", "gpu_memory_utilization", "sleep", "enforce_eager", "max_model_len")
 """rollout.vllm.* settings of an engine in the trainer's process (a server's are grpokit vllm-serve options)."""
+TEACHER_VLLM_SERVER = ("server_url", "server_timeout_s", "request_timeout_s")
+"""teacher.vllm.* settings of a teacher server (teacher.vllm.mode=server)."""
+TEACHER_VLLM_COLOCATED = ("gpu_memory_utilization", "cpu_kv_cache_gib")
+"""teacher.vllm.* settings of a teacher engine in the trainer's process (a server's are its own options)."""
 
 
 def check_report_to(report_to: str | list[str] | tuple[str, ...], key: str = "train.report_to") -> list[str]:
@@ -88,6 +92,79 @@ def check_vllm_installed(engine: str, key: str, mode: str = "colocate") -> None:
         raise ConfigError(
             f"{key}=vllm needs vLLM, which is not installed here. Install it: {VLLM_INSTALL}; or sample on a "
             "server started where it is (rollout.vllm.mode=server: grpokit vllm-serve)"
+        )
+
+
+def check_teacher(cfg: Any) -> None:
+    """teacher.* (on-policy distillation, grpokit.train.teacher): every setting refused without algo.teacher_kl_coef
+    > 0, which alone reads them; with it, a teacher to read (teacher.name_or_path, or a vLLM server's model), the
+    teacher.vllm.* settings of the chosen engine and mode only, and a server teacher only at rollout.temperature 1:
+    vLLM's prompt log-probs are of the raw logits whatever the request's temperature (grpokit.rollout.engines.vllm
+    .teacher), and the scale that makes them the sampling temperature's can be set only in an engine of this
+    process. Whether vLLM is installed is checked when the teacher is built (a config must load without it)."""
+    from grpokit.algos import KNOBS, PRESETS  # lazy: grpokit.algos imports torch
+
+    t = cfg.teacher
+    given = {key: getattr(cfg.algo, key) for key in KNOBS if getattr(cfg.algo, key) is not None}
+    try:
+        coef = PRESETS[cfg.algo.preset].override(**given).advantage.teacher_kl_coef
+    except (KeyError, ValueError):
+        return  # a bad preset or value is reported by its own check
+    default, vllm_default = type(t)(), type(t.vllm)()
+    changed_vllm = [
+        f.name for f in dataclasses.fields(t.vllm) if getattr(t.vllm, f.name) != getattr(vllm_default, f.name)
+    ]
+
+    def shown(names: list[str], prefix: str = "teacher.vllm") -> str:
+        section = t.vllm if prefix == "teacher.vllm" else t
+        return ", ".join(f"{prefix}.{n}={getattr(section, n)!r}" for n in names)
+
+    if coef <= 0:
+        changed = [f for f in ("name_or_path", "dtype", "engine") if getattr(t, f) != getattr(default, f)]
+        listed = ", ".join(part for part in (shown(changed, "teacher"), shown(changed_vllm)) if part)
+        if listed:
+            raise ConfigError(
+                f"{listed}: the teacher is read only by on-policy distillation; set algo.teacher_kl_coef > 0 (its "
+                "weight in the advantage), or remove the setting."
+            )
+        return
+    served = t.engine == "vllm" and t.vllm.mode == "server"
+    if t.name_or_path is None and not served:
+        raise ConfigError(
+            f"algo.teacher_kl_coef={coef:g} needs a teacher: set teacher.name_or_path to the teacher model's folder "
+            "(it must share the student's tokenizer), or score on a vLLM server of it (teacher.engine=vllm "
+            "teacher.vllm.mode=server teacher.vllm.server_url=URL)."
+        )
+    if t.engine != "vllm":
+        off, how = changed_vllm, "teacher.engine=vllm"
+    elif served:
+        off = [n for n in changed_vllm if n in TEACHER_VLLM_COLOCATED]
+        how = "teacher.vllm.mode=colocate (a server takes its memory settings on its own command line: vllm serve --help)"
+    else:
+        off, how = [n for n in changed_vllm if n in TEACHER_VLLM_SERVER], "teacher.vllm.mode=server"
+    if off:
+        raise ConfigError(
+            f"{shown(off)}: taken only with {how}, so ignored as it stands; set that, or remove the setting."
+        )
+    if not served:
+        return
+    if t.dtype != default.dtype:
+        raise ConfigError(
+            f"teacher.dtype={t.dtype!r}: a teacher server computes in its own dtype (its --dtype), so this would be "
+            "ignored; remove the setting, or start the server with --dtype."
+        )
+    if not t.vllm.server_url:
+        raise ConfigError(
+            "teacher.vllm.mode=server needs teacher.vllm.server_url: the address of the teacher's vLLM server, e.g. "
+            "teacher.vllm.server_url=http://127.0.0.1:8001 for one started with vllm serve TEACHER --port 8001."
+        )
+    if cfg.rollout.temperature != 1.0:
+        raise ConfigError(
+            f"teacher.vllm.mode=server with rollout.temperature={cfg.rollout.temperature:g}: the teacher scores at "
+            "the sampling temperature (log_softmax(logits / T)), and a vLLM server's prompt log-probs are at "
+            "temperature 1 whatever the request asks (vLLM applies no sampling setting to prompt tokens). Set "
+            "rollout.temperature=1, or run the teacher in this process (teacher.vllm.mode=colocate, which scales "
+            "its logits by 1/T, or teacher.engine=local)."
         )
 
 
@@ -393,6 +470,7 @@ def check_config(cfg: Any) -> None:
     then the rules between settings; the first problem raises ConfigError."""
     check_tree(cfg)  # ranges, choices and the single-setting rules, as declared
     check_critic(cfg)  # critic.* settings need an algorithm that trains a critic
+    check_teacher(cfg)  # teacher.* need on-policy distillation, a teacher to read, and their engine's mode
     check_algo_knobs(cfg)  # algo.* knobs the chosen estimator, loss or batch settings would ignore
     check_entropy_start(cfg)  # an adaptive entropy coefficient that starts outside its own range
     check_async(cfg.rollout)  # rollout.max_staleness with an engine or multi-turn it cannot run with yet

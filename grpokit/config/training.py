@@ -82,6 +82,56 @@ class AlgoConfig:
     lam: float | None = algo_knob("lam")
 
 
+TEACHER_ENGINES = ("local", "vllm")
+"""teacher.engine: where the teacher's pass runs (grpokit.train.teacher)."""
+TEACHER_VLLM_MODES = ("colocate", "server")
+"""teacher.vllm.mode: a vLLM engine of the teacher in the trainer's process, or a vLLM server started apart."""
+
+
+@dataclass
+class TeacherVLLMConfig:
+    """A teacher served by vLLM (teacher.engine=vllm; grpokit.rollout.engines.vllm.teacher)."""
+
+    mode: str = setting(
+        "colocate",
+        """colocate: a vLLM engine of teacher.name_or_path in the trainer's process (beside the rollout engine,
+        if that is vLLM too) | server: a vLLM OpenAI-compatible server started apart (vllm serve TEACHER) at
+        teacher.vllm.server_url (TRL's vllm_mode).""",
+        choices=TEACHER_VLLM_MODES,
+    )
+    server_url: str | None = setting(
+        None,
+        """Server mode: the address of the teacher's vLLM server (TRL teacher_model_server_url), e.g.
+        http://127.0.0.1:8001; its /v1/completions scores the student's tokens (prompt_logprobs).""",
+    )
+    server_timeout_s: float = setting(
+        240.0,
+        "Server mode: seconds to wait for the server's health check at the start (it may still be loading).",
+        range="(0, inf)",
+        example=240,
+    )
+    request_timeout_s: float = setting(
+        600.0,
+        """Server mode: seconds one scoring request may go unanswered (TRL's request_timeout); past them the run
+        stops with TeacherTimeout instead of hanging.""",
+        range="(0, inf)",
+        example=600,
+    )
+    gpu_memory_utilization: float = setting(
+        0.3,
+        """Colocated on a GPU: share of the GPU's memory the teacher's engine may take (its weights and KV cache),
+        beside the trainer and a vLLM rollout engine's own share.""",
+        range="(0, 1]",
+        example=0.3,
+    )
+    cpu_kv_cache_gib: int = setting(
+        1,
+        "Colocated on a CPU: GiB of the teacher engine's KV cache (VLLM_CPU_KVCACHE_SPACE unless already set).",
+        range="[1, inf)",
+        example=1,
+    )
+
+
 @dataclass
 class TeacherConfig:
     """On-policy distillation's teacher (grpokit.train.teacher): read with algo.teacher_kl_coef > 0."""
@@ -91,13 +141,23 @@ class TeacherConfig:
         """The teacher model (TRL teacher_model_name_or_path): a folder of a causal LM, or a model id the hub cache
         holds, that shares the student's tokenizer. Frozen, in eval mode, it scores every token the student
         samples; w (log pi_teacher - log pi_student) is the token's advantage (algo.teacher_kl_coef = w). None:
-        no teacher.""",
+        no teacher; with teacher.vllm.mode=server, the server's own model.""",
     )
     dtype: str = setting(
         "auto",
         "The teacher's weights (TRL teacher_model_init_kwargs' dtype): auto (the policy's) | float32 | bfloat16 | "
         "float16.",
         choices=DTYPES,
+    )
+    engine: str = setting(
+        "local",
+        """Where the teacher's pass runs. local: the model loaded with transformers in the trainer, its pass the
+        reference's | vllm: a vLLM engine's prompt log-probs of the student's prompt and completion
+        (teacher.vllm.*), colocated or on a server.""",
+        choices=TEACHER_ENGINES,
+    )
+    vllm: TeacherVLLMConfig = setting(
+        TeacherVLLMConfig(), "A teacher served by vLLM (teacher.engine=vllm; docs/algorithms/distillation.md)."
     )
 
 

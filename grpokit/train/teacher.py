@@ -4,15 +4,23 @@ dense advantage w (log pi_T - log pi_s) per token (grpokit.algos.distill; algo.t
     teacher = Teacher.build(cfg, algo, tokenizer, device, precision)   # None: no teacher
     teacher_logprobs = teacher.logprobs(policy, batch.rollout)         # (N, Lc)
 
-The teacher is loaded from teacher.name_or_path (a local folder, or a model id the hub cache holds) in
-teacher.dtype, frozen and in eval mode, and makes its pass as the reference does (grpokit.train.reference
-.ReferencePass: the same eval_logprobs, micro-batches and autocast), at the sampling temperature, so the student's
-and the teacher's log-probs are of the same distribution's tokens. It must share the student's tokenizer: its
-folder's tokenizer is compared with the student's when it is built, and its embedding must hold every id.
+Where its pass runs (teacher.engine):
+- local: loaded from teacher.name_or_path (a local folder, or a model id the hub cache holds) in teacher.dtype,
+  frozen and in eval mode; its pass is the reference's (grpokit.train.reference.ReferencePass: the same
+  eval_logprobs, micro-batches and autocast), at the sampling temperature.
+- vllm (VLLMTeacherPass): vLLM's prompt log-probs of each row's prompt and completion, from an engine of
+  teacher.name_or_path in this process whose logits are divided by the sampling temperature (teacher.vllm.mode=
+  colocate), or from a vLLM server started apart, at temperature 1 (server; grpokit.rollout.engines.vllm.teacher).
+Either way the student's and the teacher's log-probs are of the same distribution's tokens: log_softmax(logits / T).
 
-Where the pass runs: beside the reference's, in the trainer, before the advantages; in an asynchronous run
+It must share the student's tokenizer: a local folder's tokenizer is compared with the student's when the teacher is
+built, its embedding must hold every id, and a server's tokenizer is compared through its /tokenize. The settings'
+rules between them are grpokit.config.checks.check_teacher's, checked when the config loads.
+
+Where the pass runs in a step: beside the reference's, in the trainer, before the advantages; in an asynchronous run
 (rollout.max_staleness >= 1) the trainer makes it too (the teacher never changes, so the batch's age does not
-matter), not yet the sampler process. Under torchrun each rank holds a whole teacher and scores its own rows.
+matter), not yet the sampler process. Under torchrun each rank holds a whole teacher (or reaches the server) and
+scores its own rows.
 """
 
 from __future__ import annotations
@@ -23,6 +31,7 @@ from typing import Any
 import torch
 
 from grpokit.algos.distill import teacher_kl
+from grpokit.config.checks import VLLM_INSTALL
 from grpokit.core.errors import ConfigError
 from grpokit.model.loading import (
     DTYPES,
@@ -37,38 +46,27 @@ from grpokit.train.reference import ReferencePass
 
 
 class Teacher:
-    """The frozen teacher and its log-prob pass (module docstring)."""
+    """The frozen teacher and its log-prob pass (module docstring). ``model``: the local teacher (None when vLLM
+    holds it); ``log_pass``: a ReferencePass over it, or a VLLMTeacherPass; ``source``: what it is, for messages."""
 
-    def __init__(self, model: torch.nn.Module, log_pass: ReferencePass, source: str):
+    def __init__(self, model: torch.nn.Module | None, log_pass: Any, source: str):
         self.model, self.log_pass, self.source = model, log_pass, source
 
     @classmethod
     def build(
         cls, cfg: Any, algo: Any, tokenizer: Any, device: torch.device, precision: Precision
     ) -> Teacher | None:
-        """The teacher of ``cfg.teacher`` for a run with ``algo.teacher_kl_coef > 0``; None when neither is set.
-        ConfigError: one without the other, a teacher that does not load, or another tokenizer than the
-        student's ``tokenizer``."""
+        """The teacher of ``cfg.teacher`` for a run with ``algo.teacher_kl_coef > 0``, None without (a config
+        grpokit.config.checks.check_teacher passed: a teacher named, its engine's settings). ConfigError: a teacher
+        that does not load or start, vLLM missing for a colocated one, or another tokenizer than the student's
+        ``tokenizer``; TeacherServerError: a server that does not answer."""
+        if not algo.uses_teacher:
+            return None
+        if cfg.teacher.engine == "vllm":
+            log_pass = VLLMTeacherPass.build(cfg, tokenizer, device, precision)
+            return cls(None, log_pass, log_pass.source)
         path = cfg.teacher.name_or_path
         key = f"teacher.name_or_path={path!r}"
-        if not algo.uses_teacher:
-            default = type(cfg.teacher)()
-            changed = [
-                f"teacher.{f}={getattr(cfg.teacher, f)!r}"
-                for f in ("name_or_path", "dtype")
-                if getattr(cfg.teacher, f) != getattr(default, f)
-            ]
-            if changed:
-                raise ConfigError(
-                    f"{', '.join(changed)}: the teacher is read only by on-policy distillation; set "
-                    "algo.teacher_kl_coef > 0 (its weight in the advantage), or remove the setting."
-                )
-            return None
-        if path is None:
-            raise ConfigError(
-                f"algo.teacher_kl_coef={algo.advantage.teacher_kl_coef:g} needs a teacher: set teacher.name_or_path "
-                "to the teacher model's folder (it must share the student's tokenizer)."
-            )
         check_same_tokenizer(path, tokenizer, key)
         from transformers import AutoModelForCausalLM
 
@@ -93,6 +91,91 @@ class Teacher:
         """(N, Lc) the teacher's log-probs of ``r``'s completion tokens (0 at padding); ``policy``: the student,
         whose train/eval mode the pass leaves as it found it."""
         return self.log_pass.logprobs(policy, r)
+
+
+class VLLMTeacherPass:
+    """The teacher's pass on vLLM (teacher.engine=vllm): each row's real prompt tokens and attended completion tokens
+    (the model's, and a multi-turn episode's tool and environment tokens between them) as one sequence, scored by
+    ``scorer`` (grpokit.rollout.engines.vllm.teacher: ColocatedScorer or ServedScorer); the completion positions'
+    log-probs back in the rollout's (N, Lc) layout, 0 where nothing is attended."""
+
+    def __init__(self, scorer: Any, source: str):
+        self.scorer, self.source = scorer, source
+
+    @classmethod
+    def build(cls, cfg: Any, tokenizer: Any, device: torch.device, precision: Precision) -> VLLMTeacherPass:
+        from grpokit.rollout.engines.vllm.teacher import ColocatedScorer, ServedScorer
+
+        t, path = cfg.teacher, cfg.teacher.name_or_path
+        if path is not None:
+            check_same_tokenizer(path, tokenizer, f"teacher.name_or_path={path!r}")
+        if t.vllm.mode == "server":
+            scorer = ServedScorer(
+                t.vllm.server_url, server_timeout_s=t.vllm.server_timeout_s, request_timeout_s=t.vllm.request_timeout_s
+            ).connect(path)
+            scorer.check_tokenizer(tokenizer)
+            return cls(scorer, f"the vLLM server at {scorer.describe()}")
+        missing = _vllm_missing()
+        if missing:
+            raise ConfigError(
+                f"teacher.engine=vllm (teacher.vllm.mode=colocate) needs vLLM, which does not import here ({missing}). "
+                f"Install it: {VLLM_INSTALL}; or score on a teacher server started where it is "
+                "(teacher.vllm.mode=server), or load the teacher with transformers (teacher.engine=local)."
+            )
+        dtype = precision.weight_dtype if t.dtype == "auto" else DTYPES[t.dtype]
+        scorer = ColocatedScorer.start(
+            path, temperature=cfg.rollout.temperature, dtype=str(dtype).removeprefix("torch."), seed=cfg.train.seed,
+            max_model_len=_longest_row(cfg, path), cpu_kv_cache_gib=t.vllm.cpu_kv_cache_gib,
+            gpu_memory_utilization=t.vllm.gpu_memory_utilization, cuda=device.type == "cuda",
+            key=f"teacher.name_or_path={path!r}",
+        )  # fmt: skip
+        if scorer.vocab_size < len(tokenizer):
+            raise ConfigError(
+                f"teacher.name_or_path={path!r}: the tokenizer has {len(tokenizer)} tokens but the teacher's embedding "
+                f"has {scorer.vocab_size} rows, so it cannot score every token the student samples."
+            )
+        return cls(scorer, f"{path} (vLLM, in this process)")
+
+    def logprobs(self, policy: torch.nn.Module, r: Rollout) -> torch.Tensor:
+        """(N, Lc) float32 on the CPU; ``policy`` is not read (the teacher's weights are vLLM's)."""
+        attended = r.attention_mask.bool()  # (N, Lc)
+        sequences, places = [], []
+        for i in range(r.completion_ids.shape[0]):
+            prompt = r.prompt_ids[i][r.prompt_mask[i].bool()].tolist()
+            where = attended[i].nonzero().flatten()  # (C,) the completion positions scored
+            sequences.append((prompt + r.completion_ids[i, where].tolist(), len(prompt)))
+            places.append(where)
+        scored = self.scorer.logprobs(sequences)
+        out = torch.zeros(r.completion_ids.shape, dtype=torch.float32)  # (N, Lc)
+        for i, (where, values) in enumerate(zip(places, scored)):
+            out[i, where] = torch.tensor(values, dtype=torch.float32)
+        return out * r.completion_mask.to(torch.float32)  # 0 at the tool's tokens and the padding
+
+
+def _vllm_missing() -> str | None:
+    """None when vLLM imports, else why not (grpokit.rollout.engines.vllm.vllm_missing's test)."""
+    try:
+        from vllm import LLM, SamplingParams  # noqa: F401
+    except Exception as e:  # noqa: BLE001 - ImportError, or a broken install failing inside its own imports
+        return f"{type(e).__name__}: {e}"
+    return None
+
+
+def _longest_row(cfg: Any, path: str) -> int | None:
+    """Tokens the teacher's engine is sized for: the prompt, the longest training completion (a multi-turn episode:
+    all of it after the prompt) and the one token a request generates; at most the teacher's positions."""
+    r = cfg.rollout
+    completion = r.max_new_tokens
+    if r.tools or r.environment:
+        completion = max(completion, r.max_episode_tokens or r.max_turns * r.max_new_tokens)
+    length = cfg.data.max_prompt_tokens + completion + 1
+    try:
+        from transformers import AutoConfig
+
+        limit = getattr(AutoConfig.from_pretrained(path), "max_position_embeddings", None)
+    except Exception:  # noqa: BLE001 - vLLM reports a folder it cannot read, by name, when it starts
+        limit = None
+    return min(length, limit) if limit else length
 
 
 def check_same_tokenizer(path: str, tokenizer: Any, key: str) -> None:

@@ -1,10 +1,13 @@
 """On-policy distillation (issue 53 item 5): a teacher's log-probs of the student's own samples as a dense advantage
 train a tiny real student toward the teacher: the exact reverse KL to it, over the whole next-token distribution
-after every training prompt, falls; with a LoRA student too; and a teacher that cannot be read is refused."""
+after every training prompt, falls; with a LoRA student too; and a teacher that cannot be read is refused. A teacher
+served by vLLM: its settings' rules, its pass's layout and a server that does not answer (here, without vLLM)."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import socket
 
 import pytest
 import torch
@@ -12,6 +15,9 @@ from tiny_model import ADDITION_ROWS, SMALL_RUN, make_tiny_model, make_tiny_toke
 
 from grpokit import GRPOTrainer, load_config
 from grpokit.core.errors import ConfigError
+from grpokit.rollout.engines.base import Rollout
+from grpokit.rollout.engines.vllm.teacher import ServedScorer, TeacherServerError, TeacherTimeout
+from grpokit.train.teacher import VLLMTeacherPass
 
 DISTIL = ["algo.advantage=none", "algo.teacher_kl_coef=1.0", "algo.beta=0", "algo.agg=token-mean"]
 
@@ -100,3 +106,90 @@ def test_a_teacher_that_cannot_be_read_is_refused(tmp_path, teacher_dir):
     make_tiny_tokenizer(vocab_size=70).save_pretrained(other)  # 6 fillers more: 70 ids against 64
     with pytest.raises(ConfigError, match=r"the teacher's tokenizer differs from the student's"):
         trainer(tmp_path / "c", other)
+
+
+# ----------------------------------------------------------------------------- a teacher served by vLLM (teacher.engine=vllm)
+# Its log-probs against the local teacher's, colocated and from a server, and a run with it: tests/engine_vllm/
+# test_vllm_teacher.py (vLLM's own environment). Here: the settings' rules, the layout of its pass, and a server that
+# does not answer, none of which needs vLLM.
+
+SERVED = ["teacher.engine=vllm", "teacher.vllm.mode=server", "teacher.vllm.server_url=http://127.0.0.1:9"]
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["algo.advantage=group_std", "algo.teacher_kl_coef=0", "teacher.engine=vllm"], r"teacher.engine='vllm': the teacher is read only by on-policy distillation"),
+        (["algo.advantage=group_std", "algo.teacher_kl_coef=0", "teacher.vllm.request_timeout_s=5"], r"teacher.vllm.request_timeout_s=5.0: the teacher is read only"),
+        ([*DISTIL, "teacher.engine=vllm"], r"algo.teacher_kl_coef=1 needs a teacher: set teacher.name_or_path .* or score on a vLLM server"),
+        ([*DISTIL, "teacher.name_or_path=t", "teacher.vllm.mode=server"], r"teacher.vllm.mode='server': taken only with teacher.engine=vllm"),
+        ([*DISTIL, "teacher.name_or_path=t", "teacher.engine=vllm", "teacher.vllm.server_url=http://a:1"], r"teacher.vllm.server_url='http://a:1': taken only with teacher.vllm.mode=server"),
+        ([*DISTIL, *SERVED, "teacher.vllm.cpu_kv_cache_gib=2"], r"teacher.vllm.cpu_kv_cache_gib=2: taken only with teacher.vllm.mode=colocate"),
+        ([*DISTIL, *SERVED, "teacher.dtype=bfloat16"], r"teacher.dtype='bfloat16': a teacher server computes in its own dtype"),
+        ([*DISTIL, *SERVED[:2]], r"teacher.vllm.mode=server needs teacher.vllm.server_url"),
+        ([*DISTIL, *SERVED, "rollout.temperature=0.7"], r"teacher.vllm.mode=server with rollout.temperature=0.7: .* prompt log-probs are at temperature 1"),
+    ],
+)  # fmt: skip
+def test_a_vllm_teachers_settings_are_checked_when_the_config_loads(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(None, overrides)
+    load_config(None, [*DISTIL, *SERVED])  # a server teacher needs no teacher.name_or_path, at T = 1
+    load_config(None, [*DISTIL, "teacher.name_or_path=t", "teacher.engine=vllm", "rollout.temperature=0.7"])
+
+
+def test_a_colocated_vllm_teacher_without_vllm_is_refused_by_name(tmp_path, teacher_dir):
+    if importlib.util.find_spec("vllm") is not None:
+        pytest.skip("vLLM is installed here: tests/engine_vllm/test_vllm_teacher.py starts its engine")
+    with pytest.raises(ConfigError, match=r"teacher.engine=vllm \(teacher.vllm.mode=colocate\) needs vLLM.*pip install"):
+        trainer(tmp_path / "run", teacher_dir, "teacher.engine=vllm")
+
+
+class SequenceByScorer:
+    """A naive-loop oracle of a vLLM scorer: each sequence alone through the teacher, log_softmax(logits / T) of its
+    tokens from ``start`` on (what vLLM's prompt log-probs are with the engine's logits divided by T)."""
+
+    def __init__(self, model, temperature):
+        self.model, self.temperature = model, temperature
+
+    def logprobs(self, sequences):
+        out = []
+        for ids, start in sequences:
+            with torch.no_grad():
+                logits = self.model(torch.tensor([ids])).logits[0].float() / self.temperature  # (L, V)
+            logp = logits.log_softmax(-1)[:-1].gather(-1, torch.tensor(ids[1:])[:, None])[:, 0]  # (L-1,)
+            out.append(logp[start - 1 :].tolist())
+        return out
+
+
+def test_the_vllm_pass_scores_each_rows_real_tokens_as_the_local_pass(tmp_path, teacher_dir):
+    """VLLMTeacherPass's layout (left-padded prompts, right-padded completions, a multi-turn row's tool tokens attended
+    but not trained) over a per-sequence oracle scorer gives the local teacher's batched pass at T = 0.7."""
+    t = trainer(tmp_path / "run", teacher_dir, "rollout.temperature=0.7")
+    prompts = torch.tensor([[0, 0, 2, 11, 20], [2, 12, 21, 13, 22]])  # (2, 5) the first left-padded
+    prompt_mask = (prompts != 0).long()
+    completion = torch.tensor([[14, 15, 1, 0, 0, 0], [16, 30, 31, 17, 1, 0]])  # (2, 6)
+    context = torch.tensor([[1, 1, 1, 0, 0, 0], [1, 1, 1, 1, 1, 0]])  # every real token after the prompt
+    model_tokens = torch.tensor([[1, 1, 1, 0, 0, 0], [1, 0, 0, 1, 1, 0]])  # row 2: 30, 31 are a tool's
+    r = Rollout(prompts, prompt_mask, completion, model_tokens, torch.zeros(2, 6), torch.zeros(2, dtype=torch.bool),
+                context_mask=context)  # fmt: skip
+    want = t.teacher.logprobs(t.model, r)  # (2, 6) the local pass, batched
+    got = VLLMTeacherPass(SequenceByScorer(t.teacher.model, 0.7), "oracle").logprobs(t.model, r)
+    mask = model_tokens.bool()
+    assert float((got - want)[mask].abs().max()) < 1e-5
+    assert (got[~mask] == 0).all() and (got[mask] != 0).all()
+
+
+def test_a_teacher_server_that_does_not_answer_is_a_named_error(tmp_path, teacher_dir):
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    url = f"http://127.0.0.1:{port}"
+    nowhere = [*SERVED[:2], f"teacher.vllm.server_url={url}", "teacher.vllm.server_timeout_s=1"]
+    with pytest.raises(TeacherServerError, match=rf"no vLLM server answered at {url}/health within 1 s .*vllm serve"):
+        trainer(tmp_path / "run", None, *nowhere)
+    with socket.create_server(("127.0.0.1", 0)) as hung:  # listens, never answers (the kernel takes the connection)
+        url = f"http://127.0.0.1:{hung.getsockname()[1]}"
+        with pytest.raises(TeacherServerError, match=rf"no vLLM server answered at {url}/health within 1 s \(last: no answer"):
+            ServedScorer(url, server_timeout_s=1).connect()
+        with pytest.raises(TeacherTimeout, match=r"did not answer scoring 1 sequences within 1 s \(teacher.vllm.request_timeout_s\)"):
+            ServedScorer(url, request_timeout_s=1).logprobs([([2, 11, 20], 1)])
