@@ -46,8 +46,10 @@ def _prctl(option: int, value: int) -> None:
 
 
 def descendants(root: int) -> list[int]:
-    """Every process below ``root`` (children, their children, ...), read from /proc (empty without it)."""
-    children = children_by_parent(zombies=False)  # a zombie is dead already: its parent (or we) reap it
+    """Every process below ``root`` (children, their children, ...), read from /proc (empty without it), zombies
+    included: a worker whose main thread has ended shows as a zombie while its other threads exit, and until they
+    have, what it started is still its child (reparented to the keeper only then): left out, it would be missed."""
+    children = children_by_parent(zombies=True)
     out, todo = [], [root]
     while todo:
         for pid in children.get(todo.pop(), []):
@@ -58,7 +60,8 @@ def descendants(root: int) -> list[int]:
 
 def kill_tree(root: int, timeout_s: float = 5.0) -> None:
     """SIGKILL every descendant of ``root`` (this process, a subreaper: orphans come back to it as
-    children and are reaped here) and ``root``'s process group, until none is left or the time is up."""
+    children and are reaped here) and ``root``'s process group, until none is left, not even a zombie (one still
+    holding children, see ``descendants``), or the time is up."""
     deadline = time.monotonic() + timeout_s
     while True:
         try:
