@@ -30,7 +30,7 @@ trainer waiting on it (for a batch, for it to take the weights before a push, fo
 keeps) raises SamplerStalledError when no beat came for ``timeout_s`` (rollout.sampler_timeout_s: a
 SIGSTOP, a frozen or hung process), SamplerDiedError when it ended. Before its first beat it gets
 START_ALLOWANCE_S at least (a spawned process imports torch first). SIGTERM or SIGINT sent to the process
-itself is not swallowed: it is written to the shared board (``signal_name``) and the trainer stops the run
+itself is not swallowed: it is written to the shared board (``signalled``) and the trainer stops the run
 after its step with a checkpoint, as for a signal sent to it; a second one ends the process.
 
 The sampled log-probs (the behaviour policy's, of the version that made the batch) travel in the batch's
@@ -323,15 +323,11 @@ class AsyncSampler:
             return True
         return False
 
-    def signal_name(self) -> str | None:
-        """The signal sent to the sampler process itself or to one of its tool or environment workers (SIGTERM,
-        SIGINT), which asks the run to stop after its step; None when none came."""
+    def signalled(self) -> tuple[str, int] | None:
+        """The signal (SIGTERM, SIGINT) sent to the sampler process (pid 0) or to its tool or environment worker of
+        that pid, which asks the run to stop after its step; None when none came."""
         number = int(self._board[SIGNAL])
-        return signal.Signals(number).name if number else None
-
-    def signalled_worker(self) -> int:
-        """The pid of the process's worker that ``signal_name`` was sent to; 0: the process itself."""
-        return int(self._board[WORKER])
+        return (signal.Signals(number).name, int(self._board[WORKER])) if number else None
 
     def close(self) -> None:
         """Stop the process and everything it started; the batches not taken are discarded (the next take

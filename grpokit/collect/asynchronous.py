@@ -75,7 +75,7 @@ class AsyncSource(BatchSource):
         sampler's) came while it waited (one process: under torchrun the ranks take their batches in step)."""
         process, stopping = self.process, None
         if not self.dist.active:
-            stopping = lambda: bool(self._stop and self._stop.signal_name) or bool(process.signal_name())  # noqa: E731
+            stopping = lambda: bool(self._stop and self._stop.signal_name) or bool(process.signalled())  # noqa: E731
         try:
             batch, timing, sampling, extra = process.take(
                 step, log_history=log_history, agree=agree_on_age(self.dist), stopping=stopping
@@ -99,9 +99,9 @@ class AsyncSource(BatchSource):
     def _sampler_signal(self) -> None:
         """A SIGTERM or SIGINT sent to the sampler process, or to one of its tool or environment workers, stops the
         run as one sent to the trainer does."""
-        name = self.process.signal_name()
-        if name and self._stop is not None:
-            worker = self.process.signalled_worker()
+        signalled = self.process.signalled()
+        if signalled and self._stop is not None:
+            name, worker = signalled
             whose = f"worker {worker} of the sampler process" if worker else "the sampler process"
             self._stop.request(name, f"sent to {whose} {self.process.pid}")
 
