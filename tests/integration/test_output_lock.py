@@ -154,7 +154,7 @@ def test_overwrite_then_fail_keeps_the_old_run_and_overwrite_then_succeed_replac
     out = tmp_path / "run"
     old = make_old_run(out)
     failing = cli_args(world, out, f"rewards=[{{name: '{world / 'fails.py'}:score'}}]", "--overwrite")
-    assert main(failing) == 2
+    assert main(failing) == 3  # the user's reward failed: exit 3 (UserCodeFailedError; grpokit --help's table)
     err = capsys.readouterr().err
     assert "broken verifier" in err and "back in place" in err
     assert contents(out) == old  # every file of the old run, byte for byte; nothing of the failed one

@@ -78,6 +78,7 @@ def test_grpokit_vllm_serve_without_vllm_says_how_to_install_it(tmp_path):
     import subprocess
     import sys
 
+    (tmp_path / "config.json").write_text('{"max_position_embeddings": 64}')  # a model folder: vLLM is what is missing
     done = subprocess.run(
         [sys.executable, "-m", "grpokit", "vllm-serve", "--model", str(tmp_path)], capture_output=True, text=True,
         timeout=120,
