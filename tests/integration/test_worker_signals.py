@@ -96,7 +96,7 @@ def run(files, tmp_path, monkeypatch, capfd):
         argv = [
             "train", f"model.name_or_path={files / 'model'}", f"data.train={files / 'data.jsonl'}",
             f"train.output_dir={out}", "rewards=[{name: episode_parts:parity}]", "model.device=cpu",
-            "rollout.group_size=2", "rollout.prompts_per_step=2", "rollout.max_new_tokens=6", "rollout.max_turns=3",
+            "rollout.group_size=2", "rollout.prompts_per_step=2", "rollout.max_new_tokens=12", "rollout.max_turns=3",
             "optim.lr=3e-3", "eval.enabled=false", "train.report_to=none", "train.samples_every=0",
             "train.stop_after_flat_steps=0", "train.save_every=1", "train.plots=false", *overrides,
         ]  # fmt: skip
