@@ -142,7 +142,8 @@ def test_what_an_environment_starts_dies_when_the_process_that_made_its_worker_i
     assert len(pids) == 2 and all(alive(p) for p in pids)
     os.kill(child, signal.SIGKILL)
     os.waitpid(child, 0)
-    assert all(gone_within(p) for p in pids), [p for p in pids if alive(p)]
+    # 60 s: the keeper's kill is immediate, but a loaded 2-core machine (CI's xdist workers) has seen it take 20
+    assert all(gone_within(p, 60.0) for p in pids), [p for p in pids if alive(p)]
 
 
 def test_an_environments_close_runs_in_its_worker_when_the_episode_ends(tmp_path):
