@@ -208,3 +208,19 @@ def test_a_reset_whose_worker_is_killed_is_made_again_on_a_fresh_worker(pool, ca
     err = capfd.readouterr().err
     assert "was killed by SIGKILL, not by grpokit; a fresh worker makes it again; the run goes on" in err
     assert env.step("go").messages == [{"role": "user", "content": "again"}]
+
+
+def test_a_worker_killed_while_idle_is_reported_when_its_episode_ends(pool, heard, capfd):
+    """No call finds it dead: the end of the episode (its retirement) does, and says so."""
+    envs = pool.environments(2)
+    pids = [int(env.reset({"prompt": "x"})[0]["content"]) for env in envs]
+    keepers = [env.worker.pid for env in envs]
+    os.kill(keepers[0], signal.SIGTERM)  # (its keeper: the worker dies with it)
+    os.kill(pids[1], signal.SIGKILL)
+    assert gone_within(pids[0]) and gone_within(pids[1])
+    pool.end_episodes()
+    assert heard == [("SIGTERM", f"sent to environment worker {pids[0]} (keeper {keepers[0]})", pids[0])]
+    assert capfd.readouterr().err == (
+        f"grpokit: environment worker {pids[1]} (keeper {keepers[1]}) was killed by SIGKILL, not by grpokit; it had "
+        "ended before grpokit retired it\n"
+    )
