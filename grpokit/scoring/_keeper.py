@@ -190,17 +190,9 @@ def stop(keeper: int, timeout_s: float = 5.0) -> int | None:
         os.kill(keeper, RETIRE)
     except OSError:
         pass
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            pid, status = os.waitpid(keeper, os.WNOHANG)
-        except ChildProcessError:
-            return None
-        if pid == keeper:
-            return status
-        if time.monotonic() > deadline:
-            break
-        time.sleep(0.002)
+    done, status = _reap_within(keeper, timeout_s)
+    if done:
+        return status
     for kill in (lambda: os.killpg(keeper, signal.SIGKILL), lambda: os.kill(keeper, signal.SIGKILL)):
         try:
             kill()
@@ -217,14 +209,20 @@ def ended(keeper: int, wait_s: float) -> int | None:
     """The wait status of a keeper whose worker has gone (its pipe closed), waited for up to ``wait_s`` (it ends
     within milliseconds once the tree is killed) and reaped; None when it still runs then (the worker closed its
     pipe but lives: retire it with ``stop``)."""
+    return _reap_within(keeper, wait_s)[1]
+
+
+def _reap_within(keeper: int, wait_s: float) -> tuple[bool, int | None]:
+    """(done, status): the keeper reaped within ``wait_s`` with its wait status, or reaped elsewhere already (done,
+    None); (False, None) when it still runs then."""
     deadline = time.monotonic() + wait_s
     while True:
         try:
             pid, status = os.waitpid(keeper, os.WNOHANG)
         except ChildProcessError:
-            return None
+            return True, None
         if pid == keeper:
-            return status
+            return True, status
         if time.monotonic() > deadline:
-            return None
+            return False, None
         time.sleep(0.002)

@@ -10,6 +10,7 @@ import signal
 import time
 
 import pytest
+from processes import alive, gone_within
 
 from grpokit.config.schema import load_config, resolve_algo
 from grpokit.rollout.episodes import EpisodeSampler
@@ -25,24 +26,6 @@ def call(name: str, **arguments) -> str:
     import json
 
     return f"<tool_call>{json.dumps({'name': name, 'arguments': arguments})}</tool_call>"
-
-
-def alive(pid: int) -> bool:
-    """Whether ``pid`` runs (a zombie waiting for its parent counts as ended)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
-def gone_within(pid: int, seconds: float = 20.0) -> bool:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if not alive(pid):
-            return True
-        time.sleep(0.05)
-    return False
 
 
 def test_a_value_an_environments_tool_stores_is_never_read_by_another_episode_but_a_shared_tool_is():
