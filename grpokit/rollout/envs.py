@@ -293,7 +293,7 @@ class EnvFailure(Exception):
 
 class WorkerLost(TimeoutError):
     """One episode's environment worker was killed from outside grpokit (a signal of CUT_BY): the episode ends
-    there as when its time runs out (a TimeoutError: truncated, counted in episodes/over_budget), not as a failure
+    there as when its time runs out (a TimeoutError: truncated; counted in episodes/worker_lost), not as a failure
     of the environment."""
 
 

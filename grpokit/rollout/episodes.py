@@ -65,6 +65,7 @@ SUMMED = (
     "tools/errors",
     "tools/timeouts",
     "episodes/over_budget",
+    "episodes/worker_lost",
     "episodes/failed",
     "time/turn_generation",
     "time/tools",
@@ -79,6 +80,7 @@ OVER_RANKS = {
     "tools/errors": "sum",
     "tools/timeouts": "sum",
     "episodes/over_budget": "sum",
+    "episodes/worker_lost": "sum",
     "episodes/failed": "sum",
     "time/turn_generation": "max",  # the step waits for the slowest rank
     "time/tools": "max",

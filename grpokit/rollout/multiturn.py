@@ -56,6 +56,7 @@ from grpokit.rollout.envs import (
     EnvironmentWithTools,
     EnvProcess,
     ToolEnvironment,
+    WorkerLost,
     check_first,
     check_scores,
     check_step,
@@ -81,6 +82,7 @@ class Episode:
     tool_timeouts: int = 0
     truncated: bool = False
     over_budget: bool = False  # ended by the episode's or the step's time budget (also truncated)
+    worker_lost: bool = False  # its environment worker was killed from outside grpokit: ended there (truncated)
     failed: str | None = None  # why its environment failed (raise, hang, crash, wrong answer): scored 0
     env_scores: dict[str, float | None] | None = None  # what its environment's finish() gave (envs: finish)
 
@@ -298,6 +300,8 @@ def run_episodes(
             except ValueError as e:
                 failure = f"{op} {e}"
             over = op == "step" and answer is not None and answer.over_budget
+        except WorkerLost:  # cut by a signal from outside (a kill, the OOM killer): truncated, not over a budget
+            episodes[i].worker_lost = True
         except TimeoutError:
             over = True
         except EnvFailure as e:
@@ -306,6 +310,7 @@ def run_episodes(
             failure = f"{op} raised {describe_error(e)}"
         seconds = time.monotonic() - t0
         over = over or (until is not None and time.monotonic() > until and failure is None)
+        over = over and not episodes[i].worker_lost
         if failure is not None:
             row = i // G
             failure = f"environment {names[row]}: {failure} (row {row} of the batch, episode {i}; row: {_excerpt(rows[row])})"
@@ -327,8 +332,11 @@ def run_episodes(
         for i, (first, failure, _, seconds) in enumerate(firsts):
             clock.used[i] += seconds
             if failure is not None or first is None:
-                fail(i, failure or f"environment {names[i // G]}: reset did not finish within the step's time")
-                episodes[i].over_budget = failure is None
+                lost = episodes[i].worker_lost
+                fail(i, failure or f"environment {names[i // G]}: " + (
+                    "its worker was killed from outside grpokit during reset" if lost
+                    else "reset did not finish within the step's time"))  # fmt: skip
+                episodes[i].over_budget = failure is None and not lost
                 continue
             try:
                 prompts[i] = deltas[i // G].prompt_ids(first)
@@ -418,8 +426,8 @@ def run_episodes(
                 if failure is not None:
                     ep.failed = failure
                     continue
-                if step is None:  # stopped by the episode's or the step's budget before it answered
-                    ep.over_budget = ep.truncated = True
+                if step is None:  # stopped by the episode's or the step's budget, or its worker killed, before it answered
+                    ep.over_budget, ep.truncated = not ep.worker_lost, True
                     continue
                 ep.turn_rewards[-1] = step.reward
                 ep.tool_calls += step.tool_calls
@@ -556,7 +564,7 @@ def episode_metrics(
     episodes: list[Episode], rollout: Rollout, t_generation: float, t_env: float
 ) -> dict[str, float]:
     """turns per episode, tool calls / errors / timeouts (per episode and in all), episodes ended by a time
-    budget and episodes whose environment failed (counts), the share of the
+    budget, by their worker killed from outside and by their environment failing (counts), the share of the
     completion-side tokens that are masked (the environment's), and the seconds spent generating / waiting."""
     n = max(1, len(episodes))
     real = float(rollout.attention_mask.sum())
@@ -569,6 +577,7 @@ def episode_metrics(
         "tools/errors": float(sum(e.tool_errors for e in episodes)),
         "tools/timeouts": float(sum(e.tool_timeouts for e in episodes)),
         "episodes/over_budget": float(sum(e.over_budget for e in episodes)),
+        "episodes/worker_lost": float(sum(e.worker_lost for e in episodes)),
         "episodes/failed": float(sum(e.failed is not None for e in episodes)),
         "masked_token_frac": 1.0 - float(rollout.completion_mask.sum()) / real if real else 0.0,
         "time/turn_generation": t_generation,

@@ -260,6 +260,9 @@ TRAIN: dict[str, Metric] = {
     "episodes/over_budget": Metric(
         "count", "episodes ended by rollout.episode_timeout_s or rollout.step_timeout_s", "multi-turn"
     ),
+    "episodes/worker_lost": Metric(
+        "count", "episodes cut because their environment worker was killed from outside grpokit", "multi-turn"
+    ),
     "episodes/failed": Metric(
         "count", "episodes whose environment raised, hung, crashed or answered wrongly (scored 0)", "multi-turn"
     ),

@@ -146,7 +146,7 @@ def test_sigterm_to_an_environment_worker_stops_the_run_after_its_step_with_a_ch
     step = stopped_at(err, out)
     metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     (last,) = [m for m in metrics if m.get("step") == step and "loss" in m]
-    assert last["episodes/failed"] == 0 and last["episodes/over_budget"] >= 1
+    assert last["episodes/failed"] == 0 and last["episodes/worker_lost"] >= 1 and last["episodes/over_budget"] == 0
 
 
 def test_sigkill_to_an_environment_worker_is_recovered_with_a_line_naming_it(run, files):
@@ -159,7 +159,8 @@ def test_sigkill_to_an_environment_worker_is_recovered_with_a_line_naming_it(run
     assert "was killed by SIGKILL, not by grpokit; its episode ends there, cut (truncated); the run goes on" in line
     steps = [m for m in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if "loss" in m]
     assert [m["step"] for m in steps] == [1, 2] and all(m["episodes/failed"] == 0 for m in steps)
-    assert sum(m["episodes/over_budget"] for m in steps) >= 1
+    # counted as what it was, a worker lost (before: in episodes/over_budget, though no budget was set)
+    assert sum(m["episodes/worker_lost"] for m in steps) >= 1 and all(m["episodes/over_budget"] == 0 for m in steps)
 
 
 def test_sigkill_to_a_tool_worker_is_recovered_with_a_line_naming_it(run, files):

@@ -5,6 +5,7 @@ unknown roles refused, the observation cache bounded in bytes. On the tiny real 
 
 import math
 import os
+import signal
 import time
 
 import pytest
@@ -165,6 +166,8 @@ class Game:
             time.sleep(3600)
         if self.fault == "exit":
             os._exit(3)
+        if self.fault == "sigkill":  # as the OOM killer or a user's kill -9 would
+            os.kill(os.getpid(), signal.SIGKILL)
         if self.fault == "unpicklable":
             return EnvStep([{"role": "user", "content": "n"}], 1.0, done=lambda: False)
         return EnvStep([{"role": "user", "content": "fine"}])
@@ -246,6 +249,28 @@ def test_environments_in_killable_workers_fail_alone(fault, words):
         assert all(ep.n_first == 1 and words[0] in ep.failed for ep in again.episodes[2:])
     finally:
         pool.close()
+
+
+def test_an_episode_whose_worker_is_killed_from_outside_is_counted_as_cut_not_over_budget_nor_failed(capfd):
+    """No budget is set, so nothing may be over one (before: counted in episodes/over_budget)."""
+    model, tok = tool_model()
+
+    class Killed(Game):
+        fault = "sigkill"
+
+    pool = EnvPool(Killed, timeout_s=20.0)
+    try:
+        batch = episodes(model, tok, pool.environments(4), env_name="Killed", max_turns=2, threads=4)
+    finally:
+        pool.close()
+    stepped = [ep for ep in batch.episodes[2:] if ep.turn_ends[0] != 15]  # (a turn cut at max_new_tokens: no step)
+    assert stepped, "no episode of row 1 reached its step: the test tests nothing"
+    for ep in stepped:
+        assert ep.worker_lost and ep.truncated and ep.failed is None and not ep.over_budget
+    assert not any(ep.worker_lost or ep.over_budget or ep.failed for ep in batch.episodes[:2])
+    m = batch.metrics
+    assert (m["episodes/worker_lost"], m["episodes/over_budget"], m["episodes/failed"]) == (len(stepped), 0, 0)
+    assert capfd.readouterr().err.count("was killed by SIGKILL, not by grpokit; its episode ends there") == len(stepped)
 
 
 def test_the_observation_cache_is_bounded_in_bytes_and_keeps_only_what_fits():
