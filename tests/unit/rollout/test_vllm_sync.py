@@ -22,8 +22,10 @@ from grpokit.rollout.engines.vllm.remote import metadata_of, pack_weights
 from grpokit.rollout.engines.vllm.weights import (
     adapter_problem,
     adapter_weights,
+    base_version,
     base_weights,
     lora_rank,
+    version_of,
     weight_bytes,
 )
 
@@ -193,3 +195,25 @@ def test_lora_push_without_lora_is_refused_as_a_setting_that_would_be_ignored():
     with pytest.raises(ConfigError, match=r"rollout.vllm.lora_push='merged': taken only with lora.enabled=true"):
         check_settings_in_use(load_config(None, vllm))
     check_settings_in_use(load_config(None, [*vllm, "lora.enabled=true"]))
+
+
+def test_a_new_model_never_passes_for_a_freed_one_at_the_same_address():
+    """CPython gives a freed object's id to the next one made: a version keyed by id(model) made a new model with
+    untouched weights equal to a freed one the engine held, and the generator skipped its push (tests/engine_vllm's
+    sync_every test sampled the previous test's weights in CI at 5beab9e-661eea3). Made until an address is reused."""
+    seen: dict[int, tuple] = {}
+    reused = 0
+    for _ in range(200):
+        model = torch.nn.Linear(3, 3)
+        if id(model) in seen:
+            reused += 1
+            assert version_of(model) != seen[id(model)][0] and base_version(model) != seen[id(model)][1]
+        seen[id(model)] = (version_of(model), base_version(model))
+        del model
+    assert reused, "no address was reused in 200 models: the test tested nothing"
+    kept = torch.nn.Linear(3, 3)
+    before = version_of(kept)
+    assert version_of(kept) == before  # the same object keeps its number
+    with torch.no_grad():
+        kept.weight.add_(1.0)
+    assert version_of(kept)[0] == before[0] and version_of(kept)[1] > before[1]

@@ -238,8 +238,11 @@ class VLLMGenerator(Engine):
         if self.pushed is None:  # the engine holds none of the trainer's weights yet: generate pushes them
             self.stats["weight_lag"] = 0
             return
-        changed = version_of(model) != self.pushed
-        due = step - self.pushed_step >= self.settings.sync_every
+        now = version_of(model)
+        changed = now != self.pushed
+        # another model object than the one pushed is due at once: the lag sync_every allows is behind this model's
+        # own updates, never another model's weights
+        due = now[0] != self.pushed[0] or step - self.pushed_step >= self.settings.sync_every
         if changed and not due:
             self.lagging = True
         elif changed:

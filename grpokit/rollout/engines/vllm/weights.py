@@ -4,6 +4,10 @@ that say the model (its base, its adapter) changed."""
 
 from __future__ import annotations
 
+import itertools
+import threading
+import weakref
+
 import torch
 from torch import Tensor
 
@@ -49,10 +53,26 @@ def _base_state(base: torch.nn.Module) -> dict[str, Tensor]:
     }
 
 
+_serials: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_next_serial = itertools.count(1)
+_serials_lock = threading.Lock()
+
+
+def identity_of(model: torch.nn.Module) -> int:
+    """A number for this model object, never given to another one in this process. Not ``id(model)``: CPython
+    gives a freed object's id to the next one made, so a new model (a pipeline's next stage, a test's next
+    model) could pass for the one whose weights the engine holds."""
+    with _serials_lock:
+        serial = _serials.get(model)
+        if serial is None:
+            serial = _serials[model] = next(_next_serial)
+        return serial
+
+
 def version_of(model: torch.nn.Module) -> tuple[int, int]:
-    """(id, sum of the parameters' in-place version counters): changes whenever an optimizer step, a
+    """(identity_of, sum of the parameters' in-place version counters): changes whenever an optimizer step, a
     load_state_dict or any in-place write touched a parameter, or the model is another object."""
-    return id(model), sum(p._version for p in model.parameters())
+    return identity_of(model), sum(p._version for p in model.parameters())
 
 
 def weight_bytes(weights) -> int:
@@ -145,7 +165,7 @@ def base_weights(model: torch.nn.Module) -> dict[str, Tensor]:
 
 def base_version(model: torch.nn.Module) -> tuple[int, int]:
     """version_of over the base's parameters alone (the adapter's left out): changes when a base weight does."""
-    return id(model), sum(p._version for n, p in model.named_parameters() if ".lora_" not in n)
+    return identity_of(model), sum(p._version for n, p in model.named_parameters() if ".lora_" not in n)
 
 
 def adapter_version(model: torch.nn.Module) -> int:
