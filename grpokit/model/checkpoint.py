@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import random
 import re
 import shutil
@@ -61,6 +62,52 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+def save_model_folder(directory: Path, model, tokenizer, state_dict: dict | None = None) -> Path:
+    """``model`` (safetensors; a PEFT model: its adapter, as PEFT saves it) and ``tokenizer`` as a Hugging Face
+    folder, written into ``directory``, which may already hold other files (TRL's ``save_model(args.output_dir)``
+    writes into the run's output folder, beside its logs and checkpoints). Written beside it first, then each
+    file moved in (a failure before the moves leaves the folder as it was). Refuses non-finite weights, as checkpoints do.
+    ``state_dict``: the weights to write instead of the model's own (consolidated from FSDP shards)."""
+    _refuse_non_finite(model, state_dict)
+    directory = Path(directory)
+    tmp = directory.with_name(f".{directory.name}.save_model.tmp")
+    moved: list[str] = []  # the files already moved into the folder
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    try:
+        tmp.mkdir(parents=True)
+        model.save_pretrained(tmp, safe_serialization=True, **({"state_dict": state_dict} if state_dict else {}))
+        if tokenizer is not None:
+            tokenizer.save_pretrained(tmp)
+        directory.mkdir(parents=True, exist_ok=True)
+        for entry in sorted(tmp.iterdir()):
+            target = directory / entry.name
+            if target.is_dir() and entry.is_dir():
+                shutil.rmtree(target)  # (save_pretrained writes files; a folder of the same name is replaced whole)
+            os.replace(entry, target)
+            moved.append(entry.name)
+    except BaseException as e:
+        written = sum(f.stat().st_size for f in tmp.rglob("*") if f.is_file()) if tmp.is_dir() else 0
+        shutil.rmtree(tmp, ignore_errors=True)
+        if not isinstance(e, Exception):
+            raise
+        first = str(e).strip().splitlines()[0][:200] if str(e).strip() else ""
+        raise CheckpointWriteError(
+            f"saving the model into {directory} failed ({type(e).__name__}: {first}; {size_text(written)} written, "
+            f"{size_text(free_bytes(directory.parent))} free on its disk); the files written beside it were removed, "
+            + (f"and {moved} already moved in replaced their old copies" if moved else "and the folder is as it was")
+        ) from e
+    shutil.rmtree(tmp, ignore_errors=True)
+    return directory
+
+
+def _refuse_non_finite(model, state_dict: dict | None) -> None:
+    given = state_dict is not None
+    for name, param in state_dict.items() if given else model.named_parameters():
+        if param.is_floating_point() and (given or param.requires_grad) and not torch.isfinite(param).all():
+            raise CheckpointError(f"refusing to save: parameter {name} holds NaN/inf")
+
+
 def save_checkpoint(
     directory: Path,
     model,
@@ -72,10 +119,7 @@ def save_checkpoint(
     """Write model + tokenizer + trainer state atomically to ``directory``. Refuses non-finite weights.
     ``state_dict``: the weights to write instead of the model's own (consolidated from FSDP shards).
     ``subfolders``: more models, each saved as a Hugging Face folder of that name (PPO's ``critic/``)."""
-    given = state_dict is not None
-    for name, param in state_dict.items() if given else model.named_parameters():
-        if param.is_floating_point() and (given or param.requires_grad) and not torch.isfinite(param).all():
-            raise CheckpointError(f"refusing to save: parameter {name} holds NaN/inf")
+    _refuse_non_finite(model, state_dict)
     directory = Path(directory)
     tmp = directory.with_name(directory.name + ".tmp")
     if tmp.exists():

@@ -31,11 +31,13 @@ from typing import Any
 import torch
 
 from grpokit.collect.sampler import Sampler
-from grpokit.compat.trl.api import trl_arguments
+from grpokit.compat.trl.api import ProcessView, trl_arguments
 from grpokit.compat.trl.names import with_trl_names
 from grpokit.config.schema import Config
+from grpokit.core.errors import ConfigError
 from grpokit.core.notices import Notices
 from grpokit.data.templates import describe_templates
+from grpokit.model.checkpoint import save_model_folder
 from grpokit.rollout.batch import ANSWER_FORMAT_HINT, ScoredBatch, advantage_abs_mean, step_metrics
 from grpokit.rollout.evaluate import evaluate
 from grpokit.rollout.record import TokenRecorder, sample_rows, write_rollouts
@@ -85,7 +87,8 @@ class GRPOTrainer:
     ``Critic``); a subclass swaps a stage, as tests do to see what a stage was given.
 
     What a user reads or calls: ``cfg``, ``model``, ``tokenizer``, ``step``, ``log_history``,
-    ``stopped_early``, ``train()``, ``train_step()``, ``evaluate()``, ``save()``, ``stop(reason)``; the parts
+    ``stopped_early``, ``train()``, ``train_step()``, ``evaluate()``, ``save()``, ``stop(reason)``; TRL's
+    ``save_model(output_dir)`` and ``accelerator`` (print, is_main_process, wait_for_everyone); the parts
     (grpokit.trainers.parts.GRPOParts, built by ``build_parts``: ``parts``) are attributes too (``source``: how
     batches are made, ``sampler``, ``learner``: the optimizer and schedule, ``updater``, ``critic``: PPO's or
     None, ``run``: the output folder, ``dist``).
@@ -284,6 +287,32 @@ class GRPOTrainer:
         """Checkpoint this step (grpokit.run.state): the policy, its optimizer and schedule, and every part's own
         state (GRPOParts.save); PPO's critic in its folder."""
         return self.parts.save()
+
+    def save_model(self, output_dir: str | Path | None = None) -> Path | None:
+        """TRL's (transformers') ``trainer.save_model(output_dir)``: the policy as it is now and its tokenizer, a
+        Hugging Face folder any HF tool loads (safetensors; a LoRA run: its adapter, as PEFT saves it), written
+        into ``output_dir`` (default: train.output_dir) beside what is there. Not a checkpoint: ``save()`` writes
+        one to resume from. Under torchrun every rank calls it (the weights are gathered) and rank 0 writes.
+        Returns the folder (None on the other ranks)."""
+        folder = Path(output_dir if output_dir is not None else self.cfg.train.output_dir)
+        weights = self.dist.full_state(self.learner.model)  # every rank gathers; None in one process
+        written = save_model_folder(folder, self.learner.model, self.tokenizer, weights) if self.dist.is_main else None
+        self.dist.barrier()
+        return written
+
+    def push_to_hub(self, *args: Any, **kwargs: Any) -> None:
+        """TRL's ``trainer.push_to_hub(...)``: refused in one line with what to do, never a silent no-op."""
+        raise ConfigError(
+            "trainer.push_to_hub(): grpokit does not upload to the Hugging Face Hub. trainer.save_model(DIR) writes "
+            f"the trained model as a Hugging Face folder (default {self.cfg.train.output_dir}); upload it with "
+            "`hf upload REPO_ID DIR` (huggingface_hub's CLI)"
+        )
+
+    @property
+    def accelerator(self) -> ProcessView:
+        """What TRL scripts call on ``trainer.accelerator`` (print, is_main_process, wait_for_everyone, ...),
+        from grpokit's own process group (grpokit.compat.trl.api.ProcessView)."""
+        return ProcessView(self.dist, self.learner.device)
 
     def _save_samples(
         self, batch: ScoredBatch, advantages: torch.Tensor, record: TokenRecorder | None

@@ -5,6 +5,7 @@ the same call with grpokit's own config when TRL is absent."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -213,3 +214,83 @@ def test_what_the_trl_call_cannot_take_is_one_named_line(tmp_path, kwargs, messa
     kwargs = {"model": str(tmp_path), "reward_funcs": has_seven, **kwargs}
     with pytest.raises(ConfigError, match=message):
         GRPOTrainer(**kwargs)
+
+
+def test_trls_own_script_ends_save_the_model_into_its_output_dir_beside_the_run(tmp_path, capsys):
+    """TRL's trl/scripts/grpo.py ends ``trainer.accelerator.print("✅ Training completed.")`` then
+    ``trainer.save_model(training_args.output_dir)``: both ran into AttributeError after a finished run (before
+    this change). The folder it writes is the policy as trained, loadable by transformers, beside the run's own
+    files, which stay."""
+    from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
+
+    from grpokit import GRPOTrainer, load_config
+
+    model, out = save_tiny_model(tmp_path / "model"), tmp_path / "out"
+    cfg = load_config(None, [f"train.output_dir={out}", "train.steps=2", "rollout.group_size=2",
+                             "rollout.prompts_per_step=2", "rollout.max_new_tokens=4", "data.template=plain",
+                             "train.report_to=none", "train.stop_after_flat_steps=0", "optim.lr=1e-2"])  # fmt: skip
+    trainer = GRPOTrainer(model=str(model), reward_funcs=has_seven, args=cfg, train_dataset=ROWS)
+    trainer.train()
+    capsys.readouterr()
+    trainer.accelerator.print("✅ Training completed.")
+    assert capsys.readouterr().out == "✅ Training completed.\n"
+    acc = trainer.accelerator
+    assert (acc.is_main_process, acc.process_index, acc.num_processes) == (True, 0, 1) and acc.device.type == "cpu"
+    acc.wait_for_everyone()
+    with pytest.raises(AttributeError, match="trainer.accelerator.gather: grpokit does not run on accelerate"):
+        acc.gather()
+    before = sorted(p.relative_to(out) for p in out.rglob("*"))
+    assert trainer.save_model(str(out)) == out
+    after = sorted(p.relative_to(out) for p in out.rglob("*"))
+    assert set(before) <= set(after)  # metrics.jsonl, config.yaml, checkpoints/...: all still there
+    assert {"model.safetensors", "config.json", "tokenizer.json"} <= {p.name for p in out.iterdir()}
+    assert not any(p.name.endswith(".tmp") for p in tmp_path.iterdir())
+    loaded = AutoModelForCausalLM.from_pretrained(out)
+    trained = trainer.model.state_dict()
+    start = AutoModelForCausalLM.from_pretrained(model).state_dict()
+    assert any(not torch.equal(start[k], trained[k]) for k in trained)  # it trained: the check can fail
+    for name, value in loaded.state_dict().items():
+        assert torch.equal(value, trained[name]), name
+    tok = PreTrainedTokenizerFast.from_pretrained(out)
+    assert tok("1+2=")["input_ids"] == trainer.tokenizer("1+2=")["input_ids"]
+    # the default folder is train.output_dir, as TRL's save_model() with no argument is args.output_dir
+    assert trainer.save_model() == out
+    from grpokit.core.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"push_to_hub\(\): grpokit does not upload .* `hf upload REPO_ID DIR`"):
+        trainer.push_to_hub(dataset_name="trl-lib/tldr")  # TRL's script, when args.push_to_hub
+
+
+def test_save_model_of_a_lora_run_writes_its_adapter_and_refuses_nan(tmp_path):
+    peft = pytest.importorskip("peft")
+    from transformers import AutoModelForCausalLM
+
+    from grpokit import GRPOTrainer, load_config
+    from grpokit.model.checkpoint import CheckpointError
+
+    model, out = save_tiny_model(tmp_path / "model"), tmp_path / "out"
+    cfg = load_config(None, [f"train.output_dir={out}", "train.steps=1", "rollout.group_size=2",
+                             "rollout.prompts_per_step=2", "rollout.max_new_tokens=4", "data.template=plain",
+                             "train.report_to=none", "train.stop_after_flat_steps=0", "lora.enabled=true",
+                             "lora.r=4", "optim.lr=5e-2"])  # fmt: skip
+    trainer = GRPOTrainer(model=str(model), reward_funcs=has_seven, args=cfg, train_dataset=ROWS)
+    trainer.train()
+    with torch.no_grad():  # lora_B starts at zero: give the adapter values a lost or misnamed tensor would show
+        for i, (n, p) in enumerate(trainer.model.named_parameters()):
+            if "lora_" in n:
+                p.copy_(torch.randn(p.shape, generator=torch.Generator().manual_seed(i)))
+    saved = trainer.save_model(tmp_path / "adapter")
+    assert {"adapter_config.json", "adapter_model.safetensors"} <= {p.name for p in saved.iterdir()}
+    assert not (saved / "model.safetensors").exists()
+    again = peft.PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(model), saved)
+    ours = {k: v for k, v in trainer.model.state_dict().items() if "lora_" in k}
+    theirs = again.state_dict()
+    assert ours and all(torch.equal(v, theirs[k]) for k, v in ours.items())
+    # a NaN weight is refused and the folder keeps what it held
+    files = {p.name: p.read_bytes() for p in saved.iterdir()}
+    name, param = next((n, p) for n, p in trainer.model.named_parameters() if p.requires_grad)
+    with torch.no_grad():
+        param.view(-1)[0] = float("nan")
+    with pytest.raises(CheckpointError, match=f"refusing to save: parameter {re.escape(name)} holds NaN/inf"):
+        trainer.save_model(saved)
+    assert {p.name: p.read_bytes() for p in saved.iterdir()} == files

@@ -41,6 +41,37 @@ def fire(callbacks: Sequence[Any], event: str, trainer: Any, *args: Any) -> None
             hook(trainer, *args)
 
 
+class ProcessView:
+    """What a TRL script reads on ``trainer.accelerator`` (TRL's own scripts print with ``trainer.accelerator.print``
+    after training and test ``is_main_process`` before writing), answered from grpokit's process group
+    (grpokit.train.distributed): grpokit does not run on accelerate, so these few members are all there is."""
+
+    def __init__(self, dist: Any, device: Any):
+        self._dist = dist
+        self.device = device
+        self.process_index = dist.rank
+        self.num_processes = dist.world
+        self.local_process_index = int(os.environ.get("LOCAL_RANK", "0")) if dist.world > 1 else 0
+        self.is_main_process = dist.is_main
+        self.is_local_main_process = self.local_process_index == 0
+
+    def print(self, *args: Any, **kwargs: Any) -> None:
+        """print(), on each machine's first process only (accelerate's)."""
+        if self.is_local_main_process:
+            print(*args, **kwargs)
+
+    def wait_for_everyone(self) -> None:
+        """Every rank waits here for the others (torchrun; one process: returns)."""
+        self._dist.barrier()
+
+    def __getattr__(self, name: str) -> Any:
+        raise AttributeError(
+            f"trainer.accelerator.{name}: grpokit does not run on accelerate; trainer.accelerator has only "
+            "print, wait_for_everyone, is_main_process, is_local_main_process, process_index, "
+            "local_process_index, num_processes and device (grpokit.compat.trl.api.ProcessView)"
+        )
+
+
 class TrainerArguments(NamedTuple):
     """GRPOTrainer's arguments in grpokit's forms."""
 
