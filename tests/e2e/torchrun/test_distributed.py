@@ -207,7 +207,10 @@ def equivalence_worker(out: str) -> None:
         metrics, _ = updater.update(local.rollout, advantages, old, ref)
         trainable = {n for n, p in trainer.model.named_parameters() if p.requires_grad}
         weights = {n: _full(p) for n, p in trainer.model.named_parameters() if n in trainable}
+        # TRL's trainer.save_model: every rank calls (FSDP's shards are gathered), rank 0 alone writes
+        saved = trainer.save_model(f"{out}.{name}.saved")
         results[name] = {
+            "saved": dist.gather(None if saved is None else str(saved)),
             "grads": learner.grads,
             "weights": weights,
             "loss": metrics["loss"],
@@ -341,6 +344,25 @@ def test_packed_micro_batches_on_two_ranks_are_sized_by_tokens_in_equal_numbers(
     assert sum(rows for call in rank0 for rows in call[2]) == sum(rows for call in rank1 for rows in call[2])
     # the agreement was needed: rank 0's rows alone packed into fewer micro-batches than rank 1's
     assert any(a[3] < b[3] and len(a[1]) == b[3] for a, b in zip(rank0, rank1))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", ["fsdp", "ddp", "fsdp_lora", "ddp_lora"])
+def test_save_model_on_two_ranks_writes_the_full_trained_weights_from_rank_0(equivalence, case):
+    """trainer.save_model (TRL's) under torchrun: rank 0 returns the folder, rank 1 None, and the folder holds
+    every trained weight whole (FSDP's shards gathered; a LoRA run: its adapter)."""
+    from safetensors.torch import load_file
+
+    two = equivalence[1][case]
+    folder, other = two["saved"]
+    assert folder is not None and other is None
+    lora = "lora" in case
+    stored = load_file(f"{folder}/{'adapter_model' if lora else 'model'}.safetensors")
+    for name, w in two["weights"].items():  # the trainable weights after the update, gathered whole
+        key = name.replace(".default", "") if lora else name
+        if not lora and key == "lm_head.weight" and key not in stored:
+            continue  # tied to the embedding, stored once
+        assert torch.equal(stored[key], w), f"{case}: {name}"
 
 
 @pytest.mark.parametrize("case", list(CASES))
