@@ -31,6 +31,16 @@ from typing import Any
 import torch
 
 from grpokit.collect.sampler import Sampler
+from grpokit.compat.trl.after_train import (
+    TrainResult,
+    check_resume_request,
+    create_model_card,
+    epoch_of,
+    log_metrics,
+    save_metrics,
+    save_state,
+    trainer_state,
+)
 from grpokit.compat.trl.api import ProcessView, trl_arguments
 from grpokit.compat.trl.names import with_trl_names
 from grpokit.config.schema import Config
@@ -87,8 +97,10 @@ class GRPOTrainer:
     ``Critic``); a subclass swaps a stage, as tests do to see what a stage was given.
 
     What a user reads or calls: ``cfg``, ``model``, ``tokenizer``, ``step``, ``log_history``,
-    ``stopped_early``, ``train()``, ``train_step()``, ``evaluate()``, ``save()``, ``stop(reason)``; TRL's
-    ``save_model(output_dir)`` and ``accelerator`` (print, is_main_process, wait_for_everyone); the parts
+    ``stopped_early``, ``train()``, ``train_step()``, ``evaluate()``, ``save()``, ``stop(reason)``; what TRL
+    scripts call after training (grpokit.compat.trl.after_train): ``save_model(output_dir)``, ``accelerator``
+    (print, is_main_process, wait_for_everyone), ``state``, ``log_metrics``, ``save_metrics``, ``save_state``,
+    ``create_model_card``; the parts
     (grpokit.trainers.parts.GRPOParts, built by ``build_parts``: ``parts``) are attributes too (``source``: how
     batches are made, ``sampler``, ``learner``: the optimizer and schedule, ``updater``, ``critic``: PPO's or
     None, ``run``: the output folder, ``dist``).
@@ -191,15 +203,20 @@ class GRPOTrainer:
 
     # ----------------------------------------------------------------------------- the run
 
-    def train(self) -> dict[str, Any]:
+    def train(self, resume_from_checkpoint: bool | str | Path | None = None) -> TrainResult:
         """Run cfg.train.steps steps (grpokit.run.loop); returns the summary also written to
-        OUTPUT/summary.json. SIGINT/SIGTERM stop the run at the end of the current step with a checkpoint;
+        OUTPUT/summary.json (a dict, also read as transformers' TrainOutput: ``.metrics``, ``.global_step``,
+        ``.training_loss``). SIGINT/SIGTERM stop the run at the end of the current step with a checkpoint;
         the summary then holds ``stopped_by`` (the signal's name) and is not written (a second Ctrl-C stops
-        at once)."""
+        at once). ``resume_from_checkpoint`` (TRL's): grpokit resumes when the trainer is built
+        (``GRPOTrainer(..., resume=...)``); given here it must name what the trainer was built from, or the call
+        is refused saying so (grpokit.compat.trl.after_train.check_resume_request)."""
+        check_resume_request(self, resume_from_checkpoint)
         try:
-            return run_training(self)
+            summary = run_training(self)
         finally:  # what the batch source started (a sampler process) ends with the run, however it ends
             self.source.close()
+        return TrainResult(summary, self.log_history, epoch_of(self))
 
     def begin(self, log: RunLogger, stop: StopOnSignals | None = None) -> None:
         """The run's log is open (grpokit.run.loop): the parts' messages and the samples go there. ``stop``: the
@@ -299,6 +316,30 @@ class GRPOTrainer:
         written = save_model_folder(folder, self.learner.model, self.tokenizer, weights) if self.dist.is_main else None
         self.dist.barrier()
         return written
+
+    @property
+    def state(self):
+        """The run as a transformers TrainerState (global_step, max_steps, epoch, num_train_epochs, log_history),
+        made when read, as TRL scripts and notebooks read ``trainer.state``."""
+        return trainer_state(self)
+
+    def log_metrics(self, split: str, metrics: dict[str, Any]) -> None:
+        """transformers' ``trainer.log_metrics(split, metrics)``: a block of aligned lines, main process only."""
+        log_metrics(self, split, metrics)
+
+    def save_metrics(self, split: str, metrics: dict[str, Any], combined: bool = True) -> Path | None:
+        """transformers' ``save_metrics``: OUTPUT/{split}_results.json (and all_results.json), main process only."""
+        return save_metrics(self, split, metrics, combined)
+
+    def save_state(self) -> Path | None:
+        """transformers' ``save_state``: OUTPUT/trainer_state.json (``state``), main process only."""
+        return save_state(self)
+
+    def create_model_card(
+        self, model_name: str | None = None, dataset_name: str | None = None, tags: str | list[str] | None = None
+    ) -> Path | None:
+        """TRL's ``create_model_card``: OUTPUT/README.md, a model card of this run, main process only."""
+        return create_model_card(self, model_name, dataset_name, tags)
 
     def push_to_hub(self, *args: Any, **kwargs: Any) -> None:
         """TRL's ``trainer.push_to_hub(...)``: refused in one line with what to do, never a silent no-op."""

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from tiny_model import make_tiny_tokenizer, save_tiny_model
 
 datasets = pytest.importorskip(
@@ -294,3 +295,67 @@ def test_save_model_of_a_lora_run_writes_its_adapter_and_refuses_nan(tmp_path):
     with pytest.raises(CheckpointError, match=f"refusing to save: parameter {re.escape(name)} holds NaN/inf"):
         trainer.save_model(saved)
     assert {p.name: p.read_bytes() for p in saved.iterdir()} == files
+
+
+def test_open_r1s_script_tail_runs_and_writes_what_transformers_trainer_writes(tmp_path, capsys):
+    """open-r1's grpo.py after building the trainer, line for line (its dataset and hub calls aside): before this
+    change train(resume_from_checkpoint=) was a TypeError, and .metrics, log_metrics, save_metrics, save_state
+    and create_model_card AttributeErrors."""
+    from grpokit import GRPOTrainer, load_config
+    from grpokit.core.errors import ConfigError
+
+    model, out = save_tiny_model(tmp_path / "model"), tmp_path / "out"
+    overrides = [f"train.output_dir={out}", "train.steps=2", "rollout.group_size=2", "rollout.prompts_per_step=2",
+                 "rollout.max_new_tokens=4", "data.template=plain", "train.report_to=none",
+                 "train.stop_after_flat_steps=0", "train.accuracy_reward=has_seven"]  # fmt: skip
+    trainer = GRPOTrainer(model=str(model), reward_funcs=has_seven, args=load_config(None, overrides),
+                          train_dataset=ROWS, eval_dataset=ROWS[:2])  # fmt: skip
+    with pytest.raises(ConfigError, match="grpokit resumes when the trainer is built, and it was built without resume"):
+        trainer.train(resume_from_checkpoint=str(out / "checkpoints" / "step_000001"))
+    checkpoint = None
+    train_result = trainer.train(resume_from_checkpoint=checkpoint)
+    metrics = train_result.metrics
+    metrics["train_samples"] = len(ROWS)
+    trainer.log_metrics("train", metrics)
+    trainer.save_metrics("train", metrics)
+    trainer.save_state()
+    trainer.save_model(str(out))
+    kwargs = {"dataset_name": "local/sums", "tags": ["open-r1"]}
+    if trainer.accelerator.is_main_process:
+        trainer.create_model_card(**kwargs)
+        trainer.model.config.use_cache = True
+        trainer.model.config.save_pretrained(str(out))
+    metrics = trainer.evaluate()
+    metrics["eval_samples"] = 2
+    trainer.log_metrics("eval", metrics)
+    trainer.save_metrics("eval", metrics)
+
+    summary = json.loads((out / "summary.json").read_text())
+    assert dict(train_result) == summary  # the summary it always returned
+    steps = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    losses = [m["loss"] for m in steps if "loss" in m]
+    assert train_result.global_step == 2 and len(losses) == 2
+    assert train_result.training_loss == pytest.approx(sum(losses) / 2, rel=1e-6)
+    saved = json.loads((out / "train_results.json").read_text())
+    assert saved["train_runtime"] == summary["train_seconds"] and saved["train_samples"] == 16
+    assert saved["epoch"] == pytest.approx(2 * 2 / 16) and saved["train_steps_per_second"] > 0
+    assert saved["train_loss"] == pytest.approx(train_result.training_loss, rel=1e-6)
+    everything = json.loads((out / "all_results.json").read_text())
+    assert everything["train_samples"] == 16 and everything["eval_samples"] == 2 and "accuracy" in everything
+    printed = capsys.readouterr().out
+    assert "***** train metrics *****" in printed and "***** eval metrics *****" in printed
+    assert any(line.split() == ["train_samples", "=", "16"] for line in printed.splitlines())
+    state = json.loads((out / "trainer_state.json").read_text())
+    assert (state["global_step"], state["max_steps"], len(state["log_history"])) == (2, 2, 2)
+    assert [m["loss"] for m in state["log_history"]] == pytest.approx(losses, rel=1e-6)
+    assert trainer.state.global_step == 2 and len(trainer.state.log_history) == 2
+    card = (out / "README.md").read_text()
+    meta = yaml.safe_load(card.split("---")[1])
+    assert meta["base_model"] == str(model) and meta["datasets"] == ["local/sums"]
+    assert set(meta["tags"]) == {"grpokit", "grpo", "open-r1"} and "(2 steps)" in card
+    assert json.loads((out / "config.json").read_text())["use_cache"] is True
+    # built with resume, the same call names what it resumed from and goes on
+    more = load_config(None, [*overrides[:1], "train.steps=3", *overrides[2:]])
+    again = GRPOTrainer(model=str(model), reward_funcs=has_seven, args=more, train_dataset=ROWS, eval_dataset=ROWS[:2],
+                        resume=True)  # fmt: skip
+    assert again.train(resume_from_checkpoint=str(out / "checkpoints" / "step_000002")).global_step == 3

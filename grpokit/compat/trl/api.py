@@ -296,12 +296,9 @@ class TrainerCallbackAdapter:
     def _call(self, event: str, trainer: Any, **kwargs: Any) -> None:
         from transformers import TrainerControl
 
-        s, c = self.state, trainer.cfg
-        prompts = max(len(getattr(trainer, "train_rows", ()) or ()), 1)
-        s.global_step, s.max_steps = trainer.step, c.train.steps
-        s.epoch = trainer.step * c.rollout.prompts_per_step / prompts
-        s.num_train_epochs = c.train.steps * c.rollout.prompts_per_step / prompts
-        s.log_history = getattr(trainer, "log_history", [])
+        from grpokit.compat.trl.after_train import trainer_state
+
+        s = trainer_state(trainer, self.state)
         hook = getattr(self.callback, event, None)
         if callable(hook):
             learner = trainer.learner  # the policy's optimizer and schedule (grpokit.train.learner)
