@@ -115,13 +115,7 @@ class VLLMTeacherPass:
             ).connect(path)
             scorer.check_tokenizer(tokenizer)
             return cls(scorer, f"the vLLM server at {scorer.describe()}")
-        missing = _vllm_missing()
-        if missing:
-            raise ConfigError(
-                f"teacher.engine=vllm (teacher.vllm.mode=colocate) needs vLLM, which does not import here ({missing}). "
-                f"Install it: {VLLM_INSTALL}; or score on a teacher server started where it is "
-                "(teacher.vllm.mode=server), or load the teacher with transformers (teacher.engine=local)."
-            )
+        check_teacher_engine(cfg, uses_teacher=True)  # (also before the student loads: trainers.parts.check_inputs)
         dtype = precision.weight_dtype if t.dtype == "auto" else DTYPES[t.dtype]
         scorer = ColocatedScorer.start(
             path, temperature=cfg.rollout.temperature, dtype=str(dtype).removeprefix("torch."), seed=cfg.train.seed,
@@ -150,6 +144,21 @@ class VLLMTeacherPass:
         for i, (where, values) in enumerate(zip(places, scored)):
             out[i, where] = torch.tensor(values, dtype=torch.float32)
         return out * r.completion_mask.to(torch.float32)  # 0 at the tool's tokens and the padding
+
+
+def check_teacher_engine(cfg: Any, uses_teacher: bool) -> None:
+    """A colocated vLLM teacher (teacher.engine=vllm, teacher.vllm.mode=colocate) needs vLLM importable in this
+    process: a ConfigError saying how otherwise. Run before any weight loads (grpokit.trainers.parts.check_inputs),
+    so a run without vLLM fails in seconds, not after the student has loaded."""
+    if not uses_teacher or cfg.teacher.engine != "vllm" or cfg.teacher.vllm.mode == "server":
+        return
+    missing = _vllm_missing()
+    if missing:
+        raise ConfigError(
+            f"teacher.engine=vllm (teacher.vllm.mode=colocate) needs vLLM, which does not import here ({missing}). "
+            f"Install it: {VLLM_INSTALL}; or score on a teacher server started where it is "
+            "(teacher.vllm.mode=server), or load the teacher with transformers (teacher.engine=local)."
+        )
 
 
 def _vllm_missing() -> str | None:

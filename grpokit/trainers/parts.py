@@ -58,7 +58,7 @@ from grpokit.train.critic import Critic
 from grpokit.train.distributed import Distributed
 from grpokit.train.learner import Learner, load_model
 from grpokit.train.mismatch import MismatchCorrection, MismatchGuard
-from grpokit.train.teacher import Teacher
+from grpokit.train.teacher import Teacher, check_teacher_engine
 from grpokit.train.update import PolicyUpdate
 
 
@@ -129,6 +129,7 @@ def check_inputs(
     check_reward_columns(train_rows, functions, cfg.data.train or "train_rows")  # e.g. the answers
     # grpo_process needs a reward that scores steps (or an environment's per-turn rewards)
     check_process_setup(algo, functions, turn_rewards=bool(cfg.rollout.environment))
+    check_teacher_engine(cfg, algo.uses_teacher)  # a colocated vLLM teacher needs vLLM here
     # multi-turn rollouts (rollout.tools / rollout.environment): bad tools fail before the model loads
     episodes = EpisodeSampler(cfg, functions, algo) if multi_turn(cfg.rollout) else None
     rewards = RewardRunner(functions, timeout_s=cfg.train.reward_timeout_s)

@@ -144,6 +144,19 @@ def test_a_colocated_vllm_teacher_without_vllm_is_refused_by_name(tmp_path, teac
         trainer(tmp_path / "run", teacher_dir, "teacher.engine=vllm")
 
 
+def test_a_colocated_vllm_teacher_without_vllm_is_refused_before_the_student_loads(tmp_path, teacher_dir):
+    """The student here is a folder whose weights file is not one: were the check after the student's load (as it
+    was), that load would fail first; the vLLM line comes before any weight is read."""
+    if importlib.util.find_spec("vllm") is not None:
+        pytest.skip("vLLM is installed here: tests/engine_vllm/test_vllm_teacher.py starts its engine")
+    student = save_tiny_model(tmp_path / "student")
+    (student / "model.safetensors").write_bytes(b"not a safetensors file")
+    cfg = load_config(None, [f"train.output_dir={tmp_path / 'run'}", "train.steps=1", *SMALL_RUN,
+                             f"teacher.name_or_path={teacher_dir}", *DISTIL, "teacher.engine=vllm"])  # fmt: skip
+    with pytest.raises(ConfigError, match=r"teacher.engine=vllm \(teacher.vllm.mode=colocate\) needs vLLM"):
+        GRPOTrainer(cfg, model=str(student), train_rows=ADDITION_ROWS, reward_functions=[("flat", flat, 1.0)])
+
+
 class SequenceByScorer:
     """A naive-loop oracle of a vLLM scorer: each sequence alone through the teacher, log_softmax(logits / T) of its
     tokens from ``start`` on (what vLLM's prompt log-probs are with the engine's logits divided by T)."""
