@@ -404,6 +404,16 @@ def from_trl(args: Any) -> tuple[dict[str, Any], list[str]]:
         out["model"]["attn_implementation"] = init.pop("attn_implementation")
     trust = init.pop("trust_remote_code", v.get("trust_remote_code", False))
     out["model"]["trust_remote_code"] = bool(trust)
+    if init.pop("use_cache", None) is not None:  # open-r1 sets it from gradient_checkpointing
+        notes.append("model_init_kwargs use_cache: no effect (grpokit's training passes run without a KV cache and "
+                     "its rollout engine keeps its own)")  # fmt: skip
+    revision = init.pop("revision", None)
+    if revision not in (None, "main"):  # "main": the hub's default, what a model without a revision loads
+        raise ConfigError(
+            f"TRL model_init_kwargs revision={revision!r}: grpokit loads a model folder or a hub id at its default "
+            f"branch; download that revision (hf download REPO --revision {revision} --local-dir DIR) and give DIR "
+            "as the model"
+        )
     if init:
         raise ConfigError(f"TRL model_init_kwargs {sorted(init)} have no grpokit equivalent; remove them")
     for key, dotted in SCRIPT_KEYS.items():

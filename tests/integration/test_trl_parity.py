@@ -262,6 +262,19 @@ def test_trls_server_mode_maps_to_grpokits_with_its_address_and_timeout():
     assert any("vllm_gpu_memory_utilization are the server's options" in n for n in notes)
 
 
+def test_open_r1s_model_init_kwargs_convert():
+    """open-r1's grpo.py sets training_args.model_init_kwargs to revision (its default "main"), trust_remote_code,
+    attn_implementation, torch_dtype and use_cache (before: refused, "['revision', 'use_cache'] have no grpokit
+    equivalent", so its script stopped at GRPOTrainer(...))."""
+    from grpokit.config.trl import from_trl
+
+    values, notes = from_trl({"model_init_kwargs": {"revision": "main", "trust_remote_code": False,
+                              "attn_implementation": "sdpa", "torch_dtype": "bfloat16", "use_cache": False}})  # fmt: skip
+    model = values["model"]
+    assert (model["dtype"], model["attn_implementation"], model["trust_remote_code"]) == ("bfloat16", "sdpa", False)
+    assert any(n.startswith("model_init_kwargs use_cache: no effect") for n in notes)
+
+
 @pytest.mark.parametrize(
     "fields,message",
     [
@@ -278,6 +291,7 @@ def test_trls_server_mode_maps_to_grpokits_with_its_address_and_timeout():
         ({"reward_weights": [1, 2]}, "reward_weights needs the rewards"),
         ({"frobnicate": 1}, r"\['frobnicate'\] have no grpokit equivalent"),
         ({"model_init_kwargs": {"device_map": "auto"}}, r"model_init_kwargs \['device_map'\]"),
+        ({"model_init_kwargs": {"revision": "v2"}}, r"revision='v2': .*hf download REPO --revision v2 --local-dir DIR"),
     ],
 )
 def test_what_grpokit_cannot_honour_is_refused_by_name(fields, message):
