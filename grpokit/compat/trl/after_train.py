@@ -45,10 +45,11 @@ class TrainResult(dict):
         }
 
 
-def epoch_of(trainer: Any) -> float:
-    """Passes over the training prompts so far (TRL's state.epoch): steps x prompts per step / prompts."""
+def epoch_of(trainer: Any, steps: int | None = None) -> float:
+    """Passes over the training prompts in ``steps`` steps (default: those taken; TRL's state.epoch):
+    steps x prompts per step / prompts."""
     prompts = max(len(getattr(trainer, "train_rows", ()) or ()), 1)
-    return trainer.step * trainer.cfg.rollout.prompts_per_step / prompts
+    return (trainer.step if steps is None else steps) * trainer.cfg.rollout.prompts_per_step / prompts
 
 
 def trainer_state(trainer: Any, state: Any = None) -> Any:
@@ -57,11 +58,8 @@ def trainer_state(trainer: Any, state: Any = None) -> Any:
     from transformers import TrainerState
 
     s = TrainerState() if state is None else state
-    cfg = trainer.cfg
-    prompts = max(len(getattr(trainer, "train_rows", ()) or ()), 1)
-    s.global_step, s.max_steps = trainer.step, cfg.train.steps
-    s.epoch = epoch_of(trainer)
-    s.num_train_epochs = cfg.train.steps * cfg.rollout.prompts_per_step / prompts
+    s.global_step, s.max_steps = trainer.step, trainer.cfg.train.steps
+    s.epoch, s.num_train_epochs = epoch_of(trainer), epoch_of(trainer, trainer.cfg.train.steps)
     s.log_history = list(getattr(trainer, "log_history", []))
     s.logging_steps = 1
     return s
