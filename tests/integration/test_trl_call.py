@@ -118,6 +118,15 @@ def has_seven(completions, **kwargs):
 ROWS = [{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a in range(4) for b in range(4)]
 
 
+def tiny_run(out, steps: int, *more: str):
+    """grpokit's own Config of a tiny run into ``out``: 2 prompts x 2 completions of 4 tokens, ``steps`` steps."""
+    from grpokit import load_config
+
+    return load_config(None, [f"train.output_dir={out}", f"train.steps={steps}", "rollout.group_size=2",
+                              "rollout.prompts_per_step=2", "rollout.max_new_tokens=4", "data.template=plain",
+                              "train.report_to=none", "train.stop_after_flat_steps=0", *more])  # fmt: skip
+
+
 @pytest.mark.slow
 def test_args_grpoconfig_with_reward_weights_datasets_a_path_and_a_reward_model(tmp_path, scorer):
     """TRL's GRPOConfig converts (its learning rate, steps, group and batch reach the run); reward_weights weigh
@@ -161,12 +170,10 @@ def test_args_grpoconfig_with_reward_weights_datasets_a_path_and_a_reward_model(
 
 def test_the_same_call_with_grpokits_own_config(tmp_path):
     """No TRL needed: args= (or the first argument) is a grpokit Config, the rest is TRL's call."""
-    from grpokit import GRPOTrainer, load_config
+    from grpokit import GRPOTrainer
 
     model = save_tiny_model(tmp_path / "model")
-    cfg = load_config(None, [f"train.output_dir={tmp_path / 'out'}", "train.steps=1", "rollout.group_size=2",
-                             "rollout.prompts_per_step=2", "rollout.max_new_tokens=4", "data.template=plain",
-                             "train.report_to=none", "train.stop_after_flat_steps=0"])  # fmt: skip
+    cfg = tiny_run(tmp_path / "out", 1)
     trainer = GRPOTrainer(
         model=str(model), reward_funcs=has_seven, args=cfg, train_dataset=datasets.Dataset.from_list(ROWS)
     )
@@ -224,12 +231,10 @@ def test_trls_own_script_ends_save_the_model_into_its_output_dir_beside_the_run(
     files, which stay."""
     from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
-    from grpokit import GRPOTrainer, load_config
+    from grpokit import GRPOTrainer
 
     model, out = save_tiny_model(tmp_path / "model"), tmp_path / "out"
-    cfg = load_config(None, [f"train.output_dir={out}", "train.steps=2", "rollout.group_size=2",
-                             "rollout.prompts_per_step=2", "rollout.max_new_tokens=4", "data.template=plain",
-                             "train.report_to=none", "train.stop_after_flat_steps=0", "optim.lr=1e-2"])  # fmt: skip
+    cfg = tiny_run(out, 2, "optim.lr=1e-2")
     trainer = GRPOTrainer(model=str(model), reward_funcs=has_seven, args=cfg, train_dataset=ROWS)
     trainer.train()
     capsys.readouterr()
@@ -266,14 +271,11 @@ def test_save_model_of_a_lora_run_writes_its_adapter_and_refuses_nan(tmp_path):
     peft = pytest.importorskip("peft")
     from transformers import AutoModelForCausalLM
 
-    from grpokit import GRPOTrainer, load_config
+    from grpokit import GRPOTrainer
     from grpokit.model.checkpoint import CheckpointError
 
     model, out = save_tiny_model(tmp_path / "model"), tmp_path / "out"
-    cfg = load_config(None, [f"train.output_dir={out}", "train.steps=1", "rollout.group_size=2",
-                             "rollout.prompts_per_step=2", "rollout.max_new_tokens=4", "data.template=plain",
-                             "train.report_to=none", "train.stop_after_flat_steps=0", "lora.enabled=true",
-                             "lora.r=4", "optim.lr=5e-2"])  # fmt: skip
+    cfg = tiny_run(out, 1, "lora.enabled=true", "lora.r=4", "optim.lr=5e-2")
     trainer = GRPOTrainer(model=str(model), reward_funcs=has_seven, args=cfg, train_dataset=ROWS)
     trainer.train()
     with torch.no_grad():  # lora_B starts at zero: give the adapter values a lost or misnamed tensor would show
@@ -301,14 +303,11 @@ def test_open_r1s_script_tail_runs_and_writes_what_transformers_trainer_writes(t
     """open-r1's grpo.py after building the trainer, line for line (its dataset and hub calls aside): before this
     change train(resume_from_checkpoint=) was a TypeError, and .metrics, log_metrics, save_metrics, save_state
     and create_model_card AttributeErrors."""
-    from grpokit import GRPOTrainer, load_config
+    from grpokit import GRPOTrainer
     from grpokit.core.errors import ConfigError
 
     model, out = save_tiny_model(tmp_path / "model"), tmp_path / "out"
-    overrides = [f"train.output_dir={out}", "train.steps=2", "rollout.group_size=2", "rollout.prompts_per_step=2",
-                 "rollout.max_new_tokens=4", "data.template=plain", "train.report_to=none",
-                 "train.stop_after_flat_steps=0", "train.accuracy_reward=has_seven"]  # fmt: skip
-    trainer = GRPOTrainer(model=str(model), reward_funcs=has_seven, args=load_config(None, overrides),
+    trainer = GRPOTrainer(model=str(model), reward_funcs=has_seven, args=tiny_run(out, 2, "train.accuracy_reward=has_seven"),
                           train_dataset=ROWS, eval_dataset=ROWS[:2])  # fmt: skip
     with pytest.raises(ConfigError, match="grpokit resumes when the trainer is built, and it was built without resume"):
         trainer.train(resume_from_checkpoint=str(out / "checkpoints" / "step_000001"))
@@ -355,7 +354,7 @@ def test_open_r1s_script_tail_runs_and_writes_what_transformers_trainer_writes(t
     assert set(meta["tags"]) == {"grpokit", "grpo", "open-r1"} and "(2 steps)" in card
     assert json.loads((out / "config.json").read_text())["use_cache"] is True
     # built with resume, the same call names what it resumed from and goes on
-    more = load_config(None, [*overrides[:1], "train.steps=3", *overrides[2:]])
+    more = tiny_run(out, 3, "train.accuracy_reward=has_seven")
     again = GRPOTrainer(model=str(model), reward_funcs=has_seven, args=more, train_dataset=ROWS, eval_dataset=ROWS[:2],
                         resume=True)  # fmt: skip
     assert again.train(resume_from_checkpoint=str(out / "checkpoints" / "step_000002")).global_step == 3
