@@ -37,7 +37,7 @@ from ._checks import check_choice, lookup
 from .kl import KL_KINDS, kl_estimate
 from .knobs import flat_keys
 from .masks import off_policy_mask as off_policy_keep
-from .objectives import SURROGATES, SurrogateInputs, surrogate, surrogate_params, surrogate_terms
+from .objectives import BUILT_IN, SURROGATES, SurrogateInputs, surrogate, surrogate_params, surrogate_terms
 
 RATIO_LEVELS = ("token", "sequence", "sequence_token")
 AGG_MODES = ("seq-mean-token-mean", "token-mean", "seq-sum-norm")
@@ -369,6 +369,23 @@ def loss_terms(
         bonus = o.entropy_coef * torch.where(bonus_mask, entropy.to(logp.dtype), zero)  # (B, T)
     ratio = torch.where(mask, ratio, ratio.new_ones(()))  # (B, T)
     return LossTerms(mask, ratio, pg, kl, per_token, flags, masked, bonus, bonus_mask)
+
+
+def gradient_free_rows(advantages: Tensor, options: LossOptions) -> Tensor | None:
+    """(B,) bool: the rows whose loss terms, and so gradient, are exactly 0 under `policy_loss` with ``options``:
+    every advantage of the row is 0 (advantages (B,) or (B, T)), and no term acts without the advantage. None when
+    one may: a KL term in the loss (beta > 0), the entropy bonus, KL-Cov's penalty, or a surrogate not built in
+    (objectives.BUILT_IN). The normalisers (num_sequences, num_tokens) still count such rows: leaving them out of the
+    forward and backward passes (train.update, optim.skip_flat_rows) changes the gradient only by float rounding."""
+    if (
+        options.beta > 0
+        or not (isinstance(options.entropy_coef, (int, float)) and options.entropy_coef == 0)
+        or options.cov_penalty == "kl_cov"
+        or options.surrogate not in BUILT_IN
+    ):
+        return None
+    zero = advantages == 0  # (B,) or (B, T)
+    return zero if zero.dim() == 1 else zero.all(dim=-1)  # (B,)
 
 
 def aggregate_terms(

@@ -313,3 +313,8 @@ register_surrogate(
     "vespo", vespo, params=VespoParams, token_ratio=True,
     summary="VESPO gamma weight of the sequence ratio, k {k_pos:g} / {k_neg:g}, lambda {lambda_pos:g} / {lambda_neg:g}",
 )  # fmt: skip
+
+BUILT_IN = frozenset(SURROGATES)
+"""The surrogates above: each is a multiple of the advantage A per token (gmpo: of the row's mean A), so a row whose
+advantages are all 0 has loss 0 and gradient exactly 0 under it (loss.gradient_free_rows; a surrogate registered
+later is not assumed to be)."""

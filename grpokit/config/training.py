@@ -247,6 +247,16 @@ class OptimConfig:
     logprob_chunk_size: int = setting(
         1024, "Rows of hidden states projected to the vocabulary at a time.", range="[1, inf)", example=1024
     )
+    skip_flat_rows: bool = setting(
+        True,
+        """Leave the completions whose advantage is exactly 0 (a group whose rewards all match) out of the update's
+        forward and backward passes when the loss gives them no gradient: a built-in loss and surrogate, no KL
+        term in the loss (algo.beta 0), no entropy bonus, no KL-Cov penalty, one process (not under torchrun), and
+        not at a step whose tokens are saved for the explorer. The same loss and gradient up to float rounding
+        (every surrogate is a multiple of A), at the cost of the rows trained; the update's per-token metrics
+        (pg_loss, clip_frac, ratio_*, kl, entropy, sampler_*) are then over the rows it ran, and
+        update/skipped_rows says the share left out.""",
+    )
     packing: bool = setting(
         False,
         """Padding-free micro-batches in the update and every log-prob pass (policy, old policy, reference,

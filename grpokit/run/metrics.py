@@ -156,6 +156,13 @@ TRAIN: dict[str, Metric] = {
         "covariance of the sampled tokens' log-probs (the sampler's) and advantages over the loss tokens; the "
         "entropy falls while it is positive (arXiv 2505.22617)",
     ),
+    "update/skipped_rows": Metric(
+        "share",
+        "completions the update left out of its forward and backward passes because the loss gives them no gradient "
+        "(advantage 0: a group whose rewards all match); the update's per-token metrics (pg_loss, clip_frac, ratio_*, "
+        "kl, entropy, sampler_*) are then over the rest",
+        "optim.skip_flat_rows (on by default) with some such completion",
+    ),
     "ratio_mean": Metric("ratio", "mean importance ratio pi / pi_old over loss tokens"),
     "ratio_min": Metric("ratio", "smallest ratio"),
     "ratio_max": Metric("ratio", "largest ratio"),

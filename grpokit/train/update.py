@@ -22,7 +22,7 @@ import time
 
 import torch
 
-from grpokit.algos import AlgoSettings, get_loss, kl_estimate
+from grpokit.algos import AlgoSettings, get_loss, gradient_free_rows, kl_estimate
 from grpokit.algos.entropy_bonus import EntropyControl
 from grpokit.algos.masks import covariance_selection, high_entropy_mask, token_covariance
 from grpokit.config.schema import OptimConfig
@@ -63,6 +63,9 @@ class UpdatePlan:
     coefs: list[float] = dataclasses.field(default_factory=list)  # the entropy bonus's alpha per optimizer step
     measured: torch.Tensor | None = None  # the last mini-batch's sum of H and tokens (the entropy bonus)
     bonus_sums: torch.Tensor = dataclasses.field(default_factory=lambda: torch.zeros(2, dtype=torch.float64))
+    idle: torch.Tensor | None = None  # (N,) bool: rows left out of the passes, their gradient 0 (optim.skip_flat_rows)
+    idle_rows: int = 0  # rows left out, summed over the mini-batches run
+    rows_seen: int = 0  # rows of the mini-batches run
 
 
 class PolicyUpdate:
@@ -193,14 +196,33 @@ class PolicyUpdate:
         entropy = self.logprobs_no_grad(self.learner.model, r, entropy=True) if top_entropy else None  # (N, Lc)
         self.learner.model.train()
         order = mini_batch_order(r.completion_ids.shape[0], self.optim, step_seed(self.seed, step, 0))
-        return UpdatePlan(
+        plan = UpdatePlan(
             r, advantages, mask, old_logprobs, ref_logprobs, entropy, list(order), step, record, ref_seconds
         )
+        plan.idle = self.idle_rows(advantages, record)
+        return plan
+
+    def idle_rows(self, advantages: torch.Tensor, record: TokenRecorder | None) -> torch.Tensor | None:
+        """(N,) bool on the CPU: the rows the update leaves out because the loss gives them no gradient
+        (grpokit.algos.gradient_free_rows: advantage 0 and no term without it), or None when every row runs:
+        optim.skip_flat_rows off, a loss of one's own, the entropy bonus, torchrun (every rank must run the same
+        collectives), or a step whose per-token numbers are saved (``record``: the explorer shows every row)."""
+        if not self.optim.skip_flat_rows or record is not None or self.dist.active or self.algo.entropy.on:
+            return None
+        if get_loss(self.algo.loss.name) is not get_loss("clipped"):
+            return None
+        idle = gradient_free_rows(advantages.detach(), self.loss_options)  # (N,) or None
+        return None if idle is None or not bool(idle.any()) else idle.cpu()
 
     def forward_backward(self, plan: UpdatePlan, k: int) -> None:
         """Accumulate the gradient of the plan's mini-batch ``k`` over its micro-batches (the learner's size,
         retried smaller after an out-of-memory error): the parameters' .grad, the plan's statistics."""
         r, mb, bonus = plan.rollout, plan.mini_batches[k], self.algo.entropy
+        run = mb if plan.idle is None else mb[~plan.idle[mb]]  # (n,) the rows whose gradient is not 0
+        if len(run) == 0:  # every row flat: the shortest runs, so the step has its metrics (and a gradient of 0)
+            run = mb[r.row_lengths[mb].argmin()].reshape(1)
+        plan.idle_rows += len(mb) - len(run)
+        plan.rows_seen += len(mb)
         chosen = self.chosen_tokens(
             r, mb, plan.mask, plan.advantages, plan.entropy, step_seed(self.seed, plan.step, 1000 + k)
         )
@@ -211,9 +233,9 @@ class PolicyUpdate:
         part, plan.finite = self.learner.run_micro(
             lambda rows: self._mini_batch_gradients(
                 r, mb, rows, plan.advantages, plan.mask, r.row_lengths, plan.old_logprobs, plan.ref_logprobs,
-                k == 0, plan.record, chosen, measured,
+                k == 0, plan.record, chosen, measured, run=run,
             ),
-            r.row_lengths[mb],
+            r.row_lengths[run],
         )  # fmt: skip
         plan.stats.merge(part)
 
@@ -238,6 +260,8 @@ class PolicyUpdate:
         metrics = stats.metrics(n_updates=self.optim.epochs * self.optim.mini_batches)
         metrics.update(self.learner.metrics())  # lr, loss_scale, micro_batch_size
         metrics["cov/logp_adv"] = self.logp_adv_covariance(plan.rollout, plan.mask, plan.advantages)
+        if plan.idle is not None:  # optim.skip_flat_rows left rows out: the per-token metrics are the rest's
+            metrics["update/skipped_rows"] = plan.idle_rows / max(plan.rows_seen, 1)
         if self.algo.entropy.on:
             sums = plan.bonus_sums
             metrics["entropy_coef"] = sum(plan.coefs) / len(plan.coefs)  # the alpha applied, averaged over steps
@@ -322,9 +346,11 @@ class PolicyUpdate:
         record=None,
         chosen=None,
         measured=None,
+        run=None,
     ) -> tuple[UpdateStats, bool]:
         """Accumulate the gradient of mini-batch ``mb`` (M,) over micro-batches of ``rows`` rows (packed: of at
-        most ``rows`` tokens), sorted by length. Returns its UpdateStats (loss metrics; sampler-vs-trainer
+        most ``rows`` tokens), sorted by length: of its rows ``run`` (default all; PolicyUpdate.idle_rows leaves
+        out those whose gradient is 0), the loss normalised over the whole of ``mb``. Returns its UpdateStats (loss metrics; sampler-vs-trainer
         log-prob differences and entropy on the first mini-batch) and whether every loss was finite (a NaN/inf
         loss stops the accumulation).
         Nothing outside changes but the parameters' .grad, and ``record`` (a rollout_record.TokenRecorder, at
@@ -348,7 +374,8 @@ class PolicyUpdate:
         # that declares eps_low=0.2 (say) would otherwise keep that default silently; the built-in reads options
         settings = {} if loss_fn is get_loss("clipped") else dataclasses.asdict(options)
         stats = UpdateStats()
-        for micro in learner.micro.split(length_sorted(mb, lengths), lengths, rows):
+        run = mb if run is None else run  # (n,) the rows passed through the model
+        for micro in learner.micro.split(length_sorted(run, lengths), lengths, rows):
             tensors = micro_tensors(r, micro, mask, device)
             with learner.precision.autocast(device), learner.activations_offloaded():
                 logprobs, entropy = dist.logprobs_fn(learner.model)(
