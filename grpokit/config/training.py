@@ -247,6 +247,14 @@ class OptimConfig:
     logprob_chunk_size: int = setting(
         1024, "Rows of hidden states projected to the vocabulary at a time.", range="[1, inf)", example=1024
     )
+    shared_prefix: bool = setting(
+        True,
+        """Run each group's prompt through the model once in the update and the log-prob passes, its completions
+        on that prompt's KV cache (grpokit.model.shared_prefix): the same log-probs and gradient up to float
+        rounding, for G times fewer prompt tokens. Applies to single-turn batches, not packed, on one process,
+        under a model whose transformers KV cache is the plain dynamic one (checked once against the padded
+        forward), and not in the update under model.gradient_checkpointing; elsewhere the padded forward runs.""",
+    )
     skip_flat_rows: bool = setting(
         True,
         """Leave the completions whose advantage is exactly 0 (a group whose rewards all match) out of the update's

@@ -22,6 +22,7 @@ from torch.utils.checkpoint import checkpoint
 
 from grpokit.algos.entropy import entropy_from_logits, entropy_with_grad, selective_log_softmax
 from grpokit.data.packing import pack_masked, pack_sequences
+from grpokit.model.shared_prefix import prefix_states
 
 
 def base_model(model: torch.nn.Module) -> torch.nn.Module:
@@ -90,6 +91,7 @@ def completion_logprobs(
     context_mask: Tensor | None = None,
     packed: bool = False,
     entropy_grad: bool = False,
+    shared_prefix: bool = False,
 ) -> tuple[Tensor, Tensor | None]:
     """Per-token log-probs ``log softmax(logits / T)[o_t]`` of the completion tokens, and optionally entropy.
 
@@ -113,6 +115,10 @@ def completion_logprobs(
             each (grpokit.data.packing.pack_masked), so the micro-batch costs its real tokens, not rows x
             the longest. The same values as padded up to float rounding; needs a model whose attention
             reads packed position_ids (check_packed_attention).
+        shared_prefix: run each distinct prompt through the decoder once and its completions on its KV cache
+            (grpokit.model.shared_prefix; optim.shared_prefix): the same values up to float rounding, for fewer
+            tokens; where it does not apply (multi-turn, packed, no prompt repeated, a model it does not suit,
+            gradient checkpointing in a training forward) the padded forward runs.
 
     Returns:
         logprobs: (N, Lc) float32, 0 where completion_mask is 0; differentiable w.r.t. the model.
@@ -137,8 +143,9 @@ def completion_logprobs(
 
     keep = completion_mask.reshape(-1).bool()  # (N*Lc,)
     hidden = scoring_states(
-        decoder, prompt_ids, prompt_mask, completion_ids, completion_mask, context_mask, packed=packed
-    )  # (K, H) only real completion tokens
+        decoder, prompt_ids, prompt_mask, completion_ids, completion_mask, context_mask, packed=packed,
+        shared_prefix=shared_prefix,
+    )  # (K, H) only real completion tokens  # fmt: skip
     targets = completion_ids.reshape(-1)[keep]  # (K,)
     lp_chunks, ent_chunks = _chunked(
         lm_head, hidden, targets, temperature, softcap, with_entropy, chunk_size, entropy_grad
@@ -164,15 +171,30 @@ def completion_logprobs(
 
 
 def scoring_states(
-    decoder, prompt_ids, prompt_mask, completion_ids, completion_mask, context_mask=None, *, packed: bool = False
+    decoder,
+    prompt_ids,
+    prompt_mask,
+    completion_ids,
+    completion_mask,
+    context_mask=None,
+    *,
+    packed: bool = False,
+    shared_prefix: bool = False,
 ) -> Tensor:
     """(K, out) the outputs of ``decoder`` (a base decoder: hidden states; or a token classifier: its
     logits, the critic's values) at the positions predicting the K completion tokens where
     ``completion_mask`` is 1, in row-major order. Inputs as completion_logprobs'; ``packed``: one
-    padding-free forward instead of the padded (N, Lp + Lc) batch."""
+    padding-free forward instead of the padded (N, Lp + Lc) batch; ``shared_prefix``: each distinct prompt once
+    (grpokit.model.shared_prefix) where that applies."""
     if packed:
         return _packed_states(decoder, prompt_ids, prompt_mask, completion_ids, completion_mask, context_mask)
-    states = _padded_states(decoder, prompt_ids, prompt_mask, completion_ids, completion_mask, context_mask)
+    states = None
+    if shared_prefix and context_mask is None:
+        states = prefix_states(
+            decoder, prompt_ids, prompt_mask, completion_ids, completion_mask, padded=_padded_states
+        )  # or None
+    if states is None:
+        states = _padded_states(decoder, prompt_ids, prompt_mask, completion_ids, completion_mask, context_mask)
     return states.reshape(-1, states.shape[-1])[completion_mask.reshape(-1).bool()]  # (K, out)
 
 

@@ -244,6 +244,8 @@ class Learner:
                     "optim.packing=false and sft.packing=false"
                 )
         self.micro = micro
+        # optim.shared_prefix: each prompt once in the log-prob forwards (one process: the FSDP/DDP root is bypassed)
+        self.shared_prefix = optim.shared_prefix and not self.dist.active and not self.micro.packed
         if optim.offload_optimizer and self.dist.active:
             raise ConfigError(
                 "optim.offload_optimizer is not supported under torchrun yet (FSDP shards the states already); "

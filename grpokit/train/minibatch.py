@@ -119,6 +119,7 @@ def eval_logprobs(
             with_entropy=entropy,
             context_mask=t.get("context_mask"),
             packed=learner.micro.packed,
+            **({"shared_prefix": True} if getattr(learner, "shared_prefix", False) else {}),
         )
         return token_entropy if entropy else logprobs  # (n, L)
 

@@ -389,6 +389,7 @@ class PolicyUpdate:
                     context_mask=tensors.get("context_mask"),
                     packed=learner.micro.packed,
                     **({"entropy_grad": True} if bonus else {}),  # off: the call (and memory) of before
+                    **({"shared_prefix": True} if learner.shared_prefix else {}),
                 )  # (n, L), float32
             micro_mask = tensors["loss_mask"]
             width = logprobs.shape[1]
