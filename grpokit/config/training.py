@@ -253,7 +253,9 @@ class OptimConfig:
         on that prompt's KV cache (grpokit.model.shared_prefix): the same log-probs and gradient up to float
         rounding, for G times fewer prompt tokens. Applies to single-turn batches, not packed, on one process,
         under a model whose transformers KV cache is the plain dynamic one (checked once against the padded
-        forward), and not in the update under model.gradient_checkpointing; elsewhere the padded forward runs.""",
+        forward); in the update under model.gradient_checkpointing, to the Llama family (Llama, Qwen2, Qwen3,
+        Mistral without a sliding window), whose layers grpokit then runs itself, each checkpointed. Elsewhere
+        the padded forward runs.""",
     )
     skip_flat_rows: bool = setting(
         True,

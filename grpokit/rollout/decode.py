@@ -1,8 +1,8 @@
 """Moved to grpokit.rollout.engines.fast.decode (the fast engine's folder): this path keeps its public names."""
 
+from grpokit.model.llama_layers import SUPPORTED_MODEL_TYPES
 from grpokit.rollout.engines import moved
 from grpokit.rollout.engines.fast.decode import (
-    SUPPORTED_MODEL_TYPES,
     DynamicCacheEngine,
     StaticCacheEngine,
     check_kv_cache,

@@ -83,9 +83,27 @@ def test_lora_gradients_reach_the_adapters_through_the_shared_prompt():
         torch.testing.assert_close(got[name], want[name], rtol=1e-5, atol=1e-5, msg=name)
 
 
+@pytest.mark.parametrize("arch", ["qwen2", "llama", "qwen3"])
+def test_under_gradient_checkpointing_the_layers_run_here_each_checkpointed(arch, monkeypatch):
+    """transformers' checkpointed layers drop a KV cache, so a training forward under gradient checkpointing runs the
+    layers from the model's modules (_layerwise), each layer one checkpointed region: the oracle's gradients."""
+    model, _ = make_tiny_model(arch)
+    model.train()
+    hf_calls = _enable_checkpointing(model)
+    regions, inner = [], shared.checkpoint
+    monkeypatch.setattr(shared, "checkpoint", lambda *a, **k: regions.append(1) or inner(*a, **k))
+    batch = grouped_batch(seed=4)
+    got = _grads(model, lambda: completion_logprobs(model, *batch, temperature=0.8, shared_prefix=True)[0])
+    assert len(regions) == 2 and hf_calls == []  # two layers, each checkpointed here; none through transformers
+    want = _grads(model, lambda: full_logprobs(model, *batch, temperature=0.8)[0])
+    assert got.keys() == want.keys()
+    for name, g in want.items():
+        torch.testing.assert_close(got[name], g, rtol=0, atol=1e-5 * float(g.abs().max()), msg=name)
+
+
 def test_the_padded_forward_runs_where_it_does_not_apply(monkeypatch):
-    """No prompt repeated; a training forward under gradient checkpointing (transformers drops the cache there);
-    a sliding-window model (its cache layers are not the plain dynamic one): the padded forward's values."""
+    """No prompt repeated; a sliding-window model (its cache layers are not the plain dynamic one, and the layers
+    here have no sliding window); attention dropout under checkpointing: the padded forward's values."""
     model, _ = make_tiny_model("qwen2")
     seen = counting(monkeypatch)
     once = grouped_batch(seed=3, group=1)  # three rows, three prompts
@@ -95,23 +113,21 @@ def test_the_padded_forward_runs_where_it_does_not_apply(monkeypatch):
         )
     assert seen == [None]  # looked, found no prompt twice, ran padded
 
-    model.train()
-    calls = _enable_checkpointing(model)
     batch = grouped_batch(seed=4)
-    g_ckpt = _grads(model, lambda: completion_logprobs(model, *batch, shared_prefix=True)[0])
-    assert seen == [None] and len(calls) == 2  # not tried: the checkpointed layers ran padded
-    g_full = _grads(model, lambda: full_logprobs(model, *batch)[0])
-    for name, g in g_full.items():
-        torch.testing.assert_close(g_ckpt[name], g, rtol=0, atol=1e-5 * float(g.abs().max()), msg=name)
-
     cfg = MistralConfig(
         vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
         intermediate_size=64, max_position_embeddings=64, sliding_window=3,
     )  # fmt: skip
     mistral = MistralForCausalLM(cfg).eval()
     assert not shared.usable(mistral.model, _padded_states)
+    assert not shared.usable(mistral.model, _padded_states, "layerwise")
     with torch.no_grad():
         torch.testing.assert_close(
             completion_logprobs(mistral, *batch, shared_prefix=True)[0],
             completion_logprobs(mistral, *batch)[0], rtol=0, atol=0,
         )  # fmt: skip
+
+    dropout, _ = make_tiny_model("qwen2", seed=1)
+    dropout.config.attention_dropout = 0.1  # the layers here would not drop what transformers' do
+    assert shared.usable(dropout.model, _padded_states)  # (in eval mode transformers drops nothing)
+    assert not shared.usable(dropout.model, _padded_states, "layerwise")

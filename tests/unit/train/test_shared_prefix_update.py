@@ -30,15 +30,19 @@ def grouped_rollout(groups=3, group=4, seed=0) -> Rollout:
     return r
 
 
-@pytest.mark.parametrize("split", [[], ["optim.micro_batch_size=5"], ["optim.epochs=2", "optim.mini_batches=2"]])
+@pytest.mark.parametrize(
+    "split",
+    [[], ["optim.micro_batch_size=5"], ["optim.epochs=2", "optim.mini_batches=2"], ["model.gradient_checkpointing=true"]],
+)
 def test_the_update_is_the_padded_ones(split, monkeypatch):
     r, advantages = grouped_rollout(), torch.linspace(-1.4, 1.9, 12)
     runs = {}
     prompts_run = []
-    inner = shared._states
-    monkeypatch.setattr(
-        shared, "_states", lambda d, p, *a, always=False: prompts_run.append(always) or inner(d, p, *a, always=always)
-    )
+    for name in ("_states", "_layerwise"):  # the cache's forward, and the layers' under gradient checkpointing
+        inner = getattr(shared, name)
+        monkeypatch.setattr(
+            shared, name, lambda *a, _f=inner, always=False, **k: prompts_run.append(always) or _f(*a, always=always, **k)
+        )
     for name, extra in {"shared": [], "padded": ["optim.shared_prefix=false"]}.items():
         learner, cfg = make_learner("algo.preset=grpo", "algo.beta=0", *split, *extra)
         updater = PolicyUpdate(learner, resolve_algo(cfg), cfg.optim, temperature=0.9, seed=0)

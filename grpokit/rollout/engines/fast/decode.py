@@ -34,9 +34,8 @@ import torch
 from torch import Tensor
 
 from grpokit.config.schema import KV_CACHES
+from grpokit.model.llama_layers import head_shape, llama_family_support, project_qkv
 from grpokit.model.logprobs import base_model
-
-SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral")
 
 
 def _accepts(model: torch.nn.Module, arg: str) -> bool:
@@ -46,35 +45,16 @@ def _accepts(model: torch.nn.Module, arg: str) -> bool:
 
 
 def static_cache_support(model: torch.nn.Module) -> str | None:
-    """None when :class:`StaticCacheEngine` can run ``model``, else the reason it cannot."""
+    """None when :class:`StaticCacheEngine` can run ``model``, else the reason it cannot (the Llama family's layout,
+    grpokit.model.llama_layers, and an lm_head)."""
     base = base_model(model)
-    config = getattr(base, "config", None)
-    model_type = getattr(config, "model_type", None)
-    if model_type not in SUPPORTED_MODEL_TYPES:
-        return f"model_type {model_type!r} is not one of {SUPPORTED_MODEL_TYPES}"
     inner = getattr(base, "model", None)
-    for name in ("embed_tokens", "layers", "norm", "rotary_emb"):
-        if not hasattr(inner, name):
-            return f"the model has no model.{name}"
-    if not hasattr(base, "lm_head"):
+    if inner is None:
+        return f"model_type {getattr(getattr(base, 'config', None), 'model_type', None)!r} has no model.model"
+    reason = llama_family_support(inner)
+    if reason is None and not hasattr(base, "lm_head"):
         return "the model has no lm_head"
-    layer = inner.layers[0] if len(inner.layers) else None
-    for name in ("self_attn", "input_layernorm", "post_attention_layernorm", "mlp"):
-        if not hasattr(layer, name):
-            return f"the decoder layers have no {name}"
-    for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
-        if not hasattr(layer.self_attn, name):
-            return f"the attention has no {name}"
-    layer_types = getattr(config, "layer_types", None) or []
-    if any(t != "full_attention" for t in layer_types):
-        return "sliding-window layers are not supported"
-    if model_type == "mistral" and getattr(config, "sliding_window", None):
-        return "sliding-window attention is not supported"
-    rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
-    rope_type = str(rope.get("rope_type", rope.get("type", "")))
-    if "dynamic" in rope_type or "longrope" in rope_type:
-        return f"{rope_type} RoPE scaling depends on the sequence length and is not supported"
-    return None
+    return reason
 
 
 class DynamicCacheEngine:
@@ -140,14 +120,6 @@ def _adapter_state(model: torch.nn.Module) -> tuple:
     )
 
 
-def _rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """RoPE (rotate-half layout, as the Llama family): x (B, heads, T, d), cos/sin (B, T, d)."""
-    cos, sin = cos[:, None], sin[:, None]  # (B, 1, T, d)
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated * sin
-
-
 class StaticCacheEngine:
     """Decoder layers over a preallocated KV cache, one CUDA graph per batch bucket (module docstring).
 
@@ -178,10 +150,8 @@ class StaticCacheEngine:
             raise ValueError(f"the static KV cache cannot run this model: {reason}; use kv_cache='dynamic'")
         self.model = model
         base = base_model(model)
-        self.inner, self.lm_head, cfg = base.model, base.lm_head, base.config
-        self.heads = cfg.num_attention_heads
-        self.kv_heads = getattr(cfg, "num_key_value_heads", None) or self.heads
-        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.heads
+        self.inner, self.lm_head = base.model, base.lm_head
+        self.heads, self.kv_heads, self.head_dim = head_shape(self.inner)
         self.device = next(model.parameters()).device
         self.use_graphs = bool(cuda_graphs) and self.device.type == "cuda"
         self.bucketed = self.use_graphs or bool(bucketed)
@@ -225,13 +195,7 @@ class StaticCacheEngine:
         [0, Lp) of each prompt's ``repeat`` rows); repeat == 0: decode (T = 1, written at ``self.slot``)."""
         B, T, _ = x.shape
         d, h, kvh = self.head_dim, self.heads, self.kv_heads
-        q = attn.q_proj(x).view(B, T, h, d)
-        k = attn.k_proj(x).view(B, T, kvh, d)
-        v = attn.v_proj(x).view(B, T, kvh, d).transpose(1, 2)  # (B, kvh, T, d)
-        if hasattr(attn, "q_norm"):  # Qwen3: RMSNorm over each head before RoPE
-            q, k = attn.q_norm(q), attn.k_norm(k)
-        q = _rotate(q.transpose(1, 2), cos, sin)  # (B, h, T, d)
-        k = _rotate(k.transpose(1, 2), cos, sin)  # (B, kvh, T, d)
+        q, k, v = project_qkv(attn, x, cos, sin, (h, kvh, d))  # (B, h, T, d), (B, kvh, T, d) x 2
         scale = getattr(attn, "scaling", d**-0.5)
         if repeat:
             rows = B * repeat
