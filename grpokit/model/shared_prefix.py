@@ -144,7 +144,8 @@ def usable(decoder, padded_states, kind: str = "cache") -> bool:
     batch (two prompts of 3 and 1 tokens, two completions each) in eval mode: for "cache" its cache must be
     transformers' plain dynamic one (every layer a DynamicLayer, with batch_select_indices: no sliding window, no
     other kind of layer); for "layerwise" a Llama-family layout (llama_layers.llama_family_support) without attention
-    dropout; and the outputs within 1e-2 of ``padded_states``' (the padded forward; 1e-2: low precision)."""
+    dropout; and the outputs those of ``padded_states`` (the padded forward) within a relative error (their
+    difference's norm over theirs) of 1e-3 in float32, 5e-2 in a lower precision."""
     known = _USABLE.setdefault(decoder, {})
     if kind not in known:
         was = decoder.training
@@ -177,7 +178,11 @@ def _agrees(decoder, padded_states, kind: str) -> bool:
         shared = _states(decoder, *args, always=True)  # (4, 3, H)
     padded = padded_states(decoder, *args, None)  # (4, 3, H)
     real = completion_mask.bool()
-    return bool(torch.allclose(shared[real].float(), padded[real].float(), atol=1e-2, rtol=1e-2))
+    want = padded[real].float()  # (K, H)
+    error = (shared[real].float() - want).norm() / want.norm().clamp(min=1e-12)
+    # float32 agrees to rounding; bfloat16/float16 drift over the layers, so the whole tensor's relative error is
+    # what is bounded (a forward that does not apply errs by tens of percent)
+    return bool(error <= (1e-3 if want.dtype == padded.dtype else 5e-2))
 
 
 def _plain_cache(decoder) -> bool:

@@ -131,3 +131,16 @@ def test_the_padded_forward_runs_where_it_does_not_apply(monkeypatch):
     dropout.config.attention_dropout = 0.1  # the layers here would not drop what transformers' do
     assert shared.usable(dropout.model, _padded_states)  # (in eval mode transformers drops nothing)
     assert not shared.usable(dropout.model, _padded_states, "layerwise")
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "llama", "qwen3"])
+def test_the_check_passes_in_low_precision_and_refuses_a_forward_that_disagrees(arch, monkeypatch):
+    for dtype in (torch.bfloat16, torch.float16):
+        model, _ = make_tiny_model(arch, seed=2)
+        model = model.to(dtype)
+        assert shared.usable(model.model, _padded_states) and shared.usable(model.model, _padded_states, "layerwise")
+    inner = shared._states
+    # a forward one position off (the state of token t taken for token t + 1): what the check is there to catch
+    monkeypatch.setattr(shared, "_states", lambda *a, **k: inner(*a, **k).roll(1, dims=1))
+    model, _ = make_tiny_model(arch, seed=3)
+    assert not shared.usable(model.model, _padded_states)
