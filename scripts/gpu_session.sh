@@ -21,6 +21,8 @@
 #     profile    0.5b standard: torch.profiler over one step (scripts/profile_step.py): per phase its top kernels
 #                and the gaps between them -> $OUT/profile.txt, profile.json
 #     profile-long   the same on the long shape -> $OUT/profile-long.txt, profile-long.json
+#     less-work  0.5b standard, grpokit alone, with optim.shared_prefix and optim.skip_flat_rows off, then on (the
+#                defaults): what the shared prompt saves in the update under gradient checkpointing on a card
 #
 # Issue 49 item 1 in two device calls of under 10 minutes: `bounds profile` (at most 200 + 200 + 150 s), then
 # `profile-long` (240 s); the first call builds the random 0.5b model (kept in $GRPOKIT_CACHE for the second).
@@ -133,6 +135,11 @@ for part in "$@"; do
       timeout -k 10 $limit python3 scripts/profile_step.py --model-size 0.5b --shape $shape --warmup 2 \
         --out "$OUT/$part.txt" --json "$OUT/$part.json" > /dev/null 2>> "$LOG"
       echo "=== $part: exit $? ($(date -u +%T))" | tee -a "$LOG"
+      ;;
+    less-work)
+      bench standard-padded-prompts 150 --shape standard --model-size 0.5b --steps 3 \
+        --set optim.shared_prefix=false --set optim.skip_flat_rows=false
+      bench standard-shared-prompts 150 --shape standard --model-size 0.5b --steps 3
       ;;
     xlong) bench xlong 500 --shape xlong --model-size 0.5b --steps 2 --compare trl ;;
     *) echo "unknown part $part" | tee -a "$LOG" ;;
