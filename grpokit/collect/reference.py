@@ -56,5 +56,5 @@ def sampler_reference(
     optim = cfg.optim
     return ReferencePass(
         ref_model, precision, device, cfg.rollout.temperature, optim.logprob_chunk_size, optim.micro_batch_size,
-        optim.micro_batch_tokens if optim.packing else None,
+        optim.micro_batch_tokens if optim.packing else None, optim.shared_prefix,
     )  # fmt: skip

@@ -32,6 +32,7 @@ class _NoGradRows:
     micro: MicroBatchSize
     device: torch.device
     precision: Precision
+    shared_prefix: bool = False  # optim.shared_prefix: each prompt once (grpokit.model.shared_prefix)
 
     def run_micro(self, fn: Callable[[int], Any], lengths: torch.Tensor) -> Any:
         return self.micro.run(fn, lengths, on_oom=lambda: None)  # a forward: no partial gradient to drop
@@ -50,6 +51,7 @@ class ReferencePass:
     chunk_size: int  # optim.logprob_chunk_size
     micro_batch_size: int | str  # optim.micro_batch_size
     micro_batch_tokens: int | str | None  # optim.packing: its token budget; None: padded micro-batches
+    shared_prefix: bool = False  # optim.shared_prefix (padded micro-batches only), as the trainer's passes
 
     def logprobs(self, policy: torch.nn.Module, r: Rollout) -> torch.Tensor:
         """(N, Lc) the reference's log-probs of ``r``'s completions; ``policy``: this process's copy of the policy,
@@ -57,7 +59,7 @@ class ReferencePass:
         micro = MicroBatchSize(
             self.micro_batch_size, self.device, Distributed(), tokens=self.micro_batch_tokens
         )
-        rows = _NoGradRows(micro, self.device, self.precision)
+        rows = _NoGradRows(micro, self.device, self.precision, self.shared_prefix and self.micro_batch_tokens is None)
         if self.model is None:  # LoRA: the base model, the adapter disabled
             model, adapter_off = policy, policy.disable_adapter()
         else:

@@ -83,7 +83,7 @@ class Teacher:
         optim = cfg.optim
         log_pass = ReferencePass(
             model, precision, device, cfg.rollout.temperature, optim.logprob_chunk_size, optim.micro_batch_size,
-            optim.micro_batch_tokens if optim.packing else None,
+            optim.micro_batch_tokens if optim.packing else None, optim.shared_prefix,
         )  # fmt: skip
         return cls(model, log_pass, path)
 
