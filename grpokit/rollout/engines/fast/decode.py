@@ -189,10 +189,11 @@ class StaticCacheEngine:
 
     # -- model ---------------------------------------------------------------------------------------
     def _attention(
-        self, attn, x: Tensor, cos: Tensor, sin: Tensor, i: int, mask: Tensor, repeat: int
+        self, attn, x: Tensor, cos: Tensor, sin: Tensor, i: int, mask: Tensor, repeat: int, width: int | None = None
     ) -> Tensor:
         """Self-attention of layer i. x: (B, T, H). repeat > 0: prefill (T = Lp; K/V written to slots
-        [0, Lp) of each prompt's ``repeat`` rows); repeat == 0: decode (T = 1, written at ``self.slot``)."""
+        [0, Lp) of each prompt's ``repeat`` rows); repeat == 0: decode (T = 1, written at ``self.slot``), over the
+        first ``width`` slots (eager steps: the written ones; None: all, the fixed shapes a CUDA graph needs)."""
         B, T, _ = x.shape
         d, h, kvh = self.head_dim, self.heads, self.kv_heads
         q, k, v = project_qkv(attn, x, cos, sin, (h, kvh, d))  # (B, h, T, d), (B, kvh, T, d) x 2
@@ -208,6 +209,8 @@ class StaticCacheEngine:
             keys, values = self.keys[i][:B], self.values[i][:B]  # views with fixed addresses
             keys.index_copy_(2, self.slot, k)
             values.index_copy_(2, self.slot, v)
+            if width is not None:  # the slots past it are unwritten and masked: no work spent on them
+                keys, values = keys[:, :, :width], values[:, :, :width]
             grouped = q.reshape(B, kvh, h // kvh, d)  # query heads sharing a KV head: (B, kvh, h/kvh, d)
             out = torch.nn.functional.scaled_dot_product_attention(
                 grouped, keys, values, attn_mask=mask, scale=scale
@@ -215,12 +218,14 @@ class StaticCacheEngine:
             out = out.reshape(B, 1, h * d)
         return attn.o_proj(out)
 
-    def _layers(self, hidden: Tensor, mask: Tensor, position_ids: Tensor, repeat: int = 0) -> Tensor:
+    def _layers(
+        self, hidden: Tensor, mask: Tensor, position_ids: Tensor, repeat: int = 0, width: int | None = None
+    ) -> Tensor:
         """hidden (B, T, H) -> final-normed hidden (B, T, H) through every decoder layer."""
         cos, sin = self.inner.rotary_emb(hidden, position_ids)  # (B, T, d) each
         for i, layer in enumerate(self.inner.layers):
             hidden = hidden + self._attention(
-                layer.self_attn, layer.input_layernorm(hidden), cos, sin, i, mask, repeat
+                layer.self_attn, layer.input_layernorm(hidden), cos, sin, i, mask, repeat, width
             )
             hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
         return self.inner.norm(hidden)
@@ -260,13 +265,14 @@ class StaticCacheEngine:
         self._next_slot = Lp  # host copy of self.slot (no device sync to read it)
         return logits.repeat_interleave(G, dim=0)  # (N, V)
 
-    def _decode(self, b: int) -> Tensor:
-        """One decode step on buffer rows [:b]: reads tokens/positions/mask/slot, writes K/V, advances."""
+    def _decode(self, b: int, width: int | None = None) -> Tensor:
+        """One decode step on buffer rows [:b]: reads tokens/positions/mask/slot, writes K/V, advances. ``width``:
+        attend over the first ``width`` slots only (eager steps; None: every slot, as a CUDA graph records it)."""
         mask = self.mask[:b]
         mask.index_fill_(-1, self.slot, 0.0)  # the slot being written becomes visible
         positions = self.positions[:b]
         hidden = self.inner.embed_tokens(self.tokens[:b])  # (b, 1, H)
-        hidden = self._layers(hidden, mask, positions)
+        hidden = self._layers(hidden, mask if width is None else mask[..., :width], positions, width=width)
         logits = self.lm_head(hidden)[:, -1].float()  # (b, V)
         positions.add_(1)
         self.slot.add_(1)
@@ -325,13 +331,13 @@ class StaticCacheEngine:
             graph.replay()
             return logits[:B]
         with self._attention_kernels():
-            return self._decode(b)[:B]
+            return self._decode(b, width=self._next_slot)[:B]  # slots [0, _next_slot) are written
 
     def keep(self, index: Tensor) -> None:
         """Move rows ``index`` (B',) to the front of every buffer; later rows become scratch."""
-        n = index.shape[0]
+        n, written = index.shape[0], self._next_slot  # the slots past the written ones hold nothing to keep
         for buf in (*self.keys, *self.values):
-            buf[:n] = buf[index]
+            buf[:n, :, :written] = buf[index, :, :written]
         self.mask[:n] = self.mask[index]
         self.positions[:n] = self.positions[index]
 
