@@ -56,6 +56,8 @@ def _distinct_prompts(prompt_ids: Tensor, prompt_mask: Tensor) -> tuple[Tensor, 
 
 
 def _states(decoder, prompt_ids, prompt_mask, completion_ids, completion_mask, *, always: bool = False):
+    """prefix_states' numbers through the model's forward and its KV cache (module docstring); None when no prompt
+    repeats (unless ``always``: the check's own call)."""
     ids, mask, row_of = _distinct_prompts(prompt_ids, prompt_mask)  # (P, Lp) x 2, (N,)
     if ids.shape[0] == prompt_ids.shape[0] and not always:  # no prompt repeated: the padded forward costs no more
         return None
