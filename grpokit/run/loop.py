@@ -93,9 +93,10 @@ def run_training(trainer: Trainer) -> dict[str, Any]:
             # alone, before this leg's clock starts: reward workers warming up are no step's)
             budget_reached = cpu_budget_reached(cfg.train.max_cpu_seconds, run.clock, dist)
             run.clock.start()  # the training steps' seconds, continuing a resumed run's (grpokit.core.clock)
+            agreed = None  # under torchrun: the signal every rank agreed to stop for after the last step
             while (
                 trainer.step < cfg.train.steps
-                and not stop.signal_name
+                and not stopping_for(stop, agreed, dist)
                 and not trainer.stopped_early
                 and not budget_reached
             ):
@@ -108,8 +109,11 @@ def run_training(trainer: Trainer) -> dict[str, Any]:
                 run.step_logged()  # --overwrite: the run replaced goes once this one has a step
                 trainer.log_history.append({"step": trainer.step, **metrics})
                 run_callbacks(trainer, metrics)  # one that raises: checkpoint, CallbackError
-                stop.signal_name = dist.agree(stop.signal_name)  # every rank stops at the same step
-                if stop.signal_name:
+                # every rank stops at the same step. The flag is not overwritten by the answer: a signal caught while
+                # this collective ran (after this rank gave None) is agreed on after the next step, not lost
+                agreed = dist.agree(stop.signal_name)
+                if agreed:
+                    stop.signal_name = agreed
                     break  # the safe point: this step is done and logged
                 every = cfg.eval.every
                 if (
@@ -122,7 +126,7 @@ def run_training(trainer: Trainer) -> dict[str, Any]:
                 if cfg.train.save_every and trainer.step % cfg.train.save_every == 0:
                     fire(trainer.callbacks, "on_save", trainer, trainer.save())
                 budget_reached = cpu_budget_reached(cfg.train.max_cpu_seconds, run.clock, dist)
-            if stop.signal_name:
+            if stopping_for(stop, agreed, dist):
                 checkpoint = trainer.save() if trainer.step > 0 else None
                 return {
                     "stopped_by": stop.signal_name,
@@ -210,3 +214,9 @@ def run_callbacks(trainer: Trainer, metrics: dict[str, float]) -> None:
                 f"callback {name} stopped the run at step {trainer.step}: {type(e).__name__}: {e} "
                 f"(checkpoint of step {trainer.step}: {trainer.save()})."
             ) from e
+
+
+def stopping_for(stop: StopOnSignals, agreed: str | None, dist: Distributed) -> str | None:
+    """The signal the run stops for now: alone, the one this process caught; under torchrun, only one every rank
+    agreed on at a step's end (``agreed``), as one rank stopping alone would leave the others in a collective."""
+    return agreed if dist.active else stop.signal_name
