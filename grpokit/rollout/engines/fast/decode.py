@@ -48,10 +48,8 @@ def static_cache_support(model: torch.nn.Module) -> str | None:
     """None when :class:`StaticCacheEngine` can run ``model``, else the reason it cannot (the Llama family's layout,
     grpokit.model.llama_layers, and an lm_head)."""
     base = base_model(model)
-    inner = getattr(base, "model", None)
-    if inner is None:
-        return f"model_type {getattr(getattr(base, 'config', None), 'model_type', None)!r} has no model.model"
-    reason = llama_family_support(inner)
+    # no model.model (GPT-2's is .transformer): the base, whose model_type then says why
+    reason = llama_family_support(getattr(base, "model", base))
     if reason is None and not hasattr(base, "lm_head"):
         return "the model has no lm_head"
     return reason
