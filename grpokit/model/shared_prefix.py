@@ -22,6 +22,7 @@ training forward that shares a prefix (its prefix sharing is for generation).
 
 from __future__ import annotations
 
+import functools
 import inspect
 import weakref
 
@@ -128,7 +129,13 @@ def _layer(layer, h_p, h_c, rope_p, rope_c, masks, row_of, shape):
 
 def _cache_keyword(decoder) -> str:
     """The forward's name for a KV cache: ``cache`` (transformers >= 5.2x) or ``past_key_values`` (before)."""
-    return "cache" if "cache" in inspect.signature(type(decoder).forward).parameters else "past_key_values"
+    return _cache_keyword_of(type(decoder))
+
+
+@functools.cache
+def _cache_keyword_of(cls: type) -> str:
+    """_cache_keyword per decoder class: the signature read once, not at every forward."""
+    return "cache" if "cache" in inspect.signature(cls.forward).parameters else "past_key_values"
 
 
 def _checkpointing(decoder) -> bool:

@@ -350,9 +350,9 @@ class PolicyUpdate:
     ) -> tuple[UpdateStats, bool]:
         """Accumulate the gradient of mini-batch ``mb`` (M,) over micro-batches of ``rows`` rows (packed: of at
         most ``rows`` tokens), sorted by length: of its rows ``run`` (default all; PolicyUpdate.idle_rows leaves
-        out those whose gradient is 0), the loss normalised over the whole of ``mb``. Returns its UpdateStats (loss metrics; sampler-vs-trainer
-        log-prob differences and entropy on the first mini-batch) and whether every loss was finite (a NaN/inf
-        loss stops the accumulation).
+        out those whose gradient is 0), the loss normalised over the whole of ``mb``. Returns its UpdateStats
+        (loss metrics; sampler-vs-trainer log-prob differences and entropy on the first mini-batch) and whether
+        every loss was finite (a NaN/inf loss stops the accumulation).
         Nothing outside changes but the parameters' .grad, and ``record`` (a rollout_record.TokenRecorder, at
         the steps whose rollouts are saved), which gets each micro-batch's per-token numbers as the loss saw them."""
         algo, learner, dist = self.algo, self.learner, self.dist
