@@ -1,5 +1,3 @@
-import sys
+from grpokit.cli.main import program
 
-from grpokit.cli.main import main
-
-sys.exit(main())
+program()

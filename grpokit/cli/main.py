@@ -668,5 +668,14 @@ def _main(argv: list[str] | None = None) -> int:
         return 1
 
 
+def program() -> None:
+    """The ``grpokit`` command (console script, ``python -m grpokit``): main() on sys.argv, and the process
+    ends with its code (grpokit.cli.rank.exit_program: a torchrun rank leaves without the interpreter's
+    teardown)."""
+    from grpokit.cli.rank import exit_program
+
+    exit_program(main())
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    program()

@@ -6,13 +6,18 @@ torch's agent starts each rank in a session of its own, so a launcher killed wit
 kernel for SIGKILL when its parent dies (PR_SET_PDEATHSIG, Linux), and ends at once if the launcher
 (``GRPOKIT_LAUNCHER_PID``) is already gone; its reward workers and sandboxes die with it
 (grpokit.rewards._keeper). SIGTERM and Ctrl-C to the launcher are unchanged: the agent passes them on and
-every rank saves a checkpoint."""
+every rank saves a checkpoint.
+
+``exit_program``: how every ``grpokit`` process ends (the console script, ``python -m grpokit``, a rank). A rank
+of a process group leaves without the interpreter's teardown."""
 
 from __future__ import annotations
 
+import atexit
 import os
 import signal
 import sys
+from typing import NoReturn
 
 from grpokit.cli.launch import LAUNCHER_PID
 
@@ -29,8 +34,34 @@ def die_with_launcher() -> None:
         os._exit(128 + signal.SIGKILL)
 
 
+def exit_program(code: int) -> NoReturn:
+    """End the process with ``code``: ``sys.exit(code)``, unless it joined a torch.distributed process group.
+    Then, when the command succeeded, the ranks first meet in a barrier (none tears down while another is still
+    writing), the exit handlers run (grpokit.train.distributed's destroys the group; TensorBoard, wandb and
+    logging flush), and the process leaves with ``os._exit``: the interpreter's teardown is skipped.
+
+    Why: gloo's and the TCPStore's C++ threads outlive the group in objects freed during that teardown (FSDP's
+    device mesh holds the group), and a C++ thread that takes the GIL then aborts the process ("terminate called
+    without an active exception", exit -6) after a finished run: once in CI, on a two-rank FSDP SFT run that had
+    saved its checkpoint. PyTorch's own attempt to fix it at exit was abandoned (pytorch/pytorch#179291)."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is None or not dist.is_available() or not dist.is_initialized():
+        sys.exit(code)
+    if code == 0:
+        try:
+            dist.barrier()
+        except Exception as e:  # a rank that failed has left: its own code says so, this one's stays 0
+            print(f"grpokit: rank {dist.get_rank()}: the ranks' last barrier failed ({e})", file=sys.stderr)
+    try:
+        atexit._run_exitfuncs()  # noqa: SLF001 (what sys.exit would run; public since Python 2, only named _)
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
 if __name__ == "__main__":
     die_with_launcher()
     from grpokit.cli.main import main
 
-    sys.exit(main(sys.argv[1:]))
+    exit_program(main(sys.argv[1:]))
