@@ -670,9 +670,9 @@ def _main(argv: list[str] | None = None) -> int:
 
 def program() -> None:
     """The ``grpokit`` command (console script, ``python -m grpokit``): main() on sys.argv, and the process
-    ends with its code (grpokit.cli.rank.exit_program: a torchrun rank leaves without the interpreter's
+    ends with its code (grpokit.cli.exit.exit_program: a torchrun rank leaves without the interpreter's
     teardown)."""
-    from grpokit.cli.rank import exit_program
+    from grpokit.cli.exit import exit_program
 
     exit_program(main())
 

@@ -1,4 +1,4 @@
-"""How a grpokit process ends (grpokit.cli.rank.exit_program). A rank of a process group used to reach the
+"""How a grpokit process ends (grpokit.cli.exit.exit_program). A rank of a process group used to reach the
 interpreter's teardown with C++ threads still alive; one that took the GIL then aborted the process ("terminate
 called without an active exception", exit -6) after a finished run. Here a torch thread that never ends stands
 for them: with ``sys.exit`` the same script aborts at teardown (checked below, so the case is a real one)."""
@@ -18,7 +18,7 @@ SCRIPT = """
 import atexit, sys, threading, time
 import torch
 import torch.distributed as dist
-from grpokit.cli.rank import exit_program
+from grpokit.cli.exit import exit_program
 
 mode, code, marker = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 if mode != "no-group":
@@ -69,7 +69,7 @@ def test_a_rank_that_succeeded_leaves_with_0_after_the_exit_handlers_and_no_abor
 
 def test_a_failed_rank_and_a_process_without_a_group_end_with_sys_exit():
     """A failure's code goes through sys.exit as before (no barrier: other ranks may be stuck elsewhere)."""
-    from grpokit.cli.rank import exit_program
+    from grpokit.cli.exit import exit_program
 
     for code in (0, 4):
         with pytest.raises(SystemExit) as e:
