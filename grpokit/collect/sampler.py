@@ -309,7 +309,7 @@ class Sampler:
         G = rollout.completion_ids.shape[0] // len(rows)
         per_completion_rows = [row for row in rows for _ in range(G)]
         completion_ids = rollout.completion_token_ids()  # (N,) lists, EOS included, no padding
-        texts = rollout.decode(self.tokenizer)  # (N,) what the reward functions read
+        texts = rollout.decode(self.tokenizer, completion_ids)  # (N,) what the reward functions read
         columns = reward_columns(per_completion_rows, self.cfg.data.prompt_column)
         columns["completion_ids"] = completion_ids
         columns["trainer_state"] = self._trainer_state(step, log_history)

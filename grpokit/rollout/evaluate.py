@@ -182,8 +182,8 @@ def evaluate(
             out = generator.generate(model, [encoded[i] for i in chunk], params)
             expanded = [rows[i] for i in chunk for _ in range(group_size)]
             columns = reward_columns(expanded, data_cfg.prompt_column)
-            texts = out.decode(tokenizer)
             columns["completion_ids"] = out.completion_token_ids()
+            texts = out.decode(tokenizer, columns["completion_ids"])
             columns["trainer_state"] = TrainerState()
             prompts_here = [r[data_cfg.prompt_column] for r in expanded]
             completions = as_completions(prompts_here, texts)  # messages for chat prompts, as in training

@@ -29,9 +29,10 @@ time, spread over the workers, and each completion has its own budget, `completi
 completion that runs past it scores 0, is counted in `reward/<name>/timeouts`, and its worker is
 killed and replaced; the other completions keep their values, and `timeout_s` never cuts them
 (such a function takes at most ceil(n / workers) x completion_timeout_s). One also marked
-`chunked = True` (math_accuracy) accepts several completions per call: it is called on chunks of
-up to 32 (one pipe round trip each, not one per completion), and a chunk must finish within one
-completion's budget; a chunk that does not, or whose worker dies, is killed and its completions
+`chunked = True` (math_accuracy) accepts several completions per call: it is called on chunks
+(one pipe round trip each, not one per completion; ``chunk_size``: up to 32 at first, then as many as
+its last call's seconds per completion fit in 50 ms, up to one chunk per worker), and a chunk must
+finish within one completion's budget; a chunk that does not, or whose worker dies, is killed and its completions
 are run again one at a time, each with its own budget, so a hang still costs only its own
 completion (and at most one extra budget of time). Any other function is
 called once on the whole batch (so functions that compare the completions of a batch keep their
@@ -105,6 +106,23 @@ __all__ = ["RewardResult", "RewardRunner", "TrainerState"]
 log = logging.getLogger("grpokit.rewards")
 
 
+CHUNK_TARGET_S = 0.05
+"""A chunk of a chunked function takes about this long once its speed is known: its pipe round trip (~0.5 ms) is
+then ~1% of it, and a chunk that falls back to one completion at a time re-runs little."""
+
+
+def chunk_size(n: int, workers: int, item_seconds: float | None = None) -> int:
+    """Completions per call of a ``per_completion`` function over ``n`` on ``workers``: ceil(n / (4 workers)),
+    at most 32 (four chunks a worker balance uneven completions; a chunk that falls back re-runs few). With
+    ``item_seconds``, its last call's slowest seconds per completion (chunked functions), as many as fill
+    CHUNK_TARGET_S, between that and ceil(n / workers) (one round trip per worker). E.g. n = 128, 2 workers:
+    16; math_accuracy at 20 us per completion: 64; a function at 10 ms per completion: 16."""
+    base = max(1, min(32, math.ceil(n / (4 * workers))))
+    if not item_seconds or item_seconds <= 0:
+        return base
+    return max(base, min(math.ceil(n / workers), int(CHUNK_TARGET_S / item_seconds)))
+
+
 class RewardRunner:
     """Score completions with named, weighted reward functions (TRL's calling convention).
 
@@ -146,6 +164,8 @@ class RewardRunner:
         self.workers = max(1, workers or min(4, os.cpu_count() or 1))
         self.isolation = isolation if hasattr(os, "fork") else "thread"
         self._pool = WorkerPool("reward")  # the worker processes; killed by close() or when collected
+        # chunked function -> its last call's seconds per completion (chunk_size)
+        self._item_seconds: dict[int, float] = {}
 
     def start(self) -> None:
         """Start the worker processes now, each running its functions' warm_up hooks (math_accuracy:
@@ -292,14 +312,17 @@ class RewardRunner:
             if _in_process(fn):
                 continue  # run by _run_in_process
             if getattr(fn, "per_completion", False):
-                size = max(1, min(32, math.ceil(n / (4 * self.workers))))
-                mode = "chunk" if getattr(fn, "chunked", False) and size > 1 else "items"
+                chunked = getattr(fn, "chunked", False)
+                size = chunk_size(n, self.workers, self._item_seconds.get(k) if chunked else None)
+                mode = "chunk" if chunked and size > 1 else "items"
                 tasks.extend(_Task(k, mode, list(range(a, min(n, a + size)))) for a in range(0, n, size))
             else:
                 tasks.append(_Task(k, "batch", list(range(n))))
         row_keys = frozenset(k for k, v in columns.items() if _per_row(v, n))
         first: dict[int, float] = {}
         last: dict[int, float] = {}
+        item_seconds: dict[int, float] = {}  # chunked function -> this call's slowest seconds per completion
+        fell_back: set[int] = set()  # chunked functions with a chunk run again one completion at a time
         busy: dict[int, _Worker] = {}  # reply fd -> worker
         poller = select.poll()
 
@@ -403,6 +426,7 @@ class RewardRunner:
                     name = self.functions[task.fn_index][0]
                     if replies is None:
                         if task.mode == "chunk":  # one at a time in a new worker: the culprit alone fails
+                            fell_back.add(task.fn_index)
                             retire(fd, w)
                             tasks.appendleft(_Task(task.fn_index, "items", task.rows))
                         elif task.mode == "items":  # that completion fails; the others go on in a new worker
@@ -426,6 +450,9 @@ class RewardRunner:
                             continue
                         row_values, row_errors, logged = reply
                         rows = [task.rows[task.done]] if task.mode == "items" else task.rows
+                        if task.mode == "chunk":  # the slowest chunk's seconds per completion sizes the next
+                            per_item = (time.monotonic() - w.item_started) / len(rows)
+                            item_seconds[task.fn_index] = max(item_seconds.get(task.fn_index, 0.0), per_item)
                         for i, v, e in zip(rows, row_values, row_errors):
                             values[name][i] = v
                             if e is not None:
@@ -455,6 +482,7 @@ class RewardRunner:
                                 )
                         continue
                     if task.mode == "chunk" and now >= w.item_started + self.completion_timeout_s:
+                        fell_back.add(task.fn_index)
                         retire(fd, w)  # past one completion's budget: each alone now, with its own budget
                         tasks.appendleft(_Task(task.fn_index, "items", task.rows))
                         continue
@@ -492,6 +520,11 @@ class RewardRunner:
         for k, (name, fn, _) in enumerate(self.functions):
             if not _in_process(fn):
                 out.seconds[name] = (last.get(k, end) - first[k]) if k in first else 0.0
+        for k in range(len(self.functions)):  # a function whose chunk fell back starts small again next call
+            if k in item_seconds and k not in fell_back:
+                self._item_seconds[k] = item_seconds[k]
+            else:
+                self._item_seconds.pop(k, None)
 
     # --- threads --------------------------------------------------------------------------------
     def _run_threads(self, prompts, completions, columns, out: _Outcome) -> None:

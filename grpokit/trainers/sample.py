@@ -309,10 +309,11 @@ def _sample_all(cfg, model, tokenizer, rows, encoded, runner, out: Path, log, cl
             rollout = generator.generate(model, [encoded[i] for i in chunk], params)
             expanded = [rows[i] for i in chunk for _ in range(s.n)]  # (P * n,), prompt-major
             prompts = [row[cfg.data.prompt_column] for row in expanded]
-            texts = rollout.decode(tokenizer)
+            completion_ids = rollout.completion_token_ids()
+            texts = rollout.decode(tokenizer, completion_ids)
             completions = as_completions(prompts, texts)
             columns = reward_columns(expanded, cfg.data.prompt_column)
-            columns["completion_ids"] = rollout.completion_token_ids()
+            columns["completion_ids"] = completion_ids
             columns["trainer_state"] = TrainerState()
             result = runner(prompts, completions, columns)
             problem = result.failure(cfg.output.max_reward_failure_frac, prompts, completions)

@@ -156,12 +156,17 @@ class Rollout:
         return Rollout(**{f.name: _rows(getattr(self, f.name), index) for f in fields(self)})
 
     def completion_token_ids(self) -> list[list[int]]:
-        """(N,) generated token ids of each row, EOS included, padding removed."""
-        return [ids[mask.bool()].tolist() for ids, mask in zip(self.completion_ids, self.completion_mask)]
+        """(N,) generated token ids of each row, EOS included, padding removed. One copy to Python lists for the
+        batch (a per-row tensor mask and copy cost ~1 ms a step on a GRPO batch of 128 rows)."""
+        ids, mask = self.completion_ids.tolist(), self.completion_mask.bool().tolist()
+        return [[t for t, m in zip(row, keep) if m] for row, keep in zip(ids, mask)]
 
-    def decode(self, tokenizer) -> list[str]:
-        """(N,) completion texts (special tokens such as EOS skipped)."""
-        return [tokenizer.decode(ids, skip_special_tokens=True) for ids in self.completion_token_ids()]
+    def decode(self, tokenizer, token_ids: list[list[int]] | None = None) -> list[str]:
+        """(N,) completion texts (special tokens such as EOS skipped), in one batch_decode call (a fast
+        tokenizer decodes the rows in Rust, not one Python call each); token_ids: completion_token_ids()'s, when
+        the caller has them already."""
+        ids = self.completion_token_ids() if token_ids is None else token_ids
+        return list(tokenizer.batch_decode(ids, skip_special_tokens=True)) if ids else []
 
 
 def _rows(t: Tensor | None, index: Tensor) -> Tensor | None:

@@ -115,3 +115,32 @@ def test_the_paths_from_before_the_folder_keep_their_public_names_and_name_the_n
     assert engines.make_generator is make_generator
     with pytest.raises(AttributeError, match=r"'_validate': its code moved to grpokit.rollout.engines"):
         getattr(importlib.import_module("grpokit.rollout.generation"), "_validate")  # noqa: B009
+
+
+def test_completion_ids_and_texts_of_a_batch_equal_the_row_by_row_ones():
+    """Rollout.completion_token_ids copies the batch to lists once and decode is one batch_decode call: the same
+    ids and texts as one row at a time (the per-row tensor mask and tokenizer.decode they replaced), on a mask with
+    holes (a multi-turn rollout's tool tokens) and EOS (skipped in the text), and on an empty batch."""
+    from tiny_model import make_tiny_tokenizer
+
+    from grpokit.rollout.engines.base import Rollout
+
+    tokenizer = make_tiny_tokenizer()
+    g = torch.Generator().manual_seed(0)
+    N, Lc = 12, 9
+    ids = torch.randint(4, 64, (N, Lc), generator=g)
+    ids[:, 3] = tokenizer.eos_token_id  # a special token inside the rows: decode skips it
+    mask = (torch.rand(N, Lc, generator=g) < 0.7).long()  # holes anywhere, some rows empty
+    mask[0] = 0
+    rollout = Rollout(
+        prompt_ids=torch.zeros(N, 2, dtype=torch.long), prompt_mask=torch.ones(N, 2, dtype=torch.long),
+        completion_ids=ids, completion_mask=mask, logprobs=torch.zeros(N, Lc), truncated=torch.zeros(N, dtype=torch.bool),
+    )  # fmt: skip
+    by_row = [row[keep.bool()].tolist() for row, keep in zip(ids, mask)]
+    assert rollout.completion_token_ids() == by_row and by_row[0] == []
+    assert any((m[1:] > m[:-1]).any() for m in mask)  # a hole before a kept token: not a prefix
+    texts = [tokenizer.decode(r, skip_special_tokens=True) for r in by_row]
+    assert rollout.decode(tokenizer) == texts == rollout.decode(tokenizer, by_row)
+    assert any(texts) and all(isinstance(t, str) for t in texts)
+    empty = rollout.select(torch.tensor([], dtype=torch.long))
+    assert empty.completion_token_ids() == [] and empty.decode(tokenizer) == []

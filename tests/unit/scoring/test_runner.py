@@ -24,6 +24,7 @@ from grpokit.rewards import (
     resolve_reward,
 )
 from grpokit.rewards.length import length_penalty, overlong_penalty
+from grpokit.scoring.runner import chunk_size
 
 USER_FILE = FIXTURES / "rewards" / "user_reward.py"
 
@@ -324,6 +325,47 @@ def test_chunked_functions_get_several_completions_per_call(tmp_path):
     assert res.per_function["r"] == [1.0] * 24
     sizes = sorted(int(p.name.rsplit("-", 1)[1]) for p in tmp_path.iterdir())
     assert sizes == [3] * 8  # ceil(24 / (4 x 2)) = 3 per call
+
+
+def test_chunk_size_by_hand():
+    assert chunk_size(24, 2) == 3  # ceil(24 / 8)
+    assert chunk_size(128, 2) == 16 and chunk_size(1000, 2) == 32  # 32 at most before the speed is known
+    assert chunk_size(128, 2, 20e-6) == 64  # 2,500 fit in 50 ms: one chunk per worker
+    assert chunk_size(128, 2, 1e-3) == 50  # 50 ms / 1 ms
+    assert chunk_size(128, 2, 10e-3) == 16  # 5 fit: never below the first size
+    assert chunk_size(3, 2, 1e-6) == 2 and chunk_size(1, 4, 1e-6) == 1
+
+
+def test_a_fast_chunked_function_gets_one_chunk_per_worker_from_its_second_call(tmp_path):
+    """The first call's chunks measure the function's seconds per completion; the next call sends as many as fill
+    50 ms (here all of them: ceil(24 / 2) = 12 per worker). A call whose chunk falls back (a death) starts small
+    again."""
+    first, second, third, fourth = (tmp_path / name for name in ("first", "second", "third", "fourth"))
+    for folder in (first, second, third, fourth):
+        folder.mkdir()
+    sizes = lambda folder: sorted(int(p.name.rsplit("-", 1)[1]) for p in folder.iterdir())  # noqa: E731
+    calls = {"folder": first}
+
+    def fn(prompts, completions, **kw):
+        (calls["folder"] / f"{os.getpid()}-{time.monotonic_ns()}-{len(completions)}").touch()
+        if "die" in completions:
+            os._exit(3)
+        return [1.0] * len(completions)
+
+    fn.per_completion = fn.chunked = True
+    with RewardRunner([("r", fn, 1.0)], workers=2) as runner:
+        for folder, completions in ((first, ["ok"] * 24), (second, ["ok"] * 24), (third, ["ok"] * 23 + ["die"])):
+            runner.close()  # a fresh fork sees the folder named now (the workers are forks of this process)
+            calls["folder"] = folder
+            res = runner(None, completions, {})
+            assert res.per_function["r"][:23] == [1.0] * 23
+        calls["folder"] = fourth
+        runner.close()
+        runner(None, ["ok"] * 24, {})
+    assert sizes(first) == [3] * 8
+    assert sizes(second) == [12, 12]
+    assert sizes(third)[-2:] == [12, 12] and sizes(third).count(1) == 12  # the dead chunk's 12, one at a time
+    assert sizes(fourth) == [3] * 8  # after a fallback: small again
 
 
 @pytest.mark.slow
