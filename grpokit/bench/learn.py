@@ -76,7 +76,7 @@ CODE_DIFFERENCES = [
     ),
     (
         "reward calls",
-        "forked workers (killable), math_accuracy in chunks of up to 32, 10 s per completion (the runner's budget)",
+        "forked workers (killable), math_accuracy in chunks sized by its speed (one per worker once it is known), 10 s per completion (the runner's budget)",
         "in the trainer's process, the whole batch in one call, no time limit",
     ),
     ("evaluation (both)", "greedy_accuracy: HF generate, greedy, batch of 100", "the same function"),
