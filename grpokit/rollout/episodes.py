@@ -49,6 +49,7 @@ from grpokit.core.user_code import describe, load_module
 from grpokit.data.prompts import reward_columns
 from grpokit.rewards.process import is_process_reward, reads_step_rewards
 from grpokit.rollout.batch import ScoredBatch
+from grpokit.rollout.engines.base import kept_ids
 from grpokit.rollout.envs import (
     Environment,
     EnvironmentWithTools,
@@ -505,10 +506,8 @@ class EpisodeSampler:
                 "a step's completions a function may fail on and still count 0 there."
             )
         r = batch.rollout
-        texts = [  # what logs and sample files show: the whole transcript after the prompt, markers included
-            tokenizer.decode(ids[mask.bool()].tolist(), skip_special_tokens=False)
-            for ids, mask in zip(r.completion_ids.cpu(), r.attention_mask.cpu())
-        ]
+        # what logs and sample files show: the whole transcript after the prompt, markers included
+        texts = tokenizer.batch_decode(kept_ids(r.completion_ids, r.attention_mask), skip_special_tokens=False)
         step_rewards = None
         if reads_step_rewards(self.algo.advantage.estimator):
             outcome = result.total if any(w != 0 for _, _, w in self.reward_functions) else None

@@ -156,10 +156,8 @@ class Rollout:
         return Rollout(**{f.name: _rows(getattr(self, f.name), index) for f in fields(self)})
 
     def completion_token_ids(self) -> list[list[int]]:
-        """(N,) generated token ids of each row, EOS included, padding removed. One copy to Python lists for the
-        batch (a per-row tensor mask and copy cost ~1 ms a step on a GRPO batch of 128 rows)."""
-        ids, mask = self.completion_ids.tolist(), self.completion_mask.bool().tolist()
-        return [[t for t, m in zip(row, keep) if m] for row, keep in zip(ids, mask)]
+        """(N,) generated token ids of each row, EOS included, padding removed (``kept_ids``)."""
+        return kept_ids(self.completion_ids, self.completion_mask)
 
     def decode(self, tokenizer, token_ids: list[list[int]] | None = None) -> list[str]:
         """(N,) completion texts (special tokens such as EOS skipped), in one batch_decode call (a fast
@@ -167,6 +165,13 @@ class Rollout:
         the caller has them already."""
         ids = self.completion_token_ids() if token_ids is None else token_ids
         return list(tokenizer.batch_decode(ids, skip_special_tokens=True)) if ids else []
+
+
+def kept_ids(ids: Tensor, mask: Tensor) -> list[list[int]]:
+    """(N,) each row of ``ids`` (N, L) where ``mask`` (N, L) is non-zero, as Python lists. One copy to lists for the
+    batch (a per-row tensor mask and copy cost ~1 ms a step on a GRPO batch of 128 rows)."""
+    rows, keep = ids.tolist(), mask.bool().tolist()
+    return [[t for t, m in zip(row, k) if m] for row, k in zip(rows, keep)]
 
 
 def _rows(t: Tensor | None, index: Tensor) -> Tensor | None:
