@@ -1,5 +1,7 @@
 """Rollout engines: FastGenerator against plain HF generate, log-probs against a full forward pass."""
 
+import math
+
 import pytest
 import torch
 from sampling_oracle import processed_logprobs
@@ -179,6 +181,27 @@ def test_filter_logits_matches_hf_warpers():
         if p < 1:
             want = TopPLogitsWarper(p)(None, want)
         assert torch.equal(torch.isinf(filter_logits(scores, k, p)), torch.isinf(want)), (k, p)
+
+
+@pytest.mark.parametrize("gen", [FastGenerator(), HFGenerator()], ids=["fast", "hf"])
+def test_whole_completions_follow_the_policys_sequence_probabilities(gen):
+    """Not only the first token: each two-token completion is drawn as often as the model gives it
+    (p(a) * p(b | prompt, a), the second token from the group's shared prompt cache), within 4 sigma."""
+    model, _ = make_tiny_model()
+    G, T = 4000, 0.5
+    r = gen.generate(model, PROMPTS[:2], group_size=G, max_new_tokens=2, eos_token_ids=[1], pad_token_id=PAD,
+                     seed=0, temperature=T)  # fmt: skip
+    sequence_logp = (processed_logprobs(model, r, temperature=T) * r.completion_mask.double()).sum(-1)  # (N,)
+    checked = 0
+    for i in range(2):
+        rows = range(i * G, (i + 1) * G)
+        drawn = [tuple(r.completion_ids[k].tolist()) for k in rows]
+        exact = {drawn[k - i * G]: float(sequence_logp[k].exp()) for k in rows}
+        for seq, p in sorted(exact.items(), key=lambda kv: -kv[1])[:4]:
+            freq = drawn.count(seq) / G
+            assert abs(freq - p) < 4 * math.sqrt(p * (1 - p) / G) + 1e-3, (i, seq, freq, p)
+            checked += seq[1] != PAD  # a second token that was drawn, not padding after an EOS
+    assert checked >= 6
 
 
 def test_gumbel_sampling_follows_the_distribution():
