@@ -32,7 +32,7 @@ from grpokit.core.errors import ConfigError
 
 SFT_FORMATS = ("auto", "messages", "prompt_completion", "text")
 """data.format: the row formats grpokit.data.sft reads (TRL's SFT conventions)."""
-LOSS_ON = ("auto", "completion", "all")
+LOSS_ON = ("auto", "completion", "all", "trl")
 """sft.loss_on: which tokens the loss trains on (grpokit.data.sft)."""
 
 
@@ -103,7 +103,8 @@ class SFTSettings:
     loss_on: str = setting(
         "auto",
         """auto (the completion of prompt/completion rows, every assistant turn of messages, all of text) |
-        completion (the same, refusing text rows) | all (every token but the first).""",
+        completion (the same, refusing text rows) | all (every token but the first) | trl (TRL's SFTTrainer
+        default: the completion of prompt/completion rows, every token of messages and text rows).""",
         choices=LOSS_ON,
     )
     packing: bool = setting(

@@ -334,29 +334,7 @@ def from_trl(args: Any) -> tuple[dict[str, Any], list[str]]:
         )
 
     # optimisation
-    out["optim"].update(
-        lr=float(v["learning_rate"]), weight_decay=float(v["weight_decay"]), adam_beta1=float(v["adam_beta1"]),
-        adam_beta2=float(v["adam_beta2"]), adam_epsilon=float(v["adam_epsilon"]),
-        max_grad_norm=float(v["max_grad_norm"] or 0.0),
-    )  # fmt: skip
-    schedule = {"linear": "linear", "cosine": "cosine", "constant": "constant", "constant_with_warmup": "constant"}
-    if v["lr_scheduler_type"] not in schedule:
-        raise ConfigError(f"TRL lr_scheduler_type={v['lr_scheduler_type']!r}: choose one of {sorted(schedule)}")
-    out["optim"]["schedule"] = schedule[v["lr_scheduler_type"]]
-    ratio = v.get("warmup_ratio") or (v["warmup_steps"] if 0 < v["warmup_steps"] < 1 else 0)
-    if ratio:  # transformers 5: a warmup_steps in (0, 1) is a ratio of the steps (older: warmup_ratio)
-        out["optim"]["warmup_ratio"] = float(ratio)
-    else:
-        out["optim"]["warmup_steps"] = _per("warmup_steps", int(v["warmup_steps"]), k)
-    if k > 1:
-        notes.append(f"the learning rate changes once per grpokit step, i.e. every {k} TRL optimizer steps")
-    if v["bf16"] is True:
-        out["optim"]["precision"] = "bf16_mixed"
-    elif v.get("bf16") is None:
-        notes.append(
-            "TRL's bf16=None means bf16 autocast over float32 weights on a GPU (optim.precision=bf16_mixed); "
-            "grpokit's optim.precision=auto uses bf16 weights with Kahan-compensated AdamW there (bf16_kahan)"
-        )
+    out["optim"].update(optimiser_values(v, notes, k))
 
     # length of the run, checkpoints, evaluation, logging
     max_steps = int(v["max_steps"])
@@ -377,13 +355,7 @@ def from_trl(args: Any) -> tuple[dict[str, Any], list[str]]:
         out["eval"]["every"] = _per("eval_steps", int(every), k)
     out["model"]["gradient_checkpointing"] = bool(v["gradient_checkpointing"])
     out["data"]["shuffle"] = bool(v["shuffle_dataset"])
-    report = v["report_to"]
-    report = [report] if isinstance(report, str) else list(report or ["none"])
-    report = ["tensorboard", "wandb", "mlflow"] if report == ["all"] else report
-    bad = [r for r in report if r not in ("tensorboard", "wandb", "mlflow", "none")]
-    if bad:
-        raise ConfigError(f"TRL report_to={bad}: grpokit reports to tensorboard, wandb, mlflow or none")
-    out["train"]["report_to"] = report
+    out["train"]["report_to"] = report_targets(v["report_to"])
     if v["log_completions"]:
         out["train"]["samples_every"] = max(1, _per("logging_steps", int(v["logging_steps"]), k))
     notes.append("logging_steps: grpokit logs every step")
@@ -396,26 +368,7 @@ def from_trl(args: Any) -> tuple[dict[str, Any], list[str]]:
     if v.get("max_prompt_length") is not None:
         out["data"]["max_prompt_tokens"] = int(v["max_prompt_length"])
         notes.append("max_prompt_length: longer prompts are refused with the row named, not truncated")
-    init = dict(v.get("model_init_kwargs") or {})
-    dtype = init.pop("dtype", init.pop("torch_dtype", None))
-    if dtype is not None:
-        out["model"]["dtype"] = str(dtype).replace("torch.", "")
-    if "attn_implementation" in init:
-        out["model"]["attn_implementation"] = init.pop("attn_implementation")
-    trust = init.pop("trust_remote_code", v.get("trust_remote_code", False))
-    out["model"]["trust_remote_code"] = bool(trust)
-    if init.pop("use_cache", None) is not None:  # open-r1 sets it from gradient_checkpointing
-        notes.append("model_init_kwargs use_cache: no effect (grpokit's training passes run without a KV cache and "
-                     "its rollout engine keeps its own)")  # fmt: skip
-    revision = init.pop("revision", None)
-    if revision not in (None, "main"):  # "main": the hub's default, what a model without a revision loads
-        raise ConfigError(
-            f"TRL model_init_kwargs revision={revision!r}: grpokit loads a model folder or a hub id at its default "
-            f"branch; download that revision (hf download REPO --revision {revision} --local-dir DIR) and give DIR "
-            "as the model"
-        )
-    if init:
-        raise ConfigError(f"TRL model_init_kwargs {sorted(init)} have no grpokit equivalent; remove them")
+    out["model"].update(model_init_values(v, notes))
     for key, dotted in SCRIPT_KEYS.items():
         if v.get(key) is not None:
             section, name = dotted.split(".")
@@ -435,6 +388,73 @@ def from_trl(args: Any) -> tuple[dict[str, Any], list[str]]:
     if v.get("use_vllm"):
         _vllm(v, out, notes)
     return {key: section for key, section in out.items() if section}, notes
+
+
+def optimiser_values(v: dict[str, Any], notes: list[str], k: int = 1) -> dict[str, Any]:
+    """The optim section from TRL's TrainingArguments fields (``v``: every mapped field, defaults filled): AdamW's
+    settings, the schedule and warm-up (in grpokit steps: TRL's optimizer steps / k), the precision. Shared by
+    GRPOConfig's and SFTConfig's conversions (grpokit.config.trl_sft)."""
+    optim: dict[str, Any] = dict(
+        lr=float(v["learning_rate"]), weight_decay=float(v["weight_decay"]), adam_beta1=float(v["adam_beta1"]),
+        adam_beta2=float(v["adam_beta2"]), adam_epsilon=float(v["adam_epsilon"]),
+        max_grad_norm=float(v["max_grad_norm"] or 0.0),
+    )  # fmt: skip
+    schedule = {"linear": "linear", "cosine": "cosine", "constant": "constant", "constant_with_warmup": "constant"}
+    if v["lr_scheduler_type"] not in schedule:
+        raise ConfigError(f"TRL lr_scheduler_type={v['lr_scheduler_type']!r}: choose one of {sorted(schedule)}")
+    optim["schedule"] = schedule[v["lr_scheduler_type"]]
+    ratio = v.get("warmup_ratio") or (v["warmup_steps"] if 0 < v["warmup_steps"] < 1 else 0)
+    if ratio:  # transformers 5: a warmup_steps in (0, 1) is a ratio of the steps (older: warmup_ratio)
+        optim["warmup_ratio"] = float(ratio)
+    else:
+        optim["warmup_steps"] = _per("warmup_steps", int(v["warmup_steps"]), k)
+    if k > 1:
+        notes.append(f"the learning rate changes once per grpokit step, i.e. every {k} TRL optimizer steps")
+    if v["bf16"] is True:
+        optim["precision"] = "bf16_mixed"
+    elif v.get("bf16") is None:
+        notes.append(
+            "TRL's bf16=None means bf16 autocast over float32 weights on a GPU (optim.precision=bf16_mixed); "
+            "grpokit's optim.precision=auto uses bf16 weights with Kahan-compensated AdamW there (bf16_kahan)"
+        )
+    return optim
+
+
+def report_targets(report: Any) -> list[str]:
+    """TRL's report_to (a name, a list, "all" or None) as train.report_to; an unknown tracker is refused."""
+    report = [report] if isinstance(report, str) else list(report or ["none"])
+    report = ["tensorboard", "wandb", "mlflow"] if report == ["all"] else report
+    bad = [r for r in report if r not in ("tensorboard", "wandb", "mlflow", "none")]
+    if bad:
+        raise ConfigError(f"TRL report_to={bad}: grpokit reports to tensorboard, wandb, mlflow or none")
+    return report
+
+
+def model_init_values(v: dict[str, Any], notes: list[str]) -> dict[str, Any]:
+    """The model section from TRL's model_init_kwargs (dtype, attn_implementation, trust_remote_code; use_cache
+    noted, a revision other than main and anything else refused by name)."""
+    model: dict[str, Any] = {}
+    init = dict(v.get("model_init_kwargs") or {})
+    dtype = init.pop("dtype", init.pop("torch_dtype", None))
+    if dtype is not None:
+        model["dtype"] = str(dtype).replace("torch.", "")
+    if "attn_implementation" in init:
+        model["attn_implementation"] = init.pop("attn_implementation")
+    trust = init.pop("trust_remote_code", v.get("trust_remote_code", False))
+    model["trust_remote_code"] = bool(trust)
+    if init.pop("use_cache", None) is not None:  # open-r1 sets it from gradient_checkpointing
+        notes.append("model_init_kwargs use_cache: no effect (grpokit's training passes run without a KV cache and "
+                     "its rollout engine keeps its own)")  # fmt: skip
+    revision = init.pop("revision", None)
+    if revision not in (None, "main"):  # "main": the hub's default, what a model without a revision loads
+        raise ConfigError(
+            f"TRL model_init_kwargs revision={revision!r}: grpokit loads a model folder or a hub id at its default "
+            f"branch; download that revision (hf download REPO --revision {revision} --local-dir DIR) and give DIR "
+            "as the model"
+        )
+    if init:
+        raise ConfigError(f"TRL model_init_kwargs {sorted(init)} have no grpokit equivalent; remove them")
+    return model
 
 
 def _from_trl_async(values: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:

@@ -77,7 +77,7 @@ KINDS: dict[str, tuple[str, Any]] = {
         "gradient_accumulation_steps", "steps_per_generation", "generation_batch_size", "num_iterations",
         "max_steps", "seed", "logging_steps", "save_steps", "save_total_limit", "num_generations_eval",
         "max_prompt_length", "vllm_tensor_parallel_size", "vllm_max_model_length", "vllm_server_port",
-        "vllm_group_port", "max_staleness", "weight_sync_steps", "token_budget",
+        "vllm_group_port", "max_staleness", "weight_sync_steps", "token_budget", "max_length",
     ), _INT),
     **dict.fromkeys((
         "temperature", "top_p", "min_p", "repetition_penalty", "learning_rate", "weight_decay", "adam_beta1",
@@ -92,12 +92,14 @@ KINDS: dict[str, tuple[str, Any]] = {
         "use_bias_correction_kl", "use_adaptive_entropy", "mask_truncated_completions", "gradient_checkpointing",
         "activation_checkpointing", "shuffle_dataset", "log_completions", "bf16", "fp16", "use_vllm",
         "vllm_enable_sleep_mode", "vllm_importance_sampling_correction", "trust_remote_code", "sync_ref_model",
-        "disable_dropout", "cast_lm_head_to_fp32", "torch_compile",
+        "disable_dropout", "cast_lm_head_to_fp32", "torch_compile", "packing", "padding_free",
+        "assistant_only_loss", "activation_offloading",
     ), _BOOL),
     **dict.fromkeys((
         "loss_type", "importance_sampling_level", "lr_scheduler_type", "output_dir", "eval_strategy",
         "multi_objective_aggregation", "vllm_mode", "vllm_importance_sampling_mode", "model_name_or_path",
-        "dataset_name", "dataset_config", "dataset_train_split", "dataset_test_split",
+        "dataset_name", "dataset_config", "dataset_train_split", "dataset_test_split", "dataset_text_field",
+        "truncation_mode", "packing_strategy",
     ), _STR),
 }  # fmt: skip
 """Each field's type (None is also accepted where TRL's default is None: the callers fill defaults after)."""
@@ -105,7 +107,7 @@ KINDS: dict[str, tuple[str, Any]] = {
 AT_LEAST_ONE = frozenset({
     "num_generations", "max_completion_length", "per_device_train_batch_size", "gradient_accumulation_steps",
     "steps_per_generation", "generation_batch_size", "num_iterations", "num_generations_eval", "logging_steps",
-    "weight_sync_steps",
+    "weight_sync_steps", "max_length",
 })  # fmt: skip
 """Counts that divide or size the batch: 0 or less is refused by name (not a division by zero later)."""
 
@@ -118,13 +120,15 @@ def _default(field: dataclasses.Field) -> Any:
     return dataclasses.MISSING
 
 
-def _trl_field_defaults() -> dict[str, Any]:
-    """trl.GRPOConfig's declared defaults, or {} without TRL."""
+def _trl_field_defaults(trl_class: str = "GRPOConfig") -> dict[str, Any]:
+    """trl.<trl_class>'s declared defaults (GRPOConfig, SFTConfig), or {} without TRL."""
     try:
-        from trl import GRPOConfig
+        import trl
+
+        config_class = getattr(trl, trl_class)
     except Exception:  # noqa: BLE001 - TRL absent or broken: the tables alone decide
         return {}
-    return {f.name: _default(f) for f in dataclasses.fields(GRPOConfig)}
+    return {f.name: _default(f) for f in dataclasses.fields(config_class)}
 
 
 def _is_default(value: Any, default: Any) -> bool:
@@ -135,10 +139,13 @@ def _is_default(value: Any, default: Any) -> bool:
     return default == "" and value == []  # TrainingArguments.debug: '' declared, [] after __post_init__
 
 
-def trl_mapping(args: Any, known: frozenset[str], examples: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
+def trl_mapping(
+    args: Any, known: frozenset[str], examples: Mapping[str, Any], trl_class: str = "GRPOConfig"
+) -> tuple[dict[str, Any], list[str]]:
     """(the fields grpokit.config.trl maps, the inert TrainingArguments fields given) from a TRL config: a mapping
     (a YAML file's), a ``trl.GRPOConfig`` (or any TrainingArguments dataclass with ``to_dict()``), or its
-    ``to_dict()``. ``known``: the fields from_trl maps; ``examples``: their defaults, shown in a type error. Raises
+    ``to_dict()``. ``known``: the fields from_trl maps; ``examples``: their defaults, shown in a type error; ``trl_class``: whose
+    declared defaults a mapping's other fields are compared with (an unknown field at its default passes). Raises
     ConfigError naming a field it cannot honour."""
     is_object = dataclasses.is_dataclass(args) and not isinstance(args, type)
     if is_object and callable(getattr(args, "to_dict", None)):
@@ -162,7 +169,7 @@ def trl_mapping(args: Any, known: frozenset[str], examples: Mapping[str, Any]) -
     given: dict[str, Any] = {}
     inert: list[str] = []
     unknown: list[str] = []
-    defaults = declared if declared is not None else (_trl_field_defaults() if set(values) - known else {})
+    defaults = declared if declared is not None else (_trl_field_defaults(trl_class) if set(values) - known else {})
     for key, value in values.items():
         if key in known:
             given[key] = value
@@ -177,8 +184,9 @@ def trl_mapping(args: Any, known: frozenset[str], examples: Mapping[str, Any]) -
             unknown.append(key)
     if unknown:
         raise ConfigError(
-            f"TRL field(s) {sorted(unknown)} have no grpokit equivalent (known: every mapped GRPOConfig field, see "
-            "grpokit.config.trl); remove them, or write a grpokit config (grpokit config > cfg.yaml)"
+            f"TRL field(s) {sorted(unknown)} have no grpokit equivalent (known: every mapped {trl_class} field, see "
+            f"{'grpokit.config.trl_sft' if trl_class == 'SFTConfig' else 'grpokit.config.trl'}); remove them, or "
+            "write a grpokit config (grpokit config > cfg.yaml)"
         )
     check_types(given, examples)
     return given, sorted(inert)

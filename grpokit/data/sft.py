@@ -14,6 +14,9 @@ Which tokens count (``loss_mask`` 1), under ``sft.loss_on=auto``:
   chat (or a prompt given as messages) the completion is the assistant's turn of the chat template.
 - text: every token (the first has nothing to be predicted from, so it never counts, in any format).
 
+``sft.loss_on=all`` trains every token of every format; ``trl`` (TRL's SFTTrainer default) the completion of
+prompt_completion rows and every token of messages and text rows.
+
 Example (plain template, a tokenizer with one token per character and EOS "<eos>"):
 prompt "1+2=", completion "3" gives ids ``1 + 2 = 3 <eos>`` and loss_mask ``0 0 0 0 1 1``.
 
@@ -281,8 +284,9 @@ def _eos(tokenizer: Any) -> int:
 
 
 def _masked(ids: list[int], mask: list[int], loss_on: str, fmt: str) -> SFTExample:
-    """Apply sft.loss_on=all, and zero the first token (nothing predicts it)."""
-    if loss_on == "all":
+    """Apply sft.loss_on=all (and trl on messages rows: TRL trains every token of a conversation unless
+    assistant_only_loss), and zero the first token (nothing predicts it)."""
+    if loss_on == "all" or (loss_on == "trl" and fmt == "messages"):
         mask = [1] * len(ids)
     mask = list(mask)
     if mask:

@@ -25,11 +25,22 @@ from typing import Any
 import torch
 
 from grpokit.algos.sft import nll_sum
+from grpokit.compat.trl.after_train import (
+    TrainResult,
+    check_resume_request,
+    epoch_of,
+    log_metrics,
+    save_metrics,
+    save_state,
+    trainer_state,
+)
+from grpokit.compat.trl.api import ProcessView
 from grpokit.config.run_file import given_in_code
 from grpokit.config.schema import ConfigError
 from grpokit.config.sft import SFTConfig, prompt_data_config, validated_sft
 from grpokit.data.prompts import DataError
 from grpokit.data.sft import collate, detect_format, encode_examples, load_sft_rows, prompt_rows
+from grpokit.model.checkpoint import save_model_folder
 from grpokit.model.loading import (
     check_tokenizer_fits,
     eos_token_ids,
@@ -58,7 +69,7 @@ class SFTTrainer:
 
     def __init__(
         self,
-        cfg: SFTConfig,
+        cfg: SFTConfig | None = None,
         *,
         model=None,
         tokenizer=None,
@@ -69,7 +80,30 @@ class SFTTrainer:
         overwrite: bool = False,
         allow_changed_config: bool = False,
         callbacks: Sequence[Callable[[int, dict[str, float], SFTTrainer], Any]] = (),
+        args=None,
+        processing_class=None,
+        train_dataset=None,
+        eval_dataset=None,
+        peft_config=None,
+        formatting_func: Callable[[dict], str] | None = None,
+        **unexpected,
     ):
+        # TRL's call and argument forms (grpokit.compat.trl.sft_call): a TRL SFTConfig as args=, the model first,
+        # processing_class, datasets, peft_config, TrainerCallbacks, formatting_func; the rest refused by name
+        from grpokit.compat.trl.api import trl_arguments
+        from grpokit.compat.trl.sft_call import formatted, refuse_unsupported, sft_config_from_args
+
+        refuse_unsupported(unexpected)
+        given = trl_arguments(
+            cfg, args=args, model=model, tokenizer=tokenizer, processing_class=processing_class,
+            reward_functions=reward_functions, callbacks=callbacks, peft_config=peft_config, train_rows=train_rows,
+            eval_rows=eval_rows, train_dataset=train_dataset, eval_dataset=eval_dataset,
+            config_from=sft_config_from_args, trainer="SFTTrainer",
+        )  # fmt: skip
+        cfg, model, tokenizer, reward_functions = given.cfg, given.model, given.tokenizer, given.reward_functions
+        callbacks = given.callbacks
+        train_rows = formatted(given.train_rows, formatting_func, "train_dataset")
+        eval_rows = formatted(given.eval_rows, formatting_func, "eval_dataset")
         validated_sft(cfg)  # the CLI's checks, for a config built in code too
         self.cfg = cfg
         self.callbacks = list(callbacks)
@@ -153,11 +187,49 @@ class SFTTrainer:
 
     # ----------------------------------------------------------------------------- the run
 
-    def train(self) -> dict[str, Any]:
+    def train(self, resume_from_checkpoint: bool | str | Path | None = None) -> TrainResult:
         """Run cfg.train.steps steps (grpokit.run.loop); returns the summary also written to
-        OUTPUT/summary.json. SIGINT/SIGTERM stop after the current step with a checkpoint (``stopped_by`` in
-        the summary, none written)."""
-        return run_training(self)
+        OUTPUT/summary.json (a dict, also read as transformers' TrainOutput). SIGINT/SIGTERM stop after the current
+        step with a checkpoint (``stopped_by`` in the summary, none written). ``resume_from_checkpoint``: TRL's,
+        checked against what the trainer was built from (resume=), as GRPOTrainer.train does."""
+        check_resume_request(self, resume_from_checkpoint)
+        return TrainResult(run_training(self), self.log_history, epoch_of(self))
+
+    # TRL's after-train calls, as GRPOTrainer answers them (grpokit.compat.trl.after_train)
+    @property
+    def state(self):
+        """transformers' TrainerState of the run (global_step, max_steps, epoch, log_history)."""
+        return trainer_state(self)
+
+    def save_model(self, output_dir: str | Path | None = None) -> Path | None:
+        """TRL's ``save_model(output_dir)``: the model as it is now (a LoRA run: its adapter) and its tokenizer, a
+        Hugging Face folder (default train.output_dir); rank 0 writes. Not a checkpoint (``save()``)."""
+        folder = Path(output_dir if output_dir is not None else self.cfg.train.output_dir)
+        weights = self.dist.full_state(self.learner.model)  # every rank gathers; None in one process
+        written = save_model_folder(folder, self.learner.model, self.tokenizer, weights) if self.dist.is_main else None
+        self.dist.barrier()
+        return written
+
+    def log_metrics(self, split: str, metrics: dict[str, Any]) -> None:
+        log_metrics(self, split, metrics)
+
+    def save_metrics(self, split: str, metrics: dict[str, Any], combined: bool = True) -> Path | None:
+        return save_metrics(self, split, metrics, combined)
+
+    def save_state(self) -> Path | None:
+        return save_state(self)
+
+    def push_to_hub(self, *args: Any, **kwargs: Any) -> None:
+        """Refused in one line with what to do, never a silent no-op (GRPOTrainer.push_to_hub)."""
+        raise ConfigError(
+            "trainer.push_to_hub(): grpokit does not upload to the Hugging Face Hub; trainer.save_model(DIR) writes "
+            "a Hugging Face folder, `hf upload REPO_ID DIR` uploads it"
+        )
+
+    @property
+    def accelerator(self) -> ProcessView:
+        """print, is_main_process, wait_for_everyone, ... from grpokit's process group (ProcessView)."""
+        return ProcessView(self.dist, self.device)
 
     def begin(self, log: RunLogger, stop=None) -> None:
         """The run's log is open (grpokit.run.loop): SFT has nothing of its own to say first."""

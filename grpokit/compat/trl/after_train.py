@@ -49,7 +49,9 @@ def epoch_of(trainer: Any, steps: int | None = None) -> float:
     """Passes over the training prompts in ``steps`` steps (default: those taken; TRL's state.epoch):
     steps x prompts per step / prompts."""
     prompts = max(len(getattr(trainer, "train_rows", ()) or ()), 1)
-    return (trainer.step if steps is None else steps) * trainer.cfg.rollout.prompts_per_step / prompts
+    rollout = getattr(trainer.cfg, "rollout", None)  # an SFT run's step takes sft.batch_size rows
+    per_step = rollout.prompts_per_step if rollout is not None else trainer.cfg.sft.batch_size
+    return (trainer.step if steps is None else steps) * per_step / prompts
 
 
 def trainer_state(trainer: Any, state: Any = None) -> Any:

@@ -100,20 +100,24 @@ def trl_arguments(
     train_dataset: Any = None,
     eval_dataset: Any = None,
     unexpected: dict[str, Any] | None = None,
+    config_from: Callable[[Any, Any], tuple[Any, list[float] | None]] | None = None,
+    trainer: str = "GRPOTrainer",
 ) -> TrainerArguments:
     """GRPOTrainer's arguments, given grpokit's way or TRL's (grpokit.compat.trl.call), in grpokit's forms; cfg is
     copied when changed. Arguments of the wrong kind, a keyword given under both names, or one GRPOTrainer does not
-    take are a ConfigError naming it."""
+    take are a ConfigError naming it. ``config_from(cfg, args)``: (the config, reward weights) from the config
+    arguments (default: GRPOTrainer's, grpokit.compat.trl.call.config_from_args); ``trainer``: the name errors use
+    (SFTTrainer's TRL call comes through here too: grpokit.compat.trl.sft_call)."""
     from grpokit.compat.trl.call import config_from_args, refuse_unexpected, rows_of, weighted
 
     refuse_unexpected(unexpected or {})
     if model is None and (isinstance(cfg, (str, os.PathLike)) or _is_module(cfg)):
         cfg, model = None, cfg  # TRL's first argument is the model
-    tokenizer = _one_of("tokenizer", tokenizer, "processing_class", processing_class)
-    reward_functions = _one_of("reward_functions", reward_functions, "reward_funcs", reward_funcs)
-    train_rows = _one_of("train_rows", train_rows, "train_dataset", rows_of(train_dataset, "train_dataset"))
-    eval_rows = _one_of("eval_rows", eval_rows, "eval_dataset", rows_of(eval_dataset, "eval_dataset"))
-    cfg, reward_weights = config_from_args(cfg, args)
+    tokenizer = _one_of("tokenizer", tokenizer, "processing_class", processing_class, trainer)
+    reward_functions = _one_of("reward_functions", reward_functions, "reward_funcs", reward_funcs, trainer)
+    train_rows = _one_of("train_rows", train_rows, "train_dataset", rows_of(train_dataset, "train_dataset"), trainer)
+    eval_rows = _one_of("eval_rows", eval_rows, "eval_dataset", rows_of(eval_dataset, "eval_dataset"), trainer)
+    cfg, reward_weights = (config_from or config_from_args)(cfg, args)
     if isinstance(model, os.PathLike):
         model = os.fspath(model)
     if model is not None and not isinstance(model, str) and not _is_module(model):
@@ -131,7 +135,7 @@ def trl_arguments(
         cfg.model.name_or_path, model = model, None
     elif model is not None and tokenizer is None:
         raise ConfigError(
-            "GRPOTrainer(model=<a loaded model>) needs its tokenizer too: pass tokenizer= (or TRL's "
+            f"{trainer}(model=<a loaded model>) needs its tokenizer too: pass tokenizer= (or TRL's "
             "processing_class=), or give model as a path or hub id and both are loaded"
         )
     if peft_config is not None:
@@ -141,10 +145,10 @@ def trl_arguments(
     return TrainerArguments(cfg, model, tokenizer, rewards, adapted, train_rows, eval_rows)
 
 
-def _one_of(name: str, value: Any, trl_name: str, trl_value: Any) -> Any:
+def _one_of(name: str, value: Any, trl_name: str, trl_value: Any, trainer: str = "GRPOTrainer") -> Any:
     """grpokit's keyword or TRL's name for the same thing; both given is refused."""
     if value is not None and trl_value is not None:
-        raise ConfigError(f"GRPOTrainer got both {name}= and {trl_name}= (TRL's name for it): give one")
+        raise ConfigError(f"{trainer} got both {name}= and {trl_name}= (TRL's name for it): give one")
     return value if value is not None else trl_value
 
 
@@ -286,11 +290,12 @@ class TrainerCallbackAdapter:
 
     def _args(self, trainer: Any) -> SimpleNamespace:
         c = trainer.cfg
+        rollout = getattr(c, "rollout", None)  # None: an SFT run (SFTTrainer's callbacks come here too)
         return SimpleNamespace(
             output_dir=c.train.output_dir, max_steps=c.train.steps, learning_rate=c.optim.lr, seed=c.train.seed,
-            num_train_epochs=self.state.num_train_epochs, num_generations=c.rollout.group_size,
-            max_completion_length=c.rollout.max_new_tokens, per_device_train_batch_size=c.optim.micro_batch_size,
-            logging_steps=1, report_to=c.train.report_to,
+            num_train_epochs=self.state.num_train_epochs, num_generations=getattr(rollout, "group_size", None),
+            max_completion_length=getattr(rollout, "max_new_tokens", None),
+            per_device_train_batch_size=c.optim.micro_batch_size, logging_steps=1, report_to=c.train.report_to,
         )  # fmt: skip
 
     def _call(self, event: str, trainer: Any, **kwargs: Any) -> None:

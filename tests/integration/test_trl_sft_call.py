@@ -1,0 +1,182 @@
+"""TRL's SFTTrainer call runs as written (grpokit.compat.trl.sft_call, grpokit.config.trl_sft): TRL's quickstart with
+the import swapped, one step beside TRL's own SFTTrainer (the same loss and the same weights after it), the
+SFTConfig fields mapped and refused by name, formatting_func, and sft.loss_on=trl (TRL's default loss tokens)."""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+
+import pytest
+import torch
+from tiny_model import make_tiny_model, save_tiny_model
+
+from grpokit.config.sft import SFTDataConfig
+from grpokit.core.errors import ConfigError
+from grpokit.data.sft import encode_example
+
+datasets = pytest.importorskip(
+    "datasets", reason="TRL's call takes datasets.Dataset: pip install 'grpokit[dev]'"
+)
+
+ADDITIONS = [{"prompt": f"{a}+{b}=", "completion": str(a + b)} for a in range(4) for b in range(2)]
+CONVERSATIONS = [
+    {
+        "messages": [
+            {"role": "user", "content": r["prompt"]},
+            {"role": "assistant", "content": r["completion"]},
+        ]
+    }
+    for r in ADDITIONS
+]
+
+
+def trl_sft_args(out, **kw):
+    """A trl.SFTConfig for one CPU step over the 8 rows at once (TRL's bf16 default needs a GPU)."""
+    trl = pytest.importorskip("trl")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return trl.SFTConfig(
+            output_dir=str(out), max_steps=1, per_device_train_batch_size=8, learning_rate=1e-2, logging_steps=1,
+            report_to="none", use_cpu=True, bf16=False, save_strategy="no", disable_tqdm=True, **kw,
+        )  # fmt: skip
+
+
+def test_trls_sft_quickstart_runs_unchanged_with_the_import_swapped(tmp_path, monkeypatch):
+    """TRL's quickstart: SFTTrainer(model=..., train_dataset=...).train() with no args: TRL's SFTConfig defaults
+    (3 epochs of batches of 8, lr 2e-5, AdamW beta2 0.999, the linear schedule, seed 42, trainer_output/)."""
+    from transformers import AutoModelForCausalLM
+
+    from grpokit.trainers.sft import SFTTrainer
+
+    model_dir = save_tiny_model(tmp_path / "model")
+    monkeypatch.chdir(tmp_path)
+    trainer = SFTTrainer(model=str(model_dir), train_dataset=datasets.Dataset.from_list(ADDITIONS))
+    result = trainer.train()
+    c = trainer.cfg
+    assert (c.optim.lr, c.optim.adam_beta2, c.optim.schedule, c.train.seed) == (2e-5, 0.999, "linear", 42)
+    assert (c.sft.batch_size, c.sft.loss_on, c.data.max_length, c.data.truncate) == (8, "trl", 1024, True)
+    assert result.global_step == 3 and trainer.state.epoch == 3.0  # 3 epochs x 8 rows / 8 a step
+    assert (tmp_path / "trainer_output" / "summary.json").is_file()
+    saved = trainer.save_model()
+    reloaded = AutoModelForCausalLM.from_pretrained(saved)
+    for name, weight in trainer.model.state_dict().items():
+        torch.testing.assert_close(reloaded.state_dict()[name], weight)
+
+
+@pytest.mark.parametrize("rows", [ADDITIONS, CONVERSATIONS], ids=["prompt_completion", "messages"])
+def test_one_step_is_trls_sfttrainers_step(tmp_path, rows):
+    """The same args and dataset to TRL's SFTTrainer and to grpokit's: the same first loss and the same weights
+    after the step (lr 1e-2 moves them by 1e-2; they agree to 1e-5). Prompt/completion rows train on the
+    completion and its EOS, conversations on every token (TRL's default; sft.loss_on=trl)."""
+    trl = pytest.importorskip("trl")
+    from transformers import AutoTokenizer
+
+    from grpokit.trainers.sft import SFTTrainer
+
+    model_dir = save_tiny_model(tmp_path / "model")
+    dataset = datasets.Dataset.from_list(rows)
+    theirs = trl.SFTTrainer(model=str(model_dir), args=trl_sft_args(tmp_path / "trl"), train_dataset=dataset,
+                            processing_class=AutoTokenizer.from_pretrained(model_dir))  # fmt: skip
+    theirs.train()
+    ours = SFTTrainer(model=str(model_dir), args=trl_sft_args(tmp_path / "ours"), train_dataset=dataset)
+    ours.train()
+    assert ours.log_history[0]["loss"] == pytest.approx(theirs.state.log_history[0]["loss"], rel=1e-5)
+    before = make_tiny_model("qwen2", seed=0)[0].state_dict()
+    for name, weight in theirs.model.state_dict().items():
+        assert float((weight - before[name]).abs().max()) > 1e-3  # the step moved it: the comparison can fail
+        torch.testing.assert_close(ours.model.state_dict()[name].float(), weight.float(), rtol=0, atol=1e-5)
+
+
+def test_sftconfig_fields_map_and_the_defaults_table_is_trls():
+    trl = pytest.importorskip("trl")
+    from grpokit.config.trl_fields import _default
+    from grpokit.config.trl_sft import SFT_DEFAULTS, from_trl_sft
+
+    declared = {f.name: _default(f) for f in dataclasses.fields(trl.SFTConfig)}
+    assert {k: declared[k] for k in SFT_DEFAULTS if k != "output_dir"} == {
+        k: v for k, v in SFT_DEFAULTS.items() if k != "output_dir"
+    }  # output_dir: declared None, "trainer_output" after __post_init__ (what SFT_DEFAULTS holds)
+    values, notes = from_trl_sft(
+        trl_sft_args("out", gradient_accumulation_steps=2, per_device_eval_batch_size=2, max_length=64, packing=True,
+                     assistant_only_loss=True, dataset_text_field="body", warmup_steps=3, weight_decay=0.1,
+                     save_steps=4, save_total_limit=2, eval_strategy="steps", eval_steps=5, seed=7)
+    )  # fmt: skip
+    assert values["sft"] == {"batch_size": 16, "loss_on": "auto", "packing": True}
+    assert values["data"] == {"max_length": 64, "truncate": True, "text_column": "body"}
+    o = values["optim"]
+    assert (o["lr"], o["micro_batch_size"], o["warmup_steps"], o["weight_decay"], o["schedule"]) == (
+        1e-2,
+        8,
+        3,
+        0.1,
+        "linear",
+    )
+    t = values["train"]
+    assert (t["steps"], t["seed"], t["save_every"], t["keep_checkpoints"], values["eval"]["every"]) == (
+        1,
+        7,
+        0,
+        2,
+        5,
+    )
+    assert any("sft.batch_size=16" in n for n in notes)
+    assert from_trl_sft({"completion_only_loss": False})[0]["sft"]["loss_on"] == "all"
+
+
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        ({"loss_type": "dft"}, "TRL loss_type='dft' is not supported"),
+        ({"truncation_mode": "keep_end"}, "truncation_mode='keep_end'"),
+        ({"packing": True, "packing_strategy": "wrapped"}, "packing_strategy='wrapped'"),
+        ({"completion_only_loss": False, "assistant_only_loss": True}, "has no grpokit setting"),
+        ({"eos_token": "<|im_end|>"}, "TRL eos_token='<|im_end|>' is not supported"),
+        ({"max_length": 0}, "TRL max_length=0: must be at least 1"),
+        ({"num_generations": 8}, "have no grpokit equivalent (known: every mapped SFTConfig field"),
+    ],
+)
+def test_what_cannot_be_honoured_is_refused_by_name(fields, message):
+    from grpokit.config.trl_sft import from_trl_sft
+
+    with pytest.raises(ConfigError) as error:
+        from_trl_sft(fields)
+    assert message in str(error.value)
+
+
+def test_trainer_keywords_it_cannot_honour_are_refused_and_formatting_func_makes_text_rows(tmp_path):
+    from grpokit.trainers.sft import SFTTrainer
+
+    model_dir = str(save_tiny_model(tmp_path / "model"))
+    dataset = datasets.Dataset.from_list(ADDITIONS)
+    with pytest.raises(ConfigError, match=r"SFTTrainer\(data_collator=...\) is not taken"):
+        SFTTrainer(model=model_dir, train_dataset=dataset, data_collator=object())
+    with pytest.raises(ConfigError, match="unknown keyword train_datset=; did you mean train_dataset="):
+        SFTTrainer(model=model_dir, train_datset=dataset)
+    with pytest.raises(ConfigError, match="got TRL's GRPOConfig"):
+        SFTTrainer(model=model_dir, train_dataset=dataset, args=type("GRPOConfig", (), {"to_dict": dict})())
+    with pytest.raises(ConfigError, match=r"train_dataset, row index 0: formatting_func returned int"):
+        SFTTrainer(model=model_dir, train_dataset=dataset, formatting_func=lambda row: 3)
+    trainer = SFTTrainer(
+        model_dir, args={"output_dir": str(tmp_path / "run"), "max_steps": 1, "report_to": "none"},
+        train_dataset=dataset, formatting_func=lambda row: f"Q: {row['prompt']} A: {row['completion']}",
+    )  # fmt: skip
+    assert trainer.train_rows[0] == {"text": "Q: 0+0= A: 0"}
+    assert all(e.num_loss_tokens == len(e.input_ids) - 1 for e in trainer.examples)  # text rows: every token
+
+
+def test_loss_on_trl_is_the_completion_of_prompt_completion_rows_and_every_token_of_a_conversation():
+    _, tok = make_tiny_model("qwen2", seed=0)
+    data = SFTDataConfig(template="plain")
+    masks = {
+        (fmt, on): encode_example(row, fmt, tok, data, on).loss_mask
+        for fmt, row in (("prompt_completion", ADDITIONS[5]), ("messages", CONVERSATIONS[5]))
+        for on in ("auto", "all", "trl")
+    }
+    assert (
+        masks["prompt_completion", "trl"]
+        == masks["prompt_completion", "auto"]
+        != masks["prompt_completion", "all"]
+    )
+    assert masks["messages", "trl"] == masks["messages", "all"] != masks["messages", "auto"]
+    assert masks["messages", "all"] == [0] + [1] * (len(masks["messages", "all"]) - 1)
