@@ -419,10 +419,11 @@ def apply_overrides(values: dict[str, Any], overrides: list[str] | tuple[str, ..
 
 
 def load_config(
-    path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = (), *, build=None
+    path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = (), *, build=None, convert=None
 ) -> Config:
     """Read a YAML file (optional), apply dotted overrides, validate, return the Config. ``build``: another
-    config tree's builder (grpokit.config.sft.sft_config_from_dict) instead of config_from_dict."""
+    config tree's builder (grpokit.config.sft.sft_config_from_dict) instead of config_from_dict; ``convert(values,
+    path)``: its conversion of a flat TRL file (the RL tree's: a GRPOConfig file, _from_trl_if_flat)."""
     values: dict[str, Any] = {}
     if path is not None:
         p = Path(path)
@@ -430,7 +431,7 @@ def load_config(
         if not isinstance(values, dict):
             raise ConfigError(f"{p}: the top level must be a mapping of sections (model:, data:, ...)")
         values, records = split_records(values)  # an OUTPUT/config.yaml's records of the run (run_file)
-        values = _from_trl_if_flat(values, p) if build is None else values
+        values = _from_trl_if_flat(values, p) if build is None else convert(values, p) if convert else values
         if build is None and "resolved_algo" in records:  # the file alone, before overrides change it on purpose
             _check_recorded_algo(copy.deepcopy(values), records["resolved_algo"], p)
     apply_overrides(values, overrides)

@@ -178,8 +178,28 @@ def validated_sft(cfg: SFTConfig) -> SFTConfig:
 
 
 def load_sft_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> SFTConfig:
-    """Read a YAML file (optional), apply dotted overrides, validate, return the SFTConfig."""
-    return load_config(path, overrides, build=sft_config_from_dict)
+    """Read a YAML file (optional; a flat TRL SFTConfig file is converted), apply dotted overrides, validate,
+    return the SFTConfig."""
+    return load_config(path, overrides, build=sft_config_from_dict, convert=from_trl_sft_if_flat)
+
+
+def from_trl_sft_if_flat(values: dict[str, Any], path: Path) -> dict[str, Any]:
+    """A flat TRL SFTConfig file (TRL's fields, none of grpokit's sections) converted by
+    grpokit.config.trl_sft.from_trl_sft, its notes printed once; any other mapping as it is."""
+    import sys
+
+    from grpokit.config.trl_sft import SFT_KEYS, from_trl_sft
+
+    sections = {f.name for f in dataclasses.fields(SFTConfig)}
+    if not values or set(values) & sections or not set(values) & SFT_KEYS:
+        return values
+    try:
+        converted, notes = from_trl_sft(values)
+    except ConfigError as e:
+        raise ConfigError(f"{path} (a TRL SFTConfig): {e}") from None
+    print(f"grpokit: {path} holds TRL SFTConfig fields; converted:\n" + "\n".join(f"  - {n}" for n in notes),
+          file=sys.stderr)  # fmt: skip
+    return converted
 
 
 def prompt_data_config(data: SFTDataConfig) -> DataConfig:

@@ -180,3 +180,37 @@ def test_loss_on_trl_is_the_completion_of_prompt_completion_rows_and_every_token
     )
     assert masks["messages", "trl"] == masks["messages", "all"] != masks["messages", "auto"]
     assert masks["messages", "all"] == [0] + [1] * (len(masks["messages", "all"]) - 1)
+
+
+def test_a_flat_trl_sftconfig_file_trains_from_the_cli(tmp_path, capsys):
+    """`grpokit sft trl_sft.yaml`: a TRL SFTConfig file (with TRL scripts' model_name_or_path / dataset_name) is
+    converted, its notes printed; the run trains with TRL's settings, and a field grpokit cannot honour is a usage
+    error naming the file and the field."""
+    import json
+
+    from grpokit.cli.main import main
+    from grpokit.config.sft import load_sft_config
+
+    model_dir = save_tiny_model(tmp_path / "model")
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in ADDITIONS))
+    config = tmp_path / "trl_sft.yaml"
+    config.write_text(
+        f"model_name_or_path: {model_dir}\ndataset_name: {data}\nlearning_rate: 1.0e-2\nmax_steps: 2\n"
+        "per_device_train_batch_size: 4\nmax_length: 64\nreport_to: none\ngradient_checkpointing: false\n"
+    )
+    cfg = load_sft_config(config, ["train.tensorboard=false"])
+    assert (cfg.model.name_or_path, cfg.data.train, cfg.optim.lr, cfg.optim.adam_beta2) == (
+        str(model_dir),
+        str(data),
+        1e-2,
+        0.999,
+    )
+    assert (cfg.sft.batch_size, cfg.sft.loss_on, cfg.train.steps, cfg.train.seed) == (4, "trl", 2, 42)
+    out = tmp_path / "out"
+    assert main(["sft", str(config), "--output-dir", str(out)]) == 0
+    assert "holds TRL SFTConfig fields; converted" in capsys.readouterr().err
+    assert json.loads((out / "summary.json").read_text())["steps"] == 2
+    config.write_text(config.read_text() + "loss_type: dft\n")
+    assert main(["sft", str(config), "--output-dir", str(tmp_path / "bad")]) == 2
+    assert f"{config} (a TRL SFTConfig): TRL loss_type='dft' is not supported" in capsys.readouterr().err
