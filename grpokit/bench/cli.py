@@ -155,7 +155,7 @@ def _cmd_learn(args: argparse.Namespace, fail) -> int:
         arms = tuple(a.strip() for a in args.arms.split(",")) if args.arms else ("grpokit", "selection", "trl")
         result = run_learn(
             seeds=seeds, steps=steps, eval_every=every, grpokit_set=args.set, trl_set=args.trl_set,
-            task=task_for(args.task, args.train_size), frameworks=arms,
+            task=task_for(args.task, args.train_size, args.lr), frameworks=arms,
         )  # fmt: skip
     except BenchError as e:
         return fail(str(e), code=1)
@@ -426,6 +426,9 @@ def add_bench_options(p: argparse.ArgumentParser) -> None:
         "--task", default="sum", help="--learn: sum | twin (two rewards) | tools (multi-turn, a tool; no TRL arm) | mixed"
     )
     p.add_argument("--train-size", type=int, help="--learn: the first N training prompts (default: all)")
+    p.add_argument(
+        "--lr", type=float, help="--learn: the learning rate of both frameworks (default: the task's, 1e-4; tools 3e-4)"
+    )
     p.add_argument(
         "--arms", help="--learn: comma-separated, of grpokit, selection (data.selection.mode=greso), trl (default all)"
     )

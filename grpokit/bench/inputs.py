@@ -33,6 +33,7 @@ FLAG_MODES: dict[str, tuple[str, ...]] = {
     "quick": ("learn",),
     "task": ("learn",),
     "train_size": ("learn",),
+    "lr": ("learn",),
     "arms": ("learn",),
     "trl_set": ("learn",),
     "compare": ("grpo", "sft", "memory"),

@@ -64,13 +64,17 @@ KIND_DEFAULTS = {
 """Each task's batch and length where they differ from LearnTask's (the tools task's: the tools demo's)."""
 
 
-def task_for(kind: str = "sum", train_size: int | None = None) -> LearnTask:
-    """The LearnTask of ``kind`` with its defaults (``KIND_DEFAULTS``) and ``train_size`` training prompts."""
+def task_for(kind: str = "sum", train_size: int | None = None, lr: float | None = None) -> LearnTask:
+    """The LearnTask of ``kind`` with its defaults (``KIND_DEFAULTS``), ``train_size`` training prompts and the
+    learning rate ``lr`` of both frameworks (None: the task's; twin plateaus at its 1e-4, docs/benchmarks.md)."""
     if kind not in TASKS:
         raise BenchError(f"--task {kind!r}: expected one of {', '.join(TASKS)}")
     if train_size is not None and train_size < 1:
         raise BenchError(f"--train-size {train_size}: expected at least 1 training prompt")
-    return LearnTask(kind=kind, train_size=train_size, **KIND_DEFAULTS[kind])
+    if lr is not None and not 0 < lr <= 1:
+        raise BenchError(f"--lr {lr}: expected a learning rate in (0, 1], e.g. --lr 1e-5")
+    given = {**KIND_DEFAULTS[kind], **({"lr": lr} if lr is not None else {})}
+    return LearnTask(kind=kind, train_size=train_size, **given)
 
 
 def task_data(task: LearnTask) -> tuple[Path, list[dict], list[dict]]:

@@ -174,6 +174,9 @@ def test_the_tasks_by_hand():
     assert [w for _, _, w in task_rewards(task_for("twin"))] == [0.5, 1.0]
     assert (task_for("tools").prompts_per_step, task_for("tools").max_new_tokens) == (8, 40)
     assert task_for("sum", 400).train_size == 400
+    assert (task_for("twin").lr, task_for("twin", lr=1e-5).lr, task_for("tools", lr=1e-5).max_new_tokens) == (1e-4, 1e-5, 40)
+    with pytest.raises(BenchError, match=r"--lr 0.0: expected a learning rate in \(0, 1\]"):
+        task_for("twin", lr=0.0)
     with pytest.raises(BenchError, match="--task 'nope'"):
         task_for("nope")
 
