@@ -214,3 +214,52 @@ def test_a_flat_trl_sftconfig_file_trains_from_the_cli(tmp_path, capsys):
     config.write_text(config.read_text() + "loss_type: dft\n")
     assert main(["sft", str(config), "--output-dir", str(tmp_path / "bad")]) == 2
     assert f"{config} (a TRL SFTConfig): TRL loss_type='dft' is not supported" in capsys.readouterr().err
+
+
+def test_a_peft_config_trains_a_lora_adapter_and_callbacks_get_trls_events(tmp_path):
+    """peft_config and a transformers.TrainerCallback, as GRPOTrainer takes them: the run trains a LoRA adapter
+    (the base weights untouched), ends in a merged model folder, and the callback sees each step's loss."""
+    peft = pytest.importorskip("peft")
+    from transformers import TrainerCallback
+
+    from grpokit.trainers.sft import SFTTrainer
+
+    class Losses(TrainerCallback):
+        def __init__(self):
+            self.seen = []
+
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            self.seen.append((state.global_step, logs["loss"]))
+
+    losses = Losses()
+    model_dir = str(save_tiny_model(tmp_path / "model"))
+    trainer = SFTTrainer(
+        model_dir, args={"output_dir": str(tmp_path / "run"), "max_steps": 2, "learning_rate": 1e-2, "report_to": "none"},
+        train_dataset=datasets.Dataset.from_list(ADDITIONS), callbacks=[losses],
+        peft_config=peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]),
+    )  # fmt: skip
+    assert (trainer.cfg.lora.enabled, trainer.cfg.lora.r, trainer.cfg.lora.alpha) == (True, 4, 8)
+    summary = trainer.train()
+    assert [step for step, _ in losses.seen] == [1, 2] and all(loss > 0 for _, loss in losses.seen)
+    base = make_tiny_model("qwen2", seed=0)[0].state_dict()
+    trained = {
+        k.replace("base_model.model.", "").replace(".base_layer", ""): v
+        for k, v in trainer.model.state_dict().items()
+    }
+    torch.testing.assert_close(
+        trained["model.layers.0.self_attn.q_proj.weight"], base["model.layers.0.self_attn.q_proj.weight"]
+    )
+    from transformers import AutoModelForCausalLM
+
+    merged = AutoModelForCausalLM.from_pretrained(summary["checkpoint"]).state_dict()
+    assert (
+        float(
+            (
+                merged["model.layers.0.self_attn.q_proj.weight"]
+                - base["model.layers.0.self_attn.q_proj.weight"]
+            )
+            .abs()
+            .max()
+        )
+        > 0
+    )
