@@ -153,6 +153,10 @@ def test_trainer_keywords_it_cannot_honour_are_refused_and_formatting_func_makes
         SFTTrainer(model=model_dir, train_dataset=dataset, data_collator=object())
     with pytest.raises(ConfigError, match="unknown keyword train_datset=; did you mean train_dataset="):
         SFTTrainer(model=model_dir, train_datset=dataset)
+    from grpokit.trainers.grpo import GRPOTrainer
+
+    with pytest.raises(ConfigError, match="GRPOTrainer got TRL's SFTConfig; give a trl.GRPOConfig"):
+        GRPOTrainer(model=model_dir, args=type("SFTConfig", (), {"to_dict": dict})())
     with pytest.raises(ConfigError, match="got TRL's GRPOConfig"):
         SFTTrainer(model=model_dir, train_dataset=dataset, args=type("GRPOConfig", (), {"to_dict": dict})())
     with pytest.raises(ConfigError, match=r"train_dataset, row index 0: formatting_func returned int"):

@@ -82,6 +82,8 @@ def config_from_args(cfg: Any, args: Any) -> tuple[Any, list[float] | None]:
         values, notes = from_trl({})
         _say(notes, "no args: TRL's GRPOConfig defaults")
         return config_from_dict(values), None
+    if type(given).__name__ == "SFTConfig" and callable(getattr(given, "to_dict", None)):
+        raise ConfigError("GRPOTrainer got TRL's SFTConfig; give a trl.GRPOConfig (an SFTConfig goes to SFTTrainer)")
     trl_object = type(given).__name__ in ("GRPOConfig", "AsyncGRPOConfig") or callable(getattr(given, "to_dict", None))
     if isinstance(given, Mapping) and not trl_object and not looks_like_trl(given) and given:
         return config_from_dict(dict(given)), None  # grpokit's own sections as a mapping

@@ -76,11 +76,7 @@ def sft_config_from_args(cfg: Any, args: Any) -> tuple[Any, None]:
     if isinstance(given, Mapping) and not trl_object and set(given) <= sections and not set(given) & SFT_KEYS:
         return sft_config_from_dict(dict(given)), None  # grpokit's own sections as a mapping
     if not trl_object and not isinstance(given, Mapping):
-        rl = (
-            " (a GRPOConfig or grpokit Config goes to GRPOTrainer)"
-            if "Config" in type(given).__name__
-            else ""
-        )
+        rl = " (a grpokit.config.schema.Config goes to GRPOTrainer)" if type(given).__name__ == "Config" else ""
         raise ConfigError(
             f"SFTTrainer's config (args= or the first argument) must be a grpokit SFTConfig (load_sft_config builds "
             f"one) or TRL's SFTConfig (or its to_dict()), got {type(given).__name__}{rl}"
