@@ -267,3 +267,25 @@ def test_a_peft_config_trains_a_lora_adapter_and_callbacks_get_trls_events(tmp_p
         )
         > 0
     )
+
+
+def test_a_loaded_model_with_processing_class_and_an_eval_dataset_evaluated_every_eval_steps(tmp_path):
+    """TRL's other common form: a loaded model, its tokenizer as processing_class, an eval_dataset and
+    eval_strategy="steps": the held-out loss is logged every eval_steps and equals eval_loss() at the end."""
+    import json
+
+    from grpokit.trainers.sft import SFTTrainer
+
+    model, tok = make_tiny_model("qwen2", seed=0)
+    trainer = SFTTrainer(
+        model=model, processing_class=tok,
+        args={"output_dir": str(tmp_path / "run"), "max_steps": 4, "learning_rate": 1e-2, "report_to": "none",
+              "eval_strategy": "steps", "eval_steps": 2, "per_device_train_batch_size": 4},
+        train_dataset=datasets.Dataset.from_list(ADDITIONS), eval_dataset=datasets.Dataset.from_list(ADDITIONS[:3]),
+    )  # fmt: skip
+    assert (trainer.cfg.eval.every, trainer.cfg.sft.batch_size, trainer.model is model) == (2, 4, True)
+    trainer.train()
+    evals = [json.loads(line) for line in (tmp_path / "run" / "eval.jsonl").read_text().splitlines()]
+    assert [e["step"] for e in evals] == [0, 2, 4]
+    assert evals[-1]["loss"] == pytest.approx(trainer.eval_loss()["loss"], rel=1e-6)
+    assert evals[-1]["loss"] < evals[0]["loss"]  # lr 1e-2 on the same rows: the held-out loss falls
