@@ -124,6 +124,16 @@ def test_sftconfig_fields_map_and_the_defaults_table_is_trls():
     assert from_trl_sft({"completion_only_loss": False})[0]["sft"]["loss_on"] == "all"
 
 
+def test_the_batch_counts_every_process_under_torchrun(monkeypatch):
+    """TRL's optimizer step is per_device_train_batch_size x accumulation x processes; sft.batch_size counts all of
+    them (WORLD_SIZE, as torchrun sets it), micro-batches stay per device."""
+    from grpokit.config.trl_sft import from_trl_sft
+
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    values, _ = from_trl_sft({"per_device_train_batch_size": 2, "gradient_accumulation_steps": 3})
+    assert (values["sft"]["batch_size"], values["optim"]["micro_batch_size"]) == (24, 2)
+
+
 @pytest.mark.parametrize(
     "fields, message",
     [
