@@ -82,19 +82,24 @@ TRL_DEFAULTS: dict[str, Any] = {
 }  # fmt: skip
 """TRL 1.16's defaults of the fields mapped (tests check them against trl.GRPOConfig)."""
 
-INERT = {
+ARGS_INERT = frozenset({
     "logging_dir", "logging_strategy", "logging_first_step", "log_level", "disable_tqdm", "run_name",
     "per_device_eval_batch_size", "dataloader_num_workers", "dataloader_pin_memory", "remove_unused_columns",
-    "save_strategy", "overwrite_output_dir", "do_train", "do_eval", "use_cpu", "num_completions_to_print",
-    "log_unique_prompts", "ds3_gather_for_generation", "push_to_hub", "hub_model_id", "save_only_model",
-    "vllm_mode", "vllm_gpu_memory_utilization", "vllm_server_host", "vllm_server_port",
+    "save_strategy", "overwrite_output_dir", "do_train", "do_eval", "use_cpu", "push_to_hub", "hub_model_id",
+    "save_only_model", "bf16_full_eval", "fp16_full_eval",
+})  # fmt: skip
+"""TrainingArguments fields (display, the hub, data loading) with no effect on what grpokit trains: accepted and
+ignored by GRPOConfig's conversion and SFTConfig's (grpokit.config.trl_sft)."""
+
+INERT = ARGS_INERT | {
+    "num_completions_to_print", "log_unique_prompts", "ds3_gather_for_generation", "vllm_mode", "vllm_gpu_memory_utilization", "vllm_server_host", "vllm_server_port",
     "vllm_server_timeout", "vllm_tensor_parallel_size", "vllm_enable_sleep_mode", "vllm_max_model_length",
     "vllm_model_impl", "vllm_server_base_url", "vllm_group_port", "vllm_importance_sampling_correction",
     "vllm_importance_sampling_mode", "vllm_importance_sampling_cap", "vllm_importance_sampling_clip_max",
-    "vllm_importance_sampling_clip_min", "log_multimodal", "bf16_full_eval", "fp16_full_eval",
+    "vllm_importance_sampling_clip_min", "log_multimodal",
 }  # fmt: skip
-"""Fields with no effect on what is trained (display, hub; the vLLM ones when use_vllm is off, else mapped by
-_vllm): accepted, ignored."""
+"""GRPOConfig's fields with no effect on what is trained (ARGS_INERT; the vLLM ones when use_vllm is off, else
+mapped by _vllm): accepted, ignored."""
 
 REFUSED_UNLESS_DEFAULT: dict[str, tuple[Any, str]] = {
     "delta": (None, "no two-sided clip; algo.dual_clip is another rule (a bound for negative advantages)"),
@@ -116,7 +121,8 @@ REFUSED_UNLESS_DEFAULT: dict[str, tuple[Any, str]] = {
 }  # fmt: skip
 """Fields grpokit cannot honour: refused by name, with why, when set to anything but TRL's default."""
 
-_SAME = {"optim": ("adamw_torch", "adamw_torch_fused")}
+SAME_AS_DEFAULT = {"optim": ("adamw_torch", "adamw_torch_fused")}
+"""Values that mean the default of a refused field (torch's fused AdamW is AdamW)."""
 
 SCRIPT_KEYS = {
     "model_name_or_path": "model.name_or_path", "dataset_name": "data.train", "dataset_config": "data.config",
@@ -214,7 +220,7 @@ def from_trl(args: Any) -> tuple[dict[str, Any], list[str]]:
     values, inert = trl_mapping(args, TRL_KEYS | (ASYNC_INERT - TRAINING_INERT) | {"dtype"}, TRL_DEFAULTS)
     if set(values) & ASYNC_MARKS:
         out, notes = _from_trl_async(values)
-        return out, notes + _inert_note(inert)
+        return out, notes + inert_note(inert)
     unknown = sorted(set(values) - TRL_KEYS)
     if unknown:
         raise ConfigError(
@@ -223,10 +229,10 @@ def from_trl(args: Any) -> tuple[dict[str, Any], list[str]]:
         )
     for key, (default, why) in REFUSED_UNLESS_DEFAULT.items():
         value = values.get(key, default)
-        if value != default and not (default is None and value == {}) and str(value) not in _SAME.get(key, ()):
+        if value != default and not (default is None and value == {}) and str(value) not in SAME_AS_DEFAULT.get(key, ()):
             raise ConfigError(f"TRL {key}={values[key]!r} is not supported: {why}; remove it")
     v = {**TRL_DEFAULTS, **values}
-    notes: list[str] = _inert_note(inert)
+    notes: list[str] = inert_note(inert)
     out: dict[str, dict[str, Any]] = {s: {} for s in ("model", "data", "rollout", "algo", "optim", "eval", "train")}
 
     # batch geometry: rows per micro-batch, per optimizer step, per generation
@@ -616,7 +622,7 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def _inert_note(inert: list[str]) -> list[str]:
+def inert_note(inert: list[str]) -> list[str]:
     if not inert:
         return []
     return [f"accepted, no effect on what a grpokit run trains ({len(inert)} TrainingArguments fields): {', '.join(inert)}"]

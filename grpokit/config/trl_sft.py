@@ -28,7 +28,16 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from grpokit.config.trl import SCRIPT_KEYS, model_init_values, optimiser_values, report_targets
+from grpokit.config.trl import (
+    ARGS_INERT,
+    REFUSED_UNLESS_DEFAULT,
+    SAME_AS_DEFAULT,
+    SCRIPT_KEYS,
+    inert_note,
+    model_init_values,
+    optimiser_values,
+    report_targets,
+)
 from grpokit.config.trl_fields import _is_default, trl_mapping
 from grpokit.core.errors import ConfigError
 
@@ -45,16 +54,9 @@ SFT_DEFAULTS: dict[str, Any] = {
 }  # fmt: skip
 """TRL 1.16's SFTConfig defaults of the fields mapped (tests check them against trl.SFTConfig)."""
 
-SFT_INERT = {
-    "logging_dir", "logging_strategy", "logging_first_step", "log_level", "disable_tqdm", "run_name",
-    "per_device_eval_batch_size", "dataloader_num_workers", "dataloader_pin_memory", "remove_unused_columns",
-    "save_strategy", "overwrite_output_dir", "do_train", "do_eval", "use_cpu", "push_to_hub", "hub_model_id",
-    "save_only_model", "bf16_full_eval", "fp16_full_eval", "dataset_num_proc", "eval_packing",
-    "pad_to_multiple_of", "warmup_ratio",
-}  # fmt: skip
-"""Fields that change nothing in what is trained here (display, the hub, dataset preparation workers; padding is
-grpokit's own): accepted, listed in the notes. (warmup_ratio is mapped when set: it is here because transformers 5
-folds it into warmup_steps.)"""
+SFT_INERT = ARGS_INERT | {"dataset_num_proc", "eval_packing", "pad_to_multiple_of"}
+"""Fields that change nothing in what is trained here (grpokit.config.trl.ARGS_INERT; dataset preparation workers;
+padding is grpokit's own): accepted, ignored."""
 
 SFT_REFUSED_UNLESS_DEFAULT: dict[str, tuple[Any, str]] = {
     "loss_type": ("nll", "the SFT loss is the token-mean negative log-likelihood (TRL's nll)"),
@@ -64,20 +66,17 @@ SFT_REFUSED_UNLESS_DEFAULT: dict[str, tuple[Any, str]] = {
     "chat_template_path": (None, "the tokenizer's chat template is used; set tokenizer.chat_template on the "
                                  "tokenizer you pass"),
     "dataset_kwargs": (None, "the rows are always tokenized by grpokit.data.sft (no skip_prepare_dataset)"),
-    "router_aux_loss_coef": (None, "no MoE router loss"),
-    "fp16": (False, "set optim.precision=fp16_mixed in a grpokit config"),
-    "gradient_checkpointing_kwargs": (None, "gradient checkpointing takes no arguments"),
-    "data_seed": (None, "one seed (train.seed) for the data order"),
-    "lr_scheduler_kwargs": (None, "the schedules take no arguments"),
-    "optim": ("adamw_torch", "the optimizer is AdamW (torch's, or torch-optimi's Kahan AdamW in bf16)"),
-    "torch_compile": (False, "no torch.compile"),
+    **{key: REFUSED_UNLESS_DEFAULT[key] for key in (
+        "router_aux_loss_coef", "fp16", "gradient_checkpointing_kwargs", "data_seed", "lr_scheduler_kwargs", "optim",
+        "torch_compile",
+    )},
 }  # fmt: skip
-"""SFTConfig fields grpokit cannot honour: refused by name, with why, when set to anything but TRL's default."""
-
-_SAME = {"optim": ("adamw_torch", "adamw_torch_fused"), "dataset_kwargs": ({},)}
+"""SFTConfig fields grpokit cannot honour (its own, and those GRPOConfig's conversion refuses too): refused by name,
+with why, when set to anything but TRL's default."""
 
 SFT_KEYS = (
     frozenset(SFT_DEFAULTS) | SFT_INERT | frozenset(SFT_REFUSED_UNLESS_DEFAULT) | frozenset(SCRIPT_KEYS)
+    | {"warmup_ratio"}  # mapped when set (transformers 5 folds it into warmup_steps: no default of its own)
 )
 
 
@@ -99,15 +98,11 @@ def from_trl_sft(args: Any) -> tuple[dict[str, Any], list[str]]:
     ``trl.SFTConfig`` or its ``to_dict()``. Raises ConfigError naming the first field grpokit cannot honour."""
     values, inert = trl_mapping(args, SFT_KEYS, SFT_DEFAULTS, trl_class="SFTConfig")
     for key, (default, why) in SFT_REFUSED_UNLESS_DEFAULT.items():
-        value = values.get(key, default)
-        if not _is_default(value, default) and value not in _SAME.get(
-            key, ()
-        ):  # to_dict() writes "<EOS_TOKEN>"
+        value = values.get(key, default)  # _is_default: to_dict() writes an unset eos_token as "<EOS_TOKEN>"
+        if not _is_default(value, default) and str(value) not in SAME_AS_DEFAULT.get(key, ()):
             raise ConfigError(f"TRL {key}={value!r} is not supported: {why}; remove it")
-    v = {**SFT_DEFAULTS, **{k: val for k, val in values.items() if k not in SFT_INERT or k == "warmup_ratio"}}
-    notes: list[str] = []
-    if inert:
-        notes.append(f"no effect here, ignored: {', '.join(inert)}")
+    v = {**SFT_DEFAULTS, **values}
+    notes: list[str] = inert_note(inert)
     out: dict[str, dict[str, Any]] = {s: {} for s in ("model", "data", "sft", "optim", "eval", "train")}
 
     # the batch: TRL's optimizer step over every process, its micro-batches per device
