@@ -183,15 +183,23 @@ def load_sft_config(path: str | Path | None = None, overrides: list[str] | tuple
     return load_config(path, overrides, build=sft_config_from_dict, convert=from_trl_sft_if_flat)
 
 
+def looks_like_trl_sft(values: Any) -> bool:
+    """A flat mapping with TRL SFTConfig's keys and none of grpokit's SFT sections (model:, data:, sft:, ...): the
+    twin of grpokit.config.trl.looks_like_trl for GRPOConfig."""
+    from grpokit.config.trl_sft import SFT_KEYS
+
+    sections = {f.name for f in dataclasses.fields(SFTConfig)}
+    return bool(values) and not (set(values) & sections) and bool(set(values) & SFT_KEYS)
+
+
 def from_trl_sft_if_flat(values: dict[str, Any], path: Path) -> dict[str, Any]:
     """A flat TRL SFTConfig file (TRL's fields, none of grpokit's sections) converted by
     grpokit.config.trl_sft.from_trl_sft, its notes printed once; any other mapping as it is."""
     import sys
 
-    from grpokit.config.trl_sft import SFT_KEYS, from_trl_sft
+    from grpokit.config.trl_sft import from_trl_sft
 
-    sections = {f.name for f in dataclasses.fields(SFTConfig)}
-    if not values or set(values) & sections or not set(values) & SFT_KEYS:
+    if not looks_like_trl_sft(values):
         return values
     try:
         converted, notes = from_trl_sft(values)

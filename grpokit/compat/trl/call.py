@@ -51,19 +51,25 @@ UNSUPPORTED = {
 """Keywords of TRL's GRPOTrainer (and near misses) grpokit refuses, with what to do instead."""
 
 
-def refuse_unexpected(unexpected: Mapping[str, Any]) -> None:
-    """A ConfigError naming the first keyword GRPOTrainer does not take, with its fix."""
+def refuse_unexpected(
+    unexpected: Mapping[str, Any],
+    trainer: str = "GRPOTrainer",
+    unsupported: Mapping[str, str] = UNSUPPORTED,
+    keywords: tuple[str, ...] = KEYWORDS,
+) -> None:
+    """A ConfigError naming the first keyword ``trainer`` does not take: one of ``unsupported``, with its fix, or an
+    unknown one, with the nearest of ``keywords`` (SFTTrainer's tables: grpokit.compat.trl.sft_call)."""
     for name in sorted(unexpected):
-        why = UNSUPPORTED.get(name)
+        why = unsupported.get(name)
         if why is not None:
-            raise ConfigError(f"GRPOTrainer({name}=...) is not taken: {why}")
+            raise ConfigError(f"{trainer}({name}=...) is not taken: {why}")
     if unexpected:
         import difflib
 
         name = sorted(unexpected)[0]
-        near = difflib.get_close_matches(name, KEYWORDS, n=1)
+        near = difflib.get_close_matches(name, keywords, n=1)
         hint = f"did you mean {near[0]}=? " if near else ""
-        raise ConfigError(f"GRPOTrainer got an unknown keyword {name}=; {hint}it takes {', '.join(KEYWORDS)}")
+        raise ConfigError(f"{trainer} got an unknown keyword {name}=; {hint}it takes {', '.join(keywords)}")
 
 
 def config_from_args(cfg: Any, args: Any) -> tuple[Any, list[float] | None]:

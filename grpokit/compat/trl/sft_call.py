@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from grpokit.compat.trl.call import _say
+from grpokit.compat.trl.call import _say, refuse_unexpected
 from grpokit.core.errors import ConfigError
 
 UNSUPPORTED = {
@@ -37,27 +37,26 @@ UNSUPPORTED = {
 """Keywords of TRL's SFTTrainer (and near misses) grpokit refuses unless None, with what to do instead."""
 
 
-def refuse_unsupported(given: Mapping[str, Any]) -> None:
-    """A ConfigError naming the first keyword SFTTrainer does not take (UNSUPPORTED, or unknown: near-miss hint)."""
-    for name in sorted(given):
-        if name in UNSUPPORTED:
-            if given[name] is None:
-                continue
-            raise ConfigError(f"SFTTrainer({name}=...) is not taken: {UNSUPPORTED[name]}")
-        import difflib
+KEYWORDS = (
+    "cfg", "args", "model", "tokenizer", "processing_class", "train_rows", "train_dataset", "eval_rows", "eval_dataset",
+    "reward_functions", "callbacks", "peft_config", "formatting_func", "resume", "overwrite", "allow_changed_config",
+)  # fmt: skip
+"""SFTTrainer's keywords a user passes, for near-miss hints."""
 
-        keywords = ("cfg", "args", "model", "tokenizer", "processing_class", "train_rows", "train_dataset",
-                    "eval_rows", "eval_dataset", "reward_functions", "callbacks", "peft_config", "formatting_func",
-                    "resume", "overwrite", "allow_changed_config")  # fmt: skip
-        near = difflib.get_close_matches(name, keywords, n=1)
-        hint = f"did you mean {near[0]}=? " if near else ""
-        raise ConfigError(f"SFTTrainer got an unknown keyword {name}=; {hint}it takes {', '.join(keywords)}")
+
+def refuse_unsupported(given: Mapping[str, Any]) -> None:
+    """A ConfigError naming the first keyword SFTTrainer does not take (grpokit.compat.trl.call.refuse_unexpected with
+    SFTTrainer's tables); TRL's keywords of UNSUPPORTED given as None (their default) pass."""
+    refuse_unexpected(
+        {name: value for name, value in given.items() if not (name in UNSUPPORTED and value is None)},
+        "SFTTrainer", UNSUPPORTED, KEYWORDS,
+    )  # fmt: skip
 
 
 def sft_config_from_args(cfg: Any, args: Any) -> tuple[Any, None]:
     """(the run's SFTConfig, None) from SFTTrainer's ``cfg`` and ``args`` (module doc)."""
-    from grpokit.config.sft import SFTConfig, sft_config_from_dict
-    from grpokit.config.trl_sft import SFT_KEYS, from_trl_sft
+    from grpokit.config.sft import SFTConfig, looks_like_trl_sft, sft_config_from_dict
+    from grpokit.config.trl_sft import from_trl_sft
 
     if cfg is not None and args is not None:
         raise ConfigError(
@@ -72,8 +71,7 @@ def sft_config_from_args(cfg: Any, args: Any) -> tuple[Any, None]:
         _say(notes, "no args: TRL's SFTConfig defaults")
         return sft_config_from_dict(values), None
     trl_object = type(given).__name__ == "SFTConfig" or callable(getattr(given, "to_dict", None))
-    sections = {"model", "lora", "data", "sft", "optim", "rewards", "eval", "train"}
-    if isinstance(given, Mapping) and not trl_object and set(given) <= sections and not set(given) & SFT_KEYS:
+    if isinstance(given, Mapping) and not trl_object and not looks_like_trl_sft(given) and given:
         return sft_config_from_dict(dict(given)), None  # grpokit's own sections as a mapping
     if not trl_object and not isinstance(given, Mapping):
         rl = " (a grpokit.config.schema.Config goes to GRPOTrainer)" if type(given).__name__ == "Config" else ""
