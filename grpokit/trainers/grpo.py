@@ -37,6 +37,8 @@ from grpokit.compat.trl.after_train import (
     create_model_card,
     epoch_of,
     log_metrics,
+    refuse_push_to_hub,
+    save_hf_model,
     save_metrics,
     save_state,
     trainer_state,
@@ -44,10 +46,8 @@ from grpokit.compat.trl.after_train import (
 from grpokit.compat.trl.api import ProcessView, trl_arguments
 from grpokit.compat.trl.names import with_trl_names
 from grpokit.config.schema import Config
-from grpokit.core.errors import ConfigError
 from grpokit.core.notices import Notices
 from grpokit.data.templates import describe_templates
-from grpokit.model.checkpoint import save_model_folder
 from grpokit.rollout.batch import ANSWER_FORMAT_HINT, ScoredBatch, advantage_abs_mean, step_metrics
 from grpokit.rollout.evaluate import evaluate
 from grpokit.rollout.record import TokenRecorder, sample_rows, write_rollouts
@@ -306,16 +306,9 @@ class GRPOTrainer:
         return self.parts.save()
 
     def save_model(self, output_dir: str | Path | None = None) -> Path | None:
-        """TRL's (transformers') ``trainer.save_model(output_dir)``: the policy as it is now and its tokenizer, a
-        Hugging Face folder any HF tool loads (safetensors; a LoRA run: its adapter, as PEFT saves it), written
-        into ``output_dir`` (default: train.output_dir) beside what is there. Not a checkpoint: ``save()`` writes
-        one to resume from. Under torchrun every rank calls it (the weights are gathered) and rank 0 writes.
-        Returns the folder (None on the other ranks)."""
-        folder = Path(output_dir if output_dir is not None else self.cfg.train.output_dir)
-        weights = self.dist.full_state(self.learner.model)  # every rank gathers; None in one process
-        written = save_model_folder(folder, self.learner.model, self.tokenizer, weights) if self.dist.is_main else None
-        self.dist.barrier()
-        return written
+        """TRL's ``trainer.save_model(output_dir)``: the policy and its tokenizer as a Hugging Face folder (default
+        train.output_dir); not a checkpoint (``save()``). grpokit.compat.trl.after_train.save_hf_model."""
+        return save_hf_model(self, output_dir)
 
     @property
     def state(self):
@@ -343,11 +336,7 @@ class GRPOTrainer:
 
     def push_to_hub(self, *args: Any, **kwargs: Any) -> None:
         """TRL's ``trainer.push_to_hub(...)``: refused in one line with what to do, never a silent no-op."""
-        raise ConfigError(
-            "trainer.push_to_hub(): grpokit does not upload to the Hugging Face Hub. trainer.save_model(DIR) writes "
-            f"the trained model as a Hugging Face folder (default {self.cfg.train.output_dir}); upload it with "
-            "`hf upload REPO_ID DIR` (huggingface_hub's CLI)"
-        )
+        refuse_push_to_hub(self)
 
     @property
     def accelerator(self) -> ProcessView:

@@ -30,6 +30,8 @@ from grpokit.compat.trl.after_train import (
     check_resume_request,
     epoch_of,
     log_metrics,
+    refuse_push_to_hub,
+    save_hf_model,
     save_metrics,
     save_state,
     trainer_state,
@@ -40,7 +42,6 @@ from grpokit.config.schema import ConfigError
 from grpokit.config.sft import SFTConfig, prompt_data_config, validated_sft
 from grpokit.data.prompts import DataError
 from grpokit.data.sft import collate, detect_format, encode_examples, load_sft_rows, prompt_rows
-from grpokit.model.checkpoint import save_model_folder
 from grpokit.model.loading import (
     check_tokenizer_fits,
     eos_token_ids,
@@ -202,13 +203,9 @@ class SFTTrainer:
         return trainer_state(self)
 
     def save_model(self, output_dir: str | Path | None = None) -> Path | None:
-        """TRL's ``save_model(output_dir)``: the model as it is now (a LoRA run: its adapter) and its tokenizer, a
-        Hugging Face folder (default train.output_dir); rank 0 writes. Not a checkpoint (``save()``)."""
-        folder = Path(output_dir if output_dir is not None else self.cfg.train.output_dir)
-        weights = self.dist.full_state(self.learner.model)  # every rank gathers; None in one process
-        written = save_model_folder(folder, self.learner.model, self.tokenizer, weights) if self.dist.is_main else None
-        self.dist.barrier()
-        return written
+        """TRL's ``save_model(output_dir)``: the model now (a LoRA run: its adapter) and its tokenizer, a Hugging Face
+        folder (default train.output_dir); not a checkpoint (``save()``). after_train.save_hf_model."""
+        return save_hf_model(self, output_dir)
 
     def log_metrics(self, split: str, metrics: dict[str, Any]) -> None:
         log_metrics(self, split, metrics)
@@ -220,11 +217,8 @@ class SFTTrainer:
         return save_state(self)
 
     def push_to_hub(self, *args: Any, **kwargs: Any) -> None:
-        """Refused in one line with what to do, never a silent no-op (GRPOTrainer.push_to_hub)."""
-        raise ConfigError(
-            "trainer.push_to_hub(): grpokit does not upload to the Hugging Face Hub; trainer.save_model(DIR) writes "
-            "a Hugging Face folder, `hf upload REPO_ID DIR` uploads it"
-        )
+        """Refused in one line with what to do, never a silent no-op (after_train.refuse_push_to_hub)."""
+        refuse_push_to_hub(self)
 
     @property
     def accelerator(self) -> ProcessView:

@@ -67,6 +67,31 @@ def trainer_state(trainer: Any, state: Any = None) -> Any:
     return s
 
 
+def save_hf_model(trainer: Any, output_dir: str | Path | None = None) -> Path | None:
+    """TRL's (transformers') ``trainer.save_model(output_dir)``, for GRPOTrainer and SFTTrainer: the model as it is now
+    and its tokenizer, a Hugging Face folder any HF tool loads (safetensors; a LoRA run: its adapter, as PEFT saves
+    it), written into ``output_dir`` (default: train.output_dir) beside what is there. Not a checkpoint:
+    ``trainer.save()`` writes one to resume from. Under torchrun every rank calls it (the weights are gathered) and
+    rank 0 writes. Returns the folder (None on the other ranks)."""
+    from grpokit.model.checkpoint import save_model_folder
+
+    folder = Path(output_dir if output_dir is not None else trainer.cfg.train.output_dir)
+    model = trainer.learner.model
+    weights = trainer.dist.full_state(model)  # every rank gathers; None in one process
+    written = save_model_folder(folder, model, trainer.tokenizer, weights) if trainer.dist.is_main else None
+    trainer.dist.barrier()
+    return written
+
+
+def refuse_push_to_hub(trainer: Any) -> None:
+    """TRL's ``trainer.push_to_hub(...)``: refused in one line with what to do, never a silent no-op."""
+    raise ConfigError(
+        "trainer.push_to_hub(): grpokit does not upload to the Hugging Face Hub. trainer.save_model(DIR) writes "
+        f"the trained model as a Hugging Face folder (default {trainer.cfg.train.output_dir}); upload it with "
+        "`hf upload REPO_ID DIR` (huggingface_hub's CLI)"
+    )
+
+
 def check_resume_request(trainer: Any, resume_from_checkpoint: Any) -> None:
     """``train(resume_from_checkpoint=...)``: grpokit resumes when the trainer is built (its parts load the
     checkpoint's state then), so here the request is only checked against what was resumed: None or False, or
