@@ -225,6 +225,11 @@ class EvalConfig:
         None, "Defaults to rollout.max_new_tokens.", range="[1, inf)", example=256
     )
     enabled: bool = setting(True, "Evaluate before and after training when held-out data exists.")
+    each_epoch: bool = setting(
+        False,
+        """Also evaluate at the end of each pass over the training rows (TRL's eval_strategy="epoch"): eval.every
+        becomes ceil(rows / rows per step) when the trainer is built; eval.every must then be 0.""",
+    )
 
 
 @dataclass
@@ -270,6 +275,11 @@ class TrainConfig:
         range="[0, inf)",
         example=50,
         meaning="0 = only at the end",
+    )
+    save_each_epoch: bool = setting(
+        False,
+        """Checkpoint at the end of each pass over the training rows (TRL's save_strategy="epoch"): train.save_every
+        becomes ceil(rows / rows per step) when the trainer is built; train.save_every must then be 0.""",
     )
     keep_checkpoints: int = setting(
         2,

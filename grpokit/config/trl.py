@@ -42,6 +42,8 @@ grpokit's sampler process has no counterpart for, are refused by name (``_from_t
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from grpokit.config.trl_fields import TRAINING_INERT, trl_mapping
@@ -77,15 +79,15 @@ TRL_DEFAULTS: dict[str, Any] = {
     "entropy_coef_min": 0.0, "entropy_coef_max": 1.0,
     "mask_truncated_completions": False, "gradient_checkpointing": True, "shuffle_dataset": True,
     "logging_steps": 10, "save_steps": 500, "save_total_limit": None, "eval_steps": None,
-    "eval_strategy": "no", "report_to": "none", "log_completions": False, "output_dir": "trainer_output",
-    "bf16": None,
+    "eval_strategy": "no", "save_strategy": "steps", "report_to": "none", "log_completions": False,
+    "output_dir": "trainer_output", "bf16": None,
 }  # fmt: skip
 """TRL 1.16's defaults of the fields mapped (tests check them against trl.GRPOConfig)."""
 
 ARGS_INERT = frozenset({
     "logging_dir", "logging_strategy", "logging_first_step", "log_level", "disable_tqdm", "run_name",
     "per_device_eval_batch_size", "dataloader_num_workers", "dataloader_pin_memory", "remove_unused_columns",
-    "save_strategy", "overwrite_output_dir", "do_train", "do_eval", "use_cpu", "push_to_hub", "hub_model_id",
+    "overwrite_output_dir", "do_train", "do_eval", "use_cpu", "push_to_hub", "hub_model_id",
     "save_only_model", "bf16_full_eval", "fp16_full_eval",
 })  # fmt: skip
 """TrainingArguments fields (display, the hub, data loading) with no effect on what grpokit trains: accepted and
@@ -208,6 +210,47 @@ def _per(name: str, value: int, k: int) -> int:
             f"(steps_per_generation / gradient_accumulation_steps x num_iterations); use a multiple of {k}"
         )
     return value // k
+
+
+def cadence_values(v: Mapping[str, Any], per: Callable[[str, int], int] = lambda name, n: n) -> tuple[dict, dict, list[str]]:
+    """(train values, eval values, notes): TRL's save_strategy / save_steps / save_total_limit and eval_strategy /
+    eval_steps as grpokit's cadence. ``steps``: train.save_every / eval.every (``per`` turns TRL's optimizer steps
+    into grpokit steps); ``epoch``: train.save_each_epoch / eval.each_epoch (the step in which each pass over the
+    rows ends); ``best``: no best checkpoint is kept, said in a note; ``no``: only the last checkpoint, evaluation
+    before and after. A share of the run (a step count below 1, as transformers reads it) becomes
+    ceil(share x max_steps); with epochs instead of max_steps it is refused, naming the field."""
+    train: dict[str, Any] = {"save_every": 0, "keep_checkpoints": int(v["save_total_limit"] or 0)}
+    evaluation: dict[str, Any] = {}
+    notes: list[str] = []
+
+    def steps(name: str, value: float) -> int:
+        if 0 < value < 1:
+            if int(v["max_steps"]) <= 0:
+                raise ConfigError(
+                    f"TRL {name}={value} is a share of the run's steps, and with num_train_epochs grpokit counts "
+                    "them only once the rows are loaded: give a number of steps, or max_steps"
+                )
+            value = math.ceil(value * int(v["max_steps"]))
+        return per(name, int(value))
+
+    save = str(v.get("save_strategy", "steps"))
+    if save == "epoch":
+        train["save_each_epoch"] = True
+        notes.append("save_strategy=epoch: train.save_each_epoch, a checkpoint in the step each pass over the rows ends")
+    elif save == "steps" and v["save_steps"]:
+        train["save_every"] = steps("save_steps", float(v["save_steps"]))
+    elif save == "best":
+        notes.append(
+            "save_strategy=best: grpokit keeps no best checkpoint, only the last one; for checkpoints to choose "
+            "from, use save_strategy: steps and read eval.jsonl"
+        )
+    evaluate = str(v["eval_strategy"])
+    if evaluate == "epoch":
+        evaluation["each_epoch"] = True
+    elif evaluate != "no":
+        every = v["eval_steps"] if v["eval_steps"] is not None else v["logging_steps"]
+        evaluation["every"] = steps("eval_steps" if v["eval_steps"] is not None else "logging_steps", float(every))
+    return train, evaluation, notes
 
 
 def from_trl(args: Any) -> tuple[dict[str, Any], list[str]]:
@@ -353,12 +396,10 @@ def from_trl(args: Any) -> tuple[dict[str, Any], list[str]]:
     out["train"]["stop_after_flat_steps"] = 0  # TRL trains on through steps without reward spread
     notes.append("train.stop_after_flat_steps=0: TRL has no stop after steps without reward spread (grpokit's default: 5)")
     out["train"]["output_dir"] = str(v["output_dir"])
-    saves = v["save_steps"] and v.get("save_strategy", "steps") not in ("no", "epoch", "best")
-    out["train"]["save_every"] = _per("save_steps", int(v["save_steps"]), k) if saves else 0
-    out["train"]["keep_checkpoints"] = int(v["save_total_limit"] or 0)
-    if v["eval_strategy"] != "no":
-        every = v["eval_steps"] if v["eval_steps"] is not None else v["logging_steps"]
-        out["eval"]["every"] = _per("eval_steps", int(every), k)
+    train, evaluation, cadence_notes = cadence_values(v, lambda name, n: _per(name, n, k))
+    out["train"].update(train)
+    out["eval"].update(evaluation)
+    notes += cadence_notes
     out["model"]["gradient_checkpointing"] = bool(v["gradient_checkpointing"])
     out["data"]["shuffle"] = bool(v["shuffle_dataset"])
     out["train"]["report_to"] = report_targets(v["report_to"])

@@ -75,7 +75,7 @@ KINDS: dict[str, tuple[str, Any]] = {
     **dict.fromkeys((
         "num_generations", "max_completion_length", "top_k", "per_device_train_batch_size",
         "gradient_accumulation_steps", "steps_per_generation", "generation_batch_size", "num_iterations",
-        "max_steps", "seed", "logging_steps", "save_steps", "save_total_limit", "num_generations_eval",
+        "max_steps", "seed", "logging_steps", "save_total_limit", "num_generations_eval",
         "max_prompt_length", "vllm_tensor_parallel_size", "vllm_max_model_length", "vllm_server_port",
         "vllm_group_port", "max_staleness", "weight_sync_steps", "token_budget", "max_length",
     ), _INT),
@@ -85,7 +85,7 @@ KINDS: dict[str, tuple[str, Any]] = {
         "sapo_temperature_pos", "sapo_temperature_neg", "off_policy_mask_threshold", "top_entropy_quantile",
         "vespo_k_pos", "vespo_lambda_pos", "vespo_k_neg", "vespo_lambda_neg", "entropy_coef", "entropy_target",
         "entropy_coef_delta", "entropy_coef_min", "entropy_coef_max", "warmup_steps", "warmup_ratio",
-        "eval_steps", "vllm_gpu_memory_utilization", "vllm_importance_sampling_cap",
+        "eval_steps", "save_steps", "vllm_gpu_memory_utilization", "vllm_importance_sampling_cap",
         "vllm_importance_sampling_clip_max", "vllm_importance_sampling_clip_min", "vllm_server_timeout",
     ), _NUM),
     **dict.fromkeys((
@@ -96,7 +96,7 @@ KINDS: dict[str, tuple[str, Any]] = {
         "assistant_only_loss", "activation_offloading",
     ), _BOOL),
     **dict.fromkeys((
-        "loss_type", "importance_sampling_level", "lr_scheduler_type", "output_dir", "eval_strategy",
+        "loss_type", "importance_sampling_level", "lr_scheduler_type", "output_dir", "eval_strategy", "save_strategy",
         "multi_objective_aggregation", "vllm_mode", "vllm_importance_sampling_mode", "model_name_or_path",
         "dataset_name", "dataset_config", "dataset_train_split", "dataset_test_split", "dataset_text_field",
         "truncation_mode", "packing_strategy",

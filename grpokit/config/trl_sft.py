@@ -33,6 +33,7 @@ from grpokit.config.trl import (
     REFUSED_UNLESS_DEFAULT,
     SAME_AS_DEFAULT,
     SCRIPT_KEYS,
+    cadence_values,
     inert_note,
     model_init_values,
     optimiser_values,
@@ -46,7 +47,7 @@ SFT_DEFAULTS: dict[str, Any] = {
     "num_train_epochs": 3.0, "max_steps": -1, "weight_decay": 0.0, "adam_beta1": 0.9, "adam_beta2": 0.999,
     "adam_epsilon": 1e-8, "max_grad_norm": 1.0, "lr_scheduler_type": "linear", "warmup_steps": 0, "seed": 42,
     "logging_steps": 10, "save_steps": 500, "save_total_limit": None, "eval_strategy": "no", "eval_steps": None,
-    "gradient_checkpointing": True, "bf16": None, "report_to": "none", "output_dir": "trainer_output",
+    "save_strategy": "steps", "gradient_checkpointing": True, "bf16": None, "report_to": "none", "output_dir": "trainer_output",
     "max_length": 1024, "truncation_mode": "keep_start", "packing": False, "packing_strategy": "bfd",
     "padding_free": False, "completion_only_loss": None, "assistant_only_loss": False,
     "dataset_text_field": "text", "shuffle_dataset": False, "loss_type": "nll", "model_init_kwargs": None,
@@ -158,12 +159,10 @@ def from_trl_sft(args: Any) -> tuple[dict[str, Any], list[str]]:
         notes.append(f"max_steps unset: num_train_epochs={v['num_train_epochs']} passes over the rows")
     out["train"]["seed"] = int(v["seed"])
     out["train"]["output_dir"] = str(v["output_dir"])
-    saves = v["save_steps"] and values.get("save_strategy", "steps") not in ("no", "epoch", "best")
-    out["train"]["save_every"] = int(v["save_steps"]) if saves else 0
-    out["train"]["keep_checkpoints"] = int(v["save_total_limit"] or 0)
-    if v["eval_strategy"] != "no":
-        every = v["eval_steps"] if v["eval_steps"] is not None else v["logging_steps"]
-        out["eval"]["every"] = int(every)
+    train, evaluation, cadence_notes = cadence_values(v)
+    out["train"].update(train)
+    out["eval"].update(evaluation)
+    notes += cadence_notes
     out["train"]["report_to"] = report_targets(v["report_to"])
     notes.append("logging_steps: grpokit logs every step")
     for key, dotted in SCRIPT_KEYS.items():

@@ -53,8 +53,8 @@ class Trainer(Protocol):
         """One step; its metrics, or {} when it was not taken (``stopped_early`` then says why, or a signal came
         while it waited: ``stop.signal_name``)."""
 
-    def evaluate(self) -> dict[str, float]:
-        """The held-out metrics at this step."""
+    def held_out_metrics(self) -> dict[str, float]:
+        """The held-out metrics at this step, under grpokit's names (``evaluate()`` is TRL's call)."""
 
     def save(self) -> Path:
         """A checkpoint of this step."""
@@ -187,7 +187,7 @@ def take_step(trainer: Trainer) -> dict[str, float]:
 
 def evaluate(trainer: Trainer, log: RunLogger) -> dict[str, float]:
     """The trainer's held-out metrics at this step, logged (eval.jsonl) and given to the callbacks."""
-    result = trainer.evaluate()
+    result = trainer.held_out_metrics()
     log.log_eval(trainer.step, result)
     fire(trainer.callbacks, "on_evaluate", trainer, result)
     return result

@@ -42,10 +42,12 @@ from grpokit.compat.trl.after_train import (
     save_metrics,
     save_state,
     trainer_state,
+    trl_evaluation,
 )
 from grpokit.compat.trl.api import ProcessView, trl_arguments
 from grpokit.compat.trl.names import with_trl_names
 from grpokit.config.schema import Config
+from grpokit.core.errors import ConfigError
 from grpokit.core.notices import Notices
 from grpokit.data.templates import describe_templates
 from grpokit.rollout.batch import ANSWER_FORMAT_HINT, ScoredBatch, advantage_abs_mean, step_metrics
@@ -360,24 +362,52 @@ class GRPOTrainer:
                 ground_truth_column=next(iter(getattr(self.accuracy_fn, "columns", ())), None),
             )  # fmt: skip
 
-    def evaluate(self, examples: list[dict] | None = None) -> dict[str, float]:
-        """Held-out accuracy (greedy pass@1) and mean/pass/maj@k on ``eval_rows``, scored by the accuracy
-        reward (grpokit.rollout.evaluate; multi-turn: greedy episodes). ``examples`` receives the first greedy
-        {prompt, completion, score}. Before training (step 0), every row scoring 0 is warned about."""
+    def evaluate(
+        self, eval_dataset: Any = None, ignore_keys: Any = None, metric_key_prefix: str = "eval"
+    ) -> dict[str, Any]:
+        """transformers' ``trainer.evaluate()``: ``held_out_metrics`` (of ``eval_dataset``'s rows when given, in
+        TRL's forms; else ``eval_rows``) under grpokit's names and again under transformers' (``eval_accuracy``,
+        ``eval_runtime``, ...: after_train.trl_evaluation). These are greedy accuracy and mean/pass/maj@k, not TRL's
+        eval_loss and eval_reward of sampled completions. ``ignore_keys`` names model outputs to drop in
+        transformers; grpokit's evaluation reads none, so it changes nothing."""
+        from grpokit.compat.trl.call import rows_of
+        from grpokit.data.prompts import check_given_rows, check_reward_columns
+
+        started = time.perf_counter()
+        rows = None
+        if eval_dataset is not None:
+            if self.accuracy_fn is None:
+                raise ConfigError(
+                    "evaluate(eval_dataset=...): grpokit evaluates held-out rows with the run's accuracy reward, and "
+                    "this run has none; set train.accuracy_reward to the reward whose 1 means correct"
+                )
+            rows = rows_of(eval_dataset, "eval_dataset")
+            check_given_rows(rows, "eval_dataset", self.cfg.data.prompt_column)
+            check_reward_columns(rows, [(self.accuracy_name, self.accuracy_fn, 1.0)], "eval_dataset")
+        result = self.held_out_metrics(rows=rows)
+        return trl_evaluation(self, result, rows=len(self.eval_rows if rows is None else rows),
+                              prefix=metric_key_prefix, seconds=time.perf_counter() - started)  # fmt: skip
+
+    def held_out_metrics(self, examples: list[dict] | None = None, rows: list[dict] | None = None) -> dict[str, float]:
+        """Held-out accuracy (greedy pass@1) and mean/pass/maj@k on ``rows`` (default ``eval_rows``), scored by the
+        accuracy reward (grpokit.rollout.evaluate; multi-turn: greedy episodes): what the run logs to eval.jsonl.
+        ``examples`` receives the first greedy {prompt, completion, score}. Before training (step 0), every row
+        scoring 0 is warned about."""
         examples = [] if examples is None else examples
+        rows = self.eval_rows if rows is None else rows
         model, cfg, eos_ids = self.model, self.cfg, self.sampler.eos_ids
         was = model.training
         generating = self.dist.generation_model(model, self.step)
         if self.sampler.episodes is not None:  # multi-turn: greedy episodes scored on their transcripts
             result = self.sampler.episodes.evaluate(
-                self.eval_generator, generating, self.tokenizer, self.eval_rows, self.accuracy_fn,
+                self.eval_generator, generating, self.tokenizer, rows, self.accuracy_fn,
                 eos_token_ids=eos_ids, seed=cfg.train.seed, examples=examples, progress=self.say,
             )  # fmt: skip
         else:
             result = evaluate(
                 generating,
                 self.tokenizer,
-                self.eval_rows,
+                rows,
                 accuracy_fn=self.accuracy_fn,
                 generator=self.eval_generator,
                 data_cfg=cfg.data,

@@ -20,7 +20,6 @@ low-level API a loop of one's own is written with (docs/guides/own-loop.md), and
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -33,6 +32,7 @@ from grpokit.collect.sampler import Sampler, encode_rows
 from grpokit.collect.source import BatchSource
 from grpokit.compat.trl.api import rewards_from
 from grpokit.config.checks import check_vllm_installed
+from grpokit.config.epochs import resolve_epochs
 from grpokit.config.run_file import given_in_code
 from grpokit.config.schema import Config, ConfigError, resolve_algo, validated
 from grpokit.core.notices import Notices
@@ -123,8 +123,7 @@ def check_inputs(
     """Step 1 after ``open_run``: data and rewards (a bad reward fails in a second), then the model's config.json
     and tokenizer against the prompts and the checkpoint to resume from, all before any weight loads."""
     train_rows, eval_rows = load_train_eval(cfg.data, train_rows, eval_rows)
-    if cfg.train.num_train_epochs:  # TRL's epochs: passes over the prompts, one rollout of P prompts a step
-        cfg.train.steps = math.ceil(cfg.train.num_train_epochs * len(train_rows) / cfg.rollout.prompts_per_step)
+    resolve_epochs(cfg, len(train_rows), cfg.rollout.prompts_per_step)  # TRL's epochs: passes over the prompts
     functions, renamed = run_reward_functions(cfg, algo, given_rewards)
     check_reward_columns(train_rows, functions, cfg.data.train or "train_rows")  # e.g. the answers
     # grpo_process needs a reward that scores steps (or an environment's per-turn rewards)

@@ -35,8 +35,10 @@ from grpokit.compat.trl.after_train import (
     save_metrics,
     save_state,
     trainer_state,
+    trl_evaluation,
 )
 from grpokit.compat.trl.api import ProcessView
+from grpokit.config.epochs import resolve_epochs
 from grpokit.config.run_file import given_in_code
 from grpokit.config.schema import ConfigError
 from grpokit.config.sft import SFTConfig, prompt_data_config, validated_sft
@@ -103,6 +105,7 @@ class SFTTrainer:
         )  # fmt: skip
         cfg, model, tokenizer, reward_functions = given.cfg, given.model, given.tokenizer, given.reward_functions
         callbacks = given.callbacks
+        self.formatting_func = formatting_func  # evaluate(eval_dataset=...) formats its rows the same way
         train_rows = formatted(given.train_rows, formatting_func, "train_dataset")
         eval_rows = formatted(given.eval_rows, formatting_func, "eval_dataset")
         validated_sft(cfg)  # the CLI's checks, for a config built in code too
@@ -139,8 +142,7 @@ class SFTTrainer:
         check_tokenizer_fits(model, tokenizer, "the tokenizer")
         self.model, self.tokenizer, self.device = model, tokenizer, device
         self.examples = encode_examples(self.train_rows, tokenizer, cfg.data, cfg.sft.loss_on, self.sources[0])
-        if cfg.train.num_train_epochs:  # TRL's epochs: passes over the rows, sft.batch_size of them a step
-            cfg.train.steps = math.ceil(cfg.train.num_train_epochs * len(self.examples) / cfg.sft.batch_size)
+        resolve_epochs(cfg, len(self.examples), cfg.sft.batch_size)  # TRL's epochs: passes over the rows
         self.eval_examples = encode_examples(self.eval_rows, tokenizer, cfg.data, cfg.sft.loss_on, self.sources[1])
         self._check_positions(model.config.to_dict())
         self.packing = cfg.sft.packing or cfg.optim.packing
@@ -174,10 +176,12 @@ class SFTTrainer:
         name = choose_accuracy_reward([n for n, _, _ in functions], self.cfg.train.accuracy_reward)
         return name, dict((n, f) for n, f, _ in functions).get(name)  # None: only format/length rewards
 
-    def _check_positions(self, model_config: dict | None) -> None:
-        """No example may be longer than the model's positions (config.json's max_position_embeddings ...)."""
+    def _check_positions(self, model_config: dict | None, sets: list[tuple[list, str]] | None = None) -> None:
+        """No example may be longer than the model's positions (config.json's max_position_embeddings ...); ``sets``:
+        (examples, source) pairs to check, by default the training and held-out ones."""
         found = model_positions(model_config)
-        for examples, source in ((self.examples, self.sources[0]), (self.eval_examples, self.sources[1])):
+        sets = sets or [(self.examples, self.sources[0]), (self.eval_examples, self.sources[1])]
+        for examples, source in sets:
             for index, example in enumerate(examples):
                 if found and len(example.input_ids) > found[1]:
                     raise DataError(
@@ -290,13 +294,13 @@ class SFTTrainer:
     # ----------------------------------------------------------------------------- eval, io
 
     @torch.no_grad()
-    def eval_loss(self) -> dict[str, float]:
-        """Mean NLL of the held-out examples' trained tokens (``loss``), their count and perplexity. Under
-        torchrun every rank scores all of them: FSDP needs the same forwards on every rank, and a held-out
-        set is small beside training."""
+    def eval_loss(self, examples: list | None = None) -> dict[str, float]:
+        """Mean NLL of the held-out examples' trained tokens (``loss``), their count and perplexity (``examples``:
+        encoded rows other than the run's held-out ones). Under torchrun every rank scores all of them: FSDP needs
+        the same forwards on every rank, and a held-out set is small beside training."""
         was = self.model.training
         self.model.eval()
-        examples = self.eval_examples
+        examples = self.eval_examples if examples is None else examples
         lengths = torch.tensor([len(e.input_ids) for e in examples])  # (E,)
         total, count = 0.0, 0
         micro = self.learner.micro
@@ -310,11 +314,39 @@ class SFTTrainer:
         mean = total / max(1, count)
         return {"loss": mean, "perplexity": math.exp(min(mean, 700.0)), "tokens": float(count)}
 
-    def evaluate(self) -> dict[str, float]:
-        """Held-out loss (eval_loss), and with a reward the accuracy grpokit eval reports (greedy pass@1,
-        mean/pass/maj@k) of generations from the held-out prompts."""
-        result = self.eval_loss()
-        if self.eval_prompts:
+    def evaluate(
+        self, eval_dataset: Any = None, ignore_keys: Any = None, metric_key_prefix: str = "eval"
+    ) -> dict[str, Any]:
+        """transformers' ``trainer.evaluate()``: ``held_out_metrics`` (of ``eval_dataset``'s rows when given, in
+        TRL's forms, formatted by the trainer's formatting_func; else the run's held-out rows) under grpokit's
+        names and again under transformers' (``eval_loss``, ``eval_perplexity``, ``eval_runtime``, ...:
+        after_train.trl_evaluation). ``ignore_keys`` names model outputs to drop in transformers; grpokit's
+        evaluation reads none, so it changes nothing."""
+        from grpokit.compat.trl.call import rows_of
+        from grpokit.compat.trl.sft_call import formatted
+
+        started = time.perf_counter()
+        if eval_dataset is None:
+            examples, prompts = None, None
+        else:
+            rows = formatted(rows_of(eval_dataset, "eval_dataset"), self.formatting_func, "eval_dataset")
+            if not rows:
+                raise ConfigError("evaluate(eval_dataset=...): the dataset has no rows; give at least one")
+            examples = encode_examples(rows, self.tokenizer, self.cfg.data, self.cfg.sft.loss_on, "eval_dataset")
+            self._check_positions(self.model.config.to_dict(), [(examples, "eval_dataset")])
+            prompts = prompt_rows(rows, self.cfg.data, "eval_dataset") if self.accuracy_fn else []
+        result = self.held_out_metrics(examples, prompts)
+        count = len(self.eval_examples if examples is None else examples)
+        return trl_evaluation(self, result, rows=count, prefix=metric_key_prefix,
+                              seconds=time.perf_counter() - started)  # fmt: skip
+
+    def held_out_metrics(self, examples: list | None = None, prompts: list[dict] | None = None) -> dict[str, float]:
+        """Held-out loss (``loss``, ``perplexity``, ``tokens``), and with a reward the accuracy grpokit eval reports
+        (greedy pass@1, mean/pass/maj@k) of generations from the held-out prompts: what the run logs to eval.jsonl.
+        ``examples``/``prompts``: encoded rows and prompt rows other than the run's held-out ones."""
+        result = self.eval_loss(examples)
+        prompts = self.eval_prompts if prompts is None else prompts
+        if prompts:
             from grpokit.rollout.evaluate import evaluate
             from grpokit.rollout.generation import FastGenerator
 
@@ -323,7 +355,7 @@ class SFTTrainer:
                 evaluate(
                     self.dist.generation_model(self.model, self.step),
                     self.tokenizer,
-                    self.eval_prompts,
+                    prompts,
                     accuracy_fn=self.accuracy_fn,
                     generator=FastGenerator(),
                     data_cfg=prompt_data_config(self.cfg.data),

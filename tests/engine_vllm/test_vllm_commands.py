@@ -63,7 +63,7 @@ def test_evaluation_after_training_steps_runs_on_the_trained_weights(tmp_path):
     )  # fmt: skip
     trainer.train()
     examples_vllm, examples_hf = [], []
-    on_vllm = trainer.evaluate(examples_vllm)
+    on_vllm = trainer.held_out_metrics(examples_vllm)
     on_hf = evaluate(
         trainer.model, tok, ADDITION_ROWS[:6], accuracy_fn=spread, generator=HFGenerator(), data_cfg=cfg.data,
         eos_token_ids=trainer.sampler.eos_ids, num_samples=0, temperature=1.0,

@@ -304,7 +304,7 @@ def test_evaluation_runs_greedy_episodes(tmp_path):
         reward_functions=[("used_tool", used_tool, 1.0)],
     )  # fmt: skip
     examples = []
-    result = trainer.evaluate(examples)
+    result = trainer.held_out_metrics(examples)
     assert result["num_examples"] == 6 and result["episode/turns_mean"] >= 1
     # the accuracy reward is "called a tool": its share and the calls per episode agree
     assert (result["accuracy"] > 0) == (result["tools/calls_per_episode"] > 0)

@@ -358,3 +358,66 @@ def test_open_r1s_script_tail_runs_and_writes_what_transformers_trainer_writes(t
     again = GRPOTrainer(model=str(model), reward_funcs=has_seven, args=more, train_dataset=ROWS, eval_dataset=ROWS[:2],
                         resume=True)  # fmt: skip
     assert again.train(resume_from_checkpoint=str(out / "checkpoints" / "step_000002")).global_step == 3
+
+
+def test_evaluate_answers_with_transformers_names_for_its_rows_or_an_eval_dataset(tmp_path):
+    """``trainer.evaluate()`` as a TRL script calls it: grpokit's held-out metrics under their names and again as
+    ``eval_<name>`` (greedy accuracy, not TRL's sampled eval_reward), with eval_runtime and epoch; an
+    eval_dataset given to evaluate() is evaluated instead of the trainer's, with the prefix asked for; a
+    TrainerCallback's on_evaluate gets the eval_ names at every evaluation of the run; bad rows are named."""
+    from transformers import TrainerCallback
+
+    from grpokit import GRPOTrainer
+    from grpokit.core.errors import ConfigError
+    from grpokit.data.prompts import DataError
+
+    class Seen(TrainerCallback):
+        def __init__(self):
+            self.evaluations = []
+
+        def on_evaluate(self, args, state, control, metrics=None, **kwargs):
+            self.evaluations.append((state.global_step, sorted(metrics)))
+
+    seen = Seen()
+    model, out = save_tiny_model(tmp_path / "model"), tmp_path / "out"
+    trainer = GRPOTrainer(model=str(model), reward_funcs=has_seven, callbacks=[seen],
+                          args=tiny_run(out, 1, "train.accuracy_reward=has_seven", "eval.every=1"),
+                          train_dataset=ROWS, eval_dataset=ROWS[:3])  # fmt: skip
+    trainer.train()
+    assert [step for step, _ in seen.evaluations] == [0, 1]
+    assert "eval_accuracy" in seen.evaluations[0][1] and "accuracy" not in seen.evaluations[0][1]
+    metrics = trainer.evaluate()
+    evals = [json.loads(line) for line in (out / "eval.jsonl").read_text().splitlines()]
+    assert metrics["eval_accuracy"] == metrics["accuracy"] == evals[-1]["accuracy"]  # greedy: the same answers
+    assert metrics["eval_num_examples"] == 3.0 and metrics["eval_runtime"] > 0
+    assert metrics["eval_samples_per_second"] == pytest.approx(3 / metrics["eval_runtime"])
+    assert metrics["epoch"] == pytest.approx(1 * 2 / 16) and "eval_accuracy" not in evals[-1]
+    given = trainer.evaluate(eval_dataset=datasets.Dataset.from_list(ROWS[5:12]), metric_key_prefix="test")
+    assert given["test_num_examples"] == 7.0 and "eval_accuracy" not in given
+    with pytest.raises(DataError, match="eval_dataset"):
+        trainer.evaluate(eval_dataset=[{"question": "1+1="}])  # no prompt column
+    def reward_len(completions, **kwargs):  # TRL's quickstart's shaping reward: no accuracy reward to evaluate with
+        return [-abs(8 - len(c)) / 8 for c in completions]
+
+    plain = GRPOTrainer(model=str(model), reward_funcs=reward_len, args=tiny_run(tmp_path / "plain", 1),
+                        train_dataset=ROWS)  # fmt: skip
+    assert plain.accuracy_fn is None
+    with pytest.raises(ConfigError, match="train.accuracy_reward"):
+        plain.evaluate(eval_dataset=ROWS[:2])
+
+
+def test_each_epoch_checkpoints_and_evaluations_fall_where_a_pass_over_the_prompts_ends(tmp_path):
+    """6 prompts, 2 a step, 2 epochs: a pass is 3 steps, the run 6; train.save_each_epoch checkpoints at steps 3
+    and 6, eval.each_epoch evaluates there (and before training). TRL's save_strategy="epoch" maps to them."""
+    from grpokit import GRPOTrainer
+
+    out = tmp_path / "out"
+    cfg = tiny_run(out, 1, "train.accuracy_reward=has_seven", "train.num_train_epochs=2", "train.save_each_epoch=true",
+                   "eval.each_epoch=true", "train.keep_checkpoints=0")  # fmt: skip
+    trainer = GRPOTrainer(cfg, model=str(save_tiny_model(tmp_path / "model")), reward_functions=[has_seven],
+                          train_rows=ROWS[:6], eval_rows=ROWS[6:8])  # fmt: skip
+    assert (trainer.cfg.train.steps, trainer.cfg.train.save_every, trainer.cfg.eval.every) == (6, 3, 3)
+    trainer.train()
+    saved = sorted(int(p.name.split("_")[1]) for p in (out / "checkpoints").glob("step_*"))
+    evaluated = [json.loads(line)["step"] for line in (out / "eval.jsonl").read_text().splitlines()]
+    assert (saved, evaluated) == ([3, 6], [0, 3, 6])

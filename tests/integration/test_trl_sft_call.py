@@ -299,3 +299,101 @@ def test_a_loaded_model_with_processing_class_and_an_eval_dataset_evaluated_ever
     assert [e["step"] for e in evals] == [0, 2, 4]
     assert evals[-1]["loss"] == pytest.approx(trainer.eval_loss()["loss"], rel=1e-6)
     assert evals[-1]["loss"] < evals[0]["loss"]  # lr 1e-2 on the same rows: the held-out loss falls
+
+
+@pytest.mark.parametrize("rows", [ADDITIONS, CONVERSATIONS], ids=["prompt_completion", "messages"])
+def test_evaluate_returns_trls_eval_loss_for_its_rows_and_for_an_eval_dataset(tmp_path, rows):
+    """``trainer.evaluate()`` as a TRL script reads it: ``eval_loss`` is TRL's SFTTrainer.evaluate()'s on the same
+    model and rows (5 rows, one TRL evaluation batch of 8: its batch mean is the token mean), for the trainer's
+    eval_dataset and for one given to evaluate(); grpokit's own names stay beside them. (TRL's evaluations run
+    first: building a second TrainingArguments resets accelerate's state, which TRL's evaluate() reads.)"""
+    trl = pytest.importorskip("trl")
+    from transformers import AutoTokenizer
+
+    from grpokit.trainers.sft import SFTTrainer
+
+    model_dir = save_tiny_model(tmp_path / "model")
+    held_out, other = datasets.Dataset.from_list(rows[:5]), datasets.Dataset.from_list(rows[5:])
+    train = datasets.Dataset.from_list(rows)
+    theirs = trl.SFTTrainer(model=str(model_dir), args=trl_sft_args(tmp_path / "trl"), train_dataset=train,
+                            eval_dataset=held_out, processing_class=AutoTokenizer.from_pretrained(model_dir))  # fmt: skip
+    trl_held_out, trl_other = theirs.evaluate()["eval_loss"], theirs.evaluate(eval_dataset=other)["eval_loss"]
+    ours = SFTTrainer(model=str(model_dir), args=trl_sft_args(tmp_path / "ours"), train_dataset=train,
+                      eval_dataset=held_out)  # fmt: skip
+    metrics = ours.evaluate()
+    assert metrics["eval_loss"] == pytest.approx(trl_held_out, rel=1e-5)
+    assert metrics["eval_loss"] == metrics["loss"] and metrics["eval_perplexity"] == metrics["perplexity"]
+    assert metrics["eval_runtime"] > 0 and metrics["eval_samples_per_second"] == pytest.approx(5 / metrics["eval_runtime"])
+    assert metrics["epoch"] == 0.0
+    given = ours.evaluate(eval_dataset=other, metric_key_prefix="test")
+    assert given["test_loss"] == pytest.approx(trl_other, rel=1e-5)
+    assert given["test_loss"] != pytest.approx(metrics["eval_loss"], rel=1e-3)  # another set: another loss
+    assert given["test_tokens"] < metrics["eval_tokens"] and "eval_loss" not in given
+
+
+def test_evaluate_formats_an_eval_dataset_with_formatting_func_and_callbacks_see_eval_loss(tmp_path):
+    """A TrainerCallback's on_evaluate gets transformers' names (``eval_loss``, as EarlyStoppingCallback reads them)
+    at every evaluation of the run, and evaluate(eval_dataset=...) formats its rows with the trainer's
+    formatting_func, as the training rows were."""
+    from transformers import TrainerCallback
+
+    from grpokit.trainers.sft import SFTTrainer
+
+    class Seen(TrainerCallback):
+        def __init__(self):
+            self.evaluations = []
+
+        def on_evaluate(self, args, state, control, metrics=None, **kwargs):
+            self.evaluations.append((state.global_step, metrics["eval_loss"]))
+
+    seen = Seen()
+    raw = [{"question": r["prompt"], "answer": r["completion"]} for r in ADDITIONS]
+    trainer = SFTTrainer(
+        str(save_tiny_model(tmp_path / "model")), callbacks=[seen],
+        args={"output_dir": str(tmp_path / "run"), "max_steps": 2, "learning_rate": 1e-2, "report_to": "none",
+              "eval_strategy": "steps", "eval_steps": 1},
+        train_dataset=datasets.Dataset.from_list(raw), eval_dataset=datasets.Dataset.from_list(raw[:4]),
+        formatting_func=lambda row: f"{row['question']}{row['answer']}",
+    )  # fmt: skip
+    trainer.train()
+    assert [step for step, _ in seen.evaluations] == [0, 1, 2]
+    assert seen.evaluations[-1][1] == pytest.approx(trainer.evaluate()["eval_loss"], rel=1e-6)
+    assert trainer.evaluate(eval_dataset=raw[:4])["eval_loss"] == pytest.approx(seen.evaluations[-1][1], rel=1e-6)
+    with pytest.raises(KeyError, match="question"):
+        trainer.evaluate(eval_dataset=[{"text": "1+1=2"}])  # formatted like the training rows, or not at all
+
+
+def test_epoch_strategies_save_and_evaluate_where_trls_own_run_does(tmp_path):
+    """save_strategy="epoch" and eval_strategy="epoch" over 8 rows in batches of 3 for 2 epochs: TRL's own run
+    saves checkpoint-3 and checkpoint-6 and evaluates at steps 3 and 6; grpokit's saves and evaluates at the same
+    steps (and, as always, before training). Before, save_strategy="epoch" saved only the last step."""
+    import json
+
+    trl = pytest.importorskip("trl")
+    from transformers import AutoTokenizer
+
+    from grpokit.trainers.sft import SFTTrainer
+
+    model_dir = save_tiny_model(tmp_path / "model")
+    dataset, held_out = datasets.Dataset.from_list(ADDITIONS), datasets.Dataset.from_list(ADDITIONS[:2])
+
+    def args(out):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return trl.SFTConfig(
+                output_dir=str(out), num_train_epochs=2, per_device_train_batch_size=3, save_strategy="epoch",
+                eval_strategy="epoch", report_to="none", use_cpu=True, bf16=False, disable_tqdm=True,
+            )  # fmt: skip
+
+    theirs = trl.SFTTrainer(model=str(model_dir), args=args(tmp_path / "trl"), train_dataset=dataset,
+                            eval_dataset=held_out, processing_class=AutoTokenizer.from_pretrained(model_dir))  # fmt: skip
+    theirs.train()
+    trl_saved = sorted(int(p.name.split("-")[1]) for p in (tmp_path / "trl").glob("checkpoint-*"))
+    trl_evaluated = [e["step"] for e in theirs.state.log_history if "eval_loss" in e]
+    assert (trl_saved, trl_evaluated) == ([3, 6], [3, 6])
+    ours = SFTTrainer(model=str(model_dir), args=args(tmp_path / "ours"), train_dataset=dataset, eval_dataset=held_out)
+    assert (ours.cfg.train.steps, ours.cfg.train.save_every, ours.cfg.eval.every) == (6, 3, 3)
+    ours.train()
+    saved = sorted(int(p.name.split("_")[1]) for p in (tmp_path / "ours" / "checkpoints").glob("step_*"))
+    evaluated = [json.loads(line)["step"] for line in (tmp_path / "ours" / "eval.jsonl").read_text().splitlines()]
+    assert saved == trl_saved and evaluated == [0, *trl_evaluated]

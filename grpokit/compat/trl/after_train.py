@@ -111,6 +111,26 @@ def check_resume_request(trainer: Any, resume_from_checkpoint: Any) -> None:
     )
 
 
+def with_eval_prefix(metrics: dict[str, Any], prefix: str = "eval") -> dict[str, Any]:
+    """``metrics`` under transformers' evaluation names: each key as ``{prefix}_{key}`` (``loss`` ->
+    ``eval_loss``), as ``Trainer.evaluate`` returns them and hands them to ``on_evaluate``. An empty prefix: as
+    they are."""
+    return {f"{prefix}_{key}" if prefix else key: value for key, value in metrics.items()}
+
+
+def trl_evaluation(
+    trainer: Any, held_out: Any, *, rows: int, prefix: str, seconds: float
+) -> dict[str, Any]:
+    """What ``trainer.evaluate()`` returns to a TRL script: grpokit's held-out metrics ``held_out`` under their own
+    names (what grpokit's docs and ``eval.jsonl`` use), and each again under transformers' name (``eval_loss``,
+    ``eval_accuracy``), with ``{prefix}_runtime`` (``seconds``), ``{prefix}_samples_per_second`` (``rows`` /
+    seconds) and ``epoch``. Not ``{prefix}_steps_per_second``: grpokit's evaluation has no evaluation batches."""
+    named = with_eval_prefix(held_out, prefix)
+    named[f"{prefix}_runtime" if prefix else "runtime"] = seconds
+    named[f"{prefix}_samples_per_second" if prefix else "samples_per_second"] = rows / seconds if seconds > 0 else 0.0
+    return {**held_out, **named, "epoch": epoch_of(trainer)}
+
+
 def format_metrics(metrics: dict[str, Any]) -> dict[str, str]:
     """Each metric as transformers' log_metrics prints it: seconds as h:mm:ss.ff for *_runtime, floats to 4
     decimals, the rest as they are."""

@@ -323,7 +323,11 @@ class TrainerCallbackAdapter:
         self._call("on_train_begin", trainer)
 
     def on_evaluate(self, trainer: Any, metrics: dict[str, float]) -> None:
-        self._call("on_evaluate", trainer, metrics=metrics)
+        """transformers' event with its names for the held-out metrics (``eval_loss``, ``eval_accuracy``), as
+        EarlyStoppingCallback and other callbacks read them."""
+        from grpokit.compat.trl.after_train import with_eval_prefix
+
+        self._call("on_evaluate", trainer, metrics=with_eval_prefix(metrics))
 
     def on_save(self, trainer: Any, path: Any) -> None:
         self._call("on_save", trainer)

@@ -174,7 +174,7 @@ def test_a_runs_rollouts_and_evaluation_use_its_settings(tmp_path):
         torch.testing.assert_close(r.logprobs.double()[mask], want[mask], rtol=0, atol=1e-5)
     examples: list[dict] = []
     t.eval_rows = ADDITION_ROWS[:3]
-    t.evaluate(examples)
+    t.held_out_metrics(examples)
     d = t.cfg.data
     (prompt,) = encode_prompts(
         [ADDITION_ROWS[0]["prompt"]], t.tokenizer, template=d.template, max_prompt_tokens=32
