@@ -43,7 +43,7 @@ grpokit's sampler process has no counterpart for, are refused by name (``_from_t
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from grpokit.config.trl_fields import TRAINING_INERT, trl_mapping
@@ -80,7 +80,7 @@ TRL_DEFAULTS: dict[str, Any] = {
     "mask_truncated_completions": False, "gradient_checkpointing": True, "shuffle_dataset": True,
     "logging_steps": 10, "save_steps": 500, "save_total_limit": None, "eval_steps": None,
     "eval_strategy": "no", "save_strategy": "steps", "report_to": "none", "log_completions": False,
-    "output_dir": "trainer_output", "bf16": None,
+    "output_dir": "trainer_output", "bf16": None, "max_tool_calling_iterations": None,
 }  # fmt: skip
 """TRL 1.16's defaults of the fields mapped (tests check them against trl.GRPOConfig)."""
 
@@ -111,7 +111,6 @@ REFUSED_UNLESS_DEFAULT: dict[str, tuple[Any, str]] = {
     "sync_ref_model": (False, "the reference model is frozen"),
     "disable_dropout": (False, "the policy keeps its dropout (0 in most LMs)"),
     "cast_lm_head_to_fp32": (False, "log-probs are computed chunk by chunk in the model's dtype"),
-    "max_tool_calling_iterations": (None, "tool calls: see grpokit's multi-turn rollouts"),
     "router_aux_loss_coef": (None, "no MoE router loss"),
     "pad_to_multiple_of": (None, "no padding to a multiple"),
     "fp16": (False, "set optim.precision=fp16_mixed"),
@@ -253,7 +252,7 @@ def cadence_values(v: Mapping[str, Any], per: Callable[[str, int], int] = lambda
     return train, evaluation, notes
 
 
-def from_trl(args: Any) -> tuple[dict[str, Any], list[str]]:
+def from_trl(args: Any, tools: Sequence[str] = ()) -> tuple[dict[str, Any], list[str]]:
     """TRL GRPOConfig fields -> (grpokit's nested config values, notes for the user). ``args``: a flat mapping (a
     TRL YAML file's), a ``trl.GRPOConfig`` object or its ``to_dict()``; the TrainingArguments fields that change
     nothing in a GRPO run are accepted and listed in the notes (grpokit.config.trl_fields).
@@ -262,7 +261,7 @@ def from_trl(args: Any) -> tuple[dict[str, Any], list[str]]:
     with AsyncGRPOConfig's own fields (ASYNC_MARKS) is read as an AsyncGRPOConfig (``_from_trl_async``)."""
     values, inert = trl_mapping(args, TRL_KEYS | (ASYNC_INERT - TRAINING_INERT) | {"dtype"}, TRL_DEFAULTS)
     if set(values) & ASYNC_MARKS:
-        out, notes = _from_trl_async(values)
+        out, notes = _from_trl_async(values, tools)
         return out, notes + inert_note(inert)
     unknown = sorted(set(values) - TRL_KEYS)
     if unknown:
@@ -296,6 +295,15 @@ def from_trl(args: Any) -> tuple[dict[str, Any], list[str]]:
     mini_batches, epochs = spg // GA, int(v["num_iterations"])
     k = mini_batches * epochs
     out["rollout"].update(group_size=G, prompts_per_step=gbs // G, max_new_tokens=int(v["max_completion_length"]))
+    iterations = v["max_tool_calling_iterations"]
+    if tools:  # the trainer's tools=: max_completion_length bounds the whole episode, the model's turns and the
+        # tools' results together; max_tool_calling_iterations the rounds of calls (None: until a turn calls no
+        # tool or the tokens run out, so as many turns as tokens)
+        out["rollout"]["tools"] = list(tools)
+        out["rollout"]["max_episode_tokens"] = int(v["max_completion_length"])
+        out["rollout"]["max_turns"] = int(iterations) + 1 if iterations is not None else int(v["max_completion_length"])
+    elif iterations is not None:
+        notes.append("max_tool_calling_iterations: no tools given to the trainer, so no effect")
     out["optim"].update(mini_batches=mini_batches, epochs=epochs, micro_batch_size=B)
     notes.append(
         f"one grpokit step = one rollout of {gbs // G} prompts x {G} completions = k={k} TRL optimizer step(s) "
@@ -504,7 +512,7 @@ def model_init_values(v: dict[str, Any], notes: list[str]) -> dict[str, Any]:
     return model
 
 
-def _from_trl_async(values: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+def _from_trl_async(values: dict[str, Any], tools: Sequence[str] = ()) -> tuple[dict[str, Any], list[str]]:
     """TRL AsyncGRPOConfig fields -> (grpokit's config values, notes): the shared fields as from_trl maps them over
     AsyncGRPOConfig's defaults and its fixed loss (ASYNC_LOSS), then the asynchronous settings (module doc)."""
     marks = sorted(set(values) & ASYNC_MARKS)
@@ -541,7 +549,7 @@ def _from_trl_async(values: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
         )
     shared = {key: v[key] for key in ("max_completion_length", "lr_scheduler_type", "logging_steps", "learning_rate")}
     own = ASYNC_MARKS | ASYNC_INERT | {"dtype"}
-    out, notes = from_trl({**shared, **ASYNC_LOSS, **{k: x for k, x in values.items() if k not in own}})
+    out, notes = from_trl({**shared, **ASYNC_LOSS, **{k: x for k, x in values.items() if k not in own}}, tools)
     out.setdefault("algo", {}).update(std_ddof=0, std_eps=1e-8)
     out.setdefault("model", {}).setdefault("dtype", str(v["dtype"]))  # a dtype in model_init_kwargs comes first
     k, every = int(v["max_staleness"]), int(v["weight_sync_steps"])

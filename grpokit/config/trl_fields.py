@@ -78,6 +78,7 @@ KINDS: dict[str, tuple[str, Any]] = {
         "max_steps", "seed", "logging_steps", "save_total_limit", "num_generations_eval",
         "max_prompt_length", "vllm_tensor_parallel_size", "vllm_max_model_length", "vllm_server_port",
         "vllm_group_port", "max_staleness", "weight_sync_steps", "token_budget", "max_length",
+        "max_tool_calling_iterations",
     ), _INT),
     **dict.fromkeys((
         "temperature", "top_p", "min_p", "repetition_penalty", "learning_rate", "weight_decay", "adam_beta1",

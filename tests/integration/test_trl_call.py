@@ -421,3 +421,63 @@ def test_each_epoch_checkpoints_and_evaluations_fall_where_a_pass_over_the_promp
     saved = sorted(int(p.name.split("_")[1]) for p in (out / "checkpoints").glob("step_*"))
     evaluated = [json.loads(line)["step"] for line in (out / "eval.jsonl").read_text().splitlines()]
     assert (saved, evaluated) == ([3, 6], [0, 3, 6])
+
+
+def digit_count(text: str) -> int:
+    """How many digits a text holds.
+
+    Args:
+        text: the text to read
+    """
+    return sum(c.isdigit() for c in text)
+
+
+def called_then_answered(prompts, completions, **kwargs):
+    """1 for an episode in TRL's message lists that called a tool: an assistant turn, a tool message, an assistant
+    turn after it (the reward runs in a worker process: what it sees comes back as its score)."""
+    out = []
+    for messages in completions:
+        roles = [m["role"] for m in messages]
+        out.append(float(roles[:1] == ["assistant"] and "tool" in roles and roles[-1] == "assistant"))
+    return out
+
+
+def test_trls_tools_keyword_runs_tool_episodes_bounded_as_trl_bounds_them(tmp_path):
+    """TRL's agent call: GRPOTrainer(model, reward_funcs, train_dataset, tools=[fn, ...], args=GRPOConfig(...)). The
+    functions become rollout.tools by the names they are found under; max_completion_length bounds a whole episode
+    (rollout.max_episode_tokens) and max_tool_calling_iterations the rounds of calls (rollout.max_turns = rounds
+    + 1). On the tools demo's warm-started model (it calls multiply in the hermes format), one step runs episodes
+    that call the tool, and the reward sees TRL's message lists, tool messages included."""
+    from grpokit import GRPOTrainer
+    from grpokit.demos import tools as demo
+
+    paths = demo.prepare(log=lambda *a: None)
+    rows = [json.loads(line) for line in paths["train"].read_text().splitlines()[:4]]
+
+    args = {"output_dir": str(tmp_path / "out"), "max_steps": 1, "num_generations": 4, "per_device_train_batch_size": 8,
+            "max_completion_length": 40, "max_tool_calling_iterations": 2, "learning_rate": 1e-4, "report_to": "none",
+            "save_strategy": "no", "gradient_checkpointing": False}  # fmt: skip
+    trainer = GRPOTrainer(model=str(paths["model"]), reward_funcs=[demo.tool_answer, called_then_answered],
+                          train_dataset=rows, args=args, tools=[demo.multiply])  # fmt: skip
+    r = trainer.cfg.rollout
+    assert r.tools == ["grpokit.demos.tools:multiply"]
+    assert (r.max_turns, r.max_episode_tokens, r.max_new_tokens) == (3, 40, 40)
+    trainer.train()
+    steps = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
+    assert steps[0]["tools/calls_per_episode"] > 0 and steps[0]["reward/called_then_answered/mean"] > 0
+
+
+def test_tools_that_cannot_be_loaded_by_name_are_refused_and_a_max_without_tools_is_said(tmp_path, capsys):
+    from grpokit import GRPOTrainer
+    from grpokit.compat.trl.call import tool_specs
+    from grpokit.core.errors import ConfigError
+
+    assert tool_specs([digit_count, "python", "tools.py:f"]) == [f"{__name__}:digit_count", "python", "tools.py:f"]
+    model = str(save_tiny_model(tmp_path / "model"))
+    with pytest.raises(ConfigError, match=r"tools\[1\]: \S*<lambda> cannot be found again by name"):
+        GRPOTrainer(model=model, reward_funcs=has_seven, train_dataset=ROWS, tools=[digit_count, lambda text: 0],
+                    args={"output_dir": str(tmp_path / "a"), "max_steps": 1, "max_completion_length": 16})  # fmt: skip
+    GRPOTrainer(model=model, reward_funcs=has_seven, train_dataset=ROWS,
+                args={"output_dir": str(tmp_path / "b"), "max_steps": 1, "max_completion_length": 16,
+                      "max_tool_calling_iterations": 2})  # fmt: skip
+    assert "max_tool_calling_iterations: no tools given to the trainer, so no effect" in capsys.readouterr().err

@@ -99,6 +99,7 @@ def trl_arguments(
     eval_rows: Any = None,
     train_dataset: Any = None,
     eval_dataset: Any = None,
+    tools: Any = None,
     unexpected: dict[str, Any] | None = None,
     config_from: Callable[[Any, Any], tuple[Any, list[float] | None]] | None = None,
     trainer: str = "GRPOTrainer",
@@ -108,7 +109,7 @@ def trl_arguments(
     take are a ConfigError naming it. ``config_from(cfg, args)``: (the config, reward weights) from the config
     arguments (default: GRPOTrainer's, grpokit.compat.trl.call.config_from_args); ``trainer``: the name errors use
     (SFTTrainer's TRL call comes through here too: grpokit.compat.trl.sft_call)."""
-    from grpokit.compat.trl.call import config_from_args, refuse_unexpected, rows_of, weighted
+    from grpokit.compat.trl.call import config_from_args, refuse_unexpected, rows_of, tool_specs, weighted
 
     refuse_unexpected(unexpected or {})
     if model is None and (isinstance(cfg, (str, os.PathLike)) or _is_module(cfg)):
@@ -117,7 +118,13 @@ def trl_arguments(
     reward_functions = _one_of("reward_functions", reward_functions, "reward_funcs", reward_funcs, trainer)
     train_rows = _one_of("train_rows", train_rows, "train_dataset", rows_of(train_dataset, "train_dataset"), trainer)
     eval_rows = _one_of("eval_rows", eval_rows, "eval_dataset", rows_of(eval_dataset, "eval_dataset"), trainer)
-    cfg, reward_weights = (config_from or config_from_args)(cfg, args)
+    specs = tool_specs(tools) if tools is not None else []
+    if config_from is None:
+        cfg, reward_weights = config_from_args(cfg, args, specs)
+    elif specs:
+        raise ConfigError(f"{trainer} takes no tools; multi-turn rollouts with tools are GRPOTrainer's")
+    else:
+        cfg, reward_weights = config_from(cfg, args)
     if isinstance(model, os.PathLike):
         model = os.fspath(model)
     if model is not None and not isinstance(model, str) and not _is_module(model):

@@ -19,6 +19,7 @@ What each argument means here:
 
 from __future__ import annotations
 
+import copy
 import os
 import sys
 from collections.abc import Mapping
@@ -28,7 +29,8 @@ from grpokit.core.errors import ConfigError
 
 KEYWORDS = (
     "cfg", "args", "model", "tokenizer", "processing_class", "train_rows", "train_dataset", "eval_rows", "eval_dataset",
-    "reward_functions", "reward_funcs", "callbacks", "peft_config", "resume", "overwrite", "allow_changed_config",
+    "reward_functions", "reward_funcs", "callbacks", "peft_config", "tools", "resume", "overwrite",
+    "allow_changed_config",
 )  # fmt: skip
 """GRPOTrainer's keywords a user passes (the part classes sampler/updater/critic aside), for near-miss hints."""
 
@@ -40,7 +42,6 @@ UNSUPPORTED = {
     "tokenizer; drop reward_processing_classes",
     "optimizers": "the optimizer is AdamW with the optim.* settings (optim.lr, optim.adam_beta2, optim.schedule, ...)",
     "quantization_config": "no quantised training; give a float model (model.dtype) or LoRA (peft_config)",
-    "tools": "tools are a rollout setting here: rollout.tools (docs/guides/multi-turn.md)",
     "rollout_func": "rollouts are grpokit's; multi-turn ones through rollout.tools or rollout.environment "
     "(docs/guides/multi-turn.md)",
     "environment_factory": "environments are rollout.environment (docs/guides/multi-turn.md)",
@@ -72,27 +73,30 @@ def refuse_unexpected(
         raise ConfigError(f"{trainer} got an unknown keyword {name}=; {hint}it takes {', '.join(keywords)}")
 
 
-def config_from_args(cfg: Any, args: Any) -> tuple[Any, list[float] | None]:
-    """(the run's Config, TRL's reward_weights or None) from GRPOTrainer's ``cfg`` and ``args`` (module doc)."""
+def config_from_args(cfg: Any, args: Any, tools: list[str] | None = None) -> tuple[Any, list[float] | None]:
+    """(the run's Config, TRL's reward_weights or None) from GRPOTrainer's ``cfg`` and ``args`` (module doc).
+    ``tools``: TRL's tools= as rollout.tools entries (``tool_specs``), added to the config's own; a TRL config's
+    max_completion_length and max_tool_calling_iterations then bound the episodes (grpokit.config.trl.from_trl)."""
     from grpokit.config.schema import Config, config_from_dict
     from grpokit.config.trl import from_trl, looks_like_trl
 
+    tools = tools or []
     if cfg is not None and args is not None:
         raise ConfigError(
             "GRPOTrainer got a config twice (the first argument and args=): give one, a grpokit Config or TRL's GRPOConfig"
         )
     given = args if args is not None else cfg
     if isinstance(given, Config):
-        return given, None
+        return _with_tools(given, tools), None
     if given is None:  # TRL's call without args: GRPOConfig's defaults
-        values, notes = from_trl({})
+        values, notes = from_trl({}, tools)
         _say(notes, "no args: TRL's GRPOConfig defaults")
         return config_from_dict(values), None
     if type(given).__name__ == "SFTConfig" and callable(getattr(given, "to_dict", None)):
         raise ConfigError("GRPOTrainer got TRL's SFTConfig; give a trl.GRPOConfig (an SFTConfig goes to SFTTrainer)")
     trl_object = type(given).__name__ in ("GRPOConfig", "AsyncGRPOConfig") or callable(getattr(given, "to_dict", None))
     if isinstance(given, Mapping) and not trl_object and not looks_like_trl(given) and given:
-        return config_from_dict(dict(given)), None  # grpokit's own sections as a mapping
+        return _with_tools(config_from_dict(dict(given)), tools), None  # grpokit's own sections as a mapping
     if not trl_object and not isinstance(given, Mapping):
         sft = " (an SFTConfig goes to grpokit.trainers.sft.SFTTrainer)" if type(given).__name__ == "SFTConfig" else ""
         raise ConfigError(
@@ -104,9 +108,50 @@ def config_from_args(cfg: Any, args: Any) -> tuple[Any, list[float] | None]:
     if values.get("reward_funcs") is not None:  # a file's own list: its weights go with it
         values["reward_weights"] = weights
         weights = None
-    values, notes = from_trl(values)
+    values, notes = from_trl(values, tools)
     _say(notes, "TRL's GRPOConfig converted (grpokit.config.trl)")
     return config_from_dict(values), None if weights is None else list(weights)
+
+
+def _with_tools(cfg: Any, tools: list[str]) -> Any:
+    """A grpokit config with ``tools`` beside its own rollout.tools (a copy; the config itself when none)."""
+    if not tools:
+        return cfg
+    cfg = copy.deepcopy(cfg)
+    cfg.rollout.tools = [*cfg.rollout.tools, *tools]
+    return cfg
+
+
+def tool_specs(tools: Any) -> list[str]:
+    """TRL's ``tools=[fn, ...]`` as rollout.tools entries: each function by the name it is found again under,
+    "module:function" ("__main__:fn" for one defined in the script itself), so that the config names it, the
+    sampler process loads it and a resume finds it; a name ("python", "module:function", "file.py:function") as
+    it is. A function that cannot be found by name (a lambda, a nested function, a method) is a ConfigError
+    naming it: tools run in worker processes, which must load them."""
+    import importlib
+
+    if isinstance(tools, (str, bytes)) or not isinstance(tools, (list, tuple)):
+        raise ConfigError(f"tools: expected a list of functions, got {type(tools).__name__}")
+    specs = []
+    for k, tool in enumerate(tools):
+        if isinstance(tool, str):
+            specs.append(tool)
+            continue
+        module, name = getattr(tool, "__module__", None), getattr(tool, "__qualname__", None)
+        found = None
+        if callable(tool) and module and name and "." not in name and "<" not in name:
+            try:
+                found = getattr(importlib.import_module(module), name, None)
+            except ImportError:
+                found = None
+        if found is not tool:
+            raise ConfigError(
+                f"tools[{k}]: {getattr(tool, '__qualname__', None) or type(tool).__name__} cannot be found again by "
+                "name (a lambda, a nested function or a method, or not a function): define it with def at the top "
+                "level of your script or a module; grpokit runs tools in worker processes that load them by name"
+            )
+        specs.append(f"{module}:{name}")
+    return specs
 
 
 def _say(notes: list[str], head: str) -> None:

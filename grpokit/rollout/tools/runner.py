@@ -22,7 +22,9 @@ Not a sandbox: tools are the user's own trusted code. Model-written code runs in
 
 from __future__ import annotations
 
+import asyncio
 import functools
+import inspect
 import json
 import os
 import queue
@@ -99,6 +101,8 @@ def _serve(
         name, arguments = request
         try:
             value = tools[name].fn(**arguments)
+            if inspect.iscoroutine(value):  # an async def tool (TRL takes them): run to its result here
+                value = asyncio.run(value)
             reply = ("timeout" if isinstance(value, Stopped) else "ok", as_text(value, max_chars))
         except BaseException as e:  # noqa: BLE001 - SystemExit and all: the model reads what went wrong
             try:

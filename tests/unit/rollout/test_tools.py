@@ -121,6 +121,38 @@ def test_hermes_parser():
         get_parser("mistral")
 
 
+async def fetch_square(x: int) -> int:
+    """An async tool (TRL takes them): awaits, then squares.
+
+    Args:
+        x: the number
+    """
+    import asyncio
+
+    await asyncio.sleep(0.01)
+    return x * x
+
+
+async def async_boom(x: int) -> int:
+    """An async tool that raises after awaiting.
+
+    Args:
+        x: anything
+    """
+    import asyncio
+
+    await asyncio.sleep(0)
+    raise ValueError(f"async bad {x}")
+
+
+def test_an_async_tool_answers_with_its_awaited_result_not_a_coroutine():
+    """Before, an async def tool's reply was the text of a coroutine object (and the coroutine never ran)."""
+    with tool_runner([fetch_square, async_boom], timeout_s=5.0, workers=1) as runner:
+        assert runner.call(ToolCall("fetch_square", {"x": 7})).content == "49"
+        failed = runner.call(ToolCall("async_boom", {"x": 2}))
+        assert failed.error and failed.content.startswith("Error: ValueError: async bad 2")
+
+
 @pytest.mark.slow
 def test_runner_turns_every_failure_into_a_message_and_goes_on():
     with tool_runner(
