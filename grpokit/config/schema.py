@@ -83,6 +83,12 @@ class ModelConfig:
     attn_implementation: str | None = setting(
         None, "Passed to from_pretrained (e.g. sdpa, eager, flash_attention_2)."
     )
+    disable_dropout: bool = setting(
+        False,
+        """Set every torch.nn.Dropout of the trained model to p=0 (TRL's disable_dropout; LoRA's dropout included):
+        the update then computes the log-probs the sampler sampled with. Most LMs have no dropout (Qwen2, Llama);
+        GPT-2 and its kin do.""",
+    )
 
 
 @dataclass

@@ -80,7 +80,7 @@ TRL_DEFAULTS: dict[str, Any] = {
     "mask_truncated_completions": False, "gradient_checkpointing": True, "shuffle_dataset": True,
     "logging_steps": 10, "save_steps": 500, "save_total_limit": None, "eval_steps": None,
     "eval_strategy": "no", "save_strategy": "steps", "report_to": "none", "log_completions": False,
-    "output_dir": "trainer_output", "bf16": None, "max_tool_calling_iterations": None,
+    "output_dir": "trainer_output", "bf16": None, "max_tool_calling_iterations": None, "disable_dropout": False,
 }  # fmt: skip
 """TRL 1.16's defaults of the fields mapped (tests check them against trl.GRPOConfig)."""
 
@@ -109,7 +109,6 @@ REFUSED_UNLESS_DEFAULT: dict[str, tuple[Any, str]] = {
                                 "max_new_tokens instead"),
     "cache_implementation": (None, "the fast engine picks its cache (rollout.kv_cache)"),
     "sync_ref_model": (False, "the reference model is frozen"),
-    "disable_dropout": (False, "the policy keeps its dropout (0 in most LMs)"),
     "cast_lm_head_to_fp32": (False, "log-probs are computed chunk by chunk in the model's dtype"),
     "router_aux_loss_coef": (None, "no MoE router loss"),
     "pad_to_multiple_of": (None, "no padding to a multiple"),
@@ -409,6 +408,8 @@ def from_trl(args: Any, tools: Sequence[str] = ()) -> tuple[dict[str, Any], list
     out["eval"].update(evaluation)
     notes += cadence_notes
     out["model"]["gradient_checkpointing"] = bool(v["gradient_checkpointing"])
+    if v["disable_dropout"]:
+        out["model"]["disable_dropout"] = True
     out["data"]["shuffle"] = bool(v["shuffle_dataset"])
     out["train"]["report_to"] = report_targets(v["report_to"])
     if v["log_completions"]:

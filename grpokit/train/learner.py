@@ -62,7 +62,7 @@ def load_model(cfg: Config, model=None, tokenizer=None) -> tuple[Any, Any, Preci
     if model is None:
         precision = resolve_precision(cfg.optim.precision, cfg.model.dtype, pick_device(cfg.model.device))
         model, tokenizer, device = load_policy(cfg.model, cfg.lora, precision.weight_dtype)
-        return model, tokenizer, precision, device
+        return without_dropout(model, cfg.model.disable_dropout), tokenizer, precision, device
     device = next(model.parameters()).device
     # with model.dtype and optim.precision both auto, the given model's dtype decides
     given = str(next(model.parameters()).dtype).removeprefix("torch.")
@@ -71,7 +71,22 @@ def load_model(cfg: Config, model=None, tokenizer=None) -> tuple[Any, Any, Preci
     for p in model.parameters():  # parameters only: buffers such as RoPE's inv_freq stay float32
         if p.is_floating_point():
             p.data = p.data.to(precision.weight_dtype)
-    return prepare_policy(model, cfg.model, cfg.lora), tokenizer, precision, device
+    model = prepare_policy(model, cfg.model, cfg.lora)
+    return without_dropout(model, cfg.model.disable_dropout), tokenizer, precision, device
+
+
+def without_dropout(model: torch.nn.Module, disable: bool) -> torch.nn.Module:
+    """``model`` with every dropout at 0 when ``disable`` (model.disable_dropout); as it is otherwise. TRL's
+    disable_dropout_in_model sets each torch.nn.Dropout's p (the LoRA adapter's too); the attention's dropout of
+    Qwen2, Llama and their kin is a float the attention module passes to its kernel (``attention_dropout``), which
+    that leaves on: it is zeroed here too."""
+    if disable:
+        for module in model.modules():
+            if isinstance(module, torch.nn.Dropout):
+                module.p = 0.0
+            if isinstance(getattr(module, "attention_dropout", None), float):
+                module.attention_dropout = 0.0
+    return model
 
 
 def _lr_factor(step: int, *, schedule: str, warmup: int, total: int) -> float:
