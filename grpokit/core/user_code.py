@@ -35,6 +35,27 @@ class UserCodeError(ConfigError):
     """The module a config entry names cannot be imported; the message names the entry and what to fix."""
 
 
+def name_of(obj: Callable | type, where: str) -> str:
+    """'module:qualname' of a function or class given in code, the name a config keeps it under (and a worker or
+    the sampler process loads it by; one defined in the running script is '__main__:name'), once checked that the
+    name finds ``obj`` again. A lambda, a nested function or class, a method or an object without a name is a
+    UserCodeError naming ``where`` (the config entry or keyword) and what to do."""
+    module, name = getattr(obj, "__module__", None), getattr(obj, "__qualname__", None)
+    found = None
+    if module and name and "." not in name and "<" not in name:
+        try:
+            found = getattr(importlib.import_module(module), name, None)
+        except ImportError:
+            found = None
+    if found is not obj:
+        raise UserCodeError(
+            f"{where}: {name or type(obj).__name__} cannot be found again by name (a lambda, a nested function or "
+            "class, a method, or an object without a name): define it with def or class at the top level of your "
+            "script or a module; grpokit loads it by name in worker processes"
+        )
+    return f"{module}:{name}"
+
+
 def load_module(target: str, attr: str, where: str, prefix: str = "grpokit_user") -> ModuleType:
     """The module of 'package.module' or 'file.py' (target: what stands before ':'), probed in a child first.
 

@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 import torch
 
 from grpokit.core.errors import ConfigError, EnvironmentFailedError, RewardFunctionError, TrainingError
-from grpokit.core.user_code import describe, load_module
+from grpokit.core.user_code import describe, load_module, name_of
 from grpokit.data.prompts import reward_columns
 from grpokit.rewards.process import is_process_reward, reads_step_rewards
 from grpokit.rollout.batch import ScoredBatch
@@ -264,20 +264,20 @@ class LoadedEnvironment:
 
 def name_callables(rollout_cfg) -> None:
     """Python API (TRL's way): tool functions and an environment class put in the config themselves become
-    their names, "module:qualname", which the config checks, saves and loads back (the function must be
-    importable from its module; one defined in the running script is found in __main__)."""
+    their names, "module:qualname", which the config checks, saves and loads back (grpokit.core.user_code.name_of:
+    the name must find the object again; one defined in the running script is found in __main__)."""
 
-    def name(obj: object) -> object:
+    def name(obj: object, where: str) -> object:
         if isinstance(obj, str) or not callable(obj):
             return obj
-        return f"{getattr(obj, '__module__', '?')}:{getattr(obj, '__qualname__', type(obj).__name__)}"
+        return name_of(obj, where)
 
     if isinstance(rollout_cfg.tools, (list, tuple)):
-        rollout_cfg.tools = [name(t) for t in rollout_cfg.tools]
+        rollout_cfg.tools = [name(t, f"rollout.tools[{k}]") for k, t in enumerate(rollout_cfg.tools)]
     if isinstance(rollout_cfg.environment, dict):
-        rollout_cfg.environment = {k: name(v) for k, v in rollout_cfg.environment.items()}
+        rollout_cfg.environment = {k: name(v, f"rollout.environment.{k}") for k, v in rollout_cfg.environment.items()}
     else:
-        rollout_cfg.environment = name(rollout_cfg.environment)
+        rollout_cfg.environment = name(rollout_cfg.environment, "rollout.environment")
 
 
 class EpisodeSampler:

@@ -123,35 +123,16 @@ def _with_tools(cfg: Any, tools: list[str]) -> Any:
 
 
 def tool_specs(tools: Any) -> list[str]:
-    """TRL's ``tools=[fn, ...]`` as rollout.tools entries: each function by the name it is found again under,
-    "module:function" ("__main__:fn" for one defined in the script itself), so that the config names it, the
-    sampler process loads it and a resume finds it; a name ("python", "module:function", "file.py:function") as
-    it is. A function that cannot be found by name (a lambda, a nested function, a method) is a ConfigError
-    naming it: tools run in worker processes, which must load them."""
-    import importlib
+    """TRL's ``tools=[fn, ...]`` as rollout.tools entries: each function by the name it is found again under
+    (grpokit.core.user_code.name_of: "module:function", "__main__:fn" for one defined in the script itself), so that
+    the config names it, the sampler process loads it and a resume finds it; a name ("python", "module:function",
+    "file.py:function") as it is. A function that cannot be found by name (a lambda, a nested function, a method)
+    is refused naming it: tools run in worker processes, which must load them."""
+    from grpokit.core.user_code import name_of
 
     if isinstance(tools, (str, bytes)) or not isinstance(tools, (list, tuple)):
         raise ConfigError(f"tools: expected a list of functions, got {type(tools).__name__}")
-    specs = []
-    for k, tool in enumerate(tools):
-        if isinstance(tool, str):
-            specs.append(tool)
-            continue
-        module, name = getattr(tool, "__module__", None), getattr(tool, "__qualname__", None)
-        found = None
-        if callable(tool) and module and name and "." not in name and "<" not in name:
-            try:
-                found = getattr(importlib.import_module(module), name, None)
-            except ImportError:
-                found = None
-        if found is not tool:
-            raise ConfigError(
-                f"tools[{k}]: {getattr(tool, '__qualname__', None) or type(tool).__name__} cannot be found again by "
-                "name (a lambda, a nested function or a method, or not a function): define it with def at the top "
-                "level of your script or a module; grpokit runs tools in worker processes that load them by name"
-            )
-        specs.append(f"{module}:{name}")
-    return specs
+    return [tool if isinstance(tool, str) else name_of(tool, f"tools[{k}]") for k, tool in enumerate(tools)]
 
 
 def _say(notes: list[str], head: str) -> None:
