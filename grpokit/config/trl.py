@@ -81,6 +81,7 @@ TRL_DEFAULTS: dict[str, Any] = {
     "logging_steps": 10, "save_steps": 500, "save_total_limit": None, "eval_steps": None,
     "eval_strategy": "no", "save_strategy": "steps", "report_to": "none", "log_completions": False,
     "output_dir": "trainer_output", "bf16": None, "max_tool_calling_iterations": None, "disable_dropout": False,
+    "delta": None,
 }  # fmt: skip
 """TRL 1.16's defaults of the fields mapped (tests check them against trl.GRPOConfig)."""
 
@@ -104,7 +105,6 @@ INERT = ARGS_INERT | {
 mapped by _vllm): accepted, ignored."""
 
 REFUSED_UNLESS_DEFAULT: dict[str, tuple[Any, str]] = {
-    "delta": (None, "no two-sided clip; algo.dual_clip is another rule (a bound for negative advantages)"),
     "generation_kwargs": (None, "set rollout.temperature / top_p / top_k / min_p / repetition_penalty / "
                                 "max_new_tokens instead"),
     "cache_implementation": (None, "the fast engine picks its cache (rollout.kv_cache)"),
@@ -251,6 +251,25 @@ def cadence_values(v: Mapping[str, Any], per: Callable[[str, int], int] = lambda
     return train, evaluation, notes
 
 
+def two_sided_clip(algo: dict[str, Any], delta: float, loss_type: str, eps_high: float) -> str:
+    """TRL's ``delta`` (INTELLECT-2's two-sided clip, -min(min(rho, delta) A, clip(rho) A)) in grpokit's terms, put in
+    ``algo``; the note that says so. With delta > 1 + eps_high it is dual-clip PPO's bound for negative advantages,
+    algo.dual_clip = delta: for A < 0 the loss is |A| max(min(rho, delta), clip(rho)) = |A| min(max(rho, clip(rho)),
+    delta), and for A > 0 min(rho, delta) never goes below min(rho, clip(rho)) <= 1 + eps_high. Below that it also
+    cuts positive advantages' ratio at delta, which no grpokit rule does: refused, naming the bound. TRL applies it
+    to its clipped losses only (not cispo, sapo, vespo): there it changes nothing, as in TRL, and the note says so."""
+    if SURROGATES.get(loss_type, "clip") != "clip":
+        return f"delta={delta:g}: TRL's two-sided clip is for its clipped losses; with loss_type={loss_type} it has no effect"
+    if delta <= 1 + eps_high:
+        raise ConfigError(
+            f"TRL delta={delta:g} is not above 1 + epsilon_high = {1 + eps_high:g}: there TRL's two-sided clip also cuts "
+            f"the ratio of positive advantages at delta, which grpokit has no rule for; use a delta above "
+            f"{1 + eps_high:g} (TRL recommends one greater than 1 + epsilon)"
+        )
+    algo["dual_clip"] = delta
+    return f"delta={delta:g}: algo.dual_clip={delta:g} (TRL's two-sided clip above 1 + epsilon_high is dual-clip PPO's bound)"
+
+
 def from_trl(args: Any, tools: Sequence[str] = ()) -> tuple[dict[str, Any], list[str]]:
     """TRL GRPOConfig fields -> (grpokit's nested config values, notes for the user). ``args``: a flat mapping (a
     TRL YAML file's), a ``trl.GRPOConfig`` object or its ``to_dict()``; the TrainingArguments fields that change
@@ -353,6 +372,8 @@ def from_trl(args: Any, tools: Sequence[str] = ()) -> tuple[dict[str, Any], list
         surrogate=SURROGATES.get(loss_type, "clip"), kl_is_correction=beta > 0 and bool(v["use_bias_correction_kl"]),
         mask_truncated=bool(v["mask_truncated_completions"]), dynamic_sampling=False, overlong_shaping=False,
     )  # fmt: skip
+    if v["delta"] is not None:  # INTELLECT-2's two-sided clip: TRL's min(rho, delta) inside the clipped surrogate
+        notes.append(two_sided_clip(out["algo"], float(v["delta"]), loss_type, eps_high))
     if loss_type == "dr_grpo":
         out["algo"]["norm_len"] = int(v["max_completion_length"])
     if loss_type == "luspo":

@@ -86,7 +86,7 @@ KINDS: dict[str, tuple[str, Any]] = {
         "sapo_temperature_pos", "sapo_temperature_neg", "off_policy_mask_threshold", "top_entropy_quantile",
         "vespo_k_pos", "vespo_lambda_pos", "vespo_k_neg", "vespo_lambda_neg", "entropy_coef", "entropy_target",
         "entropy_coef_delta", "entropy_coef_min", "entropy_coef_max", "warmup_steps", "warmup_ratio",
-        "eval_steps", "save_steps", "vllm_gpu_memory_utilization", "vllm_importance_sampling_cap",
+        "eval_steps", "save_steps", "delta", "vllm_gpu_memory_utilization", "vllm_importance_sampling_cap",
         "vllm_importance_sampling_clip_max", "vllm_importance_sampling_clip_min", "vllm_server_timeout",
     ), _NUM),
     **dict.fromkeys((

@@ -288,6 +288,8 @@ def test_open_r1s_model_init_kwargs_convert():
         ({"use_vllm": True, "vllm_mode": "spmd"}, "vllm_mode='spmd': choose colocate or server"),
         ({"use_vllm": True, "vllm_tensor_parallel_size": 2}, "vllm_tensor_parallel_size=2"),
         ({"multi_objective_aggregation": "mean"}, "choose sum_then_normalize or normalize_then_sum"),
+        ({"delta": 1.1}, r"delta=1.1 is not above 1 \+ epsilon_high = 1.2"),
+        ({"delta": 1.25, "epsilon_high": 0.28}, r"delta=1.25 is not above 1 \+ epsilon_high = 1.28"),
         ({"reward_weights": [1, 2]}, "reward_weights needs the rewards"),
         ({"frobnicate": 1}, r"\['frobnicate'\] have no grpokit equivalent"),
         ({"model_init_kwargs": {"device_map": "auto"}}, r"model_init_kwargs \['device_map'\]"),
@@ -300,6 +302,15 @@ def test_what_grpokit_cannot_honour_is_refused_by_name(fields, message):
 
     with pytest.raises(ConfigError, match=message):
         from_trl(fields)
+
+
+def test_delta_with_a_loss_that_is_not_clipped_changes_nothing_as_in_trl_and_says_so():
+    from grpokit.config.trl import from_trl
+
+    values, notes = from_trl({"loss_type": "sapo", "delta": 1.5})
+    assert "dual_clip" not in values["algo"] and any("delta=1.5" in n and "no effect" in n for n in notes)
+    values, notes = from_trl({"delta": 1.5})
+    assert values["algo"]["dual_clip"] == 1.5 and any("algo.dual_clip=1.5" in n for n in notes)
 
 
 @pytest.mark.slow
@@ -323,10 +334,10 @@ def test_a_flat_trl_yaml_trains_and_converts_from_the_cli(tmp_path):
     converted = tmp_path / "cfg.yaml"
     converted.write_text(out.stdout)
     assert load_config(converted).rollout.group_size == 4  # what it prints loads back
-    path.write_text("num_generations: 4\ndelta: 2.0\n")
+    path.write_text("num_generations: 4\nsync_ref_model: true\n")
     bad = subprocess.run([sys.executable, "-m", "grpokit", "config", "--from-trl", str(path)],
                          capture_output=True, text=True, timeout=120)
-    assert bad.returncode == 2 and "delta=2.0 is not supported" in bad.stderr
+    assert bad.returncode == 2 and "sync_ref_model=True is not supported" in bad.stderr
 
 
 # ------------------------------------------------------------------ item 7: maj@k votes on what accuracy reads

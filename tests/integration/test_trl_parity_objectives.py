@@ -72,7 +72,7 @@ def trl_loss(t: dict, trainer_cls=None, **settings) -> tuple[float, torch.Tensor
     trainer_cls = trainer_cls or GRPOTrainer
     logp = t["logp"].clone().requires_grad_(True)
     args = SimpleNamespace(
-        delta=None,
+        delta=settings.get("delta"),
         sapo_temperature_pos=settings.get("sapo_temperature_pos", 1.0),
         sapo_temperature_neg=settings.get("sapo_temperature_neg", 1.05),
         use_bias_correction_kl=settings.get("use_bias_correction_kl", True),
@@ -372,3 +372,25 @@ def test_the_importer_maps_the_entropy_bonus():
     AlgoSettings.of(**{k: v for k, v in got["algo"].items() if k != "preset"})
     assert from_trl({"entropy_coef": 0.02})[0]["algo"]["entropy_coef"] == 0.02
     assert "entropy_coef" not in from_trl({})[0]["algo"]  # TRL's default 0: no bonus
+
+
+@pytest.mark.parametrize("loss_type", ["grpo", "dapo", "dr_grpo", "bnpo"])
+@pytest.mark.parametrize("level", ["token", "sequence"])
+def test_trls_two_sided_clip_delta_is_dual_clip(loss_type, level):
+    """TRL's delta (INTELLECT-2) above 1 + epsilon: the converted config (algo.dual_clip = delta) gives TRL's own
+    loss and gradient. The rows of negative advantage (1, 3, 5) have log-ratios near 0.5, 0.7 and 0.4 (ratios 1.5-2 at
+    either level) so that delta 1.3 bites on them; and it does bite (the loss without it differs)."""
+    from grpokit.config.trl import from_trl
+
+    t = batch(6)
+    shift = torch.tensor([0.1, 0.5, 0.0, 0.7, -0.1, 0.4]).unsqueeze(1)
+    t["logp"] = (t["old"] + shift + 0.05 * torch.randn(B, T, generator=torch.Generator().manual_seed(7))).clamp(max=-1e-3)
+    values, _ = from_trl({"loss_type": loss_type, "delta": 1.3, "importance_sampling_level": level,
+                          "max_completion_length": T})  # fmt: skip
+    algo = values["algo"]
+    assert algo["dual_clip"] == 1.3
+    kw = preset_kwargs("grpo", **{k: algo[k] for k in ("agg", "eps_low", "eps_high", "ratio_level", "dual_clip")},
+                       beta=0.0, norm_len=algo.get("norm_len"))  # fmt: skip
+    ours = our_loss(t, **kw)
+    assert_same(ours, trl_loss(t, loss_type=loss_type, delta=1.3, importance_sampling_level=level))
+    assert not torch.allclose(our_loss(t, **(kw | {"dual_clip": None}))[1], ours[1])
