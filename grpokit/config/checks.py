@@ -487,8 +487,9 @@ def check_config(cfg: Any) -> None:
         )
     environments = cfg.rollout.environment
     specs = environments.values() if isinstance(environments, dict) else [environments]
-    if not cfg.rewards and not any(str(spec).startswith("verifiers:") for spec in specs):
-        raise ConfigError(  # (a verifiers environment brings its rubric's functions: grpokit.integrations.verifiers)
+    if not cfg.rewards and not any(str(spec).startswith(("verifiers:", "trl:")) for spec in specs):
+        raise ConfigError(  # (a verifiers environment brings its rubric's functions: grpokit.integrations.verifiers;
+            # a TRL environment its get_reward: grpokit.integrations.trl_environment)
             "rewards: at least one reward function is needed (or a verifiers environment, whose rubric gives them)."
         )
 

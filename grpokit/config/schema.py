@@ -44,6 +44,7 @@ from grpokit.config.rollout import VLLM_MODES as VLLM_MODES
 from grpokit.config.rollout import WEIGHT_TRANSFERS as WEIGHT_TRANSFERS
 from grpokit.config.rollout import RolloutConfig as RolloutConfig
 from grpokit.config.rollout import VLLMConfig as VLLMConfig
+from grpokit.config.selection import SelectionConfig as SelectionConfig
 from grpokit.config.training import DTYPES as DTYPES
 from grpokit.config.training import PRECISION_MODES as PRECISION_MODES
 from grpokit.config.training import SCHEDULES as SCHEDULES
@@ -101,59 +102,6 @@ class LoraConfig:
     dropout: float = setting(0.0, "Dropout on the adapter input.", range="[0, 1)", example=0.05)
     target_modules: list[str] = setting(
         ["q_proj", "k_proj", "v_proj", "o_proj"], "Module names the adapter wraps."
-    )
-
-
-@dataclass
-class SelectionConfig:
-    mode: str = setting(
-        "off",
-        """Prompt selection from each prompt's history (grpokit.rollout.selection; docs/algorithms/selection.md):
-        off | greso (a prompt all solved or all failed on its last z visits is skipped before generation with
-        probability 1 - p^z and revisited on a later pass; with data.selection.refill, flat groups that still
-        come out are refilled too).""",
-        choices=("off", "greso"),
-    )
-    refill: bool = setting(
-        False,
-        """Also drop the groups that still come out flat (equal rewards) and generate more prompts until the step
-        has rollout.prompts_per_step informative groups (at most data.selection.max_rounds extra rounds). Off: the
-        skipped prompts' places go to the next ones in the stream and every step generates prompts_per_step
-        prompts, as without selection (refills cost up to 2x the generation where most groups are flat).""",
-    )
-    max_rounds: int = setting(
-        4,
-        """Extra generation rounds a step may take to refill; past them it trains on some flat groups and says
-        so in the metrics (selection/flat_trained).""",
-        range="[0, inf)",
-        example=4,
-    )
-    explore_start: float = setting(
-        0.5,
-        "GRESO's exploration probability p at the start (the same for solved and failed prompts).",
-        range="(0, 1]",
-        example=0.5,
-    )
-    explore_min: float = setting(0.05, "Lower bound of p.", range="(0, 1]", example=0.05)
-    explore_max: float = setting(0.95, "Upper bound of p.", range="(0, 1]", example=0.95)
-    explore_step: float = setting(
-        0.01,
-        "How far p moves after each step toward the target share of flat groups.",
-        range="[0, 1]",
-        example=0.01,
-    )
-    target_flat: float = setting(
-        0.25,
-        """Share of a step's generated groups that may come out flat (half of it all solved, half all failed);
-        p goes down (skip more) while a kind's share is above its half, up while below.""",
-        range="[0, 1]",
-        example=0.25,
-    )
-    window: int = setting(
-        4,
-        "Visits a prompt's recent pass rate is the mean of (history, metrics, explorer).",
-        range="[1, inf)",
-        example=4,
     )
 
 

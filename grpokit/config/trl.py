@@ -270,7 +270,7 @@ def two_sided_clip(algo: dict[str, Any], delta: float, loss_type: str, eps_high:
     return f"delta={delta:g}: algo.dual_clip={delta:g} (TRL's two-sided clip above 1 + epsilon_high is dual-clip PPO's bound)"
 
 
-def from_trl(args: Any, tools: Sequence[str] = ()) -> tuple[dict[str, Any], list[str]]:
+def from_trl(args: Any, tools: Sequence[str] = (), environment: Any = None) -> tuple[dict[str, Any], list[str]]:
     """TRL GRPOConfig fields -> (grpokit's nested config values, notes for the user). ``args``: a flat mapping (a
     TRL YAML file's), a ``trl.GRPOConfig`` object or its ``to_dict()``; the TrainingArguments fields that change
     nothing in a GRPO run are accepted and listed in the notes (grpokit.config.trl_fields).
@@ -279,7 +279,7 @@ def from_trl(args: Any, tools: Sequence[str] = ()) -> tuple[dict[str, Any], list
     with AsyncGRPOConfig's own fields (ASYNC_MARKS) is read as an AsyncGRPOConfig (``_from_trl_async``)."""
     values, inert = trl_mapping(args, TRL_KEYS | (ASYNC_INERT - TRAINING_INERT) | {"dtype"}, TRL_DEFAULTS)
     if set(values) & ASYNC_MARKS:
-        out, notes = _from_trl_async(values, tools)
+        out, notes = _from_trl_async(values, tools, environment)
         return out, notes + inert_note(inert)
     unknown = sorted(set(values) - TRL_KEYS)
     if unknown:
@@ -314,10 +314,13 @@ def from_trl(args: Any, tools: Sequence[str] = ()) -> tuple[dict[str, Any], list
     k = mini_batches * epochs
     out["rollout"].update(group_size=G, prompts_per_step=gbs // G, max_new_tokens=int(v["max_completion_length"]))
     iterations = v["max_tool_calling_iterations"]
-    if tools:  # the trainer's tools=: max_completion_length bounds the whole episode, the model's turns and the
-        # tools' results together; max_tool_calling_iterations the rounds of calls (None: until a turn calls no
-        # tool or the tokens run out, so as many turns as tokens)
-        out["rollout"]["tools"] = list(tools)
+    if tools or environment:  # the trainer's tools= / environment_factory=: max_completion_length bounds the
+        # whole episode, the model's turns and the tools' results together; max_tool_calling_iterations the rounds
+        # of calls (None: until a turn calls no tool or the tokens run out, so as many turns as tokens)
+        if tools:
+            out["rollout"]["tools"] = list(tools)
+        if environment:
+            out["rollout"]["environment"] = environment
         out["rollout"]["max_episode_tokens"] = int(v["max_completion_length"])
         out["rollout"]["max_turns"] = int(iterations) + 1 if iterations is not None else int(v["max_completion_length"])
     elif iterations is not None:
@@ -534,7 +537,9 @@ def model_init_values(v: dict[str, Any], notes: list[str]) -> dict[str, Any]:
     return model
 
 
-def _from_trl_async(values: dict[str, Any], tools: Sequence[str] = ()) -> tuple[dict[str, Any], list[str]]:
+def _from_trl_async(
+    values: dict[str, Any], tools: Sequence[str] = (), environment: Any = None
+) -> tuple[dict[str, Any], list[str]]:
     """TRL AsyncGRPOConfig fields -> (grpokit's config values, notes): the shared fields as from_trl maps them over
     AsyncGRPOConfig's defaults and its fixed loss (ASYNC_LOSS), then the asynchronous settings (module doc)."""
     marks = sorted(set(values) & ASYNC_MARKS)
@@ -571,7 +576,7 @@ def _from_trl_async(values: dict[str, Any], tools: Sequence[str] = ()) -> tuple[
         )
     shared = {key: v[key] for key in ("max_completion_length", "lr_scheduler_type", "logging_steps", "learning_rate")}
     own = ASYNC_MARKS | ASYNC_INERT | {"dtype"}
-    out, notes = from_trl({**shared, **ASYNC_LOSS, **{k: x for k, x in values.items() if k not in own}}, tools)
+    out, notes = from_trl({**shared, **ASYNC_LOSS, **{k: x for k, x in values.items() if k not in own}}, tools, environment)
     out.setdefault("algo", {}).update(std_ddof=0, std_eps=1e-8)
     out.setdefault("model", {}).setdefault("dtype", str(v["dtype"]))  # a dtype in model_init_kwargs comes first
     k, every = int(v["max_staleness"]), int(v["weight_sync_steps"])

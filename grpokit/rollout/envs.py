@@ -105,6 +105,21 @@ class EnvStep:
     over_budget: bool = False  # set by the tool environment: the episode's or the step's time ran out
 
 
+@dataclass
+class Finished:
+    """What ``finish`` gave, with the environment's ``state()`` when it has one (TRL's environments: the copy of the
+    instance reward functions read as ``environments``, grpokit.integrations.trl_environment)."""
+
+    scores: dict | None
+    state: object = None
+
+
+def finish_environment(env: object, last_text: str | None) -> object:
+    """``env.finish(last_text)`` (None without one), with ``env.state()`` as a :class:`Finished` when it has that."""
+    scores = env.finish(last_text) if callable(getattr(env, "finish", None)) else None
+    return Finished(scores, env.state()) if callable(getattr(env, "state", None)) else scores
+
+
 class Environment(Protocol):
     def reset(self, row: dict) -> list[dict]: ...
 
@@ -424,7 +439,7 @@ def _serve_environment(factory: Callable[[], object], requests: int, replies: in
                 raise RuntimeError(f"{op} before reset")
             elif op == "finish":
                 method = "finish"
-                value = env.finish(arg) if callable(getattr(env, "finish", None)) else None
+                value = finish_environment(env, arg)
             else:
                 text, tool_results = arg
                 value = step_environment(env, text, tool_results)

@@ -98,6 +98,7 @@ def multi_turn(rollout_cfg) -> bool:
 ENVIRONMENT_KINDS: dict[str, str] = {
     "verifiers": "grpokit.integrations.verifiers:environment_factory",
     "openenv": "grpokit.integrations.openenv:environment_factory",
+    "trl": "grpokit.integrations.trl_environment:environment_factory",
 }
 """Environments of other ecosystems, named 'KIND:target' in rollout.environment: KIND's loader, a
 'module:function' that takes (target, the whole name, the rollout settings) and returns a factory of this
@@ -260,6 +261,13 @@ class LoadedEnvironment:
     tools: list[Tool]  # every tool its episodes may call: rollout.tools and its own (schemas told to the model)
     own: list[Tool] = field(default_factory=list)  # its tools that run per episode
     delta: ChatDelta | None = None
+
+
+def environment_states(episodes) -> dict[str, list]:
+    """{"environments": each episode's environment state (TRL's reward functions read the episodes' environments;
+    grpokit.integrations.trl_environment), None where it has none} when any episode has one; else {}."""
+    states = [ep.env_state for ep in episodes]
+    return {"environments": states} if any(state is not None for state in states) else {}
 
 
 def name_callables(rollout_cfg) -> None:
@@ -491,6 +499,7 @@ class EpisodeSampler:
         columns["completion_ids"] = batch.rollout.completion_token_ids()  # the model's own ids
         columns["turn_rewards"] = [list(ep.turn_rewards) for ep in episodes]
         columns["env_scores"] = [ep.env_scores for ep in episodes]
+        columns.update(environment_states(episodes))
         columns["trainer_state"] = trainer_state
         prompts = [ep.messages[: ep.n_first] for ep in episodes]
         completions = [ep.completion for ep in episodes]
@@ -593,6 +602,7 @@ class EpisodeSampler:
             columns["completion_ids"] = batch.rollout.completion_token_ids()
             columns["turn_rewards"] = [list(ep.turn_rewards) for ep in batch.episodes]
             columns["env_scores"] = [ep.env_scores for ep in batch.episodes]
+            columns.update(environment_states(batch.episodes))
             columns["trainer_state"] = TrainerState()
             prompts = [ep.messages[: ep.n_first] for ep in batch.episodes]
             completions = [ep.completion for ep in batch.episodes]

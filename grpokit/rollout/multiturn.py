@@ -55,12 +55,14 @@ from grpokit.rollout.envs import (
     Environment,
     EnvironmentWithTools,
     EnvProcess,
+    Finished,
     ToolEnvironment,
     WorkerLost,
     check_first,
     check_scores,
     check_step,
     describe_error,
+    finish_environment,
     finishes,
     step_environment,
 )
@@ -85,6 +87,7 @@ class Episode:
     worker_lost: bool = False  # its environment worker was killed from outside grpokit: ended there (truncated)
     failed: str | None = None  # why its environment failed (raise, hang, crash, wrong answer): scored 0
     env_scores: dict[str, float | None] | None = None  # what its environment's finish() gave (envs: finish)
+    env_state: object = None  # its environment's state() at the end, when it has one (reward functions' environments)
 
     @property
     def completion(self) -> list[dict]:
@@ -292,6 +295,8 @@ def run_episodes(
                 if op == "reset":
                     answer = check_first(value)
                 elif op == "finish":
+                    if isinstance(value, Finished):  # with the environment's state (TRL's environments)
+                        episodes[i].env_state, value = value.state, value.scores
                     answer = None if value is None else check_scores(value)
                 elif isinstance(envs[i], (ToolEnvironment, EnvironmentWithTools)):
                     answer = value  # tool results (already cleaned and cut) and an environment answer checked there
@@ -510,7 +515,7 @@ def _env_call(env, op: str, arg: object, until: float | None) -> object:
     if isinstance(env, (EnvProcess, EnvironmentWithTools)):
         return getattr(env, op)(arg, until)
     if op == "finish":
-        return env.finish(arg)
+        return finish_environment(env, arg)
     if op == "step" and hasattr(env, "step_until"):
         return env.step_until(arg, until)
     if op == "step":

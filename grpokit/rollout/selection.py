@@ -51,7 +51,7 @@ the bottom, or with a reward spread."""
 
 @dataclass
 class SelectionSettings:
-    """data.selection's values the rule reads (grpokit.config.schema.SelectionConfig)."""
+    """data.selection's values the rule reads (grpokit.config.selection.SelectionConfig)."""
 
     explore_start: float = 0.5
     explore_min: float = 0.05

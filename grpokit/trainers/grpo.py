@@ -94,7 +94,8 @@ class GRPOTrainer:
     ``trainer.stop(reason)`` ends it cleanly instead. TRL's forms are taken too (grpokit.compat.trl.api): model as a
     path or id, processing_class, reward_funcs as bare functions or names, peft_config (a peft.LoraConfig),
     transformers.TrainerCallback objects with their events and control.should_training_stop, tools (functions:
-    multi-turn rollouts with them beside rollout.tools; grpokit.compat.trl.call.tool_specs).
+    multi-turn rollouts with them beside rollout.tools; grpokit.compat.trl.call.tool_specs), environment_factory
+    (TRL's environments: grpokit.integrations.trl_environment).
 
     sampler, updater, critic: the classes the parts are built from (``Sampler``, ``PolicyUpdate``,
     ``Critic``); a subclass swaps a stage, as tests do to see what a stage was given.
@@ -129,6 +130,7 @@ class GRPOTrainer:
         processing_class=None,
         reward_funcs=None,
         tools: Sequence[Any] | None = None,
+        environment_factory: Any = None,
         sampler: type[Sampler] = Sampler,
         updater: type[PolicyUpdate] = PolicyUpdate,
         critic: type[Critic] = Critic,
@@ -138,7 +140,7 @@ class GRPOTrainer:
             cfg, args=args, model=model, tokenizer=tokenizer, processing_class=processing_class,
             reward_functions=reward_functions, reward_funcs=reward_funcs, callbacks=callbacks, peft_config=peft_config,
             train_rows=train_rows, eval_rows=eval_rows, train_dataset=train_dataset, eval_dataset=eval_dataset,
-            tools=tools, unexpected=unexpected,
+            tools=tools, environment_factory=environment_factory, unexpected=unexpected,
         )  # fmt: skip
         cfg, model, tokenizer, reward_functions, callbacks, train_rows, eval_rows = given
         self.cfg = cfg

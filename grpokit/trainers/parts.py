@@ -70,6 +70,11 @@ def run_reward_functions(cfg: Config, algo, given: list[tuple[str, Any, float]] 
     functions = given if given is not None else resolve_reward_specs(cfg.rewards)  # problems name rewards[i]
     # the rewards environments bring (a verifiers rubric: each function with its weight)
     functions = [*functions, *environment_rewards(cfg.rollout, [name for name, _, _ in functions])]
+    if not functions:  # an environment that was to bring its rewards brought none (a TRL one without get_reward)
+        raise ConfigError(
+            f"no reward: rollout.environment={cfg.rollout.environment!r} brings none (a TRL environment's get_reward) "
+            "and none was given; give reward functions (TRL's reward_funcs) or define get_reward on the environment"
+        )
     if algo.batch.overlong_shaping:
         r = cfg.rollout
         budget = r.max_new_tokens

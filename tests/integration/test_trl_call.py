@@ -481,3 +481,95 @@ def test_tools_that_cannot_be_loaded_by_name_are_refused_and_a_max_without_tools
                 args={"output_dir": str(tmp_path / "b"), "max_steps": 1, "max_completion_length": 16,
                       "max_tool_calling_iterations": 2})  # fmt: skip
     assert "max_tool_calling_iterations: no tools given to the trainer, so no effect" in capsys.readouterr().err
+
+
+class Calculator:
+    """A TRL environment (environment_factory): its public methods are tools, reset(**row), get_reward()."""
+
+    def __init__(self):
+        import threading
+
+        self.lock = threading.Lock()  # cannot be pickled: left out of what reward functions get
+        self.calls, self.products = 0, []
+
+    def reset(self, **row):
+        self.calls, self.products, self.answer = 0, [], row["answer"]
+        return None
+
+    def multiply(self, a: int, b: int) -> int:
+        """Multiply two integers.
+
+        Args:
+            a: the first factor
+            b: the second factor
+        """
+        self.calls += 1
+        self.products.append(a * b)
+        return a * b
+
+    def get_reward(self) -> float:
+        return float(str(self.answer) in map(str, self.products))
+
+
+class Silent(Calculator):
+    """A TRL environment that does not score its episodes (no get_reward)."""
+
+    get_reward = None
+
+
+def env_calls(environments, **kwargs):
+    """TRL's reward over environments: the calls each episode's instance counted (its state at the end)."""
+    assert all(not hasattr(env, "lock") and isinstance(env, Calculator) for env in environments)
+    return [float(env.calls) for env in environments]
+
+
+def test_trls_environment_factory_runs_episodes_whose_tools_act_on_their_own_instance(tmp_path):
+    """TRL's environment_factory: each episode's instance is reset with its row, its methods are the tools (run on
+    that instance: the calls it counts are the episode's), get_reward() is a reward named after the class, and
+    reward functions read the episodes' environments (a copy of each instance at its end). On the tools demo's
+    model, which calls multiply in the hermes format."""
+    from grpokit import GRPOTrainer
+    from grpokit.demos import tools as demo
+
+    paths = demo.prepare(log=lambda *a: None)
+    rows = [json.loads(line) for line in paths["train"].read_text().splitlines()[:4]]
+    args = {"output_dir": str(tmp_path / "out"), "max_steps": 2, "num_generations": 4, "per_device_train_batch_size": 8,
+            "max_completion_length": 40, "max_tool_calling_iterations": 1, "learning_rate": 1e-4, "report_to": "none",
+            "save_strategy": "no", "gradient_checkpointing": False}  # fmt: skip
+    trainer = GRPOTrainer(model=str(paths["model"]), reward_funcs=[demo.tool_answer, env_calls], train_dataset=rows,
+                          args=args, environment_factory=Calculator)  # fmt: skip
+    assert trainer.cfg.rollout.environment == f"trl:{__name__}:Calculator" and trainer.cfg.rollout.max_turns == 2
+    trainer.train()
+    steps = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
+    for m in steps:
+        assert m["tools/calls_per_episode"] == pytest.approx(m["reward/env_calls/mean"])  # each its own instance
+    assert sum(m["reward/Calculator/mean"] for m in steps) > 0  # get_reward: a product it computed was the answer
+    assert sum(m["tools/calls_per_episode"] for m in steps) > 0
+
+
+def test_environment_factory_errors_are_named(tmp_path):
+    from grpokit import GRPOTrainer
+    from grpokit.core.errors import ConfigError
+
+    model = str(save_tiny_model(tmp_path / "model"))
+    args = {"output_dir": str(tmp_path / "a"), "max_steps": 1, "max_completion_length": 16}
+    with pytest.raises(ConfigError, match="tools= and environment_factory="):
+        GRPOTrainer(model=model, reward_funcs=has_seven, train_dataset=ROWS, args=args, tools=[digit_count],
+                    environment_factory=Calculator)  # fmt: skip
+
+    class Nested(Calculator):
+        pass
+
+    with pytest.raises(ConfigError, match=r"environment_factory: \S*Nested cannot be found again by name"):
+        GRPOTrainer(model=model, reward_funcs=has_seven, train_dataset=ROWS, args=args, environment_factory=Nested)
+    # no reward_funcs: the environment's get_reward alone (TRL's rule), not grpokit's default math_accuracy
+    from grpokit.demos import tools as demo
+
+    paths = demo.prepare(log=lambda *a: None)  # a model whose chat template renders tools
+    rows = [json.loads(line) for line in paths["train"].read_text().splitlines()[:4]]
+    owned = GRPOTrainer(model=str(paths["model"]), train_dataset=rows, environment_factory=Calculator,
+                        args=args | {"output_dir": str(tmp_path / "b"), "max_completion_length": 40})  # fmt: skip
+    assert owned.reward_names == ["Calculator"] and owned.reward_weights == {"Calculator": 1.0}
+    with pytest.raises(ConfigError, match="no reward: rollout.environment='trl:.*Silent' brings none"):
+        GRPOTrainer(model=model, train_dataset=ROWS, args=args | {"output_dir": str(tmp_path / "c")},
+                    environment_factory=Silent)  # fmt: skip

@@ -100,6 +100,7 @@ def trl_arguments(
     train_dataset: Any = None,
     eval_dataset: Any = None,
     tools: Any = None,
+    environment_factory: Any = None,
     unexpected: dict[str, Any] | None = None,
     config_from: Callable[[Any, Any], tuple[Any, list[float] | None]] | None = None,
     trainer: str = "GRPOTrainer",
@@ -109,7 +110,14 @@ def trl_arguments(
     take are a ConfigError naming it. ``config_from(cfg, args)``: (the config, reward weights) from the config
     arguments (default: GRPOTrainer's, grpokit.compat.trl.call.config_from_args); ``trainer``: the name errors use
     (SFTTrainer's TRL call comes through here too: grpokit.compat.trl.sft_call)."""
-    from grpokit.compat.trl.call import config_from_args, refuse_unexpected, rows_of, tool_specs, weighted
+    from grpokit.compat.trl.call import (
+        config_from_args,
+        environment_spec,
+        refuse_unexpected,
+        rows_of,
+        tool_specs,
+        weighted,
+    )
 
     refuse_unexpected(unexpected or {})
     if model is None and (isinstance(cfg, (str, os.PathLike)) or _is_module(cfg)):
@@ -119,10 +127,11 @@ def trl_arguments(
     train_rows = _one_of("train_rows", train_rows, "train_dataset", rows_of(train_dataset, "train_dataset"), trainer)
     eval_rows = _one_of("eval_rows", eval_rows, "eval_dataset", rows_of(eval_dataset, "eval_dataset"), trainer)
     specs = tool_specs(tools) if tools is not None else []
+    environment = environment_spec(environment_factory) if environment_factory is not None else None
     if config_from is None:
-        cfg, reward_weights = config_from_args(cfg, args, specs)
-    elif specs:
-        raise ConfigError(f"{trainer} takes no tools; multi-turn rollouts with tools are GRPOTrainer's")
+        cfg, reward_weights = config_from_args(cfg, args, specs, environment)
+    elif specs or environment is not None:
+        raise ConfigError(f"{trainer} takes no tools or environments; multi-turn rollouts are GRPOTrainer's")
     else:
         cfg, reward_weights = config_from(cfg, args)
     if isinstance(model, os.PathLike):
@@ -147,6 +156,9 @@ def trl_arguments(
         )
     if peft_config is not None:
         cfg = lora_from_peft(copy.deepcopy(cfg), peft_config)
+    if environment is not None and reward_functions is None:  # TRL: the environment's get_reward alone
+        cfg = copy.deepcopy(cfg)
+        cfg.rewards = []
     rewards = weighted(rewards_from(reward_functions), reward_weights)
     adapted = [adapt_callback(c) for c in callbacks]
     return TrainerArguments(cfg, model, tokenizer, rewards, adapted, train_rows, eval_rows)

@@ -29,8 +29,8 @@ from grpokit.core.errors import ConfigError
 
 KEYWORDS = (
     "cfg", "args", "model", "tokenizer", "processing_class", "train_rows", "train_dataset", "eval_rows", "eval_dataset",
-    "reward_functions", "reward_funcs", "callbacks", "peft_config", "tools", "resume", "overwrite",
-    "allow_changed_config",
+    "reward_functions", "reward_funcs", "callbacks", "peft_config", "tools", "environment_factory", "resume",
+    "overwrite", "allow_changed_config",
 )  # fmt: skip
 """GRPOTrainer's keywords a user passes (the part classes sampler/updater/critic aside), for near-miss hints."""
 
@@ -44,7 +44,6 @@ UNSUPPORTED = {
     "quantization_config": "no quantised training; give a float model (model.dtype) or LoRA (peft_config)",
     "rollout_func": "rollouts are grpokit's; multi-turn ones through rollout.tools or rollout.environment "
     "(docs/guides/multi-turn.md)",
-    "environment_factory": "environments are rollout.environment (docs/guides/multi-turn.md)",
     "train_data": "the training rows are train_dataset= (TRL) or train_rows= (grpokit)",
     "dataset": "the training rows are train_dataset= (TRL) or train_rows= (grpokit)",
     "config": "the config is args= (a TRL GRPOConfig or a grpokit Config) or the first argument (a grpokit Config)",
@@ -73,30 +72,38 @@ def refuse_unexpected(
         raise ConfigError(f"{trainer} got an unknown keyword {name}=; {hint}it takes {', '.join(keywords)}")
 
 
-def config_from_args(cfg: Any, args: Any, tools: list[str] | None = None) -> tuple[Any, list[float] | None]:
+def config_from_args(
+    cfg: Any, args: Any, tools: list[str] | None = None, environment: Any = None
+) -> tuple[Any, list[float] | None]:
     """(the run's Config, TRL's reward_weights or None) from GRPOTrainer's ``cfg`` and ``args`` (module doc).
-    ``tools``: TRL's tools= as rollout.tools entries (``tool_specs``), added to the config's own; a TRL config's
-    max_completion_length and max_tool_calling_iterations then bound the episodes (grpokit.config.trl.from_trl)."""
+    ``tools``: TRL's tools= as rollout.tools entries (``tool_specs``), added to the config's own; ``environment``:
+    TRL's environment_factory as rollout.environment (``environment_spec``). A TRL config's max_completion_length
+    and max_tool_calling_iterations then bound the episodes (grpokit.config.trl.from_trl)."""
     from grpokit.config.schema import Config, config_from_dict
     from grpokit.config.trl import from_trl, looks_like_trl
 
     tools = tools or []
+    if environment is not None and tools:
+        raise ConfigError(
+            "GRPOTrainer got tools= and environment_factory=: give the tools as methods of the environment class "
+            "(grpokit runs an environment's tools on its own instance, and the others apart)"
+        )
     if cfg is not None and args is not None:
         raise ConfigError(
             "GRPOTrainer got a config twice (the first argument and args=): give one, a grpokit Config or TRL's GRPOConfig"
         )
     given = args if args is not None else cfg
     if isinstance(given, Config):
-        return _with_tools(given, tools), None
+        return _with_tools(given, tools, environment), None
     if given is None:  # TRL's call without args: GRPOConfig's defaults
-        values, notes = from_trl({}, tools)
+        values, notes = from_trl({}, tools, environment)
         _say(notes, "no args: TRL's GRPOConfig defaults")
         return config_from_dict(values), None
     if type(given).__name__ == "SFTConfig" and callable(getattr(given, "to_dict", None)):
         raise ConfigError("GRPOTrainer got TRL's SFTConfig; give a trl.GRPOConfig (an SFTConfig goes to SFTTrainer)")
     trl_object = type(given).__name__ in ("GRPOConfig", "AsyncGRPOConfig") or callable(getattr(given, "to_dict", None))
     if isinstance(given, Mapping) and not trl_object and not looks_like_trl(given) and given:
-        return _with_tools(config_from_dict(dict(given)), tools), None  # grpokit's own sections as a mapping
+        return _with_tools(config_from_dict(dict(given)), tools, environment), None  # grpokit's own sections
     if not trl_object and not isinstance(given, Mapping):
         sft = " (an SFTConfig goes to grpokit.trainers.sft.SFTTrainer)" if type(given).__name__ == "SFTConfig" else ""
         raise ConfigError(
@@ -108,18 +115,42 @@ def config_from_args(cfg: Any, args: Any, tools: list[str] | None = None) -> tup
     if values.get("reward_funcs") is not None:  # a file's own list: its weights go with it
         values["reward_weights"] = weights
         weights = None
-    values, notes = from_trl(values, tools)
+    values, notes = from_trl(values, tools, environment)
     _say(notes, "TRL's GRPOConfig converted (grpokit.config.trl)")
     return config_from_dict(values), None if weights is None else list(weights)
 
 
-def _with_tools(cfg: Any, tools: list[str]) -> Any:
-    """A grpokit config with ``tools`` beside its own rollout.tools (a copy; the config itself when none)."""
-    if not tools:
+def _with_tools(cfg: Any, tools: list[str], environment: Any = None) -> Any:
+    """A grpokit config with ``tools`` beside its own rollout.tools and ``environment`` as rollout.environment (a
+    copy; the config itself when neither); an environment the config names too is refused."""
+    if not tools and environment is None:
         return cfg
     cfg = copy.deepcopy(cfg)
     cfg.rollout.tools = [*cfg.rollout.tools, *tools]
+    if environment is not None:
+        if cfg.rollout.environment:
+            raise ConfigError(
+                f"GRPOTrainer got environment_factory= and a config with rollout.environment="
+                f"{cfg.rollout.environment!r}: give one"
+            )
+        cfg.rollout.environment = environment
     return cfg
+
+
+def environment_spec(factory: Any) -> str | dict[str, str]:
+    """TRL's ``environment_factory`` as rollout.environment: "trl:module:Env" (grpokit.integrations.trl_environment
+    runs it), or for a dict {name: factory} a mapping of such names (each row's ``environment`` column picks one). A
+    factory that cannot be found by name (a lambda, a nested class) is refused naming it: each episode's worker and
+    the sampler process load it by name."""
+    from grpokit.core.user_code import name_of
+
+    if isinstance(factory, Mapping):
+        if not factory:
+            raise ConfigError("environment_factory: an empty dict; give {name: factory, ...}")
+        return {str(k): "trl:" + name_of(f, f"environment_factory[{k!r}]") for k, f in factory.items()}
+    if not callable(factory):
+        raise ConfigError(f"environment_factory: expected a class or function, got {type(factory).__name__}")
+    return "trl:" + name_of(factory, "environment_factory")
 
 
 def tool_specs(tools: Any) -> list[str]:
