@@ -81,12 +81,13 @@ class SFTDataConfig:
         {},
         "Extra arguments of the tokenizer's apply_chat_template (as grpokit train), e.g. {enable_thinking: false}.",
     )
-    max_length: int = setting(
+    max_length: int | None = setting(
         1024,
-        "Tokens per example; a longer example is refused with its row named (or cut, with data.truncate).",
+        """Tokens per example; a longer example is refused with its row named (or cut, with data.truncate). null:
+        no limit of its own (TRL's max_length=None): the model's positions still bound an example.""",
         range="[2, inf)",
         example=1024,
-        meaning="an example needs a token to predict and one to predict from",
+        meaning="an example needs a token to predict and one to predict from; null = the model's positions",
     )
     truncate: bool = setting(
         False,
@@ -210,12 +211,16 @@ def from_trl_sft_if_flat(values: dict[str, Any], path: Path) -> dict[str, Any]:
     return converted
 
 
+NO_LIMIT = 2**31 - 1
+"""Prompt tokens allowed when data.max_length is null: none of grpokit's own (the model's positions bound them)."""
+
+
 def prompt_data_config(data: SFTDataConfig) -> DataConfig:
     """The RL data settings that render a prompt the way ``grpokit train`` does (for grpokit.rollout.evaluate)."""
     return DataConfig(
         prompt_column="prompt",
         template=data.template,
         system_prompt=data.system_prompt,
-        max_prompt_tokens=data.max_length,
+        max_prompt_tokens=data.max_length if data.max_length is not None else NO_LIMIT,
         chat_template_kwargs=dict(data.chat_template_kwargs),
     )

@@ -123,16 +123,14 @@ def from_trl_sft(args: Any) -> tuple[dict[str, Any], list[str]]:
             f"TRL truncation_mode={v['truncation_mode']!r}: grpokit cuts a long example on the right (keep_start) "
             "or refuses it (data.truncate=false); use keep_start"
         )
-    if v["max_length"] is None:
-        raise ConfigError(
-            "TRL max_length=None (no limit): give the longest example's length, e.g. max_length: 4096"
+    if v["max_length"] is None:  # no limit: nothing is cut; the model's positions bound an example (named)
+        out["data"].update(max_length=None, truncate=False, text_column=str(v["dataset_text_field"]))
+        notes.append("max_length=None: data.max_length=null, nothing cut; an example past the model's positions is refused")
+    else:
+        out["data"].update(max_length=int(v["max_length"]), truncate=True, text_column=str(v["dataset_text_field"]))
+        notes.append(
+            f"data.max_length={v['max_length']} with data.truncate=true: longer examples are cut on the right"
         )
-    out["data"].update(
-        max_length=int(v["max_length"]), truncate=True, text_column=str(v["dataset_text_field"])
-    )
-    notes.append(
-        f"data.max_length={v['max_length']} with data.truncate=true: longer examples are cut on the right"
-    )
     packed = bool(v["packing"]) or bool(v["padding_free"])
     out["sft"]["packing"] = packed
     if v["packing"] and v["packing_strategy"] != "bfd":

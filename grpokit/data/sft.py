@@ -108,7 +108,7 @@ def encode_examples(
             example = encode_example(row, fmt, tokenizer, data, loss_on)
         except DataError as e:
             raise DataError(f"{where}: {e}") from None
-        if len(example.input_ids) > data.max_length:
+        if data.max_length is not None and len(example.input_ids) > data.max_length:
             if not data.truncate:
                 raise DataError(
                     f"{where}: {len(example.input_ids)} tokens, more than data.max_length={data.max_length}; "
@@ -116,7 +116,7 @@ def encode_examples(
                 )
             example = SFTExample(example.input_ids[: data.max_length], example.loss_mask[: data.max_length])
         if example.num_loss_tokens == 0:
-            cut = f" within data.max_length={data.max_length}" if data.truncate else ""
+            cut = f" within data.max_length={data.max_length}" if data.truncate and data.max_length else ""
             raise DataError(
                 f"{where}: no token is trained on{cut} ({fmt} row, sft.loss_on={loss_on}); give it a "
                 "completion / assistant turn, or drop the row."

@@ -397,3 +397,28 @@ def test_epoch_strategies_save_and_evaluate_where_trls_own_run_does(tmp_path):
     saved = sorted(int(p.name.split("_")[1]) for p in (tmp_path / "ours" / "checkpoints").glob("step_*"))
     evaluated = [json.loads(line)["step"] for line in (tmp_path / "ours" / "eval.jsonl").read_text().splitlines()]
     assert saved == trl_saved and evaluated == [0, *trl_evaluated]
+
+
+def test_max_length_none_cuts_nothing_and_steps_as_trls_sfttrainer(tmp_path):
+    """TRL's max_length=None (no limit): data.max_length null, nothing cut (every example ends in its EOS); one step
+    beside TRL's own SFTTrainer gives the same loss (before, max_length=None was refused)."""
+    trl = pytest.importorskip("trl")
+    from transformers import AutoTokenizer
+
+    from grpokit.config.trl_sft import from_trl_sft
+    from grpokit.trainers.sft import SFTTrainer
+
+    values, notes = from_trl_sft({"max_length": None})
+    assert values["data"]["max_length"] is None and values["data"]["truncate"] is False
+    assert any("max_length=None" in n for n in notes)
+    rows = [{"prompt": f"{a}+{b}=" * 6, "completion": str(a + b) * 4} for a in range(4) for b in range(2)]
+    model_dir = save_tiny_model(tmp_path / "model")
+    dataset = datasets.Dataset.from_list(rows)
+    theirs = trl.SFTTrainer(model=str(model_dir), args=trl_sft_args(tmp_path / "trl", max_length=None),
+                            train_dataset=dataset, processing_class=AutoTokenizer.from_pretrained(model_dir))  # fmt: skip
+    theirs.train()
+    ours = SFTTrainer(model=str(model_dir), args=trl_sft_args(tmp_path / "ours", max_length=None), train_dataset=dataset)
+    eos = ours.tokenizer.eos_token_id
+    assert ours.cfg.data.max_length is None and all(e.input_ids[-1] == eos for e in ours.examples)  # none cut
+    ours.train()
+    assert ours.log_history[0]["loss"] == pytest.approx(theirs.state.log_history[0]["loss"], rel=1e-5)
