@@ -283,11 +283,15 @@ def cmd_config(args: argparse.Namespace) -> int:
     try:
         if getattr(args, "from_trl", None):  # grpokit.config.trl: TRL's fields mapped, the rest refused
             from grpokit.config.schema import config_from_dict, read_yaml_file
+            from grpokit.config.sft import sft_config_from_dict
             from grpokit.config.trl import from_trl, grpokit_yaml
+            from grpokit.config.trl_sft import from_trl_sft, is_sft_file
 
-            values, notes = from_trl(read_yaml_file(Path(args.from_trl)) or {})
-            config_from_dict(apply_overrides(values, list(args.overrides)))  # it must load as it is printed
-            print(grpokit_yaml(values, notes, args.from_trl), end="")
+            given = read_yaml_file(Path(args.from_trl)) or {}
+            sft = is_sft_file(given)  # an SFTConfig's file: converted for grpokit sft
+            values, notes = (from_trl_sft if sft else from_trl)(given)
+            (sft_config_from_dict if sft else config_from_dict)(apply_overrides(values, list(args.overrides)))
+            print(grpokit_yaml(values, notes, args.from_trl, "SFTConfig" if sft else "GRPOConfig"), end="")
             return 0
         config_path, overrides = _config_args(args)
         print(describe_config(load_config(config_path, overrides)), end="")
@@ -560,7 +564,7 @@ def build_parser() -> argparse.ArgumentParser:
     config.add_argument("overrides", nargs="*", help="[CONFIG.yaml] then section.key=value overrides")
     config.add_argument("--config", metavar="PATH", help="the YAML config (or give it as the first argument)")
     config.add_argument(
-        "--from-trl", metavar="FILE", help="convert a TRL GRPOConfig YAML (flat keys) to a grpokit config and print it"
+        "--from-trl", metavar="FILE", help="convert a TRL GRPOConfig YAML (flat keys; an SFTConfig's: for grpokit sft) to a grpokit config and print it"
     )
     config.set_defaults(func=cmd_config)
 

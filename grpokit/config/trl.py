@@ -674,11 +674,13 @@ def with_trl_defaults(values: dict[str, Any], ours: dict[str, Any]) -> dict[str,
     return out
 
 
-def grpokit_yaml(values: dict[str, Any], notes: list[str], source: str) -> str:
-    """The converted config as YAML that `grpokit train` reads, the notes as comments on top."""
+def grpokit_yaml(values: dict[str, Any], notes: list[str], source: str, trl_class: str = "GRPOConfig") -> str:
+    """The converted config as YAML that `grpokit train` (an SFTConfig's: `grpokit sft`) reads, the notes as comments
+    on top."""
     import yaml
 
-    head = [f"# converted from TRL's GRPOConfig in {source} (grpokit.config.trl)"] + [f"# - {n}" for n in notes]
+    module = "grpokit.config.trl_sft" if trl_class == "SFTConfig" else "grpokit.config.trl"
+    head = [f"# converted from TRL's {trl_class} in {source} ({module})"] + [f"# - {n}" for n in notes]
     return "\n".join(head) + "\n" + yaml.safe_dump(_plain(values), sort_keys=False)
 
 

@@ -94,6 +94,16 @@ def loss_on(completion_only_loss: bool | None, assistant_only_loss: bool) -> str
     return "auto" if assistant_only_loss else "trl"
 
 
+def is_sft_file(values: Any) -> bool:
+    """Whether a flat TRL file is an SFTConfig's: it has fields only SFTConfig has (max_length, packing,
+    dataset_text_field, ...) and none only GRPOConfig has (num_generations, beta, ...). A file of shared fields
+    alone is read as a GRPOConfig, as ``grpokit config --from-trl`` always did."""
+    from grpokit.config.trl import TRL_KEYS
+
+    keys = set(values) if isinstance(values, dict) else set()
+    return bool(keys & (SFT_KEYS - TRL_KEYS)) and not keys & (TRL_KEYS - SFT_KEYS)
+
+
 def from_trl_sft(args: Any) -> tuple[dict[str, Any], list[str]]:
     """TRL SFTConfig fields -> (grpokit's nested SFT config values, notes for the user). ``args``: a flat mapping, a
     ``trl.SFTConfig`` or its ``to_dict()``. Raises ConfigError naming the first field grpokit cannot honour."""

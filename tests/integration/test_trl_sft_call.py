@@ -225,6 +225,14 @@ def test_a_flat_trl_sftconfig_file_trains_from_the_cli(tmp_path, capsys):
     assert main(["sft", str(config), "--output-dir", str(out)]) == 0
     assert "holds TRL SFTConfig fields; converted" in capsys.readouterr().err
     assert json.loads((out / "summary.json").read_text())["steps"] == 2
+    # grpokit config --from-trl prints the SFT config it becomes, which grpokit sft loads back
+    assert main(["config", "--from-trl", str(config)]) == 0
+    printed = capsys.readouterr().out
+    assert printed.startswith(f"# converted from TRL's SFTConfig in {config} (grpokit.config.trl_sft)")
+    converted = tmp_path / "converted.yaml"
+    converted.write_text(printed)
+    again = load_sft_config(converted, ["train.tensorboard=false"])
+    assert (again.data.max_length, again.sft.batch_size, again.optim.lr) == (64, 4, 1e-2)
     config.write_text(config.read_text() + "loss_type: dft\n")
     assert main(["sft", str(config), "--output-dir", str(tmp_path / "bad")]) == 2
     assert f"{config} (a TRL SFTConfig): TRL loss_type='dft' is not supported" in capsys.readouterr().err
