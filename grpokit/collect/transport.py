@@ -18,6 +18,7 @@ import types
 from collections import OrderedDict
 
 import torch
+from torch.utils.hooks import RemovableHandle
 
 from grpokit.core.errors import (
     ConfigError,
@@ -125,8 +126,18 @@ class _PolicyPickler(pickle.Pickler):
             for key in _HOOKS:
                 if key in state:
                     state[key] = OrderedDict()
+            for key in [k for k, v in state.items() if _holds_handles(v)]:
+                del state[key]  # hook handles kept as attributes (transformers' _require_grads_hook(s)) hold the hooks
             return copyreg.__newobj__, (type(obj),), state
         return NotImplemented
+
+
+def _holds_handles(value: object) -> bool:
+    """A hook's RemovableHandle, or a list or tuple of them (transformers 5 keeps gradient checkpointing's input-grad
+    hooks' handles so, and a handle pickles the hooks it can remove)."""
+    if isinstance(value, (list, tuple)):
+        return bool(value) and all(isinstance(v, RemovableHandle) for v in value)
+    return isinstance(value, RemovableHandle)
 
 
 def shared_tensors(module: torch.nn.Module | None) -> dict[str, torch.Tensor]:

@@ -383,6 +383,22 @@ def test_the_policy_reaches_the_process_without_the_trainers_hooks():
         assert torch.equal(model(input_ids=ids).logits, copied(input_ids=ids).logits)
 
 
+def test_transformers_own_input_grad_hooks_stay_behind_and_a_checkpointed_run_goes_async(tmp_path):
+    """transformers 5's enable_input_require_grads (gradient checkpointing) also keeps the hooks' handles as model
+    attributes (_require_grads_hook, _require_grads_hooks), and a handle pickles the hook it removes: before, every
+    asynchronous run with model.gradient_checkpointing=true stopped at its start ("the policy cannot be sent")."""
+    model, _ = make_tiny_model("qwen2", seed=0)
+    model.gradient_checkpointing_enable()
+    model.enable_input_require_grads()
+    assert any(isinstance(v, list) for k, v in vars(model).items() if k.startswith("_require_grads_hook"))
+    label, copied = pickle.loads(memoryview(_shared_payload(("recipe", model)).numpy()))
+    assert label == "recipe" and not any(k.startswith("_require_grads_hook") for k in vars(copied))
+    trainer = make_trainer(tmp_path, "rollout.max_staleness=1", "model.gradient_checkpointing=true", "train.steps=2",
+                           "train.samples_every=0", "eval.enabled=false")  # fmt: skip
+    trainer.train()
+    assert [m["step"] for m in trainer.log_history] == [1, 2]
+
+
 @pytest.mark.gpu
 @pytest.mark.slow
 def test_on_a_gpu_the_sampler_process_samples_on_the_trainers_device(tmp_path):
