@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
+from grpokit.compat.trl.names import trl_reward_spread
 from grpokit.rollout.generation import Rollout
 from grpokit.scoring.runner import RewardResult
 
@@ -167,6 +168,7 @@ def batch_reward_metrics(batch: ScoredBatch, rounds: list[dict[str, float]]) -> 
     if total.numel():
         out["reward/total/mean"] = float(total.mean())
         out["reward/total/std"] = float(total.std(correction=0))
+    out.update(trl_reward_spread(batch.per_function, total.tolist()))  # TRL's unbiased stds, by TRL's names
     return out
 
 

@@ -297,6 +297,8 @@ TRAIN: dict[str, Metric] = {
     # TRL's names written beside grpokit's where they mean the same (grpokit.compat.trl.names)
     "reward": Metric("reward", f"{TRL_ALIAS}: reward/total/mean"),
     "rewards/{reward}/mean": Metric("reward", f"{TRL_ALIAS}: reward/{{reward}}/mean"),
+    "rewards/{reward}/std": Metric("reward", "TRL's: the unbiased std (n - 1) of reward/{reward} over the rows it scored"),
+    "reward_std": Metric("reward", "TRL's: the unbiased std (n - 1) of the total reward over the step's scored rows"),
     "frac_reward_zero_std": Metric("share", f"{TRL_ALIAS}: zero_variance_frac"),
     "completions/mean_length": Metric("tokens", f"{TRL_ALIAS}: completion_len/mean"),
     "completions/min_length": Metric("tokens", f"{TRL_ALIAS}: completion_len/min"),

@@ -3,6 +3,8 @@ skip without `trl` (CI installs it: .ci/run)."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -394,6 +396,27 @@ def test_trl_metric_names_are_added_where_they_mean_the_same():
     assert (m["completions/mean_length"], m["completions/clipped_ratio"], m["learning_rate"]) == (11.0, 0.0, 1e-6)
     assert "reward_std" not in m and "rewards/acc/std" not in m  # unbiased in TRL: not the same number
     assert m["reward/total/mean"] == 0.5 and m["kl"] == 0.01  # ours stay
+
+
+def test_trls_unbiased_reward_stds_are_logged_by_trls_names():
+    """reward_std and rewards/<fn>/std as TRL's nanstd computes them (n - 1), beside grpokit's population stds: a
+    step of four rows, the accuracy reward not applying to the third. By hand: acc over [1, 0, 1]: mean 2/3, squares
+    1/9 + 4/9 + 1/9 = 2/3, / 2 -> sqrt(1/3) = 0.57735; total [1, 0, 0.5, 1]: mean 0.625, squares 0.140625 +
+    0.390625 + 0.015625 + 0.140625 = 0.6875, / 3 -> 0.47871."""
+    from grpokit.rollout.batch import ScoredBatch, batch_reward_metrics
+
+    pytest.importorskip("trl")
+    per_function = {"acc": [1.0, 0.0, None, 1.0], "fmt": [1.0, 0.0, 0.5, 1.0]}
+    batch = ScoredBatch.__new__(ScoredBatch)
+    batch.per_function, batch.rewards = per_function, torch.tensor([1.0, 0.0, 0.5, 1.0])
+    m = batch_reward_metrics(batch, [])
+    assert m["rewards/acc/std"] == pytest.approx(math.sqrt(1 / 3), rel=1e-9)
+    assert m["reward_std"] == pytest.approx(math.sqrt(0.6875 / 3), rel=1e-9)
+    from trl.trainer.utils import nanstd
+
+    acc = torch.tensor([1.0, 0.0, float("nan"), 1.0])
+    assert m["rewards/acc/std"] == pytest.approx(float(nanstd(acc)), rel=1e-6)
+    assert m["reward/acc/std"] == pytest.approx(math.sqrt(2 / 9), rel=1e-9)  # grpokit's own: divided by n
 
 
 # ------------------------------------------------------------------ item 8: TRL's argument forms

@@ -14,11 +14,14 @@ read); each alias holds the same number.
 | sampling/importance_sampling_ratio/mean (min, max) | mismatch/weight_mean (min, max) | the IS weights |
 | kl, entropy, grad_norm, loss  | the same                   | (already TRL's names)                           |
 
-Left out because they differ: TRL's reward_std and rewards/<fn>/std are unbiased (grpokit's divide by
-n), its num_tokens counts prompt tokens cumulatively.
+TRL's reward_std and rewards/<fn>/std are the unbiased std (divided by n - 1) where grpokit's reward/total/std and
+reward/<fn>/std divide by n: they are computed as TRL does from the step's rewards (``trl_reward_spread``). Left
+out: TRL's num_tokens, the prompt and completion tokens seen since the start (a count grpokit does not keep).
 """
 
 from __future__ import annotations
+
+import math
 
 ALIASES = {
     "reward/total/mean": "reward",
@@ -45,3 +48,25 @@ def with_trl_names(metrics: dict[str, float]) -> dict[str, float]:
             extra[f"rewards/{parts[1]}/mean"] = value
     metrics.update(extra)
     return metrics
+
+
+def trl_reward_spread(per_function: dict[str, list[float | None]], total: list[float]) -> dict[str, float]:
+    """TRL's rewards/<fn>/std (over the rows the function scored) and reward_std (over the total rewards of the
+    scored rows): the unbiased std, sqrt(sum (x - mean)^2 / (n - 1)), as TRL's nanstd; left out below 2 values."""
+
+    def unbiased(values: list[float]) -> float | None:
+        n = len(values)
+        if n < 2:
+            return None
+        mean = sum(values) / n
+        return math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
+
+    out: dict[str, float] = {}
+    for name, values in per_function.items():
+        std = unbiased([float(v) for v in values if v is not None])
+        if std is not None:
+            out[f"rewards/{name}/std"] = std
+    std = unbiased([float(v) for v in total])
+    if std is not None:
+        out["reward_std"] = std
+    return out
