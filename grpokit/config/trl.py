@@ -81,7 +81,7 @@ TRL_DEFAULTS: dict[str, Any] = {
     "logging_steps": 10, "save_steps": 500, "save_total_limit": None, "eval_steps": None,
     "eval_strategy": "no", "save_strategy": "steps", "report_to": "none", "log_completions": False,
     "output_dir": "trainer_output", "bf16": None, "max_tool_calling_iterations": None, "disable_dropout": False,
-    "delta": None,
+    "delta": None, "generation_kwargs": None,
 }  # fmt: skip
 """TRL 1.16's defaults of the fields mapped (tests check them against trl.GRPOConfig)."""
 
@@ -105,8 +105,6 @@ INERT = ARGS_INERT | {
 mapped by _vllm): accepted, ignored."""
 
 REFUSED_UNLESS_DEFAULT: dict[str, tuple[Any, str]] = {
-    "generation_kwargs": (None, "set rollout.temperature / top_p / top_k / min_p / repetition_penalty / "
-                                "max_new_tokens instead"),
     "cache_implementation": (None, "the fast engine picks its cache (rollout.kv_cache)"),
     "sync_ref_model": (False, "the reference model is frozen"),
     "cast_lm_head_to_fp32": (False, "log-probs are computed chunk by chunk in the model's dtype"),
@@ -251,6 +249,27 @@ def cadence_values(v: Mapping[str, Any], per: Callable[[str, int], int] = lambda
     return train, evaluation, notes
 
 
+GENERATION_KWARGS = {
+    "temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p",
+    "repetition_penalty": "repetition_penalty", "max_tokens": "max_new_tokens", "max_new_tokens": "max_new_tokens",
+}  # fmt: skip
+"""generation_kwargs keys (vLLM's SamplingParams, transformers' GenerationConfig) -> rollout.* settings."""
+
+
+def sampling_kwargs(kwargs: Any) -> dict[str, Any]:
+    """TRL's generation_kwargs as rollout.* values; a key with no rollout setting (stop strings, min_tokens, a
+    seed, ...) is refused by name: ignoring it would sample otherwise than TRL's run does."""
+    if not isinstance(kwargs, dict):
+        raise ConfigError(f"TRL generation_kwargs={kwargs!r}: expected a mapping of sampling settings")
+    other = sorted(set(kwargs) - set(GENERATION_KWARGS))
+    if other:
+        raise ConfigError(
+            f"TRL generation_kwargs {other} have no grpokit rollout setting (those it takes: "
+            f"{', '.join(sorted(GENERATION_KWARGS))}); remove them"
+        )
+    return {GENERATION_KWARGS[k]: value for k, value in kwargs.items()}
+
+
 def two_sided_clip(algo: dict[str, Any], delta: float, loss_type: str, eps_high: float) -> str:
     """TRL's ``delta`` (INTELLECT-2's two-sided clip, -min(min(rho, delta) A, clip(rho) A)) in grpokit's terms, put in
     ``algo``; the note that says so. With delta > 1 + eps_high it is dual-clip PPO's bound for negative advantages,
@@ -334,6 +353,9 @@ def from_trl(args: Any, tools: Sequence[str] = (), environment: Any = None) -> t
     for key in ("temperature", "top_p", "top_k", "repetition_penalty"):
         out["rollout"][key] = v[key]
     out["rollout"]["min_p"] = 0.0 if v["min_p"] is None else v["min_p"]  # TRL's None: off
+    if v["generation_kwargs"]:  # TRL: they take precedence over the fields of the same meaning
+        out["rollout"].update(sampling_kwargs(v["generation_kwargs"]))
+        notes.append(f"generation_kwargs {sorted(v['generation_kwargs'])}: rollout.* (they win over the fields)")
 
     # the algorithm: laid over the grpo preset, every axis said
     loss_type, scale = v["loss_type"], v["scale_rewards"]

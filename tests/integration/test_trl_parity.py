@@ -286,7 +286,7 @@ def test_open_r1s_model_init_kwargs_convert():
         ({"loss_type": "cispo"}, "caps the importance weight at epsilon_high=0.2 itself"),
         ({"loss_type": "cispo", "epsilon_high": 5.0, "steps_per_generation": 2}, "loss_type='cispo' with steps_per"),
         ({"max_steps": 10, "steps_per_generation": 4, "loss_type": "grpo"}, "use a multiple of 4"),
-        ({"generation_kwargs": {"min_tokens": 4}}, "generation_kwargs=.* is not supported: set rollout.temperature"),
+        ({"generation_kwargs": {"min_tokens": 4, "top_p": 0.9}}, r"generation_kwargs \['min_tokens'\] have no grpokit"),
         ({"use_vllm": True, "vllm_mode": "spmd"}, "vllm_mode='spmd': choose colocate or server"),
         ({"use_vllm": True, "vllm_tensor_parallel_size": 2}, "vllm_tensor_parallel_size=2"),
         ({"multi_objective_aggregation": "mean"}, "choose sum_then_normalize or normalize_then_sum"),
@@ -304,6 +304,16 @@ def test_what_grpokit_cannot_honour_is_refused_by_name(fields, message):
 
     with pytest.raises(ConfigError, match=message):
         from_trl(fields)
+
+
+def test_generation_kwargs_win_over_the_fields_as_in_trl():
+    from grpokit.config.trl import from_trl
+
+    values, notes = from_trl({"temperature": 0.7, "generation_kwargs": {"temperature": 0.9, "max_tokens": 64,
+                                                                        "top_k": 20}})  # fmt: skip
+    r = values["rollout"]
+    assert (r["temperature"], r["max_new_tokens"], r["top_k"], r["top_p"]) == (0.9, 64, 20, 1.0)
+    assert any("generation_kwargs ['max_tokens', 'temperature', 'top_k']" in n for n in notes)
 
 
 def test_delta_with_a_loss_that_is_not_clipped_changes_nothing_as_in_trl_and_says_so():
