@@ -388,6 +388,13 @@ class GRPOTrainer:
             rows = rows_of(eval_dataset, "eval_dataset")
             check_given_rows(rows, "eval_dataset", self.cfg.data.prompt_column)
             check_reward_columns(rows, [(self.accuracy_name, self.accuracy_fn, 1.0)], "eval_dataset")
+        elif self.accuracy_fn is None:  # a TRL script's closing evaluate(): said, not a crash at the end of a run
+            self.say(f"evaluate(): nothing evaluated: {self.accuracy_why}")
+            return trl_evaluation(self, {}, rows=0, prefix=metric_key_prefix, seconds=time.perf_counter() - started)
+        elif not self.eval_rows:
+            raise ConfigError(
+                "evaluate(): there are no held-out rows; give eval_dataset (to the trainer or to evaluate) or data.eval"
+            )
         result = self.held_out_metrics(rows=rows)
         return trl_evaluation(self, result, rows=len(self.eval_rows if rows is None else rows),
                               prefix=metric_key_prefix, seconds=time.perf_counter() - started)  # fmt: skip

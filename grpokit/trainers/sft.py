@@ -326,6 +326,10 @@ class SFTTrainer:
         from grpokit.compat.trl.sft_call import formatted
 
         started = time.perf_counter()
+        if eval_dataset is None and not self.eval_examples:
+            raise ConfigError(
+                "evaluate(): there are no held-out rows; give eval_dataset (to the trainer or to evaluate) or data.eval"
+            )
         if eval_dataset is None:
             examples, prompts = None, None
         else:

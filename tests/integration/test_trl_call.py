@@ -360,7 +360,7 @@ def test_open_r1s_script_tail_runs_and_writes_what_transformers_trainer_writes(t
     assert again.train(resume_from_checkpoint=str(out / "checkpoints" / "step_000002")).global_step == 3
 
 
-def test_evaluate_answers_with_transformers_names_for_its_rows_or_an_eval_dataset(tmp_path):
+def test_evaluate_answers_with_transformers_names_for_its_rows_or_an_eval_dataset(tmp_path, capsys):
     """``trainer.evaluate()`` as a TRL script calls it: grpokit's held-out metrics under their names and again as
     ``eval_<name>`` (greedy accuracy, not TRL's sampled eval_reward), with eval_runtime and epoch; an
     eval_dataset given to evaluate() is evaluated instead of the trainer's, with the prefix asked for; a
@@ -404,6 +404,13 @@ def test_evaluate_answers_with_transformers_names_for_its_rows_or_an_eval_datase
     assert plain.accuracy_fn is None
     with pytest.raises(ConfigError, match="train.accuracy_reward"):
         plain.evaluate(eval_dataset=ROWS[:2])
+    capsys.readouterr()
+    assert set(plain.evaluate()) == {"eval_runtime", "eval_samples_per_second", "epoch"}  # a script's closing call
+    assert "evaluate(): nothing evaluated: " in capsys.readouterr().err
+    no_rows = GRPOTrainer(model=str(model), reward_funcs=has_seven, train_dataset=ROWS,
+                          args=tiny_run(tmp_path / "no_rows", 1, "train.accuracy_reward=has_seven"))  # fmt: skip
+    with pytest.raises(ConfigError, match="evaluate\\(\\): there are no held-out rows; give eval_dataset"):
+        no_rows.evaluate()
 
 
 def test_each_epoch_checkpoints_and_evaluations_fall_where_a_pass_over_the_prompts_ends(tmp_path):

@@ -369,6 +369,13 @@ def test_evaluate_formats_an_eval_dataset_with_formatting_func_and_callbacks_see
     assert trainer.evaluate(eval_dataset=raw[:4])["eval_loss"] == pytest.approx(seen.evaluations[-1][1], rel=1e-6)
     with pytest.raises(KeyError, match="question"):
         trainer.evaluate(eval_dataset=[{"text": "1+1=2"}])  # formatted like the training rows, or not at all
+    bare = SFTTrainer(str(tmp_path / "model"), args={"output_dir": str(tmp_path / "bare"), "max_steps": 1,
+                                                     "report_to": "none"}, train_dataset=ADDITIONS)  # fmt: skip
+    from grpokit.core.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="there are no held-out rows; give eval_dataset"):
+        bare.evaluate()  # TRL refuses too ("evaluation requires an eval_dataset"); a loss of 0 would mislead
+    assert bare.evaluate(eval_dataset=ADDITIONS[:2])["eval_tokens"] > 0
 
 
 def test_epoch_strategies_save_and_evaluate_where_trls_own_run_does(tmp_path):
