@@ -36,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import pickle
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -143,11 +144,29 @@ def environment_factory(target: str, spec: str, rollout_cfg=None) -> type[TRLEpi
     """The environment of 'trl:module:Env' or 'trl:file.py:Env' (grpokit.rollout.episodes.ENVIRONMENT_KINDS): a
     TRLEpisode subclass over the factory, its methods' schemas (each a tool: type hints and a docstring, checked
     here), its get_reward as the reward named after the class, calls read with ``rollout_cfg.tool_parser``."""
+    parser_name = getattr(rollout_cfg, "tool_parser", None) or "hermes"
+    environment_column = getattr(rollout_cfg, "environment_column", None) if isinstance(
+        getattr(rollout_cfg, "environment", None), dict) else None  # fmt: skip
+    key = (spec, parser_name, environment_column)
+    if key not in _ADAPTERS:  # once per process: a file loaded again would make another class of the same name
+        _ADAPTERS[key] = _adapter(target, spec, parser_name, environment_column)
+    return _ADAPTERS[key]
+
+
+_ADAPTERS: dict[tuple, type[TRLEpisode]] = {}
+"""The adapters made in this process, by (spec, parser, environment column)."""
+
+
+def _adapter(target: str, spec: str, parser_name: str, environment_column: str | None) -> type[TRLEpisode]:
     where = f"rollout.environment={spec!r}"
     module_name, sep, attr = target.rpartition(":")
     if not sep or not module_name or not attr:
         raise ConfigError(f"{where}: name TRL's environment factory as trl:package.module:Env or trl:file.py:Env")
-    factory = getattr(load_module(module_name, attr, where, prefix="grpokit_user_env"), attr, None)
+    module = load_module(module_name, attr, where, prefix="grpokit_user_env")
+    # a file's module is registered by its name, so that the copies of instances (``state``) pickle by reference to
+    # their class in the episode's worker and load back in the trainer and the reward workers (all forked after)
+    sys.modules.setdefault(module.__name__, module)
+    factory = getattr(module, attr, None)
     if not callable(factory):
         raise ConfigError(f"{where}: {attr} is not a class or function in {module_name}")
     try:
@@ -168,15 +187,13 @@ def environment_factory(target: str, spec: str, rollout_cfg=None) -> type[TRLEpi
         except ConfigError as e:
             raise ConfigError(f"{where}: the tool {cls.__name__}.{name}: {e}") from e
     rewards = [(cls.__name__, 1.0)] if callable(getattr(probe, "get_reward", None)) else []
-    environment_column = getattr(rollout_cfg, "environment_column", None) if isinstance(
-        getattr(rollout_cfg, "environment", None), dict) else None  # fmt: skip
     attributes = {
         "trl_factory": staticmethod(factory),
         "trl_class": cls,
         "tool_names": tuple(names),
         "tool_schemas": schemas,
         "rewards": rewards,
-        "parser": staticmethod(get_parser(getattr(rollout_cfg, "tool_parser", None) or "hermes")),
+        "parser": staticmethod(get_parser(parser_name)),
         "environment_column": environment_column,
         "__module__": __name__,
     }

@@ -72,7 +72,9 @@ def tiny_chat_model(tmp_path_factory):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["tools-qwen2.5-0.5b.yaml", "environment-guess.yaml", "environment-tools.yaml"])
+@pytest.mark.parametrize(
+    "name", ["tools-qwen2.5-0.5b.yaml", "environment-guess.yaml", "environment-tools.yaml", "environment-trl.yaml"]
+)
 def test_multi_turn_examples_run_one_step(name, tiny_chat_model, tmp_path, monkeypatch):
     monkeypatch.chdir(REPO)
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
@@ -85,6 +87,8 @@ def test_multi_turn_examples_run_one_step(name, tiny_chat_model, tmp_path, monke
     assert main(["train", f"examples/{name}", *small, "--output-dir", str(out)]) == 0
     metrics = json.loads((out / "metrics.jsonl").read_text().splitlines()[0])
     assert metrics["step"] == 1 and "episode/turns_mean" in metrics
+    if name == "environment-trl.yaml":  # the TRL environment's get_reward and the reward over its environments
+        assert {"reward/Calculator/mean", "reward/used_the_tool/mean"} <= set(metrics)
 
 
 def test_sample_names_a_missing_reward_column_before_the_model_loads(tmp_path, monkeypatch, capsys):
