@@ -343,6 +343,7 @@ def step_metrics(
             float(lengths[~correct].mean()) if (~correct).any() else float("nan")
         )
     metrics["truncated_frac"] = float(r.truncated.float().mean())
+    metrics["tokens/step"] = float(r.prompt_mask.sum() + r.completion_mask.sum())  # TRL's num_tokens adds these up
     metrics["advantage/abs_mean"] = advantage_abs
     metrics.update(sampling)
     metrics.update(update_metrics)

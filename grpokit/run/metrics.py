@@ -107,6 +107,7 @@ TRAIN: dict[str, Metric] = {
     ),
     "completion_len/incorrect": Metric("tokens", "mean length of the others (NaN if none)"),
     "truncated_frac": Metric("share", "completions cut at rollout.max_new_tokens (no EOS)"),
+    "tokens/step": Metric("tokens", "the step's prompt and completion tokens, padding left out (all ranks)"),
     # the update: grpokit.algos.loss, grpokit.train.update_stats, grpokit.train.learner
     "loss": Metric("loss", "the objective minimised, averaged over the step's optimizer steps"),
     "pg_loss": Metric("loss", "the clipped policy-gradient part, mean over loss tokens"),
@@ -298,6 +299,7 @@ TRAIN: dict[str, Metric] = {
     "reward": Metric("reward", f"{TRL_ALIAS}: reward/total/mean"),
     "rewards/{reward}/mean": Metric("reward", f"{TRL_ALIAS}: reward/{{reward}}/mean"),
     "rewards/{reward}/std": Metric("reward", "TRL's: the unbiased std (n - 1) of reward/{reward} over the rows it scored"),
+    "num_tokens": Metric("tokens", "TRL's: the prompt and completion tokens of every step so far (tokens/step summed)"),
     "reward_std": Metric("reward", "TRL's: the unbiased std (n - 1) of the total reward over the step's scored rows"),
     "frac_reward_zero_std": Metric("share", f"{TRL_ALIAS}: zero_variance_frac"),
     "completions/mean_length": Metric("tokens", f"{TRL_ALIAS}: completion_len/mean"),

@@ -300,6 +300,10 @@ class GRPOTrainer:
         metrics.update(got.metrics(metrics["time/step"]))  # the source's: rollout/*, episode/*, tools/*, async/*
         self.mismatch.check(metrics, self.step)  # the sampler drifting from the trainer: a notice, then a stop
         with_trl_names(metrics)  # TRL's names beside ours where they mean the same (grpokit.compat.trl.names)
+        # TRL's num_tokens: every step's tokens so far (a resumed run's history is read back from metrics.jsonl)
+        metrics["num_tokens"] = next(
+            (m["num_tokens"] for m in reversed(self.log_history) if "num_tokens" in m), 0.0
+        ) + metrics["tokens/step"]
         if sampled:
             self._save_samples(batch, advantages, record)
         return metrics

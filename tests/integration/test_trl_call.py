@@ -4,6 +4,7 @@ the same call with grpokit's own config when TRL is absent."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 from pathlib import Path
@@ -358,6 +359,13 @@ def test_open_r1s_script_tail_runs_and_writes_what_transformers_trainer_writes(t
     again = GRPOTrainer(model=str(model), reward_funcs=has_seven, args=more, train_dataset=ROWS, eval_dataset=ROWS[:2],
                         resume=True)  # fmt: skip
     assert again.train(resume_from_checkpoint=str(out / "checkpoints" / "step_000002")).global_step == 3
+    # TRL's num_tokens: every step's prompt and completion tokens so far, on across the resume. Each of a step's
+    # 4 rows has a 4-character prompt ("a+b=", one token a character here) and its completion's tokens
+    steps = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    prompt_tokens = len(trainer.tokenizer("1+2=", add_special_tokens=False)["input_ids"])
+    for m in steps:
+        assert m["tokens/step"] == pytest.approx(4 * prompt_tokens + 4 * m["completion_len/mean"])
+    assert [m["num_tokens"] for m in steps] == pytest.approx(list(itertools.accumulate(m["tokens/step"] for m in steps)))
 
 
 def test_evaluate_answers_with_transformers_names_for_its_rows_or_an_eval_dataset(tmp_path, capsys):

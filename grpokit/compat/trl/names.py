@@ -15,8 +15,9 @@ read); each alias holds the same number.
 | kl, entropy, grad_norm, loss  | the same                   | (already TRL's names)                           |
 
 TRL's reward_std and rewards/<fn>/std are the unbiased std (divided by n - 1) where grpokit's reward/total/std and
-reward/<fn>/std divide by n: they are computed as TRL does from the step's rewards (``trl_reward_spread``). Left
-out: TRL's num_tokens, the prompt and completion tokens seen since the start (a count grpokit does not keep).
+reward/<fn>/std divide by n: they are computed as TRL does from the step's rewards (``trl_reward_spread``). TRL's
+num_tokens, the prompt and completion tokens seen since the start, is the sum of grpokit's tokens/step (the
+trainer adds them up).
 """
 
 from __future__ import annotations
