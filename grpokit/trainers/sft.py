@@ -258,6 +258,7 @@ class SFTTrainer:
             return [self._batch([examples[i] for i in chunk.tolist()]) for chunk in micros]
 
         grad_norm, parts = self.learner.step(lengths, split, self._loss_sum, num_tokens, step=self.step)
+        used_lr = float(self.learner.optimizer.param_groups[0]["lr"])  # TRL's learning_rate: the step's own
         self.step += 1
         self.learner.scheduler.step()
         seconds = time.perf_counter() - t0
@@ -273,6 +274,12 @@ class SFTTrainer:
             # time/step, tokens_per_s (summed over ranks under torchrun), peak_memory_mb (the largest)
             **step_costs(seconds, float(lengths.sum()), self.device, self.dist),
         }
+        # lr: the one the step used, as grpokit train logs it (the learner's is already the next step's); TRL's
+        # learning_rate the same, and num_tokens the input tokens so far (a resume reads its history back)
+        metrics["lr"] = metrics["learning_rate"] = used_lr
+        metrics["num_tokens"] = next(
+            (m["num_tokens"] for m in reversed(self.log_history) if "num_tokens" in m), 0.0
+        ) + metrics["tokens/input"]
         return metrics
 
     def _batch(self, examples) -> dict[str, Any]:

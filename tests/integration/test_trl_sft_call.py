@@ -82,6 +82,8 @@ def test_one_step_is_trls_sfttrainers_step(tmp_path, rows):
     ours = SFTTrainer(model=str(model_dir), args=trl_sft_args(tmp_path / "ours"), train_dataset=dataset)
     ours.train()
     assert ours.log_history[0]["loss"] == pytest.approx(theirs.state.log_history[0]["loss"], rel=1e-5)
+    for key in ("num_tokens", "learning_rate"):  # TRL's names, TRL's numbers
+        assert ours.log_history[0][key] == pytest.approx(theirs.state.log_history[0][key], rel=1e-6), key
     before = make_tiny_model("qwen2", seed=0)[0].state_dict()
     for name, weight in theirs.model.state_dict().items():
         assert float((weight - before[name]).abs().max()) > 1e-3  # the step moved it: the comparison can fail
