@@ -418,22 +418,10 @@ def _check_recorded_algo(values: dict[str, Any], recorded: Any, path: Path) -> N
 
 def _from_trl_if_flat(values: dict[str, Any], path: Path) -> dict[str, Any]:
     """A flat TRL GRPOConfig file is converted (grpokit.config.trl), its notes printed once."""
-    import sys
-
     from grpokit.config.trl import from_trl, looks_like_trl
+    from grpokit.config.trl_fields import converted_if_flat
 
-    if not looks_like_trl(values):
-        return values
-    try:
-        converted, notes = from_trl(values)
-    except ConfigError as e:
-        raise ConfigError(f"{path} (a TRL GRPOConfig): {e}") from None
-    print(
-        f"grpokit: {path} holds TRL GRPOConfig fields; converted (grpokit config --from-trl {path} shows the "
-        "result):\n" + "\n".join(f"  - {n}" for n in notes),
-        file=sys.stderr,
-    )
-    return converted
+    return converted_if_flat(values, path, looks_like_trl, from_trl, "GRPOConfig", f"grpokit config --from-trl {path}")
 
 
 def config_to_dict(cfg: Config) -> dict[str, Any]:

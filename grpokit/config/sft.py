@@ -196,19 +196,10 @@ def looks_like_trl_sft(values: Any) -> bool:
 def from_trl_sft_if_flat(values: dict[str, Any], path: Path) -> dict[str, Any]:
     """A flat TRL SFTConfig file (TRL's fields, none of grpokit's sections) converted by
     grpokit.config.trl_sft.from_trl_sft, its notes printed once; any other mapping as it is."""
-    import sys
-
+    from grpokit.config.trl_fields import converted_if_flat
     from grpokit.config.trl_sft import from_trl_sft
 
-    if not looks_like_trl_sft(values):
-        return values
-    try:
-        converted, notes = from_trl_sft(values)
-    except ConfigError as e:
-        raise ConfigError(f"{path} (a TRL SFTConfig): {e}") from None
-    print(f"grpokit: {path} holds TRL SFTConfig fields; converted:\n" + "\n".join(f"  - {n}" for n in notes),
-          file=sys.stderr)  # fmt: skip
-    return converted
+    return converted_if_flat(values, path, looks_like_trl_sft, from_trl_sft, "SFTConfig", f"grpokit sft {path} --print-config")
 
 
 NO_LIMIT = 2**31 - 1

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from grpokit.core.errors import ConfigError
@@ -212,3 +212,27 @@ def _example(default: Any, what: str) -> str:
     if default is not None:
         return str(default).lower() if isinstance(default, bool) else str(default)
     return {"an integer": "8", "a number": "1.0", "true or false": "true", "a string": "name"}[what]
+
+
+def converted_if_flat(
+    values: dict[str, Any], path: Any, looks_like: Callable[[Any], bool], convert: Callable, trl_class: str,
+    shows: str,
+) -> dict[str, Any]:
+    """A flat TRL ``trl_class`` file (``looks_like`` says so) converted by ``convert`` (values -> (nested values,
+    notes)), its notes printed once on stderr with ``shows``, the command that prints the result; any other mapping
+    as it is. A field ``convert`` refuses is a ConfigError naming the file. The loaders of grpokit train
+    (GRPOConfig) and grpokit sft (SFTConfig) call it."""
+    import sys
+
+    if not looks_like(values):
+        return values
+    try:
+        converted, notes = convert(values)
+    except ConfigError as e:
+        raise ConfigError(f"{path} (a TRL {trl_class}): {e}") from None
+    print(
+        f"grpokit: {path} holds TRL {trl_class} fields; converted ({shows} shows the result):\n"
+        + "\n".join(f"  - {n}" for n in notes),
+        file=sys.stderr,
+    )
+    return converted
