@@ -33,7 +33,6 @@ refused by the TRL call (give them as the class's methods), and rows need their 
 
 from __future__ import annotations
 
-import asyncio
 import inspect
 import pickle
 import sys
@@ -44,6 +43,7 @@ from grpokit.core.errors import ConfigError
 from grpokit.core.user_code import load_module
 from grpokit.rollout.envs import EnvStep
 from grpokit.rollout.tools import get_parser, tool_schema
+from grpokit.rollout.tools.runner import awaited
 
 RESERVED = ("reset", "get_reward")
 """Public methods of a TRL environment that are not tools."""
@@ -56,11 +56,6 @@ def trl_tools(cls: type) -> list[str]:
         for name, _ in inspect.getmembers(cls, predicate=inspect.isfunction)
         if name not in RESERVED and not name.startswith("_")
     ]
-
-
-def _result(value: Any) -> Any:
-    """What a tool gave, awaited if it is a coroutine."""
-    return asyncio.run(value) if inspect.iscoroutine(value) else value
 
 
 class TRLEpisode:
@@ -106,7 +101,7 @@ class TRLEpisode:
                     raise ValueError(call.error)
                 if name not in self.tool_names:
                     raise ValueError(f"Tool {name} not found.")  # TRL's words
-                result = _result(getattr(self.env, name)(**call.arguments))
+                result = awaited(getattr(self.env, name)(**call.arguments))
             except Exception as e:  # noqa: BLE001 - TRL gives the model the error and goes on
                 errors += 1
                 result = {"error": str(e)}
@@ -118,7 +113,7 @@ class TRLEpisode:
         """The environment's get_reward(), named after its class, when it has one."""
         if not self.rewards:
             return {}
-        return {self.rewards[0][0]: float(_result(self.env.get_reward()))}
+        return {self.rewards[0][0]: float(awaited(self.env.get_reward()))}
 
     def state(self) -> Any:
         """A copy of the instance for the reward functions' ``environments``: an object of its class (made without

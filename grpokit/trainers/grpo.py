@@ -45,7 +45,7 @@ from grpokit.compat.trl.after_train import (
     trl_evaluation,
 )
 from grpokit.compat.trl.api import ProcessView, trl_arguments
-from grpokit.compat.trl.names import with_trl_names
+from grpokit.compat.trl.names import tokens_so_far, with_trl_names
 from grpokit.config.schema import Config
 from grpokit.core.errors import ConfigError
 from grpokit.core.notices import Notices
@@ -301,9 +301,7 @@ class GRPOTrainer:
         self.mismatch.check(metrics, self.step)  # the sampler drifting from the trainer: a notice, then a stop
         with_trl_names(metrics)  # TRL's names beside ours where they mean the same (grpokit.compat.trl.names)
         # TRL's num_tokens: every step's tokens so far (a resumed run's history is read back from metrics.jsonl)
-        metrics["num_tokens"] = next(
-            (m["num_tokens"] for m in reversed(self.log_history) if "num_tokens" in m), 0.0
-        ) + metrics["tokens/step"]
+        metrics["num_tokens"] = tokens_so_far(self.log_history, metrics["tokens/step"])
         if sampled:
             self._save_samples(batch, advantages, record)
         return metrics

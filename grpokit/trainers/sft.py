@@ -38,6 +38,7 @@ from grpokit.compat.trl.after_train import (
     trl_evaluation,
 )
 from grpokit.compat.trl.api import ProcessView
+from grpokit.compat.trl.names import tokens_so_far
 from grpokit.config.epochs import resolve_epochs
 from grpokit.config.run_file import given_in_code
 from grpokit.config.schema import ConfigError
@@ -277,9 +278,7 @@ class SFTTrainer:
         # lr: the one the step used, as grpokit train logs it (the learner's is already the next step's); TRL's
         # learning_rate the same, and num_tokens the input tokens so far (a resume reads its history back)
         metrics["lr"] = metrics["learning_rate"] = used_lr
-        metrics["num_tokens"] = next(
-            (m["num_tokens"] for m in reversed(self.log_history) if "num_tokens" in m), 0.0
-        ) + metrics["tokens/input"]
+        metrics["num_tokens"] = tokens_so_far(self.log_history, metrics["tokens/input"])
         return metrics
 
     def _batch(self, examples) -> dict[str, Any]:

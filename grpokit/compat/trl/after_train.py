@@ -125,10 +125,8 @@ def trl_evaluation(
     names (what grpokit's docs and ``eval.jsonl`` use), and each again under transformers' name (``eval_loss``,
     ``eval_accuracy``), with ``{prefix}_runtime`` (``seconds``), ``{prefix}_samples_per_second`` (``rows`` /
     seconds) and ``epoch``. Not ``{prefix}_steps_per_second``: grpokit's evaluation has no evaluation batches."""
-    named = with_eval_prefix(held_out, prefix)
-    named[f"{prefix}_runtime" if prefix else "runtime"] = seconds
-    named[f"{prefix}_samples_per_second" if prefix else "samples_per_second"] = rows / seconds if seconds > 0 else 0.0
-    return {**held_out, **named, "epoch": epoch_of(trainer)}
+    timing = {"runtime": seconds, "samples_per_second": rows / seconds if seconds > 0 else 0.0}
+    return {**held_out, **with_eval_prefix({**held_out, **timing}, prefix), "epoch": epoch_of(trainer)}
 
 
 def format_metrics(metrics: dict[str, Any]) -> dict[str, str]:

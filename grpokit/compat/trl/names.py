@@ -71,3 +71,10 @@ def trl_reward_spread(per_function: dict[str, list[float | None]], total: list[f
     if std is not None:
         out["reward_std"] = std
     return out
+
+
+def tokens_so_far(log_history: list[dict[str, float]], step_tokens: float) -> float:
+    """TRL's num_tokens after a step of ``step_tokens`` tokens: the last logged num_tokens (0 before any; a resumed
+    run's history is read back from metrics.jsonl) plus the step's."""
+    last = next((m["num_tokens"] for m in reversed(log_history) if "num_tokens" in m), 0.0)
+    return last + step_tokens

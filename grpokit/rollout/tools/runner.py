@@ -84,6 +84,11 @@ def as_text(value: object, max_chars: int) -> str:
     return cut_text(clean_text(text), max_chars)
 
 
+def awaited(value: object) -> object:
+    """``value``, or what it gives when it is a coroutine (an ``async def`` tool's call), run to its end here."""
+    return asyncio.run(value) if inspect.iscoroutine(value) else value
+
+
 def _serve(
     tools: dict[str, Tool], max_chars: int, memory_mb: float | None, requests: int, replies: int
 ) -> None:
@@ -100,9 +105,7 @@ def _serve(
             return
         name, arguments = request
         try:
-            value = tools[name].fn(**arguments)
-            if inspect.iscoroutine(value):  # an async def tool (TRL takes them): run to its result here
-                value = asyncio.run(value)
+            value = awaited(tools[name].fn(**arguments))  # an async def tool (TRL takes them): its result
             reply = ("timeout" if isinstance(value, Stopped) else "ok", as_text(value, max_chars))
         except BaseException as e:  # noqa: BLE001 - SystemExit and all: the model reads what went wrong
             try:
