@@ -57,9 +57,11 @@ def _chunk_logprobs(
     softcap: float | None,
     with_entropy: bool,
     entropy_grad: bool = False,
-) -> tuple[Tensor, Tensor]:
+    with_top1: bool = False,
+) -> tuple[Tensor, ...]:
     """log_softmax(head(hidden) / T) at ``targets``, and entropy: without gradient, or with ``entropy_grad`` with it
-    (grpokit.algos.entropy.entropy_with_grad). hidden: (C, H); targets: (C,).
+    (grpokit.algos.entropy.entropy_with_grad). hidden: (C, H); targets: (C,). ``with_top1`` adds a third output,
+    (C,) bool: the target is the argmax of the logits (SFT's token accuracy).
 
     Memory: the chunk's (C, V) float32 logits, and in the backward their gradient beside them; the helpers'
     temporaries are HELPER_ROWS rows of V at a time (at T = 1 the logits are not divided, which would be a
@@ -71,11 +73,12 @@ def _chunk_logprobs(
         logits = logits / temperature  # (C, V)
     rows = min(max(1, logits.shape[0]), HELPER_ROWS)
     logprobs = selective_log_softmax(logits, targets, chunk_size=rows)  # (C,)
+    top1 = (logits.detach().argmax(-1) == targets,) if with_top1 else ()  # (C,) bool
     if entropy_grad:  # the entropy bonus: its gradient flows back through this chunk's logits (recomputed)
-        return logprobs, entropy_with_grad(logits)  # (C,)
+        return logprobs, entropy_with_grad(logits), *top1  # (C,)
     if not with_entropy:
-        return logprobs, logprobs.new_zeros(())
-    return logprobs, entropy_from_logits(logits.detach(), chunk_size=rows)  # (C,) no gradient
+        return logprobs, logprobs.new_zeros(()), *top1
+    return logprobs, entropy_from_logits(logits.detach(), chunk_size=rows), *top1  # (C,) no gradient
 
 
 def completion_logprobs(
@@ -276,11 +279,13 @@ def _chunked(
     with_entropy: bool,
     chunk_size: int,
     entropy_grad: bool = False,
-) -> tuple[list[Tensor], list[Tensor]]:
+    with_top1: bool = False,
+) -> tuple[list[Tensor], ...]:
     """_chunk_logprobs over ``chunk_size`` rows of hidden (K, H) / targets (K,) at a time, each chunk's
-    logits recomputed in the backward pass (checkpointed) when gradients are on."""
+    logits recomputed in the backward pass (checkpointed) when gradients are on. Returns the chunks' log-probs and
+    entropies, and with ``with_top1`` a third list, their top-1 hits."""
     use_checkpoint = torch.is_grad_enabled()
-    lp_chunks, ent_chunks = [], []
+    chunks: tuple[list[Tensor], ...] = ([], [], []) if with_top1 else ([], [])
     for start in range(0, hidden.shape[0], chunk_size):
         args = (
             lm_head,
@@ -290,14 +295,15 @@ def _chunked(
             softcap,
             with_entropy,
             entropy_grad,
+            with_top1,
         )
         if use_checkpoint:
-            lp, ent = checkpoint(_chunk_logprobs, *args, use_reentrant=False)
+            outputs = checkpoint(_chunk_logprobs, *args, use_reentrant=False)
         else:
-            lp, ent = _chunk_logprobs(*args)
-        lp_chunks.append(lp)
-        ent_chunks.append(ent)
-    return lp_chunks, ent_chunks
+            outputs = _chunk_logprobs(*args)
+        for into, value in zip(chunks, outputs, strict=True):
+            into.append(value)
+    return chunks
 
 
 def token_logprobs(
@@ -308,8 +314,12 @@ def token_logprobs(
     attention_mask: Tensor | None = None,
     position_ids: Tensor | None = None,
     chunk_size: int = 1024,
-) -> Tensor:
+    with_stats: bool = False,
+) -> Tensor | tuple[Tensor, Tensor, Tensor]:
     """(K,) log p(x_t | x_<t) of the K tokens where ``loss_mask`` is 1, in row-major order (SFT).
+
+    ``with_stats``: also (K,) bool, x_t is the argmax of the logits (top-1), and (K,) the entropy of
+    softmax(logits) there, both without gradient (TRL SFTTrainer's mean_token_accuracy and entropy).
 
     input_ids, loss_mask: (N, L); loss_mask[:, 0] must be 0 (nothing predicts a row's first token).
     Padded rows: attention_mask (N, L), right padding, positions from its cumulative sum. Packed rows
@@ -334,5 +344,13 @@ def token_logprobs(
     selected = hidden[:, :-1][keep]  # (K, H)
     targets = input_ids[:, 1:][keep]  # (K,)
     softcap = _final_logit_softcap(base.config)
-    lp_chunks, _ = _chunked(base.get_output_embeddings(), selected, targets, 1.0, softcap, False, chunk_size)
-    return torch.cat(lp_chunks) if lp_chunks else hidden.new_zeros(0, dtype=torch.float32)  # (K,)
+    chunks = _chunked(
+        base.get_output_embeddings(), selected, targets, 1.0, softcap, with_stats, chunk_size, with_top1=with_stats
+    )
+    empty = hidden.new_zeros(0, dtype=torch.float32)
+    logprobs = torch.cat(chunks[0]) if chunks[0] else empty  # (K,)
+    if not with_stats:
+        return logprobs
+    top1 = torch.cat(chunks[2]) if chunks[2] else empty.bool()  # (K,)
+    entropy = torch.cat(chunks[1]).detach() if chunks[1] else empty  # (K,)
+    return logprobs, top1, entropy

@@ -350,6 +350,10 @@ SFT: dict[str, Metric] = {
     "loss": Metric(
         "nats/token", "cross-entropy over the step's trained tokens (all micro-batches and ranks)"
     ),
+    "mean_token_accuracy": Metric(
+        "fraction", "TRL's: trained tokens that are the argmax of the model's logits, over the step's trained tokens"
+    ),
+    "entropy": Metric("nats", "TRL's: entropy of the model's next-token distribution, mean over the trained tokens"),
     "grad_norm": Metric("L2 norm", "gradient norm before clipping (NaN when skipped)"),
     "skipped_update": Metric("flag", "1 when the step was skipped for a non-finite loss or gradient"),
     "tokens/trained": Metric("tokens", "tokens the loss is on (sft.loss_on)"),
@@ -371,6 +375,8 @@ SFT_EVAL: dict[str, Metric] = {
     "loss": Metric("nats/token", "cross-entropy of the held-out rows' trained tokens"),
     "perplexity": Metric("perplexity", "exp(loss)"),
     "tokens": Metric("tokens", "held-out tokens scored"),
+    "mean_token_accuracy": Metric("fraction", "held-out trained tokens that are the argmax of the logits (TRL's)"),
+    "entropy": Metric("nats", "mean entropy of the next-token distribution at the held-out trained tokens (TRL's)"),
     **{name: m._replace(when=m.when or "rewards set") for name, m in _GENERATION_EVAL.items()},
 }
 

@@ -60,6 +60,10 @@ from grpokit.run.setup import open_run
 from grpokit.train.costs import step_costs
 from grpokit.train.learner import Learner, load_model
 
+SUMMED = ("nll_sum", "top1", "entropy_sum")
+"""A micro-batch's sums over its trained tokens (``_loss_sum``'s stats), divided by the token count for the metrics:
+the NLL (loss), the top-1 hits (mean_token_accuracy) and the entropy (entropy)."""
+
 
 class SFTTrainer:
     """Fine-tunes ``cfg.model`` on the SFT rows of ``cfg.data`` (grpokit.config.sft for every key).
@@ -263,9 +267,13 @@ class SFTTrainer:
         self.step += 1
         self.learner.scheduler.step()
         seconds = time.perf_counter() - t0
-        nll = self.dist.sum(torch.tensor(sum(float(p["nll_sum"]) for p in parts)))
+        nll, top1, entropy = (self.dist.sum(torch.tensor(sum(float(p[k]) for p in parts))) for k in SUMMED)
+        count = float(num_tokens.clamp(min=1))
         metrics = {
-            "loss": float(nll) / float(num_tokens.clamp(min=1)),
+            "loss": float(nll) / count,
+            # TRL SFTTrainer's: the share of trained tokens that are the logits' argmax, their mean entropy
+            "mean_token_accuracy": float(top1) / count,
+            "entropy": float(entropy) / count,
             "grad_norm": grad_norm if grad_norm is not None else float("nan"),
             "skipped_update": float(grad_norm is None),
             "tokens/trained": float(num_tokens),
@@ -287,15 +295,16 @@ class SFTTrainer:
 
     def _loss_sum(self, model, batch: dict[str, Any]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """(the micro-batch's summed NLL of trained tokens, stats); the Learner divides by the step's count."""
-        logprobs = self.dist.logprobs_fn(model, token_logprobs)(
+        logprobs, top1, entropy = self.dist.logprobs_fn(model, token_logprobs)(
             batch["input_ids"],
             batch["loss_mask"],
             attention_mask=batch["attention_mask"],
             position_ids=batch["position_ids"],
             chunk_size=self.cfg.optim.logprob_chunk_size,
-        )  # (K,) the trained tokens only
+            with_stats=True,
+        )  # (K,) each, the trained tokens only
         loss = nll_sum(logprobs)
-        return loss, {"nll_sum": loss.detach()}
+        return loss, {"nll_sum": loss.detach(), "top1": top1.sum(), "entropy_sum": entropy.sum()}
 
     # ----------------------------------------------------------------------------- eval, io
 
@@ -308,17 +317,24 @@ class SFTTrainer:
         self.model.eval()
         examples = self.eval_examples if examples is None else examples
         lengths = torch.tensor([len(e.input_ids) for e in examples])  # (E,)
-        total, count = 0.0, 0
+        sums, count = dict.fromkeys(SUMMED, 0.0), 0
         micro = self.learner.micro
         for chunk in micro.split(length_sorted(torch.arange(len(examples)), lengths), lengths, micro.limit(lengths)):
             batch = self._batch([examples[i] for i in chunk.tolist()])
             with self.learner.precision.autocast(self.device):
-                loss, _ = self._loss_sum(self.model, batch)
-            total += float(loss)
+                _, stats = self._loss_sum(self.model, batch)
+            for key in SUMMED:
+                sums[key] += float(stats[key])
             count += int(batch["loss_mask"].sum())
         self.model.train(was)
-        mean = total / max(1, count)
-        return {"loss": mean, "perplexity": math.exp(min(mean, 700.0)), "tokens": float(count)}
+        mean = sums["nll_sum"] / max(1, count)
+        return {
+            "loss": mean,
+            "perplexity": math.exp(min(mean, 700.0)),
+            "tokens": float(count),
+            "mean_token_accuracy": sums["top1"] / max(1, count),
+            "entropy": sums["entropy_sum"] / max(1, count),
+        }
 
     def evaluate(
         self, eval_dataset: Any = None, ignore_keys: Any = None, metric_key_prefix: str = "eval"

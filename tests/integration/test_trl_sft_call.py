@@ -84,10 +84,43 @@ def test_one_step_is_trls_sfttrainers_step(tmp_path, rows):
     assert ours.log_history[0]["loss"] == pytest.approx(theirs.state.log_history[0]["loss"], rel=1e-5)
     for key in ("num_tokens", "learning_rate"):  # TRL's names, TRL's numbers
         assert ours.log_history[0][key] == pytest.approx(theirs.state.log_history[0][key], rel=1e-6), key
+    assert ours.log_history[0]["entropy"] == pytest.approx(theirs.state.log_history[0]["entropy"], rel=1e-5)
     before = make_tiny_model("qwen2", seed=0)[0].state_dict()
     for name, weight in theirs.model.state_dict().items():
         assert float((weight - before[name]).abs().max()) > 1e-3  # the step moved it: the comparison can fail
         torch.testing.assert_close(ours.model.state_dict()[name].float(), weight.float(), rtol=0, atol=1e-5)
+
+
+def test_token_accuracy_and_entropy_are_trls_at_every_step(tmp_path):
+    """TRL's ``mean_token_accuracy`` and ``entropy`` (the step's trained tokens, as the model scored them before the
+    step's update) equal TRL SFTTrainer's at each of 5 steps over the 8 rows, and evaluate()'s ``eval_`` ones after;
+    the random model hits no token at first and some later, so the accuracy comparison can fail."""
+    trl = pytest.importorskip("trl")
+    from transformers import AutoTokenizer
+
+    from grpokit.trainers.sft import SFTTrainer
+
+    model_dir = save_tiny_model(tmp_path / "model")
+    dataset = datasets.Dataset.from_list(CONVERSATIONS)
+    args = {"max_steps": 5, "learning_rate": 3e-2}  # each step all 8 rows: the same batches on both sides
+    theirs = trl.SFTTrainer(model=str(model_dir), args=dataclasses.replace(trl_sft_args(tmp_path / "trl"), **args),
+                            train_dataset=dataset, eval_dataset=dataset,
+                            processing_class=AutoTokenizer.from_pretrained(model_dir))  # fmt: skip
+    theirs.train()
+    trl_eval = theirs.evaluate()
+    ours = SFTTrainer(model=str(model_dir), args=dataclasses.replace(trl_sft_args(tmp_path / "ours"), **args),
+                      train_dataset=dataset, eval_dataset=dataset)  # fmt: skip
+    ours.train()
+    trl_steps = [e for e in theirs.state.log_history if "mean_token_accuracy" in e]
+    assert len(ours.log_history) == len(trl_steps) == 5
+    for step, (mine, trls) in enumerate(zip(ours.log_history, trl_steps, strict=True)):
+        for key in ("mean_token_accuracy", "entropy"):
+            assert mine[key] == pytest.approx(trls[key], rel=1e-4, abs=1e-6), (step, key)
+    accuracies = [e["mean_token_accuracy"] for e in ours.log_history]
+    assert accuracies[0] < max(accuracies) < 1, accuracies
+    ours_eval = ours.evaluate()
+    for key in ("eval_loss", "eval_mean_token_accuracy", "eval_entropy"):
+        assert ours_eval[key] == pytest.approx(trl_eval[key], rel=1e-4), key
 
 
 def test_sftconfig_fields_map_and_the_defaults_table_is_trls():
@@ -327,11 +360,12 @@ def test_evaluate_returns_trls_eval_loss_for_its_rows_and_for_an_eval_dataset(tm
     train = datasets.Dataset.from_list(rows)
     theirs = trl.SFTTrainer(model=str(model_dir), args=trl_sft_args(tmp_path / "trl"), train_dataset=train,
                             eval_dataset=held_out, processing_class=AutoTokenizer.from_pretrained(model_dir))  # fmt: skip
-    trl_held_out, trl_other = theirs.evaluate()["eval_loss"], theirs.evaluate(eval_dataset=other)["eval_loss"]
+    trl_held_out, trl_other = theirs.evaluate(), theirs.evaluate(eval_dataset=other)["eval_loss"]
     ours = SFTTrainer(model=str(model_dir), args=trl_sft_args(tmp_path / "ours"), train_dataset=train,
                       eval_dataset=held_out)  # fmt: skip
     metrics = ours.evaluate()
-    assert metrics["eval_loss"] == pytest.approx(trl_held_out, rel=1e-5)
+    for key in ("eval_loss", "eval_mean_token_accuracy", "eval_entropy"):
+        assert metrics[key] == pytest.approx(trl_held_out[key], rel=1e-5), key
     assert metrics["eval_loss"] == metrics["loss"] and metrics["eval_perplexity"] == metrics["perplexity"]
     assert metrics["eval_runtime"] > 0 and metrics["eval_samples_per_second"] == pytest.approx(5 / metrics["eval_runtime"])
     assert metrics["epoch"] == 0.0

@@ -292,3 +292,38 @@ def test_entropy_without_gradient_by_default_and_no_full_vocabulary_tensor_with_
         return lp.sum() + ent.sum()
 
     assert _saved_vocab_shapes(with_bonus, V) == []
+
+
+@pytest.mark.parametrize("chunk_size", [1, 4, 1024])
+@pytest.mark.parametrize("grad", [False, True], ids=["no_grad", "checkpointed"])
+def test_sft_token_stats_match_full_logits(chunk_size, grad):
+    """token_logprobs(with_stats=True): the top-1 hits and entropies of the trained tokens equal the full logits'
+    argmax and entropy (SFT's mean_token_accuracy and entropy). Half the trained tokens are made the model's own
+    argmax, so both outcomes occur; the log-probs are the plain call's, with their gradient when it is on."""
+    from grpokit.model.logprobs import token_logprobs
+
+    model, _ = make_tiny_model("qwen2")
+    g = torch.Generator().manual_seed(3)
+    ids = torch.randint(3, 64, (2, 9), generator=g)  # (N, L)
+    mask = torch.ones_like(ids)
+    mask[1, 6:] = 0  # right padding
+    with torch.no_grad():
+        logits = model(input_ids=ids, attention_mask=mask).logits.float()  # (N, L, V)
+    ids[:, 1::2] = logits[:, :-1].argmax(-1)[:, ::2]  # tokens 1, 3, ... are what the model's argmax predicts
+    with torch.no_grad():
+        logits = model(input_ids=ids, attention_mask=mask).logits.float()
+    loss_mask = mask.clone()
+    loss_mask[:, 0] = 0
+    keep = loss_mask[:, 1:].bool()  # (N, L-1)
+    logp = logits[:, :-1].log_softmax(-1)  # (N, L-1, V)
+    want_top1 = (logp.argmax(-1) == ids[:, 1:])[keep]
+    want_entropy = -(logp.exp() * logp).sum(-1)[keep]
+    with torch.set_grad_enabled(grad):
+        lp, top1, entropy = token_logprobs(model, ids, loss_mask, attention_mask=mask, chunk_size=chunk_size,
+                                           with_stats=True)  # fmt: skip
+        plain = token_logprobs(model, ids, loss_mask, attention_mask=mask, chunk_size=chunk_size)
+    assert 0 < int(want_top1.sum()) < want_top1.numel()
+    assert top1.dtype == torch.bool and torch.equal(top1, want_top1)
+    torch.testing.assert_close(entropy, want_entropy, rtol=0, atol=1e-5)
+    torch.testing.assert_close(lp, plain, rtol=0, atol=0)
+    assert lp.requires_grad == grad and not entropy.requires_grad
