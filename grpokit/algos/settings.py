@@ -170,6 +170,20 @@ class KLSettings:
         "use_bias_correction_kl).",
         key="kl_is_correction",
     )
+    ref_sync_every: int = knob(
+        0,
+        "Move the reference toward the policy every N steps, pi_ref <- alpha pi_theta + (1 - alpha) pi_ref (TR-DPO's "
+        "soft update; TRL sync_ref_model, ref_model_sync_steps); the mixed reference is saved in checkpoints.",
+        interval="[0, inf)",
+        example=64,
+        meaning="0 = the reference stays the initial policy",
+    )
+    ref_sync_alpha: float = knob(
+        0.6,
+        "The policy's share alpha in that mix (TRL ref_model_mixup_alpha); 1 makes the reference the policy.",
+        interval="(0, 1]",
+        example=0.6,
+    )
 
 
 @dataclass(frozen=True)
@@ -503,6 +517,16 @@ class AlgoSettings:
         if self.entropy.coef_min > self.entropy.coef_max:
             out.append(
                 f"algo.entropy_coef_min={self.entropy.coef_min:g} > algo.entropy_coef_max={self.entropy.coef_max:g}"
+            )
+        if self.kl.ref_sync_every and not self.uses_reference:
+            out.append(
+                f"algo.ref_sync_every={self.kl.ref_sync_every}: the run has no reference to move (algo.beta=0 and no "
+                "algo.kl_reward_coef); set one of them, or leave ref_sync_every at 0"
+            )
+        if "ref_sync_alpha" in given and not self.kl.ref_sync_every:
+            out.append(
+                f"algo.ref_sync_alpha={self.kl.ref_sync_alpha:g}: only a reference sync reads it, which is off "
+                "(algo.ref_sync_every=0)"
             )
         if "kl_is_correction" in given and self.kl.is_correction and self.kl.beta == 0:
             out.append("algo.kl_is_correction=true weights the KL of the loss, which is off (algo.beta=0)")

@@ -19,7 +19,9 @@ Where the trainer keeps its own pass (``sampler_reference`` returns None):
 
 - on a GPU (the sampler samples on the trainer's device; sharing the reference's CUDA weights with it is
   not done);
-- under fsdp, whose reference is sharded over the ranks (a sampler process holds no shard group).
+- under fsdp, whose reference is sharded over the ranks (a sampler process holds no shard group);
+- with algo.ref_sync_every > 0: that reference moves toward the policy in place, so the sampler process would read
+  it while it changes, and it would not be the same for a batch sampled before a move and trained after it.
 
 Under torchrun with ddp each rank's process computes its own share's. The trainer's micro-batches of a padded
 ``optim.micro_batch_size=auto`` on a CPU (and of packed ones) follow the longest row over all ranks, which a
@@ -48,9 +50,9 @@ def sampler_reference(
 ) -> ReferencePass | None:
     """The reference pass an asynchronous run's sampler process makes (the module docstring); None where the
     trainer keeps its own: a synchronous run (``asynchronous`` False: grpokit.collect.factory decides), no reference
-    (algo.beta = 0 and no KL in the reward), a GPU, fsdp."""
-    if not asynchronous or not algo.uses_reference:
-        return None
+    (algo.beta = 0 and no KL in the reward), a reference that moves (algo.ref_sync_every), a GPU, fsdp."""
+    if not asynchronous or not algo.uses_reference or algo.kl.ref_sync_every:
+        return None  # (a reference that moves, algo.ref_sync_every: the trainer's copy, changed in place)
     if device.type != "cpu" or (dist.active and dist.strategy == "fsdp"):
         return None
     optim = cfg.optim

@@ -283,15 +283,8 @@ def check_reference_offload(cfg: Any) -> None:
             "optim.offload_reference=true: grpokit sft keeps no reference model, so there is nothing to offload; "
             "remove the setting (optim.offload_optimizer offloads the optimizer's states)."
         )
-    from grpokit.algos import KNOBS, PRESETS  # lazy: grpokit.algos imports torch
-
-    try:
-        settings = PRESETS[cfg.algo.preset].override(
-            **{key: getattr(cfg.algo, key) for key in KNOBS if getattr(cfg.algo, key) is not None}
-        )
-    except (KeyError, ValueError):
-        return  # a bad preset or value is reported by its own check
-    if not settings.uses_reference:
+    settings = _resolved_algo(cfg)
+    if settings is not None and not settings.uses_reference:
         raise ConfigError(
             f"optim.offload_reference=true: this run keeps no reference model (algo.beta={settings.kl.beta:g} and "
             f"algo.kl_reward_coef={settings.kl.reward_coef:g}: no KL), so there is nothing to offload; remove the "
@@ -299,18 +292,40 @@ def check_reference_offload(cfg: Any) -> None:
         )
 
 
+def _resolved_algo(cfg: Any) -> Any:
+    """The algorithm cfg.algo resolves to (its preset with the knobs set), or None when a preset or value is bad
+    (reported by its own check)."""
+    from grpokit.algos import KNOBS, PRESETS  # lazy: grpokit.algos imports torch
+
+    given = {key: getattr(cfg.algo, key) for key in KNOBS if getattr(cfg.algo, key) is not None}
+    try:
+        return PRESETS[cfg.algo.preset].override(**given)
+    except (KeyError, ValueError):
+        return None
+
+
+def check_reference_sync(cfg: Any) -> None:
+    """algo.ref_sync_every > 0 moves the reference copy toward the policy (grpokit.train.reference.mix_into_reference);
+    with LoRA the reference is the base model with the adapter off, no copy, so it is refused (as TRL does)."""
+    settings = _resolved_algo(cfg)
+    if settings is None or not settings.kl.ref_sync_every or not cfg.lora.enabled:
+        return
+    raise ConfigError(
+        f"algo.ref_sync_every={settings.kl.ref_sync_every} with lora.enabled=true: with LoRA the reference is the "
+        "base model with the adapter switched off, not a copy that could move toward the policy; train without "
+        "LoRA, or set algo.ref_sync_every=0."
+    )
+
+
 def check_entropy_start(cfg: Any) -> None:
     """With algo.adaptive_entropy the coefficient c lives in [entropy_coef_min, entropy_coef_max]
     (grpokit.algos.entropy_bonus.EntropyControl): a start (algo.entropy_coef) above the maximum is never applied
     (the bonus acts only after a step at or below the target, and that step clamps c to the maximum); one below
     the minimum would apply a coefficient the range excludes. Both refused."""
-    from grpokit.algos import KNOBS, PRESETS  # lazy: grpokit.algos imports torch
-
-    given = {key: getattr(cfg.algo, key) for key in KNOBS if getattr(cfg.algo, key) is not None}
-    try:
-        entropy = PRESETS[cfg.algo.preset].override(**given).entropy
-    except (KeyError, ValueError):
-        return  # a bad preset or value is reported by its own check
+    settings = _resolved_algo(cfg)
+    if settings is None:
+        return
+    entropy = settings.entropy
     if not entropy.adaptive or entropy.coef_min > entropy.coef_max:  # the latter is refused as ineffective
         return
     fix = "start within [algo.entropy_coef_min, algo.entropy_coef_max], or widen that range."
@@ -473,6 +488,7 @@ def check_config(cfg: Any) -> None:
     check_teacher(cfg)  # teacher.* need on-policy distillation, a teacher to read, and their engine's mode
     check_algo_knobs(cfg)  # algo.* knobs the chosen estimator, loss or batch settings would ignore
     check_entropy_start(cfg)  # an adaptive entropy coefficient that starts outside its own range
+    check_reference_sync(cfg)  # a reference sync with LoRA, whose reference is no copy
     check_async(cfg.rollout)  # rollout.max_staleness with an engine or multi-turn it cannot run with yet
     if cfg.rollout.group_size < 2:
         raise ConfigError(

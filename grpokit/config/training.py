@@ -71,6 +71,8 @@ class AlgoConfig:
     kl_kind: str | None = algo_knob("kl_kind")
     kl_reward_coef: float | None = algo_knob("kl_reward_coef")
     kl_is_correction: bool | None = algo_knob("kl_is_correction")
+    ref_sync_every: int | None = algo_knob("ref_sync_every")
+    ref_sync_alpha: float | None = algo_knob("ref_sync_alpha")
     norm_len: int | None = algo_knob("norm_len")
     dual_clip: float | None = algo_knob("dual_clip")
     dynamic_sampling: bool | None = algo_knob("dynamic_sampling")

@@ -81,7 +81,8 @@ TRL_DEFAULTS: dict[str, Any] = {
     "logging_steps": 10, "save_steps": 500, "save_total_limit": None, "eval_steps": None,
     "eval_strategy": "no", "save_strategy": "steps", "report_to": "none", "log_completions": False,
     "output_dir": "trainer_output", "bf16": None, "max_tool_calling_iterations": None, "disable_dropout": False,
-    "delta": None, "generation_kwargs": None,
+    "delta": None, "generation_kwargs": None, "sync_ref_model": False, "ref_model_mixup_alpha": 0.6,
+    "ref_model_sync_steps": 512,
 }  # fmt: skip
 """TRL 1.16's defaults of the fields mapped (tests check them against trl.GRPOConfig)."""
 
@@ -106,7 +107,6 @@ mapped by _vllm): accepted, ignored."""
 
 REFUSED_UNLESS_DEFAULT: dict[str, tuple[Any, str]] = {
     "cache_implementation": (None, "the fast engine picks its cache (rollout.kv_cache)"),
-    "sync_ref_model": (False, "the reference model is frozen"),
     "cast_lm_head_to_fp32": (False, "log-probs are computed chunk by chunk in the model's dtype"),
     "router_aux_loss_coef": (None, "no MoE router loss"),
     "pad_to_multiple_of": (None, "no padding to a multiple"),
@@ -184,7 +184,7 @@ GRPO_ONLY = frozenset({
     "vllm_importance_sampling_mode", "vllm_importance_sampling_cap", "vllm_importance_sampling_clip_max",
     "vllm_importance_sampling_clip_min", "log_multimodal", "delta", "generation_kwargs", "cache_implementation",
     "sync_ref_model", "disable_dropout", "cast_lm_head_to_fp32", "pad_to_multiple_of", "use_vllm",
-    "num_generations_eval",
+    "num_generations_eval", "ref_model_mixup_alpha", "ref_model_sync_steps",
 })  # fmt: skip
 """GRPOConfig's fields that AsyncGRPOConfig does not have (of those from_trl knows): refused in an async file."""
 
@@ -268,6 +268,26 @@ def sampling_kwargs(kwargs: Any) -> dict[str, Any]:
             f"{', '.join(sorted(GENERATION_KWARGS))}); remove them"
         )
     return {GENERATION_KWARGS[k]: value for k, value in kwargs.items()}
+
+
+def reference_sync(v: Mapping[str, Any], algo: dict[str, Any], beta: float, k: int) -> list[str]:
+    """TRL's sync_ref_model (TR-DPO's soft update every ref_model_sync_steps optimizer steps, by
+    ref_model_mixup_alpha) as algo.ref_sync_every (in grpokit steps: divided by k) and algo.ref_sync_alpha; the notes.
+    Refused with beta 0, as TRL does (no reference to move); its LoRA refusal is grpokit's own (config checks)."""
+    changed = [key for key in ("ref_model_mixup_alpha", "ref_model_sync_steps") if v[key] != TRL_DEFAULTS[key]]
+    if not v["sync_ref_model"]:
+        return [f"{', '.join(changed)}: no effect without sync_ref_model=True (as in TRL)"] if changed else []
+    if beta == 0:
+        raise ConfigError(
+            "TRL sync_ref_model=True with beta=0.0: there is no reference model to synchronize (no KL); set beta > 0 "
+            "or sync_ref_model=False (TRL refuses this too)"
+        )
+    every = _per("ref_model_sync_steps", int(v["ref_model_sync_steps"]), k)
+    algo.update(ref_sync_every=every, ref_sync_alpha=float(v["ref_model_mixup_alpha"]))
+    return [
+        f"sync_ref_model: algo.ref_sync_every={every}, algo.ref_sync_alpha={float(v['ref_model_mixup_alpha']):g} (the "
+        "reference moves toward the policy after every such step; checkpoints hold it in reference/)"
+    ]
 
 
 def two_sided_clip(algo: dict[str, Any], delta: float, loss_type: str, eps_high: float) -> str:
@@ -397,6 +417,7 @@ def from_trl(args: Any, tools: Sequence[str] = (), environment: Any = None) -> t
         surrogate=SURROGATES.get(loss_type, "clip"), kl_is_correction=beta > 0 and bool(v["use_bias_correction_kl"]),
         mask_truncated=bool(v["mask_truncated_completions"]), dynamic_sampling=False, overlong_shaping=False,
     )  # fmt: skip
+    notes += reference_sync(v, out["algo"], beta, k)
     if v["delta"] is not None:  # INTELLECT-2's two-sided clip: TRL's min(rho, delta) inside the clipped surrogate
         notes.append(two_sided_clip(out["algo"], float(v["delta"]), loss_type, eps_high))
     if loss_type == "dr_grpo":

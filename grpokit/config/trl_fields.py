@@ -31,12 +31,11 @@ TRAINING_INERT = frozenset({
     "log_on_each_node", "logging_nan_inf_filter", "metric_for_best_model", "prediction_loss_only", "project",
     "restore_callback_states_from_checkpoint", "save_on_each_node", "skip_memory_metrics", "torch_empty_cache_steps",
     "trackio_bucket_id", "trackio_space_id", "trackio_static_space_id", "use_transformers_continuous_batching",
-    "use_transformers_paged", "transformers_continuous_batching_config", "ref_model_mixup_alpha",
-    "ref_model_sync_steps", "use_cache",
+    "use_transformers_paged", "transformers_continuous_batching_config", "use_cache",
 })  # fmt: skip
 """TrainingArguments (and GRPOConfig) fields that change nothing in what a GRPO run trains: accepted and listed.
 (grpokit evaluates before training anyway, averages the loss over the whole step on every process, samples with
-its own engine; ref_model_* act only with sync_ref_model, which is refused.)"""
+its own engine.)"""
 
 _DISTRIBUTED = "grpokit shards with FSDP2 (or DDP) itself under torchrun / grpokit launch (train.distributed)"
 TRAINING_REFUSED_UNLESS_DEFAULT: dict[str, tuple[Any, str]] = {
@@ -78,7 +77,7 @@ KINDS: dict[str, tuple[str, Any]] = {
         "max_steps", "seed", "logging_steps", "save_total_limit", "num_generations_eval",
         "max_prompt_length", "vllm_tensor_parallel_size", "vllm_max_model_length", "vllm_server_port",
         "vllm_group_port", "max_staleness", "weight_sync_steps", "token_budget", "max_length",
-        "max_tool_calling_iterations",
+        "max_tool_calling_iterations", "ref_model_sync_steps",
     ), _INT),
     **dict.fromkeys((
         "temperature", "top_p", "min_p", "repetition_penalty", "learning_rate", "weight_decay", "adam_beta1",
@@ -88,6 +87,7 @@ KINDS: dict[str, tuple[str, Any]] = {
         "entropy_coef_delta", "entropy_coef_min", "entropy_coef_max", "warmup_steps", "warmup_ratio",
         "eval_steps", "save_steps", "delta", "vllm_gpu_memory_utilization", "vllm_importance_sampling_cap",
         "vllm_importance_sampling_clip_max", "vllm_importance_sampling_clip_min", "vllm_server_timeout",
+        "ref_model_mixup_alpha",
     ), _NUM),
     **dict.fromkeys((
         "use_bias_correction_kl", "use_adaptive_entropy", "mask_truncated_completions", "gradient_checkpointing",
@@ -108,7 +108,7 @@ KINDS: dict[str, tuple[str, Any]] = {
 AT_LEAST_ONE = frozenset({
     "num_generations", "max_completion_length", "per_device_train_batch_size", "gradient_accumulation_steps",
     "steps_per_generation", "generation_batch_size", "num_iterations", "num_generations_eval", "logging_steps",
-    "weight_sync_steps", "max_length",
+    "weight_sync_steps", "max_length", "ref_model_sync_steps",
 })  # fmt: skip
 """Counts that divide or size the batch: 0 or less is refused by name (not a division by zero later)."""
 

@@ -115,10 +115,12 @@ def save_checkpoint(
     trainer_state: dict[str, Any],
     state_dict: dict | None = None,
     subfolders: dict[str, Any] | None = None,
+    subfolder_states: dict[str, dict | None] | None = None,
 ) -> Path:
     """Write model + tokenizer + trainer state atomically to ``directory``. Refuses non-finite weights.
     ``state_dict``: the weights to write instead of the model's own (consolidated from FSDP shards).
-    ``subfolders``: more models, each saved as a Hugging Face folder of that name (PPO's ``critic/``)."""
+    ``subfolders``: more models, each saved as a Hugging Face folder of that name (MODEL_SUBFOLDERS: PPO's
+    ``critic/``, a moved ``reference/``); ``subfolder_states``: their consolidated weights, by the same names."""
     _refuse_non_finite(model, state_dict)
     directory = Path(directory)
     tmp = directory.with_name(directory.name + ".tmp")
@@ -131,7 +133,10 @@ def save_checkpoint(
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
         for name, extra in (subfolders or {}).items():
-            extra.save_pretrained(tmp / name, safe_serialization=True)
+            extra_state = (subfolder_states or {}).get(name)
+            extra.save_pretrained(
+                tmp / name, safe_serialization=True, **({"state_dict": extra_state} if extra_state else {})
+            )
         torch.save({**trainer_state, "rng": rng_state()}, tmp / STATE_FILE)
         write_checksums(tmp)
     except BaseException as e:  # every writer (safetensors, tokenizers, torch) raises its own types
@@ -218,6 +223,11 @@ def prune_checkpoints(root: Path, keep: int, current_step: int | None = None) ->
     return doomed
 
 
+MODEL_SUBFOLDERS = ("critic", "reference")
+"""Models a checkpoint may hold beside the policy, each a Hugging Face folder of its own: PPO's critic
+(grpokit.train.critic), the moved reference of algo.ref_sync_every (grpokit.train.reference)."""
+
+
 def verify_checkpoint(directory: Path) -> str | None:
     """What is wrong with a checkpoint, or None when its weights and state are readable.
 
@@ -229,12 +239,13 @@ def verify_checkpoint(directory: Path) -> str | None:
     weights = _weight_files(directory)
     if not weights:
         return "no model*.safetensors / adapter_model.safetensors"
-    critic = directory / "critic"  # PPO's critic (grpokit.train.critic), a Hugging Face folder of its own
-    if critic.is_dir():
-        critic_weights = _weight_files(critic)
-        if not critic_weights:
-            return "critic/: no model*.safetensors / adapter_model.safetensors"
-        weights += critic_weights
+    for name in MODEL_SUBFOLDERS:
+        folder = directory / name
+        if folder.is_dir():
+            folder_weights = _weight_files(folder)
+            if not folder_weights:
+                return f"{name}/: no model*.safetensors / adapter_model.safetensors"
+            weights += folder_weights
     for f in weights:
         problem = safetensors_problem(f)
         if problem:

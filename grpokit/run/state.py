@@ -188,6 +188,7 @@ class RunState:
         root = self.out / "checkpoints"
         path = root / f"step_{step:06d}"
         weights = self.dist.full_state(learner.model)  # every rank gathers
+        extra_weights = {name: self.dist.full_state(extra) for name, extra in (subfolders or {}).items()}
         trainer_state = {
             "step": step,
             **learner.state(),  # optimizer (torchrun: consolidated), scheduler, scaler, precision
@@ -199,7 +200,8 @@ class RunState:
         }
         if self.dist.is_main:  # under torchrun rank 0 alone writes the consolidated checkpoint
             save_checkpoint(
-                path, learner.model, tokenizer, trainer_state, state_dict=weights, subfolders=subfolders
+                path, learner.model, tokenizer, trainer_state, state_dict=weights, subfolders=subfolders,
+                subfolder_states=extra_weights,
             )
             prune_checkpoints(root, self.cfg.train.keep_checkpoints, current_step=step)
         self.dist.barrier()

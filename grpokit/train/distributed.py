@@ -367,6 +367,17 @@ class Distributed:
 
         return functools.partial(fn or completion_logprobs, model)
 
+    def resharded(self, model: nn.Module) -> nn.Module:
+        """``model`` with its FSDP2 parameters back in their sharded form (each rank's shard registered): after a
+        forward the root group (embeddings, final norm, LM head) may hold whole, unsharded parameters until the
+        next backward, which a frozen reference never runs. A no-op outside fsdp."""
+        root = self._forward.get(id(model))
+        if self.strategy == "fsdp" and root is not None:
+            for module in root.modules():
+                if callable(getattr(module, "reshard", None)):
+                    module.reshard()
+        return model
+
     def unsharded(self, model: nn.Module) -> nn.Module:
         """``model`` with whole weights, for a forward of its own outside the FSDP root (a check such as
         grpokit.model.logprobs.check_packed_attention): under fsdp the policy's unsharded copy (``wrap``; its

@@ -5,6 +5,8 @@ distillation (grpokit.train.teacher).
 
     log_pass = ReferencePass(model, precision, device, temperature, chunk_size, micro_batch_size, tokens)
     ref_logprobs = log_pass.logprobs(policy, rollout)    # (N, Lc); model None: the policy with its adapter off
+
+And the reference's one move, algo.ref_sync_every > 0: ``mix_into_reference(reference, policy, alpha)``.
 """
 
 from __future__ import annotations
@@ -23,6 +25,36 @@ from grpokit.rollout.generation import Rollout
 from grpokit.train.distributed import Distributed
 from grpokit.train.learner import MicroBatchSize
 from grpokit.train.minibatch import eval_logprobs
+
+REFERENCE_DIR = "reference"
+"""A checkpoint's folder of the moved reference (algo.ref_sync_every > 0), a Hugging Face folder beside the policy's
+files (grpokit.model.checkpoint.MODEL_SUBFOLDERS)."""
+
+
+@torch.no_grad()
+def mix_into_reference(reference: torch.nn.Module, policy: torch.nn.Module, alpha: float) -> None:
+    """pi_ref <- alpha * pi_theta + (1 - alpha) * pi_ref, parameter by parameter, in place (TR-DPO's soft update,
+    arXiv 2404.09656; TRL's SyncRefModelCallback, whose formula this is). ``reference`` and ``policy`` have the same
+    parameters by name (the reference is a copy of the initial policy; FSDP2 may list them in another order); under
+    fsdp both are sharded alike, and each rank mixes its own shards. The reference may live elsewhere (optim.offload_reference: CPU memory)."""
+    if not 0 < alpha <= 1:
+        raise ValueError(f"alpha must be in (0, 1], got {alpha}")
+    targets, sources = dict(reference.named_parameters()), dict(policy.named_parameters())
+    if targets.keys() != sources.keys():
+        differ = sorted(targets.keys() ^ sources.keys())[:3]
+        raise ValueError(f"the reference's parameters are not the policy's ({differ}...): it is not a copy of it")
+    for name, target in targets.items():
+        mine, theirs = _local(target), _local(sources[name])  # (shard) tensors
+        if mine.shape != theirs.shape:
+            raise ValueError(
+                f"reference parameter {name} of shape {tuple(mine.shape)} against the policy's {tuple(theirs.shape)}"
+            )
+        mine.mul_(1.0 - alpha).add_(theirs.to(mine.device, mine.dtype), alpha=alpha)
+
+
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    """An FSDP2 parameter's own shard (a DTensor's local tensor, which shares its storage), else the tensor."""
+    return tensor.to_local() if hasattr(tensor, "to_local") else tensor
 
 
 @dataclasses.dataclass

@@ -40,6 +40,7 @@ from grpokit.train.minibatch import (
     several_passes,
 )
 from grpokit.train.mismatch import MismatchCorrection
+from grpokit.train.reference import mix_into_reference
 from grpokit.train.update_stats import UpdateStats
 
 
@@ -100,6 +101,17 @@ class PolicyUpdate:
         self.offload_reference = optim.offload_reference and ref_model is not None
         if self.offload_reference and self.dist.movable(ref_model) is not None:
             ref_model.to(CPU)
+
+    def sync_reference(self, step: int) -> bool:
+        """algo.ref_sync_every = n > 0: after the step that makes ``step`` steps done, when n divides it, the
+        reference moves toward the policy, pi_ref <- alpha pi_theta + (1 - alpha) pi_ref (alpha algo.ref_sync_alpha;
+        TRL's sync_ref_model at optimizer steps that ref_model_sync_steps divides). True when it moved."""
+        every = self.algo.kl.ref_sync_every
+        if not every or self.ref_model is None or step % every:
+            return False
+        reference, policy = self.dist.resharded(self.ref_model), self.dist.resharded(self.learner.model)
+        mix_into_reference(reference, policy, self.algo.kl.ref_sync_alpha)  # under fsdp: shard by shard
+        return True
 
     def rollout_logprobs(
         self, r: Rollout, ref_logprobs: torch.Tensor | None = None

@@ -289,6 +289,7 @@ class GRPOTrainer:
         timing["update"] = time.perf_counter() - t_update - ref_seconds
         self.step += 1
         self.learner.scheduler.step()
+        self.updater.sync_reference(self.step)  # algo.ref_sync_every: the reference moves toward the policy
         self.source.trained(self.model, self.step)  # e.g. the sampler process gets the new weights when due
         # metrics: the global batch's under torchrun
         abs_mean = advantage_abs_mean(advantages, batch.rollout.completion_mask, dist)

@@ -37,6 +37,7 @@ from grpokit.config.run_file import given_in_code
 from grpokit.config.schema import Config, ConfigError, resolve_algo, validated
 from grpokit.core.notices import Notices
 from grpokit.data.prompts import check_reward_columns, load_train_eval
+from grpokit.model.checkpoint import load_weights_into
 from grpokit.model.loading import (
     check_tokenizer_fits,
     frozen_reference,
@@ -58,6 +59,7 @@ from grpokit.train.critic import Critic
 from grpokit.train.distributed import Distributed
 from grpokit.train.learner import Learner, load_model
 from grpokit.train.mismatch import MismatchCorrection, MismatchGuard
+from grpokit.train.reference import REFERENCE_DIR
 from grpokit.train.teacher import Teacher, check_teacher_engine
 from grpokit.train.update import PolicyUpdate
 
@@ -194,6 +196,10 @@ def load_policy(
     check_tokenizer_fits(model, tokenizer, "the tokenizer")
     # a reference for a KL in the loss or in the reward (with LoRA: the base, adapter disabled)
     ref_model = frozen_reference(model, cfg.lora.enabled) if algo.uses_reference else None
+    if ref_model is not None and algo.kl.ref_sync_every and run.resume_from is not None:
+        moved = Path(run.resume_from) / REFERENCE_DIR  # algo.ref_sync_every: the reference as the run had moved it
+        if moved.is_dir():  # (a checkpoint of the run before the sync was set holds none: it never moved)
+            load_weights_into(ref_model, moved)
     # on-policy distillation (algo.teacher_kl_coef > 0): a frozen teacher scores the student's tokens
     teacher = Teacher.build(cfg, algo, tokenizer, device, precision)
     dist.wrap(model, ref_model, run.resume_from)  # torchrun: FSDP2 / DDP
@@ -283,6 +289,8 @@ class GRPOParts:
         """Checkpoint this step (grpokit.run.state): the policy, its optimizer and schedule, every part's own state
         (``state``); PPO's critic in its folder."""
         subfolders = self.critic.folders() if self.critic else {}
+        if self.algo.kl.ref_sync_every and self.policy.ref_model is not None:  # the moved reference
+            subfolders[REFERENCE_DIR] = self.policy.ref_model
         return self.run.save(self.step, self.learner, self.policy.tokenizer, self.state(), subfolders)
 
 

@@ -1,7 +1,7 @@
 """A resumed run is the uninterrupted run bit for bit, whatever keeps state of its own: the memory settings
 (optimizer states and weight copies on the CPU, the reference on the CPU, activations on the CPU, gradient
-checkpointing), the precision that keeps state of its own (bfloat16 with Kahan-compensated AdamW), LoRA,
-asynchronous rollouts with K = 1 and K = 2 (the batches in flight and the sampler's last push are in the
+checkpointing), the precision that keeps state of its own (bfloat16 with Kahan-compensated AdamW), LoRA, a
+reference that moves toward the policy (algo.ref_sync_every; its checkpoint folder reference/), asynchronous rollouts with K = 1 and K = 2 (the batches in flight and the sampler's last push are in the
 checkpoint), and SFT. Each case trains 3 steps with a checkpoint after every one, once (module-scoped); a copy
 of its folder resumes from step 2's checkpoint, as a run killed after step 2 would (the later checkpoint and log
 lines are its own, past the kill), and its weights are compared with torch.equal.
@@ -42,6 +42,9 @@ CASES = {
     "async_k1": ["rollout.max_staleness=1"],
     # a push every 3 steps: step 2's checkpoint keeps the weights of the last push (version 0), older than its own
     "async_k2_sync3": ["rollout.max_staleness=2", "rollout.sync_every=3"],
+    # the reference moved after every step (algo.ref_sync_every): step 3's KL is to step 2's mix, kept in reference/
+    "ref_sync": ["algo.ref_sync_every=1", "algo.ref_sync_alpha=0.5", "optim.offload_reference=true"],
+    "ref_sync_async": ["algo.ref_sync_every=1", "rollout.max_staleness=1"],
 }  # fmt: skip
 SFT = [
     "train.steps=3", "train.save_every=1", "train.keep_checkpoints=3", "train.tensorboard=false",

@@ -346,10 +346,10 @@ def test_a_flat_trl_yaml_trains_and_converts_from_the_cli(tmp_path):
     converted = tmp_path / "cfg.yaml"
     converted.write_text(out.stdout)
     assert load_config(converted).rollout.group_size == 4  # what it prints loads back
-    path.write_text("num_generations: 4\nsync_ref_model: true\n")
+    path.write_text("num_generations: 4\ntorch_compile: true\n")
     bad = subprocess.run([sys.executable, "-m", "grpokit", "config", "--from-trl", str(path)],
                          capture_output=True, text=True, timeout=120)
-    assert bad.returncode == 2 and "sync_ref_model=True is not supported" in bad.stderr
+    assert bad.returncode == 2 and "torch_compile=True is not supported" in bad.stderr
 
 
 # ------------------------------------------------------------------ item 7: maj@k votes on what accuracy reads

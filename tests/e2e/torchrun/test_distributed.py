@@ -230,6 +230,13 @@ def equivalence_worker(out: str) -> None:
             torch.equal(_full(p), weights[n]) for n, p in trainer.model.named_parameters() if n in trainable
         )
         results[name]["nan"] = dist.gather((nan_metrics["skipped_updates"], kept))
+        if trainer.ref_model is not None:  # algo.ref_sync_every's move, each rank mixing its own (offloaded) shards
+            initial = {n: _full(p) for n, p in trainer.ref_model.named_parameters()}
+            updater.algo = trainer.algo.override(ref_sync_every=1, ref_sync_alpha=0.5)
+            assert updater.sync_reference(1)  # after the reference's forward above: its root group unsharded
+            moved = {n: _full(p) for n, p in trainer.ref_model.named_parameters()}
+            saved = dist.full_state(trainer.ref_model)  # what a checkpoint's reference/ folder is written from
+            results[name]["reference"] = {"initial": initial, "moved": moved, "saved": saved}
     results["dynamic"] = dynamic_sampling_rounds(out)
     if trainer.dist.is_main:
         torch.save(results, out)
@@ -332,6 +339,25 @@ def test_two_ranks_give_the_one_process_gradient_and_weights(equivalence, case):
     for name, w in one["weights"].items():
         torch.testing.assert_close(two["weights"][name], w, rtol=1e-4, atol=1e-6, msg=f"{case}: {name}")
     assert two["loss"] == pytest.approx(one["loss"], rel=1e-4, abs=1e-7)  # the global loss, all-reduced
+
+
+@pytest.mark.parametrize("case", [name for name, extra in CASES.items() if "algo.beta=0.04" in extra and "lora" not in name])
+def test_the_reference_moves_on_two_ranks_as_in_one_process(equivalence, case):
+    """algo.ref_sync_every's move on sharded (fsdp, its shards offloaded in fsdp_packed) and replicated references:
+    every rank mixes its own part, and the whole reference is 0.5 (policy + initial reference), the one process's;
+    the consolidated weights a checkpoint writes are the moved ones."""
+    one, two = equivalence[0][case]["reference"], equivalence[1][case]["reference"]
+    weights = two["moved"].keys() & equivalence[1][case]["weights"].keys()
+    assert weights  # the trained weights are among the reference's
+    for name, moved in two["moved"].items():
+        torch.testing.assert_close(moved, one["moved"][name], rtol=1e-4, atol=1e-6, msg=f"{case}: {name}")
+        if name in weights:
+            want = 0.5 * equivalence[1][case]["weights"][name] + 0.5 * two["initial"][name]
+            torch.testing.assert_close(moved, want, rtol=0, atol=1e-6, msg=f"{case}: {name}")
+        saved = two["saved"][name] if name in two["saved"] else None
+        if saved is not None:
+            torch.testing.assert_close(saved.float(), moved.float(), rtol=0, atol=0, msg=f"{case}: saved {name}")
+    assert two["saved"]  # rank 0 holds the consolidated reference
 
 
 @pytest.mark.parametrize("case", PACKED)

@@ -215,6 +215,8 @@ def test_every_preset_is_complete_and_cites_its_paper():
         "beta",
         "kl_kind",
         "kl_reward_coef",
+        "ref_sync_every",  # the reference that moves (TRL sync_ref_model)
+        "ref_sync_alpha",
         "loss",
         "norm_len",
         "dual_clip",
