@@ -343,6 +343,11 @@ def step_metrics(
             float(lengths[~correct].mean()) if (~correct).any() else float("nan")
         )
     metrics["truncated_frac"] = float(r.truncated.float().mean())
+    ended = lengths[~r.truncated.to(lengths.device)]  # completions that ended (EOS), as TRL's terminated ones
+    ended = ended if ended.numel() else lengths.new_zeros(1)  # none ended: 0, as TRL logs it
+    metrics["completion_len/ended_mean"] = float(ended.mean())
+    metrics["completion_len/ended_min"] = float(ended.min())
+    metrics["completion_len/ended_max"] = float(ended.max())
     metrics["tokens/step"] = float(r.prompt_mask.sum() + r.completion_mask.sum())  # TRL's num_tokens adds these up
     metrics["advantage/abs_mean"] = advantage_abs
     metrics.update(sampling)

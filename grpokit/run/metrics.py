@@ -107,6 +107,9 @@ TRAIN: dict[str, Metric] = {
     ),
     "completion_len/incorrect": Metric("tokens", "mean length of the others (NaN if none)"),
     "truncated_frac": Metric("share", "completions cut at rollout.max_new_tokens (no EOS)"),
+    "completion_len/ended_mean": Metric("tokens", "mean length of the completions that ended (EOS); 0 if none did"),
+    "completion_len/ended_min": Metric("tokens", "shortest completion that ended; 0 if none did"),
+    "completion_len/ended_max": Metric("tokens", "longest completion that ended; 0 if none did"),
     "tokens/step": Metric("tokens", "the step's prompt and completion tokens, padding left out (all ranks)"),
     # the update: grpokit.algos.loss, grpokit.train.update_stats, grpokit.train.learner
     "loss": Metric("loss", "the objective minimised, averaged over the step's optimizer steps"),
@@ -306,6 +309,18 @@ TRAIN: dict[str, Metric] = {
     "completions/min_length": Metric("tokens", f"{TRL_ALIAS}: completion_len/min"),
     "completions/max_length": Metric("tokens", f"{TRL_ALIAS}: completion_len/max"),
     "completions/clipped_ratio": Metric("share", f"{TRL_ALIAS}: truncated_frac"),
+    "completions/mean_terminated_length": Metric("tokens", f"{TRL_ALIAS}: completion_len/ended_mean"),
+    "completions/min_terminated_length": Metric("tokens", f"{TRL_ALIAS}: completion_len/ended_min"),
+    "completions/max_terminated_length": Metric("tokens", f"{TRL_ALIAS}: completion_len/ended_max"),
+    "clip_ratio/low_mean": Metric("share", f"{TRL_ALIAS}: clip_frac_low"),
+    "clip_ratio/high_mean": Metric("share", f"{TRL_ALIAS}: clip_frac_high"),
+    "clip_ratio/region_mean": Metric("share", f"{TRL_ALIAS}: clip_frac"),
+    "policy_loss": Metric(
+        "loss", "TRL's: the loss before the entropy bonus (loss itself without one; + entropy_coef x entropy/bonus)"
+    ),
+    "tools/call_frequency": Metric("count", f"{TRL_ALIAS}: tools/calls_per_episode", "multi-turn"),
+    "step_time": Metric("s", "TRL's: time/step (TRL's is an optimizer step's; the same with one per step)"),
+    "tools/failure_frequency": Metric("share", "TRL's: tools/errors / tools/calls (0 without calls)", "multi-turn"),
     "learning_rate": Metric("lr", f"{TRL_ALIAS}: lr"),
     "sampling/sampling_logp_difference/mean": Metric("nats", f"{TRL_ALIAS}: sampler_logprob_diff/mean"),
     "sampling/sampling_logp_difference/max": Metric("nats", f"{TRL_ALIAS}: sampler_logprob_diff/max"),

@@ -4,6 +4,7 @@ skip without `trl` (CI installs it: .ci/run)."""
 from __future__ import annotations
 
 import math
+import warnings
 
 import pytest
 import torch
@@ -500,3 +501,68 @@ def test_trl_argument_forms_refused_in_one_line(tmp_path):
         GRPOTrainer(cfg, model=model, tokenizer=tok, train_rows=ROWS, reward_funcs=[model])
     with pytest.raises(ConfigError, match="neither a function fn"):
         GRPOTrainer(cfg, model=model, tokenizer=tok, train_rows=ROWS, reward_funcs=correct_reward, callbacks=[3])
+
+
+TRL_METRICS_NOT_LOGGED = {"clip_ratio/low_min", "clip_ratio/high_max"}
+"""TRL GRPOTrainer's metrics of a plain run that grpokit does not log (grpokit.compat.trl.names says why)."""
+
+
+def test_every_metric_trls_grpo_step_logs_is_logged_by_grpokit_under_its_name(tmp_path):
+    """One step of TRL's own GRPOTrainer and of grpokit's with the same GRPOConfig (beta > 0, so that kl is logged):
+    the names TRL logs are among grpokit's, but the two named in TRL_METRICS_NOT_LOGGED; the values that mean the same
+    on the same numbers agree by construction (the terminated lengths, the clip shares and policy_loss by hand in
+    test_trl_names_worked_out_from_grpokits)."""
+    trl = pytest.importorskip("trl")
+    datasets = pytest.importorskip("datasets")
+    from tiny_model import save_tiny_model
+
+    from grpokit import GRPOTrainer
+
+    model_dir = save_tiny_model(tmp_path / "tiny")
+    rows = datasets.Dataset.from_list([{"prompt": f"{i}+1=", "answer": str(i + 1)} for i in range(4)])
+    common = dict(max_steps=1, per_device_train_batch_size=4, num_generations=2, max_completion_length=4, beta=0.04,
+                  logging_steps=1, report_to="none", save_strategy="no", disable_tqdm=True)  # fmt: skip
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        theirs = trl.GRPOTrainer(model=str(model_dir), reward_funcs=[correct_reward], train_dataset=rows,
+                                 args=trl.GRPOConfig(output_dir=str(tmp_path / "trl"), use_cpu=True, bf16=False,
+                                                     **common))  # fmt: skip
+        theirs.train()
+    trl_names = {k for entry in theirs.state.log_history[:1] for k in entry} - {"step", "epoch"}
+    ours = GRPOTrainer(model=str(model_dir), reward_funcs=[correct_reward], train_dataset=rows,
+                       args={"output_dir": str(tmp_path / "ours"), **common})  # fmt: skip
+    ours.train()
+    missing = trl_names - set(ours.log_history[0]) - TRL_METRICS_NOT_LOGGED
+    assert not missing, sorted(missing)
+    assert TRL_METRICS_NOT_LOGGED <= trl_names  # TRL still logs them: the list is not stale
+
+
+def test_trl_names_worked_out_from_grpokits():
+    """By hand: the terminated lengths of a batch of 3 (lengths 2, 4, 3; the second cut), 0 when none ended; the
+    clip shares; tools/failure_frequency = 1 error / 4 calls; policy_loss = loss + entropy_coef x entropy/bonus
+    (0.5 + 0.01 x 2.0) with the bonus, loss without it."""
+    from grpokit.compat.trl.names import with_trl_names
+    from grpokit.rollout.batch import ScoredBatch, step_metrics
+    from grpokit.rollout.generation import Rollout
+
+    def batch(truncated):
+        mask = torch.tensor([[1, 1, 0, 0], [1, 1, 1, 1], [1, 1, 1, 0]])
+        rollout = Rollout(prompt_ids=torch.ones(3, 2, dtype=torch.long), prompt_mask=torch.ones(3, 2, dtype=torch.long),
+                          completion_ids=mask.clone(), completion_mask=mask, logprobs=torch.zeros(3, 4),
+                          truncated=torch.tensor(truncated))  # fmt: skip
+        return ScoredBatch(rollout=rollout, rows=[{}] * 3, texts=["", "", ""], rewards=torch.zeros(3),
+                           per_function={}, reward_metrics={})  # fmt: skip
+
+    m = with_trl_names(step_metrics(batch([False, True, False]), 0.0, {"loss": 0.5, "clip_frac_low": 0.25,
+                                    "clip_frac_high": 0.125, "clip_frac": 0.375}, {}, None))  # fmt: skip
+    assert (m["completions/mean_terminated_length"], m["completions/min_terminated_length"],
+            m["completions/max_terminated_length"]) == (2.5, 2.0, 3.0)  # fmt: skip
+    assert (m["clip_ratio/low_mean"], m["clip_ratio/high_mean"], m["clip_ratio/region_mean"]) == (0.25, 0.125, 0.375)
+    assert m["policy_loss"] == 0.5 and "tools/failure_frequency" not in m
+    none_ended = step_metrics(batch([True, True, True]), 0.0, {}, {}, None)
+    assert (none_ended["completion_len/ended_mean"], none_ended["completion_len/ended_max"]) == (0.0, 0.0)
+    tools = with_trl_names({"tools/calls": 4.0, "tools/errors": 1.0, "tools/calls_per_episode": 0.5, "loss": 0.5,
+                            "entropy_coef": 0.01, "entropy/bonus": 2.0})  # fmt: skip
+    assert tools["tools/failure_frequency"] == 0.25 and tools["tools/call_frequency"] == 0.5
+    assert tools["policy_loss"] == pytest.approx(0.52, rel=1e-12)
+    assert with_trl_names({"tools/calls": 0.0})["tools/failure_frequency"] == 0.0

@@ -9,6 +9,10 @@ read); each alias holds the same number.
 | frac_reward_zero_std          | zero_variance_frac         | share of groups whose rewards are all equal     |
 | completions/mean_length (min, max) | completion_len/mean (min, max) | completion tokens, EOS included      |
 | completions/clipped_ratio     | truncated_frac             | share of completions cut at max length          |
+| completions/mean_terminated_length (min, max) | completion_len/ended_mean (min, max) | those that ended (0 if none) |
+| clip_ratio/low_mean, high_mean, region_mean | clip_frac_low, clip_frac_high, clip_frac | tokens whose clip bit, over loss tokens |
+| tools/call_frequency          | tools/calls_per_episode    | tool calls per completion (episode)             |
+| step_time                     | time/step                  | wall seconds of a step, sampling included (TRL: of an optimizer step) |
 | learning_rate                 | lr                         | the policy's learning rate                      |
 | sampling/sampling_logp_difference/mean (max) | sampler_logprob_diff/mean (max) | |trainer - sampler| log-prob |
 | sampling/importance_sampling_ratio/mean (min, max) | mismatch/weight_mean (min, max) | the IS weights |
@@ -17,7 +21,13 @@ read); each alias holds the same number.
 TRL's reward_std and rewards/<fn>/std are the unbiased std (divided by n - 1) where grpokit's reward/total/std and
 reward/<fn>/std divide by n: they are computed as TRL does from the step's rewards (``trl_reward_spread``). TRL's
 num_tokens, the prompt and completion tokens seen since the start, is the sum of grpokit's tokens/step (the
-trainer adds them up).
+trainer adds them up). Two are worked out from grpokit's (``with_trl_names``): tools/failure_frequency, tools/errors
+over tools/calls (0 without calls), and policy_loss, the loss before the entropy bonus (loss itself without a bonus;
+with one, loss + entropy_coef x entropy/bonus, TRL's with one optimizer step per step).
+
+Not logged: clip_ratio/low_min and high_max (TRL's smallest and largest per-sequence shares), cispo_clip_ratio,
+vespo/phi_seq_mean, aux_loss. The clip shares are token means over the step's loss tokens; TRL averages its
+micro-batches' (the same with one), and at importance_sampling_level sequence takes them over sequences.
 """
 
 from __future__ import annotations
@@ -31,6 +41,14 @@ ALIASES = {
     "completion_len/min": "completions/min_length",
     "completion_len/max": "completions/max_length",
     "truncated_frac": "completions/clipped_ratio",
+    "completion_len/ended_mean": "completions/mean_terminated_length",
+    "completion_len/ended_min": "completions/min_terminated_length",
+    "completion_len/ended_max": "completions/max_terminated_length",
+    "clip_frac_low": "clip_ratio/low_mean",
+    "clip_frac_high": "clip_ratio/high_mean",
+    "clip_frac": "clip_ratio/region_mean",
+    "tools/calls_per_episode": "tools/call_frequency",
+    "time/step": "step_time",
     "lr": "learning_rate",
     "sampler_logprob_diff/mean": "sampling/sampling_logp_difference/mean",
     "sampler_logprob_diff/max": "sampling/sampling_logp_difference/max",
@@ -47,6 +65,12 @@ def with_trl_names(metrics: dict[str, float]) -> dict[str, float]:
         parts = key.split("/")
         if len(parts) == 3 and parts[0] == "reward" and parts[2] == "mean" and parts[1] != "total":
             extra[f"rewards/{parts[1]}/mean"] = value
+    if "tools/calls" in metrics:  # TRL's failure_frequency: failed calls over calls
+        calls = metrics["tools/calls"]
+        extra["tools/failure_frequency"] = metrics.get("tools/errors", 0.0) / calls if calls else 0.0
+    if "loss" in metrics:  # TRL's policy_loss leaves the entropy bonus out (-coef x H): add it back
+        bonus = metrics.get("entropy_coef", 0.0) * metrics.get("entropy/bonus", 0.0) if "entropy_coef" in metrics else 0.0
+        extra["policy_loss"] = metrics["loss"] + bonus
     metrics.update(extra)
     return metrics
 
