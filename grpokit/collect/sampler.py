@@ -41,6 +41,7 @@ from grpokit.rollout.batch import (
     step_seed,
 )
 from grpokit.rollout.engines import SamplingParams, make_generator
+from grpokit.rollout.engines.stop import StopStrings
 from grpokit.rollout.episodes import OVER_RANKS, EpisodeSampler
 from grpokit.rollout.generation import Rollout
 from grpokit.rollout.selection import selection_for
@@ -87,6 +88,8 @@ class Sampler:
         self.episodes = episodes  # multi-turn rollouts (grpokit.rollout.episodes), or None
         self.say = say or Notices()
         self.eos_ids = eos_token_ids(tokenizer, model)
+        stop = cfg.rollout.stop
+        self.stop_strings = StopStrings(tuple(stop), tokenizer) if stop else None  # rollout.stop, or None
         # the prompts' token ids (given when already encoded, as the trainer does before the model loads)
         self.encoded = encoded if encoded is not None else encode_rows(cfg.data, train_rows, tokenizer)
         # data.selection: the per-prompt history and the skip rule (grpokit.rollout.selection), or None
@@ -278,6 +281,7 @@ class Sampler:
             eos_token_ids=self.eos_ids,
             pad_token_id=self.tokenizer.pad_token_id,
             seed=seed,
+            stop_strings=self.stop_strings,  # rollout.stop: each completion cut after the token that ends one
         )
         out = self.generator.generate(model, prompt_ids, params)
         return out

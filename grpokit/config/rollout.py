@@ -7,6 +7,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from grpokit.config.declare import setting
+from grpokit.core.errors import ConfigError
+
+
+def check_stop_strings(value, key: str) -> None:
+    """rollout.stop: a list of non-empty strings."""
+    if not isinstance(value, (list, tuple)) or not all(isinstance(s, str) and s for s in value):
+        raise ConfigError(f"{key}={value!r}: expected a list of non-empty strings, e.g. {key}=['</answer>']")
 
 ENGINES = ("fast", "hf", "vllm")
 """rollout.engine: the engines of grpokit.rollout.engines (its ENGINE_CLASSES, held equal to this by a test)."""
@@ -237,6 +244,14 @@ class RolloutConfig:
     ignore_eos: bool = setting(
         False,
         "Training rollouts: an EOS sampled ends nothing; every completion runs to max_new_tokens (benchmarks).",
+    )
+    stop: list[str] = setting(
+        [],
+        """Stop strings: a completion ends at the token whose text completes one of them, kept with it (as an EOS;
+        transformers' stop_strings, TRL generation_kwargs stop), in training rollouts and evaluation alike.
+        Single-turn rollouts (grpokit.rollout.engines.stop).""",
+        example=["</answer>"],
+        check=check_stop_strings,
     )
     tools: list[str] = setting(
         [],

@@ -252,13 +252,16 @@ def cadence_values(v: Mapping[str, Any], per: Callable[[str, int], int] = lambda
 GENERATION_KWARGS = {
     "temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p",
     "repetition_penalty": "repetition_penalty", "max_tokens": "max_new_tokens", "max_new_tokens": "max_new_tokens",
+    "stop": "stop", "stop_strings": "stop",
 }  # fmt: skip
-"""generation_kwargs keys (vLLM's SamplingParams, transformers' GenerationConfig) -> rollout.* settings."""
+"""generation_kwargs keys (vLLM's SamplingParams, transformers' GenerationConfig) -> rollout.* settings. Stop strings
+(vLLM's ``stop``, transformers' ``stop_strings``; a string or a list) are rollout.stop, which keeps the string in the
+completion as transformers' generate does (TRL without vLLM); vLLM's own handling of the last tokens may differ."""
 
 
 def sampling_kwargs(kwargs: Any) -> dict[str, Any]:
-    """TRL's generation_kwargs as rollout.* values; a key with no rollout setting (stop strings, min_tokens, a
-    seed, ...) is refused by name: ignoring it would sample otherwise than TRL's run does."""
+    """TRL's generation_kwargs as rollout.* values; a key with no rollout setting (min_tokens, a seed,
+    include_stop_str_in_output, ...) is refused by name: ignoring it would sample otherwise than TRL's run does."""
     if not isinstance(kwargs, dict):
         raise ConfigError(f"TRL generation_kwargs={kwargs!r}: expected a mapping of sampling settings")
     other = sorted(set(kwargs) - set(GENERATION_KWARGS))
@@ -267,7 +270,10 @@ def sampling_kwargs(kwargs: Any) -> dict[str, Any]:
             f"TRL generation_kwargs {other} have no grpokit rollout setting (those it takes: "
             f"{', '.join(sorted(GENERATION_KWARGS))}); remove them"
         )
-    return {GENERATION_KWARGS[k]: value for k, value in kwargs.items()}
+    out = {GENERATION_KWARGS[k]: value for k, value in kwargs.items()}
+    if isinstance(out.get("stop"), str):
+        out["stop"] = [out["stop"]]
+    return out
 
 
 def reference_sync(v: Mapping[str, Any], algo: dict[str, Any], beta: float, k: int) -> list[str]:

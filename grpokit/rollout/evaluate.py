@@ -132,6 +132,7 @@ def evaluate(
     split=None,
     extra_rewards: Sequence[tuple[str, Callable]] = (),
     progress: Callable[[str], None] | None = None,
+    stop_strings=None,
 ) -> dict[str, float]:
     """accuracy = greedy pass@1 (share of prompts whose greedy completion scores 1). With k =
     ``num_samples`` sampled completions per prompt (0 = skipped): mean_at_k = their mean score,
@@ -145,7 +146,8 @@ def evaluate(
     ``repetition_penalty`` applies to the greedy and the sampled completions (rollout.repetition_penalty); the
     truncation filters (top_p, top_k, min_p) do not: evaluation reads the model's distribution at the temperature.
     ``progress`` (a line printer, e.g. stderr) gets :class:`EvalProgress` lines as chunks finish (under
-    torchrun: this rank's rows)."""
+    torchrun: this rank's rows). ``stop_strings`` (grpokit.rollout.engines.stop.StopStrings, rollout.stop) end the
+    greedy and sampled completions as they end the training rollouts."""
     if not rows:
         raise ValueError("evaluate: no rows to evaluate on")
     model.eval()
@@ -170,7 +172,7 @@ def evaluate(
 
     common = SamplingParams(
         group_size=1, max_new_tokens=max_new_tokens, temperature=0.0, repetition_penalty=repetition_penalty,
-        eos_token_ids=eos_token_ids, pad_token_id=tokenizer.pad_token_id,
+        eos_token_ids=eos_token_ids, pad_token_id=tokenizer.pad_token_id, stop_strings=stop_strings,
     )  # fmt: skip
 
     def run(group_size: int, temp: float) -> tuple[list[float], list[int], list[str], list]:

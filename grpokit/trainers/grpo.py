@@ -434,6 +434,7 @@ class GRPOTrainer:
                 examples=examples,
                 split=self.dist if self.dist.active else None,
                 progress=self.say,  # stderr lines while it runs (the run's log: above the progress bar)
+                stop_strings=self.sampler.stop_strings,  # rollout.stop ends the held-out completions too
             )
         model.train(was)
         sampled_zero = result.get(f"mean_at_{cfg.eval.num_samples}", 0) == 0

@@ -35,7 +35,7 @@ def score(prompts, completions, trainer_state=None, **kw):
     return [float("7" in c) for c in completions]
 """
 # the clocks' numbers (and how full the queue was when a batch was taken): the rest must match bit for bit
-VARYING = ("time/", "tokens_per_s", "peak_memory_mb", "async/wait_s", "async/sampler_busy", "async/trainer_busy",
+VARYING = ("time/", "step_time", "tokens_per_s", "peak_memory_mb", "async/wait_s", "async/sampler_busy", "async/trainer_busy",
            "async/queue_depth")  # fmt: skip
 
 

@@ -37,6 +37,8 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
+from grpokit.rollout.engines.stop import StopStrings, cut_at_stop
+
 
 @dataclass(frozen=True, kw_only=True)
 class SamplingParams:
@@ -65,6 +67,9 @@ class SamplingParams:
     """The rollout's seed: the same seed, model and params give the same rollout (None: the global RNG)."""
     ignore_eos: bool = False
     """An EOS drawn ends nothing: every completion has max_new_tokens tokens (benchmarks)."""
+    stop_strings: StopStrings | None = None
+    """Strings that end a completion at the token that completes one (rollout.stop; grpokit.rollout.engines.stop),
+    kept in it; None: EOS and max_new_tokens alone."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "eos_token_ids", tuple(int(t) for t in self.eos_token_ids))
@@ -223,8 +228,13 @@ class Engine:
         **knobs: Any,
     ) -> Rollout:
         """G completions of each prompt, sampled from ``model`` (or from the engine's copy of its weights) under
-        ``params``, or the same knobs as keywords (``SamplingParams.of``)."""
-        return self.sample(model, prompt_ids, SamplingParams.of(params, **knobs))
+        ``params``, or the same knobs as keywords (``SamplingParams.of``). With stop strings, each completion is
+        cut after the token that completes one (``cut_at_stop``), whichever engine drew it."""
+        params = SamplingParams.of(params, **knobs)
+        rollout = self.sample(model, prompt_ids, params)
+        if params.stop_strings is not None:
+            rollout = cut_at_stop(rollout, params.stop_strings, params.pad_token_id)
+        return rollout
 
     def sample(self, model: torch.nn.Module, prompt_ids: list[list[int]], params: SamplingParams) -> Rollout:
         raise NotImplementedError(f"{type(self).__name__} implements no sample()")

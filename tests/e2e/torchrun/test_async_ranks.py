@@ -29,7 +29,7 @@ def fails_on_rank_1(prompts, completions, trainer_state=None, **kw):
 '''
 SAMPLES = 4  # per step: 2 prompts (one per rank) x 2 completions
 # the clocks' numbers (and how full the queue was when a batch was taken)
-VARYING = ("time/", "tokens_per_s", "peak_memory_mb", "async/wait_s", "async/sampler_busy", "async/trainer_busy",
+VARYING = ("time/", "step_time", "tokens_per_s", "peak_memory_mb", "async/wait_s", "async/sampler_busy", "async/trainer_busy",
            "async/queue_depth")  # fmt: skip
 
 

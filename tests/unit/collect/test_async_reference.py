@@ -20,7 +20,7 @@ from grpokit.train.reference import ReferencePass
 from grpokit.train.update import PolicyUpdate
 
 # wall-clock numbers (and reward/*/seconds), and how long the trainer waited: the rest must match exactly
-VARYING = ("time/", "tokens_per_s", "peak_memory_mb", "async/wait_s", "async/queue_depth", "async/sampler_busy",
+VARYING = ("time/", "step_time", "tokens_per_s", "peak_memory_mb", "async/wait_s", "async/queue_depth", "async/sampler_busy",
            "async/trainer_busy")  # fmt: skip
 
 

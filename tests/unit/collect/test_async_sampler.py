@@ -33,7 +33,7 @@ from grpokit.train.update import PolicyUpdate
 from grpokit.train.update_stats import UpdateStats
 from grpokit.trainers.grpo import GRPOTrainer
 
-VARYING = ("time/", "tokens_per_s", "peak_memory_mb")  # wall-clock numbers (and reward/*/seconds): the rest
+VARYING = ("time/", "step_time", "tokens_per_s", "peak_memory_mb")  # wall-clock numbers (and reward/*/seconds): the rest
 # must match exactly
 
 

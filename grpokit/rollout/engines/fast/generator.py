@@ -1,7 +1,7 @@
 """The fast engine (``rollout.engine: fast``, the default): its own sampling loop over a decode engine
 (:mod:`grpokit.rollout.engines.fast.decode`). Each prompt is prefilled once, then its KV cache is repeated
 ``group_size`` times, so a prompt's forward cost is paid once per group instead of once per sample. Rows that
-have emitted EOS are dropped from the batch once at least half of it has finished. On supported models (Llama
+have emitted EOS (or a stop string, rollout.stop) are dropped from the batch once at least half of it has finished. On supported models (Llama
 family) decode runs over a static KV cache, replayed as CUDA graphs on a GPU.
 
 The distribution a token is drawn from is :func:`process_logits`' (transformers' order; the conventions every
@@ -23,6 +23,7 @@ from grpokit.rollout.engines.base import (
     model_device,
 )
 from grpokit.rollout.engines.fast.decode import check_kv_cache, make_engine
+from grpokit.rollout.engines.stop import stopped_rows
 
 
 def filter_logits(logits: Tensor, top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0) -> Tensor:
@@ -211,6 +212,9 @@ class FastGenerator(Engine):
                 out_lp[rows, t] = lp.masked_fill(done, 0.0)
                 if not params.ignore_eos:
                     done = done | torch.isin(tokens, eos)
+                if params.stop_strings is not None and (t + 1) % check_every == 0:
+                    # a row whose text ends in a stop string draws no more (what it drew since is cut: Engine.generate)
+                    done = done | stopped_rows(params.stop_strings, out_ids, rows, t, ~done)
                 if t == params.max_new_tokens - 1:
                     break
                 if (t + 1) % check_every == 0:  # reading `done` waits for the device: not every step
