@@ -166,8 +166,9 @@ def policy_loss(
     Returns:
         loss: () scalar to call backward on.
         metrics: detached 0-d tensors, averaged over this call's masked-in tokens: clip_frac_low
-            (A < 0 and rho < 1 - eps_low), clip_frac_high (A > 0 and rho > 1 + eps_high), clip_frac,
-            ratio_mean, ratio_min, ratio_max, pg_loss (token mean of the surrogate part), kl_mean
+            (A < 0 and rho < 1 - eps_low), clip_frac_high (A > 0 and rho > 1 + eps_high), clip_frac, the smallest
+            and largest share of a sequence's tokens clipped low / high (clip_frac_low/seq_min,
+            clip_frac_high/seq_max: NaN without a sequence), ratio_mean, ratio_min, ratio_max, pg_loss (token mean of the surrogate part), kl_mean
             (if ref_logprobs), dual_clip_frac (if dual_clip), num_tokens (this call's sum m), and the share of
             tokens each mask took out: masked_frac/trust_region (dppo_*), masked_frac/off_policy (off_policy_mask),
             masked_frac/entropy (entropy_mask), masked_frac/clip_cov; cov_penalised_frac (kl_cov).
@@ -213,6 +214,14 @@ def policy_loss(
             "pg_loss": torch.where(mask, t.pg, zero).sum() / denom,
             "num_tokens": n_local,
         }
+        # TRL's clip_ratio/low_min and high_max: the smallest / largest share of a sequence's tokens clipped
+        per_row = m.sum(-1)  # (B,)
+        rows = per_row > 0  # (B,) sequences with a token in the loss
+        seq_low = low.to(m.dtype).sum(-1) / per_row.clamp(min=1)  # (B,)
+        seq_high = high.to(m.dtype).sum(-1) / per_row.clamp(min=1)  # (B,)
+        nan = torch.full_like(zero, float("nan"))
+        metrics["clip_frac_low/seq_min"] = torch.where(rows, seq_low, torch.inf).amin() if rows.any() else nan
+        metrics["clip_frac_high/seq_max"] = torch.where(rows, seq_high, -torch.inf).amax() if rows.any() else nan
         if t.kl is not None:
             metrics["kl_mean"] = torch.where(mask, t.kl, zero).sum() / denom
         if o.dual_clip is not None:

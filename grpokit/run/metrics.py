@@ -144,6 +144,8 @@ TRAIN: dict[str, Metric] = {
     "clip_frac": Metric("share", "loss tokens whose ratio was clipped (either side)"),
     "clip_frac_low": Metric("share", "loss tokens clipped at 1 - eps_low (negative advantage)"),
     "clip_frac_high": Metric("share", "loss tokens clipped at 1 + eps_high (positive advantage)"),
+    "clip_frac_low/seq_min": Metric("share", "the smallest share of a sequence's loss tokens clipped at 1 - eps_low"),
+    "clip_frac_high/seq_max": Metric("share", "the largest share of a sequence's loss tokens clipped at 1 + eps_high"),
     "dual_clip_frac": Metric("share", "loss tokens capped by the dual clip", "algo.dual_clip is set"),
     "masked_frac/{reason}": Metric(
         "share",
@@ -168,8 +170,8 @@ TRAIN: dict[str, Metric] = {
         "optim.skip_flat_rows (on by default) with some such completion",
     ),
     "ratio_mean": Metric("ratio", "mean importance ratio pi / pi_old over loss tokens"),
-    "ratio_min": Metric("ratio", "smallest ratio"),
-    "ratio_max": Metric("ratio", "largest ratio"),
+    "ratio_min": Metric("ratio", "smallest ratio over the step's loss tokens"),
+    "ratio_max": Metric("ratio", "largest ratio over the step's loss tokens"),
     "grad_norm": Metric("L2 norm", "gradient norm before clipping, mean over the step's optimizer steps"),
     "skipped_updates": Metric("count", "optimizer steps skipped for a non-finite loss or gradient"),
     "lr": Metric("lr", "the learning rate the step's update used (the schedule's value for it)"),
@@ -315,6 +317,8 @@ TRAIN: dict[str, Metric] = {
     "clip_ratio/low_mean": Metric("share", f"{TRL_ALIAS}: clip_frac_low"),
     "clip_ratio/high_mean": Metric("share", f"{TRL_ALIAS}: clip_frac_high"),
     "clip_ratio/region_mean": Metric("share", f"{TRL_ALIAS}: clip_frac"),
+    "clip_ratio/low_min": Metric("share", f"{TRL_ALIAS}: clip_frac_low/seq_min"),
+    "clip_ratio/high_max": Metric("share", f"{TRL_ALIAS}: clip_frac_high/seq_max"),
     "policy_loss": Metric(
         "loss", "TRL's: the loss before the entropy bonus (loss itself without one; + entropy_coef x entropy/bonus)"
     ),

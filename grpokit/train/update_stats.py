@@ -13,11 +13,16 @@ import torch
 
 from grpokit.algos.mismatch import mismatch_sums
 
+EXTREMES = {"ratio_min": min, "ratio_max": max, "clip_frac_low/seq_min": min, "clip_frac_high/seq_max": max}
+"""Loss metrics that are extremes, not means: kept as the smallest / largest over the micro-batches (and ranks) that
+had loss tokens, where the others are averaged over tokens."""
+
 
 class UpdateStats:
     """Sums over micro-batches; `metrics()` turns them into the logged means."""
 
     def __init__(self) -> None:
+        self.extremes: dict[str, float] = {}  # EXTREMES' names -> the smallest / largest so far
         self.weighted: dict[str, float] = {}  # loss metric name -> sum of value * loss tokens
         self.weight = 0.0  # loss tokens seen
         self.loss_sum = 0.0  # sum of the micro-batch losses (each already globally normalised)
@@ -36,8 +41,14 @@ class UpdateStats:
         self.weight += tokens
         self.loss_sum += float(loss.detach())
         for k, v in stats.items():
-            if k != "num_tokens":
+            if k in EXTREMES:
+                if tokens and not math.isnan(float(v)):  # a micro-batch without loss tokens has no extreme
+                    self._extreme(k, float(v))
+            elif k != "num_tokens":
                 self.weighted[k] = self.weighted.get(k, 0.0) + float(v) * tokens
+
+    def _extreme(self, key: str, value: float) -> None:
+        self.extremes[key] = EXTREMES[key](self.extremes.get(key, value), value)
 
     def add_sampler_diff(
         self, logprobs: torch.Tensor, sample_logprobs: torch.Tensor, mask: torch.Tensor
@@ -86,6 +97,8 @@ class UpdateStats:
         """Add a finished mini-batch's sums."""
         for k, v in other.weighted.items():
             self.weighted[k] = self.weighted.get(k, 0.0) + v
+        for k, v in other.extremes.items():
+            self._extreme(k, v)
         self.weight += other.weight
         self.loss_sum += other.loss_sum
         self.sample_diff_sum += other.sample_diff_sum
@@ -114,7 +127,10 @@ class UpdateStats:
             "sample_kl_sum", "is_sum", "is_bounded", "is_tokens", "is_sq_sum",
         )  # fmt: skip
         extremes = (self.sample_diff_max, self.is_min, self.is_max)
-        parts = ranks.gather((self.weighted, extremes, [getattr(self, f) for f in fields]))
+        parts = ranks.gather((self.weighted, extremes, [getattr(self, f) for f in fields], self.extremes))
+        for part in parts:  # every rank's smallest / largest of each extreme
+            for k, v in part[3].items():
+                self._extreme(k, v)
         self.weighted = {k: sum(p[0].get(k, 0.0) for p in parts) for k in self.weighted}
         self.sample_diff_max = max(p[1][0] for p in parts)
         self.is_min, self.is_max = min(p[1][1] for p in parts), max(p[1][2] for p in parts)
@@ -125,6 +141,7 @@ class UpdateStats:
         """Loss metrics averaged over loss tokens, loss averaged over optimizer steps, and the rest."""
         nan = math.nan
         out = {k: v / max(self.weight, 1.0) for k, v in self.weighted.items()}
+        out.update(self.extremes)
         out["loss"] = self.loss_sum / n_updates
         out["grad_norm"] = sum(self.grad_norms) / len(self.grad_norms) if self.grad_norms else nan
         out["skipped_updates"] = float(self.skipped)

@@ -503,13 +503,13 @@ def test_trl_argument_forms_refused_in_one_line(tmp_path):
         GRPOTrainer(cfg, model=model, tokenizer=tok, train_rows=ROWS, reward_funcs=correct_reward, callbacks=[3])
 
 
-TRL_METRICS_NOT_LOGGED = {"clip_ratio/low_min", "clip_ratio/high_max"}
-"""TRL GRPOTrainer's metrics of a plain run that grpokit does not log (grpokit.compat.trl.names says why)."""
+TRL_METRICS_NOT_LOGGED: set[str] = set()
+"""TRL GRPOTrainer's metrics of a plain run that grpokit does not log (grpokit.compat.trl.names says why): none."""
 
 
 def test_every_metric_trls_grpo_step_logs_is_logged_by_grpokit_under_its_name(tmp_path):
     """One step of TRL's own GRPOTrainer and of grpokit's with the same GRPOConfig (beta > 0, so that kl is logged):
-    the names TRL logs are among grpokit's, but the two named in TRL_METRICS_NOT_LOGGED; the values that mean the same
+    the names TRL logs are among grpokit's (but those named in TRL_METRICS_NOT_LOGGED); the values that mean the same
     on the same numbers agree by construction (the terminated lengths, the clip shares and policy_loss by hand in
     test_trl_names_worked_out_from_grpokits)."""
     trl = pytest.importorskip("trl")
@@ -535,6 +535,8 @@ def test_every_metric_trls_grpo_step_logs_is_logged_by_grpokit_under_its_name(tm
     missing = trl_names - set(ours.log_history[0]) - TRL_METRICS_NOT_LOGGED
     assert not missing, sorted(missing)
     assert TRL_METRICS_NOT_LOGGED <= trl_names  # TRL still logs them: the list is not stale
+    for key in ("clip_ratio/low_min", "clip_ratio/high_max", "clip_ratio/low_mean"):  # one step on the same
+        assert ours.log_history[0][key] == theirs.state.log_history[0][key] == 0.0  # policy: nothing clipped
 
 
 def test_trl_names_worked_out_from_grpokits():

@@ -11,6 +11,7 @@ read); each alias holds the same number.
 | completions/clipped_ratio     | truncated_frac             | share of completions cut at max length          |
 | completions/mean_terminated_length (min, max) | completion_len/ended_mean (min, max) | those that ended (0 if none) |
 | clip_ratio/low_mean, high_mean, region_mean | clip_frac_low, clip_frac_high, clip_frac | tokens whose clip bit, over loss tokens |
+| clip_ratio/low_min, high_max  | clip_frac_low/seq_min, clip_frac_high/seq_max | a sequence's share of them, smallest / largest |
 | tools/call_frequency          | tools/calls_per_episode    | tool calls per completion (episode)             |
 | step_time                     | time/step                  | wall seconds of a step, sampling included (TRL: of an optimizer step) |
 | learning_rate                 | lr                         | the policy's learning rate                      |
@@ -25,9 +26,9 @@ trainer adds them up). Two are worked out from grpokit's (``with_trl_names``): t
 over tools/calls (0 without calls), and policy_loss, the loss before the entropy bonus (loss itself without a bonus;
 with one, loss + entropy_coef x entropy/bonus, TRL's with one optimizer step per step).
 
-Not logged: clip_ratio/low_min and high_max (TRL's smallest and largest per-sequence shares), cispo_clip_ratio,
-vespo/phi_seq_mean, aux_loss. The clip shares are token means over the step's loss tokens; TRL averages its
-micro-batches' (the same with one), and at importance_sampling_level sequence takes them over sequences.
+Not logged: cispo_clip_ratio, vespo/phi_seq_mean, aux_loss. The clip shares are token means over the step's loss
+tokens, their per-sequence extremes the smallest / largest over the step's sequences; TRL averages its micro-batches'
+(the same with one), and at importance_sampling_level sequence takes the means over sequences.
 """
 
 from __future__ import annotations
@@ -47,6 +48,8 @@ ALIASES = {
     "clip_frac_low": "clip_ratio/low_mean",
     "clip_frac_high": "clip_ratio/high_mean",
     "clip_frac": "clip_ratio/region_mean",
+    "clip_frac_low/seq_min": "clip_ratio/low_min",
+    "clip_frac_high/seq_max": "clip_ratio/high_max",
     "tools/calls_per_episode": "tools/call_frequency",
     "time/step": "step_time",
     "lr": "learning_rate",

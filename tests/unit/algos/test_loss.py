@@ -416,3 +416,21 @@ def test_metrics_are_detached_scalars_and_ratio_one_gives_zero_loss_nonzero_grad
     for name, v in metrics.items():
         assert v.dim() == 0 and not v.requires_grad, name
     assert metrics["ratio_mean"].item() == 1.0 and metrics["clip_frac"].item() == 0.0
+
+
+def test_per_sequence_clip_shares_give_trls_low_min_and_high_max():
+    """Two sequences, eps 0.2: row 0 (4 tokens) has t0 clipped high (A > 0, rho 1.5) and t1 clipped low (A < 0,
+    rho 0.5); row 1 (2 tokens of 4) has both tokens clipped low. Low shares per sequence 1/4 and 2/2 -> min 0.25;
+    high shares 1/4 and 0/2 -> max 0.25. A row with no loss token takes no part; none at all gives NaN."""
+    old = torch.zeros(2, 4, dtype=F64)
+    logp = torch.log(torch.tensor([[1.5, 0.5, 1.0, 1.0], [0.5, 0.5, 1.0, 1.0]], dtype=F64))
+    adv = torch.tensor([[1.0, -1.0, 1.0, 1.0], [-1.0, -1.0, -1.0, -1.0]], dtype=F64)
+    mask = torch.tensor([[1.0, 1, 1, 1], [1, 1, 0, 0]])
+    _, metrics = policy_loss(logp, old, adv, mask, eps_low=0.2, eps_high=0.2, agg="token-mean")
+    assert metrics["clip_frac_low/seq_min"].item() == 0.25 and metrics["clip_frac_high/seq_max"].item() == 0.25
+    assert metrics["clip_frac_low"].item() == pytest.approx(3 / 6)  # the token mean beside them
+    empty = torch.tensor([[1.0, 1, 1, 1], [0, 0, 0, 0]])
+    _, metrics = policy_loss(logp, old, adv, empty, eps_low=0.2, eps_high=0.2, agg="token-mean")
+    assert metrics["clip_frac_low/seq_min"].item() == 0.25  # row 1 has no loss token: not a share of 0
+    _, metrics = policy_loss(logp, old, adv, torch.zeros(2, 4), eps_low=0.2, eps_high=0.2, agg="token-mean")
+    assert math.isnan(metrics["clip_frac_low/seq_min"].item())

@@ -1,5 +1,6 @@
 """UpdateStats: the update's reported numbers, by hand."""
 
+import copy
 import math
 
 import pytest
@@ -25,3 +26,32 @@ def test_token_weighted_means_merge_and_steps():
     assert (m["grad_norm"], m["skipped_updates"]) == (2.0, 1.0)
     assert (m["sampler_logprob_diff/mean"], m["sampler_logprob_diff/max"], m["entropy"]) == (0.25, 0.5, 2.0)
     assert math.isnan(UpdateStats().metrics(1)["entropy"])
+
+
+def test_extremes_are_the_smallest_and_largest_over_micro_batches_and_ranks():
+    """ratio_min over two micro-batches (10 tokens at 0.9, 2 at 0.5) is 0.5, not their token-weighted 0.833;
+    ratio_max 1.4; a micro-batch without loss tokens (whose minimum is a placeholder 0) takes no part; the
+    per-sequence clip extremes the same way."""
+    a, b, empty = UpdateStats(), UpdateStats(), UpdateStats()
+    a.add_loss(torch.tensor(0.0), {"ratio_min": torch.tensor(0.9), "ratio_max": torch.tensor(1.1),
+                                   "clip_frac_low/seq_min": torch.tensor(0.25)}, 10.0)  # fmt: skip
+    b.add_loss(torch.tensor(0.0), {"ratio_min": torch.tensor(0.5), "ratio_max": torch.tensor(1.4),
+                                   "clip_frac_low/seq_min": torch.tensor(0.5)}, 2.0)  # fmt: skip
+    empty.add_loss(torch.tensor(0.0), {"ratio_min": torch.tensor(0.0), "ratio_max": torch.tensor(0.0)}, 0.0)
+    a.merge(b)
+    a.merge(empty)
+    m = a.metrics(n_updates=1)
+    assert (m["ratio_min"], m["ratio_max"], m["clip_frac_low/seq_min"]) == (0.5, pytest.approx(1.4), 0.25)
+
+    class TwoRanks:  # what Distributed.gather returns: every rank's part, this rank's first
+        active = True
+
+        @staticmethod
+        def gather(part):
+            other = copy.deepcopy(part)
+            if len(part) == 4:  # the sums' gather: (weighted, extremes of the sampler, sums, the loss's extremes)
+                other[3]["ratio_min"] = 0.3
+            return [part, other]
+
+    a.over_ranks(TwoRanks())
+    assert a.metrics(n_updates=1)["ratio_min"] == 0.3
