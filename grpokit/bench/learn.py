@@ -19,7 +19,7 @@ code does that no setting names (``CODE_DIFFERENCES``).
 
 Each run is its own process with one torch thread; a seed's grpokit and TRL runs are started together and
 run side by side, so the load of the machine falls on both. Held-out accuracy is greedy pass@1 on the
-held-out rows, measured by one function (``greedy_accuracy``, HF generate) in both processes, at step 0 and
+held-out rows (of the averaged weights when ``--set train.ema_decay=D`` keeps an average), measured by one function (``greedy_accuracy``, HF generate) in both processes, at step 0 and
 every ``eval_every`` steps; the evaluation's time is not training time. Training seconds are the wall
 clock of the training steps (grpokit: ``train_step()``; TRL: from ``on_train_begin`` to each
 ``on_step_end``, the callback's evaluation excluded), and beside them the CPU seconds the process and its
@@ -170,8 +170,10 @@ def _run_grpokit(task: LearnTask, seed: int, steps: int, eval_every: int, extra:
         cfg.model.name_or_path = str(model_dir)  # set directly: a path is not parsed as YAML
         cfg.train.output_dir = out
         trainer = GRPOTrainer(cfg, train_rows=train_rows, reward_functions=task_rewards(task))
+        average = trainer.parts.policy.average  # train.ema_decay: the averaged weights are the model evaluated
+        evaluated = trainer.model if average is None else average.model
         clock = TrainClock()
-        curve = [_point(0, clock, trainer.model, trainer.tokenizer, eval_rows, task)]
+        curve = [_point(0, clock, evaluated, trainer.tokenizer, eval_rows, task)]
         selection: list[dict[str, float]] = []  # each step's selection/* numbers (data.selection on)
         for step in range(1, steps + 1):
             clock.start()
@@ -181,7 +183,7 @@ def _run_grpokit(task: LearnTask, seed: int, steps: int, eval_every: int, extra:
                 break
             selection.append({k: v for k, v in metrics.items() if k.startswith(("selection/", "zero_var"))})
             if step % eval_every == 0 or step == steps:
-                curve.append(_point(step, clock, trainer.model, trainer.tokenizer, eval_rows, task))
+                curve.append(_point(step, clock, evaluated, trainer.tokenizer, eval_rows, task))
     return {"curve": curve, "selection": selection}
 
 

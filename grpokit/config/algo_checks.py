@@ -39,7 +39,7 @@ def _resolved_algo(cfg: Any) -> Any:
 
 
 def check_reference_sync(cfg: Any) -> None:
-    """algo.ref_sync_every > 0 moves the reference copy toward the policy (grpokit.train.reference.mix_into_reference);
+    """algo.ref_sync_every > 0 moves the reference copy toward the policy (grpokit.train.reference.mix_toward);
     with LoRA the reference is the base model with the adapter off, no copy, so it is refused (as TRL does)."""
     settings = _resolved_algo(cfg)
     if settings is None or not settings.kl.ref_sync_every or not cfg.lora.enabled:

@@ -285,6 +285,17 @@ class TrainConfig:
         example=0.05,
         meaning="0 = any failure stops the run",
     )
+    ema_decay: float = setting(
+        0.0,
+        """Keep an exponential moving average of the policy's weights, theta_ema <- d theta_ema + (1 - d) theta after
+        every step (grpokit.train.weight_average; OpenRLHF's --enable_ema): evaluated beside the policy (ema/accuracy,
+        ...) and saved in every checkpoint's ema/ folder (a Hugging Face model). Rollouts and updates are the
+        policy's, unchanged. It smooths a policy that swings around a plateau and lags about 1 / (1 - d) steps
+        behind one that climbs; one more copy of the weights in memory. Not under train.distributed=fsdp.""",
+        range="[0, 1)",
+        example=0.9,
+        meaning="0 = off",
+    )
     stop_after_flat_steps: int = setting(
         5,
         """Stop (with the likely cause) after this many consecutive steps in which no group has any reward

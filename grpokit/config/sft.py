@@ -142,6 +142,7 @@ NOT_FOR_SFT: dict[str, tuple[Any, str]] = {
     "train.samples_every": (10, "SFT samples nothing while training"),
     "train.stop_after_flat_steps": (5, "SFT has no rewards while training"),
     "train.max_reward_failure_frac": (0.0, "SFT has no rewards while training"),
+    "train.ema_decay": (0.0, "grpokit sft keeps no average of the weights (grpokit train does)"),
 }
 
 

@@ -223,9 +223,10 @@ def prune_checkpoints(root: Path, keep: int, current_step: int | None = None) ->
     return doomed
 
 
-MODEL_SUBFOLDERS = ("critic", "reference")
+MODEL_SUBFOLDERS = ("critic", "reference", "ema")
 """Models a checkpoint may hold beside the policy, each a Hugging Face folder of its own: PPO's critic
-(grpokit.train.critic), the moved reference of algo.ref_sync_every (grpokit.train.reference)."""
+(grpokit.train.critic), the moved reference of algo.ref_sync_every (grpokit.train.reference), the averaged weights of
+train.ema_decay (grpokit.train.weight_average)."""
 
 
 def verify_checkpoint(directory: Path) -> str | None:

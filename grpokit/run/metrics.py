@@ -361,6 +361,8 @@ TRAIN_EVAL: dict[str, Metric] = {
     **_GENERATION_EVAL,
     "episode/turns_mean": Metric("turns", "model turns per greedy episode", "multi-turn"),
     "tools/calls_per_episode": Metric("count", "tool calls per greedy episode", "multi-turn"),
+    "ema/{metric}": Metric("", "the same metric of the averaged weights (ema/accuracy, ...)", "train.ema_decay > 0"),
+    "ema/{metric}/{part}": Metric("", "the same (ema/maj_at_k/no_answer)", "train.ema_decay > 0"),
 }
 
 # metrics.jsonl of `grpokit sft` (SFTTrainer)

@@ -6,7 +6,7 @@ distillation (grpokit.train.teacher).
     log_pass = ReferencePass(model, precision, device, temperature, chunk_size, micro_batch_size, tokens)
     ref_logprobs = log_pass.logprobs(policy, rollout)    # (N, Lc); model None: the policy with its adapter off
 
-And the reference's one move, algo.ref_sync_every > 0: ``mix_into_reference(reference, policy, alpha)``.
+And the reference's one move, algo.ref_sync_every > 0: ``mix_toward(reference, policy, alpha)``.
 """
 
 from __future__ import annotations
@@ -32,22 +32,26 @@ files (grpokit.model.checkpoint.MODEL_SUBFOLDERS)."""
 
 
 @torch.no_grad()
-def mix_into_reference(reference: torch.nn.Module, policy: torch.nn.Module, alpha: float) -> None:
-    """pi_ref <- alpha * pi_theta + (1 - alpha) * pi_ref, parameter by parameter, in place (TR-DPO's soft update,
-    arXiv 2404.09656; TRL's SyncRefModelCallback, whose formula this is). ``reference`` and ``policy`` have the same
-    parameters by name (the reference is a copy of the initial policy; FSDP2 may list them in another order); under
-    fsdp both are sharded alike, and each rank mixes its own shards. The reference may live elsewhere (optim.offload_reference: CPU memory)."""
+def mix_toward(target: torch.nn.Module, policy: torch.nn.Module, alpha: float) -> None:
+    """target <- alpha * policy + (1 - alpha) * target, parameter by parameter, in place: the reference's move
+    (algo.ref_sync_every; TR-DPO's soft update, arXiv 2404.09656, TRL's SyncRefModelCallback, whose formula this is)
+    and the weight average's step (grpokit.train.weight_average, alpha = 1 - decay). ``target`` and ``policy`` have
+    the same parameters by name (``target`` is a copy of the policy; FSDP2 may list them in another order); under
+    fsdp both are sharded alike, and each rank mixes its own shards. ``target`` may live elsewhere
+    (optim.offload_reference: CPU memory)."""
     if not 0 < alpha <= 1:
         raise ValueError(f"alpha must be in (0, 1], got {alpha}")
-    targets, sources = dict(reference.named_parameters()), dict(policy.named_parameters())
+    targets, sources = dict(target.named_parameters()), dict(policy.named_parameters())
     if targets.keys() != sources.keys():
         differ = sorted(targets.keys() ^ sources.keys())[:3]
-        raise ValueError(f"the reference's parameters are not the policy's ({differ}...): it is not a copy of it")
-    for name, target in targets.items():
-        mine, theirs = _local(target), _local(sources[name])  # (shard) tensors
+        raise ValueError(f"the model's parameters are not the policy's ({differ}...): it is not a copy of it")
+    for name, param in targets.items():
+        if not sources[name].requires_grad:  # frozen in the policy (LoRA's base): the copy holds it already
+            continue
+        mine, theirs = _local(param), _local(sources[name])  # (shard) tensors
         if mine.shape != theirs.shape:
             raise ValueError(
-                f"reference parameter {name} of shape {tuple(mine.shape)} against the policy's {tuple(theirs.shape)}"
+                f"parameter {name} of shape {tuple(mine.shape)} against the policy's {tuple(theirs.shape)}"
             )
         mine.mul_(1.0 - alpha).add_(theirs.to(mine.device, mine.dtype), alpha=alpha)
 

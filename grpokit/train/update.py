@@ -40,7 +40,7 @@ from grpokit.train.minibatch import (
     several_passes,
 )
 from grpokit.train.mismatch import MismatchCorrection
-from grpokit.train.reference import mix_into_reference
+from grpokit.train.reference import mix_toward
 from grpokit.train.update_stats import UpdateStats
 
 
@@ -110,7 +110,7 @@ class PolicyUpdate:
         if not every or self.ref_model is None or step % every:
             return False
         reference, policy = self.dist.resharded(self.ref_model), self.dist.resharded(self.learner.model)
-        mix_into_reference(reference, policy, self.algo.kl.ref_sync_alpha)  # under fsdp: shard by shard
+        mix_toward(reference, policy, self.algo.kl.ref_sync_alpha)  # under fsdp: shard by shard
         return True
 
     def rollout_logprobs(

@@ -290,6 +290,8 @@ class GRPOTrainer:
         self.step += 1
         self.learner.scheduler.step()
         self.updater.sync_reference(self.step)  # algo.ref_sync_every: the reference moves toward the policy
+        if self.parts.policy.average is not None:  # train.ema_decay: the average of the weights takes this step's
+            self.parts.policy.average.step(self.model)
         self.source.trained(self.model, self.step)  # e.g. the sampler process gets the new weights when due
         # metrics: the global batch's under torchrun
         abs_mean = advantage_abs_mean(advantages, batch.rollout.completion_mask, dist)
@@ -402,16 +404,9 @@ class GRPOTrainer:
         return trl_evaluation(self, result, rows=len(self.eval_rows if rows is None else rows),
                               prefix=metric_key_prefix, seconds=time.perf_counter() - started)  # fmt: skip
 
-    def held_out_metrics(self, examples: list[dict] | None = None, rows: list[dict] | None = None) -> dict[str, float]:
-        """Held-out accuracy (greedy pass@1) and mean/pass/maj@k on ``rows`` (default ``eval_rows``), scored by the
-        accuracy reward (grpokit.rollout.evaluate; multi-turn: greedy episodes): what the run logs to eval.jsonl.
-        ``examples`` receives the first greedy {prompt, completion, score}. Before training (step 0), every row
-        scoring 0 is warned about."""
-        examples = [] if examples is None else examples
-        rows = self.eval_rows if rows is None else rows
-        model, cfg, eos_ids = self.model, self.cfg, self.sampler.eos_ids
-        was = model.training
-        generating = self.dist.generation_model(model, self.step)
+    def _held_out(self, generating, rows: list[dict], examples: list) -> dict[str, float]:
+        """``generating``'s held-out metrics on ``rows`` (held_out_metrics' evaluation, of the policy or its average)."""
+        cfg, eos_ids = self.cfg, self.sampler.eos_ids
         if self.sampler.episodes is not None:  # multi-turn: greedy episodes scored on their transcripts
             result = self.sampler.episodes.evaluate(
                 self.eval_generator, generating, self.tokenizer, rows, self.accuracy_fn,
@@ -436,6 +431,21 @@ class GRPOTrainer:
                 progress=self.say,  # stderr lines while it runs (the run's log: above the progress bar)
                 stop_strings=self.sampler.stop_strings,  # rollout.stop ends the held-out completions too
             )
+        return result
+
+    def held_out_metrics(self, examples: list[dict] | None = None, rows: list[dict] | None = None) -> dict[str, float]:
+        """Held-out accuracy (greedy pass@1) and mean/pass/maj@k on ``rows`` (default ``eval_rows``), scored by the
+        accuracy reward (grpokit.rollout.evaluate; multi-turn: greedy episodes): what the run logs to eval.jsonl.
+        ``examples`` receives the first greedy {prompt, completion, score}. Before training (step 0), every row
+        scoring 0 is warned about."""
+        examples = [] if examples is None else examples
+        rows = self.eval_rows if rows is None else rows
+        model, cfg = self.model, self.cfg
+        was = model.training
+        result = self._held_out(self.dist.generation_model(model, self.step), rows, examples)
+        average = self.parts.policy.average
+        if average is not None:  # train.ema_decay: the averaged weights, evaluated the same way
+            result.update({f"ema/{k}": v for k, v in self._held_out(average.model, rows, []).items()})
         model.train(was)
         sampled_zero = result.get(f"mean_at_{cfg.eval.num_samples}", 0) == 0
         if self.step == 0 and result.get("greedy_score", 1) == 0 and sampled_zero:  # before any training

@@ -62,6 +62,7 @@ from grpokit.train.mismatch import MismatchCorrection, MismatchGuard
 from grpokit.train.reference import REFERENCE_DIR
 from grpokit.train.teacher import Teacher, check_teacher_engine
 from grpokit.train.update import PolicyUpdate
+from grpokit.train.weight_average import EMA_DIR, WeightAverage
 
 
 def run_reward_functions(cfg: Config, algo, given: list[tuple[str, Any, float]] | None) -> tuple[list, dict[str, str]]:
@@ -184,6 +185,7 @@ class Policy:
     device: torch.device
     ref_model: torch.nn.Module | None  # the frozen reference (None: no KL, or LoRA's base with the adapter off)
     teacher: Teacher | None  # on-policy distillation's teacher
+    average: WeightAverage | None = None  # train.ema_decay: the average of the policy's weights, or None
 
 
 def load_policy(
@@ -202,10 +204,18 @@ def load_policy(
             load_weights_into(ref_model, moved)
     # on-policy distillation (algo.teacher_kl_coef > 0): a frozen teacher scores the student's tokens
     teacher = Teacher.build(cfg, algo, tokenizer, device, precision)
+    average = None
+    if cfg.train.ema_decay:  # the policy's weights averaged (taken back from the checkpoint on resume)
+        if dist.active and dist.strategy == "fsdp":
+            raise ConfigError(
+                f"train.ema_decay={cfg.train.ema_decay:g} under train.distributed=fsdp: the average would be a whole "
+                "copy of the weights on every rank; use train.distributed=ddp, or train.ema_decay=0."
+            )
+        average = WeightAverage.build(model, cfg.train.ema_decay, run.resume_from)
     dist.wrap(model, ref_model, run.resume_from)  # torchrun: FSDP2 / DDP
     if inputs.episodes is not None:
         inputs.episodes.check_tokenizer(tokenizer)  # a template that cannot render tools or turns
-    return Policy(model, tokenizer, precision, device, ref_model, teacher)
+    return Policy(model, tokenizer, precision, device, ref_model, teacher, average)
 
 
 # ----------------------------------------------------------------------------- 3. the parts assembled
@@ -291,6 +301,8 @@ class GRPOParts:
         subfolders = self.critic.folders() if self.critic else {}
         if self.algo.kl.ref_sync_every and self.policy.ref_model is not None:  # the moved reference
             subfolders[REFERENCE_DIR] = self.policy.ref_model
+        if self.policy.average is not None:  # train.ema_decay: the averaged weights
+            subfolders[EMA_DIR] = self.policy.average.model
         return self.run.save(self.step, self.learner, self.policy.tokenizer, self.state(), subfolders)
 
 

@@ -60,6 +60,7 @@ def grpo_run(out: Path) -> Path:
             "algo.dynamic_sampling=true",
             "algo.max_sampling_rounds=20",
             "rollout.mismatch_correction=token_truncate",  # mismatch/* (any engine; vllm's default)
+            "train.ema_decay=0.5",  # ema/* in eval.jsonl
         ],
     )
     rewards = [("has_seven", has_seven, 1.0), ("sevens_logged", sevens_logged, 0.5)]

@@ -17,7 +17,7 @@ from grpokit.config.trl import from_trl
 from grpokit.core.errors import ConfigError
 from grpokit.model.checkpoint import load_weights_into
 from grpokit.run.log import read_metrics
-from grpokit.train.reference import REFERENCE_DIR, mix_into_reference
+from grpokit.train.reference import REFERENCE_DIR, mix_toward
 from grpokit.trainers.grpo import GRPOTrainer
 
 RUN = [
@@ -46,17 +46,17 @@ def test_the_mix_by_hand_and_its_refusals():
             p.fill_(1.0)
         for p in policy.parameters():
             p.fill_(3.0)
-    mix_into_reference(reference, policy, 0.25)
+    mix_toward(reference, policy, 0.25)
     assert all(torch.equal(p, torch.full_like(p, 1.5)) for p in reference.parameters())
-    mix_into_reference(reference, policy, 1.0)
+    mix_toward(reference, policy, 1.0)
     assert all(torch.equal(p, torch.full_like(p, 3.0)) for p in reference.parameters())
     assert all(torch.equal(p, torch.full_like(p, 3.0)) for p in policy.parameters())  # the policy is not touched
     with pytest.raises(ValueError, match="shape"):
-        mix_into_reference(torch.nn.Linear(2, 4), policy, 0.5)
+        mix_toward(torch.nn.Linear(2, 4), policy, 0.5)
     with pytest.raises(ValueError, match="not a copy"):
-        mix_into_reference(torch.nn.Linear(2, 3, bias=False), policy, 0.5)
+        mix_toward(torch.nn.Linear(2, 3, bias=False), policy, 0.5)
     with pytest.raises(ValueError, match="alpha"):
-        mix_into_reference(reference, policy, 0.0)
+        mix_toward(reference, policy, 0.0)
 
 
 def test_a_runs_reference_is_the_mix_of_the_policies_it_passed_and_trls_callback_makes_the_same(tmp_path):

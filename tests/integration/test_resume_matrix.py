@@ -45,6 +45,8 @@ CASES = {
     # the reference moved after every step (algo.ref_sync_every): step 3's KL is to step 2's mix, kept in reference/
     "ref_sync": ["algo.ref_sync_every=1", "algo.ref_sync_alpha=0.5", "optim.offload_reference=true"],
     "ref_sync_async": ["algo.ref_sync_every=1", "rollout.max_staleness=1"],
+    # the average of the weights (train.ema_decay): its ema/ folder, compared below (it changes no update)
+    "ema": ["train.ema_decay=0.5"],
 }  # fmt: skip
 SFT = [
     "train.steps=3", "train.save_every=1", "train.keep_checkpoints=3", "train.tensorboard=false",
@@ -88,7 +90,12 @@ def straight(tmp_path_factory):
             trainer = sft_trainer(out) if case == "sft" else grpo_trainer(out, *CASES[case])
             trainer.train()
             done[case] = out, {name: p.detach().clone() for name, p in trainer.model.named_parameters()}
+            average = getattr(trainer, "parts", None) and trainer.parts.policy.average
+            if average:  # train.ema_decay: the straight run's average, by case
+                run.averages[case] = {n: p.detach().clone() for n, p in average.model.named_parameters()}
         return done[case]
+
+    run.averages = {}
 
     return run
 
@@ -113,6 +120,9 @@ def test_a_run_resumed_after_step_2_has_the_uninterrupted_runs_weights(straight,
     assert got.keys() == weights.keys()
     for name, p in got.items():
         assert torch.equal(p, weights[name]), (case, name)
+    if case == "ema":  # the average is taken back from step 2's ema/ and takes step 3 as the straight run's did
+        for name, p in trainer.parts.policy.average.model.named_parameters():
+            assert torch.equal(p, straight.averages["ema"][name]), name
     if case.startswith("async"):  # the same batches from the same weights: the straight run's versions
         lines = {m["step"]: m for m in read_metrics(tmp_path / "run" / "metrics.jsonl")}
         straight_lines = {m["step"]: m for m in read_metrics(straight(case)[0] / "metrics.jsonl")}
