@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from grpokit.config.checks import check_output_path, check_seed, check_vllm_installed
 from grpokit.config.declare import check_section, not_allowed, setting
+from grpokit.config.rollout import check_stop_strings
 from grpokit.config.schema import ENGINES, DataConfig, ModelConfig, RewardSpec
 from grpokit.core.errors import ConfigError
 
@@ -41,6 +42,12 @@ class SampleSettings:
         "Length limit of a completion; longer ones are truncated (and dropped by keep.drop_truncated).",
         range="[1, inf)",
         example=256,
+    )
+    stop: list[str] = setting(
+        [],
+        "Stop strings (rollout.stop's rule): a completion ends at the token that completes one, kept with its text.",
+        example=["</answer>"],
+        check=check_stop_strings,
     )
     batch_prompts: int = setting(
         16,

@@ -282,6 +282,7 @@ def _sample_all(cfg, model, tokenizer, rows, encoded, runner, out: Path, log, cl
     from grpokit.model.loading import eos_token_ids
     from grpokit.rewards import TrainerState, as_completions
     from grpokit.rollout.engines import SamplingParams, make_generator
+    from grpokit.rollout.engines.stop import StopStrings
     from grpokit.run.state import StopOnSignals
 
     s = cfg.sample
@@ -292,6 +293,7 @@ def _sample_all(cfg, model, tokenizer, rows, encoded, runner, out: Path, log, cl
     thresholds = dict(zip(names, (spec.min for spec in cfg.rewards)))
     candidates: list[dict] = []
     done_prompts, started, sampled_here = 0, time.perf_counter(), 0
+    stop_strings = StopStrings(tuple(s.stop), tokenizer) if s.stop else None  # sample.stop
     with StopOnSignals() as stop:
         for first in range(0, len(rows), s.batch_prompts):
             path = out / "candidates" / f"{first:08d}.jsonl"
@@ -304,7 +306,7 @@ def _sample_all(cfg, model, tokenizer, rows, encoded, runner, out: Path, log, cl
                 raise Stopped(stop.signal_name, done_prompts, len(rows))
             # every sample.* sampling knob by its name (sample.n is the group size)
             params = SamplingParams.from_settings(
-                s, eos_token_ids=eos, pad_token_id=tokenizer.pad_token_id, seed=s.seed + first
+                s, eos_token_ids=eos, pad_token_id=tokenizer.pad_token_id, seed=s.seed + first, stop_strings=stop_strings
             )
             rollout = generator.generate(model, [encoded[i] for i in chunk], params)
             expanded = [rows[i] for i in chunk for _ in range(s.n)]  # (P * n,), prompt-major

@@ -272,3 +272,20 @@ def test_the_sampling_settings_reach_the_engine(setup, tmp_path):
         texts[name] = [json.loads(line)["completion"] for line in lines]
     assert len(texts["plain"]) == 9 and texts["plain"] != texts["penalised"]
     assert main(["sample", *common, "sample.min_p=1.5", "--output-dir", str(tmp_path / "bad")]) == 2
+
+
+def test_sample_stop_ends_each_candidate_at_its_first_stop_string(setup, tmp_path):
+    """sample.stop (rollout.stop's rule): every candidate that holds a digit ends at its first one; without the
+    setting some hold one before their end, so the comparison can fail."""
+    _, _, args = setup
+    common = [*args, "sample.max_new_tokens=12", "keep.max_per_prompt=0"]
+    digits = set("123456789")
+    found = {}
+    for name, extra in (("plain", []), ("stopped", [f"sample.stop={sorted(digits)}"])):
+        out = tmp_path / name
+        assert main(["sample", *common, *extra, "--output-dir", str(out)]) == 0
+        lines = [line for f in sorted((out / "candidates").iterdir()) for line in f.read_text().splitlines()]
+        found[name] = [json.loads(line)["completion"] for line in lines]
+    held = [c for c in found["stopped"] if digits & set(c)]
+    assert held and all(c[-1] in digits and not digits & set(c[:-1]) for c in held), held[:5]
+    assert any(digits & set(c[:-1]) for c in found["plain"])
