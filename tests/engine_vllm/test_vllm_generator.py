@@ -325,3 +325,23 @@ def test_a_push_that_leaves_the_prefix_cache_is_caught_by_the_probe(generator):
         assert generator.stats["probe_gap"] < 1e-3
     finally:
         generator.probe_ids = saved
+
+
+def test_a_stop_string_of_one_token_stops_the_engine_where_the_cut_would(generator):
+    """rollout.stop with a one-token string (here the greedy draw's own third token): vLLM stops at it (stop_token_ids)
+    and the rollout is the greedy draw without the stop, cut there (grpokit.rollout.engines.stop)."""
+    from grpokit.rollout.engines.stop import StopStrings, cut_at_stop
+
+    model, tok = vllm_model(seed=0)
+    plain = sample(generator, model, temperature=0.0, group_size=1, max_new_tokens=12, eos_token_ids=[1])
+    row = plain.completion_ids[0][plain.completion_mask[0].bool()].tolist()
+    assert len(row) >= 4
+    stop = StopStrings((tok.decode([row[2]]),), tok)
+    assert stop.token_ids == (row[2],)  # one token: the engine is asked to stop at it
+    stopped = sample(generator, model, temperature=0.0, group_size=1, max_new_tokens=12, eos_token_ids=[1],
+                     stop_strings=stop)  # fmt: skip
+    want = cut_at_stop(plain, stop, pad_token_id=0)
+    assert torch.equal(stopped.completion_mask, want.completion_mask)
+    assert torch.equal(stopped.completion_ids, want.completion_ids)
+    assert torch.equal(stopped.truncated, want.truncated)
+    assert int(stopped.completion_mask[0].sum()) <= 3

@@ -12,7 +12,8 @@ row is not truncated. So the text keeps the stop string, as transformers' ``stop
 What the model drew up to that token does not depend on what it drew after, so cutting afterwards gives exactly the
 completion an engine that stopped there would have given. The fast engine also stops drawing for a row whose last
 tokens' text holds a stop string (``hit``: the ``window`` last tokens, enough for any stop string's characters);
-the hf and vllm engines draw on to an EOS or max_new_tokens and are cut here (the compute after the stop is spent).
+the vllm engine stops at a stop string that is one token (``token_ids``: vLLM reads no text, it runs without a
+tokenizer); otherwise the hf and vllm engines draw on to an EOS or max_new_tokens and are cut here.
 
 Written here rather than taken from transformers' StopStringCriteria: that one works on token ids inside generate()
 (the hf engine only) and does not say at which token of a finished row the string ended, which the cut needs.
@@ -46,6 +47,17 @@ class StopStrings:
         """Tokens at the end of a completion whose text holds any stop string that ends in the last of them: 4 per
         character (a byte-level tokenizer may spend a token per byte of a 4-byte character), and a few more."""
         return 4 * max(len(s) for s in self.strings) + 4
+
+    @property
+    def token_ids(self) -> tuple[int, ...]:
+        """The ids of the stop strings that are one token each (``</answer>`` as an added token, a single character):
+        an engine can stop at those ids itself (the vllm engine's stop_token_ids); the others are found in the text."""
+        ids = []
+        for s in self.strings:
+            encoded = self.tokenizer.encode(s, add_special_tokens=False)
+            if len(encoded) == 1 and self.tokenizer.decode(encoded, skip_special_tokens=False) == s:
+                ids.append(int(encoded[0]))
+        return tuple(ids)
 
     def holds(self, text: str) -> bool:
         return any(s in text for s in self.strings)

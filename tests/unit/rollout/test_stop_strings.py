@@ -172,3 +172,17 @@ def test_a_training_run_and_its_evaluation_end_completions_at_the_stop(tmp_path,
     stopped = [c for c in seen if DIGITS & set(c)]
     assert len(stopped) > 10 and all(c[-1] in DIGITS and not DIGITS & set(c[:-1]) for c in stopped), stopped[:5]
     assert len(seen) >= 2 * 16 + 2 * 4 * 3  # two steps of 16; before and after, 4 prompts (greedy + 2 samples)
+
+
+def test_the_vllm_engine_is_asked_to_stop_at_stop_strings_of_one_token():
+    """vLLM runs without a tokenizer: a stop string that is one token ('</answer>', an added token; '7', a character)
+    joins the EOS ids in its stop_token_ids; one of two tokens ('=3') is cut after the draw instead."""
+    from grpokit.rollout.engines.vllm.generator import request_params
+
+    stop = StopStrings(("</answer>", "=3", "7"), TOK)
+    answer = TOK.convert_tokens_to_ids("</answer>")
+    assert stop.token_ids == (answer, ids_of("7")[0])
+    params = SamplingParams(group_size=2, max_new_tokens=8, temperature=1.0, eos_token_ids=[1], pad_token_id=0)
+    assert request_params(params, seed=0)["stop_token_ids"] == [1]
+    with_stop = SamplingParams.of(params, stop_strings=stop)
+    assert request_params(with_stop, seed=0)["stop_token_ids"] == [1, answer, ids_of("7")[0]]

@@ -87,6 +87,11 @@ PROBE_TOKENS = 512
 scored token by token, the whole of it serves the prefix-cache check (which needs more than one KV block)."""
 
 
+def stop_ids(params: SamplingParams) -> tuple[int, ...]:
+    """The ids of ``params``' stop strings that are one token each (rollout.stop; grpokit.rollout.engines.stop)."""
+    return () if params.stop_strings is None else params.stop_strings.token_ids
+
+
 def request_params(params: SamplingParams, seed: int) -> dict[str, Any]:
     """The arguments of vLLM's own SamplingParams for one completion of ``params`` (n = 1, its own ``seed``)."""
     return dict(
@@ -96,7 +101,8 @@ def request_params(params: SamplingParams, seed: int) -> dict[str, Any]:
         min_p=params.min_p,  # 0 = off
         repetition_penalty=params.repetition_penalty,  # over the prompt and the completion so far, as ours
         max_tokens=params.max_new_tokens,
-        stop_token_ids=None if params.ignore_eos else list(params.eos_token_ids),
+        # EOS, and the stop strings that are one token each (the others are cut after: Engine.generate)
+        stop_token_ids=None if params.ignore_eos else [*params.eos_token_ids, *stop_ids(params)],
         ignore_eos=params.ignore_eos,
         seed=seed,
     )
