@@ -219,9 +219,9 @@ def policy_loss(
         rows = per_row > 0  # (B,) sequences with a token in the loss
         seq_low = low.to(m.dtype).sum(-1) / per_row.clamp(min=1)  # (B,)
         seq_high = high.to(m.dtype).sum(-1) / per_row.clamp(min=1)  # (B,)
-        nan = torch.full_like(zero, float("nan"))
-        metrics["clip_frac_low/seq_min"] = torch.where(rows, seq_low, torch.inf).amin() if rows.any() else nan
-        metrics["clip_frac_high/seq_max"] = torch.where(rows, seq_high, -torch.inf).amax() if rows.any() else nan
+        nan, any_row = torch.full_like(zero, float("nan")), rows.any()  # no row: NaN (no host sync)
+        metrics["clip_frac_low/seq_min"] = torch.where(any_row, torch.where(rows, seq_low, torch.inf).amin(), nan)
+        metrics["clip_frac_high/seq_max"] = torch.where(any_row, torch.where(rows, seq_high, -torch.inf).amax(), nan)
         if t.kl is not None:
             metrics["kl_mean"] = torch.where(mask, t.kl, zero).sum() / denom
         if o.dual_clip is not None:

@@ -133,11 +133,12 @@ def from_trl_sft(args: Any) -> tuple[dict[str, Any], list[str]]:
             f"TRL truncation_mode={v['truncation_mode']!r}: grpokit cuts a long example on the right (keep_start) "
             "or refuses it (data.truncate=false); use keep_start"
         )
+    out["data"]["text_column"] = str(v["dataset_text_field"])
     if v["max_length"] is None:  # no limit: nothing is cut; the model's positions bound an example (named)
-        out["data"].update(max_length=None, truncate=False, text_column=str(v["dataset_text_field"]))
+        out["data"].update(max_length=None, truncate=False)
         notes.append("max_length=None: data.max_length=null, nothing cut; an example past the model's positions is refused")
     else:
-        out["data"].update(max_length=int(v["max_length"]), truncate=True, text_column=str(v["dataset_text_field"]))
+        out["data"].update(max_length=int(v["max_length"]), truncate=True)
         notes.append(
             f"data.max_length={v['max_length']} with data.truncate=true: longer examples are cut on the right"
         )

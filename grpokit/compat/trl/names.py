@@ -72,8 +72,7 @@ def with_trl_names(metrics: dict[str, float]) -> dict[str, float]:
         calls = metrics["tools/calls"]
         extra["tools/failure_frequency"] = metrics.get("tools/errors", 0.0) / calls if calls else 0.0
     if "loss" in metrics:  # TRL's policy_loss leaves the entropy bonus out (-coef x H): add it back
-        bonus = metrics.get("entropy_coef", 0.0) * metrics.get("entropy/bonus", 0.0) if "entropy_coef" in metrics else 0.0
-        extra["policy_loss"] = metrics["loss"] + bonus
+        extra["policy_loss"] = metrics["loss"] + metrics.get("entropy_coef", 0.0) * metrics.get("entropy/bonus", 0.0)
     metrics.update(extra)
     return metrics
 

@@ -22,6 +22,7 @@ Written here rather than taken from transformers' StopStringCriteria: that one w
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -48,10 +49,11 @@ class StopStrings:
         character (a byte-level tokenizer may spend a token per byte of a 4-byte character), and a few more."""
         return 4 * max(len(s) for s in self.strings) + 4
 
-    @property
+    @functools.cached_property
     def token_ids(self) -> tuple[int, ...]:
         """The ids of the stop strings that are one token each (``</answer>`` as an added token, a single character):
-        an engine can stop at those ids itself (the vllm engine's stop_token_ids); the others are found in the text."""
+        an engine can stop at those ids itself (the vllm engine's stop_token_ids, asked for every request); the others
+        are found in the text. Encoded once."""
         ids = []
         for s in self.strings:
             encoded = self.tokenizer.encode(s, add_special_tokens=False)
