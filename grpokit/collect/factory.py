@@ -79,7 +79,7 @@ def make_source(
     # (on a GPU, in the same memory)
     holds_weights = engine_class(cfg.rollout.engine).holds_weights
     eval_generator = (
-        FastGenerator(kv_cache=cfg.rollout.kv_cache, cuda_graphs=cfg.rollout.cuda_graphs) if holds_weights else None
+        FastGenerator.from_settings(cfg.rollout) if holds_weights else None
     )
     # the reference's log-probs made in the process with each batch (a CPU run; not fsdp), else by the update
     reference = sampler_reference(cfg, algo, dist, device, ref_model, precision, asynchronous=True)

@@ -250,7 +250,7 @@ def check_settings_in_use(cfg: Any) -> None:
                 bool(r.tools or r.environment),
                 "rollout.tools or rollout.environment",
             ),
-            (r, "rollout", ["kv_cache", "cuda_graphs"], r.engine == "fast", "rollout.engine=fast"),
+            (r, "rollout", ["kv_cache", "cuda_graphs", "compile"], r.engine == "fast", "rollout.engine=fast"),
         ]
         if hasattr(r, "vllm"):
             vllm = [f.name for f in dataclasses.fields(r.vllm)]

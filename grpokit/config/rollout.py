@@ -241,6 +241,12 @@ class RolloutConfig:
     cuda_graphs: bool = setting(
         True, "fast engine with the static cache on CUDA: record each decode step once, then replay it."
     )
+    compile: bool = setting(
+        False,
+        """fast engine with the static cache: the decode step's elementwise work (RMSNorms with their residual adds,
+        RoPE, the SwiGLU gate) through torch.compile, one fused kernel each instead of ~30 per layer
+        (grpokit.model.fused_layers); the first rollout compiles (seconds to a minute).""",
+    )
     ignore_eos: bool = setting(
         False,
         "Training rollouts: an EOS sampled ends nothing; every completion runs to max_new_tokens (benchmarks).",

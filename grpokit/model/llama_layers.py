@@ -63,9 +63,12 @@ def head_shape(decoder: torch.nn.Module) -> tuple[int, int, int]:
     return heads, kv_heads, getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
 
 
-def project_qkv(attn, x: Tensor, cos: Tensor, sin: Tensor, shape: tuple[int, int, int]) -> tuple[Tensor, ...]:
+def project_qkv(
+    attn, x: Tensor, cos: Tensor, sin: Tensor, shape: tuple[int, int, int], rope=None
+) -> tuple[Tensor, ...]:
     """q (B, heads, T, d), k and v (B, kv_heads, T, d) of ``x`` (B, T, H) under attention module ``attn``: the
-    projections, Qwen3's per-head q/k norms, RoPE on q and k (cos/sin (B, T, d))."""
+    projections, Qwen3's per-head q/k norms, RoPE on q and k (cos/sin (B, T, d)); ``rope(q, k, cos, sin)`` in
+    place of :func:`rotate` on each (grpokit.model.fused_layers.rope_qk, fused)."""
     h, kvh, d = shape
     B, T, _ = x.shape
     q = attn.q_proj(x).view(B, T, h, d)
@@ -73,4 +76,7 @@ def project_qkv(attn, x: Tensor, cos: Tensor, sin: Tensor, shape: tuple[int, int
     v = attn.v_proj(x).view(B, T, kvh, d).transpose(1, 2)  # (B, kvh, T, d)
     if hasattr(attn, "q_norm"):  # Qwen3: RMSNorm over each head before RoPE
         q, k = attn.q_norm(q), attn.k_norm(k)
-    return rotate(q.transpose(1, 2), cos, sin), rotate(k.transpose(1, 2), cos, sin), v
+    q, k = q.transpose(1, 2), k.transpose(1, 2)  # (B, h, T, d), (B, kvh, T, d)
+    if rope is not None:
+        return (*rope(q, k, cos, sin), v)
+    return rotate(q, cos, sin), rotate(k, cos, sin), v

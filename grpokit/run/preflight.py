@@ -48,6 +48,7 @@ FREE_TO_CHANGE = {
     "rollout.engine",
     "rollout.kv_cache",
     "rollout.cuda_graphs",
+    "rollout.compile",
     "rollout.sampler_timeout_s",
     "rollout.vllm.server_timeout_s",
     "rollout.vllm.sync_timeout_s",

@@ -34,6 +34,7 @@ import torch
 from torch import Tensor
 
 from grpokit.config.schema import KV_CACHES
+from grpokit.model.fused_layers import LayerOps
 from grpokit.model.llama_layers import head_shape, llama_family_support, project_qkv
 from grpokit.model.logprobs import base_model
 
@@ -132,6 +133,9 @@ class StaticCacheEngine:
         masked decode inside graphs are not what we test; graphs and eager steps use the same kernels.
     bucketed: run each step on the next bucket size (Nmax, Nmax/2, ...) at or above the live batch, as the
         CUDA graphs always do; settable on CPU so tests run the same layout.
+    fused: run the layers' elementwise work (norms with their residual adds, RoPE, the SwiGLU gate) as the few
+        functions of grpokit.model.fused_layers; ``compiled``: through torch.compile, one kernel each (rollout.compile),
+        else eagerly (the same numbers, the tests' path). Off: the modules as they are.
     Buffers and graphs are kept between calls (a smaller batch or shorter length reuses them; lengths
     are rounded up to a multiple of 64) and rebuilt when either grows, the weights move or PEFT's
     adapter switches change; ``release()`` frees them. The logits ``step`` returns are valid until the
@@ -142,7 +146,14 @@ class StaticCacheEngine:
     LENGTH_QUANTUM = 64
     MIN_BUCKET = 8
 
-    def __init__(self, model: torch.nn.Module, cuda_graphs: bool = True, bucketed: bool | None = None):
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        cuda_graphs: bool = True,
+        bucketed: bool | None = None,
+        fused: bool = False,
+        compiled: bool = False,
+    ):
         reason = static_cache_support(model)
         if reason is not None:
             raise ValueError(f"the static KV cache cannot run this model: {reason}; use kv_cache='dynamic'")
@@ -157,6 +168,8 @@ class StaticCacheEngine:
         self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, Tensor]] = {}
         self._state: tuple = ()  # weight addresses and adapter switches the buffers/graphs were made for
         self.graphs_recorded = 0  # over the engine's life
+        hidden_act = getattr(self.inner.config, "hidden_act", None)
+        self.ops = LayerOps(compiled, hidden_act) if fused or compiled else None
 
     # -- buffers -------------------------------------------------------------------------------------
     def _allocate(self, N: int, L: int, dtype: torch.dtype, device: torch.device) -> None:
@@ -194,7 +207,8 @@ class StaticCacheEngine:
         first ``width`` slots (eager steps: the written ones; None: all, the fixed shapes a CUDA graph needs)."""
         B, T, _ = x.shape
         d, h, kvh = self.head_dim, self.heads, self.kv_heads
-        q, k, v = project_qkv(attn, x, cos, sin, (h, kvh, d))  # (B, h, T, d), (B, kvh, T, d) x 2
+        rope = self.ops.rope if self.ops is not None else None
+        q, k, v = project_qkv(attn, x, cos, sin, (h, kvh, d), rope)  # (B, h, T, d), (B, kvh, T, d) x 2
         scale = getattr(attn, "scaling", d**-0.5)
         if repeat:
             rows = B * repeat
@@ -221,6 +235,10 @@ class StaticCacheEngine:
     ) -> Tensor:
         """hidden (B, T, H) -> final-normed hidden (B, T, H) through every decoder layer."""
         cos, sin = self.inner.rotary_emb(hidden, position_ids)  # (B, T, d) each
+        if self.ops is not None:
+            return self.ops.layers(
+                self.inner, hidden, lambda i, attn, x: self._attention(attn, x, cos, sin, i, mask, repeat, width)
+            )
         for i, layer in enumerate(self.inner.layers):
             hidden = hidden + self._attention(
                 layer.self_attn, layer.input_layernorm(hidden), cos, sin, i, mask, repeat, width
@@ -346,10 +364,17 @@ def check_kv_cache(kv_cache: str) -> None:
         raise ValueError(f"unknown kv_cache {kv_cache!r}; choose one of {KV_CACHES}")
 
 
-def make_engine(model: torch.nn.Module, kv_cache: str = "auto", cuda_graphs: bool = True, bucketed=None):
-    """The decode engine for ``model``: ``static`` (:class:`StaticCacheEngine`), ``dynamic``
-    (:class:`DynamicCacheEngine`) or ``auto`` (static when :func:`static_cache_support` allows)."""
+def make_engine(
+    model: torch.nn.Module,
+    kv_cache: str = "auto",
+    cuda_graphs: bool = True,
+    bucketed=None,
+    fused: bool = False,
+    compiled: bool = False,
+):
+    """The decode engine for ``model``: ``static`` (:class:`StaticCacheEngine`, its ``fused``/``compiled`` layers),
+    ``dynamic`` (:class:`DynamicCacheEngine`) or ``auto`` (static when :func:`static_cache_support` allows)."""
     check_kv_cache(kv_cache)
     if kv_cache == "dynamic" or (kv_cache == "auto" and static_cache_support(model) is not None):
         return DynamicCacheEngine(model)
-    return StaticCacheEngine(model, cuda_graphs=cuda_graphs, bucketed=bucketed)
+    return StaticCacheEngine(model, cuda_graphs=cuda_graphs, bucketed=bucketed, fused=fused, compiled=compiled)

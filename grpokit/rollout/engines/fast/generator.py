@@ -123,6 +123,8 @@ class FastGenerator(Engine):
     kv_cache: ``auto`` (the static KV cache with CUDA graphs where the model supports it, else the
         model's dynamic cache), ``static`` (error if unsupported) or ``dynamic``.
     cuda_graphs: record and replay the static engine's decode steps on CUDA.
+    compile: the static engine's elementwise work (norms, residual adds, RoPE, SwiGLU) through torch.compile,
+        a fused kernel each (grpokit.model.fused_layers; rollout.compile).
     compact: drop finished rows from the batch (and the KV cache) whenever at least half of the
         current batch has finished. Each drop copies the cache once; as the batch at least halves
         each time, the total copying is at most about one extra cache.
@@ -138,7 +140,12 @@ class FastGenerator(Engine):
     name = "fast"
 
     def __init__(
-        self, compact: bool = True, kv_cache: str = "auto", cuda_graphs: bool = True, check_every: int = 0
+        self,
+        compact: bool = True,
+        kv_cache: str = "auto",
+        cuda_graphs: bool = True,
+        check_every: int = 0,
+        compile: bool = False,
     ):
         check_kv_cache(kv_cache)
         if check_every < 0:
@@ -147,18 +154,19 @@ class FastGenerator(Engine):
         self.check_every = check_every
         self.kv_cache = kv_cache
         self.cuda_graphs = cuda_graphs
+        self.compile = bool(compile)
         self.engine = None
         self.stats: dict = {}  # of the last call: engine, decode_steps, compactions
 
     @classmethod
     def from_settings(cls, rollout, *, max_model_len: int = 0, seed: int = 0, say=None) -> FastGenerator:
-        """rollout.kv_cache and rollout.cuda_graphs."""
-        return cls(kv_cache=rollout.kv_cache, cuda_graphs=rollout.cuda_graphs)
+        """rollout.kv_cache, rollout.cuda_graphs and rollout.compile."""
+        return cls(kv_cache=rollout.kv_cache, cuda_graphs=rollout.cuda_graphs, compile=rollout.compile)
 
     def engine_for(self, model: torch.nn.Module):
         """The decode engine for ``model``, built on first use and kept while the model stays the same."""
         if self.engine is None or self.engine.model is not model:
-            self.engine = make_engine(model, self.kv_cache, cuda_graphs=self.cuda_graphs)
+            self.engine = make_engine(model, self.kv_cache, cuda_graphs=self.cuda_graphs, compiled=self.compile)
         return self.engine
 
     def release(self) -> bool:

@@ -1,0 +1,120 @@
+"""The Llama-family layer's elementwise work in few kernels (``rollout.compile``): what the static-cache decode
+engine (grpokit.rollout.engines.fast.decode) runs between its matrix products when asked to.
+
+A decode step of a small model is a thousand small kernels: transformers' RMSNorm alone is seven (the cast to
+float32, the square, the mean, the add, the rsqrt, the product, the weight), and each costs a few microseconds on
+the device whatever its size, inside a CUDA graph too. Here each chain is one function:
+
+    h' = h + delta;  x = w * cast(h' * rsqrt(mean(h'^2) + eps))     add_rms_norm (the residual add and the next norm)
+    x  = w * cast(h * rsqrt(mean(h^2) + eps))                         rms_norm (transformers' formula, float32 inside)
+    silu(gate) * up                                                   swiglu (the MLP between its projections)
+    q * cos + rotate_half(q) * sin, the same for k                    rope_qk
+
+:class:`LayerOps` runs them through ``torch.compile`` (Inductor writes one fused kernel per function, with
+``emulate_precision_casts`` so the bfloat16 roundings happen where transformers' eager code rounds), or eagerly:
+the same functions, the CPU tests' reference. Used only on the modules whose classes are known to compute exactly
+these formulas (``RMSNORM_CLASSES``, ``MLP_CLASSES`` with a SiLU); any other module is called as it is. Written
+here rather than taken from liger-kernel: its kernels are Triton (GPU only), so they could not run in the CPU tests
+that check the path against the one it replaces, and they would patch the model's classes for every caller.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from grpokit.model.llama_layers import rotate
+
+RMSNORM_CLASSES = frozenset({"LlamaRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm", "MistralRMSNorm"})
+MLP_CLASSES = frozenset({"LlamaMLP", "Qwen2MLP", "Qwen3MLP", "MistralMLP"})
+SILU_ACTIVATIONS = frozenset({"silu", "swish"})
+
+
+def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    """transformers' Llama RMSNorm: ``weight * (x * rsqrt(mean(x^2) + eps))`` in float32, cast back before the
+    weight. x: (..., H), weight: (H,)."""
+    dtype = x.dtype
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * xf.to(dtype)
+
+
+def add_rms_norm(h: Tensor, delta: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Tensor]:
+    """The residual add and the next RMSNorm: ``(h + delta, rms_norm(h + delta))``. h, delta: (..., H)."""
+    h = h + delta
+    return h, rms_norm(h, weight, eps)
+
+
+def swiglu(gate: Tensor, up: Tensor) -> Tensor:
+    """The Llama MLP's gate: ``silu(gate) * up``, (..., I) each."""
+    return F.silu(gate) * up
+
+
+def rope_qk(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
+    """RoPE on q (B, heads, T, d) and k (B, kv_heads, T, d); cos/sin (B, T, d) (grpokit.model.llama_layers.rotate)."""
+    return rotate(q, cos, sin), rotate(k, cos, sin)
+
+
+def _inductor_options() -> dict:
+    """Inductor's emulate_precision_casts where this torch has it: a bfloat16 result is rounded before a fused
+    consumer reads it, as eager code rounds it."""
+    from torch._inductor import config
+
+    return {"emulate_precision_casts": True} if hasattr(config, "emulate_precision_casts") else {}
+
+
+def _known_norm(module: torch.nn.Module) -> bool:
+    return type(module).__name__ in RMSNORM_CLASSES and hasattr(module, "weight") and hasattr(module, "variance_epsilon")
+
+
+def _known_mlp(module: torch.nn.Module, hidden_act: str | None) -> bool:
+    return (
+        type(module).__name__ in MLP_CLASSES
+        and hidden_act in SILU_ACTIVATIONS
+        and all(hasattr(module, name) for name in ("gate_proj", "up_proj", "down_proj"))
+    )
+
+
+class LayerOps:
+    """The fused functions, compiled (``compiled=True``: ``torch.compile``, dynamic shapes, one graph each) or
+    eager, and how a layer's modules use them. ``hidden_act``: the model config's (the MLP is fused only for SiLU).
+    """
+
+    def __init__(self, compiled: bool, hidden_act: str | None = "silu"):
+        self.compiled = bool(compiled)
+        self.hidden_act = hidden_act
+        wrap = (lambda f: torch.compile(f, dynamic=True, fullgraph=True, options=_inductor_options())) if compiled else (
+            lambda f: f
+        )
+        self._norm, self._add_norm, self._swiglu, self.rope = wrap(rms_norm), wrap(add_rms_norm), wrap(swiglu), wrap(rope_qk)
+
+    def norm(self, module: torch.nn.Module, x: Tensor) -> Tensor:
+        """``module(x)`` for an RMSNorm ``module``, fused where its class is known."""
+        return self._norm(x, module.weight, module.variance_epsilon) if _known_norm(module) else module(x)
+
+    def add_norm(self, module: torch.nn.Module, h: Tensor, delta: Tensor) -> tuple[Tensor, Tensor]:
+        """``(h + delta, module(h + delta))``, in one kernel where ``module``'s class is known."""
+        if _known_norm(module):
+            return self._add_norm(h, delta, module.weight, module.variance_epsilon)
+        h = h + delta
+        return h, module(h)
+
+    def mlp(self, module: torch.nn.Module, x: Tensor) -> Tensor:
+        """``module(x)`` for a Llama-family MLP: its three projections (LoRA wrappers included) around one fused
+        gate, where its class is known."""
+        if not _known_mlp(module, self.hidden_act):
+            return module(x)
+        return module.down_proj(self._swiglu(module.gate_proj(x), module.up_proj(x)))
+
+    def layers(self, decoder: torch.nn.Module, hidden: Tensor, attention) -> Tensor:
+        """hidden (B, T, H) through every layer of ``decoder`` and its final norm (pre-norm residual blocks, as
+        grpokit.model.llama_layers), each residual add fused into the norm after it. ``attention(layer_index,
+        self_attn, x)`` returns the attention block's output (B, T, H) for normed input x."""
+        layers = decoder.layers
+        x = self.norm(layers[0].input_layernorm, hidden) if len(layers) else None
+        for i, layer in enumerate(layers):
+            hidden, x = self.add_norm(layer.post_attention_layernorm, hidden, attention(i, layer.self_attn, x))
+            after = layers[i + 1].input_layernorm if i + 1 < len(layers) else decoder.norm
+            hidden, x = self.add_norm(after, hidden, self.mlp(layer.mlp, x))
+        return x if x is not None else self.norm(decoder.norm, hidden)
