@@ -15,6 +15,11 @@
 #     fit16-offload  issue 40: the full bf16_kahan 1.5B fine-tune in 16 GiB with AdamW's states offloaded to
 #                the CPU and packed micro-batches (beta 0), then with the reference too (beta 0.04, offloaded)
 #     extras     0.5b standard without gradient checkpointing; with the dynamic KV cache
+#     fusedtests the fused decode layers' tests (rollout.compile), their CUDA-graph test included
+#     tune       issue 49: the standard shape under rollout.compile, optim.shared_prefix off, no gradient checkpointing;
+#                scripts/pick_settings.py keeps each phase's fastest -> $OUT/chosen.txt
+#     standard-chosen, long-chosen   0.5b standard / long beside TRL under the settings `tune` chose
+#     no-ckpt    0.5b standard, grpokit alone, without gradient checkpointing (what the update gains where it fits)
 #     xlong      0.5b, completion 4096, beside TRL (the memory shape)
 #     bounds     issue 49: 0.5b standard and long, grpokit alone: each phase's time against its bound on this card
 #                (the bench's "bounds": decode bytes / bandwidth, reference and update FLOP / peak, datasheet rates)
@@ -80,6 +85,10 @@ for part in "$@"; do
       timeout -k 10 200 python3 -m pytest -q -p no:cacheprovider tests/integration/test_grpo_trainer.py tests/unit/rollout/test_generation.py \
         tests/integration/test_multiturn_training.py tests/unit/model/test_precision.py tests/unit/train/test_critic.py 2>&1 | tail -40 | tee -a "$LOG"
       ;;
+    fusedtests)
+      echo "=== fusedtests ($(date -u +%T))" | tee -a "$LOG"
+      timeout -k 10 90 python3 -m pytest -q -p no:cacheprovider tests/unit/rollout/test_fused_decode.py 2>&1 | tail -15 | tee -a "$LOG"
+      ;;
     gputests)
       echo "=== gputests ($(date -u +%T))" | tee -a "$LOG"
       timeout -k 10 150 python3 -m pytest -q -m gpu tests -p no:cacheprovider 2>&1 | tail -30 | tee -a "$LOG"
@@ -120,6 +129,7 @@ for part in "$@"; do
       bench 1.5b-full-pure-beta0-cap16 130 --shape standard --model-size 1.5b --steps 3 --memory-cap-gib 16 \
         --beta 0 --precision bf16_pure --set optim.micro_batch_size=auto
       ;;
+    no-ckpt) bench standard-no-checkpointing 100 --shape standard --model-size 0.5b --steps 3 --no-gradient-checkpointing ;;
     extras)
       bench standard-no-checkpointing 100 --shape standard --model-size 0.5b --steps 3 --no-gradient-checkpointing
       bench standard-dynamic 100 --shape standard --model-size 0.5b --steps 3 --kv-cache dynamic
@@ -140,6 +150,25 @@ for part in "$@"; do
       bench standard-padded-prompts 150 --shape standard --model-size 0.5b --steps 3 \
         --set optim.shared_prefix=false --set optim.skip_flat_rows=false
       bench standard-shared-prompts 150 --shape standard --model-size 0.5b --steps 3
+      ;;
+    tune)
+      # issue 49: settings of the standard shape, grpokit alone, each phase's fastest kept for `chosen`. rollout.compile
+      # changes the generation only; optim.shared_prefix and gradient checkpointing the reference pass and the update.
+      bench tune-default 110 --shape standard --model-size 0.5b --steps 3
+      bench tune-compile-padded 90 --shape standard --model-size 0.5b --steps 3 --set rollout.compile=true \
+        --set optim.shared_prefix=false
+      bench tune-nockpt-padded 70 --shape standard --model-size 0.5b --steps 3 --no-gradient-checkpointing \
+        --set optim.shared_prefix=false
+      python3 scripts/pick_settings.py "$OUT/results.jsonl" > "$OUT/chosen.txt"; cat "$OUT/chosen.txt" | tee -a "$LOG"
+      ;;
+    standard-chosen | long-chosen)
+      # the settings `tune` chose (one bench argument a line), beside TRL
+      mapfile -t chosen < <([ -f "$OUT/chosen.txt" ] && cat "$OUT/chosen.txt")
+      if [ "$part" = standard-chosen ]; then
+        bench standard-chosen 170 --shape standard --model-size 0.5b --steps 4 --compare trl "${chosen[@]}"
+      else
+        bench long-chosen 200 --shape long --model-size 0.5b --steps 2 --compare trl "${chosen[@]}"
+      fi
       ;;
     xlong) bench xlong 500 --shape xlong --model-size 0.5b --steps 2 --compare trl ;;
     *) echo "unknown part $part" | tee -a "$LOG" ;;
