@@ -16,9 +16,12 @@
 #                the CPU and packed micro-batches (beta 0), then with the reference too (beta 0.04, offloaded)
 #     extras     0.5b standard without gradient checkpointing; with the dynamic KV cache
 #     fusedtests the fused decode layers' tests (rollout.compile), their CUDA-graph test included
-#     tune       issue 49: the standard shape under rollout.compile, optim.shared_prefix off, no gradient checkpointing;
-#                scripts/pick_settings.py keeps each phase's fastest -> $OUT/chosen.txt
+#     tune       issue 49: the standard shape by default and under rollout.compile with optim.shared_prefix off;
+#                scripts/pick_settings.py keeps each phase's faster -> $OUT/chosen.txt
 #     standard-chosen, long-chosen   0.5b standard / long beside TRL under the settings `tune` chose
+#     long-chosen-ours   the long shape, grpokit alone, under them
+#     profile-update  scripts/profile_step.py over the reference pass and the update (generation not recorded)
+#     profile-decode  the same over a decode of 24 tokens a completion (the other phases not recorded)
 #     no-ckpt    0.5b standard, grpokit alone, without gradient checkpointing (what the update gains where it fits)
 #     xlong      0.5b, completion 4096, beside TRL (the memory shape)
 #     bounds     issue 49: 0.5b standard and long, grpokit alone: each phase's time against its bound on this card
@@ -32,7 +35,7 @@
 # Issue 49 item 1 in two device calls of under 10 minutes: `bounds profile` (at most 200 + 200 + 150 s), then
 # `profile-long` (240 s); the first call builds the random 0.5b model (kept in $GRPOKIT_CACHE for the second).
 #
-# Each part has its own time limit (a hang costs that part, not the call); each bench appends its JSON
+# Each part has its own time limit, cut to what is left before $DEADLINE (epoch seconds) where that is set (a hang costs that part, not the call); each bench appends its JSON
 # result, labelled, to $OUT/results.jsonl and its table to $OUT/log.txt (the device tool brings back at
 # most 8 files). $OUT is the device tool's output folder; runs/gpu when unset.
 set -uo pipefail
@@ -62,9 +65,21 @@ LOG="$OUT/log.txt"
   python3 -c "import torch, transformers, trl; print('torch', torch.__version__, 'transformers', transformers.__version__, 'trl', trl.__version__)"
 } 2>&1 | tee -a "$LOG"
 
+# within_deadline LABEL LIMIT_S: the limit cut to the seconds left before $DEADLINE (epoch seconds, when set: a device
+# session's budget), or a note and status 1 when fewer than 30 are left (the part is skipped)
+within_deadline() {
+  local limit=$2 left
+  [ -n "${DEADLINE:-}" ] || { echo "$limit"; return 0; }
+  left=$((DEADLINE - $(date +%s)))
+  if [ "$left" -lt 30 ]; then echo "=== $1: skipped, ${left}s left before the deadline" | tee -a "$LOG" >&2; return 1; fi
+  [ "$left" -lt "$limit" ] && limit=$left
+  echo "$limit"
+}
+
 # bench LABEL LIMIT_S ARGS...: one grpokit bench in its own process, limited, result appended to results.jsonl
 bench() {
   local label=$1 limit=$2; shift 2
+  limit=$(within_deadline "$label" "$limit") || return 0
   echo "=== $label: grpokit bench $* (limit ${limit}s, $(date -u +%T))" | tee -a "$LOG"
   rm -f /tmp/bench.json
   timeout -k 10 "$limit" python3 -m grpokit bench "$@" --json /tmp/bench.json 2>&1 | grep -v '^RESULT' | tee -a "$LOG"
@@ -86,8 +101,9 @@ for part in "$@"; do
         tests/integration/test_multiturn_training.py tests/unit/model/test_precision.py tests/unit/train/test_critic.py 2>&1 | tail -40 | tee -a "$LOG"
       ;;
     fusedtests)
+      limit=$(within_deadline fusedtests 75) || continue
       echo "=== fusedtests ($(date -u +%T))" | tee -a "$LOG"
-      timeout -k 10 75 python3 -m pytest -q -p no:cacheprovider -m gpu tests/unit/rollout/test_fused_decode.py 2>&1 | tail -15 | tee -a "$LOG"
+      timeout -k 10 "$limit" python3 -m pytest -q -p no:cacheprovider -m gpu tests/unit/rollout/test_fused_decode.py 2>&1 | tail -15 | tee -a "$LOG"
       ;;
     gputests)
       echo "=== gputests ($(date -u +%T))" | tee -a "$LOG"
@@ -152,23 +168,34 @@ for part in "$@"; do
       bench standard-shared-prompts 150 --shape standard --model-size 0.5b --steps 3
       ;;
     tune)
-      # issue 49: settings of the standard shape, grpokit alone, each phase's fastest kept for `chosen`. rollout.compile
-      # changes the generation only; optim.shared_prefix and gradient checkpointing the reference pass and the update.
+      # issue 49: the standard shape, grpokit alone, by default and under rollout.compile with the padded forward
+      # (optim.shared_prefix off); scripts/pick_settings.py keeps each phase's faster -> $OUT/chosen.txt.
+      # rollout.compile changes the generation only, optim.shared_prefix the reference pass and the update.
       bench tune-default 110 --shape standard --model-size 0.5b --steps 3
       bench tune-compile-padded 90 --shape standard --model-size 0.5b --steps 3 --set rollout.compile=true \
         --set optim.shared_prefix=false
-      bench tune-nockpt-padded 70 --shape standard --model-size 0.5b --steps 3 --no-gradient-checkpointing \
-        --set optim.shared_prefix=false
-      python3 scripts/pick_settings.py "$OUT/results.jsonl" > "$OUT/chosen.txt"; cat "$OUT/chosen.txt" | tee -a "$LOG"
+      python3 scripts/pick_settings.py "$OUT/results.jsonl" > "$OUT/chosen.txt" 2>> "$LOG"
+      echo "chosen: $(tr '\n' ' ' < "$OUT/chosen.txt")" | tee -a "$LOG"
       ;;
-    standard-chosen | long-chosen)
-      # the settings `tune` chose (one bench argument a line), beside TRL
-      mapfile -t chosen < <([ -f "$OUT/chosen.txt" ] && cat "$OUT/chosen.txt")
-      if [ "$part" = standard-chosen ]; then
-        bench standard-chosen 170 --shape standard --model-size 0.5b --steps 4 --compare trl "${chosen[@]}"
-      else
-        bench long-chosen 200 --shape long --model-size 0.5b --steps 2 --compare trl "${chosen[@]}"
-      fi
+    standard-chosen | long-chosen | long-chosen-ours | profile-update | profile-decode)
+      # under the settings `tune` chose (bench arguments, one a line: --set KEY=VALUE pairs)
+      mapfile -t chosen < <([ -f "$OUT/chosen.txt" ] && grep -v '^$' "$OUT/chosen.txt")
+      case $part in
+        standard-chosen) bench standard-chosen 170 --shape standard --model-size 0.5b --steps 4 --compare trl "${chosen[@]}" ;;
+        long-chosen) bench long-chosen 230 --shape long --model-size 0.5b --steps 2 --compare trl "${chosen[@]}" ;;
+        long-chosen-ours) bench long-chosen-ours 90 --shape long --model-size 0.5b --steps 2 "${chosen[@]}" ;;
+        *)
+          # the update and the reference pass of the standard shape (generation runs, not recorded); the decode of
+          # 24 tokens a completion (the update's and reference's passes run, not recorded)
+          limit=$(within_deadline "$part" 120) || continue
+          echo "=== $part ($(date -u +%T))" | tee -a "$LOG"
+          skip=(--skip generation) extra=()
+          [ "$part" = profile-decode ] && skip=(--skip reference --skip update) extra=(--set rollout.max_new_tokens=24)
+          timeout -k 10 "$limit" python3 scripts/profile_step.py --model-size 0.5b --shape standard --warmup 1 \
+            "${skip[@]}" "${chosen[@]}" "${extra[@]}" --out "$OUT/$part.txt" --json "$OUT/$part.json" > /dev/null 2>> "$LOG"
+          echo "=== $part: exit $? ($(date -u +%T))" | tee -a "$LOG"
+          ;;
+      esac
       ;;
     xlong) bench xlong 500 --shape xlong --model-size 0.5b --steps 2 --compare trl ;;
     *) echo "unknown part $part" | tee -a "$LOG" ;;

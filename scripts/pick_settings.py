@@ -17,7 +17,7 @@ import sys
 VARIANTS = {  # label: (generation arguments, update arguments)
     "tune-default": ([], []),
     "tune-compile-padded": (["--set", "rollout.compile=true"], ["--set", "optim.shared_prefix=false"]),
-    "tune-nockpt-padded": ([], ["--no-gradient-checkpointing", "--set", "optim.shared_prefix=false"]),
+    "tune-nockpt-padded": ([], ["--no-gradient-checkpointing", "--set", "optim.shared_prefix=false"]),  # not run now
 }
 
 
@@ -52,7 +52,9 @@ def main(path: str) -> None:
         row = json.loads(line)
         if "result" in row:
             results[row["label"]] = row["result"]
-    print("\n".join(pick(results)))
+    chosen = pick(results)
+    if chosen:
+        print("\n".join(chosen))
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from grpokit.bench.model import build_random_model, n_words, random_prompts, random_reward
-from grpokit.bench.profile import format_report, mark_phases, phase_report, profile_spans
+from grpokit.bench.profile import MARKS, format_report, mark_phases, phase_report, profile_spans
 from grpokit.bench.run import bench_overrides, resolve_shape
 from grpokit.config.schema import load_config
 from grpokit.model.loading import load_tokenizer
@@ -38,6 +38,9 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--rows", type=int, default=15, help="kernels listed per phase, and rows of the step's tables")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a config override")
     ap.add_argument("--cache-dir", help="where the random model is built and kept (default $GRPOKIT_CACHE/bench)")
+    ap.add_argument("--skip", action="append", default=[], choices=sorted(MARKS), metavar="PHASE",
+                    help="a phase left out of the profile (run, not recorded): on a GPU the decode's thousands of "
+                         "kernels a step make the profiler's own processing take minutes")  # fmt: skip
     ap.add_argument("--out", default="runs/profile.txt")
     ap.add_argument("--json", help="also write the per-phase report as JSON here")
     args = ap.parse_args(argv)
@@ -62,19 +65,24 @@ def main(argv: list[str] | None = None) -> dict:
     for _ in range(args.warmup):
         trainer.train_step()
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    prof = profile(activities=activities)
+    for phase in args.skip:
+        _pause_during(trainer, phase, prof, activities, dev if cuda else None)
     if cuda:
         torch.cuda.synchronize(dev)
     t0 = time.perf_counter()
-    with profile(activities=activities) as prof:
+    with prof:
         trainer.train_step()
         if cuda:
             torch.cuda.synchronize(dev)
     wall = time.perf_counter() - t0
 
     report = phase_report(*profile_spans(prof, cuda), top=args.rows)
+    report = {phase: r for phase, r in report.items() if phase not in args.skip}
     kernel = "kernel" if cuda else "operator"
     device = torch.cuda.get_device_name(dev) if cuda else f"cpu ({torch.get_num_threads()} threads)"
-    lines = [f"device: {device}; shape {args.shape}, model {args.model_size}, overrides {args.set}",
+    skipped = f"; not recorded: {', '.join(args.skip)}" if args.skip else ""
+    lines = [f"device: {device}; shape {args.shape}, model {args.model_size}, overrides {args.set}{skipped}",
              f"profiled step: {wall:.3f} s wall clock (with the profiler's overhead)", ""]  # fmt: skip
     lines += format_report(report, kernel)
     events = prof.key_averages()
@@ -93,6 +101,27 @@ def main(argv: list[str] | None = None) -> dict:
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2))
     return result
+
+
+def _pause_during(trainer, phase: str, prof, activities, cuda_device) -> None:
+    """Run ``phase``'s method (MARKS) with ``prof``'s collection off: the phase runs, nothing of it is recorded (its
+    device work finished before collection resumes)."""
+    part_path, method = MARKS[phase]
+    part = trainer
+    for attr in part_path.split("."):
+        part = getattr(part, attr)
+    fn = getattr(part, method)
+
+    def paused(*args, **kwargs):
+        prof.toggle_collection_dynamic(False, activities)
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            if cuda_device is not None:
+                torch.cuda.synchronize(cuda_device)
+            prof.toggle_collection_dynamic(True, activities)
+
+    setattr(part, method, paused)
 
 
 if __name__ == "__main__":

@@ -54,3 +54,19 @@ def test_the_script_names_each_phases_operators_and_gaps_on_the_cpu(tmp_path, mo
     assert any(t["name"] in matmuls for t in result["phases"]["update"]["top"])
     text = (tmp_path / "p.txt").read_text()
     assert "update:" in text and "top operators by time" in text and "gap " in text
+
+
+@pytest.mark.slow
+def test_a_skipped_phase_runs_but_is_not_recorded(tmp_path, monkeypatch):
+    """--skip generation: the step still generates (its completions reach the update), but no generation range and
+    none of its operators are in the profile."""
+    monkeypatch.setenv("GRPOKIT_CACHE", str(tmp_path / "cache"))
+    spec = importlib.util.spec_from_file_location("profile_step", REPO / "scripts" / "profile_step.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    result = script.main(["--model-size", "tiny", "--shape", "tiny", "--warmup", "0", "--rows", "5", "--skip",
+                          "generation", "--out", str(tmp_path / "p.txt")])  # fmt: skip
+    assert sorted(result["phases"]) == ["reference", "update"]
+    assert "not recorded: generation" in (tmp_path / "p.txt").read_text()
+    for phase in result["phases"].values():
+        assert 0 < phase["busy_s"] <= phase["wall_s"]
