@@ -84,6 +84,12 @@ class ModelConfig:
     attn_implementation: str | None = setting(
         None, "Passed to from_pretrained (e.g. sdpa, eager, flash_attention_2)."
     )
+    compile: bool = setting(
+        False,
+        """The decoder layers' RMSNorms and SwiGLU gates through torch.compile in every forward (the update, the
+        log-prob passes, the decode), one fused kernel each with its backward (grpokit.model.fused_layers): Llama,
+        Qwen2, Qwen3 and Mistral modules; others run as they are. Not under fsdp. The first forwards compile.""",
+    )
     disable_dropout: bool = setting(
         False,
         """Set every torch.nn.Dropout of the trained model to p=0 (TRL's disable_dropout; LoRA's dropout included):

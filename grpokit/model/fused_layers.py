@@ -1,5 +1,6 @@
-"""The Llama-family layer's elementwise work in few kernels (``rollout.compile``): what the static-cache decode
-engine (grpokit.rollout.engines.fast.decode) runs between its matrix products when asked to.
+"""The Llama-family layer's elementwise work in few kernels: what the static-cache decode engine
+(grpokit.rollout.engines.fast.decode) runs between its matrix products under ``rollout.compile``, and what every
+forward's RMSNorms and MLPs run under ``model.compile`` (:func:`fuse_modules`).
 
 A decode step of a small model is a thousand small kernels: transformers' RMSNorm alone is seven (the cast to
 float32, the square, the mean, the add, the rsqrt, the product, the weight), and each costs a few microseconds on
@@ -19,6 +20,8 @@ that check the path against the one it replaces, and they would patch the model'
 """
 
 from __future__ import annotations
+
+import types
 
 import torch
 import torch.nn.functional as F
@@ -74,6 +77,56 @@ def _known_mlp(module: torch.nn.Module, hidden_act: str | None) -> bool:
         and hidden_act in SILU_ACTIVATIONS
         and all(hasattr(module, name) for name in ("gate_proj", "up_proj", "down_proj"))
     )
+
+
+_SHARED: dict[bool, LayerOps] = {}  # compiled -> the ops every fused module's forward calls (one compile each)
+
+
+def shared_ops(compiled: bool) -> LayerOps:
+    """The process's LayerOps (compiled or eager), made once: every fused module of every model uses them."""
+    if compiled not in _SHARED:
+        _SHARED[compiled] = LayerOps(compiled)
+    return _SHARED[compiled]
+
+
+def _norm_forward_compiled(self, x: Tensor) -> Tensor:
+    return shared_ops(True)._norm(x, self.weight, self.variance_epsilon)
+
+
+def _norm_forward_eager(self, x: Tensor) -> Tensor:
+    return shared_ops(False)._norm(x, self.weight, self.variance_epsilon)
+
+
+def _mlp_forward_compiled(self, x: Tensor) -> Tensor:
+    return self.down_proj(shared_ops(True)._swiglu(self.gate_proj(x), self.up_proj(x)))
+
+
+def _mlp_forward_eager(self, x: Tensor) -> Tensor:
+    return self.down_proj(shared_ops(False)._swiglu(self.gate_proj(x), self.up_proj(x)))
+
+
+_FORWARDS = {True: (_norm_forward_compiled, _mlp_forward_compiled), False: (_norm_forward_eager, _mlp_forward_eager)}
+
+
+def fuse_modules(model: torch.nn.Module, compiled: bool = True) -> int:
+    """model.compile: every RMSNorm and SwiGLU MLP of ``model`` whose class is known (``RMSNORM_CLASSES``,
+    ``MLP_CLASSES`` with a SiLU) runs its fused function from now on, in every forward and its backward: its
+    ``forward`` becomes a method of the instance (the class is untouched, so other models are not; a deep copy,
+    such as the frozen reference, keeps it, bound to the copy). The MLP's projections are still called, LoRA
+    wrappers included. Returns how many modules were fused."""
+    config = getattr(model, "config", None)
+    hidden_act = getattr(getattr(config, "get_text_config", lambda: config)(), "hidden_act", None)
+    norm_forward, mlp_forward = _FORWARDS[bool(compiled)]
+    fused = 0
+    for module in model.modules():
+        if _known_norm(module):
+            module.forward = types.MethodType(norm_forward, module)
+        elif _known_mlp(module, hidden_act):
+            module.forward = types.MethodType(mlp_forward, module)
+        else:
+            continue
+        fused += 1
+    return fused
 
 
 class LayerOps:

@@ -20,6 +20,7 @@ from grpokit.model.checks import (
     meta_model,
     model_config_object,
 )
+from grpokit.model.fused_layers import fuse_modules
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -320,7 +321,9 @@ def check_model_builds(model_cfg: ModelConfig, lora_cfg: LoraConfig) -> None:
 
 
 def prepare_policy(model, model_cfg: ModelConfig, lora_cfg: LoraConfig):
-    """Gradient checkpointing, no KV cache in training forwards, LoRA when enabled."""
+    """Gradient checkpointing, model.compile's fused norms and MLPs, LoRA when enabled."""
+    if model_cfg.compile:
+        fuse_modules(model, compiled=True)
     if model_cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         if lora_cfg.enabled:

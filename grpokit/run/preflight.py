@@ -43,6 +43,7 @@ FREE_TO_CHANGE = {
     "model.device",
     "model.attn_implementation",
     "model.gradient_checkpointing",
+    "model.compile",
     "optim.micro_batch_size",
     "optim.logprob_chunk_size",
     "rollout.engine",
