@@ -34,6 +34,7 @@ from __future__ import annotations
 import torch
 
 from grpokit.model.precision import Precision
+from grpokit.model.shared_prefix import shared_prefix_on
 from grpokit.train.distributed import Distributed
 from grpokit.train.reference import ReferencePass
 
@@ -58,5 +59,5 @@ def sampler_reference(
     optim = cfg.optim
     return ReferencePass(
         ref_model, precision, device, cfg.rollout.temperature, optim.logprob_chunk_size, optim.micro_batch_size,
-        optim.micro_batch_tokens if optim.packing else None, optim.shared_prefix,
+        optim.micro_batch_tokens if optim.packing else None, shared_prefix_on(optim.shared_prefix, device),
     )  # fmt: skip

@@ -376,6 +376,12 @@ def check_micro_batch_size(size: int | str, key: str) -> None:
         raise ConfigError(f"{key}={size} must be at least 1 or auto (e.g. {key}=8, or auto: as many as fit).")
 
 
+def check_auto_bool(value: bool | str, key: str) -> None:
+    """A switch whose default depends on the device: true, false or auto."""
+    if value != "auto" and not isinstance(value, bool):
+        raise ConfigError(f"{key}={value!r} must be true, false or auto (auto: as the device kind measured faster).")
+
+
 def check_device(device: str, key: str) -> None:
     """model.device names a device (whether this machine has it is checked when the model loads,
     grpokit.model.checks.check_device)."""

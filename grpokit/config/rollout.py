@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from grpokit.config.checks import check_auto_bool
 from grpokit.config.declare import setting
 from grpokit.core.errors import ConfigError
 
@@ -241,11 +242,14 @@ class RolloutConfig:
     cuda_graphs: bool = setting(
         True, "fast engine with the static cache on CUDA: record each decode step once, then replay it."
     )
-    compile: bool = setting(
-        False,
+    compile: bool | str = setting(
+        "auto",
         """fast engine with the static cache: the decode step's elementwise work (RMSNorms with their residual adds,
         RoPE, the SwiGLU gate) through torch.compile, one fused kernel each instead of ~30 per layer
-        (grpokit.model.fused_layers); the first rollout compiles (seconds to a minute).""",
+        (grpokit.model.fused_layers); the first rollout compiles (seconds to a minute). auto: on a GPU (on an H200
+        generation took 0.71x the time: docs/benchmarks.md), not on a CPU.""",
+        check=check_auto_bool,
+        allowed="true, false or auto",
     )
     ignore_eos: bool = setting(
         False,

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from grpokit.config.checks import check_micro_batch_size, check_preset
+from grpokit.config.checks import check_auto_bool, check_micro_batch_size, check_preset
 from grpokit.config.declare import algo_knob, setting
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -249,15 +249,18 @@ class OptimConfig:
     logprob_chunk_size: int = setting(
         1024, "Rows of hidden states projected to the vocabulary at a time.", range="[1, inf)", example=1024
     )
-    shared_prefix: bool = setting(
-        True,
+    shared_prefix: bool | str = setting(
+        "auto",
         """Run each group's prompt through the model once in the update and the log-prob passes, its completions
         on that prompt's KV cache (grpokit.model.shared_prefix): the same log-probs and gradient up to float
-        rounding, for G times fewer prompt tokens. Applies to single-turn batches, not packed, on one process,
-        under a model whose transformers KV cache is the plain dynamic one (checked once against the padded
-        forward); in the update under model.gradient_checkpointing, to the Llama family (Llama, Qwen2, Qwen3,
-        Mistral without a sliding window), whose layers grpokit then runs itself, each checkpointed. Elsewhere
-        the padded forward runs.""",
+        rounding, for G times fewer prompt tokens. auto: on a CPU, not on a GPU (on an H200 the padded forward
+        was 1.35x faster in the reference pass and 1.55x in the update: docs/benchmarks.md). Applies to
+        single-turn batches, not packed, on one process, under a model whose transformers KV cache is the plain
+        dynamic one (checked once against the padded forward); in the update under model.gradient_checkpointing,
+        to the Llama family (Llama, Qwen2, Qwen3, Mistral without a sliding window), whose layers grpokit then
+        runs itself, each checkpointed. Elsewhere the padded forward runs.""",
+        check=check_auto_bool,
+        allowed="true, false or auto",
     )
     skip_flat_rows: bool = setting(
         True,

@@ -35,6 +35,14 @@ from grpokit.model.llama_layers import head_shape, llama_family_support, project
 _USABLE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # decoder -> {kind: bool}, ``usable``'s answers
 
 
+def shared_prefix_on(setting: bool | str, device: torch.device) -> bool:
+    """optim.shared_prefix for a model on ``device``: true, false, or auto: on where it measured faster, a CPU (not a
+    GPU: on an H200 the padded forward's fewer, larger kernels were faster, docs/benchmarks.md)."""
+    if setting == "auto":
+        return torch.device(device).type != "cuda"
+    return bool(setting)
+
+
 def prefix_states(
     decoder, prompt_ids: Tensor, prompt_mask: Tensor, completion_ids: Tensor, completion_mask: Tensor, *, padded
 ):

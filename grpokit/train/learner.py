@@ -42,6 +42,7 @@ from grpokit.model.loading import load_policy, pick_device, prepare_policy
 from grpokit.model.logprobs import attention_implementation, base_model, check_packed_attention
 from grpokit.model.offload import activations_on_cpu
 from grpokit.model.precision import Precision, make_grad_scaler, make_optimizer, resolve_precision
+from grpokit.model.shared_prefix import shared_prefix_on
 from grpokit.train.distributed import Distributed
 from grpokit.train.schedules import lr_factor, warmup_steps
 
@@ -260,7 +261,9 @@ class Learner:
                 )
         self.micro = micro
         # optim.shared_prefix: each prompt once in the log-prob forwards (one process: the FSDP/DDP root is bypassed)
-        self.shared_prefix = optim.shared_prefix and not self.dist.active and not self.micro.packed
+        self.shared_prefix = (
+            shared_prefix_on(optim.shared_prefix, self.device) and not self.dist.active and not self.micro.packed
+        )
         if optim.offload_optimizer and self.dist.active:
             raise ConfigError(
                 "optim.offload_optimizer is not supported under torchrun yet (FSDP shards the states already); "

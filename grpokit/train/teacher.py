@@ -40,6 +40,7 @@ from grpokit.model.loading import (
     load_tokenizer,
 )
 from grpokit.model.precision import Precision
+from grpokit.model.shared_prefix import shared_prefix_on
 from grpokit.rollout.engines.base import Rollout
 from grpokit.train.distributed import Distributed
 from grpokit.train.reference import ReferencePass
@@ -83,7 +84,7 @@ class Teacher:
         optim = cfg.optim
         log_pass = ReferencePass(
             model, precision, device, cfg.rollout.temperature, optim.logprob_chunk_size, optim.micro_batch_size,
-            optim.micro_batch_tokens if optim.packing else None, optim.shared_prefix,
+            optim.micro_batch_tokens if optim.packing else None, shared_prefix_on(optim.shared_prefix, device),
         )  # fmt: skip
         return cls(model, log_pass, path)
 

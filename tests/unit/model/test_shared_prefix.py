@@ -144,3 +144,10 @@ def test_the_check_passes_in_low_precision_and_refuses_a_forward_that_disagrees(
     monkeypatch.setattr(shared, "_states", lambda *a, **k: inner(*a, **k).roll(1, dims=1))
     model, _ = make_tiny_model(arch, seed=3)
     assert not shared.usable(model.model, _padded_states)
+
+
+def test_auto_shares_the_prompt_on_a_cpu_not_on_a_gpu():
+    from grpokit.model.shared_prefix import shared_prefix_on
+
+    assert shared_prefix_on("auto", torch.device("cpu")) and not shared_prefix_on("auto", torch.device("cuda", 0))
+    assert shared_prefix_on(True, torch.device("cuda")) and not shared_prefix_on(False, torch.device("cpu"))

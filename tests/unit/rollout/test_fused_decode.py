@@ -123,3 +123,13 @@ def test_compiled_layers_inside_cuda_graphs_decode_as_the_modules(dtype):
     else:
         same = (a.completion_ids == b.completion_ids).float().mean()
         assert same >= 0.9, f"only {same:.0%} of tokens agree with the modules' graphs"
+
+
+def test_auto_compiles_on_a_gpu_only():
+    """rollout.compile=auto (the default): the CPU engine runs the modules as they are; a bad value is refused."""
+    model, _ = make_tiny_model("qwen2", seed=1)
+    auto = FastGenerator(kv_cache="static", compile="auto")
+    auto.generate(model, SAMPLE_PROMPTS, temperature=0.0, **KW)
+    assert auto.engine.ops is None  # a CPU model
+    with pytest.raises(ValueError, match="compile must be true, false or auto"):
+        FastGenerator(compile="yes")

@@ -124,7 +124,7 @@ class FastGenerator(Engine):
         model's dynamic cache), ``static`` (error if unsupported) or ``dynamic``.
     cuda_graphs: record and replay the static engine's decode steps on CUDA.
     compile: the static engine's elementwise work (norms, residual adds, RoPE, SwiGLU) through torch.compile,
-        a fused kernel each (grpokit.model.fused_layers; rollout.compile).
+        a fused kernel each (grpokit.model.fused_layers; rollout.compile); ``auto``: on a CUDA device.
     compact: drop finished rows from the batch (and the KV cache) whenever at least half of the
         current batch has finished. Each drop copies the cache once; as the batch at least halves
         each time, the total copying is at most about one extra cache.
@@ -145,7 +145,7 @@ class FastGenerator(Engine):
         kv_cache: str = "auto",
         cuda_graphs: bool = True,
         check_every: int = 0,
-        compile: bool = False,
+        compile: bool | str = False,
     ):
         check_kv_cache(kv_cache)
         if check_every < 0:
@@ -154,7 +154,9 @@ class FastGenerator(Engine):
         self.check_every = check_every
         self.kv_cache = kv_cache
         self.cuda_graphs = cuda_graphs
-        self.compile = bool(compile)
+        if compile not in (True, False, "auto"):
+            raise ValueError(f"compile must be true, false or auto, got {compile!r}")
+        self.compile = compile
         self.engine = None
         self.stats: dict = {}  # of the last call: engine, decode_steps, compactions
 
@@ -166,7 +168,8 @@ class FastGenerator(Engine):
     def engine_for(self, model: torch.nn.Module):
         """The decode engine for ``model``, built on first use and kept while the model stays the same."""
         if self.engine is None or self.engine.model is not model:
-            self.engine = make_engine(model, self.kv_cache, cuda_graphs=self.cuda_graphs, compiled=self.compile)
+            compiled = self.compile is True or (self.compile == "auto" and model_device(model).type == "cuda")
+            self.engine = make_engine(model, self.kv_cache, cuda_graphs=self.cuda_graphs, compiled=compiled)
         return self.engine
 
     def release(self) -> bool:
