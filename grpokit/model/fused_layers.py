@@ -21,6 +21,7 @@ that check the path against the one it replaces, and they would patch the model'
 
 from __future__ import annotations
 
+import functools
 import types
 
 import torch
@@ -65,6 +66,37 @@ def _inductor_options() -> dict:
     from torch._inductor import config
 
     return {"emulate_precision_casts": True} if hasattr(config, "emulate_precision_casts") else {}
+
+
+def _compile_failures() -> tuple[type[BaseException], ...]:
+    """The exceptions torch.compile raises when it cannot build a function (dynamo's, Inductor's)."""
+    from torch._dynamo.exc import TorchDynamoException
+
+    try:
+        from torch._inductor.exc import InductorError
+    except ImportError:  # an older torch
+        return (TorchDynamoException,)
+    return (TorchDynamoException, InductorError)
+
+
+def _compiled(fn):
+    """``fn`` through torch.compile (dynamic shapes, one graph), whose failure to build names the settings that
+    turn it off rather than surfacing as a compiler's traceback alone."""
+    compiled = torch.compile(fn, dynamic=True, fullgraph=True, options=_inductor_options())
+    failures = _compile_failures()
+
+    @functools.wraps(fn)
+    def call(*args):
+        try:
+            return compiled(*args)
+        except failures as e:
+            first = (str(e).strip().splitlines() or [""])[0][:300]
+            raise RuntimeError(
+                f"torch.compile could not build grpokit's fused {fn.__name__} ({type(e).__name__}: {first}); set "
+                "rollout.compile=false and model.compile=false to run the model's modules as they are"
+            ) from e
+
+    return call
 
 
 def _known_norm(module: torch.nn.Module) -> bool:
@@ -137,9 +169,7 @@ class LayerOps:
     def __init__(self, compiled: bool, hidden_act: str | None = "silu"):
         self.compiled = bool(compiled)
         self.hidden_act = hidden_act
-        wrap = (lambda f: torch.compile(f, dynamic=True, fullgraph=True, options=_inductor_options())) if compiled else (
-            lambda f: f
-        )
+        wrap = _compiled if compiled else (lambda f: f)
         self._norm, self._add_norm, self._swiglu, self.rope = wrap(rms_norm), wrap(add_rms_norm), wrap(swiglu), wrap(rope_qk)
 
     def norm(self, module: torch.nn.Module, x: Tensor) -> Tensor:

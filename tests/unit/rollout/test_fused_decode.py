@@ -133,3 +133,25 @@ def test_auto_compiles_on_a_gpu_only():
     assert auto.engine.ops is None  # a CPU model
     with pytest.raises(ValueError, match="compile must be true, false or auto"):
         FastGenerator(compile="yes")
+
+
+def test_a_compile_that_fails_names_the_settings_that_turn_it_off(monkeypatch):
+    """torch.compile unable to build a fused function (no compiler, an unsupported torch): a clear error."""
+    import torch._dynamo.exc as dynamo_exc
+
+    import grpokit.model.fused_layers as fused
+
+    def broken(fn, **kwargs):
+        def call(*args):
+            raise dynamo_exc.TorchDynamoException("no working C compiler found\nmore lines")
+
+        return call
+
+    monkeypatch.setattr(fused.torch, "compile", broken)
+    ops = LayerOps(compiled=True)
+    with pytest.raises(RuntimeError, match=r"fused rms_norm \(TorchDynamoException: no working C compiler found\); "
+                       r"set rollout.compile=false and model.compile=false"):  # fmt: skip
+        ops._norm(torch.ones(2, 4), torch.ones(4), 1e-6)
+    monkeypatch.setattr(fused.torch, "compile", lambda fn, **kwargs: fn)  # a compile that builds: errors of the
+    with pytest.raises(RuntimeError, match="size of tensor"):  # function itself pass through as they are
+        LayerOps(compiled=True)._norm(torch.ones(2, 4), torch.ones(3), 1e-6)
