@@ -14,8 +14,10 @@ Two engines:
 - :class:`StaticCacheEngine` runs the model's modules (projections, norms, MLPs, rotary embedding; LoRA
   wrappers included) with its own attention over a preallocated KV cache and a preallocated additive
   mask, so every decode step has the same shapes and addresses. On CUDA it records each step once as a
-  CUDA graph (one per batch-size bucket N, N/2, N/4, ...) and then only replays it: the ~15 kernel
-  launches per layer, which dominate a small model's decode time, become one launch per step. It
+  CUDA graph (one per batch-size bucket N, N/2, N/4, ...) and then only replays it: the ~40 kernel
+  launches per layer, which dominate a small model's decode time, become one launch per step. The kernels
+  still run one by one on the device, a few microseconds each however small; ``rollout.compile`` fuses a
+  layer's elementwise ones into four (grpokit.model.fused_layers). It
   supports the Llama family layout (Llama, Qwen2, Qwen3, Mistral without sliding windows);
   :func:`static_cache_support` says why a model is not supported, and ``kv_cache="auto"`` then falls
   back to the dynamic engine.
