@@ -16,8 +16,8 @@
 #                the CPU and packed micro-batches (beta 0), then with the reference too (beta 0.04, offloaded)
 #     extras     0.5b standard without gradient checkpointing; with the dynamic KV cache
 #     fusedtests the fused decode layers' tests (rollout.compile), their CUDA-graph test included
-#     tune       issue 49: the standard shape by default, with optim.shared_prefix off, and that with rollout.compile
-#                and model.compile; scripts/pick_settings.py keeps what was faster -> $OUT/chosen.txt
+#     tune       issue 49: the standard shape by default and under each candidate setting of scripts/pick_settings.py,
+#                which keeps what beat the defaults -> $OUT/chosen.txt
 #     standard-chosen, long-chosen   0.5b standard / long beside TRL under the settings `tune` chose
 #     long-chosen-ours   the long shape, grpokit alone, under them
 #     profile-update  scripts/profile_step.py over the reference pass and the update (generation not recorded)
@@ -104,7 +104,7 @@ for part in "$@"; do
       limit=$(within_deadline fusedtests 75) || continue
       echo "=== fusedtests ($(date -u +%T))" | tee -a "$LOG"
       timeout -k 10 "$limit" python3 -m pytest -q -p no:cacheprovider -m gpu tests/unit/rollout/test_fused_decode.py \
-        tests/unit/model/test_fused_modules.py 2>&1 | tail -15 | tee -a "$LOG"
+        tests/unit/model/test_fused_modules.py tests/unit/model/test_fused_logprobs.py 2>&1 | tail -15 | tee -a "$LOG"
       ;;
     gputests)
       echo "=== gputests ($(date -u +%T))" | tee -a "$LOG"
@@ -169,12 +169,13 @@ for part in "$@"; do
       bench standard-shared-prompts 150 --shape standard --model-size 0.5b --steps 3
       ;;
     tune)
-      # issue 49: the standard shape, grpokit alone: the defaults, optim.shared_prefix off, and that with
-      # rollout.compile and model.compile; scripts/pick_settings.py keeps what was faster -> $OUT/chosen.txt
+      # issue 49: the standard shape, grpokit alone: the defaults, then each candidate of scripts/pick_settings.py
+      # (optim.fused_logprobs, optim.shared_prefix back on, micro-batches of 64), which keeps what beat the
+      # defaults -> $OUT/chosen.txt. (On 2026-11-29 the candidates were the padded forward and rollout.compile.)
       bench tune-default 110 --shape standard --model-size 0.5b --steps 3
-      bench tune-padded 80 --shape standard --model-size 0.5b --steps 3 --set optim.shared_prefix=false
-      bench tune-compiled 110 --shape standard --model-size 0.5b --steps 3 --set optim.shared_prefix=false \
-        --set rollout.compile=true --set model.compile=true
+      bench tune-fused-logprobs 100 --shape standard --model-size 0.5b --steps 3 --set optim.fused_logprobs=true
+      bench tune-shared-prefix 70 --shape standard --model-size 0.5b --steps 3 --set optim.shared_prefix=true
+      bench tune-micro-64 70 --shape standard --model-size 0.5b --steps 3 --set optim.micro_batch_size=64
       python3 scripts/pick_settings.py "$OUT/results.jsonl" > "$OUT/chosen.txt" 2>> "$LOG"
       echo "chosen: $(tr '\n' ' ' < "$OUT/chosen.txt")" | tee -a "$LOG"
       ;;

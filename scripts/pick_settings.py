@@ -1,14 +1,15 @@
-"""The bench settings `scripts/gpu_session.sh tune` measured faster, one bench argument a line (for `standard-chosen`
-and the parts after it).
+"""The bench settings `scripts/gpu_session.sh tune` measured faster than the defaults, one bench argument a line (for
+`standard-chosen` and the parts after it).
 
     python scripts/pick_settings.py results.jsonl > chosen.txt
 
-Reads three tune-* results of the standard shape: the defaults (tune-default), optim.shared_prefix off (tune-padded),
-and that with rollout.compile and model.compile (tune-compiled). Each setting is kept where its phases were faster:
-optim.shared_prefix=false where tune-padded's reference pass + update beat the default's; rollout.compile where
-tune-compiled's generation beat tune-padded's; model.compile where its reference pass + update did. A run that
-failed, or whose peak memory is over 1.2x the default's (issue 49: never above TRL's memory), keeps nothing. The
-numbers and the choice go to stderr.
+Reads the tune-* results of the standard shape: tune-default (the defaults) and one run per candidate setting
+(CANDIDATES: its bench arguments and the phases it acts on). A candidate is kept where those phases took less time
+than the defaults' and its peak memory is at most 1.2x theirs (issue 49: never above TRL's memory); a run that
+failed keeps nothing. The numbers and the choice go to stderr.
+
+History: on 2026-11-29 (docs/benchmarks.md) the candidates were optim.shared_prefix=false and rollout.compile, both
+kept and since made the GPU's defaults; model.compile was slower.
 """
 
 from __future__ import annotations
@@ -16,12 +17,16 @@ from __future__ import annotations
 import json
 import sys
 
-CAP = 1.2  # x the default's peak memory
+CAP = 1.2  # x the defaults' peak memory
+CANDIDATES = {  # label: (bench arguments, the phases it acts on)
+    "tune-fused-logprobs": (["--set", "optim.fused_logprobs=true"], ("reference", "update")),
+    "tune-shared-prefix": (["--set", "optim.shared_prefix=true"], ("reference", "update")),
+    "tune-micro-64": (["--set", "optim.micro_batch_size=64"], ("reference", "update")),
+}
 
 
-def _passes(r: dict) -> float:
-    """The reference pass and the update, seconds."""
-    return r["median"]["reference_s"] + r["median"]["update_s"]
+def _seconds(r: dict, phases: tuple[str, ...]) -> float:
+    return sum(r["median"][f"{phase}_s"] for phase in phases)
 
 
 def pick(results: dict[str, dict]) -> list[str]:
@@ -32,18 +37,14 @@ def pick(results: dict[str, dict]) -> list[str]:
         print(f"{k}: generation {m['generation_s']:.3f} s, reference {m['reference_s']:.3f} s, update "
               f"{m['update_s']:.3f} s, peak {r['peak_memory_gib']:.1f} GiB", file=sys.stderr)  # fmt: skip
     base = ok.get("tune-default")
-    if base is None:
-        return []
-    ok = {k: r for k, r in ok.items() if r["peak_memory_gib"] <= CAP * base["peak_memory_gib"]}
     chosen: list[str] = []
-    padded, compiled = ok.get("tune-padded"), ok.get("tune-compiled")
-    if padded is not None and _passes(padded) < _passes(base):
-        chosen += ["--set", "optim.shared_prefix=false"]
-    if padded is not None and compiled is not None:
-        if compiled["median"]["generation_s"] < padded["median"]["generation_s"]:
-            chosen += ["--set", "rollout.compile=true"]
-        if _passes(compiled) < _passes(padded):
-            chosen += ["--set", "model.compile=true"]
+    if base is not None:
+        for label, (args, phases) in CANDIDATES.items():
+            r = ok.get(label)
+            if r is None or r["peak_memory_gib"] > CAP * base["peak_memory_gib"]:
+                continue
+            if _seconds(r, phases) < _seconds(base, phases):
+                chosen += args
     print(f"chosen: {' '.join(chosen) or 'the defaults'}", file=sys.stderr)
     return chosen
 

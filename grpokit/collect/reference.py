@@ -60,4 +60,5 @@ def sampler_reference(
     return ReferencePass(
         ref_model, precision, device, cfg.rollout.temperature, optim.logprob_chunk_size, optim.micro_batch_size,
         optim.micro_batch_tokens if optim.packing else None, shared_prefix_on(optim.shared_prefix, device),
+        optim.fused_logprobs,
     )  # fmt: skip

@@ -262,6 +262,13 @@ class OptimConfig:
         check=check_auto_bool,
         allowed="true, false or auto",
     )
+    fused_logprobs: bool = setting(
+        False,
+        """Each LM-head chunk's log-softmax at the completion tokens, its entropy and its backward as a few kernels
+        compiled by torch.compile (grpokit.model.fused_logprobs) instead of ~15 float32 passes over the
+        vocabulary: the same values up to float rounding. In the update and every log-prob pass; not with a
+        logit softcap or the entropy bonus (those chunks run as before). The first passes compile.""",
+    )
     skip_flat_rows: bool = setting(
         True,
         """Leave the completions whose advantage is exactly 0 (a group whose rewards all match) out of the update's

@@ -85,7 +85,7 @@ def _compile_failures() -> tuple[type[BaseException], ...]:
     return (TorchDynamoException, InductorError)
 
 
-def _compiled(fn):
+def compiled_function(fn):
     """``fn`` through torch.compile (dynamic shapes, one graph), whose failure to build names the settings that
     turn it off rather than surfacing as a compiler's traceback alone."""
     compiled = torch.compile(fn, dynamic=True, fullgraph=True, options=_inductor_options())
@@ -99,7 +99,7 @@ def _compiled(fn):
             first = (str(e).strip().splitlines() or [""])[0][:300]
             raise RuntimeError(
                 f"torch.compile could not build grpokit's fused {fn.__name__} ({type(e).__name__}: {first}); set "
-                "rollout.compile=false and model.compile=false to run the model's modules as they are"
+                "rollout.compile=false, model.compile=false and optim.fused_logprobs=false to run the plain code"
             ) from e
 
     return call
@@ -175,7 +175,7 @@ class LayerOps:
     def __init__(self, compiled: bool, hidden_act: str | None = "silu"):
         self.compiled = bool(compiled)
         self.hidden_act = hidden_act
-        wrap = _compiled if compiled else (lambda f: f)
+        wrap = compiled_function if compiled else (lambda f: f)
         self._norm, self._add_norm, self._swiglu, self.rope = wrap(rms_norm), wrap(add_rms_norm), wrap(swiglu), wrap(rope_qk)
 
     def norm(self, module: torch.nn.Module, x: Tensor) -> Tensor:

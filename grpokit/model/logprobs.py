@@ -22,6 +22,7 @@ from torch.utils.checkpoint import checkpoint
 
 from grpokit.algos.entropy import entropy_from_logits, entropy_with_grad, selective_log_softmax
 from grpokit.data.packing import pack_masked, pack_sequences
+from grpokit.model.fused_logprobs import fused_chunk_logprobs
 from grpokit.model.shared_prefix import prefix_states
 
 
@@ -58,14 +59,20 @@ def _chunk_logprobs(
     with_entropy: bool,
     entropy_grad: bool = False,
     with_top1: bool = False,
+    fused: bool | str = False,
 ) -> tuple[Tensor, ...]:
     """log_softmax(head(hidden) / T) at ``targets``, and entropy: without gradient, or with ``entropy_grad`` with it
     (grpokit.algos.entropy.entropy_with_grad). hidden: (C, H); targets: (C,). ``with_top1`` adds a third output,
-    (C,) bool: the target is the argmax of the logits (SFT's token accuracy).
+    (C,) bool: the target is the argmax of the logits (SFT's token accuracy). ``fused`` (optim.fused_logprobs):
+    the log-probs and the entropy from grpokit.model.fused_logprobs (True: compiled; "eager": its formulas run
+    eagerly, for tests), where no softcap, entropy gradient or top-1 is asked for.
 
     Memory: the chunk's (C, V) float32 logits, and in the backward their gradient beside them; the helpers'
     temporaries are HELPER_ROWS rows of V at a time (at T = 1 the logits are not divided, which would be a
     second (C, V) block)."""
+    if fused and softcap is None and not entropy_grad and not with_top1:
+        logprobs, entropy = fused_chunk_logprobs(lm_head(hidden), targets, temperature, compiled=fused != "eager")
+        return logprobs, (entropy if with_entropy else logprobs.new_zeros(()))  # (C,) each
     logits = lm_head(hidden).float()  # (C, V), upcast per chunk only
     if softcap is not None:
         logits = torch.tanh(logits / softcap) * softcap
@@ -95,6 +102,7 @@ def completion_logprobs(
     packed: bool = False,
     entropy_grad: bool = False,
     shared_prefix: bool = False,
+    fused: bool | str = False,
 ) -> tuple[Tensor, Tensor | None]:
     """Per-token log-probs ``log softmax(logits / T)[o_t]`` of the completion tokens, and optionally entropy.
 
@@ -122,6 +130,8 @@ def completion_logprobs(
             (grpokit.model.shared_prefix; optim.shared_prefix): the same values up to float rounding, for fewer
             tokens; where it does not apply (multi-turn, packed, no prompt repeated, a model it does not suit,
             gradient checkpointing in a training forward) the padded forward runs.
+        fused: each LM-head chunk's log-softmax and entropy in fused kernels (grpokit.model.fused_logprobs;
+            optim.fused_logprobs): the same values up to float rounding; True compiles, "eager" runs its formulas.
 
     Returns:
         logprobs: (N, Lc) float32, 0 where completion_mask is 0; differentiable w.r.t. the model.
@@ -151,7 +161,7 @@ def completion_logprobs(
     )  # (K, H) only real completion tokens  # fmt: skip
     targets = completion_ids.reshape(-1)[keep]  # (K,)
     lp_chunks, ent_chunks = _chunked(
-        lm_head, hidden, targets, temperature, softcap, with_entropy, chunk_size, entropy_grad
+        lm_head, hidden, targets, temperature, softcap, with_entropy, chunk_size, entropy_grad, fused=fused
     )
 
     N, Lc = completion_ids.shape
@@ -280,6 +290,7 @@ def _chunked(
     chunk_size: int,
     entropy_grad: bool = False,
     with_top1: bool = False,
+    fused: bool | str = False,
 ) -> tuple[list[Tensor], ...]:
     """_chunk_logprobs over ``chunk_size`` rows of hidden (K, H) / targets (K,) at a time, each chunk's
     logits recomputed in the backward pass (checkpointed) when gradients are on. Returns the chunks' log-probs and
@@ -296,6 +307,7 @@ def _chunked(
             with_entropy,
             entropy_grad,
             with_top1,
+            fused,
         )
         if use_checkpoint:
             outputs = checkpoint(_chunk_logprobs, *args, use_reentrant=False)

@@ -264,6 +264,7 @@ class Learner:
         self.shared_prefix = (
             shared_prefix_on(optim.shared_prefix, self.device) and not self.dist.active and not self.micro.packed
         )
+        self.fused_logprobs = optim.fused_logprobs  # grpokit.model.fused_logprobs in every log-prob forward
         if optim.offload_optimizer and self.dist.active:
             raise ConfigError(
                 "optim.offload_optimizer is not supported under torchrun yet (FSDP shards the states already); "

@@ -120,6 +120,7 @@ def eval_logprobs(
             context_mask=t.get("context_mask"),
             packed=learner.micro.packed,
             **({"shared_prefix": True} if getattr(learner, "shared_prefix", False) else {}),
+            **({"fused": True} if getattr(learner, "fused_logprobs", False) else {}),
         )
         return token_entropy if entropy else logprobs  # (n, L)
 

@@ -69,6 +69,7 @@ class _NoGradRows:
     device: torch.device
     precision: Precision
     shared_prefix: bool = False  # optim.shared_prefix: each prompt once (grpokit.model.shared_prefix)
+    fused_logprobs: bool = False  # optim.fused_logprobs (grpokit.model.fused_logprobs)
 
     def run_micro(self, fn: Callable[[int], Any], lengths: torch.Tensor) -> Any:
         return self.micro.run(fn, lengths, on_oom=lambda: None)  # a forward: no partial gradient to drop
@@ -88,6 +89,7 @@ class ReferencePass:
     micro_batch_size: int | str  # optim.micro_batch_size
     micro_batch_tokens: int | str | None  # optim.packing: its token budget; None: padded micro-batches
     shared_prefix: bool = False  # optim.shared_prefix (padded micro-batches only), as the trainer's passes
+    fused_logprobs: bool = False  # optim.fused_logprobs, as the trainer's passes
 
     def logprobs(self, policy: torch.nn.Module, r: Rollout) -> torch.Tensor:
         """(N, Lc) the reference's log-probs of ``r``'s completions; ``policy``: this process's copy of the policy,
@@ -95,7 +97,8 @@ class ReferencePass:
         micro = MicroBatchSize(
             self.micro_batch_size, self.device, Distributed(), tokens=self.micro_batch_tokens
         )
-        rows = _NoGradRows(micro, self.device, self.precision, self.shared_prefix and self.micro_batch_tokens is None)
+        shared = self.shared_prefix and self.micro_batch_tokens is None
+        rows = _NoGradRows(micro, self.device, self.precision, shared, self.fused_logprobs)
         if self.model is None:  # LoRA: the base model, the adapter disabled
             model, adapter_off = policy, policy.disable_adapter()
         else:

@@ -85,6 +85,7 @@ class Teacher:
         log_pass = ReferencePass(
             model, precision, device, cfg.rollout.temperature, optim.logprob_chunk_size, optim.micro_batch_size,
             optim.micro_batch_tokens if optim.packing else None, shared_prefix_on(optim.shared_prefix, device),
+            optim.fused_logprobs,
         )  # fmt: skip
         return cls(model, log_pass, path)
 

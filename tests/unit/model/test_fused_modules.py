@@ -87,14 +87,15 @@ def test_compiled_fused_modules_on_cuda_bfloat16():
 
 @pytest.mark.slow
 def test_a_run_under_model_and_rollout_compile_trains_as_one_without(tmp_path):
-    """model.compile and rollout.compile through the trainer (a given model goes through prepare_policy too): the
+    """model.compile, rollout.compile and optim.fused_logprobs through the trainer (a given model goes through prepare_policy too): the
     same completions and rewards, losses and KL to float32 rounding, over 2 steps of the small run."""
     import json
 
     from grpo_runs import make_trainer
 
     runs = {}
-    for name, extra in {"plain": [], "compiled": ["model.compile=true", "rollout.compile=true"]}.items():
+    compiled = ["model.compile=true", "rollout.compile=true", "optim.fused_logprobs=true"]
+    for name, extra in {"plain": [], "compiled": compiled}.items():
         trainer = make_trainer(tmp_path / name, "train.steps=2", "eval.enabled=false", *extra)
         trainer.train()
         norm = trainer.model.model.layers[0].input_layernorm

@@ -150,7 +150,7 @@ def test_a_compile_that_fails_names_the_settings_that_turn_it_off(monkeypatch):
     monkeypatch.setattr(fused.torch, "compile", broken)
     ops = LayerOps(compiled=True)
     with pytest.raises(RuntimeError, match=r"fused rms_norm \(TorchDynamoException: no working C compiler found\); "
-                       r"set rollout.compile=false and model.compile=false"):  # fmt: skip
+                       r"set rollout.compile=false, model.compile=false and optim.fused_logprobs=false"):  # fmt: skip
         ops._norm(torch.ones(2, 4), torch.ones(4), 1e-6)
     monkeypatch.setattr(fused.torch, "compile", lambda fn, **kwargs: fn)  # a compile that builds: errors of the
     with pytest.raises(RuntimeError, match="size of tensor"):  # function itself pass through as they are
