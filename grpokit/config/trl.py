@@ -82,7 +82,7 @@ TRL_DEFAULTS: dict[str, Any] = {
     "eval_strategy": "no", "save_strategy": "steps", "report_to": "none", "log_completions": False,
     "output_dir": "trainer_output", "bf16": None, "max_tool_calling_iterations": None, "disable_dropout": False,
     "delta": None, "generation_kwargs": None, "sync_ref_model": False, "ref_model_mixup_alpha": 0.6,
-    "ref_model_sync_steps": 512,
+    "ref_model_sync_steps": 512, "use_liger_kernel": False,
 }  # fmt: skip
 """TRL 1.16's defaults of the fields mapped (tests check them against trl.GRPOConfig)."""
 
@@ -483,6 +483,10 @@ def from_trl(args: Any, tools: Sequence[str] = (), environment: Any = None) -> t
     out["model"]["gradient_checkpointing"] = bool(v["gradient_checkpointing"])
     if v["disable_dropout"]:
         out["model"]["disable_dropout"] = True
+    if v["use_liger_kernel"]:  # liger's fused log-prob loss: the same numbers up to rounding, grpokit's own kernels
+        out["optim"]["fused_logprobs"] = True
+        notes.append("use_liger_kernel: grpokit's fused log-softmax (optim.fused_logprobs); liger's own kernels "
+                     "(RMSNorm, RoPE, SwiGLU) are not applied")  # fmt: skip
     out["data"]["shuffle"] = bool(v["shuffle_dataset"])
     out["train"]["report_to"] = report_targets(v["report_to"])
     if v["log_completions"]:

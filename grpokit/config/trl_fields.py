@@ -47,7 +47,8 @@ TRAINING_REFUSED_UNLESS_DEFAULT: dict[str, tuple[Any, str]] = {
     "eval_delay": (0, "evaluation runs before training and every eval.every steps"),
     "full_determinism": (False, "one seed (train.seed); deterministic kernels are not forced"),
     "label_smoothing_factor": (0.0, "label smoothing is no term of the GRPO loss"),
-    "use_liger_kernel": (False, "grpokit chunks the log-probs itself (optim.logprob_chunk_size)"),
+    "use_liger_kernel": (False, "grpokit sft chunks the log-probs itself (optim.logprob_chunk_size); grpokit train "
+                                "maps it to optim.fused_logprobs"),
     "liger_kernel_config": (None, "grpokit chunks the log-probs itself (optim.logprob_chunk_size)"),
     "load_best_model_at_end": (False, "the final checkpoint is the last step's"),
     "neftune_noise_alpha": (None, "no noise is added to the embeddings"),
@@ -94,7 +95,7 @@ KINDS: dict[str, tuple[str, Any]] = {
         "activation_checkpointing", "shuffle_dataset", "log_completions", "bf16", "fp16", "use_vllm",
         "vllm_enable_sleep_mode", "vllm_importance_sampling_correction", "trust_remote_code", "sync_ref_model",
         "disable_dropout", "cast_lm_head_to_fp32", "torch_compile", "packing", "padding_free",
-        "assistant_only_loss", "activation_offloading",
+        "assistant_only_loss", "activation_offloading", "use_liger_kernel",
     ), _BOOL),
     **dict.fromkeys((
         "loss_type", "importance_sampling_level", "lr_scheduler_type", "output_dir", "eval_strategy", "save_strategy",

@@ -79,6 +79,14 @@ def test_a_grpoconfig_object_and_its_to_dict_convert_alike():
     config_from_dict(values)  # grpokit's own checks take it
 
 
+def test_use_liger_kernel_runs_grpokits_fused_log_softmax():
+    trl = pytest.importorskip("trl")
+    values, notes = from_trl(trl.GRPOConfig(output_dir="out", use_cpu=True, use_liger_kernel=True))
+    assert values["optim"]["fused_logprobs"] is True and config_from_dict(values).optim.fused_logprobs is True
+    assert any(n.startswith("use_liger_kernel: grpokit's fused log-softmax") for n in notes)
+    assert "fused_logprobs" not in from_trl(trl.GRPOConfig(output_dir="out", use_cpu=True))[0].get("optim", {})
+
+
 def test_a_training_argument_that_would_change_the_run_is_refused_by_name():
     trl = pytest.importorskip("trl")
     with pytest.raises(ConfigError, match="TRL neftune_noise_alpha=5.0 is not supported: no noise"):
