@@ -28,7 +28,6 @@ off by default.
 from __future__ import annotations
 
 import functools
-import types
 
 import torch
 import torch.nn.functional as F
@@ -127,40 +126,35 @@ def shared_ops(compiled: bool) -> LayerOps:
     return _SHARED[compiled]
 
 
-def _norm_forward_compiled(self, x: Tensor) -> Tensor:
-    return shared_ops(True)._norm(x, self.weight, self.variance_epsilon)
+class _FusedForward:
+    """A fused module's ``forward`` under model.compile (an instance attribute): it keeps its module and calls the
+    shared ops, so a deep copy (the frozen reference) binds to the copy and a pickle (the asynchronous sampler
+    receives the policy pickled) takes it whole, where a bound method of a module-level function would not load."""
 
+    def __init__(self, module: torch.nn.Module, compiled: bool, kind: str):
+        self.module, self.compiled, self.kind = module, bool(compiled), kind
 
-def _norm_forward_eager(self, x: Tensor) -> Tensor:
-    return shared_ops(False)._norm(x, self.weight, self.variance_epsilon)
-
-
-def _mlp_forward_compiled(self, x: Tensor) -> Tensor:
-    return self.down_proj(shared_ops(True)._swiglu(self.gate_proj(x), self.up_proj(x)))
-
-
-def _mlp_forward_eager(self, x: Tensor) -> Tensor:
-    return self.down_proj(shared_ops(False)._swiglu(self.gate_proj(x), self.up_proj(x)))
-
-
-_FORWARDS = {True: (_norm_forward_compiled, _mlp_forward_compiled), False: (_norm_forward_eager, _mlp_forward_eager)}
+    def __call__(self, x: Tensor) -> Tensor:
+        m, ops = self.module, shared_ops(self.compiled)
+        if self.kind == "norm":
+            return ops._norm(x, m.weight, m.variance_epsilon)
+        return m.down_proj(ops._swiglu(m.gate_proj(x), m.up_proj(x)))
 
 
 def fuse_modules(model: torch.nn.Module, compiled: bool = True) -> int:
     """model.compile: every RMSNorm and SwiGLU MLP of ``model`` whose class is known (``RMSNORM_CLASSES``,
     ``MLP_CLASSES`` with a SiLU) runs its fused function from now on, in every forward and its backward: its
-    ``forward`` becomes a method of the instance (the class is untouched, so other models are not; a deep copy,
-    such as the frozen reference, keeps it, bound to the copy). The MLP's projections are still called, LoRA
+    ``forward`` becomes an attribute of the instance (:class:`_FusedForward`: the class is untouched, so other models
+    are not; a deep copy, such as the frozen reference, and a pickle keep it, bound to their own module). The MLP's projections are still called, LoRA
     wrappers included. Returns how many modules were fused."""
     config = getattr(model, "config", None)
     hidden_act = getattr(getattr(config, "get_text_config", lambda: config)(), "hidden_act", None)
-    norm_forward, mlp_forward = _FORWARDS[bool(compiled)]
     fused = 0
     for module in model.modules():
         if _known_norm(module):
-            module.forward = types.MethodType(norm_forward, module)
+            module.forward = _FusedForward(module, compiled, "norm")
         elif _known_mlp(module, hidden_act):
-            module.forward = types.MethodType(mlp_forward, module)
+            module.forward = _FusedForward(module, compiled, "mlp")
         else:
             continue
         fused += 1
