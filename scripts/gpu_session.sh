@@ -32,8 +32,12 @@
 #     less-work  0.5b standard, grpokit alone, with optim.shared_prefix and optim.skip_flat_rows off, then on (the
 #                defaults): what the shared prompt saves in the update under gradient checkpointing on a card
 #
-# Issue 49 item 1 in two device calls of under 10 minutes: `bounds profile` (at most 200 + 200 + 150 s), then
-# `profile-long` (240 s); the first call builds the random 0.5b model (kept in $GRPOKIT_CACHE for the second).
+# Issue 49, the next device session (one call; 2026-11-29 spent 15 minutes in two): measure the candidates against
+# the defaults, run the faster settings beside TRL on both shapes, and profile the decode:
+#   GRPOKIT_CACHE=/tmp/gk DEADLINE=$(( $(date +%s) + 480 )) \
+#     bash scripts/gpu_session.sh fusedtests tune standard-chosen long-chosen profile-decode
+# (the first bench builds the random 0.5b model, kept in $GRPOKIT_CACHE for the others; the whole-step `profile` does
+# not finish on a GPU: use profile-update and profile-decode).
 #
 # Each part has its own time limit, cut to what is left before $DEADLINE (epoch seconds) where that is set (a hang costs that part, not the call); each bench appends its JSON
 # result, labelled, to $OUT/results.jsonl and its table to $OUT/log.txt (the device tool brings back at
