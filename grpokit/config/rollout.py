@@ -246,8 +246,8 @@ class RolloutConfig:
         "auto",
         """fast engine with the static cache: the decode step's elementwise work (RMSNorms with their residual adds,
         RoPE, the SwiGLU gate) through torch.compile, one fused kernel each instead of ~30 per layer
-        (grpokit.model.fused_layers); the first rollout compiles (seconds to a minute). auto: on a GPU (on an H200
-        generation took 0.71x the time: docs/benchmarks.md), not on a CPU.""",
+        (grpokit.model.fused_layers); the first rollout compiles (seconds to a minute). auto: on a GPU with
+        rollout.cuda_graphs (on an H200 generation took 0.71x the time: docs/benchmarks.md), not on a CPU.""",
         check=check_auto_bool,
         allowed="true, false or auto",
     )

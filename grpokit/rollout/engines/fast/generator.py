@@ -124,7 +124,7 @@ class FastGenerator(Engine):
         model's dynamic cache), ``static`` (error if unsupported) or ``dynamic``.
     cuda_graphs: record and replay the static engine's decode steps on CUDA.
     compile: the static engine's elementwise work (norms, residual adds, RoPE, SwiGLU) through torch.compile,
-        a fused kernel each (grpokit.model.fused_layers; rollout.compile); ``auto``: on a CUDA device.
+        a fused kernel each (grpokit.model.fused_layers; rollout.compile); ``auto``: on a CUDA device with cuda_graphs.
     compact: drop finished rows from the batch (and the KV cache) whenever at least half of the
         current batch has finished. Each drop copies the cache once; as the batch at least halves
         each time, the total copying is at most about one extra cache.
@@ -168,7 +168,10 @@ class FastGenerator(Engine):
     def engine_for(self, model: torch.nn.Module):
         """The decode engine for ``model``, built on first use and kept while the model stays the same."""
         if self.engine is None or self.engine.model is not model:
-            compiled = self.compile is True or (self.compile == "auto" and model_device(model).type == "cuda")
+            # auto: where the steps replay CUDA graphs, as measured; launched one by one, each compiled call adds host
+            # work (its guards) per layer and step, not measured
+            auto = self.compile == "auto" and self.cuda_graphs and model_device(model).type == "cuda"
+            compiled = self.compile is True or auto
             self.engine = make_engine(model, self.kv_cache, cuda_graphs=self.cuda_graphs, compiled=compiled)
         return self.engine
 
