@@ -155,3 +155,17 @@ def test_a_compile_that_fails_names_the_settings_that_turn_it_off(monkeypatch):
     monkeypatch.setattr(fused.torch, "compile", lambda fn, **kwargs: fn)  # a compile that builds: errors of the
     with pytest.raises(RuntimeError, match="size of tensor"):  # function itself pass through as they are
         LayerOps(compiled=True)._norm(torch.ones(2, 4), torch.ones(3), 1e-6)
+
+
+@pytest.mark.parametrize(("compile", "graphs", "device", "want"), [
+    ("auto", True, "cuda", True), ("auto", False, "cuda", False), ("auto", True, "cpu", False),
+    (True, False, "cpu", True), (False, True, "cuda", False),
+])  # fmt: skip
+def test_auto_compiles_where_the_decode_replays_cuda_graphs(monkeypatch, compile, graphs, device, want):
+    import grpokit.rollout.engines.fast.generator as generator
+
+    asked = {}
+    monkeypatch.setattr(generator, "model_device", lambda model: torch.device(device))
+    monkeypatch.setattr(generator, "make_engine", lambda model, kv, **kw: asked.update(kw) or "engine")
+    FastGenerator(compile=compile, cuda_graphs=graphs).engine_for(torch.nn.Linear(1, 1))
+    assert asked["compiled"] is want
