@@ -115,7 +115,8 @@ REFUSED_UNLESS_DEFAULT: dict[str, tuple[Any, str]] = {
     "data_seed": (None, "one seed (train.seed) for data and sampling"),
     "lr_scheduler_kwargs": (None, "the schedules take no arguments"),
     "optim": ("adamw_torch", "the optimizer is AdamW (torch's, or torch-optimi's Kahan AdamW in bf16)"),
-    "torch_compile": (False, "no torch.compile"),
+    "torch_compile": (False, "the whole model is not compiled; model.compile fuses its norms and MLPs, rollout.compile "
+                              "the decode's layers"),
 }  # fmt: skip
 """Fields grpokit cannot honour: refused by name, with why, when set to anything but TRL's default."""
 

@@ -57,8 +57,8 @@ TRAINING_REFUSED_UNLESS_DEFAULT: dict[str, tuple[Any, str]] = {
     "resume_from_checkpoint": (None, "resume with GRPOTrainer(..., resume=True or a checkpoint path) or "
                                      "grpokit train --resume"),
     "tf32": (None, "TF32 matmuls are not a setting"),
-    "torch_compile_backend": (None, "no torch.compile"),
-    "torch_compile_mode": (None, "no torch.compile"),
+    "torch_compile_backend": (None, "no whole-model torch.compile (model.compile, rollout.compile)"),
+    "torch_compile_mode": (None, "no whole-model torch.compile (model.compile, rollout.compile)"),
     "train_sampling_strategy": ("random", "prompts come shuffled (data.shuffle) or in order"),
     "vllm_structured_outputs_regex": (None, "no constrained decoding"),
 }  # fmt: skip
