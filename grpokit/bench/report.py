@@ -31,6 +31,9 @@ def print_table(result: dict[str, Any], file=None) -> None:
         f"{result.get('bytes_per_param', '?')} bytes/param for weights+grads+AdamW), "
         f"{result['device']}; decode: {result.get('decode_engine', '?')} KV cache"
         f"{' + CUDA graphs' if result.get('cuda_graphs_used') else ''}"
+        f"{' + compiled layers' if result.get('compiled_decode') else ''}"
+        f"{'; the prompt shared in the passes' if result.get('shared_prompt') else ''}"
+        f"{'; fused log-softmax' if result.get('fused_logprobs') else ''}"
         f"; median of steps 2..{result['steps']}"
         + (f"; memory: {memory['peak_kind']}, gradients computed" if (memory := result.get("memory")) else "")
     )

@@ -145,6 +145,7 @@ def _step_record(i: int, wall: float, m: dict[str, float], shape: BenchShape) ->
         "truncated_frac": float(m["truncated_frac"]),
         "peak_memory_mb": float(m["peak_memory_mb"]),
         "cuda_graphs_used": bool(m.get("rollout/cuda_graphs", 0.0)),
+        "compiled_decode": bool(m.get("rollout/compiled", 0.0)),
         "static_kv_cache": bool(m.get("rollout/static_kv_cache", 0.0)),
     }
 
@@ -257,6 +258,7 @@ def run_bench(
         )
         last = per_step[-1]
         decode_engine = "hf" if engine == "hf" else ("static" if last["static_kv_cache"] else "dynamic")
+        shared_prompt = bool(trainer.learner.shared_prefix)  # optim.shared_prefix as resolved for the device
         bound_inputs = dict(  # the phases' bounds, taken once the trainer's memory is free (a rate may be measured)
             dims=ModelDims.from_dict(config.to_dict()), weight_bytes=first.element_size(), kv_bytes=first.element_size(),
             reference=trainer.algo.uses_reference, lora=cfg.lora.enabled, epochs=cfg.optim.epochs,
@@ -311,6 +313,9 @@ def run_bench(
         "decode_engine": decode_engine,
         "cuda_graphs": cuda_graphs,
         "cuda_graphs_used": last["cuda_graphs_used"],
+        "compiled_decode": last["compiled_decode"],
+        "shared_prompt": shared_prompt,
+        "fused_logprobs": bool(cfg.optim.fused_logprobs),
         "beta": beta,
         "overrides": list(overrides),
         "memory_cap_gib": memory_cap_gib,

@@ -299,6 +299,7 @@ TRAIN: dict[str, Metric] = {
         "MiB", "peak so far: CUDA max_memory_allocated, or the process's resident set on CPU"
     ),
     "rollout/cuda_graphs": Metric("flag", "1 when decoding replayed CUDA graphs"),
+    "rollout/compiled": Metric("flag", "1 when the decode's layers ran compiled (rollout.compile)"),
     "rollout/static_kv_cache": Metric("flag", "1 when decoding ran over the static KV cache"),
     # TRL's names written beside grpokit's where they mean the same (grpokit.compat.trl.names)
     "reward": Metric("reward", f"{TRL_ALIAS}: reward/total/mean"),

@@ -299,13 +299,15 @@ def model_device(model: torch.nn.Module) -> torch.device:
 
 def rollout_metrics(engine) -> dict[str, float]:
     """How the last rollout was decoded, as step metrics: ``rollout/cuda_graphs`` (1 when its decode steps
-    replayed CUDA graphs), ``rollout/static_kv_cache`` (1 when it ran over the static KV cache),
+    replayed CUDA graphs), ``rollout/compiled`` (1 when its layers ran compiled, rollout.compile),
+    ``rollout/static_kv_cache`` (1 when it ran over the static KV cache),
     ``rollout/weight_lag`` (steps the engine's copy of the weights was behind: vllm's sync_every, else 0), and
     the weight push before it, ``rollout/push_bytes`` and ``rollout/push_s`` (0 when none: an engine that holds
     no weights, or weights that had not changed)."""
     stats = getattr(engine, "stats", {})
     return {
         "rollout/cuda_graphs": float(bool(stats.get("cuda_graphs", False))),
+        "rollout/compiled": float(bool(stats.get("compiled", False))),
         "rollout/static_kv_cache": float(stats.get("engine") == "static"),
         "rollout/weight_lag": float(stats.get("weight_lag", 0)),
         "rollout/push_bytes": float(stats.get("push_bytes", 0)),

@@ -117,6 +117,7 @@ def test_a_run_under_model_and_rollout_compile_trains_as_one_without(tmp_path):
         assert getattr(norm.forward, "compiled", False) == (name == "compiled")
         lines = (tmp_path / name / "run" / "metrics.jsonl").read_text().splitlines()
         runs[name] = [json.loads(line) for line in lines if line.strip()]
+        assert {m["rollout/compiled"] for m in runs[name]} == {1.0 if name == "compiled" else 0.0}
     for a, b in zip(runs["plain"], runs["compiled"]):
         assert a["reward/total/mean"] == b["reward/total/mean"] and a["completion_len/mean"] == b["completion_len/mean"]
         for key in ("loss", "kl", "grad_norm", "entropy"):

@@ -249,6 +249,7 @@ class FastGenerator(Engine):
         self.stats = {
             "engine": engine.name,
             "cuda_graphs": bool(getattr(engine, "use_graphs", False)),
+            "compiled": bool(getattr(getattr(engine, "ops", None), "compiled", False)),
             "decode_steps": decode_steps,
             "compactions": compactions,
         }
