@@ -174,12 +174,12 @@ for part in "$@"; do
       ;;
     tune)
       # issue 49: the standard shape, grpokit alone: the defaults, then each candidate of scripts/pick_settings.py
-      # (optim.fused_logprobs, optim.shared_prefix back on, micro-batches of 64), which keeps what beat the
+      # (optim.fused_logprobs, optim.shared_prefix back on, LM-head chunks of 2048 rows), which keeps what beat the
       # defaults -> $OUT/chosen.txt. (On 2026-11-29 the candidates were the padded forward and rollout.compile.)
       bench tune-default 110 --shape standard --model-size 0.5b --steps 3
       bench tune-fused-logprobs 100 --shape standard --model-size 0.5b --steps 3 --set optim.fused_logprobs=true
       bench tune-shared-prefix 70 --shape standard --model-size 0.5b --steps 3 --set optim.shared_prefix=true
-      bench tune-micro-64 70 --shape standard --model-size 0.5b --steps 3 --set optim.micro_batch_size=64
+      bench tune-chunk-2048 70 --shape standard --model-size 0.5b --steps 3 --set optim.logprob_chunk_size=2048
       python3 scripts/pick_settings.py "$OUT/results.jsonl" > "$OUT/chosen.txt" 2>> "$LOG"
       echo "chosen: $(tr '\n' ' ' < "$OUT/chosen.txt")" | tee -a "$LOG"
       ;;

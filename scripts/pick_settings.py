@@ -21,7 +21,7 @@ CAP = 1.2  # x the defaults' peak memory
 CANDIDATES = {  # label: (bench arguments, the phases it acts on)
     "tune-fused-logprobs": (["--set", "optim.fused_logprobs=true"], ("reference", "update")),
     "tune-shared-prefix": (["--set", "optim.shared_prefix=true"], ("reference", "update")),
-    "tune-micro-64": (["--set", "optim.micro_batch_size=64"], ("reference", "update")),
+    "tune-chunk-2048": (["--set", "optim.logprob_chunk_size=2048"], ("reference", "update")),
 }
 
 

@@ -8,7 +8,11 @@ reference's and old log-probs, the update) is a profiler range (grpokit.bench.pr
 written to ``--out`` (and as JSON to ``--json``): its wall time, the time its kernels (operators on a CPU) ran, the
 gaps between them (the device idle, waiting on the host) with the largest named by the kernels on either side, and
 its top kernels by time; then the whole step's top kernels and, on CUDA, its top operators by host time. A
-diagnosis tool for the GPU sessions (scripts/gpu_session.sh, parts ``profile`` and ``profile-long``).
+diagnosis tool for the GPU sessions (scripts/gpu_session.sh, parts ``profile-update`` and ``profile-decode``).
+
+On a GPU profile the decode apart from the passes: a whole step's decode is hundreds of thousands of kernel events,
+whose processing by the profiler did not finish in 150 s on an H200 (2026-11-29). ``--skip generation`` profiles the
+reference pass and the update; ``--skip reference --skip update --set rollout.max_new_tokens=24`` a short decode.
 """
 
 from __future__ import annotations

@@ -20,14 +20,14 @@ def test_a_candidate_is_kept_where_its_phases_beat_the_defaults():
         "tune-default": _result(0.9, 0.45, 2.0, 9.0),
         "tune-fused-logprobs": _result(0.9, 0.35, 1.6, 9.5),  # faster passes: kept
         "tune-shared-prefix": _result(0.9, 0.60, 2.9, 8.8),  # slower: not kept
-        "tune-micro-64": _result(0.9, 0.40, 1.7, 11.5),  # faster, but 1.28x the memory: not kept
+        "tune-chunk-2048": _result(0.9, 0.40, 1.7, 11.5),  # faster, but 1.28x the memory: not kept
     }
     assert pick_settings.pick(results) == ["--set", "optim.fused_logprobs=true"]
-    results["tune-micro-64"]["peak_memory_gib"] = 10.5  # within the cap now
-    assert pick_settings.pick(results) == ["--set", "optim.fused_logprobs=true", "--set", "optim.micro_batch_size=64"]
+    results["tune-chunk-2048"]["peak_memory_gib"] = 10.5  # within the cap now
+    assert pick_settings.pick(results) == ["--set", "optim.fused_logprobs=true", "--set", "optim.logprob_chunk_size=2048"]
     results["tune-fused-logprobs"]["median"]["update_s"] = 2.2  # slower passes in all
-    assert pick_settings.pick(results) == ["--set", "optim.micro_batch_size=64"]
-    assert pick_settings.pick({"tune-micro-64": results["tune-micro-64"]}) == []  # no defaults' run: nothing
+    assert pick_settings.pick(results) == ["--set", "optim.logprob_chunk_size=2048"]
+    assert pick_settings.pick({"tune-chunk-2048": results["tune-chunk-2048"]}) == []  # no defaults' run: nothing
 
 
 def test_main_reads_the_results_file_and_skips_a_failed_run(tmp_path, capsys):
