@@ -193,6 +193,11 @@ class Distributed:
                 "with train.distributed=fsdp: use optim.precision=bf16_mixed or bf16_kahan, or "
                 "train.distributed=ddp."
             )
+        if strategy == "fsdp" and cfg.model.compile:
+            raise ConfigError(
+                "model.compile=true under train.distributed=fsdp: the fused norms would be handed FSDP's sharded weights; "
+                "use train.distributed=ddp, or model.compile=false."
+            )
         if cfg.model.device.startswith("cuda:"):
             raise ConfigError(
                 f"model.device={cfg.model.device!r} under torchrun would put every rank on one GPU: each rank "

@@ -193,11 +193,6 @@ def load_policy(
 ) -> Policy:
     """The model (given, or loaded as cfg.model says: precision, LoRA), its tokenizer checked against it, the
     reference for a KL in the loss or in the reward, the teacher, all wrapped for torchrun (FSDP2 / DDP)."""
-    if cfg.model.compile and dist.active and dist.strategy == "fsdp":
-        raise ConfigError(
-            "model.compile=true under train.distributed=fsdp: the fused norms would be handed FSDP's sharded weights; "
-            "use train.distributed=ddp, or model.compile=false."
-        )
     model, tokenizer, precision, device = load_model(cfg, model, tokenizer)
     run.check_resumable(model, auto=resume is True)  # weights of another architecture: skipped
     check_tokenizer_fits(model, tokenizer, "the tokenizer")

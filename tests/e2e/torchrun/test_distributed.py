@@ -296,6 +296,7 @@ def test_a_bad_launch_is_refused_clearly():
         ("rollout.prompts_per_step=3", "prompts_per_step=3 is not divisible by the world size 2"),
         ("model.device=cuda:1", "would put every rank on one GPU"),
         ("optim.precision=fp16_mixed", "float16 loss scaling"),
+        ("model.compile=true", "model.compile=true under train.distributed=fsdp"),
     ],
 )
 def test_a_bad_torchrun_setting_is_refused_before_joining(monkeypatch, override, message):
