@@ -34,7 +34,6 @@ from __future__ import annotations
 import torch
 
 from grpokit.model.precision import Precision
-from grpokit.model.shared_prefix import shared_prefix_on
 from grpokit.train.distributed import Distributed
 from grpokit.train.reference import ReferencePass
 
@@ -56,9 +55,4 @@ def sampler_reference(
         return None  # (a reference that moves, algo.ref_sync_every: the trainer's copy, changed in place)
     if device.type != "cpu" or (dist.active and dist.strategy == "fsdp"):
         return None
-    optim = cfg.optim
-    return ReferencePass(
-        ref_model, precision, device, cfg.rollout.temperature, optim.logprob_chunk_size, optim.micro_batch_size,
-        optim.micro_batch_tokens if optim.packing else None, shared_prefix_on(optim.shared_prefix, device),
-        optim.fused_logprobs,
-    )  # fmt: skip
+    return ReferencePass.from_config(ref_model, precision, device, cfg)

@@ -3,7 +3,7 @@ and precision: grpokit.train.minibatch.eval_logprobs), made from settings a proc
 in an asynchronous run's sampler process (grpokit.collect.reference says when and why), the teacher's in on-policy
 distillation (grpokit.train.teacher).
 
-    log_pass = ReferencePass(model, precision, device, temperature, chunk_size, micro_batch_size, tokens)
+    log_pass = ReferencePass.from_config(model, precision, device, cfg)   # as cfg's trainer runs its passes
     ref_logprobs = log_pass.logprobs(policy, rollout)    # (N, Lc); model None: the policy with its adapter off
 
 And the reference's one move, algo.ref_sync_every > 0: ``mix_toward(reference, policy, alpha)``.
@@ -21,6 +21,7 @@ import torch
 
 from grpokit.model.logprobs import completion_logprobs
 from grpokit.model.precision import Precision
+from grpokit.model.shared_prefix import shared_prefix_on
 from grpokit.rollout.generation import Rollout
 from grpokit.train.distributed import Distributed
 from grpokit.train.learner import MicroBatchSize
@@ -90,6 +91,17 @@ class ReferencePass:
     micro_batch_tokens: int | str | None  # optim.packing: its token budget; None: padded micro-batches
     shared_prefix: bool = False  # optim.shared_prefix (padded micro-batches only), as the trainer's passes
     fused_logprobs: bool = False  # optim.fused_logprobs, as the trainer's passes
+
+    @classmethod
+    def from_config(cls, model: torch.nn.Module | None, precision: Precision, device: torch.device, cfg) -> ReferencePass:
+        """The pass as ``cfg``'s trainer runs its own: rollout.temperature and the optim.* settings of its log-prob
+        passes (optim.shared_prefix resolved for ``device``)."""
+        optim = cfg.optim
+        return cls(
+            model, precision, device, cfg.rollout.temperature, optim.logprob_chunk_size, optim.micro_batch_size,
+            optim.micro_batch_tokens if optim.packing else None, shared_prefix_on(optim.shared_prefix, device),
+            optim.fused_logprobs,
+        )  # fmt: skip
 
     def logprobs(self, policy: torch.nn.Module, r: Rollout) -> torch.Tensor:
         """(N, Lc) the reference's log-probs of ``r``'s completions; ``policy``: this process's copy of the policy,

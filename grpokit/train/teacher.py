@@ -40,7 +40,6 @@ from grpokit.model.loading import (
     load_tokenizer,
 )
 from grpokit.model.precision import Precision
-from grpokit.model.shared_prefix import shared_prefix_on
 from grpokit.rollout.engines.base import Rollout
 from grpokit.train.distributed import Distributed
 from grpokit.train.reference import ReferencePass
@@ -81,13 +80,7 @@ class Teacher:
         model.requires_grad_(False)
         model.eval()
         check_tokenizer_fits(model, tokenizer, key)
-        optim = cfg.optim
-        log_pass = ReferencePass(
-            model, precision, device, cfg.rollout.temperature, optim.logprob_chunk_size, optim.micro_batch_size,
-            optim.micro_batch_tokens if optim.packing else None, shared_prefix_on(optim.shared_prefix, device),
-            optim.fused_logprobs,
-        )  # fmt: skip
-        return cls(model, log_pass, path)
+        return cls(model, ReferencePass.from_config(model, precision, device, cfg), path)
 
     def logprobs(self, policy: torch.nn.Module, r: Rollout) -> torch.Tensor:
         """(N, Lc) the teacher's log-probs of ``r``'s completion tokens (0 at padding); ``policy``: the student,
