@@ -116,14 +116,10 @@ def _known_mlp(module: torch.nn.Module, hidden_act: str | None) -> bool:
     )
 
 
-_SHARED: dict[bool, LayerOps] = {}  # compiled -> the ops every fused module's forward calls (one compile each)
-
-
+@functools.cache
 def shared_ops(compiled: bool) -> LayerOps:
     """The process's LayerOps (compiled or eager), made once: every fused module of every model uses them."""
-    if compiled not in _SHARED:
-        _SHARED[compiled] = LayerOps(compiled)
-    return _SHARED[compiled]
+    return LayerOps(compiled)
 
 
 class _FusedForward:
@@ -135,18 +131,16 @@ class _FusedForward:
         self.module, self.compiled, self.kind = module, bool(compiled), kind
 
     def __call__(self, x: Tensor) -> Tensor:
-        m, ops = self.module, shared_ops(self.compiled)
-        if self.kind == "norm":
-            return ops._norm(x, m.weight, m.variance_epsilon)
-        return m.down_proj(ops._swiglu(m.gate_proj(x), m.up_proj(x)))
+        ops = shared_ops(self.compiled)
+        return ops.fused_norm(self.module, x) if self.kind == "norm" else ops.fused_mlp(self.module, x)
 
 
 def fuse_modules(model: torch.nn.Module, compiled: bool = True) -> int:
     """model.compile: every RMSNorm and SwiGLU MLP of ``model`` whose class is known (``RMSNORM_CLASSES``,
     ``MLP_CLASSES`` with a SiLU) runs its fused function from now on, in every forward and its backward: its
     ``forward`` becomes an attribute of the instance (:class:`_FusedForward`: the class is untouched, so other models
-    are not; a deep copy, such as the frozen reference, and a pickle keep it, bound to their own module). The MLP's projections are still called, LoRA
-    wrappers included. Returns how many modules were fused."""
+    are not; a deep copy, such as the frozen reference, and a pickle keep it, bound to their own module). The MLP's
+    projections are still called, LoRA wrappers included. Returns how many modules were fused."""
     config = getattr(model, "config", None)
     hidden_act = getattr(getattr(config, "get_text_config", lambda: config)(), "hidden_act", None)
     fused = 0
@@ -172,9 +166,18 @@ class LayerOps:
         wrap = compiled_function if compiled else (lambda f: f)
         self._norm, self._add_norm, self._swiglu, self.rope = wrap(rms_norm), wrap(add_rms_norm), wrap(swiglu), wrap(rope_qk)
 
+    def fused_norm(self, module: torch.nn.Module, x: Tensor) -> Tensor:
+        """An RMSNorm ``module`` of a known class on ``x``, as one fused function."""
+        return self._norm(x, module.weight, module.variance_epsilon)
+
+    def fused_mlp(self, module: torch.nn.Module, x: Tensor) -> Tensor:
+        """A SwiGLU MLP ``module`` of a known class on ``x``: its three projections (LoRA wrappers included) around
+        one fused gate."""
+        return module.down_proj(self._swiglu(module.gate_proj(x), module.up_proj(x)))
+
     def norm(self, module: torch.nn.Module, x: Tensor) -> Tensor:
         """``module(x)`` for an RMSNorm ``module``, fused where its class is known."""
-        return self._norm(x, module.weight, module.variance_epsilon) if _known_norm(module) else module(x)
+        return self.fused_norm(module, x) if _known_norm(module) else module(x)
 
     def add_norm(self, module: torch.nn.Module, h: Tensor, delta: Tensor) -> tuple[Tensor, Tensor]:
         """``(h + delta, module(h + delta))``, in one kernel where ``module``'s class is known."""
@@ -184,11 +187,8 @@ class LayerOps:
         return h, module(h)
 
     def mlp(self, module: torch.nn.Module, x: Tensor) -> Tensor:
-        """``module(x)`` for a Llama-family MLP: its three projections (LoRA wrappers included) around one fused
-        gate, where its class is known."""
-        if not _known_mlp(module, self.hidden_act):
-            return module(x)
-        return module.down_proj(self._swiglu(module.gate_proj(x), module.up_proj(x)))
+        """``module(x)`` for a Llama-family MLP, fused (:meth:`fused_mlp`) where its class is known."""
+        return self.fused_mlp(module, x) if _known_mlp(module, self.hidden_act) else module(x)
 
     def layers(self, decoder: torch.nn.Module, hidden: Tensor, attention) -> Tensor:
         """hidden (B, T, H) through every layer of ``decoder`` and its final norm (pre-norm residual blocks, as

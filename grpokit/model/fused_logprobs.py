@@ -17,6 +17,8 @@ or runs eagerly (the tests' reference, the same formulas). The same values as th
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import Tensor
 
@@ -60,14 +62,10 @@ class ChunkOps:
             self.forward, self.backward = chunk_forward, chunk_backward
 
 
-_OPS: dict[bool, ChunkOps] = {}
-
-
+@functools.cache
 def chunk_ops(compiled: bool) -> ChunkOps:
     """The process's ChunkOps (compiled or eager), made once."""
-    if compiled not in _OPS:
-        _OPS[compiled] = ChunkOps(compiled)
-    return _OPS[compiled]
+    return ChunkOps(compiled)
 
 
 class _FusedSelectiveLogSoftmax(torch.autograd.Function):

@@ -402,7 +402,7 @@ class PolicyUpdate:
                     packed=learner.micro.packed,
                     **({"entropy_grad": True} if bonus else {}),  # off: the call (and memory) of before
                     **({"shared_prefix": True} if learner.shared_prefix else {}),
-                    **({"fused": True} if getattr(learner, "fused_logprobs", False) else {}),
+                    **({"fused": True} if learner.fused_logprobs else {}),
                 )  # (n, L), float32
             micro_mask = tensors["loss_mask"]
             width = logprobs.shape[1]
