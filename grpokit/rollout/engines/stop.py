@@ -71,9 +71,13 @@ class StopStrings:
     def end(self, ids: list[int]) -> int | None:
         """The smallest n whose first n tokens' text holds a stop string (the completion's length with the stop),
         or None. A binary search: log2(len(ids)) decodes."""
-        decode = self.tokenizer.decode
-        if not ids or not self.holds(decode(ids, skip_special_tokens=False)):
+        if not ids or not self.holds(self.tokenizer.decode(ids, skip_special_tokens=False)):
             return None
+        return self._first_holding(ids)
+
+    def _first_holding(self, ids: list[int]) -> int:
+        """end() for ``ids`` whose whole text is known to hold a stop string."""
+        decode = self.tokenizer.decode
         low, high = 1, len(ids)  # the text of ids[:high] holds one; find the first n that does
         while low < high:
             mid = (low + high) // 2
@@ -92,8 +96,7 @@ def cut_at_stop(rollout: Rollout, stop: StopStrings, pad_token_id: int) -> Rollo
         raise ValueError("stop strings cut single-turn rollouts; this one has turns (context_mask)")
     ids = rollout.completion_token_ids()
     texts = stop.tokenizer.batch_decode(ids, skip_special_tokens=False)
-    ends = {row: stop.end(ids[row]) for row, text in enumerate(texts) if stop.holds(text)}
-    ends = {row: n for row, n in ends.items() if n is not None}
+    ends = {row: stop._first_holding(ids[row]) for row, text in enumerate(texts) if stop.holds(text)}
     if not ends:
         return rollout
     mask = rollout.completion_mask.clone()
