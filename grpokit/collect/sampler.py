@@ -88,8 +88,7 @@ class Sampler:
         self.episodes = episodes  # multi-turn rollouts (grpokit.rollout.episodes), or None
         self.say = say or Notices()
         self.eos_ids = eos_token_ids(tokenizer, model)
-        stop = cfg.rollout.stop
-        self.stop_strings = StopStrings(tuple(stop), tokenizer) if stop else None  # rollout.stop, or None
+        self.stop_strings = StopStrings.of(cfg.rollout.stop, tokenizer)  # rollout.stop, or None
         # the prompts' token ids (given when already encoded, as the trainer does before the model loads)
         self.encoded = encoded if encoded is not None else encode_rows(cfg.data, train_rows, tokenizer)
         # data.selection: the per-prompt history and the skip rule (grpokit.rollout.selection), or None

@@ -42,8 +42,9 @@ class UpdateStats:
         self.loss_sum += float(loss.detach())
         for k, v in stats.items():
             if k in EXTREMES:
-                if tokens and not math.isnan(float(v)):  # a micro-batch without loss tokens has no extreme
-                    self._extreme(k, float(v))
+                value = float(v)
+                if tokens and not math.isnan(value):  # a micro-batch without loss tokens has no extreme
+                    self._extreme(k, value)
             elif k != "num_tokens":
                 self.weighted[k] = self.weighted.get(k, 0.0) + float(v) * tokens
 

@@ -293,7 +293,7 @@ def _sample_all(cfg, model, tokenizer, rows, encoded, runner, out: Path, log, cl
     thresholds = dict(zip(names, (spec.min for spec in cfg.rewards)))
     candidates: list[dict] = []
     done_prompts, started, sampled_here = 0, time.perf_counter(), 0
-    stop_strings = StopStrings(tuple(s.stop), tokenizer) if s.stop else None  # sample.stop
+    stop_strings = StopStrings.of(s.stop, tokenizer)  # sample.stop, or None
     with StopOnSignals() as stop:
         for first in range(0, len(rows), s.batch_prompts):
             path = out / "candidates" / f"{first:08d}.jsonl"

@@ -43,6 +43,11 @@ class StopStrings:
         if not self.strings or not all(isinstance(s, str) and s for s in self.strings):
             raise ValueError(f"stop strings must be non-empty strings, got {list(self.strings)!r}")
 
+    @classmethod
+    def of(cls, strings, tokenizer) -> StopStrings | None:
+        """The stop strings of a setting (rollout.stop, sample.stop), or None when it lists none."""
+        return cls(tuple(strings), tokenizer) if strings else None
+
     @property
     def window(self) -> int:
         """Tokens at the end of a completion whose text holds any stop string that ends in the last of them: 4 per
