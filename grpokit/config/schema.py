@@ -302,6 +302,30 @@ class TrainConfig:
         example=0.9,
         meaning="0 = off",
     )
+    adopt_average: bool = setting(
+        False,
+        """Every train.adopt_every steps the policy takes the weights of its average (train.ema_decay's, or d = 0.9
+        when that is 0) when the average's greedy completions of train.adopt_prompts training prompts score higher
+        than the policy's, by the accuracy reward (the run's weighted reward without one; grpokit.train.weight_average.
+        Adoption). For a run whose policy swings around a plateau (a learning rate too high for it): on the learn
+        bench's twin task 6-12 points more; on the R1 demo's RL stages, which climb slowly, about 2 less, so off by
+        default (docs/algorithms/average.md). One more copy of the weights and, every train.adopt_every steps,
+        two greedy decodes of train.adopt_prompts prompts scored by the reward functions. Single-turn, synchronous
+        runs without optimizer offload or fsdp.""",
+    )
+    adopt_every: int = setting(
+        10,
+        "Steps between train.adopt_average's comparisons (after steps k, 2k, ...).",
+        range="[1, inf)",
+        example=10,
+    )
+    adopt_prompts: int = setting(
+        64,
+        """Training prompts train.adopt_average compares the policy and its average on: the same rows at every
+        comparison, drawn once with train.seed (all of them when there are fewer).""",
+        range="[1, inf)",
+        example=64,
+    )
     stop_after_flat_steps: int = setting(
         5,
         """Stop (with the likely cause) after this many consecutive steps in which no group has any reward

@@ -82,6 +82,17 @@ TRAIN: dict[str, Metric] = {
     "selection/dry": Metric(
         "flag", "1 while every training prompt's last visit was flat: no skip, no refill", "data.selection on"
     ),
+    # the policy taking its average: grpokit.train.weight_average.Adoption (train.adopt_average)
+    "average/adopted": Metric(
+        "flag", "1 when the policy took its average's weights after this step", "train.adopt_average, every adopt_every"
+    ),
+    "average/score": Metric(
+        "reward", "the average's greedy completions of the comparison's training prompts, mean reward",
+        "train.adopt_average, every adopt_every",
+    ),
+    "average/policy_score": Metric(
+        "reward", "the policy's, on the same prompts (before it took the average)", "train.adopt_average, every adopt_every"
+    ),
     "history/seen_frac": Metric("share", "training prompts visited at least once", "data.selection on"),
     "history/solved_frac": Metric(
         "share", "training prompts whose last visit was all solved (no reward spread)", "data.selection on"

@@ -10,11 +10,24 @@ its middle; where the policy is still climbing it lags about 1 / (1 - d) steps b
 
     average = WeightAverage.build(policy_model, decay=0.9)     # a copy of the policy, no gradients
     average.step(policy_model)                                 # after each step
+
+``train.adopt_average`` (``Adoption``, off by default) turns the average into a move of the policy itself: every k
+steps both score greedy completions of the same training prompts with the accuracy reward, and when the average
+scores higher the policy takes its weights (the optimizer's moments stay). A policy climbing fast scores above its
+lagging average and keeps its weights; one swinging around a plateau is brought back to the average's middle, which
+it then leaves more slowly; one climbing slowly can lose a little (docs/algorithms/average.md).
+
+    adoption = Adoption.build(cfg.train, train_rows=400, seed=0)   # every 10 steps, 64 fixed prompts
+    if adoption.due(step):
+        scores = adoption.compare(average, policy, score)             # score(model) -> mean reward
 """
 
 from __future__ import annotations
 
 import copy
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -24,6 +37,8 @@ from grpokit.train.reference import mix_toward
 
 EMA_DIR = "ema"
 """A checkpoint's folder of the averaged weights (grpokit.model.checkpoint.MODEL_SUBFOLDERS)."""
+ADOPTED_DECAY = 0.9
+"""The average's decay under train.adopt_average when train.ema_decay is 0."""
 
 
 class WeightAverage:
@@ -47,3 +62,49 @@ class WeightAverage:
     def step(self, policy: torch.nn.Module) -> None:
         """theta_ema <- d theta_ema + (1 - d) theta, parameter by parameter."""
         mix_toward(self.model, policy, 1.0 - self.decay)
+
+    def adopt_into(self, policy: torch.nn.Module) -> None:
+        """theta <- theta_ema for every parameter the policy trains (by name; its frozen ones, LoRA's base, are the
+        average's already), in place: the optimizer's moments and the policy object stay."""
+        averaged = dict(self.model.named_parameters())
+        with torch.no_grad():
+            for name, param in policy.named_parameters():
+                if param.requires_grad:
+                    param.copy_(averaged[name].to(param.device, param.dtype))
+
+
+@dataclass(frozen=True)
+class Adoption:
+    """train.adopt_average: after every ``every``-th step, the policy takes the average's weights when the average's
+    greedy completions of the training rows ``row_ids`` score above the policy's (a tie keeps the policy: on a slow
+    climb the two often answer alike, and taking the lagging average then would undo steps)."""
+
+    every: int
+    row_ids: tuple[int, ...]
+
+    @classmethod
+    def build(cls, train, train_rows: int, seed: int) -> Adoption:
+        """train.adopt_every and train.adopt_prompts rows of the ``train_rows`` training rows, drawn once with
+        ``seed`` (sorted: the order they are decoded in), so a resumed run compares on the same rows."""
+        count = min(train.adopt_prompts, train_rows)
+        return cls(train.adopt_every, tuple(sorted(random.Random(seed).sample(range(train_rows), count))))
+
+    def due(self, steps_done: int) -> bool:
+        """Whether the comparison follows step ``steps_done`` (k, 2k, ...)."""
+        return steps_done > 0 and steps_done % self.every == 0
+
+    def compare(
+        self,
+        average: WeightAverage,
+        policy: torch.nn.Module,
+        score: Callable[[torch.nn.Module], float],
+        agree: Callable[[bool], bool] = bool,
+    ) -> dict[str, float]:
+        """Score both with ``score`` (a model -> the mean reward of its greedy completions of ``row_ids``), move the
+        policy to the average when it scores higher (``agree``: every rank's decision, under torchrun all
+        must take it) and return the step's average/* metrics."""
+        average_score, policy_score = float(score(average.model)), float(score(policy))
+        adopted = bool(agree(average_score > policy_score))
+        if adopted:
+            average.adopt_into(policy)
+        return {"average/adopted": float(adopted), "average/score": average_score, "average/policy_score": policy_score}

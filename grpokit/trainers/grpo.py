@@ -235,6 +235,12 @@ class GRPOTrainer:
             log.print(f"prompts: {self.sampler.episodes.describe_prompts(len(prompts))}")
         else:
             log.print(f"prompts: {describe_templates(prompts, self.cfg.data.template)}")  # TRL's convention or not
+        adoption = self.parts.policy.adoption
+        if adoption is not None:  # train.adopt_average: the policy's weights may be replaced, said once
+            log.print(
+                f"average: every {adoption.every} steps the policy takes the weights of its average when that "
+                f"scores higher on {len(adoption.row_ids)} training prompts (train.adopt_average; false turns it off)"
+            )
         if self.accuracy_name is None:  # TRL's behaviour: train on the rewards given, say what is missing
             log.print(f"accuracy: {self.accuracy_why}")
         else:
@@ -290,12 +296,17 @@ class GRPOTrainer:
         self.step += 1
         self.learner.scheduler.step()
         self.updater.sync_reference(self.step)  # algo.ref_sync_every: the reference moves toward the policy
-        if self.parts.policy.average is not None:  # train.ema_decay: the average of the weights takes this step's
-            self.parts.policy.average.step(self.model)
+        average, adoption, adopted = self.parts.policy.average, self.parts.policy.adoption, {}
+        if average is not None:  # train.ema_decay / adopt_average: the average of the weights takes this step's
+            average.step(self.model)
+        if adoption is not None and adoption.due(self.step):  # train.adopt_average: the policy may take the average
+            adopted = adoption.compare(average, self.dist.generation_model(self.model, self.step), self._greedy_reward,
+                                       agree=self.dist.all_true)  # fmt: skip
         self.source.trained(self.model, self.step)  # e.g. the sampler process gets the new weights when due
         # metrics: the global batch's under torchrun
         abs_mean = advantage_abs_mean(advantages, batch.rollout.completion_mask, dist)
         metrics = step_metrics(everyone, abs_mean, update_metrics, got.sampling, self.accuracy_name)
+        metrics.update(adopted)  # average/adopted, average/score, average/policy_score: on a comparison's steps
         if teacher_logprobs is not None:  # teacher/kl: the student's per-token reverse KL to the teacher
             metrics.update(teacher_metrics(old_logprobs, teacher_logprobs, batch.rollout.completion_mask, dist))
         generated = float(batch.rollout.completion_mask.sum())
@@ -308,6 +319,14 @@ class GRPOTrainer:
         if sampled:
             self._save_samples(batch, advantages, record)
         return metrics
+
+    def _greedy_reward(self, model: torch.nn.Module) -> float:
+        """train.adopt_average's score of ``model``: the mean reward of its greedy completions of the comparison's
+        training rows, decoded by the evaluation's engine."""
+        rows = self.parts.policy.adoption.row_ids
+        return self.sampler.greedy_reward(
+            model, self.eval_generator, rows, step=self.step, log_history=self.log_history, reward=self.accuracy_name
+        )
 
     # ----------------------------------------------------------------------------- samples, eval, io
 
@@ -444,7 +463,7 @@ class GRPOTrainer:
         was = model.training
         result = self._held_out(self.dist.generation_model(model, self.step), rows, examples)
         average = self.parts.policy.average
-        if average is not None:  # train.ema_decay: the averaged weights, evaluated the same way
+        if average is not None and cfg.train.ema_decay:  # train.ema_decay: the averaged weights, evaluated the same way
             result.update({f"ema/{k}": v for k, v in self._held_out(average.model, rows, []).items()})
         model.train(was)
         sampled_zero = result.get(f"mean_at_{cfg.eval.num_samples}", 0) == 0

@@ -62,7 +62,7 @@ from grpokit.train.mismatch import MismatchCorrection, MismatchGuard
 from grpokit.train.reference import REFERENCE_DIR
 from grpokit.train.teacher import Teacher, check_teacher_engine
 from grpokit.train.update import PolicyUpdate
-from grpokit.train.weight_average import EMA_DIR, WeightAverage
+from grpokit.train.weight_average import ADOPTED_DECAY, EMA_DIR, Adoption, WeightAverage
 
 
 def run_reward_functions(cfg: Config, algo, given: list[tuple[str, Any, float]] | None) -> tuple[list, dict[str, str]]:
@@ -185,7 +185,8 @@ class Policy:
     device: torch.device
     ref_model: torch.nn.Module | None  # the frozen reference (None: no KL, or LoRA's base with the adapter off)
     teacher: Teacher | None  # on-policy distillation's teacher
-    average: WeightAverage | None = None  # train.ema_decay: the average of the policy's weights, or None
+    average: WeightAverage | None = None  # train.ema_decay / adopt_average: the average of the policy's weights
+    adoption: Adoption | None = None  # train.adopt_average: when the policy takes the average's weights, or None
 
 
 def load_policy(
@@ -204,18 +205,36 @@ def load_policy(
             load_weights_into(ref_model, moved)
     # on-policy distillation (algo.teacher_kl_coef > 0): a frozen teacher scores the student's tokens
     teacher = Teacher.build(cfg, algo, tokenizer, device, precision)
-    average = None
-    if cfg.train.ema_decay:  # the policy's weights averaged (taken back from the checkpoint on resume)
+    average, adopting = None, adoption_on(cfg, inputs, dist)
+    if cfg.train.ema_decay or adopting:  # the policy's weights averaged (taken back from the checkpoint on resume)
         if dist.active and dist.strategy == "fsdp":
             raise ConfigError(
                 f"train.ema_decay={cfg.train.ema_decay:g} under train.distributed=fsdp: the average would be a whole "
                 "copy of the weights on every rank; use train.distributed=ddp, or train.ema_decay=0."
             )
-        average = WeightAverage.build(model, cfg.train.ema_decay, run.resume_from)
+        average = WeightAverage.build(model, cfg.train.ema_decay or ADOPTED_DECAY, run.resume_from)
+    adoption = Adoption.build(cfg.train, len(inputs.train_rows), cfg.train.seed) if adopting else None
     dist.wrap(model, ref_model, run.resume_from)  # torchrun: FSDP2 / DDP
     if inputs.episodes is not None:
         inputs.episodes.check_tokenizer(tokenizer)  # a template that cannot render tools or turns
-    return Policy(model, tokenizer, precision, device, ref_model, teacher, average)
+    return Policy(model, tokenizer, precision, device, ref_model, teacher, average, adoption)
+
+
+def adoption_on(cfg: Config, inputs: RunInputs, dist: Distributed) -> bool:
+    """train.adopt_average (grpokit.train.weight_average.Adoption), refused by name where it cannot work."""
+    cannot = [why for applies, why in (
+        (inputs.episodes is not None, "multi-turn episodes (rollout.tools / rollout.environment): the comparison "
+                                      "decodes single completions"),
+        (inputs.plan.off_policy, "an asynchronous run (rollout.max_staleness > 0): its rewards are scored in the "
+                                 "sampler process"),
+        (cfg.optim.offload_optimizer, "optim.offload_optimizer: the optimizer's own copy of the weights would "
+                                      "overwrite the average's"),
+        (dist.active and dist.strategy == "fsdp", "train.distributed=fsdp: the average would be a whole copy of the "
+                                                  "weights on every rank"),
+    ) if applies]  # fmt: skip
+    if cfg.train.adopt_average and cannot:
+        raise ConfigError(f"train.adopt_average=true does not work with {cannot[0]}; set train.adopt_average=false")
+    return cfg.train.adopt_average
 
 
 # ----------------------------------------------------------------------------- 3. the parts assembled

@@ -61,6 +61,8 @@ def grpo_run(out: Path) -> Path:
             "algo.max_sampling_rounds=20",
             "rollout.mismatch_correction=token_truncate",  # mismatch/* (any engine; vllm's default)
             "train.ema_decay=0.5",  # ema/* in eval.jsonl
+            "train.adopt_average=true",  # average/*: the policy compares itself with its average after every step
+            "train.adopt_every=1",
         ],
     )
     rewards = [("has_seven", has_seven, 1.0), ("sevens_logged", sevens_logged, 0.5)]

@@ -47,6 +47,8 @@ CASES = {
     "ref_sync_async": ["algo.ref_sync_every=1", "rollout.max_staleness=1"],
     # the average of the weights (train.ema_decay): its ema/ folder, compared below (it changes no update)
     "ema": ["train.ema_decay=0.5"],
+    # the policy taking its average after every step (train.adopt_average): the average and the comparison's rows
+    "adopt": ["train.adopt_average=true", "train.adopt_every=1", "train.adopt_prompts=12", "train.ema_decay=0.5"],
 }  # fmt: skip
 SFT = [
     "train.steps=3", "train.save_every=1", "train.keep_checkpoints=3", "train.tensorboard=false",
@@ -120,9 +122,15 @@ def test_a_run_resumed_after_step_2_has_the_uninterrupted_runs_weights(straight,
     assert got.keys() == weights.keys()
     for name, p in got.items():
         assert torch.equal(p, weights[name]), (case, name)
-    if case == "ema":  # the average is taken back from step 2's ema/ and takes step 3 as the straight run's did
+    if case in ("ema", "adopt"):  # the average is taken back from step 2's ema/ and takes step 3 as the straight run's
         for name, p in trainer.parts.policy.average.model.named_parameters():
-            assert torch.equal(p, straight.averages["ema"][name]), name
+            assert torch.equal(p, straight.averages[case][name]), name
+    if case == "adopt":  # step 3's comparison as the straight run's; a comparison moved the policy (so the case tests it)
+        line = {m["step"]: m for m in read_metrics(tmp_path / "run" / "metrics.jsonl")}[3]
+        straight_lines = {m["step"]: m for m in read_metrics(straight(case)[0] / "metrics.jsonl")}
+        keys = ("average/adopted", "average/score", "average/policy_score")
+        assert [line[k] for k in keys] == [straight_lines[3][k] for k in keys]
+        assert any(straight_lines[s]["average/adopted"] == 1.0 for s in (1, 2, 3))
     if case.startswith("async"):  # the same batches from the same weights: the straight run's versions
         lines = {m["step"]: m for m in read_metrics(tmp_path / "run" / "metrics.jsonl")}
         straight_lines = {m["step"]: m for m in read_metrics(straight(case)[0] / "metrics.jsonl")}
