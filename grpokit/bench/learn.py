@@ -171,7 +171,7 @@ def _run_grpokit(task: LearnTask, seed: int, steps: int, eval_every: int, extra:
         cfg.train.output_dir = out
         trainer = GRPOTrainer(cfg, train_rows=train_rows, reward_functions=task_rewards(task))
         average = trainer.parts.policy.average  # train.ema_decay: the averaged weights are the model evaluated
-        evaluated = trainer.model if average is None else average.model
+        evaluated = average.model if average is not None and cfg.train.ema_decay else trainer.model
         clock = TrainClock()
         curve = [_point(0, clock, evaluated, trainer.tokenizer, eval_rows, task)]
         selection: list[dict[str, float]] = []  # each step's selection/* numbers (data.selection on)
@@ -181,7 +181,7 @@ def _run_grpokit(task: LearnTask, seed: int, steps: int, eval_every: int, extra:
             clock.stop()
             if not metrics:  # the prompts are solved: grpokit stops (stopped_early)
                 break
-            selection.append({k: v for k, v in metrics.items() if k.startswith(("selection/", "zero_var"))})
+            selection.append({k: v for k, v in metrics.items() if k.startswith(("selection/", "zero_var", "average/"))})
             if step % eval_every == 0 or step == steps:
                 curve.append(_point(step, clock, evaluated, trainer.tokenizer, eval_rows, task))
     return {"curve": curve, "selection": selection}
