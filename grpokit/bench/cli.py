@@ -430,9 +430,7 @@ def add_bench_options(p: argparse.ArgumentParser) -> None:
         "--lr", type=float, help="--learn: the learning rate of both frameworks (default: the task's, 1e-4; tools 3e-4)"
     )
     p.add_argument(
-        "--arms",
-        help="--learn: comma-separated, of grpokit, selection (data.selection.mode=greso), adoption "
-        "(train.adopt_average=true), trl (default grpokit,selection,trl)",
+        "--arms", help="--learn: comma-separated, of grpokit, selection, no_adoption, trl (default grpokit,selection,trl)"
     )
     p.add_argument(
         "--trl-set",

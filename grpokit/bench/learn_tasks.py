@@ -211,6 +211,6 @@ def greedy_accuracy(model, tokenizer, rows: list[dict], max_new_tokens: int, bat
 # ----------------------------------------------------------------------------- the two workers
 
 
-ARMS = {"grpokit": [], "selection": ["data.selection.mode=greso"], "adoption": ["train.adopt_average=true"]}
-"""grpokit's arms: its defaults, with prompt selection (data.selection, grpokit.rollout.selection), and with the
-policy taking its average where that scores higher (train.adopt_average, grpokit.train.weight_average)."""
+ARMS = {"grpokit": [], "selection": ["data.selection.mode=greso"], "no_adoption": ["train.adopt_average=false"]}
+"""grpokit's arms: its defaults, with prompt selection (data.selection, grpokit.rollout.selection), and without the
+policy taking its average (train.adopt_average, grpokit.train.weight_average; on by default on a CPU)."""

@@ -289,11 +289,11 @@ class Sampler:
     def greedy_reward(
         self, model: torch.nn.Module, generator, row_ids: Sequence[int], *, step: int,
         log_history: Sequence[dict[str, float]] = (), reward: str | None = None,
-    ) -> float:  # fmt: skip
-        """The mean reward of ``model``'s greedy completions of the training rows ``row_ids``, decoded by ``generator``
-        (the trainer's evaluation engine) as the held-out evaluation decodes: the function named ``reward``'s, or
-        without one the total (the run's weighted sum, as training scores). train.adopt_average's comparison
-        (grpokit.train.weight_average.Adoption)."""
+    ) -> list[float]:  # fmt: skip
+        """The reward of ``model``'s greedy completion of each training row ``row_ids``, decoded by ``generator`` (the
+        trainer's evaluation engine) as the held-out evaluation decodes: the function named ``reward``'s (a row it
+        does not apply to scores 0), or without one the total (the run's weighted sum, as training scores).
+        train.adopt_average's comparison (grpokit.train.weight_average.Adoption)."""
         r = self.cfg.rollout
         model.eval()
         params = SamplingParams(
@@ -303,10 +303,9 @@ class Sampler:
         )  # fmt: skip
         out = generator.generate(model, [self.encoded[i] for i in row_ids], params)
         scored = self.score(out, [self.train_rows[i] for i in row_ids], step=step, log_history=log_history)
-        if reward is not None:  # one function's values (a row it does not apply to scores 0)
-            values = [float(v) if v is not None else 0.0 for v in scored.per_function[reward]]
-            return sum(values) / len(values)
-        return float(scored.rewards.mean())
+        if reward is not None:
+            return [float(v) if v is not None else 0.0 for v in scored.per_function[reward]]
+        return scored.rewards.tolist()
 
     def episode_metrics(self) -> dict[str, float]:
         """Multi-turn rollouts' metrics since the last call (episode/turns_mean, tools/calls...) over every

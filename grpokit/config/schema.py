@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from grpokit.config.checks import (
     REPORT_TO,
     build_config,
+    check_auto_bool,
     check_config,
     check_device,
     check_output_path,
@@ -302,16 +303,19 @@ class TrainConfig:
         example=0.9,
         meaning="0 = off",
     )
-    adopt_average: bool = setting(
-        False,
+    adopt_average: bool | str = setting(
+        "auto",
         """Every train.adopt_every steps the policy takes the weights of its average (train.ema_decay's, or d = 0.9
         when that is 0) when the average's greedy completions of train.adopt_prompts training prompts score higher
-        than the policy's, by the accuracy reward (the run's weighted reward without one; grpokit.train.weight_average.
-        Adoption). For a run whose policy swings around a plateau (a learning rate too high for it): on the learn
-        bench's twin task 6-12 points more; on the R1 demo's RL stages, which climb slowly, about 2 less, so off by
-        default (docs/algorithms/average.md). One more copy of the weights and, every train.adopt_every steps,
-        two greedy decodes of train.adopt_prompts prompts scored by the reward functions. Single-turn, synchronous
-        runs without optimizer offload or fsdp.""",
+        than the policy's beyond the comparison's noise (a one-sided paired test at 5%), by the accuracy reward (the
+        run's weighted reward without one; grpokit.train.weight_average.Adoption). A policy swinging around a
+        plateau (a learning rate too high for it) is brought back to its average's middle; one that climbs keeps its
+        weights. auto: on for a run on the CPU, on one process, single-turn, synchronous, without LoRA, optimizer
+        offload or the vllm engine (measured there: docs/algorithms/average.md), off elsewhere; off under
+        train.defaults=trl and in a converted TRL config. Costs one more copy of the weights and, every
+        train.adopt_every steps, two greedy decodes of train.adopt_prompts prompts scored by the reward functions.""",
+        check=check_auto_bool,
+        allowed="true, false or auto",
     )
     adopt_every: int = setting(
         10,

@@ -143,7 +143,7 @@ NOT_FOR_SFT: dict[str, tuple[Any, str]] = {
     "train.stop_after_flat_steps": (5, "SFT has no rewards while training"),
     "train.max_reward_failure_frac": (0.0, "SFT has no rewards while training"),
     "train.ema_decay": (0.0, "grpokit sft keeps no average of the weights (grpokit train does)"),
-    "train.adopt_average": (False, "grpokit sft keeps no average of the weights (grpokit train does)"),
+    "train.adopt_average": ("auto", "grpokit sft keeps no average of the weights (grpokit train does)"),
     "train.adopt_every": (10, "grpokit sft keeps no average of the weights"),
     "train.adopt_prompts": (64, "grpokit sft keeps no average of the weights"),
 }

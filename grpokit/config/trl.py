@@ -476,6 +476,9 @@ def from_trl(args: Any, tools: Sequence[str] = (), environment: Any = None) -> t
     out["train"]["seed"] = int(v["seed"])
     out["train"]["stop_after_flat_steps"] = 0  # TRL trains on through steps without reward spread
     notes.append("train.stop_after_flat_steps=0: TRL has no stop after steps without reward spread (grpokit's default: 5)")
+    out["train"]["adopt_average"] = False  # TRL trains its policy's own weights only
+    notes.append("train.adopt_average=false: TRL's policy never takes the weights of an average of itself (grpokit's "
+                 "default: auto, on a CPU)")
     out["train"]["output_dir"] = str(v["output_dir"])
     train, evaluation, cadence_notes = cadence_values(v, lambda name, n: _per(name, n, k))
     out["train"].update(train)

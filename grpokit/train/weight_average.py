@@ -13,13 +13,13 @@ its middle; where the policy is still climbing it lags about 1 / (1 - d) steps b
 
 ``train.adopt_average`` (``Adoption``, off by default) turns the average into a move of the policy itself: every k
 steps both score greedy completions of the same training prompts with the accuracy reward, and when the average
-scores higher the policy takes its weights (the optimizer's moments stay). A policy climbing fast scores above its
+scores higher by more than the comparison's noise the policy takes its weights (the optimizer's moments stay). A policy climbing fast scores above its
 lagging average and keeps its weights; one swinging around a plateau is brought back to the average's middle, which
 it then leaves more slowly; one climbing slowly can lose a little (docs/algorithms/average.md).
 
     adoption = Adoption.build(cfg.train, train_rows=400, seed=0)   # every 10 steps, 64 fixed prompts
     if adoption.due(step):
-        scores = adoption.compare(average, policy, score)             # score(model) -> mean reward
+        metrics = adoption.compare(average, policy, score)            # score(model) -> reward per prompt
 """
 
 from __future__ import annotations
@@ -73,11 +73,17 @@ class WeightAverage:
                     param.copy_(averaged[name].to(param.device, param.dtype))
 
 
+ADOPT_Z = 1.645
+"""The one-sided 5% point of a normal: how many standard errors above 0 the average's mean gain per prompt must be."""
+
+
 @dataclass(frozen=True)
 class Adoption:
     """train.adopt_average: after every ``every``-th step, the policy takes the average's weights when the average's
-    greedy completions of the training rows ``row_ids`` score above the policy's (a tie keeps the policy: on a slow
-    climb the two often answer alike, and taking the lagging average then would undo steps)."""
+    greedy completions of the training rows ``row_ids`` score higher than the policy's by more than the comparison's
+    noise: the per-prompt gains g_j = s_j(average) - s_j(policy) have a mean above ADOPT_Z standard errors,
+    mean(g) > 1.645 sd(g) / sqrt(n) (a one-sided paired test at 5%). On a slow climb the lagging average answers
+    better by chance now and then, and taking it would undo steps; on a plateau it answers better by many prompts."""
 
     every: int
     row_ids: tuple[int, ...]
@@ -97,14 +103,29 @@ class Adoption:
         self,
         average: WeightAverage,
         policy: torch.nn.Module,
-        score: Callable[[torch.nn.Module], float],
+        score: Callable[[torch.nn.Module], list[float]],
         agree: Callable[[bool], bool] = bool,
     ) -> dict[str, float]:
-        """Score both with ``score`` (a model -> the mean reward of its greedy completions of ``row_ids``), move the
-        policy to the average when it scores higher (``agree``: every rank's decision, under torchrun all
-        must take it) and return the step's average/* metrics."""
-        average_score, policy_score = float(score(average.model)), float(score(policy))
-        adopted = bool(agree(average_score > policy_score))
+        """Score both with ``score`` (a model -> the reward of its greedy completion of each of ``row_ids``), move the
+        policy to the average when its gain passes the test (``significant``; ``agree``: every rank's decision,
+        under torchrun all must take it) and return the step's average/* metrics (the two mean scores)."""
+        average_scores, policy_scores = score(average.model), score(policy)
+        adopted = bool(agree(significant([a - p for a, p in zip(average_scores, policy_scores, strict=True)])))
         if adopted:
             average.adopt_into(policy)
-        return {"average/adopted": float(adopted), "average/score": average_score, "average/policy_score": policy_score}
+        return {
+            "average/adopted": float(adopted),
+            "average/score": sum(average_scores) / len(average_scores),
+            "average/policy_score": sum(policy_scores) / len(policy_scores),
+        }
+
+
+def significant(gains: list[float], z: float = ADOPT_Z) -> bool:
+    """mean(gains) > z * sd(gains) / sqrt(n) and mean > 0, sd the sample standard deviation (n - 1): the average's
+    paired gain over the policy is above the comparison's noise (all gains 0: not)."""
+    n = len(gains)
+    mean = sum(gains) / n
+    if mean <= 0:
+        return False
+    sd = (sum((g - mean) ** 2 for g in gains) / (n - 1)) ** 0.5 if n > 1 else 0.0
+    return mean > z * sd / n**0.5

@@ -239,7 +239,7 @@ class GRPOTrainer:
         if adoption is not None:  # train.adopt_average: the policy's weights may be replaced, said once
             log.print(
                 f"average: every {adoption.every} steps the policy takes the weights of its average when that "
-                f"scores higher on {len(adoption.row_ids)} training prompts (train.adopt_average; false turns it off)"
+                f"scores higher on {len(adoption.row_ids)} training prompts, beyond the noise (train.adopt_average)"
             )
         if self.accuracy_name is None:  # TRL's behaviour: train on the rewards given, say what is missing
             log.print(f"accuracy: {self.accuracy_why}")
@@ -320,8 +320,8 @@ class GRPOTrainer:
             self._save_samples(batch, advantages, record)
         return metrics
 
-    def _greedy_reward(self, model: torch.nn.Module) -> float:
-        """train.adopt_average's score of ``model``: the mean reward of its greedy completions of the comparison's
+    def _greedy_reward(self, model: torch.nn.Module) -> list[float]:
+        """train.adopt_average's scores of ``model``: the reward of its greedy completion of each of the comparison's
         training rows, decoded by the evaluation's engine."""
         rows = self.parts.policy.adoption.row_ids
         return self.sampler.greedy_reward(

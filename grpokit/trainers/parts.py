@@ -49,6 +49,7 @@ from grpokit.rewards import RewardRunner, resolve_reward, resolve_reward_specs
 from grpokit.rewards.process import check_process_setup
 from grpokit.rewards.which_accuracy import pick_accuracy_reward
 from grpokit.rollout.batch import ScoredBatch
+from grpokit.rollout.engines import engine_class
 from grpokit.rollout.episodes import EpisodeSampler, environment_rewards, multi_turn, name_callables
 from grpokit.run.log import reward_metric_names
 from grpokit.run.preflight import check_context, check_positions
@@ -205,7 +206,7 @@ def load_policy(
             load_weights_into(ref_model, moved)
     # on-policy distillation (algo.teacher_kl_coef > 0): a frozen teacher scores the student's tokens
     teacher = Teacher.build(cfg, algo, tokenizer, device, precision)
-    average, adopting = None, adoption_on(cfg, inputs, dist)
+    average, adopting = None, adoption_on(cfg, inputs, dist, device)
     if cfg.train.ema_decay or adopting:  # the policy's weights averaged (taken back from the checkpoint on resume)
         if dist.active and dist.strategy == "fsdp":
             raise ConfigError(
@@ -220,8 +221,10 @@ def load_policy(
     return Policy(model, tokenizer, precision, device, ref_model, teacher, average, adoption)
 
 
-def adoption_on(cfg: Config, inputs: RunInputs, dist: Distributed) -> bool:
-    """train.adopt_average (grpokit.train.weight_average.Adoption), refused by name where it cannot work."""
+def adoption_on(cfg: Config, inputs: RunInputs, dist: Distributed, device: torch.device) -> bool:
+    """train.adopt_average resolved (grpokit.train.weight_average.Adoption). true where it cannot work is refused by
+    name; auto is on for a run on the CPU, on one process, single-turn, synchronous, without LoRA, optimizer offload
+    or an engine holding its own weights (vLLM), where it was measured."""
     cannot = [why for applies, why in (
         (inputs.episodes is not None, "multi-turn episodes (rollout.tools / rollout.environment): the comparison "
                                       "decodes single completions"),
@@ -232,9 +235,14 @@ def adoption_on(cfg: Config, inputs: RunInputs, dist: Distributed) -> bool:
         (dist.active and dist.strategy == "fsdp", "train.distributed=fsdp: the average would be a whole copy of the "
                                                   "weights on every rank"),
     ) if applies]  # fmt: skip
-    if cfg.train.adopt_average and cannot:
+    setting = cfg.train.adopt_average
+    if setting is True and cannot:
         raise ConfigError(f"train.adopt_average=true does not work with {cannot[0]}; set train.adopt_average=false")
-    return cfg.train.adopt_average
+    if setting != "auto":
+        return bool(setting)
+    return not cannot and device.type == "cpu" and not dist.active and not cfg.lora.enabled and not (
+        engine_class(cfg.rollout.engine).holds_weights
+    )
 
 
 # ----------------------------------------------------------------------------- 3. the parts assembled

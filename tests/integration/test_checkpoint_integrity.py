@@ -139,6 +139,7 @@ def test_a_torn_tensor_is_caught_by_its_checksum_and_the_previous_checkpoint_is_
     step2 = out / "checkpoints" / "step_000002"
     assert set(json.loads((step2 / CHECKSUM_FILE).read_text())["sha256"]) == {
         "model.safetensors",
+        "ema/model.safetensors",  # the average the policy may take (train.adopt_average, auto: on a CPU)
         "trainer_state.pt",
     }
     weights = step2 / "model.safetensors"

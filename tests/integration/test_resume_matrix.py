@@ -24,6 +24,7 @@ from grpokit.config.schema import load_config
 from grpokit.config.sft import load_sft_config
 from grpokit.model.checkpoint import load_trainer_state
 from grpokit.run.log import read_metrics
+from grpokit.train import weight_average
 from grpokit.trainers.grpo import GRPOTrainer
 from grpokit.trainers.sft import SFTTrainer
 
@@ -56,6 +57,16 @@ SFT = [
     "optim.offload_activations=true", "model.gradient_checkpointing=true",
 ]  # fmt: skip
 SFT_ROWS = [{"prompt": f"{a}+{b}=", "completion": str(a + b)} for a in range(3) for b in range(3)]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def any_gain_adopts():
+    """Case adopt: any gain of the average takes it (train.adopt_average's test of the gain would rarely pass on 12
+    prompts in 3 steps, and the case must move the policy to test the resume; the test itself is tested by hand in
+    tests/integration/test_weight_average.py)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(weight_average, "significant", lambda gains: sum(gains) > 0)
+        yield
 
 
 def grpo_trainer(out, *extra, resume=False):

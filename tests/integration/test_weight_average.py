@@ -17,7 +17,8 @@ from grpokit.config.schema import load_config
 from grpokit.core.errors import ConfigError
 from grpokit.model.checkpoint import load_weights_into
 from grpokit.run.log import read_metrics
-from grpokit.train.weight_average import EMA_DIR, Adoption, WeightAverage
+from grpokit.train import weight_average
+from grpokit.train.weight_average import EMA_DIR, Adoption, WeightAverage, significant
 from grpokit.trainers.grpo import GRPOTrainer
 
 RUN = [
@@ -84,9 +85,10 @@ def test_what_cannot_be_done_is_refused_by_name(tmp_path):
 # ----------------------------------------------------------------------------- the policy taking its average
 
 
-def test_the_policy_takes_the_average_when_it_scores_at_least_as_well_and_keeps_its_frozen_weights():
-    """Adoption.compare: average above the policy -> the policy's trained weights become the average's (its frozen ones
-    stay, the same object); level or below -> nothing moves. The two differ, so each check can fail."""
+def test_the_policy_takes_the_average_when_its_gain_passes_the_test_and_keeps_its_frozen_weights():
+    """Adoption.compare on 8 prompts: below, level, or ahead by 2 prompts won and 1 lost (mean gain 0.125 under 1.645
+    standard errors, 0.373) -> nothing moves; ahead on 4 prompts and level on 4 (0.5 over 0.311) -> the policy's
+    trained weights become the average's, its frozen ones stay. The two differ, so each check can fail."""
     policy = make_tiny_model("qwen2", seed=0)[0]
     frozen = "model.embed_tokens.weight"
     policy.get_parameter(frozen).requires_grad_(False)
@@ -95,20 +97,30 @@ def test_the_policy_takes_the_average_when_it_scores_at_least_as_well_and_keeps_
         for p in average.model.parameters():
             p.add_(0.25)  # an average away from the policy, the frozen weight too
     before = {n: p.detach().clone() for n, p in policy.named_parameters()}
-    adoption = Adoption(every=1, row_ids=(0,))
-    scores = {id(average.model): 0.25, id(policy): 0.5}
-    got = adoption.compare(average, policy, lambda m: scores[id(m)])
-    assert got == {"average/adopted": 0.0, "average/score": 0.25, "average/policy_score": 0.5}
-    scores[id(average.model)] = 0.5  # level: the policy stays (on a slow climb the two answer alike)
-    assert adoption.compare(average, policy, lambda m: scores[id(m)])["average/adopted"] == 0.0
-    assert all(torch.equal(p, before[n]) for n, p in policy.named_parameters())
-    scores[id(average.model)] = 0.75
+    adoption = Adoption(every=1, row_ids=tuple(range(8)))
+    policy_scores = [1.0, 1.0, 0.0, 0.0, 1.0, 0.0, 1.0, 0.0]
+    for average_scores in ([0.0] * 8, policy_scores, [1.0, 1.0, 1.0, 0.0, 1.0, 1.0, 0.0, 0.0]):
+        scores = {id(average.model): average_scores, id(policy): policy_scores}
+        got = adoption.compare(average, policy, lambda m, scores=scores: scores[id(m)])
+        assert got["average/adopted"] == 0.0, average_scores
+        assert all(torch.equal(p, before[n]) for n, p in policy.named_parameters())
+    assert got == {"average/adopted": 0.0, "average/score": 0.625, "average/policy_score": 0.5}
+    scores = {id(average.model): [1.0] * 8, id(policy): policy_scores}
     assert adoption.compare(average, policy, lambda m: scores[id(m)])["average/adopted"] == 1.0
     averaged = dict(average.model.named_parameters())
     for name, p in policy.named_parameters():
         want = before[name] if name == frozen else averaged[name]
         assert torch.equal(p, want), name
-    assert not adoption.compare(average, policy, lambda m: 0.0, agree=lambda mine: False)["average/adopted"]
+    assert not adoption.compare(average, policy, lambda m: scores[id(m)], agree=lambda mine: False)["average/adopted"]
+
+
+def test_the_test_by_hand():
+    """64 prompts: 3 won and none lost, mean 0.046875 > 1.645 x 0.21304 / 8 = 0.043807: significant; 2 won,
+    0.03125 < 1.645 x 0.17537 / 8 = 0.036061: not; all level, or one prompt (no spread): not."""
+    assert significant([1.0] * 3 + [0.0] * 61)
+    assert not significant([1.0] * 2 + [0.0] * 62)
+    assert not significant([0.0] * 64) and not significant([-1.0] * 3 + [0.0] * 61)
+    assert significant([0.5] * 64)  # every prompt gains alike: no spread, any positive mean passes
 
 
 def test_the_comparison_rows_and_schedule_are_fixed_by_the_seed():
@@ -133,10 +145,12 @@ def greedy_has_seven(model, tokenizer, prompt_ids: list[list[int]], max_new_toke
     return sum(scores) / len(scores)
 
 
-def test_a_run_compares_every_k_steps_with_the_scores_of_an_independent_greedy_decode(tmp_path):
+def test_a_run_compares_every_k_steps_with_the_scores_of_an_independent_greedy_decode(tmp_path, monkeypatch):
     """adopt_every=2 over 6 steps: average/* at steps 2, 4 and 6 only. Step 2's average/score is the has_seven (the
     run's accuracy reward) of the greedy completions of step 2's average (its checkpoint's ema/ folder, decoded by
-    transformers' generate), and after a step that adopted, the checkpoint's policy is its average."""
+    transformers' generate), and after a step that adopted, the checkpoint's policy is its average. The test of the
+    gain is "any gain" here, so that a 6-step run on 12 prompts adopts at all (the test itself: test_the_test_by_hand)."""
+    monkeypatch.setattr(weight_average, "significant", lambda gains: sum(gains) > 0)
     run = trainer(tmp_path / "run", "train.steps=6", "train.save_every=1", "train.keep_checkpoints=6",
                   "train.adopt_average=true", "train.adopt_every=2", "train.adopt_prompts=12", "train.ema_decay=0.5",
                   "eval.enabled=false")  # fmt: skip
@@ -149,7 +163,7 @@ def test_a_run_compares_every_k_steps_with_the_scores_of_an_independent_greedy_d
     model, tok = make_tiny_model("qwen2", seed=0)
     load_weights_into(model, ckpt / "step_000002" / EMA_DIR)
     want = greedy_has_seven(model, tok, prompt_ids, 5)
-    assert lines[2]["average/score"] == pytest.approx(want, abs=1e-6)  # float32 mean; a row is 1/12
+    assert lines[2]["average/score"] == pytest.approx(want, abs=1e-9)
     adopted = [s for s in (2, 4, 6) if lines[s]["average/adopted"] == 1.0]
     assert adopted, "no comparison adopted: the check below would test nothing"
     for s in adopted:
@@ -157,27 +171,33 @@ def test_a_run_compares_every_k_steps_with_the_scores_of_an_independent_greedy_d
         assert all(torch.equal(policy[n], average[n]) for n in policy), s
 
 
-def test_it_is_off_by_default_and_refused_by_name_where_it_cannot_work(tmp_path):
-    assert trainer(tmp_path / "off", "train.steps=1").parts.policy.average is None  # no copy of the weights
-    on = trainer(tmp_path / "on", "train.steps=1", "train.adopt_average=true")
+def test_auto_is_on_for_a_cpu_run_and_off_with_lora_or_trl_defaults_and_true_is_refused_where_it_cannot_work(tmp_path):
+    on = trainer(tmp_path / "on", "train.steps=1")  # auto, a CPU run on one process
     assert on.parts.policy.adoption is not None and on.parts.policy.average.decay == 0.9  # ema_decay 0: d = 0.9
-    assert trainer(tmp_path / "d", "train.steps=1", "train.adopt_average=true", "train.ema_decay=0.5").parts.policy.average.decay == 0.5
+    decay = trainer(tmp_path / "d", "train.steps=1", "train.ema_decay=0.5").parts.policy.average.decay
+    assert decay == 0.5
+    assert trainer(tmp_path / "off", "train.steps=1", "train.adopt_average=false").parts.policy.average is None
+    assert trainer(tmp_path / "lora", "train.steps=1", "lora.enabled=true", "lora.r=4").parts.policy.adoption is None
+    assert load_config(None, [*RUN, "train.defaults=trl"]).train.adopt_average is False
     with pytest.raises(ConfigError, match="train.adopt_average=true does not work with an asynchronous run"):
         trainer(tmp_path / "async", "train.steps=1", "train.adopt_average=true", "rollout.max_staleness=1")
     with pytest.raises(ConfigError, match="train.adopt_average=true does not work with optim.offload_optimizer"):
         trainer(tmp_path / "offload", "train.steps=1", "train.adopt_average=true", "optim.offload_optimizer=true")
+    assert trainer(tmp_path / "async_auto", "train.steps=1", "rollout.max_staleness=1").parts.policy.adoption is None
     with pytest.raises(ConfigError, match="train.adopt_average"):
         load_config(None, [*RUN, "train.adopt_average=sometimes"])
 
 
-def test_a_comparison_that_never_comes_leaves_the_run_as_the_run_without_it(tmp_path):
-    """adopt_every past the run's steps: the policy is the run's without an average (the default), bit for bit (the
-    average and its comparison rows change no rollout and no update)."""
-    plain = trainer(tmp_path / "plain", "train.steps=3", "eval.enabled=false")
+def test_comparisons_that_do_not_adopt_leave_the_run_as_the_run_without_them(tmp_path, monkeypatch):
+    """A comparison after every step that never passes the test: the policy is the run's without an average, bit for
+    bit (the average, its greedy decodes and their scoring change no rollout and no update)."""
+    plain = trainer(tmp_path / "plain", "train.steps=4", "train.adopt_average=false", "eval.enabled=false")
     plain.train()
-    kept = trainer(tmp_path / "kept", "train.steps=3", "train.adopt_average=true", "train.adopt_every=4",
-                   "eval.enabled=false")  # fmt: skip
+    monkeypatch.setattr(weight_average, "significant", lambda gains: False)
+    kept = trainer(tmp_path / "kept", "train.steps=4", "train.adopt_average=true", "train.adopt_every=1",
+                   "train.adopt_prompts=12", "eval.enabled=false")  # fmt: skip
     kept.train()
-    assert kept.parts.policy.average is not None
+    lines = read_metrics(tmp_path / "kept" / "metrics.jsonl")
+    assert [m["average/adopted"] for m in lines] == [0.0] * 4
     for name, p in kept.model.named_parameters():
         assert torch.equal(p, dict(plain.model.named_parameters())[name]), name

@@ -137,6 +137,7 @@ def test_the_trl_switch_gives_trls_defaults_where_they_differ():
         "algo.beta": 0.0,  # (the grpo preset's 0.04)
         "algo.agg": "token-mean",  # TRL's loss_type dapo (the grpo preset's seq-mean-token-mean)
         "train.stop_after_flat_steps": 0,  # TRL has no such stop (5)
+        "train.adopt_average": False,  # TRL's policy never takes an average of its weights (auto: on a CPU)
         "optim.schedule": "linear",  # (constant)
         "rollout.max_new_tokens": 512,  # (256)
         "train.seed": 42,  # (0)
