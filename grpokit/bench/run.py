@@ -127,6 +127,7 @@ def bench_overrides(shape: BenchShape, steps: int, *, algo: str, beta: float | N
         "train.samples_every=0",
         "train.tensorboard=false",
         "eval.enabled=false",
+        "train.adopt_average=false",  # the GRPO step as TRL's runs it: auto keeps an average of the weights on a CPU
     ]
 
 
