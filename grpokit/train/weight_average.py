@@ -3,19 +3,20 @@
     theta_ema <- d * theta_ema + (1 - d) * theta        after every step, d = train.ema_decay
 
 The rollouts are still sampled from the policy itself and the update is unchanged: the average is a second model
-beside it, evaluated next to it (``ema/accuracy``, ...) and saved in every checkpoint's ``ema/`` folder (a Hugging
-Face model folder), which a resume takes back. Where a fixed learning rate leaves the policy swinging around a
+beside it, evaluated next to it when train.ema_decay is set (``ema/accuracy``, ...) and saved in every checkpoint's
+``ema/`` folder (a Hugging Face model folder), which a resume takes back. Where a fixed learning rate leaves the policy swinging around a
 plateau (greedy answers one too high, then one too low, from one evaluation to the next), the average sits nearer
 its middle; where the policy is still climbing it lags about 1 / (1 - d) steps behind (docs/guides/training.md).
 
     average = WeightAverage.build(policy_model, decay=0.9)     # a copy of the policy, no gradients
     average.step(policy_model)                                 # after each step
 
-``train.adopt_average`` (``Adoption``, off by default) turns the average into a move of the policy itself: every k
-steps both score greedy completions of the same training prompts with the accuracy reward, and when the average
-scores higher by more than the comparison's noise the policy takes its weights (the optimizer's moments stay). A policy climbing fast scores above its
-lagging average and keeps its weights; one swinging around a plateau is brought back to the average's middle, which
-it then leaves more slowly; one climbing slowly can lose a little (docs/algorithms/average.md).
+``train.adopt_average`` (``Adoption``; auto: on for a CPU run) turns the average into a move of the policy itself:
+every k steps both score greedy completions of the same training prompts with the accuracy reward, and when the
+average scores higher by more than the comparison's noise (``significant``) the policy takes its weights (the
+optimizer's moments stay). A policy that climbs answers at least as well as its lagging average and keeps its
+weights; one swinging around a plateau is brought back to the average's middle, which it then leaves more slowly
+(docs/algorithms/average.md).
 
     adoption = Adoption.build(cfg.train, train_rows=400, seed=0)   # every 10 steps, 64 fixed prompts
     if adoption.due(step):
